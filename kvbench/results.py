@@ -1,0 +1,222 @@
+"""The run directory: ``run.json`` (environment and resolved scenario) and ``trials.jsonl`` (one line per trial,
+flushed as written), and loading trials into pandas.
+
+Layout: ``<root>/<scenario name>-<UTC time>/``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Any
+
+SCHEMA_VERSION = 1
+
+
+class RunDirError(ValueError):
+    """A run directory that cannot be opened or resumed (missing files, other schema version)."""
+
+
+def utc_now() -> str:
+    """Current UTC time, ISO 8601 with a Z."""
+    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _git() -> dict[str, Any]:
+    src = Path(__file__).resolve().parent
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=src, capture_output=True, text=True, timeout=10)
+        if commit.returncode != 0:
+            return {"commit": None, "dirty": None, "note": "not a git checkout"}
+        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=src,
+                                capture_output=True, text=True, timeout=10)
+        return {"commit": commit.stdout.strip(), "dirty": bool(status.stdout.strip())}
+    except (OSError, subprocess.SubprocessError) as exc:
+        return {"commit": None, "dirty": None, "note": f"git unavailable: {exc}"}
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _gpu() -> dict[str, Any]:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception as exc:  # no library, no driver, no device: all mean "no GPU figures"
+        return {"gpus": None, "driver": None, "note": f"NVML unavailable: {exc}"}
+    try:
+        n = pynvml.nvmlDeviceGetCount()
+        gpus = []
+        for i in range(n):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            name = pynvml.nvmlDeviceGetName(h)
+            gpus.append({"index": i, "name": name.decode() if isinstance(name, bytes) else name,
+                         "memory_total_bytes": pynvml.nvmlDeviceGetMemoryInfo(h).total})
+        drv = pynvml.nvmlSystemGetDriverVersion()
+        return {"gpus": gpus, "driver": drv.decode() if isinstance(drv, bytes) else drv}
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def environment() -> dict[str, Any]:
+    """Versions (kvbench, torch, transformers, Python), CPU, memory, GPUs and driver, git commit and dirty flag."""
+    import psutil
+    import torch
+    import transformers
+
+    import kvbench
+
+    return {
+        "kvbench": kvbench.__version__,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "cpu": _cpu_name(),
+        "cpu_count": psutil.cpu_count(logical=True),
+        "memory_total_bytes": psutil.virtual_memory().total,
+        "cuda": torch.version.cuda,
+        **_gpu(),
+        "git": _git(),
+    }
+
+
+def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".run.", suffix=".json")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=2, default=str)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+class RunDir:
+    """One run's directory. Create with :meth:`create`, reopen for ``--resume`` with :meth:`open`."""
+
+    def __init__(self, path: Path, meta: dict[str, Any]):
+        self.path = path
+        self.meta = meta
+
+    @property
+    def trials_path(self) -> Path:
+        """``trials.jsonl`` in the run directory."""
+        return self.path / "trials.jsonl"
+
+    @classmethod
+    def create(cls, root: str | Path, scenario: dict[str, Any], env: dict[str, Any]) -> "RunDir":
+        """A new ``<root>/<name>-<UTC time>/`` with ``run.json`` (status ``running``) and an empty trials file."""
+        stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+        root = Path(root)
+        root.mkdir(parents=True, exist_ok=True)
+        path = root / f"{scenario['name']}-{stamp}"
+        n = 1
+        while path.exists():
+            n += 1
+            path = root / f"{scenario['name']}-{stamp}-{n}"
+        path.mkdir()
+        meta = {"schema_version": SCHEMA_VERSION, "status": "running", "started_at": utc_now(),
+                "environment": env, "scenario": scenario}
+        run = cls(path, meta)
+        _write_json_atomic(path / "run.json", meta)
+        run.trials_path.touch()
+        return run
+
+    @classmethod
+    def open(cls, path: str | Path) -> "RunDir":
+        """Reopen an existing run. Raises RunDirError if run.json is missing, unreadable or of another schema."""
+        p = Path(path)
+        rj = p / "run.json"
+        if not rj.is_file():
+            raise RunDirError(f"{p}: no run.json here; is this a kvbench run directory?")
+        try:
+            meta = json.loads(rj.read_text())
+        except ValueError as exc:
+            raise RunDirError(f"{rj}: not valid JSON ({exc})") from None
+        version = meta.get("schema_version")
+        if version != SCHEMA_VERSION:
+            raise RunDirError(f"{rj}: schema_version {version!r}; this kvbench reads {SCHEMA_VERSION}")
+        return cls(p, meta)
+
+    def update(self, **fields: Any) -> None:
+        """Set fields of run.json and rewrite it atomically."""
+        self.meta.update(fields)
+        _write_json_atomic(self.path / "run.json", self.meta)
+
+    def append(self, row: dict[str, Any]) -> None:
+        """Append one trial as a JSON line, flushed and fsynced so a killed run keeps it."""
+        line = json.dumps(row, default=str, allow_nan=False)
+        with self.trials_path.open("a") as f:
+            f.write(line + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    def finished_trial_ids(self) -> set[str]:
+        """Ids of the trials already written. A partial last line (a run killed mid-write) is cut off the file
+        with a warning, so the trial runs again and appended lines stay valid."""
+        if not self.trials_path.exists():
+            return set()
+        data = self.trials_path.read_bytes()
+        keep = data.rfind(b"\n") + 1
+        if keep < len(data):
+            warnings.warn(f"{self.trials_path}: dropped an incomplete last line ({len(data) - keep} bytes); "
+                          "that trial runs again", stacklevel=2)
+            with self.trials_path.open("r+b") as f:
+                f.truncate(keep)
+        return {row["trial_id"] for row in read_trials(self.trials_path)}
+
+
+def read_trials(path: str | Path) -> list[dict[str, Any]]:
+    """The rows of a ``trials.jsonl``. Lines that are not valid JSON are skipped with a warning naming file and line."""
+    rows = []
+    with Path(path).open() as f:
+        for i, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line))
+            except ValueError:
+                warnings.warn(f"{path}:{i}: not a valid JSON line; skipped", stacklevel=2)
+    return rows
+
+
+def summary_frame(rows: list[dict[str, Any]]):
+    """Per prompt length × batch × mode: trial counts by status and the median (min–max) of TTFT, TPOT, decode
+    tokens/s, with the peak device KV bytes. Returns a pandas DataFrame, one row per point, in sweep order."""
+    import pandas as pd
+
+    if not rows:
+        return pd.DataFrame()
+    df = pd.DataFrame(rows)
+    keys = ["prompt_tokens", "batch_size", "mode_label"]
+    out = []
+    for (n, b, mode), g in df.groupby(keys, sort=False):
+        ok = g[g["status"] == "ok"]
+        rec: dict[str, Any] = {"prompt_tokens": n, "batch_size": b, "mode": mode, "trials": len(g), "ok": len(ok)}
+        bad = g[g["status"] != "ok"]
+        rec["status"] = "ok" if bad.empty else str(bad["status"].iloc[0])
+        rec["message"] = "" if bad.empty else str(bad["message"].iloc[0])
+        for col in ("ttft_s", "tpot_s", "decode_tokens_per_s", "kv_device_peak_bytes", "rss_peak_bytes"):
+            vals = pd.to_numeric(ok[col], errors="coerce").dropna() if col in ok else pd.Series(dtype=float)
+            rec[f"{col}_median"] = vals.median() if len(vals) else None
+            rec[f"{col}_min"] = vals.min() if len(vals) else None
+            rec[f"{col}_max"] = vals.max() if len(vals) else None
+        out.append(rec)
+    return pd.DataFrame(out)

