@@ -16,8 +16,8 @@ from rich.table import Table
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Measure what KV-cache offload really does.")
 # Piped output (CI logs, README examples) gets 120 columns instead of Rich's 80.
-out = Console(width=None if sys.stdout.isatty() else 120)
-err = Console(stderr=True)
+out = Console(width=None if sys.stdout.isatty() else 120, soft_wrap=True)
+err = Console(stderr=True, soft_wrap=True)
 
 
 def _show_warning(message: Any, category: type, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
@@ -34,9 +34,11 @@ def _mib(v: Any) -> str:
 
 
 def _ms(med: Any, lo: Any, hi: Any) -> str:
+    """Seconds as ``median (min–max)`` in milliseconds; whole milliseconds from 100 ms up."""
     if med is None or med != med:
         return "-"
-    return f"{med * 1e3:,.1f} ({lo * 1e3:,.1f}–{hi * 1e3:,.1f})"
+    fmt = "{:,.0f}" if med >= 0.1 else "{:,.1f}"
+    return f"{fmt.format(med * 1e3)} ({fmt.format(lo * 1e3)}–{fmt.format(hi * 1e3)})"
 
 
 def _summary_table(frame: Any, title: str) -> Table:
@@ -125,7 +127,7 @@ def run(
     frame = summary_frame(read_trials(rundir.trials_path))
     out.print(_summary_table(frame, f"{sc.name}: {sc.model.label} on {m.device}"))
     for line in _failures(frame):
-        out.print(line, highlight=False, soft_wrap=True)
+        out.print(line, highlight=False)
     if result.interrupted:
         err.print(f"interrupted: {result.skipped_done + result.written} of {total} trials kept in {rundir.path}; "
                   f"continue with: kvbench run --resume {rundir.path}", highlight=False)
@@ -149,7 +151,7 @@ def validate(files: list[Path] = typer.Argument(..., help="Scenario YAML files."
         else:
             n = len(s.prompt_tokens) * len(s.batch_sizes) * len(s.modes) * s.repeats
             out.print(f"{f}: ok ({n} trials: {len(s.prompt_tokens)} prompt lengths × {len(s.batch_sizes)} batch "
-                      f"sizes × {len(s.modes)} modes × {s.repeats} repeats)", highlight=False, soft_wrap=True)
+                      f"sizes × {len(s.modes)} modes × {s.repeats} repeats)", highlight=False)
     if bad:
         raise typer.Exit(1)
 

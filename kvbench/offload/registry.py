@@ -57,9 +57,8 @@ def available() -> list[str]:
 
 def unknown_mode_message(kind: str) -> str:
     """The error text for a mode name that is not registered: a did-you-mean and the available names."""
-    everything = available() + list(PLANNED)
-    close = difflib.get_close_matches(kind, everything, n=1)
-    hint = f"did you mean '{close[0]}'? " if close else ""
     if kind in PLANNED:
         return f"mode '{kind}' is not implemented in this version of kvbench; available: {', '.join(available())}"
+    close = difflib.get_close_matches(kind, available() + list(PLANNED), n=1)
+    hint = f"did you mean '{close[0]}'? " if close and close[0] in MODES else ""
     return f"unknown mode '{kind}'; {hint}available: {', '.join(available())}"

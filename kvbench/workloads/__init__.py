@@ -24,16 +24,19 @@ class PromptSource(Protocol):
 
 
 class SyntheticSource:
-    """Seeded random token ids (no tokenizer needed); repeat ``r`` uses prompts ``r*B .. r*B+B-1``."""
+    """Seeded random token ids (no tokenizer needed). Like the text pools it holds ``n_prompts`` distinct prompts
+    per length, and repeat ``r`` of batch ``B`` takes prompts ``r*B .. r*B+B-1`` modulo ``n_prompts``."""
 
-    def __init__(self, vocab_size: int, seed: int, exclude: frozenset[int] = frozenset()):
-        self.vocab_size, self.seed, self.exclude = vocab_size, seed, exclude
+    def __init__(self, vocab_size: int, seed: int, n_prompts: int, exclude: frozenset[int] = frozenset()):
+        self.vocab_size, self.seed, self.n_prompts, self.exclude = vocab_size, seed, n_prompts, exclude
 
     def batch(self, n_tokens: int, batch_size: int, repeat: int) -> list[list[int]]:
         """``batch_size`` prompts of ``n_tokens`` random ids."""
+        if batch_size > self.n_prompts:
+            raise TooLittleText(f"workload synthetic: n_prompts {self.n_prompts} cannot fill a batch of {batch_size}")
         return [
-            synthetic.prompt_ids(n_tokens, repeat * batch_size + i, vocab_size=self.vocab_size, seed=self.seed,
-                                 exclude=self.exclude)
+            synthetic.prompt_ids(n_tokens, (repeat * batch_size + i) % self.n_prompts, vocab_size=self.vocab_size,
+                                 seed=self.seed, exclude=self.exclude)
             for i in range(batch_size)
         ]
 
@@ -52,7 +55,7 @@ def make_source(spec: "WorkloadSpec", tokenizer: Any, vocab_size: int) -> Prompt
     """
     if spec.source == "synthetic":
         special = frozenset(getattr(tokenizer, "all_special_ids", []) or []) if tokenizer is not None else frozenset()
-        return SyntheticSource(vocab_size, spec.seed, special)
+        return SyntheticSource(vocab_size, spec.seed, spec.n_prompts, special)
     if spec.source == "sharegpt":
         from kvbench.workloads import sharegpt
 

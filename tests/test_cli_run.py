@@ -1,0 +1,117 @@
+"""`kvbench run` end to end: the smoke scenario on the real model, and --resume after a killed run."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, kvbench_cmd, tiny_scenario
+from kvbench.results import read_trials
+
+
+def the_run_dir(root: Path) -> Path:
+    dirs = [p for p in root.iterdir() if p.is_dir()]
+    assert len(dirs) == 1, dirs
+    return dirs[0]
+
+
+@pytest.mark.slow
+def test_smoke_scenario_on_the_real_model(tmp_path):
+    r = subprocess.run([*kvbench_cmd(), "run", str(ROOT / "scenarios" / "smoke.yaml"), "--out", str(tmp_path)],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    run = the_run_dir(tmp_path)
+    assert run.name.startswith("smoke-")
+    meta = json.loads((run / "run.json").read_text())
+    assert meta["status"] == "complete" and meta["schema_version"] == 1
+    assert meta["scenario"]["model"]["name"] == "smollm2-135m"
+    env = meta["environment"]
+    assert env["torch"] and env["transformers"].startswith("5.") and env["python"].startswith("3.")
+    rows = read_trials(run / "trials.jsonl")
+    assert len(rows) == 16 and len({r["trial_id"] for r in rows}) == 16
+    ok = [r for r in rows if r["mode"] == "none"]
+    assert len(ok) == 8 and all(r["status"] == "ok" for r in ok)
+    for row in ok:
+        assert row["n_output_tokens"] == 4 and len(row["itl_s"]) == 3
+        assert row["ttft_s"] > 0 and row["tpot_s"] > 0 and row["decode_tokens_per_s"] > 0
+        # SmolLM2: 30 layers × 3 kv heads × 64 × 4 bytes (float32) × 2 = 46,080 B per token
+        assert row["kv_device_peak_bytes"] == 46_080 * (row["prompt_tokens"] + 3) * row["batch_size"]
+        assert row["peak_device_allocated_bytes"] is None
+    # the same prompts give the same greedy ids in both repeats of a point only if prompts repeat; here they rotate
+    same_point = [r for r in ok if r["prompt_tokens"] == 32 and r["batch_size"] == 1]
+    assert same_point[0]["prompt_sha256"] != same_point[1]["prompt_sha256"]
+    skipped = [r for r in rows if r["mode"] == "hf-offloaded"]
+    assert len(skipped) == 8 and {r["status"] for r in skipped} == {"skipped"}
+    assert "smoke: smollm2-135m on cpu" in r.stdout
+    assert "hf-offloaded: skipped (8 trials): hf-offloaded needs a CUDA device" in r.stdout
+    assert "16 trials written to" in r.stdout
+
+
+def test_bad_scenario_exits_with_the_error(write_yaml, tmp_path):
+    bad = write_yaml(tiny_scenario(repeats=0))
+    r = subprocess.run([*kvbench_cmd(), "run", str(bad), "--out", str(tmp_path / "res")],
+                       capture_output=True, text=True)
+    assert r.returncode == 2
+    assert f"{bad}: repeats: Input should be greater than 0 (got 0)" in r.stderr
+    assert not (tmp_path / "res").exists()
+
+
+def wait_for_lines(path: Path, n: int, proc: subprocess.Popen, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and path.read_text().count("\n") >= n:
+            return
+        assert proc.poll() is None, "the run ended before it could be interrupted"
+        time.sleep(0.02)
+    raise AssertionError(f"{path} never reached {n} lines")
+
+
+def test_resume_after_kill_and_ctrl_c_loses_and_repeats_nothing(write_yaml, tmp_path):
+    scenario = write_yaml(tiny_scenario(prompt_tokens=[64, 256, 512], max_new_tokens=60, batch_sizes=[1, 2],
+                                        repeats=3, warmup=0))
+    out = tmp_path / "res"
+    expected = 3 * 2 * 3
+
+    proc = subprocess.Popen([*kvbench_cmd(), "run", str(scenario), "--out", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        while not out.exists() or not any(out.iterdir()):
+            assert proc.poll() is None, proc.stderr.read()
+            time.sleep(0.05)
+        run = the_run_dir(out)
+        wait_for_lines(run / "trials.jsonl", 2, proc)
+        proc.kill()  # SIGKILL: no chance to clean up
+    finally:
+        proc.wait()
+    before_kill = read_trials(run / "trials.jsonl")
+    assert 2 <= len(before_kill) < expected
+    assert json.loads((run / "run.json").read_text())["status"] == "running"
+
+    proc = subprocess.Popen([*kvbench_cmd(), "run", "--resume", str(run)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for_lines(run / "trials.jsonl", len(before_kill) + 2, proc)
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, stderr
+    assert f"continue with: kvbench run --resume {run}" in stderr
+    assert json.loads((run / "run.json").read_text())["status"] == "interrupted"
+    after_int = read_trials(run / "trials.jsonl")
+    assert after_int[: len(before_kill)] == before_kill and len(after_int) < expected
+
+    r = subprocess.run([*kvbench_cmd(), "run", "--resume", str(run)], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    rows = read_trials(run / "trials.jsonl")
+    ids = [row["trial_id"] for row in rows]
+    assert len(ids) == expected and len(set(ids)) == expected
+    assert rows[: len(after_int)] == after_int
+    assert all(row["status"] == "ok" for row in rows)
+    assert f"({len(after_int)} already there)" in r.stdout
+    assert json.loads((run / "run.json").read_text())["status"] == "complete"

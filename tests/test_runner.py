@@ -1,0 +1,177 @@
+"""The trial runner: timer definitions on a fake clock, the decode loop against transformers' generate,
+KV accounting, failure capture, interruption."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from conftest import tiny_scenario
+from kvbench.results import RunDir, read_trials
+from kvbench.runner import (
+    TrialRunner,
+    TrialSpec,
+    greedy_decode,
+    latency_metrics,
+    left_pad,
+    plan_trials,
+    run_sweep,
+    throughputs,
+)
+from kvbench.scenario import parse_scenario
+from kvbench.workloads import SyntheticSource
+
+
+class FakeClock:
+    """Returns the given readings in order."""
+
+    def __init__(self, readings):
+        self.readings = list(readings)
+
+    def __call__(self):
+        return self.readings.pop(0)
+
+
+def test_ttft_tpot_itl_e2e_definitions():
+    lat = latency_metrics(10.0, [10.5, 10.7, 10.95, 11.25])
+    assert lat["ttft_s"] == pytest.approx(0.5)
+    assert lat["itl_s"] == pytest.approx([0.2, 0.25, 0.3])
+    assert lat["e2e_s"] == pytest.approx(1.25)
+    assert lat["tpot_s"] == pytest.approx(0.75 / 3)  # (e2e - ttft) / (n - 1)
+    one = latency_metrics(2.0, [2.4])
+    assert one["tpot_s"] is None and one["itl_s"] == [] and one["e2e_s"] == pytest.approx(0.4)
+    with pytest.raises(ValueError, match="no token was generated"):
+        latency_metrics(0.0, [])
+
+
+def test_throughputs():
+    lat = latency_metrics(0.0, [0.5, 1.0, 1.5, 2.0, 2.5])
+    tp = throughputs(prompt_tokens=100, batch_size=4, lat=lat, n_out=5)
+    assert tp == pytest.approx({"prefill_tokens_per_s": 800.0, "decode_tokens_per_s": 8.0,
+                                "throughput_tokens_per_s": 8.0})
+    assert throughputs(10, 1, latency_metrics(0.0, [0.5]), 1)["decode_tokens_per_s"] is None
+
+
+def test_left_pad():
+    ids, mask = left_pad([[5, 6, 7], [8]], pad_id=0)
+    assert ids.tolist() == [[5, 6, 7], [0, 0, 8]]
+    assert mask.tolist() == [[1, 1, 1], [0, 0, 1]]
+
+
+def test_decode_loop_on_a_fake_clock_matches_generate(tiny_model):
+    from transformers import DynamicCache
+
+    model = tiny_model.model
+    prompts = [[11, 12, 13, 14, 15, 16], [21, 22, 23], [31, 32, 33, 34, 35], [41]]
+    ids, mask = left_pad(prompts, pad_id=0)
+    clock = FakeClock([1.0, 1.3, 1.4, 1.6, 1.7, 1.9])
+    out, t0, times = greedy_decode(model, ids, mask, DynamicCache(config=model.config), 5, clock)
+    assert out.shape == (4, 5)
+    assert (t0, times) == (1.0, [1.3, 1.4, 1.6, 1.7, 1.9])
+    ref = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=5, min_new_tokens=5, do_sample=False,
+                         pad_token_id=0, eos_token_id=None)
+    assert out.tolist() == ref[:, ids.shape[1]:].tolist()
+    lat = latency_metrics(t0, times)
+    assert lat["ttft_s"] == pytest.approx(0.3) and lat["tpot_s"] == pytest.approx(0.15)
+
+
+def test_plan_orders_and_names_trials():
+    s = parse_scenario(tiny_scenario(modes=[{"kind": "none"}, {"kind": "hf-offloaded"}]))
+    plan = plan_trials(s)
+    assert len(plan) == 2 * 2 * 2 * 2
+    assert [t.trial_id for t in plan[:4]] == ["p8-b1-none-r0", "p8-b1-hf-offloaded-r0", "p8-b1-none-r1",
+                                             "p8-b1-hf-offloaded-r1"]
+    assert len({t.trial_id for t in plan}) == len(plan)
+
+
+def make_runner(tiny_model, **over):
+    s = parse_scenario(tiny_scenario(**over))
+    return s, TrialRunner(s, tiny_model, SyntheticSource(tiny_model.shape.vocab_size, seed=0, n_prompts=4))
+
+
+def test_ok_trial_row_and_kv_bytes_equal_the_prediction(tiny_model):
+    s, runner = make_runner(tiny_model)
+    row = runner.run(TrialSpec(16, 2, s.modes[0], 0))
+    assert row["status"] == "ok", row["message"]
+    # tiny-llama: 2 layers × 2 kv heads × head_dim 16 × 4 bytes × 2 (K, V) = 512 B/token; (16 + 3 - 1) tokens × 2
+    assert row["kv_bytes_predicted"] == 512 * 18 * 2 == row["kv_device_peak_bytes"]
+    assert row["kv_host_peak_bytes"] == 0
+    assert row["n_output_tokens"] == 3 and len(row["itl_s"]) == 2
+    assert row["tpot_s"] == pytest.approx((row["e2e_s"] - row["ttft_s"]) / 2)
+    assert len(row["output_ids_head"]) == 2 and len(row["output_ids_head"][0]) == 3
+    assert row["peak_device_allocated_bytes"] is None and "CUDA only" in row["notes"]["peak_device_allocated_bytes"]
+    assert row["rss_peak_bytes"] > 0
+    again = runner.run(TrialSpec(16, 2, s.modes[0], 0))
+    assert again["output_sha256"] == row["output_sha256"]  # same prompts, same greedy ids
+    assert runner.run(TrialSpec(16, 2, s.modes[0], 1))["prompt_sha256"] != row["prompt_sha256"]
+
+
+def test_budget_hf_offloaded_on_cpu_and_failures_are_recorded(tiny_model):
+    s, runner = make_runner(tiny_model, budget=10_000, modes=[{"kind": "none"}, {"kind": "hf-offloaded"}])
+    over = runner.run(TrialSpec(16, 2, s.modes[0], 0))
+    assert over["status"] == "over_budget"
+    assert over["message"] == "none keeps all KV on the device: 18432 bytes > budget 10000 bytes"
+    skipped = runner.run(TrialSpec(8, 1, s.modes[1], 0))
+    assert skipped["status"] == "skipped"
+    assert skipped["message"].endswith("raises AssertionError: Torch not compiled with CUDA enabled")
+
+    class Failing:
+        def batch(self, n, b, r):
+            if n == 8:
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+            raise ValueError("broken source")
+
+    runner.source = Failing()
+    oom = runner.run(TrialSpec(8, 1, s.modes[0], 0))
+    assert (oom["status"], oom["message"]) == ("oom", "OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB")
+    err = runner.run(TrialSpec(16, 1, s.modes[0], 0))
+    assert (err["status"], err["message"]) == ("error", "ValueError: broken source")
+
+
+def test_sweep_writes_every_trial_and_ctrl_c_keeps_finished_ones(tiny_model, tmp_path):
+    s, runner = make_runner(tiny_model)
+    run = RunDir.create(tmp_path, s.model_dump(mode="json"), {"test": True})
+    real_run = runner.run
+    calls = {"n": 0}
+
+    def interrupting(t):
+        calls["n"] += 1
+        if calls["n"] == 6:  # 2 warm-ups + 3 recorded trials done, then Ctrl-C
+            raise KeyboardInterrupt
+        return real_run(t)
+
+    runner.run = interrupting
+    res = run_sweep(s, run, runner)
+    assert res.interrupted and res.written == 3
+    assert json.loads((run.path / "run.json").read_text())["status"] == "interrupted"
+    first = read_trials(run.trials_path)
+    assert [r["trial_id"] for r in first] == ["p8-b1-none-r0", "p8-b1-none-r1", "p8-b2-none-r0"]
+
+    runner.run = real_run
+    res = run_sweep(s, RunDir.open(run.path), runner)
+    rows = read_trials(run.trials_path)
+    assert not res.interrupted and res.written == 5 and res.skipped_done == 3
+    assert rows[:3] == first
+    assert sorted(r["trial_id"] for r in rows) == sorted(t.trial_id for t in plan_trials(s))
+    assert json.loads((run.path / "run.json").read_text())["status"] == "complete"
+
+
+def test_resume_drops_a_half_written_last_line(tmp_path):
+    run = RunDir.create(tmp_path, {"name": "x"}, {})
+    run.append({"trial_id": "a"})
+    with run.trials_path.open("a") as f:
+        f.write('{"trial_id": "b", "stat')
+    with pytest.warns(UserWarning, match=r"dropped an incomplete last line \(23 bytes\)"):
+        assert RunDir.open(run.path).finished_trial_ids() == {"a"}
+    assert run.trials_path.read_text() == '{"trial_id": "a"}\n'
+
+
+def test_open_refuses_other_schema_versions(tmp_path):
+    run = RunDir.create(tmp_path, {"name": "x"}, {})
+    run.update(schema_version=99)
+    with pytest.raises(ValueError, match=r"run.json: schema_version 99; this kvbench reads 1"):
+        RunDir.open(run.path)
+    with pytest.raises(ValueError, match=r"no run.json here"):
+        RunDir.open(tmp_path)

@@ -1,0 +1,173 @@
+"""Scenario schema: every error names the file, the key path, the bad value and what is allowed."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from conftest import ROOT, kvbench_cmd, tiny_scenario
+from kvbench.scenario import ScenarioError, load_scenario, parse_scenario
+
+
+def error_of(write_yaml, data) -> ScenarioError:
+    path = write_yaml(data)
+    with pytest.raises(ScenarioError) as info:
+        load_scenario(path)
+    return info.value
+
+
+def test_valid_tiny_scenario_loads(write_yaml):
+    s = load_scenario(write_yaml(tiny_scenario(budget="2GiB")))
+    assert s.budget == 2 * 2**30
+    assert s.model.preset == "tiny-llama" and s.workload.source == "synthetic"
+    assert [m.label for m in s.modes] == ["none"]
+
+
+def test_unknown_top_level_key_names_file_key_and_allowed_keys(write_yaml):
+    data = tiny_scenario()
+    data["prompt_tokenz"] = [8]
+    err = error_of(write_yaml, data)
+    assert str(err) == (
+        f"{err.file}: prompt_tokenz: unknown key 'prompt_tokenz'; allowed keys: name, description, model, device, "
+        "workload, prompt_tokens, max_new_tokens, batch_sizes, modes, repeats, warmup, budget, seed"
+    )
+    assert err.file.endswith("scenario.yaml")
+
+
+def test_unknown_key_inside_a_mode_lists_that_modes_keys(write_yaml):
+    err = error_of(write_yaml, tiny_scenario(modes=[{"kind": "none"}, {"kind": "hierarchical", "windw": 64}]))
+    assert ("modes[1].windw", "unknown key 'windw'; allowed keys: kind, window, host_max_tokens") in err.problems
+    assert ("modes[1].window", "required key is missing") in err.problems
+
+
+def test_negative_window_names_the_path_and_value(write_yaml):
+    err = error_of(write_yaml, tiny_scenario(modes=[{"kind": "none"}, {"kind": "hierarchical", "window": -5}]))
+    assert err.problems == [("modes[1].window", "Input should be greater than or equal to 0 (got -5)")]
+
+
+def test_non_numeric_window(write_yaml):
+    err = error_of(write_yaml, tiny_scenario(modes=[{"kind": "hierarchical", "window": "big"}]))
+    assert err.problems == [
+        ("modes[0].window", "Input should be a valid integer, unable to parse string as an integer (got 'big')")
+    ]
+
+
+def test_unknown_mode_suggests_the_closest_name(write_yaml):
+    err = error_of(write_yaml, tiny_scenario(modes=[{"kind": "none"}, {"kind": "nonee"}]))
+    assert err.problems == [("modes[1]", "unknown mode 'nonee'; did you mean 'none'? available: none, hf-offloaded")]
+
+
+def test_mode_not_implemented_yet_is_refused_with_the_available_ones(write_yaml):
+    err = error_of(write_yaml, tiny_scenario(modes=[{"kind": "none"}, {"kind": "full"}]))
+    assert err.problems == [
+        ("modes[1].kind", "mode 'full' is not implemented in this version of kvbench; available: none, hf-offloaded")
+    ]
+
+
+def test_duplicate_modes_and_lengths(write_yaml):
+    err = error_of(write_yaml, tiny_scenario(modes=[{"kind": "none"}, {"kind": "none"}], prompt_tokens=[8, 8]))
+    assert ("modes", "duplicate mode(s) ['none']") in err.problems
+    assert ("prompt_tokens", "duplicate value(s) [8] (got [8, 8])") in err.problems
+
+
+def test_batch_larger_than_the_prompt_pool(write_yaml):
+    err = error_of(write_yaml, tiny_scenario(batch_sizes=[1, 8]))
+    assert err.problems == [("workload.n_prompts", "4 distinct prompts cannot fill a batch of 8; "
+                                                   "set n_prompts to at least 8")]
+
+
+def test_bad_budget_says_what_a_size_looks_like(write_yaml):
+    err = error_of(write_yaml, tiny_scenario(budget="2 gigs"))
+    assert err.problems == [
+        ("budget", "could not interpret byte unit: gigs (got '2 gigs'); give bytes or a size such as 2GiB, 512MiB, 1.5GB")
+    ]
+
+
+def test_bad_device(write_yaml):
+    err = error_of(write_yaml, tiny_scenario(device="gpu"))
+    assert err.problems == [("device", "must be auto, cpu, cuda or cuda:N (got 'gpu')")]
+
+
+def test_missing_key_and_bad_literal(write_yaml):
+    data = tiny_scenario(workload={"source": "reddit"})
+    del data["max_new_tokens"]
+    err = error_of(write_yaml, data)
+    assert ("max_new_tokens", "required key is missing") in err.problems
+    assert ("workload.source", "got 'reddit'; input should be 'sharegpt', 'files' or 'synthetic'") in err.problems
+
+
+def test_prompt_longer_than_the_context_is_refused_before_any_trial(write_yaml):
+    # tiny-llama has max_position_embeddings 2048
+    err = error_of(write_yaml, tiny_scenario(prompt_tokens=[8, 2040], max_new_tokens=16))
+    assert err.problems == [
+        ("prompt_tokens[1]", "2040 tokens + max_new_tokens 16 exceeds the model's max_position_embeddings 2048; "
+                             "the longest prompt allowed is 2032")
+    ]
+
+
+def test_model_errors(write_yaml):
+    err = error_of(write_yaml, tiny_scenario(model={"preset": "llama-3-8b", "weights": "random"}))
+    assert err.problems[0][0] == "model"
+    assert err.problems[0][1].startswith("unknown preset 'llama-3-8b'; did you mean 'llama-3.1-8b'? available: gemma-2-9b")
+    err = error_of(write_yaml, tiny_scenario(model={"preset": "tiny-llama"}))
+    assert err.problems == [("model", "a preset has no weights: set weights: random")]
+    err = error_of(write_yaml, tiny_scenario(model="no/such-model"))
+    assert err.problems == [
+        ("model.name", "the hub id 'no/such-model' is not in the local cache; kvbench never downloads at run time")
+    ]
+
+
+def test_random_weights_with_text_workload_needs_a_tokenizer(write_yaml):
+    err = error_of(write_yaml, tiny_scenario(workload={"source": "sharegpt"}))
+    assert err.problems == [
+        ("model.tokenizer", "a random-weights model has no tokenizer: set model.tokenizer (e.g. smollm2-135m) "
+                            "or use workload.source: synthetic")
+    ]
+
+
+def test_files_glob_matching_nothing(write_yaml):
+    err = error_of(write_yaml, tiny_scenario(workload={"source": "files", "files": "nothing/*.txt"},
+                                             model={"preset": "tiny-llama", "weights": "random",
+                                                    "tokenizer": "smollm2-135m"}))
+    assert len(err.problems) == 1 and err.problems[0][0] == "workload.files"
+    assert err.problems[0][1].endswith("nothing/*.txt' matches no file")
+
+
+def test_yaml_syntax_error_names_line_and_column(write_yaml):
+    path = write_yaml("name: x\nmodes: [\n  {kind: none\n")
+    with pytest.raises(ScenarioError) as info:
+        load_scenario(path)
+    assert str(info.value).startswith(f"{path}: line 4, column 1: invalid YAML:")
+
+
+def test_not_a_mapping_and_missing_file(tmp_path, write_yaml):
+    with pytest.raises(ScenarioError, match=r"the file must hold a mapping of keys, not list"):
+        load_scenario(write_yaml("- 1\n- 2\n"))
+    with pytest.raises(ScenarioError, match=r"nope.yaml: cannot read the file: No such file or directory"):
+        load_scenario(tmp_path / "nope.yaml")
+
+
+def test_shipped_scenarios_are_valid():
+    for name in ("smoke", "dialogue", "mid_doc", "long_doc"):
+        s = load_scenario(ROOT / "scenarios" / f"{name}.yaml")
+        assert s.name == name and s.model.name == "smollm2-135m"
+    assert parse_scenario(tiny_scenario()).repeats == 2
+
+
+def test_validate_command_reports_every_bad_file(write_yaml, tmp_path):
+    good = write_yaml(tiny_scenario(), "good.yaml")
+    bad = write_yaml(tiny_scenario(device="tpu"), "bad.yaml")
+    r = subprocess.run([*kvbench_cmd(), "validate", str(good), str(bad)], capture_output=True, text=True)
+    assert r.returncode == 1
+    assert f"{good}: ok (8 trials: 2 prompt lengths × 2 batch sizes × 1 modes × 2 repeats)" in r.stdout
+    assert f"{bad}: device: must be auto, cpu, cuda or cuda:N (got 'tpu')" in r.stderr
+
+
+def test_help_does_not_import_torch():
+    code = ("import sys\nfrom kvbench.cli import app\n"
+            "try:\n    app(['--help'])\nexcept SystemExit:\n    pass\n"
+            "assert 'torch' not in sys.modules, 'torch imported'\nprint('no torch')")
+    r = subprocess.run([kvbench_cmd()[0], "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().endswith("no torch")
