@@ -102,7 +102,7 @@ def run(
     with err.status(f"loading {sc.model.label} and the {sc.workload.source} workload"):
         try:
             runner = prepare(sc)
-        except (ModelNotFound, ValueError, ModuleNotFoundError, FileNotFoundError) as exc:
+        except (ModelNotFound, ValueError, ImportError, OSError) as exc:
             _fail(str(exc))
     m = runner.m
     err.print(f"model {sc.model.label}: {m.shape.layers} layers, {m.shape.kv_heads} kv heads × {m.shape.head_dim}, "

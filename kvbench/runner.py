@@ -139,7 +139,8 @@ def greedy_decode(
         input_ids, attention_mask: ``[batch, prompt_len]`` on the model's device, left-padded.
         cache: the KV cache object passed to every forward.
         clock: returns seconds; must synchronise the device (see :class:`Clock`).
-        after_step: called after each forward (e.g. to read the cache's bytes), outside the timed region's end.
+        after_step: called after each token's clock reading (e.g. to read the cache's bytes); its cost, microseconds
+            for a sum of tensor sizes, falls inside the next inter-token gap.
 
     Returns:
         ``(ids [batch, max_new_tokens], t_start, token_times)``.
@@ -288,7 +289,8 @@ class TrialRunner:
         else:
             out["peak_device_allocated_bytes"] = None
             out["peak_device_reserved_bytes"] = None
-            out["notes"] = {"peak_device_allocated_bytes": f"no allocator peak on a {dev.type} device (CUDA only)"}
+            reason = f"no allocator peak on a {dev.type} device (CUDA only)"
+            out["notes"] = {"peak_device_allocated_bytes": reason, "peak_device_reserved_bytes": reason}
         return out
 
 
