@@ -3,6 +3,7 @@ so `kvbench --help` stays fast."""
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 import warnings
@@ -13,6 +14,9 @@ from typing import Any, Optional
 import typer
 from rich.console import Console
 from rich.table import Table
+
+# transformers' GGUF loader draws a tqdm bar it offers no switch for; kvbench shows its own progress.
+os.environ.setdefault("TQDM_DISABLE", "1")
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Measure what KV-cache offload really does.")
 # Piped output (CI logs, README examples) gets 120 columns instead of Rich's 80.
@@ -42,13 +46,15 @@ def _ms(med: Any, lo: Any, hi: Any) -> str:
 
 
 def _summary_table(frame: Any, title: str) -> Table:
-    t = Table(title=title, caption="median (min–max) over the ok repeats; CPU runs have no allocator peak")
-    for col in ("prompt", "batch", "mode", "ok", "TTFT ms", "TPOT ms", "decode tok/s", "KV MiB", "RSS MiB"):
+    t = Table(title=title, caption="median (min–max) over the ok repeats; same ids: greedy ids equal to `none`'s; "
+                                   "KV MiB: device KV peak")
+    for col in ("prompt", "batch", "mode", "ok", "same ids", "TTFT ms", "TPOT ms", "decode tok/s", "KV MiB", "RSS MiB"):
         t.add_column(col, justify="left" if col == "mode" else "right")
     for r in frame.to_dict("records"):
         tps = r["decode_tokens_per_s_median"]
         t.add_row(
             str(r["prompt_tokens"]), str(r["batch_size"]), r["mode"], f"{r['ok']}/{r['trials']}",
+            {True: "yes", False: "[red]NO[/]", None: "-"}[r["tokens_match"]],
             _ms(r["ttft_s_median"], r["ttft_s_min"], r["ttft_s_max"]),
             _ms(r["tpot_s_median"], r["tpot_s_min"], r["tpot_s_max"]),
             "-" if tps is None or tps != tps else f"{tps:,.1f}",

@@ -198,8 +198,9 @@ def read_trials(path: str | Path) -> list[dict[str, Any]]:
 
 
 def summary_frame(rows: list[dict[str, Any]]):
-    """Per prompt length × batch × mode: trial counts by status and the median (min–max) of TTFT, TPOT, decode
-    tokens/s, with the peak device KV bytes. Returns a pandas DataFrame, one row per point, in sweep order."""
+    """Per prompt length × batch × mode: trial counts, the first non-ok status and message, whether every ok
+    trial's ids matched ``none`` (``tokens_match``, None when not compared), and the median (min–max) of TTFT,
+    TPOT, decode tokens/s, device KV peak and RSS peak. Returns a pandas DataFrame, one row per point, in sweep order."""
     import pandas as pd
 
     if not rows:
@@ -211,6 +212,8 @@ def summary_frame(rows: list[dict[str, Any]]):
         ok = g[g["status"] == "ok"]
         rec: dict[str, Any] = {"prompt_tokens": n, "batch_size": b, "mode": mode, "trials": len(g), "ok": len(ok)}
         bad = g[g["status"] != "ok"]
+        match = ok["tokens_match"].dropna().tolist() if "tokens_match" in ok else []
+        rec["tokens_match"] = all(match) if match else None
         rec["status"] = "ok" if bad.empty else str(bad["status"].iloc[0])
         rec["message"] = "" if bad.empty else str(bad["message"].iloc[0])
         for col in ("ttft_s", "tpot_s", "decode_tokens_per_s", "kv_device_peak_bytes", "rss_peak_bytes"):

@@ -19,8 +19,8 @@ import torch
 
 from kvbench.models import LoadedModel
 from kvbench.monitor import RssPeak
-from kvbench.offload.caches import ModeUnavailable, kv_bytes, make_cache
-from kvbench.results import RunDir, utc_now
+from kvbench.offload.caches import ModeUnavailable, OffloadedCache, kv_bytes, make_cache
+from kvbench.results import RunDir, read_trials, utc_now
 from kvbench.scenario import Scenario
 from kvbench.workloads import PromptSource
 
@@ -52,13 +52,14 @@ class TrialSpec:
 
 def plan_trials(s: Scenario) -> list[TrialSpec]:
     """Every recorded trial of a scenario, in run order: prompt length, batch size, repeat, then mode (so modes
-    are interleaved and share the machine's conditions)."""
+    are interleaved and share the machine's conditions), ``none`` first so the others can be compared with it."""
+    modes = sorted(s.modes, key=lambda m: m.kind != "none")
     return [
         TrialSpec(n, b, m, r)
         for n in s.prompt_tokens
         for b in s.batch_sizes
         for r in range(s.repeats)
-        for m in s.modes
+        for m in modes
     ]
 
 
@@ -194,11 +195,37 @@ class TrialRunner:
             pad = tok.eos_token_id
         self.pad_id = int(pad) if pad is not None else 0
         self.kv_bytes_per_token = loaded.shape.kv_bytes_per_token(loaded.dtype.itemsize)
+        self.baseline_sha: dict[str, str] = {}  # prompt hash → output hash of the `none` trial
+        self.baseline_ids: dict[str, torch.Tensor] = {}
 
     def kv_bytes_predicted(self, t: TrialSpec) -> int:
         """2 × layers × kv_heads × head_dim × dtype bytes × tokens cached × batch; tokens cached = prompt + new − 1
         (the last generated token is never fed back)."""
         return self.kv_bytes_per_token * (t.prompt_tokens + self.s.max_new_tokens - 1) * t.batch_size
+
+    def remember(self, rows: Sequence[dict[str, Any]]) -> None:
+        """Take the ``none`` outputs of earlier rows (a resumed run) as baselines for ``tokens_match``."""
+        for r in rows:
+            if r.get("mode") == "none" and r.get("status") == "ok":
+                self.baseline_sha[r["prompt_sha256"]] = r["output_sha256"]
+
+    def _compare(self, t: TrialSpec, prompt_digest: str, ids: torch.Tensor, digest: str) -> dict[str, Any]:
+        """``tokens_match``: generated ids equal those of the ``none`` trial on the same prompts (True for
+        ``none`` itself; None when no such trial ran); and where they first differ."""
+        if t.mode.kind == "none":
+            self.baseline_sha[prompt_digest] = digest
+            self.baseline_ids[prompt_digest] = ids.cpu()
+            return {"tokens_match": True, "first_divergence_step": None}
+        ref = self.baseline_sha.get(prompt_digest)
+        if ref is None:
+            return {"tokens_match": None, "first_divergence_step": None}
+        if ref == digest:
+            return {"tokens_match": True, "first_divergence_step": None}
+        step = None
+        if prompt_digest in self.baseline_ids:
+            diff = (self.baseline_ids[prompt_digest] != ids.cpu()).any(dim=0).nonzero()
+            step = int(diff[0]) if len(diff) else None
+        return {"tokens_match": False, "first_divergence_step": step}
 
     def base_row(self, t: TrialSpec) -> dict[str, Any]:
         """The fields every row has, whatever its status."""
@@ -265,9 +292,10 @@ class TrialRunner:
             torch.cuda.reset_peak_memory_stats(dev)
             base_alloc = torch.cuda.memory_allocated(dev)
             base_reserved = torch.cuda.memory_reserved(dev)
+        own_accounting = isinstance(cache, OffloadedCache)
         with RssPeak() as rss:
             ids, t0, times = greedy_decode(self.m.model, input_ids, mask, cache, s.max_new_tokens, self.clock,
-                                           after_step=read_kv)
+                                           after_step=None if own_accounting else read_kv)
         n_out = ids.shape[1]
         if n_out != s.max_new_tokens or len(times) != s.max_new_tokens:
             raise RuntimeError(f"generated {n_out} tokens, expected exactly {s.max_new_tokens}")
@@ -283,6 +311,13 @@ class TrialRunner:
             "output_sha256": _ids_digest(ids),
             "output_ids_head": ids[:, :IDS_KEPT].tolist(),
         }
+        out.update(self._compare(t, prompt_digest, ids, out["output_sha256"]))
+        if own_accounting:
+            # the cache's own accounting also sees the transient K/V inside a forward, which per-step reads miss
+            stats = cache.engine.stats
+            out.update(kv_device_peak_bytes=cache.device_peak_bytes, kv_host_peak_bytes=cache.host_peak_bytes,
+                       h2d_bytes=stats.h2d_bytes, d2h_bytes=stats.d2h_bytes, h2d_count=stats.h2d_count,
+                       d2h_count=stats.d2h_count, pinned=cache.pinned)
         if cuda:
             out["peak_device_allocated_bytes"] = torch.cuda.max_memory_allocated(dev) - base_alloc
             out["peak_device_reserved_bytes"] = torch.cuda.max_memory_reserved(dev) - base_reserved
@@ -319,6 +354,7 @@ def run_sweep(
     marks run.json ``interrupted``; a finished sweep marks it ``complete``.
     """
     done = run.finished_trial_ids()
+    runner.remember(read_trials(run.trials_path))
     todo = [t for t in plan_trials(scenario) if t.trial_id not in done]
     written = 0
     try:

@@ -63,3 +63,12 @@ def write_yaml(tmp_path):
 def kvbench_cmd() -> list[str]:
     """The kvbench console script of the running interpreter's environment."""
     return [sys.executable, "-m", "kvbench.cli"]
+
+
+@pytest.fixture(scope="session")
+def smol_model():
+    """The real SmolLM2-135M (GGUF, float32) on CPU: about half a minute to load."""
+    from kvbench.models import load
+    from kvbench.scenario import ModelSpec
+
+    return load(ModelSpec(name="smollm2-135m"), "cpu")

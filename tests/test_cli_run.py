@@ -33,9 +33,9 @@ def test_smoke_scenario_on_the_real_model(tmp_path):
     env = meta["environment"]
     assert env["torch"] and env["transformers"].startswith("5.") and env["python"].startswith("3.")
     rows = read_trials(run / "trials.jsonl")
-    assert len(rows) == 16 and len({r["trial_id"] for r in rows}) == 16
+    assert len(rows) == 32 and len({r["trial_id"] for r in rows}) == 32
     ok = [r for r in rows if r["mode"] == "none"]
-    assert len(ok) == 8 and all(r["status"] == "ok" for r in ok)
+    assert len(ok) == 8 and all(r["status"] == "ok" and r["tokens_match"] for r in ok)
     for row in ok:
         assert row["n_output_tokens"] == 4 and len(row["itl_s"]) == 3
         assert row["ttft_s"] > 0 and row["tpot_s"] > 0 and row["decode_tokens_per_s"] > 0
@@ -47,9 +47,15 @@ def test_smoke_scenario_on_the_real_model(tmp_path):
     assert same_point[0]["prompt_sha256"] != same_point[1]["prompt_sha256"]
     skipped = [r for r in rows if r["mode"] == "hf-offloaded"]
     assert len(skipped) == 8 and {r["status"] for r in skipped} == {"skipped"}
+    for mode in ("full", "hierarchical(window=16)"):
+        offloaded = [r for r in rows if r["mode_label"] == mode]
+        assert len(offloaded) == 8 and all(r["status"] == "ok" and r["tokens_match"] is True for r in offloaded)
+        base = {r["prompt_sha256"]: r["output_sha256"] for r in ok}
+        assert all(base[r["prompt_sha256"]] == r["output_sha256"] for r in offloaded)
+        assert all(r["d2h_bytes"] > 0 and r["kv_host_peak_bytes"] > 0 for r in offloaded)
     assert "smoke: smollm2-135m on cpu" in r.stdout
     assert "hf-offloaded: skipped (8 trials): hf-offloaded needs a CUDA device" in r.stdout
-    assert "16 trials written to" in r.stdout
+    assert "32 trials written to" in r.stdout
 
 
 def test_bad_scenario_exits_with_the_error(write_yaml, tmp_path):

@@ -55,13 +55,15 @@ def test_non_numeric_window(write_yaml):
 
 def test_unknown_mode_suggests_the_closest_name(write_yaml):
     err = error_of(write_yaml, tiny_scenario(modes=[{"kind": "none"}, {"kind": "nonee"}]))
-    assert err.problems == [("modes[1]", "unknown mode 'nonee'; did you mean 'none'? available: none, hf-offloaded")]
+    assert err.problems == [("modes[1]", "unknown mode 'nonee'; did you mean 'none'? "
+                                       "available: none, hf-offloaded, full, hierarchical")]
 
 
 def test_mode_not_implemented_yet_is_refused_with_the_available_ones(write_yaml):
-    err = error_of(write_yaml, tiny_scenario(modes=[{"kind": "none"}, {"kind": "full"}]))
+    err = error_of(write_yaml, tiny_scenario(modes=[{"kind": "none"}, {"kind": "dynamic"}]))
     assert err.problems == [
-        ("modes[1].kind", "mode 'full' is not implemented in this version of kvbench; available: none, hf-offloaded")
+        ("modes[1].kind", "mode 'dynamic' is not implemented in this version of kvbench; "
+                          "available: none, hf-offloaded, full, hierarchical")
     ]
 
 

@@ -39,13 +39,13 @@ MODES: dict[str, ModeInfo] = {
             skip_reason="hf-offloaded needs a CUDA device: on CPU-only torch DynamicCache(offloading=True) "
             "raises AssertionError: Torch not compiled with CUDA enabled",
         ),
+        ModeInfo("full", "the layer being computed + the one being prefetched; all history on the host"),
+        ModeInfo("hierarchical", "the last `window` tokens of every layer; older tokens on the host"),
     )
 }
 
 #: Modes the scenario schema knows (with their options) that this version cannot run yet.
 PLANNED: dict[str, str] = {
-    "full": "all history on the host; each layer prefetched to the device before its attention",
-    "hierarchical": "the last `window` tokens of every layer on the device, older tokens on the host",
     "dynamic": "a window chosen each step from the budget and measured transfer/compute time",
 }
 

@@ -1,0 +1,119 @@
+"""The offload caches: greedy ids identical to DynamicCache, tiers and accounting, cache operations."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+from kvbench.offload.caches import FullOffloadCache, HierarchicalCache, OffloadedCache, make_cache
+from kvbench.runner import greedy_decode, left_pad
+
+CPU = torch.device("cpu")
+NEW = 6
+
+
+def clock():
+    return 0.0
+
+
+def decode(model, prompts, cache, n=NEW):
+    ids, mask = left_pad(prompts, pad_id=0)
+    out, _, _ = greedy_decode(model, ids, mask, cache, n, clock)
+    return out
+
+
+def batches(vocab):
+    g = torch.Generator().manual_seed(0)
+    one = [torch.randint(5, vocab, (23,), generator=g).tolist()]
+    four = [torch.randint(5, vocab, (n,), generator=g).tolist() for n in (23, 9, 17, 4)]  # left-padded
+    return {"batch1": one, "batch4": four}
+
+
+@pytest.mark.parametrize("which", ["batch1", "batch4"])
+@pytest.mark.parametrize("window", [0, 1, 8, 23, 64])  # 0 = full; smaller than, equal to, larger than the prompt
+def test_greedy_ids_equal_dynamic_cache_on_tiny_llama(tiny_model, which, window):
+    model = tiny_model.model
+    prompts = batches(tiny_model.shape.vocab_size)[which]
+    ref = decode(model, prompts, DynamicCache(config=model.config))
+    cache = HierarchicalCache(model.config, CPU, window=window)
+    out = decode(model, prompts, cache)
+    assert out.tolist() == ref.tolist()
+    width = max(len(p) for p in prompts)
+    assert cache.get_seq_length() == width + NEW - 1  # all tokens, not the window
+    layer = cache.layers[0]
+    assert layer.keys.shape[-2] == min(window, width + NEW - 1)
+    assert layer.host_keys.length == width + NEW - 1 - layer.keys.shape[-2]
+
+
+def test_full_mode_moves_only_new_tokens_to_the_host(tiny_model):
+    model = tiny_model.model
+    cache = FullOffloadCache(model.config, CPU)
+    decode(model, [[7] * 10], cache, n=4)
+    # tiny-llama: 2 layers × 2 kv heads × 16 × 4 bytes = 128 B per token for K (same for V)
+    per_token = 2 * 16 * 4
+    assert cache.engine.stats.d2h_bytes == 2 * 2 * per_token * (10 + 3)  # each token once, K and V, 2 layers
+    assert cache.engine.stats.d2h_count == 2 * 2 * 4  # prefill + 3 decode steps
+    # history read back per step: steps 2..4 read 10, 11, 12 tokens per layer (K and V); after the last layer
+    # of the last step the prefetch wraps to layer 0 (13 tokens) for a step that may come
+    assert cache.engine.stats.h2d_bytes == 2 * per_token * (2 * (10 + 11 + 12) + 13)
+    assert cache.device_bytes == 0  # everything lives on the host between steps
+    assert cache.host_bytes == 4 * 256 * per_token  # K and V × 2 layers, 256 tokens of capacity each
+    assert cache.device_peak_bytes == 2 * per_token * 13  # one layer's K and V for 13 tokens during attention
+
+
+def test_hierarchical_keeps_the_window_on_the_device(tiny_model):
+    model = tiny_model.model
+    cache = make_cache("hierarchical", model.config, CPU, window=5)
+    decode(model, [[3] * 12], cache, n=4)
+    assert [layer.keys.shape[-2] for layer in cache.layers] == [5, 5]
+    assert cache.device_bytes == 2 * 2 * 5 * (2 * 16 * 4)  # 2 layers, K and V, 5 tokens
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind,options", [("full", {}), ("hierarchical", {"window": 16}),
+                                          ("hierarchical", {"window": 0})])
+def test_greedy_ids_equal_dynamic_cache_on_smollm2(smol_model, kind, options):
+    model = smol_model.model
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(20, 40000, (n,), generator=g).tolist() for n in (40, 25, 33, 12)]
+    ref = decode(model, prompts, DynamicCache(config=model.config), n=8)
+    out = decode(model, prompts, make_cache(kind, model.config, CPU, **options), n=8)
+    assert out.tolist() == ref.tolist()
+
+
+def test_negative_window_is_refused(tiny_model):
+    with pytest.raises(ValueError, match="window must be >= 0 tokens, got -1"):
+        OffloadedCache(tiny_model.model.config, CPU, window=-1)
+
+
+@pytest.mark.parametrize("window", [0, 4])
+def test_beam_search_crop_and_reuse_match_dynamic_cache(tiny_model, window):
+    model = tiny_model.model
+    ids = torch.tensor([[11, 12, 13, 14, 15, 16, 17, 18]])
+    kw = dict(max_new_tokens=6, min_new_tokens=6, do_sample=False, pad_token_id=0, eos_token_id=None)
+    ref = model.generate(ids, num_beams=3, cache=DynamicCache(config=model.config), **kw)
+    out = model.generate(ids, num_beams=3, cache=HierarchicalCache(model.config, CPU, window=window), **kw)
+    assert out.tolist() == ref.tolist()
+
+    # crop then continue, and a second generate on the same cache
+    ref_cache, cache = DynamicCache(config=model.config), HierarchicalCache(model.config, CPU, window=window)
+    a = model.generate(ids, cache=ref_cache, **kw)
+    b = model.generate(ids, cache=cache, **kw)
+    assert a.tolist() == b.tolist()
+    ref_cache.crop(-3)
+    cache.crop(-3)
+    assert cache.get_seq_length() == ref_cache.get_seq_length() == 8 + 6 - 1 - 3
+    nxt_ref = model(a[:, -4:-3], cache=ref_cache, use_cache=True).logits
+    nxt = model(a[:, -4:-3], cache=cache, use_cache=True).logits
+    assert torch.equal(nxt_ref, nxt)
+
+    two = torch.tensor([[5, 6, 7, 8], [9, 10, 11, 12]])
+    ref_cache, cache = DynamicCache(config=model.config), HierarchicalCache(model.config, CPU, window=window)
+    model(two, cache=ref_cache, use_cache=True)
+    model(two, cache=cache, use_cache=True)
+    ref_cache.batch_select_indices(torch.tensor([1]))
+    cache.batch_select_indices(torch.tensor([1]))
+    step = torch.tensor([[13]])
+    assert torch.equal(model(step, cache=ref_cache, use_cache=True).logits,
+                       model(step, cache=cache, use_cache=True).logits)
