@@ -124,7 +124,7 @@ def run(
     total = len(plan_trials(sc))
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   TextColumn("ETA"), TimeRemainingColumn(), console=err) as progress:
-        task = progress.add_task(sc.name, total=total, completed=len(rundir.finished_trial_ids()))
+        task = progress.add_task(sc.name, total=total, completed=len(rundir.finished_trials()))
         result = run_sweep(
             sc, rundir, runner,
             on_trial=lambda row: progress.advance(task),

@@ -168,11 +168,11 @@ class RunDir:
             f.flush()
             os.fsync(f.fileno())
 
-    def finished_trial_ids(self) -> set[str]:
-        """Ids of the trials already written. A partial last line (a run killed mid-write) is cut off the file
-        with a warning, so the trial runs again and appended lines stay valid."""
+    def finished_trials(self) -> list[dict[str, Any]]:
+        """The trials already written. A partial last line (a run killed mid-write) is cut off the file with a
+        warning, so that trial runs again and appended lines stay valid."""
         if not self.trials_path.exists():
-            return set()
+            return []
         data = self.trials_path.read_bytes()
         keep = data.rfind(b"\n") + 1
         if keep < len(data):
@@ -180,7 +180,7 @@ class RunDir:
                           "that trial runs again", stacklevel=2)
             with self.trials_path.open("r+b") as f:
                 f.truncate(keep)
-        return {row["trial_id"] for row in read_trials(self.trials_path)}
+        return read_trials(self.trials_path)
 
 
 def read_trials(path: str | Path) -> list[dict[str, Any]]:

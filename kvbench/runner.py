@@ -20,7 +20,7 @@ import torch
 from kvbench.models import LoadedModel
 from kvbench.monitor import RssPeak
 from kvbench.offload.caches import ModeUnavailable, OffloadedCache, kv_bytes, make_cache
-from kvbench.results import RunDir, read_trials, utc_now
+from kvbench.results import RunDir, utc_now
 from kvbench.scenario import Scenario
 from kvbench.workloads import PromptSource
 
@@ -353,8 +353,9 @@ def run_sweep(
     Each row is appended (and fsynced) as soon as its trial ends. Ctrl-C stops after writing what finished and
     marks run.json ``interrupted``; a finished sweep marks it ``complete``.
     """
-    done = run.finished_trial_ids()
-    runner.remember(read_trials(run.trials_path))
+    finished = run.finished_trials()
+    runner.remember(finished)
+    done = {r["trial_id"] for r in finished}
     todo = [t for t in plan_trials(scenario) if t.trial_id not in done]
     written = 0
     try:

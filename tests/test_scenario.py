@@ -79,6 +79,14 @@ def test_batch_larger_than_the_prompt_pool(write_yaml):
                                                    "set n_prompts to at least 8")]
 
 
+def test_unknown_language_is_refused_before_scanning(write_yaml):
+    err = error_of(write_yaml, tiny_scenario(workload={"source": "sharegpt", "language": "xx"},
+                                             model={"preset": "tiny-llama", "weights": "random",
+                                                    "tokenizer": "smollm2-135m"}))
+    assert len(err.problems) == 1 and err.problems[0][0] == "workload.language"
+    assert err.problems[0][1].startswith("'xx' is not a language langdetect can detect; known: af, ar, bg, bn,")
+
+
 def test_bad_budget_says_what_a_size_looks_like(write_yaml):
     err = error_of(write_yaml, tiny_scenario(budget="2 gigs"))
     assert err.problems == [

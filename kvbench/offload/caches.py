@@ -101,29 +101,29 @@ class OffloadedCache(Cache):
         self.device_peak_bytes = max(self.device_peak_bytes, self.device_bytes + in_use)
         return keys, values
 
+    def _recount_all(self) -> None:
+        for i in range(len(self.layers)):
+            self._recount(i)
+
     def crop(self, max_length: int) -> None:
         """Crop to ``max_length`` tokens (negative: remove that many), as ``DynamicCache.crop``."""
         super().crop(max_length)
-        for i in range(len(self.layers)):
-            self._recount(i)
+        self._recount_all()
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         """Reorder the batch for beam search, in every tier."""
         super().reorder_cache(beam_idx)
-        for i in range(len(self.layers)):
-            self._recount(i)
+        self._recount_all()
 
     def batch_repeat_interleave(self, repeats: int) -> None:
         """Repeat each sequence ``repeats`` times in every tier."""
         super().batch_repeat_interleave(repeats)
-        for i in range(len(self.layers)):
-            self._recount(i)
+        self._recount_all()
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         """Keep only the sequences at ``indices``, in every tier."""
         super().batch_select_indices(indices)
-        for i in range(len(self.layers)):
-            self._recount(i)
+        self._recount_all()
 
     @property
     def pinned(self) -> bool | None:

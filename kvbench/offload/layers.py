@@ -42,8 +42,8 @@ class OffloadedLayer(DynamicLayer):
         n = self.host_keys.length
         if n == 0 or (self._fetched is not None and self._fetched[0] == n):
             return
-        k, ek = self.engine.to_device(self.host_keys.view())
-        v, ev = self.engine.to_device(self.host_values.view())
+        k, ek = self.engine.to_device(self.host_keys.block())
+        v, ev = self.engine.to_device(self.host_values.block())
         self._fetched = (n, k, v, ek, ev)
 
     def _history_on_device(self) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -52,7 +52,8 @@ class OffloadedLayer(DynamicLayer):
         self.prefetch()
         _, k, v, ek, ev = self._fetched
         self._fetched = None  # used once: the next step's history includes this step's tokens
-        return self.engine.ready(k, ek), self.engine.ready(v, ev)
+        # [seq, batch, heads, dim] → [batch, heads, seq, dim] views; the caller's torch.cat materialises them
+        return self.engine.ready(k, ek).permute(1, 2, 0, 3), self.engine.ready(v, ev).permute(1, 2, 0, 3)
 
     def offload(self) -> None:  # transformers' Cache may call this; the tiers are managed in update()
         """No-op: tokens move to the host in :meth:`update`."""

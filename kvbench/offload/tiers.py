@@ -11,10 +11,11 @@ MIN_CAPACITY = 256
 
 
 class HostBuffer:
-    """K or V history of one layer in host memory: ``[batch, kv_heads, capacity, head_dim]``, filled up to
-    ``length`` tokens.
+    """K or V history of one layer in host memory, filled up to ``length`` tokens.
 
-    Appends write into free capacity; when full, the buffer doubles (one copy of the history, amortised O(1) per
+    Stored sequence-major, ``[capacity, batch, kv_heads, head_dim]``, so that every append and every read of the
+    history is one contiguous block (an asynchronous copy needs a contiguous host side); the methods take and
+    give the transformers layout ``[batch, kv_heads, seq, head_dim]``. Appends write into free capacity; when full, the buffer doubles (one copy of the history, amortised O(1) per
     token) instead of a ``torch.cat`` of the whole history every step. With ``pin=True`` (CUDA) the buffer is
     page-locked so copies can run asynchronously; if pinning fails it falls back to pageable memory and
     ``pinned`` records it.
@@ -29,7 +30,7 @@ class HostBuffer:
     @property
     def capacity(self) -> int:
         """Tokens the buffer can hold before it grows."""
-        return 0 if self.buf is None else self.buf.shape[-2]
+        return 0 if self.buf is None else self.buf.shape[0]
 
     @property
     def nbytes(self) -> int:
@@ -39,7 +40,7 @@ class HostBuffer:
     @property
     def used_bytes(self) -> int:
         """Bytes of the filled part: ``length`` tokens."""
-        return 0 if self.buf is None else self.buf[:, :, : self.length].nbytes
+        return 0 if self.buf is None else self.buf[: self.length].nbytes
 
     def _allocate(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         if self.pin:
@@ -60,10 +61,10 @@ class HostBuffer:
         while cap < need:
             cap *= 2
         b, h, _, d = like.shape
-        new = self._allocate((b, h, cap, d), like.dtype)
+        new = self._allocate((cap, b, h, d), like.dtype)
         if self.buf is not None and self.length:
             engine.drain()  # copies into the old buffer must land before it is read
-            new[:, :, : self.length].copy_(self.buf[:, :, : self.length])
+            new[: self.length].copy_(self.buf[: self.length])
         self.buf = new
 
     def append(self, src: torch.Tensor, engine: Transfers) -> None:
@@ -72,12 +73,17 @@ class HostBuffer:
         if n == 0:
             return
         self._reserve(src, n, engine)
-        engine.to_host(src, self.buf[:, :, self.length : self.length + n])
+        # the n new tokens, sequence-major on the device (a small copy), then one contiguous block to the host
+        engine.to_host(src.permute(2, 0, 1, 3).contiguous(), self.buf[self.length : self.length + n])
         self.length += n
+
+    def block(self) -> torch.Tensor:
+        """The filled part as stored, ``[length, batch, kv_heads, head_dim]``, contiguous (for H2D copies)."""
+        return self.buf[: self.length]
 
     def view(self) -> torch.Tensor:
         """The filled part, ``[batch, kv_heads, length, head_dim]`` (a view: do not keep it across appends)."""
-        return self.buf[:, :, : self.length]
+        return self.block().permute(1, 2, 0, 3)
 
     def truncate(self, length: int, engine: Transfers) -> None:
         """Keep the first ``length`` tokens."""
@@ -89,5 +95,5 @@ class HostBuffer:
         engine.drain()
         self.buf, self.length = None, 0
         self._reserve(history, history.shape[-2], engine)
-        self.buf[:, :, : history.shape[-2]].copy_(history)
+        self.buf[: history.shape[-2]].copy_(history.permute(2, 0, 1, 3))
         self.length = history.shape[-2]
