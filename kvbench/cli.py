@@ -4,6 +4,7 @@ so `kvbench --help` stays fast."""
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import time
 import warnings
@@ -49,7 +50,10 @@ def _summary_table(frame: Any, title: str) -> Table:
     t = Table(title=title, caption="median (min–max) over the ok repeats; same ids: greedy ids equal to `none`'s; "
                                    "KV MiB: device KV peak")
     for col in ("prompt", "batch", "mode", "ok", "same ids", "TTFT ms", "TPOT ms", "decode tok/s", "KV MiB", "RSS MiB"):
-        t.add_column(col, justify="left" if col == "mode" else "right")
+        if col == "mode":
+            t.add_column(col, overflow="fold", min_width=12)  # window sizes must stay readable
+        else:
+            t.add_column(col, justify="right", no_wrap=col.endswith("ms"))
     for r in frame.to_dict("records"):
         tps = r["decode_tokens_per_s_median"]
         t.add_row(
@@ -71,6 +75,23 @@ def _failures(frame: Any) -> list[str]:
             key = (r["mode"], r["status"], r["message"])
             seen[key] = seen.get(key, 0) + r["trials"] - r["ok"]
     return [f"{mode}: {status} ({n} trials): {msg}" for (mode, status, msg), n in seen.items()]
+
+
+def _sweep(sc: Any, rundir: Any, runner: Any, total: int) -> Any:
+    """Run the sweep under a Rich progress bar with ETA."""
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                               TimeRemainingColumn)
+
+    from kvbench.runner import run_sweep
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  TextColumn("ETA"), TimeRemainingColumn(), console=err) as progress:
+        task = progress.add_task(sc.name, total=total, completed=len(rundir.finished_trials()))
+        return run_sweep(
+            sc, rundir, runner,
+            on_trial=lambda row: progress.advance(task),
+            on_status=lambda text: progress.update(task, description=f"{sc.name} {text}"),
+        )
 
 
 @app.command()
@@ -102,44 +123,57 @@ def run(
         _fail(str(exc))
 
     from kvbench.models import ModelNotFound
-    from kvbench.runner import plan_trials, prepare, run_sweep
+    from kvbench.runner import plan_trials, prepare
 
-    t0 = time.perf_counter()
-    with err.status(f"loading {sc.model.label} and the {sc.workload.source} workload"):
-        try:
-            runner = prepare(sc)
-        except (ModelNotFound, ValueError, ImportError, OSError) as exc:
-            _fail(str(exc))
-    m = runner.m
-    err.print(f"model {sc.model.label}: {m.shape.layers} layers, {m.shape.kv_heads} kv heads × {m.shape.head_dim}, "
-              f"{str(m.dtype).removeprefix('torch.')} on {m.device}; loaded in {time.perf_counter() - t0:.1f} s",
-              highlight=False)
+    env = environment()
+    if env["load_average_1m"] > 0.5 * (env["cpu_count"] or 1):
+        err.print(f"[yellow]warning:[/] the machine is busy (load average {env['load_average_1m']:.1f} on "
+                  f"{env['cpu_count']} CPUs): timings will be noisy", highlight=False)
+    created = rundir is None
     if rundir is None:
-        rundir = RunDir.create(out_root, sc.model_dump(mode="json"), environment())
-    rundir.update(weights_bytes=m.weights_bytes, status="running")
-    err.print(f"results: {rundir.path}", highlight=False)
-
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
+        try:
+            rundir = RunDir.create(out_root, sc.model_dump(mode="json"), env)
+        except OSError as exc:
+            _fail(f"cannot create the run directory under {out_root}: {exc.strerror or exc}")
+    try:
+        with rundir.lock():
+            t0 = time.perf_counter()
+            with err.status(f"loading {sc.model.label} and the {sc.workload.source} workload"):
+                try:
+                    runner = prepare(sc)
+                    problems = runner.preflight()
+                except (ModelNotFound, ValueError, ImportError, OSError) as exc:
+                    _fail(str(exc))
+            if problems:
+                _fail("the workload cannot fill every trial:\n" + "\n".join(problems))
+            m = runner.m
+            err.print(f"model {sc.model.label}: {m.shape.layers} layers, {m.shape.kv_heads} kv heads × "
+                      f"{m.shape.head_dim}, {str(m.dtype).removeprefix('torch.')} on {m.device}; loaded in "
+                      f"{time.perf_counter() - t0:.1f} s", highlight=False)
+            rundir.update(weights_bytes=m.weights_bytes, status="running")
+            err.print(f"results: {rundir.path}", highlight=False)
+            result = _sweep(sc, rundir, runner, len(plan_trials(sc)))
+    except RunDirError as exc:
+        _fail(str(exc))
+    except typer.Exit:
+        if created and not rundir.finished_trials():
+            shutil.rmtree(rundir.path, ignore_errors=True)  # nothing ran: leave no empty run behind
+        raise
     total = len(plan_trials(sc))
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  TextColumn("ETA"), TimeRemainingColumn(), console=err) as progress:
-        task = progress.add_task(sc.name, total=total, completed=len(rundir.finished_trials()))
-        result = run_sweep(
-            sc, rundir, runner,
-            on_trial=lambda row: progress.advance(task),
-            on_status=lambda text: progress.update(task, description=f"{sc.name} {text}"),
-        )
     frame = summary_frame(read_trials(rundir.trials_path))
     out.print(_summary_table(frame, f"{sc.name}: {sc.model.label} on {m.device}"))
     for line in _failures(frame):
         out.print(line, highlight=False)
+    errors = int((frame["status"] == "error").sum()) if "status" in frame else 0
     if result.interrupted:
         err.print(f"interrupted: {result.skipped_done + result.written} of {total} trials kept in {rundir.path}; "
                   f"continue with: kvbench run --resume {rundir.path}", highlight=False)
         raise typer.Exit(130)
     out.print(f"{result.written} trials written to {rundir.path / 'trials.jsonl'}"
               + (f" ({result.skipped_done} already there)" if result.skipped_done else ""), highlight=False)
+    if errors:
+        err.print(f"[red]error:[/] trials failed with status error at {errors} point(s) (see above)", highlight=False)
+        raise typer.Exit(1)
 
 
 @app.command()

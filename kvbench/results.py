@@ -6,7 +6,9 @@ Layout: ``<root>/<scenario name>-<UTC time>/``.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import fcntl
 import json
 import os
 import platform
@@ -14,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +92,7 @@ def environment() -> dict[str, Any]:
         "platform": platform.platform(),
         "cpu": _cpu_name(),
         "cpu_count": psutil.cpu_count(logical=True),
+        "load_average_1m": os.getloadavg()[0],
         "memory_total_bytes": psutil.virtual_memory().total,
         "cuda": torch.version.cuda,
         **_gpu(),
@@ -150,10 +154,29 @@ class RunDir:
             meta = json.loads(rj.read_text())
         except ValueError as exc:
             raise RunDirError(f"{rj}: not valid JSON ({exc})") from None
+        if not isinstance(meta, dict):
+            raise RunDirError(f"{rj}: not a kvbench run.json (a JSON object was expected)")
         version = meta.get("schema_version")
         if version != SCHEMA_VERSION:
             raise RunDirError(f"{rj}: schema_version {version!r}; this kvbench reads {SCHEMA_VERSION}")
         return cls(p, meta)
+
+    @contextlib.contextmanager
+    def lock(self) -> Iterator[None]:
+        """Hold an exclusive lock on the run directory while writing trials (a second writer would duplicate them).
+
+        Raises:
+            RunDirError: another process holds it.
+        """
+        with (self.path / ".lock").open("w") as f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise RunDirError(f"{self.path}: another kvbench run is writing to this directory") from None
+            try:
+                yield
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
 
     def update(self, **fields: Any) -> None:
         """Set fields of run.json and rewrite it atomically."""

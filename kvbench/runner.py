@@ -22,14 +22,10 @@ from kvbench.monitor import RssPeak
 from kvbench.offload.caches import ModeUnavailable, OffloadedCache, kv_bytes, make_cache
 from kvbench.results import RunDir, utc_now
 from kvbench.scenario import Scenario
-from kvbench.workloads import PromptSource
+from kvbench.workloads import PromptSource, TooLittleText
 
 #: How many generated ids per sequence a trial row keeps (the full sequence is hashed).
 IDS_KEPT = 16
-
-
-class BudgetExceeded(RuntimeError):
-    """The mode's device KV would exceed the scenario's budget; the trial is recorded as ``over_budget``."""
 
 
 # --------------------------------------------------------------------------- pure pieces
@@ -203,6 +199,19 @@ class TrialRunner:
         (the last generated token is never fed back)."""
         return self.kv_bytes_per_token * (t.prompt_tokens + self.s.max_new_tokens - 1) * t.batch_size
 
+    def preflight(self) -> list[str]:
+        """Build every batch the sweep will use (they are cached for the trials); the reasons any cannot be built,
+        e.g. a source with too little text for a length."""
+        problems: list[str] = []
+        for n in self.s.prompt_tokens:
+            for b in self.s.batch_sizes:
+                try:
+                    for r in range(self.s.repeats):
+                        self.source.batch(n, b, r)
+                except TooLittleText as exc:
+                    problems.append(f"prompt_tokens {n}, batch {b}: {exc}")
+        return problems
+
     def remember(self, rows: Sequence[dict[str, Any]]) -> None:
         """Take the ``none`` outputs of earlier rows (a resumed run) as baselines for ``tokens_match``."""
         for r in rows:
@@ -258,8 +267,8 @@ class TrialRunner:
             row.update(self._measure(t))
         except ModeUnavailable as exc:
             row.update(status="skipped", message=str(exc))
-        except BudgetExceeded as exc:
-            row.update(status="over_budget", message=str(exc))
+        except TooLittleText as exc:
+            row.update(status="error", message=str(exc))
         except Exception as exc:  # noqa: BLE001 - every failure is recorded and the sweep goes on
             row.update(status="oom" if _is_oom(exc) else "error", message=f"{type(exc).__name__}: {exc}")
         finally:
@@ -271,9 +280,6 @@ class TrialRunner:
     def _measure(self, t: TrialSpec) -> dict[str, Any]:
         s, dev = self.s, self.m.device
         cache = make_cache(t.mode.kind, self.m.model.config, dev, **t.mode.options)
-        predicted = self.kv_bytes_predicted(t)
-        if s.budget is not None and t.mode.kind == "none" and predicted > s.budget:
-            raise BudgetExceeded(f"none keeps all KV on the device: {predicted} bytes > budget {int(s.budget)} bytes")
         prompts = self.source.batch(t.prompt_tokens, t.batch_size, t.repeat)
         input_ids, mask = left_pad(prompts, self.pad_id)
         input_ids, mask = input_ids.to(dev), mask.to(dev)
@@ -318,6 +324,10 @@ class TrialRunner:
             out.update(kv_device_peak_bytes=cache.device_peak_bytes, kv_host_peak_bytes=cache.host_peak_bytes,
                        h2d_bytes=stats.h2d_bytes, d2h_bytes=stats.d2h_bytes, h2d_count=stats.h2d_count,
                        d2h_count=stats.d2h_count, pinned=cache.pinned)
+        if s.budget is not None and out["kv_device_peak_bytes"] > s.budget:
+            # measured anyway (its ids are the reference for tokens_match), but it does not fit the budget
+            out["status"] = "over_budget"
+            out["message"] = (f"device KV peak {out['kv_device_peak_bytes']} bytes > budget {int(s.budget)} bytes")
         if cuda:
             out["peak_device_allocated_bytes"] = torch.cuda.max_memory_allocated(dev) - base_alloc
             out["peak_device_reserved_bytes"] = torch.cuda.max_memory_reserved(dev) - base_reserved

@@ -22,8 +22,6 @@ from pydantic import (
     ByteSize,
     ConfigDict,
     Field,
-    NonNegativeInt,
-    PositiveInt,
     ValidationError,
     field_validator,
     model_validator,
@@ -32,6 +30,9 @@ from pydantic import (
 from kvbench.offload import registry
 
 DType = Literal["auto", "float32", "bfloat16", "float16"]
+# Strict: YAML `true` or "4" is not a number of tokens.
+PositiveInt = Annotated[int, Field(strict=True, gt=0)]
+NonNegativeInt = Annotated[int, Field(strict=True, ge=0)]
 
 
 class ScenarioError(ValueError):
@@ -222,6 +223,13 @@ class Scenario(_Strict):
             raise ValueError("must be auto, cpu, cuda or cuda:N")
         return v
 
+    @field_validator("budget")
+    @classmethod
+    def _positive_budget(cls, v: ByteSize | None) -> ByteSize | None:
+        if v is not None and v <= 0:
+            raise ValueError("must be more than 0 bytes")
+        return v
+
     @field_validator("prompt_tokens", "batch_sizes")
     @classmethod
     def _unique(cls, v: list[int]) -> list[int]:
@@ -296,6 +304,8 @@ def _describe(err: dict[str, Any]) -> str:
         return f"each mode needs a `kind`; available: {', '.join(registry.available())}"
     if typ == "missing":
         return "required key is missing"
+    if typ in ("model_type", "dict_type", "model_attributes_type"):
+        return f"expected a mapping of keys (got {value!r})"
     if typ == "byte_size" or typ.startswith("byte_size"):
         return f"{msg} (got {value!r}); give bytes or a size such as 2GiB, 512MiB, 1.5GB"
     msg = msg.removeprefix("Value error, ")
@@ -320,20 +330,38 @@ def parse_scenario(data: Any, file: str | Path = "<scenario>") -> Scenario:
         raise ScenarioError(file, [(_path(e["loc"]), _describe(e)) for e in exc.errors()]) from None
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a key given twice in one mapping (plain YAML keeps the last silently)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r}", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def read_yaml(file: str | Path) -> Any:
-    """Parse a YAML file. Raises ScenarioError naming the line and column of a syntax error."""
+    """Parse a YAML file. Raises ScenarioError naming the line and column of a syntax error or duplicate key."""
     p = Path(file)
     try:
         text = p.read_text(encoding="utf-8")
     except OSError as exc:
         raise ScenarioError(file, [("", f"cannot read the file: {exc.strerror or exc}")]) from None
     try:
-        return yaml.safe_load(text)
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
         problem = getattr(exc, "problem", None) or str(exc)
         raise ScenarioError(file, [("", f"{where}invalid YAML: {problem}")]) from None
+    if data is None:
+        raise ScenarioError(file, [("", "the file is empty; a scenario needs at least name, model, workload, "
+                                        "prompt_tokens, max_new_tokens, batch_sizes and modes")])
+    return data
 
 
 def _resolve_paths(s: Scenario, base: Path) -> Scenario:
@@ -366,6 +394,9 @@ def check_scenario(s: Scenario, *, check_model: bool = True) -> list[tuple[str, 
     for i, m in enumerate(s.modes):
         if m.kind not in registry.MODES:
             problems.append((f"modes[{i}].kind", registry.unknown_mode_message(m.kind)))
+        elif getattr(m, "host_max_tokens", None) is not None:
+            problems.append((f"modes[{i}].host_max_tokens", "the disk tier is not implemented in this version of "
+                                                            "kvbench; leave host_max_tokens out"))
     wl = s.workload
     if wl.n_prompts < max(s.batch_sizes):
         problems.append(("workload.n_prompts", f"{wl.n_prompts} distinct prompts cannot fill a batch of "
@@ -399,7 +430,10 @@ def check_scenario(s: Scenario, *, check_model: bool = True) -> list[tuple[str, 
             problems.append((key, str(exc)))
         else:
             limit = shape.max_positions - s.max_new_tokens
-            for i, n in enumerate(s.prompt_tokens):
+            if limit < 1:
+                problems.append(("max_new_tokens", f"{s.max_new_tokens} new tokens alone reach the model's "
+                                                   f"max_position_embeddings {shape.max_positions}"))
+            for i, n in enumerate(s.prompt_tokens if limit >= 1 else []):
                 if n > limit:
                     problems.append(
                         (

@@ -67,6 +67,30 @@ def test_bad_scenario_exits_with_the_error(write_yaml, tmp_path):
     assert not (tmp_path / "res").exists()
 
 
+def test_prompts_shorter_than_the_chat_template_are_refused_before_any_trial(write_yaml, tmp_path):
+    (tmp_path / "doc.txt").write_text("A long enough document about the weather and the sea. " * 40)
+    scenario = write_yaml(tiny_scenario(model={"preset": "tiny-llama", "weights": "random",
+                                               "tokenizer": "smollm2-135m"},
+                                        workload={"source": "files", "files": "*.txt", "n_prompts": 2},
+                                        prompt_tokens=[16, 64], batch_sizes=[1]))
+    r = subprocess.run([*kvbench_cmd(), "run", str(scenario), "--out", str(tmp_path / "res")],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2
+    assert ("prompt_tokens 16, batch 1: workload files '" + str(tmp_path) + "/*.txt': the chat template alone takes 30 tokens around a user "
+            "turn; prompt lengths must be above 30 (got 16)") in r.stderr
+    assert not any((tmp_path / "res").iterdir())  # no empty run left behind
+
+
+def test_a_second_writer_on_the_same_run_is_refused(tmp_path):
+    from kvbench.results import RunDir, RunDirError
+
+    run = RunDir.create(tmp_path, {"name": "x"}, {})
+    with run.lock():
+        with pytest.raises(RunDirError, match="another kvbench run is writing to this directory"):
+            with RunDir.open(run.path).lock():
+                pass
+
+
 def wait_for_lines(path: Path, n: int, proc: subprocess.Popen, timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

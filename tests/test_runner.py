@@ -109,10 +109,15 @@ def test_ok_trial_row_and_kv_bytes_equal_the_prediction(tiny_model):
 
 
 def test_budget_hf_offloaded_on_cpu_and_failures_are_recorded(tiny_model):
-    s, runner = make_runner(tiny_model, budget=10_000, modes=[{"kind": "none"}, {"kind": "hf-offloaded"}])
+    s, runner = make_runner(tiny_model, budget=10_000, modes=[{"kind": "none"}, {"kind": "hf-offloaded"},
+                                                              {"kind": "full"}])
     over = runner.run(TrialSpec(16, 2, s.modes[0], 0))
     assert over["status"] == "over_budget"
-    assert over["message"] == "none keeps all KV on the device: 18432 bytes > budget 10000 bytes"
+    assert over["message"] == "device KV peak 18432 bytes > budget 10000 bytes"
+    assert over["output_sha256"]  # measured anyway: it is the reference for tokens_match
+    fits = runner.run(TrialSpec(16, 2, s.modes[2], 0))
+    # full: one layer's K and V for 18 tokens × batch 2 at most = 9216 bytes
+    assert (fits["status"], fits["kv_device_peak_bytes"], fits["tokens_match"]) == ("ok", 9216, True)
     skipped = runner.run(TrialSpec(8, 1, s.modes[1], 0))
     assert skipped["status"] == "skipped"
     assert skipped["message"].endswith("raises AssertionError: Torch not compiled with CUDA enabled")

@@ -49,7 +49,7 @@ def test_negative_window_names_the_path_and_value(write_yaml):
 def test_non_numeric_window(write_yaml):
     err = error_of(write_yaml, tiny_scenario(modes=[{"kind": "hierarchical", "window": "big"}]))
     assert err.problems == [
-        ("modes[0].window", "Input should be a valid integer, unable to parse string as an integer (got 'big')")
+        ("modes[0].window", "Input should be a valid integer (got 'big')")
     ]
 
 
@@ -85,6 +85,38 @@ def test_unknown_language_is_refused_before_scanning(write_yaml):
                                                     "tokenizer": "smollm2-135m"}))
     assert len(err.problems) == 1 and err.problems[0][0] == "workload.language"
     assert err.problems[0][1].startswith("'xx' is not a language langdetect can detect; known: af, ar, bg, bn,")
+
+
+def test_booleans_strings_and_zero_budget_are_not_numbers(write_yaml):
+    err = error_of(write_yaml, tiny_scenario(prompt_tokens=[True], max_new_tokens="4", budget=0))
+    assert ("prompt_tokens[0]", "Input should be a valid integer (got True)") in err.problems
+    assert ("max_new_tokens", "Input should be a valid integer (got '4')") in err.problems
+    assert ("budget", "must be more than 0 bytes (got 0)") in err.problems
+
+
+def test_duplicate_yaml_key_and_empty_file(write_yaml):
+    path = write_yaml("name: a\nname: b\n")
+    with pytest.raises(ScenarioError, match=r"line 2, column 1: invalid YAML: duplicate key 'name'"):
+        load_scenario(path)
+    with pytest.raises(ScenarioError, match=r"the file is empty; a scenario needs at least name, model"):
+        load_scenario(write_yaml(""))
+
+
+def test_new_tokens_alone_exceeding_the_context(write_yaml):
+    err = error_of(write_yaml, tiny_scenario(max_new_tokens=3000))
+    assert err.problems == [("max_new_tokens",
+                             "3000 new tokens alone reach the model's max_position_embeddings 2048")]
+
+
+def test_disk_tier_option_is_refused_until_implemented(write_yaml):
+    err = error_of(write_yaml, tiny_scenario(modes=[{"kind": "full", "host_max_tokens": 4}]))
+    assert err.problems == [("modes[0].host_max_tokens", "the disk tier is not implemented in this version of "
+                                                         "kvbench; leave host_max_tokens out")]
+
+
+def test_empty_model_mapping(write_yaml):
+    err = error_of(write_yaml, tiny_scenario(model=None))
+    assert err.problems == [("model", "expected a mapping of keys (got None)")]
 
 
 def test_bad_budget_says_what_a_size_looks_like(write_yaml):

@@ -156,5 +156,5 @@ class OffloadedLayer(DynamicLayer):
 
     @property
     def host_bytes(self) -> int:
-        """Bytes of host memory holding this layer's history (allocated capacity)."""
-        return self.host_keys.nbytes + self.host_values.nbytes
+        """Bytes of K/V history this layer holds in host memory (the filled part; capacity is up to 2× more)."""
+        return self.host_keys.used_bytes + self.host_values.used_bytes

@@ -159,6 +159,12 @@ class PromptPool:
             TooLittleText: fewer distinct prompts of that length than the batch needs.
         """
         pool = self.prompts(n_tokens)
+        if len(pool) < batch_size and getattr(self.tokenizer, "chat_template", None):
+            before, after = _frame(self.tokenizer, [("user", "x")])
+            frame = len(before) + len(after)
+            if n_tokens <= frame:
+                raise TooLittleText(f"{self.source_name}: the chat template alone takes {frame} tokens around a "
+                                    f"user turn; prompt lengths must be above {frame} (got {n_tokens})")
         if len(pool) < batch_size:
             lang = f" in language '{self.language}'" if self.language else ""
             raise TooLittleText(
