@@ -58,7 +58,8 @@ def test_full_mode_moves_only_new_tokens_to_the_host(tiny_model):
     # of the last step the prefetch wraps to layer 0 (13 tokens) for a step that may come
     assert cache.engine.stats.h2d_bytes == 2 * per_token * (2 * (10 + 11 + 12) + 13)
     assert cache.device_bytes == 0  # everything lives on the host between steps
-    assert cache.host_bytes == 4 * 256 * per_token  # K and V × 2 layers, 256 tokens of capacity each
+    assert cache.host_bytes == 4 * 13 * per_token  # K and V × 2 layers, 13 tokens held each
+    assert cache.layers[0].host_keys.nbytes == 256 * per_token  # allocated: the first 256-token capacity
     assert cache.device_peak_bytes == 2 * per_token * 13  # one layer's K and V for 13 tokens during attention
 
 
