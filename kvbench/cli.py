@@ -25,6 +25,21 @@ out = Console(width=None if sys.stdout.isatty() else 120, soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
 
 
+def _version(value: bool) -> None:
+    if value:
+        import kvbench
+
+        out.print(f"kvbench {kvbench.__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version."),
+) -> None:
+    """Measure what KV-cache offload really does."""
+
+
 def _show_warning(message: Any, category: type, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
     err.print(f"[yellow]warning:[/] {message}", highlight=False)
 
@@ -176,6 +191,10 @@ def run(
         raise typer.Exit(1)
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
 @app.command()
 def validate(files: list[Path] = typer.Argument(..., help="Scenario YAML files.")) -> None:
     """Check scenario files without loading any model weights (reads the model's config for its context limit)."""
@@ -190,8 +209,9 @@ def validate(files: list[Path] = typer.Argument(..., help="Scenario YAML files."
             err.print(str(exc), highlight=False, markup=False)
         else:
             n = len(s.prompt_tokens) * len(s.batch_sizes) * len(s.modes) * s.repeats
-            out.print(f"{f}: ok ({n} trials: {len(s.prompt_tokens)} prompt lengths × {len(s.batch_sizes)} batch "
-                      f"sizes × {len(s.modes)} modes × {s.repeats} repeats)", highlight=False)
+            out.print(f"{f}: ok ({n} trials: {_count(len(s.prompt_tokens), 'prompt length')} × "
+                      f"{_count(len(s.batch_sizes), 'batch size')} × {_count(len(s.modes), 'mode')} × "
+                      f"{_count(s.repeats, 'repeat')})", highlight=False)
     if bad:
         raise typer.Exit(1)
 

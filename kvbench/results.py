@@ -106,6 +106,7 @@ def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
         with os.fdopen(fd, "w") as f:
             json.dump(data, f, indent=2, default=str)
             f.write("\n")
+        os.chmod(tmp, 0o644)  # mkstemp makes it 0600; results are meant to be shared
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

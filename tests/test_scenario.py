@@ -202,7 +202,7 @@ def test_validate_command_reports_every_bad_file(write_yaml, tmp_path):
     bad = write_yaml(tiny_scenario(device="tpu"), "bad.yaml")
     r = subprocess.run([*kvbench_cmd(), "validate", str(good), str(bad)], capture_output=True, text=True)
     assert r.returncode == 1
-    assert f"{good}: ok (8 trials: 2 prompt lengths × 2 batch sizes × 1 modes × 2 repeats)" in r.stdout
+    assert f"{good}: ok (8 trials: 2 prompt lengths × 2 batch sizes × 1 mode × 2 repeats)" in r.stdout
     assert f"{bad}: device: must be auto, cpu, cuda or cuda:N (got 'tpu')" in r.stderr
 
 
