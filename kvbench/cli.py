@@ -112,7 +112,7 @@ def _sweep(sc: Any, rundir: Any, runner: Any, total: int) -> Any:
 @app.command()
 def run(
     scenario: Optional[Path] = typer.Argument(None, help="Scenario YAML file (optional with --resume)."),
-    out_root: Path = typer.Option(Path("results"), "--out", help="Results root; the run goes in a new folder."),
+    out_root: Optional[Path] = typer.Option(None, "--out", help="Results root (default results/); the run goes in a new folder."),
     resume: Optional[Path] = typer.Option(None, "--resume", help="Continue this run directory, skipping finished trials."),
 ) -> None:
     """Run a scenario's sweep and print its summary."""
@@ -122,6 +122,8 @@ def run(
     warnings.showwarning = _show_warning
     if scenario is None and resume is None:
         _fail("give a scenario file, or --resume DIR")
+    if resume is not None and out_root is not None:
+        _fail(f"--out does not apply with --resume: the run stays in {resume}")
     try:
         if resume is not None:
             rundir = RunDir.open(resume)
@@ -140,6 +142,11 @@ def run(
     from kvbench.models import ModelNotFound
     from kvbench.runner import plan_trials, prepare
 
+    if rundir is not None and {t.trial_id for t in plan_trials(sc)} <= {r["trial_id"] for r in rundir.finished_trials()}:
+        out.print(_summary_table(summary_frame(read_trials(rundir.trials_path)), f"{sc.name}: {sc.model.label}"))
+        out.print(f"nothing to run: every trial of {sc.name} is already in {rundir.trials_path}", highlight=False)
+        return
+
     env = environment()
     if env["load_average_1m"] > 0.5 * (env["cpu_count"] or 1):
         err.print(f"[yellow]warning:[/] the machine is busy (load average {env['load_average_1m']:.1f} on "
@@ -147,9 +154,9 @@ def run(
     created = rundir is None
     if rundir is None:
         try:
-            rundir = RunDir.create(out_root, sc.model_dump(mode="json"), env)
+            rundir = RunDir.create(out_root or Path("results"), sc.model_dump(mode="json"), env)
         except OSError as exc:
-            _fail(f"cannot create the run directory under {out_root}: {exc.strerror or exc}")
+            _fail(f"cannot create the run directory under {out_root or 'results'}: {exc.strerror or exc}")
     try:
         with rundir.lock():
             t0 = time.perf_counter()

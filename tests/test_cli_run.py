@@ -145,3 +145,11 @@ def test_resume_after_kill_and_ctrl_c_loses_and_repeats_nothing(write_yaml, tmp_
     assert all(row["status"] == "ok" for row in rows)
     assert f"({len(after_int)} already there)" in r.stdout
     assert json.loads((run / "run.json").read_text())["status"] == "complete"
+
+    r = subprocess.run([*kvbench_cmd(), "run", "--resume", str(run)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "nothing to run: every trial of tiny is already in" in r.stdout
+    assert "model tiny-llama" not in r.stderr  # no model load for a finished run
+    assert read_trials(run / "trials.jsonl") == rows
+    r = subprocess.run([*kvbench_cmd(), "run", "--resume", str(run), "--out", str(tmp_path)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and f"--out does not apply with --resume: the run stays in {run}" in r.stderr
