@@ -46,12 +46,10 @@ def _git() -> dict[str, Any]:
 
 
 def _cpu_name() -> str:
-    try:
+    with contextlib.suppress(OSError):  # no /proc (not Linux, or a locked-down container)
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
                 return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
     return platform.processor() or platform.machine()
 
 

@@ -56,6 +56,9 @@ class OffloadedCache(Cache):
         super().__init__(layers=layers)
         self.window = window
         self._offloaded = [i for i, layer in enumerate(layers) if isinstance(layer, OffloadedLayer)]
+        # position in _offloaded of the first offloaded layer after each layer (computed once, not per update)
+        self._next_pos = [next((k for k, j in enumerate(self._offloaded) if j > i), len(self._offloaded))
+                          for i in range(len(layers))]
         self._dev = [0] * len(layers)
         self._host = [0] * len(layers)
         self.device_bytes = self.host_bytes = 0
@@ -81,7 +84,7 @@ class OffloadedCache(Cache):
         n = len(self._offloaded)
         if not n:
             return
-        pos = next((k for k, i in enumerate(self._offloaded) if i > layer_idx), n)
+        pos = self._next_pos[layer_idx]
         for step in range(n):
             i = self._offloaded[(pos + step) % n]
             if i == layer_idx:
