@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import sys
 import time
 import warnings
@@ -109,6 +110,12 @@ def _sweep(sc: Any, rundir: Any, runner: Any, total: int) -> Any:
         )
 
 
+def _terminated(signum: int, frame: object) -> None:
+    """SIGTERM (e.g. `kill`, a job scheduler) stops the sweep like Ctrl-C: finished trials kept, temporary files
+    removed, the run resumable."""
+    raise KeyboardInterrupt
+
+
 @app.command()
 def run(
     scenario: Optional[Path] = typer.Argument(None, help="Scenario YAML file (optional with --resume)."),
@@ -120,6 +127,7 @@ def run(
     from kvbench.scenario import ScenarioError, check_scenario, load_scenario, parse_scenario
 
     warnings.showwarning = _show_warning
+    signal.signal(signal.SIGTERM, _terminated)
     if scenario is None and resume is None:
         _fail("give a scenario file, or --resume DIR")
     if resume is not None and out_root is not None:
@@ -136,6 +144,7 @@ def run(
         else:
             sc = load_scenario(scenario)
             rundir = None
+            _print_warnings(scenario, sc)
     except (ScenarioError, RunDirError) as exc:
         _fail(str(exc))
 
@@ -198,13 +207,21 @@ def run(
         raise typer.Exit(1)
 
 
+def _print_warnings(file: Path, s) -> None:
+    from kvbench.scenario import scenario_warnings
+
+    for path, msg in scenario_warnings(s):
+        err.print(f"[yellow]warning:[/] {file}: {path}: {msg}", highlight=False)
+
+
 def _count(n: int, noun: str) -> str:
     return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
 @app.command()
 def validate(files: list[Path] = typer.Argument(..., help="Scenario YAML files.")) -> None:
-    """Check scenario files without loading any model weights (reads the model's config for its context limit)."""
+    """Check scenario files without loading any model weights (reads the model's config for its context limit);
+    warn about configurations that run but mislead."""
     from kvbench.scenario import ScenarioError, load_scenario
 
     bad = 0
@@ -215,6 +232,7 @@ def validate(files: list[Path] = typer.Argument(..., help="Scenario YAML files."
             bad += 1
             err.print(str(exc), highlight=False, markup=False)
         else:
+            _print_warnings(f, s)
             n = len(s.prompt_tokens) * len(s.batch_sizes) * len(s.modes) * s.repeats
             out.print(f"{f}: ok ({n} trials: {_count(len(s.prompt_tokens), 'prompt length')} × "
                       f"{_count(len(s.batch_sizes), 'batch size')} × {_count(len(s.modes), 'mode')} × "

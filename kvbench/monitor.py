@@ -1,4 +1,4 @@
-"""Background samplers. For now: the process's resident set size (RSS) peak, from psutil."""
+"""Host measurements: the process's resident set size (RSS) peak and the memory still available, from psutil."""
 
 from __future__ import annotations
 
@@ -41,3 +41,32 @@ class RssPeak:
         if self._thread is not None:
             self._thread.join()
         self._sample()
+
+
+#: cgroup files holding a container's memory limit and usage: v2, then v1.
+_CGROUP_MEMORY = (
+    ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+    ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"),
+)
+
+
+def host_memory_available() -> tuple[int, str]:
+    """Bytes of host memory this process can still take, and where that figure comes from.
+
+    psutil's available memory, or less when the container's cgroup limit (v2 ``memory.max`` or v1
+    ``memory.limit_in_bytes``) minus its usage is closer: pinned (page-locked) pages count fully against that
+    limit and cannot be swapped or reclaimed.
+    """
+    avail, source = psutil.virtual_memory().available, "available host memory"
+    for limit_file, usage_file in _CGROUP_MEMORY:
+        try:
+            with open(limit_file) as f:
+                text = f.read().strip()
+            with open(usage_file) as f:
+                usage = int(f.read().strip())
+        except (OSError, ValueError):
+            continue
+        if text.isdigit() and int(text) - usage < avail:
+            avail, source = max(0, int(text) - usage), f"container memory limit ({limit_file})"
+        break
+    return avail, source

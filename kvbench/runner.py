@@ -18,8 +18,9 @@ from typing import Any
 import torch
 
 from kvbench.models import LoadedModel
-from kvbench.monitor import RssPeak
-from kvbench.offload.caches import ModeUnavailable, OffloadedCache, kv_bytes, make_cache
+from kvbench.monitor import RssPeak, host_memory_available
+from kvbench.offload.caches import DynamicOffloadCache, ModeUnavailable, OffloadedCache, kv_bytes, make_cache
+from kvbench.offload.tiers import grown_capacity
 from kvbench.results import RunDir, utc_now
 from kvbench.scenario import Scenario
 from kvbench.workloads import PromptSource, TooLittleText
@@ -277,9 +278,42 @@ class TrialRunner:
                 torch.cuda.empty_cache()
         return row
 
+    def host_tier_bytes(self, t: TrialSpec) -> int:
+        """Host memory the trial's host tier may allocate (bytes): the tokens it can hold (all cached tokens less
+        the window, at most ``host_max_tokens``) rounded up to the buffers' geometric capacity, × KV bytes per
+        token × batch. 0 for modes without a host tier."""
+        if t.mode.kind not in ("full", "hierarchical", "dynamic"):
+            return 0
+        opts = t.mode.options
+        tokens = max(0, t.prompt_tokens + self.s.max_new_tokens - 1 - (opts.get("window") or 0))
+        if opts.get("host_max_tokens"):
+            tokens = min(tokens, opts["host_max_tokens"])
+        return grown_capacity(0, tokens) * self.kv_bytes_per_token * t.batch_size if tokens else 0
+
+    def _host_preflight(self, t: TrialSpec) -> None:
+        """Refuse (ModeUnavailable → ``skipped``) a trial whose host tier cannot fit in the host memory left."""
+        need = self.host_tier_bytes(t)
+        if not need:
+            return
+        avail, source = host_memory_available()
+        if need > avail:
+            raise ModeUnavailable(f"refused before the trial: the host tier needs up to {need} bytes "
+                                  f"({need / 2**30:.2f} GiB) but {avail} bytes ({avail / 2**30:.2f} GiB) are left "
+                                  f"({source})")
+
     def _measure(self, t: TrialSpec) -> dict[str, Any]:
+        self._host_preflight(t)
+        cache = make_cache(t.mode.kind, self.m.model.config, self.m.device,
+                           budget_bytes=int(self.s.budget) if self.s.budget is not None else None,
+                           disk_dir=self.s.disk_dir, **t.mode.options)
+        try:
+            return self._generate(t, cache)
+        finally:
+            if isinstance(cache, OffloadedCache):
+                cache.close()
+
+    def _generate(self, t: TrialSpec, cache: Any) -> dict[str, Any]:
         s, dev = self.s, self.m.device
-        cache = make_cache(t.mode.kind, self.m.model.config, dev, **t.mode.options)
         prompts = self.source.batch(t.prompt_tokens, t.batch_size, t.repeat)
         input_ids, mask = left_pad(prompts, self.pad_id)
         input_ids, mask = input_ids.to(dev), mask.to(dev)
@@ -322,8 +356,12 @@ class TrialRunner:
             # the cache's own accounting also sees the transient K/V inside a forward, which per-step reads miss
             stats = cache.engine.stats
             out.update(kv_device_peak_bytes=cache.device_peak_bytes, kv_host_peak_bytes=cache.host_peak_bytes,
-                       h2d_bytes=stats.h2d_bytes, d2h_bytes=stats.d2h_bytes, h2d_count=stats.h2d_count,
-                       d2h_count=stats.d2h_count, pinned=cache.pinned)
+                       kv_disk_peak_bytes=cache.disk_peak_bytes, h2d_bytes=stats.h2d_bytes,
+                       d2h_bytes=stats.d2h_bytes, h2d_count=stats.h2d_count, d2h_count=stats.d2h_count,
+                       disk_read_bytes=stats.disk_read_bytes, disk_write_bytes=stats.disk_write_bytes,
+                       transfer_stalls=stats.stalls, pinned=cache.pinned)
+            if isinstance(cache, DynamicOffloadCache):
+                out.update(window_events=cache.events, window_final=cache.window)
         if s.budget is not None and out["kv_device_peak_bytes"] > s.budget:
             # measured anyway (its ids are the reference for tokens_match), but it does not fit the budget
             out["status"] = "over_budget"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 import glob
 import importlib.util
+import os
 import re
 import types
 import typing
@@ -188,9 +189,15 @@ class DynamicMode(_Mode):
     """A window chosen each step from the budget and measured transfer and compute time."""
 
     kind: Literal["dynamic"] = Field(description="Mode name.")
-    min_window: NonNegativeInt = Field(512, description="Smallest window in tokens.")
-    max_window: PositiveInt | None = Field(None, description="Largest window in tokens (default: unbounded).")
+    min_window: NonNegativeInt = Field(512, description="Smallest window in tokens while the budget allows it.")
+    max_window: PositiveInt | None = Field(None, description="Largest window in tokens (default: only the budget).")
     host_max_tokens: PositiveInt | None = Field(None, description="Tokens kept in host memory; older ones spill to disk.")
+
+    @model_validator(mode="after")
+    def _bounds(self) -> "DynamicMode":
+        if self.max_window is not None and self.min_window > self.max_window:
+            raise ValueError(f"min_window {self.min_window} is larger than max_window {self.max_window}")
+        return self
 
 
 Mode = Annotated[
@@ -214,6 +221,10 @@ class Scenario(_Strict):
     repeats: PositiveInt = Field(3, description="Recorded trials per (prompt length, batch, mode).")
     warmup: NonNegativeInt = Field(1, description="Unrecorded warm-up trials of the same shape before the repeats.")
     budget: ByteSize | None = Field(None, description="Device KV budget in bytes; sizes such as '2GiB' or '512MB'.")
+    disk_dir: str | None = Field(
+        None, description="Directory in which the disk tier (modes with host_max_tokens) makes its private "
+        "temporary directory (relative to the scenario file; default: the system temporary directory)."
+    )
     seed: int = Field(0, description="Seed for random weights and anything else random outside the workload.")
 
     @field_validator("device")
@@ -374,7 +385,10 @@ def _resolve_paths(s: Scenario, base: Path) -> Scenario:
     wl = s.workload
     if wl.files and not Path(wl.files).is_absolute():
         wl = wl.model_copy(update={"files": str(base / wl.files)})
-    return s.model_copy(update={"model": model, "workload": wl})
+    disk_dir = s.disk_dir
+    if disk_dir is not None and not Path(disk_dir).is_absolute():
+        disk_dir = str(base / disk_dir)
+    return s.model_copy(update={"model": model, "workload": wl, "disk_dir": disk_dir})
 
 
 def _langdetect_languages() -> list[str]:
@@ -394,9 +408,16 @@ def check_scenario(s: Scenario, *, check_model: bool = True) -> list[tuple[str, 
     for i, m in enumerate(s.modes):
         if m.kind not in registry.MODES:
             problems.append((f"modes[{i}].kind", registry.unknown_mode_message(m.kind)))
-        elif getattr(m, "host_max_tokens", None) is not None:
-            problems.append((f"modes[{i}].host_max_tokens", "the disk tier is not implemented in this version of "
-                                                            "kvbench; leave host_max_tokens out"))
+        elif getattr(m, "host_max_tokens", None) is not None and m.host_max_tokens < registry.DISK_BLOCK_TOKENS:
+            problems.append((f"modes[{i}].host_max_tokens",
+                             f"{m.host_max_tokens} tokens is less than one disk block; the host tier must hold at "
+                             f"least {registry.DISK_BLOCK_TOKENS} tokens"))
+    if s.disk_dir is not None and any(getattr(m, "host_max_tokens", None) for m in s.modes):
+        d = Path(s.disk_dir)
+        if not d.is_dir():
+            problems.append(("disk_dir", f"{s.disk_dir} is not a directory"))
+        elif not os.access(d, os.W_OK | os.X_OK):
+            problems.append(("disk_dir", f"{s.disk_dir} is not writable"))
     wl = s.workload
     if wl.n_prompts < max(s.batch_sizes):
         problems.append(("workload.n_prompts", f"{wl.n_prompts} distinct prompts cannot fill a batch of "
@@ -443,6 +464,43 @@ def check_scenario(s: Scenario, *, check_model: bool = True) -> list[tuple[str, 
                         )
                     )
     return problems
+
+
+def scenario_warnings(s: Scenario) -> list[tuple[str, str]]:
+    """The article's "bad config" patterns, which run but mislead: ``(key path, message)`` pairs.
+
+    - a window (``window``, ``min_window``) of 1 to 255 tokens: most of the history crosses the link every step;
+    - a host cap whose KV (``host_max_tokens`` × KV bytes per token × the largest batch) is more than this
+      machine's memory: the cap never binds and the host tier can exhaust RAM first.
+    """
+    import psutil
+
+    warns: list[tuple[str, str]] = []
+    small = registry.SMALL_WINDOW_TOKENS
+    for i, m in enumerate(s.modes):
+        for key in ("window", "min_window"):
+            w = getattr(m, key, None)
+            if w is not None and 0 < w < small:
+                warns.append((f"modes[{i}].{key}", f"{w} tokens is under {small}: most of the history crosses the "
+                                                   "host link every step (transfer churn)"))
+    caps = [(i, m.host_max_tokens) for i, m in enumerate(s.modes) if getattr(m, "host_max_tokens", None)]
+    if caps:
+        from kvbench.models import ModelNotFound, read_shape
+
+        try:
+            shape = read_shape(s.model)
+        except ModelNotFound:
+            return warns  # reported by check_scenario
+        itemsize = {"float32": 4, "bfloat16": 2, "float16": 2}.get(s.model.dtype, 4 if s.device == "cpu" else 2)
+        total = psutil.virtual_memory().total
+        for i, cap in caps:
+            need = cap * shape.kv_bytes_per_token(itemsize) * max(s.batch_sizes)
+            if need > total:
+                warns.append((f"modes[{i}].host_max_tokens",
+                              f"{cap} tokens × batch {max(s.batch_sizes)} is {need / 2**30:.1f} GiB of KV, more than "
+                              f"this machine's {total / 2**30:.1f} GiB of memory: host memory runs out before the "
+                              "disk tier is used"))
+    return warns
 
 
 def load_scenario(file: str | Path, *, check_model: bool = True) -> Scenario:

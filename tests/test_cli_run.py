@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import resource
 import signal
 import subprocess
 import time
@@ -33,7 +34,7 @@ def test_smoke_scenario_on_the_real_model(tmp_path):
     env = meta["environment"]
     assert env["torch"] and env["transformers"].startswith("5.") and env["python"].startswith("3.")
     rows = read_trials(run / "trials.jsonl")
-    assert len(rows) == 32 and len({r["trial_id"] for r in rows}) == 32
+    assert len(rows) == 48 and len({r["trial_id"] for r in rows}) == 48
     ok = [r for r in rows if r["mode"] == "none"]
     assert len(ok) == 8 and all(r["status"] == "ok" and r["tokens_match"] for r in ok)
     for row in ok:
@@ -47,7 +48,8 @@ def test_smoke_scenario_on_the_real_model(tmp_path):
     assert same_point[0]["prompt_sha256"] != same_point[1]["prompt_sha256"]
     skipped = [r for r in rows if r["mode"] == "hf-offloaded"]
     assert len(skipped) == 8 and {r["status"] for r in skipped} == {"skipped"}
-    for mode in ("full", "hierarchical(window=16)"):
+    for mode in ("full", "hierarchical(window=16)", "hierarchical(window=16,host_max_tokens=16)",
+                 "dynamic(min_window=16,max_window=48)"):
         offloaded = [r for r in rows if r["mode_label"] == mode]
         assert len(offloaded) == 8 and all(r["status"] == "ok" and r["tokens_match"] is True for r in offloaded)
         base = {r["prompt_sha256"]: r["output_sha256"] for r in ok}
@@ -55,7 +57,13 @@ def test_smoke_scenario_on_the_real_model(tmp_path):
         assert all(r["d2h_bytes"] > 0 and r["kv_host_peak_bytes"] > 0 for r in offloaded)
     assert "smoke: smollm2-135m on cpu" in r.stdout
     assert "hf-offloaded: skipped (8 trials): hf-offloaded needs a CUDA device" in r.stdout
-    assert "32 trials written to" in r.stdout
+    disk = [r for r in rows if r["mode_label"] == "hierarchical(window=16,host_max_tokens=16)"]
+    # 64 + 3 cached tokens, 16 on the device, the host tier capped at 16: 48 on disk (3 blocks of 16) × 46,080 B
+    assert all(r["kv_disk_peak_bytes"] == 48 * 46_080 * r["batch_size"] for r in disk if r["prompt_tokens"] == 64)
+    dynamic = [r for r in rows if r["mode"] == "dynamic"]
+    assert all(r["window_events"][0]["new"] == 48 and r["window_final"] == 48 for r in dynamic)
+    assert "modes[5].min_window: 16 tokens is under 256" in r.stderr
+    assert "48 trials written to" in r.stdout
 
 
 def test_bad_scenario_exits_with_the_error(write_yaml, tmp_path):
@@ -153,3 +161,43 @@ def test_resume_after_kill_and_ctrl_c_loses_and_repeats_nothing(write_yaml, tmp_
     r = subprocess.run([*kvbench_cmd(), "run", "--resume", str(run), "--out", str(tmp_path)],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and f"--out does not apply with --resume: the run stays in {run}" in r.stderr
+
+
+def test_disk_tier_faults_and_interrupts_leave_no_files(write_yaml, tmp_path):
+    kv = tmp_path / "kv"
+    kv.mkdir()
+    modes = [{"kind": "none"}, {"kind": "hierarchical", "window": 8, "host_max_tokens": 16}]
+    # a file size cap stands in for a full disk: the disk tier's files (128 KiB at 512 tokens × batch 2) hit it,
+    # trials.jsonl (a few KiB) does not
+    scenario = write_yaml(tiny_scenario(prompt_tokens=[512], batch_sizes=[2], modes=modes, repeats=2, warmup=0,
+                                        disk_dir="kv"))
+
+    def cap_file_size():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, 64 * 1024))
+
+    r = subprocess.run([*kvbench_cmd(), "run", str(scenario), "--out", str(tmp_path / "res")], capture_output=True,
+                       text=True, timeout=300, preexec_fn=cap_file_size)
+    assert r.returncode == 1, r.stderr  # trials failed with status error, the sweep went on
+    rows = read_trials(the_run_dir(tmp_path / "res") / "trials.jsonl")
+    assert [(row["mode"], row["status"]) for row in rows] == [("none", "ok"), ("hierarchical", "error")] * 2
+    assert "DiskTierError: disk tier: cannot grow" in rows[1]["message"]
+    assert "File too large" in rows[1]["message"]
+    assert list(kv.iterdir()) == []
+
+    # Ctrl-C and SIGTERM in the middle of a disk-tier trial: the private directory goes too
+    long = write_yaml(tiny_scenario(prompt_tokens=[64], max_new_tokens=1900, batch_sizes=[1],
+                                    modes=modes[1:], repeats=1, warmup=0, disk_dir="kv"), "long.yaml")
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        proc = subprocess.Popen([*kvbench_cmd(), "run", str(long), "--out", str(tmp_path / "res2")],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            deadline = time.monotonic() + 120
+            while not any(kv.glob("kvbench-kv-*/*.kv")):
+                assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
+                time.sleep(0.02)
+            proc.send_signal(sig)
+            _, stderr = proc.communicate(timeout=120)
+        finally:
+            proc.kill()
+        assert proc.returncode == 130, stderr
+        assert list(kv.iterdir()) == []

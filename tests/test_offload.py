@@ -6,7 +6,14 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from kvbench.offload.caches import FullOffloadCache, HierarchicalCache, OffloadedCache, make_cache
+from kvbench.offload.caches import (
+    DynamicOffloadCache,
+    FullOffloadCache,
+    HierarchicalCache,
+    OffloadedCache,
+    make_cache,
+)
+from kvbench.offload.tiers import DiskTierError
 from kvbench.runner import greedy_decode, left_pad
 
 CPU = torch.device("cpu")
@@ -43,7 +50,7 @@ def test_greedy_ids_equal_dynamic_cache_on_tiny_llama(tiny_model, which, window)
     assert cache.get_seq_length() == width + NEW - 1  # all tokens, not the window
     layer = cache.layers[0]
     assert layer.keys.shape[-2] == min(window, width + NEW - 1)
-    assert layer.host_keys.length == width + NEW - 1 - layer.keys.shape[-2]
+    assert layer.keys_history.length == width + NEW - 1 - layer.keys.shape[-2]
 
 
 def test_full_mode_moves_only_new_tokens_to_the_host(tiny_model):
@@ -59,7 +66,7 @@ def test_full_mode_moves_only_new_tokens_to_the_host(tiny_model):
     assert cache.engine.stats.h2d_bytes == 2 * per_token * (2 * (10 + 11 + 12) + 13)
     assert cache.device_bytes == 0  # everything lives on the host between steps
     assert cache.host_bytes == 4 * 13 * per_token  # K and V × 2 layers, 13 tokens held each
-    assert cache.layers[0].host_keys.nbytes == 256 * per_token  # allocated: the first 256-token capacity
+    assert cache.layers[0].keys_history.nbytes == 256 * per_token  # allocated: the first 256-token capacity
     assert cache.device_peak_bytes == 2 * per_token * 13  # one layer's K and V for 13 tokens during attention
 
 
@@ -71,15 +78,51 @@ def test_hierarchical_keeps_the_window_on_the_device(tiny_model):
     assert cache.device_bytes == 2 * 2 * 5 * (2 * 16 * 4)  # 2 layers, K and V, 5 tokens
 
 
+# every mode with and without the disk tier; dynamic under a budget that makes it shrink and grow
+MODES = [
+    ("full", {}),
+    ("full", {"host_max_tokens": 16}),
+    ("hierarchical", {"window": 5, "host_max_tokens": 16}),
+    ("hierarchical", {"window": 0, "host_max_tokens": 32}),
+    ("dynamic", {"min_window": 4}),
+    ("dynamic", {"min_window": 4, "budget_bytes": 80_000}),
+    ("dynamic", {"min_window": 4, "max_window": 12, "host_max_tokens": 16}),
+]
+
+
+@pytest.mark.parametrize("which", ["batch1", "batch4"])
+@pytest.mark.parametrize("kind,options", MODES)
+def test_every_mode_and_the_disk_tier_give_the_ids_of_dynamic_cache(tiny_model, tmp_path, which, kind, options):
+    model = tiny_model.model
+    prompts = batches(tiny_model.shape.vocab_size)[which]
+    ref = decode(model, prompts, DynamicCache(config=model.config), n=30)
+    with make_cache(kind, model.config, CPU, disk_dir=str(tmp_path), **options) as cache:
+        out = decode(model, prompts, cache, n=30)
+        assert out.tolist() == ref.tolist()
+        assert cache.get_seq_length() == max(len(p) for p in prompts) + 29
+        if "host_max_tokens" in options:
+            assert cache.disk_bytes > 0 and cache.engine.stats.disk_read_bytes > 0
+    assert list(tmp_path.iterdir()) == []  # the disk tier's directory is gone
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("kind,options", [("full", {}), ("hierarchical", {"window": 16}),
-                                          ("hierarchical", {"window": 0})])
-def test_greedy_ids_equal_dynamic_cache_on_smollm2(smol_model, kind, options):
+                                          ("hierarchical", {"window": 0}),
+                                          ("hierarchical", {"window": 8, "host_max_tokens": 16}),
+                                          ("dynamic", {"min_window": 32, "budget_bytes": 2_500_000})])
+@pytest.mark.parametrize("lengths", [(40,), (40, 25, 33, 12)], ids=["batch1", "batch4"])
+def test_greedy_ids_equal_dynamic_cache_on_smollm2(smol_model, kind, options, lengths):
     model = smol_model.model
     g = torch.Generator().manual_seed(1)
-    prompts = [torch.randint(20, 40000, (n,), generator=g).tolist() for n in (40, 25, 33, 12)]
+    prompts = [torch.randint(20, 40000, (n,), generator=g).tolist() for n in lengths]
+    if kind == "dynamic":  # the budget scales with the batch, so the window shrinks at the prefill in both
+        options = {**options, "budget_bytes": options["budget_bytes"] * len(prompts) // 4}
     ref = decode(model, prompts, DynamicCache(config=model.config), n=8)
-    out = decode(model, prompts, make_cache(kind, model.config, CPU, **options), n=8)
+    with make_cache(kind, model.config, CPU, **options) as cache:
+        out = decode(model, prompts, cache, n=8)
+        if kind == "dynamic":
+            assert [e["reason"].split(":")[0] for e in cache.events][0] == "device KV would exceed the budget"
+            assert cache.device_peak_bytes <= options["budget_bytes"]
     assert out.tolist() == ref.tolist()
 
 
@@ -88,29 +131,45 @@ def test_negative_window_is_refused(tiny_model):
         OffloadedCache(tiny_model.model.config, CPU, window=-1)
 
 
-@pytest.mark.parametrize("window", [0, 4])
-def test_beam_search_crop_and_reuse_match_dynamic_cache(tiny_model, window):
+CACHE_OPS = [
+    ("hierarchical", {"window": 0}),
+    ("hierarchical", {"window": 4}),
+    ("hierarchical", {"window": 4, "host_max_tokens": 16}),
+    ("dynamic", {"min_window": 4, "budget_bytes": 60_000}),
+]
+
+
+@pytest.mark.parametrize("kind,options", CACHE_OPS)
+def test_beam_search_crop_and_reuse_match_dynamic_cache(tiny_model, tmp_path, kind, options):
     model = tiny_model.model
-    ids = torch.tensor([[11, 12, 13, 14, 15, 16, 17, 18]])
+
+    def fresh():
+        return make_cache(kind, model.config, CPU, disk_dir=str(tmp_path), **options)
+
+    ids = torch.arange(11, 51)[None]  # 40 tokens: with a host cap of 16, most of the history is on disk
     kw = dict(max_new_tokens=6, min_new_tokens=6, do_sample=False, pad_token_id=0, eos_token_id=None)
     ref = model.generate(ids, num_beams=3, cache=DynamicCache(config=model.config), **kw)
-    out = model.generate(ids, num_beams=3, cache=HierarchicalCache(model.config, CPU, window=window), **kw)
+    out = model.generate(ids, num_beams=3, cache=fresh(), **kw)  # reorders across device, host and disk
     assert out.tolist() == ref.tolist()
 
     # crop then continue, and a second generate on the same cache
-    ref_cache, cache = DynamicCache(config=model.config), HierarchicalCache(model.config, CPU, window=window)
+    ref_cache, cache = DynamicCache(config=model.config), fresh()
     a = model.generate(ids, cache=ref_cache, **kw)
     b = model.generate(ids, cache=cache, **kw)
     assert a.tolist() == b.tolist()
     ref_cache.crop(-3)
     cache.crop(-3)
-    assert cache.get_seq_length() == ref_cache.get_seq_length() == 8 + 6 - 1 - 3
+    assert cache.get_seq_length() == ref_cache.get_seq_length() == 40 + 6 - 1 - 3
     nxt_ref = model(a[:, -4:-3], cache=ref_cache, use_cache=True).logits
     nxt = model(a[:, -4:-3], cache=cache, use_cache=True).logits
     assert torch.equal(nxt_ref, nxt)
+    cache.crop(-30)  # into the disk tier
+    ref_cache.crop(-30)
+    assert torch.equal(model(a[:, 13:14], cache=ref_cache, use_cache=True).logits,
+                       model(a[:, 13:14], cache=cache, use_cache=True).logits)
 
-    two = torch.tensor([[5, 6, 7, 8], [9, 10, 11, 12]])
-    ref_cache, cache = DynamicCache(config=model.config), HierarchicalCache(model.config, CPU, window=window)
+    two = torch.arange(5, 45).reshape(2, 20)
+    ref_cache, cache = DynamicCache(config=model.config), fresh()
     model(two, cache=ref_cache, use_cache=True)
     model(two, cache=cache, use_cache=True)
     ref_cache.batch_select_indices(torch.tensor([1]))

@@ -135,6 +135,42 @@ def test_budget_hf_offloaded_on_cpu_and_failures_are_recorded(tiny_model):
     assert (err["status"], err["message"]) == ("error", "ValueError: broken source")
 
 
+def test_offload_modes_keep_device_kv_within_the_budget(tiny_model, tmp_path):
+    modes = [{"kind": "none"}, {"kind": "full"}, {"kind": "hierarchical", "window": 4},
+             {"kind": "dynamic", "min_window": 0}, {"kind": "full", "host_max_tokens": 16}]
+    s, runner = make_runner(tiny_model, budget=14_000, modes=modes, disk_dir=str(tmp_path))
+    rows = [runner.run(TrialSpec(16, 2, m, 0)) for m in s.modes]
+    assert rows[0]["status"] == "over_budget" and rows[0]["kv_device_peak_bytes"] == 18432
+    for row in rows[1:]:
+        assert row["status"] == "ok", row["message"]
+        assert row["kv_device_peak_bytes"] <= 14_000 and row["tokens_match"] is True
+    # hierarchical(4): 2 layers × 4 tokens × batch 2 × 256 B + one layer's K/V for 18 tokens × batch 2 in attention
+    assert rows[2]["kv_device_peak_bytes"] == 2 * 4 * 2 * 256 + 18 * 2 * 256
+    dynamic = rows[3]
+    assert dynamic["window_events"][0] == {
+        "step": 1, "old": 0, "new": dynamic["window_events"][0]["new"],
+        "reason": "compute waited for transfers and the budget has room"}
+    assert dynamic["window_final"] == dynamic["window_events"][-1]["new"]
+    disk = rows[4]
+    # 18 tokens cached per layer, host cap 16: one block of 16 on disk (K and V, 2 layers, batch 2, 128 B)
+    assert disk["kv_disk_peak_bytes"] == 2 * 2 * 16 * 2 * 128 == disk["disk_write_bytes"]
+    assert disk["disk_read_bytes"] > 0 and disk["kv_host_peak_bytes"] > 0
+    assert list(tmp_path.iterdir()) == []  # the disk tier is removed after the trial
+
+
+def test_host_tier_that_cannot_fit_is_refused_before_the_trial(tiny_model, monkeypatch):
+    s, runner = make_runner(tiny_model, modes=[{"kind": "full"}, {"kind": "hierarchical", "window": 100}])
+    # the host tier of 18 tokens grows to one 256-token capacity: 256 × 512 B × batch 2
+    assert runner.host_tier_bytes(TrialSpec(16, 2, s.modes[0], 0)) == 262_144
+    assert runner.host_tier_bytes(TrialSpec(16, 2, s.modes[1], 0)) == 0  # all 18 tokens fit the window
+    monkeypatch.setattr("kvbench.runner.host_memory_available", lambda: (100_000, "container memory limit (test)"))
+    row = runner.run(TrialSpec(16, 2, s.modes[0], 0))
+    assert row["status"] == "skipped"
+    assert row["message"] == ("refused before the trial: the host tier needs up to 262144 bytes (0.00 GiB) but "
+                              "100000 bytes (0.00 GiB) are left (container memory limit (test))")
+    assert runner.run(TrialSpec(16, 2, s.modes[1], 0))["status"] == "ok"
+
+
 def test_sweep_writes_every_trial_and_ctrl_c_keeps_finished_ones(tiny_model, tmp_path):
     s, runner = make_runner(tiny_model)
     run = RunDir.create(tmp_path, s.model_dump(mode="json"), {"test": True})

@@ -30,7 +30,7 @@ def test_unknown_top_level_key_names_file_key_and_allowed_keys(write_yaml):
     err = error_of(write_yaml, data)
     assert str(err) == (
         f"{err.file}: prompt_tokenz: unknown key 'prompt_tokenz'; allowed keys: name, description, model, device, "
-        "workload, prompt_tokens, max_new_tokens, batch_sizes, modes, repeats, warmup, budget, seed"
+        "workload, prompt_tokens, max_new_tokens, batch_sizes, modes, repeats, warmup, budget, disk_dir, seed"
     )
     assert err.file.endswith("scenario.yaml")
 
@@ -56,15 +56,15 @@ def test_non_numeric_window(write_yaml):
 def test_unknown_mode_suggests_the_closest_name(write_yaml):
     err = error_of(write_yaml, tiny_scenario(modes=[{"kind": "none"}, {"kind": "nonee"}]))
     assert err.problems == [("modes[1]", "unknown mode 'nonee'; did you mean 'none'? "
-                                       "available: none, hf-offloaded, full, hierarchical")]
+                                       "available: none, hf-offloaded, full, hierarchical, dynamic")]
 
 
-def test_mode_not_implemented_yet_is_refused_with_the_available_ones(write_yaml):
-    err = error_of(write_yaml, tiny_scenario(modes=[{"kind": "none"}, {"kind": "dynamic"}]))
-    assert err.problems == [
-        ("modes[1].kind", "mode 'dynamic' is not implemented in this version of kvbench; "
-                          "available: none, hf-offloaded, full, hierarchical")
-    ]
+def test_dynamic_mode_bounds(write_yaml):
+    s = load_scenario(write_yaml(tiny_scenario(modes=[{"kind": "dynamic"}])))
+    assert s.modes[0].options == {"min_window": 512, "max_window": None, "host_max_tokens": None}
+    assert s.modes[0].label == "dynamic(min_window=512)"
+    err = error_of(write_yaml, tiny_scenario(modes=[{"kind": "dynamic", "min_window": 600, "max_window": 500}]))
+    assert err.problems == [("modes[0]", "min_window 600 is larger than max_window 500")]
 
 
 def test_duplicate_modes_and_lengths(write_yaml):
@@ -108,10 +108,34 @@ def test_new_tokens_alone_exceeding_the_context(write_yaml):
                              "3000 new tokens alone reach the model's max_position_embeddings 2048")]
 
 
-def test_disk_tier_option_is_refused_until_implemented(write_yaml):
+def test_disk_tier_options(write_yaml, tmp_path):
     err = error_of(write_yaml, tiny_scenario(modes=[{"kind": "full", "host_max_tokens": 4}]))
-    assert err.problems == [("modes[0].host_max_tokens", "the disk tier is not implemented in this version of "
-                                                         "kvbench; leave host_max_tokens out")]
+    assert err.problems == [("modes[0].host_max_tokens", "4 tokens is less than one disk block; the host tier "
+                                                         "must hold at least 16 tokens")]
+    modes = [{"kind": "hierarchical", "window": 8, "host_max_tokens": 16}]
+    (tmp_path / "afile").write_text("x")
+    err = error_of(write_yaml, tiny_scenario(modes=modes, disk_dir="afile"))
+    assert err.problems == [("disk_dir", f"{tmp_path / 'afile'} is not a directory")]
+    (tmp_path / "kv").mkdir()
+    s = load_scenario(write_yaml(tiny_scenario(modes=modes, disk_dir="kv")))  # relative to the scenario file
+    assert s.disk_dir == str(tmp_path / "kv")
+
+
+def test_validate_warns_about_the_articles_bad_configs(write_yaml):
+    import psutil
+
+    too_many = psutil.virtual_memory().total // (2 * 2 * 2 * 16 * 4) + 1  # tiny-llama: 256 B of KV per token
+    path = write_yaml(tiny_scenario(modes=[{"kind": "hierarchical", "window": 64},
+                                           {"kind": "dynamic", "min_window": 0, "max_window": 128},
+                                           {"kind": "full", "host_max_tokens": too_many}]))
+    r = subprocess.run([*kvbench_cmd(), "validate", str(path)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    lines = [" ".join(x.split()) for x in r.stderr.split("warning:")[1:]]
+    assert lines[0] == (f"{path}: modes[0].window: 64 tokens is under 256: most of the history crosses the host "
+                        "link every step (transfer churn)")
+    assert lines[1].startswith(f"{path}: modes[2].host_max_tokens: {too_many} tokens × batch 2 is ")
+    assert lines[1].endswith("of memory: host memory runs out before the disk tier is used")
+    assert len(lines) == 2
 
 
 def test_empty_model_mapping(write_yaml):

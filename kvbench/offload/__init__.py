@@ -1,13 +1,14 @@
 """The offload engine: KV caches for transformers, registered by mode name.
 
 Knows nothing of scenarios or files: a cache is built from a model config, a device and the mode's options.
-``from kvbench.offload import FullOffloadCache, HierarchicalCache`` works; the cache classes (and torch) are
+``from kvbench.offload import FullOffloadCache, HierarchicalCache, DynamicOffloadCache`` works; the cache classes (and torch) are
 imported on first use so that the registry stays cheap to import.
 """
 
 from kvbench.offload.registry import MODES, ModeInfo, available
 
-_CACHES = ("FullOffloadCache", "HierarchicalCache", "OffloadedCache", "make_cache", "kv_bytes", "ModeUnavailable")
+_CACHES = ("DynamicOffloadCache", "FullOffloadCache", "HierarchicalCache", "OffloadedCache", "make_cache", "kv_bytes",
+           "ModeUnavailable")
 
 __all__ = ["MODES", "ModeInfo", "available", *_CACHES]
 

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
+import psutil
 import torch
 from transformers import DynamicCache
 from transformers.cache_utils import Cache, DynamicSlidingWindowLayer
 
 from kvbench.offload.layers import OffloadedLayer
-from kvbench.offload.registry import MODES
+from kvbench.offload.policy import WindowPolicy
+from kvbench.offload.registry import DISK_BLOCK_TOKENS, MODES
+from kvbench.offload.tiers import DiskTier
 from kvbench.offload.transfer import Transfers
 
 
@@ -18,39 +21,50 @@ class ModeUnavailable(RuntimeError):
 
 
 class OffloadedCache(Cache):
-    """KV cache keeping each full-attention layer's history in host memory except its last ``window`` tokens.
+    """KV cache keeping each full-attention layer's history off the device except its last ``window`` tokens.
 
     ``window=0`` is the ``full`` mode: the host holds all history, each layer's history is brought to the device
     just before its attention and the next layer's is prefetched meanwhile (on a side stream on CUDA; wrapping
     from the last layer to the first and skipping layers with nothing offloaded), so at most two layers of
     history are on the device besides the new tokens. ``window=W`` is the ``hierarchical`` mode. Attention sees
     every token in both. Sliding-window layers (Gemma-2, Mistral) stay on the device: they are capped anyway.
+    With ``host_max_tokens`` the oldest tokens of each layer beyond that many spill to memory-mapped files in a
+    private directory (the disk tier), removed by :meth:`close` (or ``with cache:``), at garbage collection and at
+    interpreter exit.
 
-    Accounting (bytes): ``device_bytes``/``host_bytes`` now, ``device_peak_bytes``/``host_peak_bytes`` at peak
-    (device counts the windows, prefetched history and the K/V handed to the layer being computed), and the
-    copy engine's ``stats`` (H2D/D2H bytes and counts).
+    Accounting (bytes): ``device_bytes``/``host_bytes``/``disk_bytes`` now and ``*_peak_bytes`` at peak (device
+    counts the windows, prefetched history and the K/V handed to the layer being computed), and the copy engine's
+    ``stats`` (H2D/D2H/disk bytes and counts).
 
     Args:
         config: the model's transformers config (number and types of layers, sliding window).
         device: the compute device.
         window: tokens per layer kept on the device (>= 0).
         pin: page-lock host buffers; default: on CUDA.
+        host_max_tokens: tokens per layer kept in host memory; older ones go to the disk tier (None: no disk).
+        disk_dir: where the disk tier makes its private directory (default: the system temporary directory).
 
     Raises:
-        ValueError: a negative window.
+        ValueError: a negative window, ``host_max_tokens`` under one disk block.
+        DiskTierError: the disk tier cannot be created in ``disk_dir``.
     """
 
-    def __init__(self, config: Any, device: torch.device, window: int = 0, pin: bool | None = None):
+    def __init__(self, config: Any, device: torch.device, window: int = 0, pin: bool | None = None,
+                 host_max_tokens: int | None = None, disk_dir: str | None = None):
         if window < 0:
             raise ValueError(f"window must be >= 0 tokens, got {window}")
+        if host_max_tokens is not None and host_max_tokens < DISK_BLOCK_TOKENS:
+            raise ValueError(f"host_max_tokens must hold at least one disk block of {DISK_BLOCK_TOKENS} "
+                             f"tokens, got {host_max_tokens}")
         self.engine = Transfers(device)
+        self.disk = DiskTier(disk_dir) if host_max_tokens is not None else None
         pin = device.type == "cuda" if pin is None else pin
         text = config.get_text_config() if hasattr(config, "get_text_config") else config
         types = getattr(text, "layer_types", None) or ["full_attention"] * text.num_hidden_layers
         sliding = getattr(text, "sliding_window", None)
         layers: list[Any] = [
             DynamicSlidingWindowLayer(sliding_window=sliding) if t == "sliding_attention" and sliding
-            else OffloadedLayer(window, self.engine, pin)
+            else OffloadedLayer(window, self.engine, pin, host_max_tokens, self.disk)
             for t in types
         ]
         super().__init__(layers=layers)
@@ -61,23 +75,37 @@ class OffloadedCache(Cache):
                           for i in range(len(layers))]
         self._dev = [0] * len(layers)
         self._host = [0] * len(layers)
-        self.device_bytes = self.host_bytes = 0
-        self.device_peak_bytes = self.host_peak_bytes = 0
+        self._disk = [0] * len(layers)
+        self.device_bytes = self.host_bytes = self.disk_bytes = 0
+        self.device_peak_bytes = self.host_peak_bytes = self.disk_peak_bytes = 0
+
+    def close(self) -> None:
+        """Remove the disk tier's files (idempotent; the cache cannot hold tokens on disk afterwards)."""
+        if self.disk is not None:
+            self.disk.close()
+
+    def __enter__(self) -> "OffloadedCache":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     @staticmethod
-    def _layer_bytes(layer: Any) -> tuple[int, int]:
+    def _layer_bytes(layer: Any) -> tuple[int, int, int]:
         if isinstance(layer, OffloadedLayer):
-            return layer.device_bytes, layer.host_bytes
+            return layer.device_bytes, layer.host_bytes, layer.disk_bytes
         if getattr(layer, "is_initialized", False):
-            return layer.keys.nbytes + layer.values.nbytes, 0
-        return 0, 0
+            return layer.keys.nbytes + layer.values.nbytes, 0, 0
+        return 0, 0, 0
 
     def _recount(self, i: int) -> None:
-        d, h = self._layer_bytes(self.layers[i])
+        d, h, k = self._layer_bytes(self.layers[i])
         self.device_bytes += d - self._dev[i]
         self.host_bytes += h - self._host[i]
-        self._dev[i], self._host[i] = d, h
+        self.disk_bytes += k - self._disk[i]
+        self._dev[i], self._host[i], self._disk[i] = d, h, k
         self.host_peak_bytes = max(self.host_peak_bytes, self.host_bytes)
+        self.disk_peak_bytes = max(self.disk_peak_bytes, self.disk_bytes)
 
     def _prefetch_after(self, layer_idx: int) -> None:
         """Prefetch the next offloaded layer that has host history, wrapping around to the first."""
@@ -89,7 +117,7 @@ class OffloadedCache(Cache):
             i = self._offloaded[(pos + step) % n]
             if i == layer_idx:
                 continue
-            if self.layers[i].host_keys.length:
+            if self.layers[i].keys_history.length:
                 self.layers[i].prefetch()
                 self._recount(i)
                 return
@@ -131,15 +159,16 @@ class OffloadedCache(Cache):
     @property
     def pinned(self) -> bool | None:
         """Whether host buffers are page-locked (None until something was offloaded)."""
-        flags = {self.layers[i].host_keys.pinned for i in self._offloaded} - {None}
+        flags = {self.layers[i].keys_history.pinned for i in self._offloaded} - {None}
         return None if not flags else all(flags)
 
 
 class FullOffloadCache(OffloadedCache):
-    """The ``full`` mode: all history in the host tier (an :class:`OffloadedCache` with ``window=0``)."""
+    """The ``full`` mode: all history off the device (an :class:`OffloadedCache` with ``window=0``)."""
 
-    def __init__(self, config: Any, device: torch.device, pin: bool | None = None):
-        super().__init__(config, device, window=0, pin=pin)
+    def __init__(self, config: Any, device: torch.device, pin: bool | None = None,
+                 host_max_tokens: int | None = None, disk_dir: str | None = None):
+        super().__init__(config, device, window=0, pin=pin, host_max_tokens=host_max_tokens, disk_dir=disk_dir)
 
 
 class HierarchicalCache(OffloadedCache):
@@ -147,29 +176,124 @@ class HierarchicalCache(OffloadedCache):
     attention still covers all tokens (an :class:`OffloadedCache` with that window)."""
 
 
-def make_cache(kind: str, config: Any, device: torch.device, **options: Any) -> Any:
+class DynamicOffloadCache(OffloadedCache):
+    """The ``dynamic`` mode: an :class:`OffloadedCache` whose window a :class:`~kvbench.offload.policy.WindowPolicy`
+    chooses at the start of every step (the first layer's update; step 0 is the prefill).
+
+    The policy gets the largest window whose device KV stays within the room this step, computed from the
+    accounting: every offloaded layer's window (``W × token bytes`` each) + the K/V handed to attention
+    (``(cached + new tokens) × token bytes``; twice on CUDA, for the prefetched next layer) + the sliding-window
+    layers, where token bytes = 2 (K and V) × batch × kv_heads × head_dim × dtype bytes. The room is
+    ``budget_bytes`` or, without a budget, the free memory of the device (CUDA: ``torch.cuda.mem_get_info``; CPU:
+    psutil's available memory) plus what the cache holds on it, less ``reserve_bytes`` (default: 10% of the
+    device's memory). A change is applied at once (a smaller window sends tokens off the device, a larger one
+    brings the newest host tokens back) and recorded in :attr:`events`.
+
+    Args:
+        config, device, pin, host_max_tokens, disk_dir: as :class:`OffloadedCache`.
+        min_window, max_window: the policy's bounds (tokens).
+        budget_bytes: device KV budget (bytes); None = free memory less the reserve.
+        reserve_bytes: memory left to activations and others when there is no budget.
+
+    Raises:
+        ValueError: bad policy bounds (see WindowPolicy), as OffloadedCache.
+    """
+
+    def __init__(self, config: Any, device: torch.device, min_window: int = 512, max_window: int | None = None,
+                 budget_bytes: int | None = None, reserve_bytes: int | None = None, pin: bool | None = None,
+                 host_max_tokens: int | None = None, disk_dir: str | None = None):
+        self.policy = WindowPolicy(min_window, max_window)
+        super().__init__(config, device, window=self.policy.window, pin=pin, host_max_tokens=host_max_tokens,
+                         disk_dir=disk_dir)
+        self.budget_bytes = budget_bytes
+        self.reserve_bytes = reserve_bytes
+        text = config.get_text_config() if hasattr(config, "get_text_config") else config
+        self.max_positions = getattr(text, "max_position_embeddings", None) or 2**31
+        self.step = -1
+        self._stalls_seen = 0
+
+    @property
+    def events(self) -> list[dict[str, Any]]:
+        """Every window change: ``{"step", "old", "new", "reason"}``."""
+        return [e.as_dict() for e in self.policy.events]
+
+    def room_bytes(self) -> int:
+        """Device bytes the KV may take at this step (see the class docstring)."""
+        if self.budget_bytes is not None:
+            return self.budget_bytes
+        if self.engine.cuda:
+            free, total = torch.cuda.mem_get_info(self.engine.device)
+        else:
+            vm = psutil.virtual_memory()
+            free, total = vm.available, vm.total
+        reserve = self.reserve_bytes if self.reserve_bytes is not None else total // 10
+        return free + self.device_bytes - reserve
+
+    def window_limit(self, cached: int, new: int, token_bytes: int) -> int:
+        """Largest window (tokens per layer) whose device KV stays within :meth:`room_bytes` during a step that
+        adds ``new`` tokens to ``cached`` ones, ``token_bytes`` per token and layer (K and V, whole batch)."""
+        n_off = len(self._offloaded)
+        others = [i for i in range(len(self.layers)) if i not in set(self._offloaded)]
+        sliding = sum(self._dev[i] for i in others) + new * token_bytes * len(others)
+        in_use = (2 if self.engine.cuda else 1) * (cached + new) * token_bytes
+        room = self.room_bytes() - sliding - in_use
+        if not n_off:
+            return self.window
+        # a window past the model's context holds everything: no larger one is needed
+        return max(0, min(room // (n_off * token_bytes), self.max_positions))
+
+    def _new_step(self, key_states: torch.Tensor) -> None:
+        self.step += 1
+        b, h, n, d = key_states.shape
+        token_bytes = 2 * b * h * d * key_states.element_size()
+        cached = self.layers[self._offloaded[0]].get_seq_length() if self._offloaded else 0
+        stalls = self.engine.stats.stalls
+        stalled, self._stalls_seen = stalls > self._stalls_seen, stalls
+        w = self.policy.decide(self.step, self.window_limit(cached, n, token_bytes), stalled)
+        if w != self.window:
+            self.window = w
+            for i in self._offloaded:
+                self.layers[i].set_window(w)
+                self._recount(i)
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
+        """As :meth:`OffloadedCache.update`; the first layer's update starts a step and chooses its window."""
+        if layer_idx == 0:
+            self._new_step(key_states)
+        return super().update(key_states, value_states, layer_idx, *args, **kwargs)
+
+
+def make_cache(kind: str, config: Any, device: torch.device, *, budget_bytes: int | None = None,
+               disk_dir: str | None = None, **options: Any) -> Any:
     """A fresh, empty cache for one generation.
 
     Args:
         kind: a registered mode name (see :data:`kvbench.offload.registry.MODES`).
         config: the model's transformers config (gives layer types, e.g. sliding-window layers).
         device: the device the model runs on.
-        **options: the mode's options (``window`` for hierarchical).
+        budget_bytes: the device KV budget (used by ``dynamic``).
+        disk_dir: where a disk tier goes (modes given ``host_max_tokens``).
+        **options: the mode's options (``window``, ``min_window``, ``max_window``, ``host_max_tokens``).
 
     Raises:
         KeyError: unknown mode. ModeUnavailable: the mode needs CUDA and ``device`` is not CUDA.
+        ValueError, DiskTierError: see the cache classes.
     """
     info = MODES[kind]
     if info.needs_cuda and device.type != "cuda":
         raise ModeUnavailable(info.skip_reason)
+    host = {"host_max_tokens": options.get("host_max_tokens"), "disk_dir": disk_dir}
     if kind == "none":
         return DynamicCache(config=config)
     if kind == "hf-offloaded":
         return DynamicCache(config=config, offloading=True)
     if kind == "full":
-        return FullOffloadCache(config, device)
+        return FullOffloadCache(config, device, **host)
     if kind == "hierarchical":
-        return HierarchicalCache(config, device, window=options["window"])
+        return HierarchicalCache(config, device, window=options["window"], **host)
+    if kind == "dynamic":
+        return DynamicOffloadCache(config, device, min_window=options.get("min_window", 512),
+                                   max_window=options.get("max_window"), budget_bytes=budget_bytes, **host)
     raise KeyError(kind)
 
 
@@ -181,7 +305,7 @@ def kv_bytes(cache: Any, device: torch.device) -> tuple[int, int]:
     host, so a transformers cache counts entirely as on the device.
     """
     if isinstance(cache, OffloadedCache):
-        return cache.device_bytes, cache.host_bytes
+        return cache.device_bytes, cache.host_bytes + cache.disk_bytes
     on_device = elsewhere = 0
     for layer in getattr(cache, "layers", ()):
         for t in (getattr(layer, "keys", None), getattr(layer, "values", None)):
@@ -193,5 +317,5 @@ def kv_bytes(cache: Any, device: torch.device) -> tuple[int, int]:
     return on_device, elsewhere
 
 
-__all__ = ["FullOffloadCache", "HierarchicalCache", "ModeUnavailable", "OffloadedCache",
+__all__ = ["DynamicOffloadCache", "FullOffloadCache", "HierarchicalCache", "ModeUnavailable", "OffloadedCache",
            "kv_bytes", "make_cache"]

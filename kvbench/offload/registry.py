@@ -10,6 +10,14 @@ import difflib
 from dataclasses import dataclass
 
 
+#: Tokens per block of the disk tier: the host tier spills its oldest tokens to disk in whole blocks, so a host
+#: cap (``host_max_tokens``) must hold at least one block.
+DISK_BLOCK_TOKENS = 16
+
+#: Windows under this many tokens make ``kvbench validate`` warn: every step moves most of the history (churn).
+SMALL_WINDOW_TOKENS = 256
+
+
 @dataclass(frozen=True)
 class ModeInfo:
     """One registered offload mode.
@@ -41,12 +49,8 @@ MODES: dict[str, ModeInfo] = {
         ),
         ModeInfo("full", "the layer being computed + the one being prefetched; all history on the host"),
         ModeInfo("hierarchical", "the last `window` tokens of every layer; older tokens on the host"),
+        ModeInfo("dynamic", "a window chosen each step from the budget, grown while transfers stall compute"),
     )
-}
-
-#: Modes the scenario schema knows (with their options) that this version cannot run yet.
-PLANNED: dict[str, str] = {
-    "dynamic": "a window chosen each step from the budget and measured transfer/compute time",
 }
 
 
@@ -57,8 +61,6 @@ def available() -> list[str]:
 
 def unknown_mode_message(kind: str) -> str:
     """The error text for a mode name that is not registered: a did-you-mean and the available names."""
-    if kind in PLANNED:
-        return f"mode '{kind}' is not implemented in this version of kvbench; available: {', '.join(available())}"
-    close = difflib.get_close_matches(kind, available() + list(PLANNED), n=1)
-    hint = f"did you mean '{close[0]}'? " if close and close[0] in MODES else ""
+    close = difflib.get_close_matches(kind, available(), n=1)
+    hint = f"did you mean '{close[0]}'? " if close else ""
     return f"unknown mode '{kind}'; {hint}available: {', '.join(available())}"

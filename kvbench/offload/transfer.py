@@ -21,12 +21,19 @@ import torch
 
 @dataclass
 class TransferStats:
-    """Bytes and copies moved, per direction (H2D = host→device, D2H = device→host)."""
+    """Bytes and copies moved, per direction (H2D = host→device, D2H = device→host, disk writes and reads), and
+    ``stalls``: how many times compute waited for a host→device copy that had not finished (on CPU every copy
+    runs in the compute thread, so each counts)."""
 
     h2d_bytes: int = 0
     d2h_bytes: int = 0
     h2d_count: int = 0
     d2h_count: int = 0
+    disk_write_bytes: int = 0
+    disk_read_bytes: int = 0
+    disk_write_count: int = 0
+    disk_read_count: int = 0
+    stalls: int = 0
 
 
 class Transfers:
@@ -67,6 +74,7 @@ class Transfers:
                 event.record(self.stream)
         else:
             out, event = src, None
+            self.stats.stalls += 1
         self.stats.h2d_bytes += src.nbytes
         self.stats.h2d_count += 1
         return out, event
@@ -74,10 +82,17 @@ class Transfers:
     def ready(self, t: torch.Tensor, event: torch.cuda.Event | None) -> torch.Tensor:
         """Make the compute stream wait for ``t``'s copy, and tell the allocator it is used there."""
         if event is not None:
+            if not event.query():
+                self.stats.stalls += 1
             current = torch.cuda.current_stream(self.device)
             current.wait_event(event)
             t.record_stream(current)
         return t
+
+    def to_device_now(self, src: torch.Tensor) -> torch.Tensor:
+        """Copy a host tensor to the device and return it ready for compute (a separate copy on CPU too)."""
+        out, event = self.to_device(src)
+        return self.ready(out, event) if self.cuda else out.clone()
 
     def drain(self) -> None:
         """Wait for every copy in flight (before a host buffer is rewritten or read on the CPU)."""
