@@ -41,18 +41,10 @@ def grown_capacity(current: int, need: int, minimum: int = MIN_CAPACITY) -> int:
     return cap
 
 
-class HostBuffer:
-    """K or V history of one layer in host memory, filled up to ``length`` tokens.
+class _TokenBuffer:
+    """A sequence-major buffer ``buf`` (``[capacity, batch, kv_heads, head_dim]``) filled up to ``length`` tokens."""
 
-    Appends write into free capacity; when full, the buffer doubles (one copy of the history, amortised O(1) per
-    token) instead of a ``torch.cat`` of the whole history every step. With ``pin=True`` (CUDA) the buffer is
-    page-locked so copies can run asynchronously; if pinning fails it falls back to pageable memory and
-    ``pinned`` records it.
-    """
-
-    def __init__(self, pin: bool = False):
-        self.pin = pin
-        self.pinned: bool | None = None
+    def __init__(self) -> None:
         self.buf: torch.Tensor | None = None
         self.length = 0
 
@@ -62,14 +54,29 @@ class HostBuffer:
         return 0 if self.buf is None else self.buf.shape[0]
 
     @property
-    def nbytes(self) -> int:
-        """Bytes of host memory allocated (capacity, not just the filled part)."""
-        return 0 if self.buf is None else self.buf.nbytes
-
-    @property
     def used_bytes(self) -> int:
         """Bytes of the filled part: ``length`` tokens."""
         return 0 if self.buf is None else self.buf[: self.length].nbytes
+
+
+class HostBuffer(_TokenBuffer):
+    """K or V history of one layer in host memory, filled up to ``length`` tokens.
+
+    Appends write into free capacity; when full, the buffer doubles (one copy of the history, amortised O(1) per
+    token) instead of a ``torch.cat`` of the whole history every step. With ``pin=True`` (CUDA) the buffer is
+    page-locked so copies can run asynchronously; if pinning fails it falls back to pageable memory and
+    ``pinned`` records it.
+    """
+
+    def __init__(self, pin: bool = False):
+        super().__init__()
+        self.pin = pin
+        self.pinned: bool | None = None
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of host memory allocated (capacity, not just the filled part)."""
+        return 0 if self.buf is None else self.buf.nbytes
 
     def _allocate(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         if self.pin:
@@ -193,7 +200,7 @@ class DiskTier:
         self._finalizer()
 
 
-class DiskBuffer:
+class DiskBuffer(_TokenBuffer):
     """K or V history of one layer in a memory-mapped file (the disk tier), filled up to ``length`` tokens.
 
     The file grows geometrically like :class:`HostBuffer`; each growth reserves the space first
@@ -202,19 +209,8 @@ class DiskBuffer:
     """
 
     def __init__(self, path: Path):
+        super().__init__()
         self.path = path
-        self.buf: torch.Tensor | None = None
-        self.length = 0
-
-    @property
-    def capacity(self) -> int:
-        """Tokens the file can hold before it grows."""
-        return 0 if self.buf is None else self.buf.shape[0]
-
-    @property
-    def used_bytes(self) -> int:
-        """Bytes of the filled part."""
-        return 0 if self.buf is None else self.buf[: self.length].nbytes
 
     def _reserve(self, block: torch.Tensor, extra: int) -> None:
         need = self.length + extra
