@@ -63,8 +63,8 @@ def _ms(med: Any, lo: Any, hi: Any) -> str:
 
 
 def _summary_table(frame: Any, title: str) -> Table:
-    t = Table(title=title, caption="median (min–max) over the ok repeats; same ids: greedy ids equal to `none`'s; "
-                                   "KV MiB: device KV peak")
+    t = Table(title=title, caption="median (min–max) over the measured repeats (ok and over budget); same ids: "
+                                   "greedy ids equal to `none`'s; KV MiB: device KV peak")
     for col in ("prompt", "batch", "mode", "ok", "same ids", "TTFT ms", "TPOT ms", "decode tok/s", "KV MiB", "RSS MiB"):
         if col == "mode":
             t.add_column(col, overflow="fold", min_width=12)  # window sizes must stay readable
@@ -73,7 +73,8 @@ def _summary_table(frame: Any, title: str) -> Table:
     for r in frame.to_dict("records"):
         tps = r["decode_tokens_per_s_median"]
         t.add_row(
-            str(r["prompt_tokens"]), str(r["batch_size"]), r["mode"], f"{r['ok']}/{r['trials']}",
+            str(r["prompt_tokens"]), str(r["batch_size"]), r["mode"],
+            f"{r['ok']}/{r['trials']}" + (" [yellow]over budget[/]" if r["status"] == "over_budget" else ""),
             {True: "yes", False: "[red]NO[/]", None: "-"}[r["tokens_match"]],
             _ms(r["ttft_s_median"], r["ttft_s_min"], r["ttft_s_max"]),
             _ms(r["tpot_s_median"], r["tpot_s_min"], r["tpot_s_max"]),
@@ -123,7 +124,8 @@ def run(
     resume: Optional[Path] = typer.Option(None, "--resume", help="Continue this run directory, skipping finished trials."),
 ) -> None:
     """Run a scenario's sweep and print its summary."""
-    from kvbench.results import RunDir, RunDirError, environment, read_trials, summary_frame
+    from kvbench.machine import environment
+    from kvbench.results import RunDir, RunDirError, read_trials, summary_frame
     from kvbench.scenario import ScenarioError, check_scenario, load_scenario, parse_scenario
 
     warnings.showwarning = _show_warning
@@ -148,7 +150,9 @@ def run(
     except (ScenarioError, RunDirError) as exc:
         _fail(str(exc))
 
-    from kvbench.models import ModelNotFound
+    import psutil
+
+    from kvbench.models import ModelNotFound, resolve_device
     from kvbench.runner import plan_trials, prepare
 
     if rundir is not None and {t.trial_id for t in plan_trials(sc)} <= {r["trial_id"] for r in rundir.finished_trials()}:
@@ -156,10 +160,14 @@ def run(
         out.print(f"nothing to run: every trial of {sc.name} is already in {rundir.trials_path}", highlight=False)
         return
 
-    env = environment()
-    if env["load_average_1m"] > 0.5 * (env["cpu_count"] or 1):
-        err.print(f"[yellow]warning:[/] the machine is busy (load average {env['load_average_1m']:.1f} on "
-                  f"{env['cpu_count']} CPUs): timings will be noisy", highlight=False)
+    try:
+        env = environment(resolve_device(sc.device))
+    except ValueError as exc:
+        _fail(str(exc))
+    busy = psutil.cpu_percent(interval=0.5)  # system-wide, while this process waits: the others' load
+    if busy > 50:
+        err.print(f"[yellow]warning:[/] the machine is busy ({busy:.0f}% of {env['cpu_count']} CPUs in use by other "
+                  "processes): timings will be noisy", highlight=False)
     created = rundir is None
     if rundir is None:
         try:
@@ -177,6 +185,9 @@ def run(
                     _fail(str(exc))
             if problems:
                 _fail("the workload cannot fill every trial:\n" + "\n".join(problems))
+            runner.sampler.on_alert = lambda e: err.print(
+                f"[yellow]alert:[/] {e['trial_id']} ({e['phase']}): device memory {e['device_bytes'] / 2**30:.2f} GiB "
+                f"crossed monitor.alert_device_bytes {e['threshold_bytes'] / 2**30:.2f} GiB", highlight=False)
             m = runner.m
             err.print(f"model {sc.model.label}: {m.shape.layers} layers, {m.shape.kv_heads} kv heads × "
                       f"{m.shape.head_dim}, {str(m.dtype).removeprefix('torch.')} on {m.device}; loaded in "
@@ -239,6 +250,49 @@ def validate(files: list[Path] = typer.Argument(..., help="Scenario YAML files."
                       f"{_count(s.repeats, 'repeat')})", highlight=False)
     if bad:
         raise typer.Exit(1)
+
+
+@app.command("env")
+def env_(
+    device: str = typer.Option("auto", help="auto | cpu | cuda | cuda:N: the device whose link is probed."),
+    as_json: bool = typer.Option(False, "--json", help="Print the raw JSON (as stored in every run.json)."),
+) -> None:
+    """Print the machine: CPU, memory, GPUs with their PCIe link, versions; on CUDA measure host↔device copy
+    bandwidth (pinned and pageable, GB/s, median of 5 copies of 256 MiB)."""
+    import json
+
+    from kvbench.machine import environment
+    from kvbench.models import resolve_device
+
+    try:
+        e = environment(resolve_device(device))
+    except ValueError as exc:
+        _fail(str(exc))
+    if as_json:
+        out.print_json(json.dumps(e, default=str))
+        return
+    t = Table(show_header=False, box=None)
+    t.add_column("what", style="bold")
+    t.add_column("value")
+    for key in ("kvbench", "torch", "transformers", "python", "platform", "cpu", "cpu_count", "cuda", "driver"):
+        t.add_row(key, str(e.get(key)))
+    t.add_row("memory", f"{e['memory_total_bytes'] / 2**30:.1f} GiB")
+    for g in e.get("gpus") or []:
+        link = (f"PCIe gen {g['pcie_gen']} x{g['pcie_width']} (max gen {g['pcie_gen_max']} x{g['pcie_width_max']})"
+                if g.get("pcie_gen") else "PCIe link not reported")
+        t.add_row(f"gpu {g['index']}", f"{g['name']}, {g['memory_total_bytes'] / 2**30:.1f} GiB, {link}")
+    if not e.get("gpus"):
+        t.add_row("gpus", e.get("note", "none"))
+    bw = e.get("link_bandwidth")
+    if bw:
+        for k, v in bw.items():
+            t.add_row(k.removesuffix("_gbps").replace("_", " "), f"{v:.1f} GB/s")
+    else:
+        t.add_row("link bandwidth", e.get("link_bandwidth_note", "not measured"))
+    git = e.get("git") or {}
+    t.add_row("git", f"{git.get('commit')}{' (dirty)' if git.get('dirty') else ''}" if git.get("commit")
+              else str(git.get("note")))
+    out.print(t)
 
 
 class ListWhat(str, Enum):

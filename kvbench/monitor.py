@@ -1,46 +1,385 @@
-"""Host measurements: the process's resident set size (RSS) peak and the memory still available, from psutil."""
+"""Background samplers and host measurements.
+
+- :class:`Sampler`: a timeline per trial on a daemon thread: the process's RSS and CPU %, the host's available
+  memory and (CUDA) pinned host bytes through psutil/torch; device memory (total and this process's, by PID),
+  utilisation, PCIe TX/RX and power through NVML for the device the model is on. Every sample carries the trial id
+  and the phase (``prefill``/``decode``) the runner marks. Fields that cannot be read are ``None`` (never 0) with
+  one warning naming the reason.
+- :func:`summarise`: per-trial peaks and means of a timeline.
+- :class:`LatencyWatch`: rolling p50/p90/p99 of request latencies for a user's own service.
+- :func:`host_memory_available`: the host memory this process can still take (cgroup limits included).
+"""
 
 from __future__ import annotations
 
+import bisect
+import os
 import threading
+import time
+import warnings
+from collections import deque
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
 
 import psutil
 
+HOST_FIELDS = ("rss_bytes", "cpu_percent", "host_available_bytes", "pinned_host_bytes")
+GPU_FIELDS = ("gpu_used_bytes", "gpu_total_bytes", "gpu_process_bytes", "gpu_util_percent",
+              "pcie_tx_bytes_per_s", "pcie_rx_bytes_per_s", "power_w")
+#: Columns of ``samples.csv``: ``t_s`` is seconds since the trial's sampler started.
+SAMPLE_COLUMNS = ("trial_id", "phase", "t_s", *HOST_FIELDS, *GPU_FIELDS)
 
-class RssPeak:
-    """Peak RSS of this process while active, sampled every ``interval_s`` on a daemon thread.
 
-    Use as a context manager; ``peak_bytes`` holds the highest RSS seen (bytes), including one reading at
-    start and one at stop, so a region shorter than the interval still has a figure.
+class MonitorWarning(UserWarning):
+    """A measurement that cannot be taken here (its fields are recorded as null)."""
+
+
+def gpu_fields(raw: dict[str, Any], pid: int) -> dict[str, Any]:
+    """Sample fields from one raw NVML reading, as :meth:`NvmlReader.raw` returns it.
+
+    ``raw`` keys (each may be None when NVML could not read it): ``memory`` = (used, total) bytes, ``processes`` =
+    [(pid, used bytes or None)], ``util`` = GPU utilisation %, ``pcie_kbps`` = (TX, RX) in KB/s, ``power_mw``.
+    ``gpu_process_bytes`` sums this ``pid``'s entries; None when the pid is not listed (e.g. a container's PID
+    namespace hides it, or NVML does not report per-process memory).
+    """
+    mem = raw.get("memory")
+    procs = raw.get("processes")
+    mine = [used for p, used in procs or () if p == pid and used is not None]
+    pcie = raw.get("pcie_kbps")
+    power = raw.get("power_mw")
+    return {
+        "gpu_used_bytes": mem[0] if mem else None,
+        "gpu_total_bytes": mem[1] if mem else None,
+        "gpu_process_bytes": sum(mine) if mine else None,
+        "gpu_util_percent": raw.get("util"),
+        "pcie_tx_bytes_per_s": pcie[0] * 1000 if pcie and pcie[0] is not None else None,
+        "pcie_rx_bytes_per_s": pcie[1] * 1000 if pcie and pcie[1] is not None else None,
+        "power_w": power / 1000 if power is not None else None,
+    }
+
+
+class NvmlUnavailable(RuntimeError):
+    """NVML cannot be used (no library, no driver, no such device)."""
+
+
+class NvmlReader:
+    """Raw readings of one GPU through NVML (``nvidia-ml-py``).
+
+    Args:
+        device: the torch CUDA device the model is on; found in NVML by its PCI bus id (so ``CUDA_VISIBLE_DEVICES``
+            renumbering does not pick the wrong GPU), else by index.
+
+    Raises:
+        NvmlUnavailable: with the reason.
     """
 
-    def __init__(self, interval_s: float = 0.01):
-        self.interval_s = interval_s
-        self.peak_bytes = 0
-        self._proc = psutil.Process()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+    def __init__(self, device: Any):
+        try:
+            import pynvml
 
-    def _sample(self) -> None:
-        rss = self._proc.memory_info().rss
-        if rss > self.peak_bytes:
-            self.peak_bytes = rss
+            pynvml.nvmlInit()
+        except Exception as exc:  # noqa: BLE001 - library missing, no driver: one reason to report
+            raise NvmlUnavailable(f"NVML unavailable: {exc}") from None
+        self.nvml = pynvml
+        try:
+            self.handle = self._handle(device)
+        except Exception as exc:  # noqa: BLE001
+            pynvml.nvmlShutdown()
+            raise NvmlUnavailable(f"NVML has no handle for {device}: {exc}") from None
+        self.failed: dict[str, str] = {}  # raw key → first NVML error
 
-    def _loop(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            self._sample()
+    def _handle(self, device: Any) -> Any:
+        import torch
 
-    def __enter__(self) -> "RssPeak":
-        self._sample()
-        self._thread = threading.Thread(target=self._loop, name="kvbench-rss", daemon=True)
-        self._thread.start()
-        return self
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        with_bus = getattr(torch.cuda.get_device_properties(index), "pci_bus_id", None)
+        if with_bus is not None:
+            p = torch.cuda.get_device_properties(index)
+            bus = f"{p.pci_domain_id:08x}:{p.pci_bus_id:02x}:{p.pci_device_id:02x}.0"
+            try:
+                return self.nvml.nvmlDeviceGetHandleByPciBusId(bus)
+            except Exception:  # noqa: BLE001 - fall back to the index
+                pass
+        return self.nvml.nvmlDeviceGetHandleByIndex(index)
 
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-        self._sample()
+    def _try(self, key: str, fn: Callable[[], Any]) -> Any:
+        try:
+            return fn()
+        except Exception as exc:  # noqa: BLE001 - one field unreadable is a null, not a failed run
+            self.failed.setdefault(key, str(exc))
+            return None
+
+    def raw(self) -> dict[str, Any]:
+        """One reading: see :func:`gpu_fields` for the keys."""
+        n, h = self.nvml, self.handle
+
+        def memory() -> tuple[int, int]:
+            m = n.nvmlDeviceGetMemoryInfo(h)
+            return m.used, m.total
+
+        return {
+            "memory": self._try("memory", memory),
+            "processes": self._try("processes", lambda: [(p.pid, p.usedGpuMemory)
+                                                        for p in n.nvmlDeviceGetComputeRunningProcesses(h)]),
+            "util": self._try("util", lambda: n.nvmlDeviceGetUtilizationRates(h).gpu),
+            "pcie_kbps": self._try("pcie", lambda: (n.nvmlDeviceGetPcieThroughput(h, n.NVML_PCIE_UTIL_TX_BYTES),
+                                                    n.nvmlDeviceGetPcieThroughput(h, n.NVML_PCIE_UTIL_RX_BYTES))),
+            "power_mw": self._try("power", lambda: n.nvmlDeviceGetPowerUsage(h)),
+        }
+
+    def close(self) -> None:
+        """Release NVML."""
+        self.nvml.nvmlShutdown()
+
+
+class HostReader:
+    """Host fields of one sample: this process's RSS and CPU % (psutil), the host's available memory, and on CUDA
+    the pinned host bytes torch's caching host allocator holds (``torch.cuda.host_memory_stats``)."""
+
+    def __init__(self, cuda: bool):
+        self.proc = psutil.Process()
+        self.proc.cpu_percent(None)  # the first call only starts the measurement
+        self.cuda = cuda
+        self.pinned_reason: str | None = None
+        if not cuda:
+            self.pinned_reason = "no CUDA device: no pinned host memory"
+        else:
+            import torch
+
+            if not hasattr(torch.cuda, "host_memory_stats"):
+                self.pinned_reason = f"torch {torch.__version__} has no torch.cuda.host_memory_stats"
+
+    def read(self) -> dict[str, Any]:
+        """One reading of :data:`HOST_FIELDS`."""
+        pinned = None
+        if self.pinned_reason is None:
+            import torch
+
+            pinned = torch.cuda.host_memory_stats().get("allocated_bytes.current")
+        return {
+            "rss_bytes": self.proc.memory_info().rss,
+            "cpu_percent": self.proc.cpu_percent(None),
+            "host_available_bytes": psutil.virtual_memory().available,
+            "pinned_host_bytes": pinned,
+        }
+
+
+@dataclass
+class TrialTimeline:
+    """The samples of one trial (dicts with :data:`SAMPLE_COLUMNS`) and the alerts raised during it."""
+
+    trial_id: str
+    samples: list[dict[str, Any]]
+    alerts: list[dict[str, Any]]
+    phase: str = "prefill"
+
+
+class Sampler:
+    """Samples host and GPU figures every ``interval_ms`` while a trial runs (see :meth:`trial`).
+
+    Args:
+        device: the torch device the model is on (NVML is read only for a CUDA device).
+        interval_ms: sampling period; 0 = no thread, only the readings at start, at each phase mark and at stop.
+        alert_device_bytes: when device memory (this process's NVML figure, else the device total; on CPU the
+            process RSS) crosses it upwards, an alert event is recorded and ``on_alert`` called with it.
+        on_alert: e.g. print a warning.
+        nvml_reader: a reader to use instead of opening NVML (tests feed recorded readings this way).
+
+    Unavailable fields (no GPU, no NVML, an NVML error, no ``/proc``) are None, each with one
+    :class:`MonitorWarning` naming the reason; the run goes on.
+    """
+
+    def __init__(self, device: Any, interval_ms: int = 50, alert_device_bytes: int | None = None,
+                 on_alert: Callable[[dict[str, Any]], None] | None = None, nvml_reader: Any = None):
+        self.interval_s = interval_ms / 1000
+        self.alert_device_bytes = alert_device_bytes
+        self.on_alert = on_alert
+        self.pid = os.getpid()
+        cuda = getattr(device, "type", str(device)) == "cuda"
+        self.notes: dict[str, str] = {}
+        self.nvml = nvml_reader
+        if self.nvml is None and cuda:
+            try:
+                self.nvml = NvmlReader(device)
+            except NvmlUnavailable as exc:
+                self._note("gpu", str(exc))
+        elif self.nvml is None:  # expected: no warning
+            self.notes["gpu"] = f"no GPU fields on a {getattr(device, 'type', device)} device"
+        try:
+            self.host: HostReader | None = HostReader(cuda)
+            if self.host.pinned_reason:
+                self.notes["pinned_host_bytes"] = self.host.pinned_reason
+        except (psutil.Error, OSError) as exc:  # e.g. a container without /proc access
+            self.host = None
+            self._note("host", f"psutil cannot read this process: {exc}")
+
+    def _note(self, what: str, reason: str) -> None:
+        """Record why fields are null, with one warning per reason."""
+        if what not in self.notes:
+            self.notes[what] = reason
+            warnings.warn(f"{what} samples are null: {reason}", MonitorWarning, stacklevel=3)
+
+    def read(self, timeline: TrialTimeline, t0: float) -> dict[str, Any]:
+        """One sample for ``timeline`` (appended), ``t_s`` seconds after ``t0``."""
+        row: dict[str, Any] = {"trial_id": timeline.trial_id, "phase": timeline.phase,
+                               "t_s": time.perf_counter() - t0}
+        host: dict[str, Any] = dict.fromkeys(HOST_FIELDS)
+        if self.host is not None:
+            try:
+                host = self.host.read()
+            except (psutil.Error, OSError) as exc:
+                self._note("host", f"psutil failed: {exc}")
+        row.update(host)
+        row.update(gpu_fields(self.nvml.raw(), self.pid) if self.nvml is not None else dict.fromkeys(GPU_FIELDS))
+        if self.nvml is not None and getattr(self.nvml, "failed", None):
+            for key, why in self.nvml.failed.items():
+                self._note(f"gpu:{key}", f"NVML {key}: {why}")
+        timeline.samples.append(row)
+        self._check_alert(timeline, row)
+        return row
+
+    def device_level(self, row: dict[str, Any]) -> int | None:
+        """The device memory an alert watches: this process's on the GPU (else the GPU's total used); on a CPU
+        run the process RSS."""
+        if self.nvml is None:
+            return row["rss_bytes"]
+        return row["gpu_process_bytes"] if row["gpu_process_bytes"] is not None else row["gpu_used_bytes"]
+
+    def _check_alert(self, timeline: TrialTimeline, row: dict[str, Any]) -> None:
+        limit = self.alert_device_bytes
+        if limit is None:
+            return
+        level = self.device_level(row)
+        prev_level = self.device_level(timeline.samples[-2]) if len(timeline.samples) > 1 else None
+        if level is not None and level >= limit and (prev_level is None or prev_level < limit):
+            event = {"t_s": row["t_s"], "phase": row["phase"], "device_bytes": level, "threshold_bytes": limit,
+                     "trial_id": timeline.trial_id}
+            timeline.alerts.append(event)
+            if self.on_alert:
+                self.on_alert(event)
+
+    @contextmanager
+    def trial(self, trial_id: str) -> Iterator[TrialTimeline]:
+        """Sample while the block runs; yields the trial's :class:`TrialTimeline` (``mark`` phases on it with
+        :meth:`mark`). The thread is a daemon and is stopped and joined on every exit (errors, Ctrl-C)."""
+        timeline = TrialTimeline(trial_id, [], [])
+        t0 = time.perf_counter()
+        stop = threading.Event()
+        self._current = (timeline, t0)
+        self.read(timeline, t0)
+        thread = None
+        if self.interval_s > 0:
+            def loop() -> None:
+                while not stop.wait(self.interval_s):
+                    self.read(timeline, t0)
+
+            thread = threading.Thread(target=loop, name="kvbench-sampler", daemon=True)
+            thread.start()
+        try:
+            yield timeline
+        finally:
+            stop.set()
+            if thread is not None:
+                thread.join()
+            self.read(timeline, t0)
+            self._current = None
+
+    def mark(self, phase: str) -> None:
+        """Label the following samples of the running trial with ``phase`` (and take one reading now)."""
+        current = getattr(self, "_current", None)
+        if current is not None:
+            current[0].phase = phase
+            self.read(*current)
+
+    def close(self) -> None:
+        """Release NVML."""
+        if self.nvml is not None and hasattr(self.nvml, "close"):
+            self.nvml.close()
+
+
+def summarise(samples: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per-trial figures from a timeline: peaks (``*_peak_*``), means (``*_mean_*``) and the host's minimum
+    available memory; None where no sample had the field."""
+
+    def col(name: str) -> list[float]:
+        return [s[name] for s in samples if s.get(name) is not None]
+
+    def peak(name: str) -> Any:
+        v = col(name)
+        return max(v) if v else None
+
+    def mean(name: str) -> Any:
+        v = col(name)
+        return sum(v) / len(v) if v else None
+
+    avail = col("host_available_bytes")
+    return {
+        "rss_peak_bytes": peak("rss_bytes"),
+        "rss_mean_bytes": mean("rss_bytes"),
+        "cpu_percent_mean": mean("cpu_percent"),
+        "host_available_min_bytes": min(avail) if avail else None,
+        "pinned_host_peak_bytes": peak("pinned_host_bytes"),
+        "nvml_device_peak_bytes": peak("gpu_used_bytes"),
+        "nvml_process_peak_bytes": peak("gpu_process_bytes"),
+        "gpu_util_mean_percent": mean("gpu_util_percent"),
+        "pcie_tx_mean_bytes_per_s": mean("pcie_tx_bytes_per_s"),
+        "pcie_rx_mean_bytes_per_s": mean("pcie_rx_bytes_per_s"),
+        "power_mean_w": mean("power_w"),
+        "n_samples": len(samples),
+    }
+
+
+class LatencyWatch:
+    """Rolling latency percentiles for a service: feed each request's latency, get flagged outliers.
+
+    ``observe(latency)`` compares the request with the rolling p90 of the previous ``window`` requests (before it
+    is added) and returns True when it is slower; :meth:`percentiles` gives p50/p90/p99 of the window
+    (nearest-rank method: the smallest value with at least p% of the window at or below it).
+
+    Args:
+        window: how many recent requests the percentiles cover (≥ 1).
+        min_samples: requests needed before anything is flagged.
+
+    Raises:
+        ValueError: window < 1 or min_samples < 1; a negative latency.
+    """
+
+    def __init__(self, window: int = 100, min_samples: int = 10):
+        if window < 1 or min_samples < 1:
+            raise ValueError("window and min_samples must be at least 1")
+        self.window = window
+        self.min_samples = min_samples
+        self._recent: deque[float] = deque()
+        self._sorted: list[float] = []
+        self.flagged = 0
+        self.count = 0
+
+    def percentile(self, p: float) -> float | None:
+        """The nearest-rank ``p``-th percentile (0 < p ≤ 100) of the window; None while it is empty."""
+        if not self._sorted:
+            return None
+        rank = max(1, -(-p * len(self._sorted) // 100))
+        return self._sorted[int(rank) - 1]
+
+    def percentiles(self) -> dict[str, float | None]:
+        """``{"p50", "p90", "p99"}`` of the window."""
+        return {"p50": self.percentile(50), "p90": self.percentile(90), "p99": self.percentile(99)}
+
+    def observe(self, latency_s: float) -> bool:
+        """Add one request's latency (seconds); True when it is slower than the rolling p90 before it."""
+        if latency_s < 0:
+            raise ValueError(f"latency must be >= 0 seconds, got {latency_s}")
+        slow = len(self._sorted) >= self.min_samples and latency_s > self.percentile(90)
+        self.count += 1
+        self.flagged += slow
+        self._recent.append(latency_s)
+        bisect.insort(self._sorted, latency_s)
+        if len(self._recent) > self.window:
+            old = self._recent.popleft()
+            del self._sorted[bisect.bisect_left(self._sorted, old)]
+        return slow
 
 
 #: cgroup files holding a container's memory limit and usage: v2, then v1.

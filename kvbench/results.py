@@ -7,13 +7,11 @@ Layout: ``<root>/<scenario name>-<UTC time>/``.
 from __future__ import annotations
 
 import contextlib
+import csv
 import datetime as dt
 import fcntl
 import json
 import os
-import platform
-import subprocess
-import sys
 import tempfile
 import warnings
 from collections.abc import Iterator
@@ -30,72 +28,6 @@ class RunDirError(ValueError):
 def utc_now() -> str:
     """Current UTC time, ISO 8601 with a Z."""
     return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _git() -> dict[str, Any]:
-    src = Path(__file__).resolve().parent
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=src, capture_output=True, text=True, timeout=10)
-        if commit.returncode != 0:
-            return {"commit": None, "dirty": None, "note": "not a git checkout"}
-        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=src,
-                                capture_output=True, text=True, timeout=10)
-        return {"commit": commit.stdout.strip(), "dirty": bool(status.stdout.strip())}
-    except (OSError, subprocess.SubprocessError) as exc:
-        return {"commit": None, "dirty": None, "note": f"git unavailable: {exc}"}
-
-
-def _cpu_name() -> str:
-    with contextlib.suppress(OSError):  # no /proc (not Linux, or a locked-down container)
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
-
-
-def _gpu() -> dict[str, Any]:
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-    except Exception as exc:  # no library, no driver, no device: all mean "no GPU figures"
-        return {"gpus": None, "driver": None, "note": f"NVML unavailable: {exc}"}
-    try:
-        n = pynvml.nvmlDeviceGetCount()
-        gpus = []
-        for i in range(n):
-            h = pynvml.nvmlDeviceGetHandleByIndex(i)
-            name = pynvml.nvmlDeviceGetName(h)
-            gpus.append({"index": i, "name": name.decode() if isinstance(name, bytes) else name,
-                         "memory_total_bytes": pynvml.nvmlDeviceGetMemoryInfo(h).total})
-        drv = pynvml.nvmlSystemGetDriverVersion()
-        return {"gpus": gpus, "driver": drv.decode() if isinstance(drv, bytes) else drv}
-    finally:
-        pynvml.nvmlShutdown()
-
-
-def environment() -> dict[str, Any]:
-    """Versions (kvbench, torch, transformers, Python), CPU, memory, GPUs and driver, git commit and dirty flag."""
-    import psutil
-    import torch
-    import transformers
-
-    import kvbench
-
-    return {
-        "kvbench": kvbench.__version__,
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "python": sys.version.split()[0],
-        "platform": platform.platform(),
-        "cpu": _cpu_name(),
-        "cpu_count": psutil.cpu_count(logical=True),
-        "load_average_1m": os.getloadavg()[0],
-        "memory_total_bytes": psutil.virtual_memory().total,
-        "cuda": torch.version.cuda,
-        **_gpu(),
-        "git": _git(),
-    }
 
 
 def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
@@ -190,19 +122,47 @@ class RunDir:
             f.flush()
             os.fsync(f.fileno())
 
+    @property
+    def samples_path(self) -> Path:
+        """``samples.csv`` in the run directory: the sampler timelines of the recorded trials."""
+        return self.path / "samples.csv"
+
+    def append_samples(self, samples: list[dict[str, Any]]) -> None:
+        """Append one trial's samples (dicts with :data:`kvbench.monitor.SAMPLE_COLUMNS`) to ``samples.csv``,
+        writing the header when the file is new; missing values are empty cells."""
+        if not samples:
+            return
+        from kvbench.monitor import SAMPLE_COLUMNS
+
+        new = not self.samples_path.exists() or self.samples_path.stat().st_size == 0
+        with self.samples_path.open("a", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=SAMPLE_COLUMNS, extrasaction="ignore")
+            if new:
+                w.writeheader()
+            w.writerows(samples)
+
     def finished_trials(self) -> list[dict[str, Any]]:
         """The trials already written. A partial last line (a run killed mid-write) is cut off the file with a
-        warning, so that trial runs again and appended lines stay valid."""
+        warning, so that trial runs again and appended lines stay valid; the same for ``samples.csv``."""
         if not self.trials_path.exists():
             return []
-        data = self.trials_path.read_bytes()
-        keep = data.rfind(b"\n") + 1
-        if keep < len(data):
-            warnings.warn(f"{self.trials_path}: dropped an incomplete last line ({len(data) - keep} bytes); "
-                          "that trial runs again", stacklevel=2)
-            with self.trials_path.open("r+b") as f:
-                f.truncate(keep)
+        cut = _cut_partial_line(self.trials_path)
+        if cut:
+            warnings.warn(f"{self.trials_path}: dropped an incomplete last line ({cut} bytes); that trial runs again",
+                          stacklevel=2)
+        if self.samples_path.exists():
+            _cut_partial_line(self.samples_path)
         return read_trials(self.trials_path)
+
+
+def _cut_partial_line(path: Path) -> int:
+    """Cut a last line without its newline off ``path``; returns the bytes removed."""
+    data = path.read_bytes()
+    keep = data.rfind(b"\n") + 1
+    if keep < len(data):
+        with path.open("r+b") as f:
+            f.truncate(keep)
+    return len(data) - keep
 
 
 def read_trials(path: str | Path) -> list[dict[str, Any]]:
@@ -220,9 +180,10 @@ def read_trials(path: str | Path) -> list[dict[str, Any]]:
 
 
 def summary_frame(rows: list[dict[str, Any]]):
-    """Per prompt length × batch × mode: trial counts, the first non-ok status and message, whether every ok
-    trial's ids matched ``none`` (``tokens_match``, None when not compared), and the median (min–max) of TTFT,
-    TPOT, decode tokens/s, device KV peak and RSS peak. Returns a pandas DataFrame, one row per point, in sweep order."""
+    """Per prompt length × batch × mode: trial counts (``ok``; ``measured`` = ok + over budget, which ran to the
+    end), the first non-ok status and message, whether every measured trial's ids matched ``none``
+    (``tokens_match``, None when not compared), and the median (min–max) over measured trials of TTFT, TPOT, decode
+    tokens/s, device KV peak and RSS peak. Returns a pandas DataFrame, one row per point, in sweep order."""
     import pandas as pd
 
     if not rows:
@@ -231,8 +192,9 @@ def summary_frame(rows: list[dict[str, Any]]):
     keys = ["prompt_tokens", "batch_size", "mode_label"]
     out = []
     for (n, b, mode), g in df.groupby(keys, sort=False):
-        ok = g[g["status"] == "ok"]
-        rec: dict[str, Any] = {"prompt_tokens": n, "batch_size": b, "mode": mode, "trials": len(g), "ok": len(ok)}
+        ok = g[g["status"].isin(["ok", "over_budget"])]
+        rec: dict[str, Any] = {"prompt_tokens": n, "batch_size": b, "mode": mode, "trials": len(g),
+                               "ok": int((g["status"] == "ok").sum()), "measured": len(ok)}
         bad = g[g["status"] != "ok"]
         match = ok["tokens_match"].dropna().tolist() if "tokens_match" in ok else []
         rec["tokens_match"] = all(match) if match else None

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from kvbench.models import LoadedModel
-from kvbench.monitor import RssPeak, host_memory_available
+from kvbench.monitor import Sampler, host_memory_available, summarise
 from kvbench.offload.caches import DynamicOffloadCache, ModeUnavailable, OffloadedCache, kv_bytes, make_cache
 from kvbench.offload.tiers import grown_capacity
 from kvbench.results import RunDir, utc_now
@@ -130,6 +130,7 @@ def greedy_decode(
     max_new_tokens: int,
     clock: Callable[[], float],
     after_step: Callable[[], None] | None = None,
+    on_phase: Callable[[str], None] | None = None,
 ) -> tuple[torch.Tensor, float, list[float]]:
     """Prefill, then exactly ``max_new_tokens`` greedy tokens (EOS does not stop it), one forward per token.
 
@@ -139,6 +140,7 @@ def greedy_decode(
         clock: returns seconds; must synchronise the device (see :class:`Clock`).
         after_step: called after each token's clock reading (e.g. to read the cache's bytes); its cost, microseconds
             for a sum of tensor sizes, falls inside the next inter-token gap.
+        on_phase: called with ``"decode"`` once the first token (the prefill's) is out.
 
     Returns:
         ``(ids [batch, max_new_tokens], t_start, token_times)``.
@@ -154,6 +156,8 @@ def greedy_decode(
         nxt = logits[:, -1, :].argmax(dim=-1)
         out_ids[:, step] = nxt
         times.append(clock())
+        if step == 0 and on_phase is not None:
+            on_phase("decode")
         if after_step is not None:
             after_step()
         if step + 1 == max_new_tokens:
@@ -181,10 +185,15 @@ def _ids_digest(ids: torch.Tensor) -> str:
 class TrialRunner:
     """Runs trials of one scenario on a loaded model and prompt source."""
 
-    def __init__(self, scenario: Scenario, loaded: LoadedModel, source: PromptSource):
+    def __init__(self, scenario: Scenario, loaded: LoadedModel, source: PromptSource, sampler: Sampler | None = None):
         self.s = scenario
         self.m = loaded
         self.source = source
+        mon = scenario.monitor
+        self.sampler = sampler or Sampler(
+            loaded.device, mon.interval_ms,
+            int(mon.alert_device_bytes) if mon.alert_device_bytes is not None else None)
+        self.last_samples: list[dict[str, Any]] = []  # the timeline of the last trial, for samples.csv
         self.clock = Clock(loaded.device)
         tok = loaded.tokenizer
         pad = getattr(tok, "pad_token_id", None) if tok is not None else None
@@ -264,6 +273,7 @@ class TrialRunner:
         KeyboardInterrupt is not caught.
         """
         row = self.base_row(t)
+        self.last_samples = []
         try:
             row.update(self._measure(t))
         except ModeUnavailable as exc:
@@ -333,9 +343,13 @@ class TrialRunner:
             base_alloc = torch.cuda.memory_allocated(dev)
             base_reserved = torch.cuda.memory_reserved(dev)
         own_accounting = isinstance(cache, OffloadedCache)
-        with RssPeak() as rss:
-            ids, t0, times = greedy_decode(self.m.model, input_ids, mask, cache, s.max_new_tokens, self.clock,
-                                           after_step=None if own_accounting else read_kv)
+        with self.sampler.trial(t.trial_id) as timeline:
+            try:
+                ids, t0, times = greedy_decode(self.m.model, input_ids, mask, cache, s.max_new_tokens, self.clock,
+                                               after_step=None if own_accounting else read_kv,
+                                               on_phase=self.sampler.mark)
+            finally:
+                self.last_samples = timeline.samples
         n_out = ids.shape[1]
         if n_out != s.max_new_tokens or len(times) != s.max_new_tokens:
             raise RuntimeError(f"generated {n_out} tokens, expected exactly {s.max_new_tokens}")
@@ -346,7 +360,8 @@ class TrialRunner:
             **throughputs(t.prompt_tokens, t.batch_size, lat, n_out),
             "kv_device_peak_bytes": kv_peak["device"],
             "kv_host_peak_bytes": kv_peak["host"],
-            "rss_peak_bytes": rss.peak_bytes,
+            **summarise(timeline.samples),
+            "alerts": timeline.alerts,
             "prompt_sha256": prompt_digest,
             "output_sha256": _ids_digest(ids),
             "output_ids_head": ids[:, :IDS_KEPT].tolist(),
@@ -359,21 +374,29 @@ class TrialRunner:
                        kv_disk_peak_bytes=cache.disk_peak_bytes, h2d_bytes=stats.h2d_bytes,
                        d2h_bytes=stats.d2h_bytes, h2d_count=stats.h2d_count, d2h_count=stats.d2h_count,
                        disk_read_bytes=stats.disk_read_bytes, disk_write_bytes=stats.disk_write_bytes,
-                       transfer_stalls=stats.stalls, pinned=cache.pinned)
+                       transfer_stalls=stats.stalls, pinned=cache.pinned,
+                       # the decode steps' copy rate, to set against the link bandwidth in run.json
+                       h2d_bytes_per_s=stats.h2d_bytes / decode_s if (decode_s := lat["e2e_s"] - lat["ttft_s"]) > 0
+                       else None)
             if isinstance(cache, DynamicOffloadCache):
                 out.update(window_events=cache.events, window_final=cache.window)
         if s.budget is not None and out["kv_device_peak_bytes"] > s.budget:
             # measured anyway (its ids are the reference for tokens_match), but it does not fit the budget
             out["status"] = "over_budget"
             out["message"] = (f"device KV peak {out['kv_device_peak_bytes']} bytes > budget {int(s.budget)} bytes")
+        notes = {f"{k}_samples": v for k, v in self.sampler.notes.items()}
         if cuda:
+            out["weights_baseline_bytes"] = base_alloc
             out["peak_device_allocated_bytes"] = torch.cuda.max_memory_allocated(dev) - base_alloc
             out["peak_device_reserved_bytes"] = torch.cuda.max_memory_reserved(dev) - base_reserved
         else:
+            out["weights_baseline_bytes"] = None
             out["peak_device_allocated_bytes"] = None
             out["peak_device_reserved_bytes"] = None
             reason = f"no allocator peak on a {dev.type} device (CUDA only)"
-            out["notes"] = {"peak_device_allocated_bytes": reason, "peak_device_reserved_bytes": reason}
+            notes.update(peak_device_allocated_bytes=reason, peak_device_reserved_bytes=reason,
+                         weights_baseline_bytes=reason)
+        out["notes"] = notes
         return out
 
 
@@ -420,6 +443,7 @@ def run_sweep(
                 on_status(t.trial_id)
             row = runner.run(t)
             run.append(row)
+            run.append_samples(runner.last_samples)
             written += 1
             if on_trial:
                 on_trial(row)

@@ -145,6 +145,18 @@ class WorkloadSpec(_Strict):
         return v
 
 
+class MonitorSpec(_Strict):
+    """Sampling during trials."""
+
+    interval_ms: NonNegativeInt = Field(
+        50, description="Sampling period of host/GPU figures in ms; 0 = only at trial start, phase change and end."
+    )
+    alert_device_bytes: ByteSize | None = Field(
+        None, description="Record an alert and warn when device memory crosses this (bytes or a size such as "
+        "'70GiB'); on a CPU run the process RSS is watched."
+    )
+
+
 class _Mode(_Strict):
     @property
     def options(self) -> dict[str, Any]:
@@ -221,6 +233,7 @@ class Scenario(_Strict):
     repeats: PositiveInt = Field(3, description="Recorded trials per (prompt length, batch, mode).")
     warmup: NonNegativeInt = Field(1, description="Unrecorded warm-up trials of the same shape before the repeats.")
     budget: ByteSize | None = Field(None, description="Device KV budget in bytes; sizes such as '2GiB' or '512MB'.")
+    monitor: MonitorSpec = Field(default_factory=MonitorSpec, description="Sampling (see MonitorSpec).")
     disk_dir: str | None = Field(
         None, description="Directory in which the disk tier (modes with host_max_tokens) makes its private "
         "temporary directory (relative to the scenario file; default: the system temporary directory)."

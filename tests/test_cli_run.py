@@ -9,9 +9,11 @@ import subprocess
 import time
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from conftest import ROOT, kvbench_cmd, tiny_scenario
+from kvbench.monitor import SAMPLE_COLUMNS
 from kvbench.results import read_trials
 
 
@@ -64,6 +66,16 @@ def test_smoke_scenario_on_the_real_model(tmp_path):
     assert all(r["window_events"][0]["new"] == 48 and r["window_final"] == 48 for r in dynamic)
     assert "modes[5].min_window: 16 tokens is under 256" in r.stderr
     assert "48 trials written to" in r.stdout
+    samples = pd.read_csv(run / "samples.csv")
+    assert list(samples.columns) == list(SAMPLE_COLUMNS)
+    sampled = {row["trial_id"] for row in rows if row["status"] == "ok"}
+    assert set(samples["trial_id"]) == sampled and len(sampled) == 40  # the 8 skipped trials never ran
+    assert set(samples["phase"]) == {"prefill", "decode"} and (samples["rss_bytes"] > 0).all()
+    assert samples["gpu_used_bytes"].isna().all()  # no GPU: empty cells, not 0
+    per_trial = samples.groupby("trial_id").size()
+    assert all(per_trial[row["trial_id"]] == row["n_samples"] for row in rows if row["status"] == "ok")
+    assert all(row["rss_peak_bytes"] == samples[samples.trial_id == row["trial_id"]].rss_bytes.max()
+               for row in rows if row["status"] == "ok")
 
 
 def test_bad_scenario_exits_with_the_error(write_yaml, tmp_path):
@@ -201,3 +213,18 @@ def test_disk_tier_faults_and_interrupts_leave_no_files(write_yaml, tmp_path):
             proc.kill()
         assert proc.returncode == 130, stderr
         assert list(kv.iterdir()) == []
+
+
+def test_env_prints_the_machine_and_says_why_there_is_no_bandwidth():
+    r = subprocess.run([*kvbench_cmd(), "env", "--device", "cpu"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    text = " ".join(r.stdout.split())
+    assert "torch 2." in text and "transformers 5." in text and "cpu_count" in text and " GiB" in text
+    assert "link bandwidth no CUDA device: host↔device bandwidth not measured" in text
+    assert "NVML unavailable" in text  # these machines have no GPU: the reason, not a zero
+    r = subprocess.run([*kvbench_cmd(), "env", "--device", "cpu", "--json"], capture_output=True, text=True,
+                       timeout=120)
+    e = json.loads(r.stdout)
+    assert e["link_bandwidth"] is None and e["gpus"] is None and e["memory_total_bytes"] > 0
+    r = subprocess.run([*kvbench_cmd(), "env", "--device", "cuda:3"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "device 'cuda:3': no CUDA device is available" in r.stderr

@@ -216,3 +216,16 @@ def test_open_refuses_other_schema_versions(tmp_path):
         RunDir.open(run.path)
     with pytest.raises(ValueError, match=r"no run.json here"):
         RunDir.open(tmp_path)
+
+
+def test_summary_keeps_over_budget_measurements_and_counts_only_ok():
+    from kvbench.results import summary_frame
+
+    base = {"prompt_tokens": 8, "batch_size": 1, "mode_label": "none", "message": "", "tokens_match": True,
+            "tpot_s": 0.1, "ttft_s": 0.5, "decode_tokens_per_s": 10.0, "kv_device_peak_bytes": 100,
+            "rss_peak_bytes": 1000}
+    rows = [{**base, "status": "over_budget", "message": "device KV peak 100 bytes > budget 50 bytes"},
+            {**base, "status": "over_budget", "tpot_s": 0.3}, {**base, "status": "error", "tpot_s": None}]
+    r = summary_frame(rows).to_dict("records")[0]
+    assert (r["trials"], r["ok"], r["measured"], r["status"]) == (3, 0, 2, "over_budget")
+    assert (r["tpot_s_median"], r["tpot_s_min"], r["tpot_s_max"]) == pytest.approx((0.2, 0.1, 0.3))

@@ -1,0 +1,142 @@
+"""The machine a run is measured on: versions, CPU, memory, GPUs with their PCIe link (NVML), the git commit, and
+on CUDA the measured host↔device copy bandwidth (the limit every offload mode's transfers run against)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+#: Bytes per copy of the bandwidth probe (the issue asks for at least 256 MiB).
+PROBE_BYTES = 256 * 2**20
+
+
+def _git() -> dict[str, Any]:
+    src = Path(__file__).resolve().parent
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=src, capture_output=True, text=True, timeout=10)
+        if commit.returncode != 0:
+            return {"commit": None, "dirty": None, "note": "not a git checkout"}
+        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=src,
+                                capture_output=True, text=True, timeout=10)
+        return {"commit": commit.stdout.strip(), "dirty": bool(status.stdout.strip())}
+    except (OSError, subprocess.SubprocessError) as exc:
+        return {"commit": None, "dirty": None, "note": f"git unavailable: {exc}"}
+
+
+def _cpu_name() -> str:
+    with contextlib.suppress(OSError):  # no /proc (not Linux, or a locked-down container)
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def _text(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def gpus() -> dict[str, Any]:
+    """GPUs as NVML sees them: index, name, memory, PCIe generation and width (current and max), and the driver.
+
+    Returns ``{"gpus": None, "driver": None, "note": reason}`` when NVML cannot be used (no library, no driver,
+    no device): never zeros.
+    """
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception as exc:  # no library, no driver, no device: all mean "no GPU figures"
+        return {"gpus": None, "driver": None, "note": f"NVML unavailable: {exc}"}
+    try:
+        out = []
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            g: dict[str, Any] = {"index": i, "name": _text(pynvml.nvmlDeviceGetName(h)),
+                                 "memory_total_bytes": pynvml.nvmlDeviceGetMemoryInfo(h).total}
+            for key, fn in (("pcie_gen", "nvmlDeviceGetCurrPcieLinkGeneration"),
+                            ("pcie_width", "nvmlDeviceGetCurrPcieLinkWidth"),
+                            ("pcie_gen_max", "nvmlDeviceGetMaxPcieLinkGeneration"),
+                            ("pcie_width_max", "nvmlDeviceGetMaxPcieLinkWidth")):
+                try:
+                    g[key] = getattr(pynvml, fn)(h)
+                except Exception:  # noqa: BLE001 - not supported on this device (e.g. SXM/NVLink-C2C)
+                    g[key] = None
+            out.append(g)
+        return {"gpus": out, "driver": _text(pynvml.nvmlSystemGetDriverVersion())}
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def probe_link_bandwidth(device: Any, nbytes: int = PROBE_BYTES, repeats: int = 5) -> dict[str, float]:
+    """Host↔device copy bandwidth in GB/s (10^9 bytes/s): H2D and D2H, from pinned and from pageable host memory.
+
+    Each figure is the median of ``repeats`` timed copies of ``nbytes`` (after one untimed copy), timed with CUDA
+    events on the copying stream.
+
+    Raises:
+        RuntimeError: ``device`` is not a CUDA device.
+    """
+    import torch
+
+    device = torch.device(device)
+    if device.type != "cuda":
+        raise RuntimeError(f"the link bandwidth probe needs a CUDA device, not {device}")
+    dev = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    out: dict[str, float] = {}
+    for kind in ("pinned", "pageable"):
+        host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=(kind == "pinned"))
+        for direction, (dst, src) in (("h2d", (dev, host)), ("d2h", (host, dev))):
+            times = []
+            for i in range(repeats + 1):
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                torch.cuda.synchronize(device)
+                start.record()
+                dst.copy_(src, non_blocking=(kind == "pinned"))
+                end.record()
+                end.synchronize()
+                if i:
+                    times.append(start.elapsed_time(end) / 1e3)
+            out[f"{direction}_{kind}_gbps"] = nbytes / statistics.median(times) / 1e9
+        del host
+    return out
+
+
+def environment(device: Any = None) -> dict[str, Any]:
+    """Versions (kvbench, torch, transformers, Python), CPU, memory, GPUs (PCIe link) and driver, git commit and
+    dirty flag; with a CUDA ``device``, its measured link bandwidth (``link_bandwidth``, GB/s), else null with the
+    reason in ``link_bandwidth_note``."""
+    import psutil
+    import torch
+    import transformers
+
+    import kvbench
+
+    env = {
+        "kvbench": kvbench.__version__,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "cpu": _cpu_name(),
+        "cpu_count": psutil.cpu_count(logical=True),
+        "load_average_1m": os.getloadavg()[0],
+        "memory_total_bytes": psutil.virtual_memory().total,
+        "cuda": torch.version.cuda,
+        **gpus(),
+        "git": _git(),
+        "link_bandwidth": None,
+    }
+    if device is not None and torch.device(device).type == "cuda":
+        try:
+            env["link_bandwidth"] = probe_link_bandwidth(device)
+        except RuntimeError as exc:  # e.g. out of memory for the probe buffers
+            env["link_bandwidth_note"] = f"probe failed: {exc}"
+    else:
+        env["link_bandwidth_note"] = "no CUDA device: host↔device bandwidth not measured"
+    return env

@@ -1,0 +1,132 @@
+"""Samplers: psutil timelines on CPU, NVML readings through the same code path, alerts, LatencyWatch."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from kvbench.monitor import SAMPLE_COLUMNS, LatencyWatch, MonitorWarning, Sampler, gpu_fields, summarise
+
+MiB = 2**20
+
+
+class RecordedNvml:
+    """Replays recorded NVML readings (the shape NvmlReader.raw returns), one per call, the last one repeated."""
+
+    def __init__(self, readings):
+        self.readings = list(readings)
+        self.failed = {}
+
+    def raw(self):
+        return self.readings.pop(0) if len(self.readings) > 1 else self.readings[0]
+
+
+def reading(used, procs, util=40, tx=2_000_000, rx=500_000, power=300_000):
+    return {"memory": (used, 80 * 2**30), "processes": procs, "util": util, "pcie_kbps": (tx, rx),
+            "power_mw": power}
+
+
+def test_rss_rises_during_a_trial_that_allocates_a_known_amount():
+    sampler = Sampler(torch.device("cpu"), interval_ms=5)
+    with sampler.trial("t1") as timeline:
+        before = timeline.samples[0]["rss_bytes"]
+        block = np.ones(256 * MiB // 8)  # 256 MiB, every page touched
+        time.sleep(0.1)
+        sampler.mark("decode")
+        del block
+    s = timeline.samples
+    assert len(s) >= 5 and all(r["trial_id"] == "t1" for r in s)
+    assert s[0]["phase"] == "prefill" and s[-1]["phase"] == "decode"
+    assert max(r["rss_bytes"] for r in s) - before >= 250 * MiB
+    assert all(r[k] is None for r in s for k in ("gpu_used_bytes", "gpu_process_bytes", "pinned_host_bytes"))
+    assert sampler.notes["gpu"] == "no GPU fields on a cpu device"
+    assert [c for c in SAMPLE_COLUMNS if c not in s[0]] == []
+    summary = summarise(s)
+    assert summary["rss_peak_bytes"] - before >= 250 * MiB
+    assert summary["nvml_process_peak_bytes"] is None and summary["n_samples"] == len(s)
+
+
+def test_nvml_readings_are_filtered_by_pid_and_marked_by_phase():
+    me = 4242
+    raw = [reading(10 * 2**30, [(1, 3 * 2**30), (me, 5 * 2**30)]),
+           reading(12 * 2**30, [(me, 7 * 2**30), (9, 2**30), (me, 2**30)]),  # MIG/MPS: two entries for one pid
+           reading(12 * 2**30, [(1, 2**30)])]  # this pid not listed (e.g. another PID namespace)
+    assert gpu_fields(raw[0], me)["gpu_process_bytes"] == 5 * 2**30
+    assert gpu_fields(raw[1], me)["gpu_process_bytes"] == 8 * 2**30
+    assert gpu_fields(raw[2], me)["gpu_process_bytes"] is None  # unknown, not 0
+    f = gpu_fields(raw[0], me)
+    assert (f["pcie_tx_bytes_per_s"], f["pcie_rx_bytes_per_s"], f["power_w"]) == (2e9, 5e8, 300.0)
+    assert gpu_fields({"memory": None, "processes": None, "util": None, "pcie_kbps": None, "power_mw": None},
+                      me) == dict.fromkeys(f)
+
+    sampler = Sampler(torch.device("cpu"), interval_ms=0, nvml_reader=RecordedNvml(raw))
+    sampler.pid = me
+    with sampler.trial("p8-b1-full-r0") as timeline:  # reading 1 at start (prefill)
+        sampler.mark("decode")                       # reading 2
+    rows = timeline.samples                          # reading 3 at the end
+    assert [(r["phase"], r["gpu_process_bytes"]) for r in rows] == [
+        ("prefill", 5 * 2**30), ("decode", 8 * 2**30), ("decode", None)]
+    assert summarise(rows)["nvml_process_peak_bytes"] == 8 * 2**30
+    assert summarise(rows)["nvml_device_peak_bytes"] == 12 * 2**30
+
+
+def test_alert_fires_once_when_device_memory_crosses_the_threshold():
+    raw = [reading(10 * 2**30, [(7, 4 * 2**30)]), reading(10 * 2**30, [(7, 9 * 2**30)]),
+           reading(10 * 2**30, [(7, 9 * 2**30)]), reading(10 * 2**30, [(7, 2 * 2**30)])]
+    seen = []
+    sampler = Sampler(torch.device("cpu"), interval_ms=0, alert_device_bytes=8 * 2**30, on_alert=seen.append,
+                      nvml_reader=RecordedNvml(raw))
+    sampler.pid = 7
+    with sampler.trial("t") as timeline:
+        sampler.mark("decode")
+        sampler.mark("decode")
+    assert len(timeline.alerts) == 1 and seen == timeline.alerts
+    assert timeline.alerts[0]["device_bytes"] == 9 * 2**30 and timeline.alerts[0]["phase"] == "decode"
+    assert timeline.alerts[0]["threshold_bytes"] == 8 * 2**30
+
+
+def test_sampler_thread_stops_on_errors():
+    sampler = Sampler(torch.device("cpu"), interval_ms=1)
+    with pytest.raises(KeyboardInterrupt), sampler.trial("t"):
+        time.sleep(0.02)
+        raise KeyboardInterrupt
+    time.sleep(0.01)
+    assert not [t for t in threading.enumerate() if t.name == "kvbench-sampler"]
+
+
+def test_cuda_device_without_nvml_gives_nulls_and_one_warning(monkeypatch):
+    import kvbench.monitor as monitor
+
+    def refuse(device):
+        raise monitor.NvmlUnavailable("NVML unavailable: NVML Shared Library Not Found")
+
+    real_host = monitor.HostReader
+    monkeypatch.setattr(monitor, "NvmlReader", refuse)
+    monkeypatch.setattr(monitor, "HostReader", lambda cuda: real_host(False))  # CPU torch has no pinned stats
+    with pytest.warns(MonitorWarning, match="gpu samples are null: NVML unavailable: NVML Shared Library Not Found"):
+        sampler = Sampler(torch.device("cuda"), interval_ms=0)
+    with sampler.trial("t") as timeline:
+        pass
+    assert len(timeline.samples) == 2 and all(r["gpu_used_bytes"] is None for r in timeline.samples)
+    assert sampler.notes["gpu"] == "NVML unavailable: NVML Shared Library Not Found"
+
+
+def test_latency_watch_flags_requests_slower_than_the_rolling_p90():
+    w = LatencyWatch(window=10, min_samples=5)
+    flags = [w.observe(x) for x in [0.1, 0.2, 0.3, 0.4]]
+    assert flags == [False] * 4 and w.percentiles()["p90"] == 0.4  # fewer than min_samples: nothing flagged
+    assert w.observe(0.5) is False  # p90 of [0.1..0.4] is 0.4 but only 4 samples before it
+    assert w.observe(0.45) is False  # p90 of the 5 before it is 0.5
+    assert w.observe(0.9) is True
+    assert w.percentiles() == {"p50": 0.4, "p90": 0.9, "p99": 0.9}
+    for _ in range(10):  # the window slides: 0.9 leaves it
+        w.observe(0.2)
+    assert w.percentiles() == {"p50": 0.2, "p90": 0.2, "p99": 0.2} and w.flagged == 1 and w.count == 17
+    with pytest.raises(ValueError, match="latency must be >= 0 seconds, got -1"):
+        w.observe(-1)
+    with pytest.raises(ValueError, match="window and min_samples must be at least 1"):
+        LatencyWatch(window=0)
