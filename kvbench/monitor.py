@@ -136,9 +136,15 @@ class NvmlReader:
 
 class HostReader:
     """Host fields of one sample: this process's RSS and CPU % (psutil), the host's available memory, and on CUDA
-    the pinned host bytes torch's caching host allocator holds (``torch.cuda.host_memory_stats``)."""
+    the pinned host bytes torch's caching host allocator holds (``torch.cuda.host_memory_stats``).
 
-    def __init__(self, cuda: bool):
+    The host's available memory (parsing ``/proc/meminfo``, the costliest read) is refreshed at most every
+    ``available_every_s`` seconds; samples in between repeat the last value.
+    """
+
+    def __init__(self, cuda: bool, available_every_s: float = 0.25):
+        self.available_every_s = available_every_s
+        self._available: tuple[float, int] | None = None
         self.proc = psutil.Process()
         self.proc.cpu_percent(None)  # the first call only starts the measurement
         self.cuda = cuda
@@ -158,12 +164,16 @@ class HostReader:
             import torch
 
             pinned = torch.cuda.host_memory_stats().get("allocated_bytes.current")
-        return {
-            "rss_bytes": self.proc.memory_info().rss,
-            "cpu_percent": self.proc.cpu_percent(None),
-            "host_available_bytes": psutil.virtual_memory().available,
-            "pinned_host_bytes": pinned,
-        }
+        now = time.monotonic()
+        if self._available is None or now - self._available[0] >= self.available_every_s:
+            self._available = (now, psutil.virtual_memory().available)
+        with self.proc.oneshot():
+            return {
+                "rss_bytes": self.proc.memory_info().rss,
+                "cpu_percent": self.proc.cpu_percent(None),
+                "host_available_bytes": self._available[1],
+                "pinned_host_bytes": pinned,
+            }
 
 
 @dataclass
