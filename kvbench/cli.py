@@ -130,6 +130,7 @@ def run(
 
     warnings.showwarning = _show_warning
     signal.signal(signal.SIGTERM, _terminated)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # also when started in the background (SIG_IGN)
     if scenario is None and resume is None:
         _fail("give a scenario file, or --resume DIR")
     if resume is not None and out_root is not None:

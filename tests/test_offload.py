@@ -177,3 +177,29 @@ def test_beam_search_crop_and_reuse_match_dynamic_cache(tiny_model, tmp_path, ki
     step = torch.tensor([[13]])
     assert torch.equal(model(step, cache=ref_cache, use_cache=True).logits,
                        model(step, cache=cache, use_cache=True).logits)
+
+
+@pytest.fixture(scope="module")
+def tiny_mha_model(tmp_path_factory):
+    """tiny-llama with as many kv heads as query heads: attention gets the offloaded K/V as they are (no GQA copy)."""
+    import json
+    from pathlib import Path
+
+    import kvbench
+    from kvbench.models import load
+    from kvbench.scenario import ModelSpec
+
+    config = json.loads((Path(kvbench.__file__).parent / "presets" / "tiny-llama.json").read_text())
+    config["num_key_value_heads"] = config["num_attention_heads"]
+    path = tmp_path_factory.mktemp("mha") / "config.json"
+    path.write_text(json.dumps(config))
+    return load(ModelSpec(config=str(path), weights="random"), "cpu", seed=0)
+
+
+@pytest.mark.parametrize("kind,options", MODES)
+def test_ids_equal_dynamic_cache_without_grouped_query_attention(tiny_mha_model, tmp_path, kind, options):
+    model = tiny_mha_model.model
+    prompts = batches(tiny_mha_model.shape.vocab_size)["batch4"]
+    ref = decode(model, prompts, DynamicCache(config=model.config), n=30)
+    with make_cache(kind, model.config, CPU, disk_dir=str(tmp_path), **options) as cache:
+        assert decode(model, prompts, cache, n=30).tolist() == ref.tolist()
