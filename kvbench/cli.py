@@ -63,7 +63,7 @@ def _ms(med: Any, lo: Any, hi: Any) -> str:
 
 
 def _summary_table(frame: Any, title: str) -> Table:
-    t = Table(title=title, caption="median (min–max) over the measured repeats (ok and over budget); same ids: "
+    t = Table(title=title, caption="median (min–max) over the measured repeats (ok, and over budget: *); same ids: "
                                    "greedy ids equal to `none`'s; KV MiB: device KV peak")
     for col in ("prompt", "batch", "mode", "ok", "same ids", "TTFT ms", "TPOT ms", "decode tok/s", "KV MiB", "RSS MiB"):
         if col == "mode":
@@ -74,7 +74,7 @@ def _summary_table(frame: Any, title: str) -> Table:
         tps = r["decode_tokens_per_s_median"]
         t.add_row(
             str(r["prompt_tokens"]), str(r["batch_size"]), r["mode"],
-            f"{r['ok']}/{r['trials']}" + (" [yellow]over budget[/]" if r["status"] == "over_budget" else ""),
+            f"{r['ok']}/{r['trials']}" + ("[yellow]*[/]" if r["status"] == "over_budget" else ""),
             {True: "yes", False: "[red]NO[/]", None: "-"}[r["tokens_match"]],
             _ms(r["ttft_s_median"], r["ttft_s_min"], r["ttft_s_max"]),
             _ms(r["tpot_s_median"], r["tpot_s_min"], r["tpot_s_max"]),
@@ -157,7 +157,10 @@ def run(
     from kvbench.runner import plan_trials, prepare
 
     if rundir is not None and {t.trial_id for t in plan_trials(sc)} <= {r["trial_id"] for r in rundir.finished_trials()}:
-        out.print(_summary_table(summary_frame(read_trials(rundir.trials_path)), f"{sc.name}: {sc.model.label}"))
+        frame = summary_frame(read_trials(rundir.trials_path))
+        out.print(_summary_table(frame, f"{sc.name}: {sc.model.label}"))
+        for line in _failures(frame):
+            out.print(line, highlight=False)
         out.print(f"nothing to run: every trial of {sc.name} is already in {rundir.trials_path}", highlight=False)
         return
 
@@ -186,9 +189,10 @@ def run(
                     _fail(str(exc))
             if problems:
                 _fail("the workload cannot fill every trial:\n" + "\n".join(problems))
+            watched = "device memory" if m.device.type == "cuda" else "process RSS (CPU run)"
             runner.sampler.on_alert = lambda e: err.print(
-                f"[yellow]alert:[/] {e['trial_id']} ({e['phase']}): device memory {e['device_bytes'] / 2**30:.2f} GiB "
-                f"crossed monitor.alert_device_bytes {e['threshold_bytes'] / 2**30:.2f} GiB", highlight=False)
+                f"[yellow]alert:[/] {e['trial_id']} ({e['phase']}): {watched} {e['device_bytes'] / 2**20:,.1f} MiB "
+                f"crossed monitor.alert_device_bytes {e['threshold_bytes'] / 2**20:,.1f} MiB", highlight=False)
             m = runner.m
             err.print(f"model {sc.model.label}: {m.shape.layers} layers, {m.shape.kv_heads} kv heads × "
                       f"{m.shape.head_dim}, {str(m.dtype).removeprefix('torch.')} on {m.device}; loaded in "
@@ -202,6 +206,14 @@ def run(
         if created and not rundir.finished_trials():
             shutil.rmtree(rundir.path, ignore_errors=True)  # nothing ran: leave no empty run behind
         raise
+    except KeyboardInterrupt:  # before the sweep (model loading, preflight): run_sweep handles it after
+        if created and not rundir.finished_trials():
+            shutil.rmtree(rundir.path, ignore_errors=True)
+            err.print("interrupted before the first trial: nothing was kept", highlight=False)
+        else:
+            rundir.update(status="interrupted")
+            err.print(f"interrupted; continue with: kvbench run --resume {rundir.path}", highlight=False)
+        raise typer.Exit(130) from None
     total = len(plan_trials(sc))
     frame = summary_frame(read_trials(rundir.trials_path))
     out.print(_summary_table(frame, f"{sc.name}: {sc.model.label} on {m.device}"))
@@ -262,9 +274,13 @@ def env_(
     bandwidth (pinned and pageable, GB/s, median of 5 copies of 256 MiB)."""
     import json
 
+    import re
+
     from kvbench.machine import environment
     from kvbench.models import resolve_device
 
+    if not re.fullmatch(r"auto|cpu|cuda|cuda:\d+", device):
+        _fail(f"--device: must be auto, cpu, cuda or cuda:N (got {device!r})")
     try:
         e = environment(resolve_device(device))
     except ValueError as exc:

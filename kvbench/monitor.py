@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import bisect
+import math
 import os
 import threading
 import time
@@ -379,8 +380,8 @@ class LatencyWatch:
 
     def observe(self, latency_s: float) -> bool:
         """Add one request's latency (seconds); True when it is slower than the rolling p90 before it."""
-        if latency_s < 0:
-            raise ValueError(f"latency must be >= 0 seconds, got {latency_s}")
+        if not math.isfinite(latency_s) or latency_s < 0:
+            raise ValueError(f"latency must be a finite number >= 0 seconds, got {latency_s}")
         slow = len(self._sorted) >= self.min_samples and latency_s > self.percentile(90)
         self.count += 1
         self.flagged += slow

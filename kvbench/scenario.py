@@ -247,6 +247,13 @@ class Scenario(_Strict):
             raise ValueError("must be auto, cpu, cuda or cuda:N")
         return v
 
+    @field_validator("budget", mode="before")
+    @classmethod
+    def _not_negative(cls, v: Any) -> Any:
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and v <= 0:
+            raise ValueError("must be more than 0 bytes")
+        return v
+
     @field_validator("budget")
     @classmethod
     def _positive_budget(cls, v: ByteSize | None) -> ByteSize | None:
@@ -427,7 +434,9 @@ def check_scenario(s: Scenario, *, check_model: bool = True) -> list[tuple[str, 
                              f"least {registry.DISK_BLOCK_TOKENS} tokens"))
     if s.disk_dir is not None and any(getattr(m, "host_max_tokens", None) for m in s.modes):
         d = Path(s.disk_dir)
-        if not d.is_dir():
+        if not d.exists():
+            problems.append(("disk_dir", f"{s.disk_dir} does not exist"))
+        elif not d.is_dir():
             problems.append(("disk_dir", f"{s.disk_dir} is not a directory"))
         elif not os.access(d, os.W_OK | os.X_OK):
             problems.append(("disk_dir", f"{s.disk_dir} is not writable"))
@@ -497,7 +506,8 @@ def scenario_warnings(s: Scenario) -> list[tuple[str, str]]:
                 warns.append((f"modes[{i}].{key}", f"{w} tokens is under {small}: most of the history crosses the "
                                                    "host link every step (transfer churn)"))
     caps = [(i, m.host_max_tokens) for i, m in enumerate(s.modes) if getattr(m, "host_max_tokens", None)]
-    if caps:
+    offload = [i for i, m in enumerate(s.modes) if m.kind in ("full", "hierarchical", "dynamic")]
+    if caps or (s.budget is not None and offload):
         from kvbench.models import ModelNotFound, read_shape
 
         try:
@@ -505,6 +515,14 @@ def scenario_warnings(s: Scenario) -> list[tuple[str, str]]:
         except ModelNotFound:
             return warns  # reported by check_scenario
         itemsize = {"float32": 4, "bfloat16": 2, "float16": 2}.get(s.model.dtype, 4 if s.device == "cpu" else 2)
+        if s.budget is not None and offload:
+            # the least any offload mode holds on the device: one layer's K/V for every cached token
+            tokens = max(s.prompt_tokens) + s.max_new_tokens - 1
+            least = shape.kv_bytes_per_token(itemsize) // shape.layers * tokens * max(s.batch_sizes)
+            if least > s.budget:
+                warns.append(("budget", f"{int(s.budget)} bytes is less than even full offload holds on the device "
+                                        f"at {max(s.prompt_tokens)} prompt tokens × batch {max(s.batch_sizes)} (one "
+                                        f"layer's K and V: {least} bytes): those trials will be over budget"))
         total = psutil.virtual_memory().total
         for i, cap in caps:
             need = cap * shape.kv_bytes_per_token(itemsize) * max(s.batch_sizes)

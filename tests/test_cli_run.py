@@ -228,3 +228,5 @@ def test_env_prints_the_machine_and_says_why_there_is_no_bandwidth():
     assert e["link_bandwidth"] is None and e["gpus"] is None and e["memory_total_bytes"] > 0
     r = subprocess.run([*kvbench_cmd(), "env", "--device", "cuda:3"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "device 'cuda:3': no CUDA device is available" in r.stderr
+    r = subprocess.run([*kvbench_cmd(), "env", "--device", "bogus"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "--device: must be auto, cpu, cuda or cuda:N (got 'bogus')" in r.stderr

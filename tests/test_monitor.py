@@ -126,7 +126,8 @@ def test_latency_watch_flags_requests_slower_than_the_rolling_p90():
     for _ in range(10):  # the window slides: 0.9 leaves it
         w.observe(0.2)
     assert w.percentiles() == {"p50": 0.2, "p90": 0.2, "p99": 0.2} and w.flagged == 1 and w.count == 17
-    with pytest.raises(ValueError, match="latency must be >= 0 seconds, got -1"):
-        w.observe(-1)
+    for bad in (-1, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match=f"latency must be a finite number >= 0 seconds, got {bad}"):
+            w.observe(bad)
     with pytest.raises(ValueError, match="window and min_samples must be at least 1"):
         LatencyWatch(window=0)

@@ -92,6 +92,8 @@ def test_booleans_strings_and_zero_budget_are_not_numbers(write_yaml):
     assert ("prompt_tokens[0]", "Input should be a valid integer (got True)") in err.problems
     assert ("max_new_tokens", "Input should be a valid integer (got '4')") in err.problems
     assert ("budget", "must be more than 0 bytes (got 0)") in err.problems
+    err = error_of(write_yaml, tiny_scenario(budget=-1))
+    assert err.problems == [("budget", "must be more than 0 bytes (got -1)")]
 
 
 def test_duplicate_yaml_key_and_empty_file(write_yaml):
@@ -116,6 +118,8 @@ def test_disk_tier_options(write_yaml, tmp_path):
     (tmp_path / "afile").write_text("x")
     err = error_of(write_yaml, tiny_scenario(modes=modes, disk_dir="afile"))
     assert err.problems == [("disk_dir", f"{tmp_path / 'afile'} is not a directory")]
+    err = error_of(write_yaml, tiny_scenario(modes=modes, disk_dir="nope"))
+    assert err.problems == [("disk_dir", f"{tmp_path / 'nope'} does not exist")]
     (tmp_path / "kv").mkdir()
     s = load_scenario(write_yaml(tiny_scenario(modes=modes, disk_dir="kv")))  # relative to the scenario file
     assert s.disk_dir == str(tmp_path / "kv")
@@ -136,6 +140,12 @@ def test_validate_warns_about_the_articles_bad_configs(write_yaml):
     assert lines[1].startswith(f"{path}: modes[2].host_max_tokens: {too_many} tokens × batch 2 is ")
     assert lines[1].endswith("of memory: host memory runs out before the disk tier is used")
     assert len(lines) == 2
+    # tiny-llama: one layer's K and V = 256 B per token; 16 + 3 - 1 tokens × batch 2 = 9216 B > 1000
+    path = write_yaml(tiny_scenario(budget=1000, modes=[{"kind": "none"}, {"kind": "full"}]), "small.yaml")
+    r = subprocess.run([*kvbench_cmd(), "validate", str(path)], capture_output=True, text=True)
+    assert " ".join(r.stderr.split()) == (
+        f"warning: {path}: budget: 1000 bytes is less than even full offload holds on the device at 16 prompt tokens "
+        "× batch 2 (one layer's K and V: 9216 bytes): those trials will be over budget")
 
 
 def test_empty_model_mapping(write_yaml):
