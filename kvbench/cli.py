@@ -189,7 +189,7 @@ def run(
                     _fail(str(exc))
             if problems:
                 _fail("the workload cannot fill every trial:\n" + "\n".join(problems))
-            watched = "device memory" if m.device.type == "cuda" else "process RSS (CPU run)"
+            watched = "device memory" if runner.m.device.type == "cuda" else "process RSS (CPU run)"
             runner.sampler.on_alert = lambda e: err.print(
                 f"[yellow]alert:[/] {e['trial_id']} ({e['phase']}): {watched} {e['device_bytes'] / 2**20:,.1f} MiB "
                 f"crossed monitor.alert_device_bytes {e['threshold_bytes'] / 2**20:,.1f} MiB", highlight=False)

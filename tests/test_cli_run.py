@@ -230,3 +230,17 @@ def test_env_prints_the_machine_and_says_why_there_is_no_bandwidth():
     assert r.returncode == 2 and "device 'cuda:3': no CUDA device is available" in r.stderr
     r = subprocess.run([*kvbench_cmd(), "env", "--device", "bogus"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "--device: must be auto, cpu, cuda or cuda:N (got 'bogus')" in r.stderr
+
+
+def test_alert_is_printed_and_recorded(write_yaml, tmp_path):
+    scenario = write_yaml(tiny_scenario(prompt_tokens=[8], batch_sizes=[1], repeats=1, warmup=0,
+                                        monitor={"interval_ms": 5, "alert_device_bytes": "1MiB"}))
+    r = subprocess.run([*kvbench_cmd(), "run", str(scenario), "--out", str(tmp_path)], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    row = read_trials(the_run_dir(tmp_path) / "trials.jsonl")[0]
+    # a CPU run watches the process RSS, far above 1 MiB from the first sample: one alert, at the start
+    assert len(row["alerts"]) == 1 and row["alerts"][0]["threshold_bytes"] == 2**20
+    assert 2**20 < row["alerts"][0]["device_bytes"] <= row["rss_peak_bytes"]
+    assert "alert: p8-b1-none-r0 (prefill): process RSS (CPU run)" in " ".join(r.stderr.split())
+    assert "crossed monitor.alert_device_bytes 1.0 MiB" in " ".join(r.stderr.split())
