@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import bisect
+import contextlib
 import math
 import os
 import threading
@@ -95,14 +96,11 @@ class NvmlReader:
         import torch
 
         index = device.index if device.index is not None else torch.cuda.current_device()
-        with_bus = getattr(torch.cuda.get_device_properties(index), "pci_bus_id", None)
-        if with_bus is not None:
-            p = torch.cuda.get_device_properties(index)
+        p = torch.cuda.get_device_properties(index)
+        if hasattr(p, "pci_bus_id"):
             bus = f"{p.pci_domain_id:08x}:{p.pci_bus_id:02x}:{p.pci_device_id:02x}.0"
-            try:
+            with contextlib.suppress(Exception):  # not found by bus id: fall back to the index
                 return self.nvml.nvmlDeviceGetHandleByPciBusId(bus)
-            except Exception:  # noqa: BLE001 - fall back to the index
-                pass
         return self.nvml.nvmlDeviceGetHandleByIndex(index)
 
     def _try(self, key: str, fn: Callable[[], Any]) -> Any:
