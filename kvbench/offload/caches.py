@@ -209,6 +209,8 @@ class DynamicOffloadCache(OffloadedCache):
         self.reserve_bytes = reserve_bytes
         text = config.get_text_config() if hasattr(config, "get_text_config") else config
         self.max_positions = getattr(text, "max_position_embeddings", None) or 2**31
+        offloaded = set(self._offloaded)
+        self._on_device = [i for i in range(len(self.layers)) if i not in offloaded]  # sliding-window layers
         self.step = -1
         self._stalls_seen = 0
 
@@ -233,8 +235,7 @@ class DynamicOffloadCache(OffloadedCache):
         """Largest window (tokens per layer) whose device KV stays within :meth:`room_bytes` during a step that
         adds ``new`` tokens to ``cached`` ones, ``token_bytes`` per token and layer (K and V, whole batch)."""
         n_off = len(self._offloaded)
-        others = [i for i in range(len(self.layers)) if i not in set(self._offloaded)]
-        sliding = sum(self._dev[i] for i in others) + new * token_bytes * len(others)
+        sliding = sum(self._dev[i] for i in self._on_device) + new * token_bytes * len(self._on_device)
         in_use = (2 if self.engine.cuda else 1) * (cached + new) * token_bytes
         room = self.room_bytes() - sliding - in_use
         if not n_off:
