@@ -20,6 +20,7 @@ import torch
 from kvbench.models import LoadedModel
 from kvbench.monitor import Sampler, host_memory_available, summarise
 from kvbench.offload.caches import DynamicOffloadCache, ModeUnavailable, OffloadedCache, kv_bytes, make_cache
+from kvbench.offload.registry import MODES
 from kvbench.offload.tiers import grown_capacity
 from kvbench.results import RunDir, utc_now
 from kvbench.scenario import Scenario
@@ -292,7 +293,7 @@ class TrialRunner:
         """Host memory the trial's host tier may allocate (bytes): the tokens it can hold (all cached tokens less
         the window, at most ``host_max_tokens``) rounded up to the buffers' geometric capacity, × KV bytes per
         token × batch. 0 for modes without a host tier."""
-        if t.mode.kind not in ("full", "hierarchical", "dynamic"):
+        if not MODES[t.mode.kind].host_tier:
             return 0
         opts = t.mode.options
         tokens = max(0, t.prompt_tokens + self.s.max_new_tokens - 1 - (opts.get("window") or 0))

@@ -506,7 +506,7 @@ def scenario_warnings(s: Scenario) -> list[tuple[str, str]]:
                 warns.append((f"modes[{i}].{key}", f"{w} tokens is under {small}: most of the history crosses the "
                                                    "host link every step (transfer churn)"))
     caps = [(i, m.host_max_tokens) for i, m in enumerate(s.modes) if getattr(m, "host_max_tokens", None)]
-    offload = [i for i, m in enumerate(s.modes) if m.kind in ("full", "hierarchical", "dynamic")]
+    offload = [i for i, m in enumerate(s.modes) if m.kind in registry.MODES and registry.MODES[m.kind].host_tier]
     if caps or (s.budget is not None and offload):
         from kvbench.models import ModelNotFound, read_shape
 

@@ -79,10 +79,12 @@ def test_batch_larger_than_the_prompt_pool(write_yaml):
                                                    "set n_prompts to at least 8")]
 
 
+RANDOM_WITH_TOKENIZER = {"preset": "tiny-llama", "weights": "random", "tokenizer": "smollm2-135m"}
+
+
 def test_unknown_language_is_refused_before_scanning(write_yaml):
     err = error_of(write_yaml, tiny_scenario(workload={"source": "sharegpt", "language": "xx"},
-                                             model={"preset": "tiny-llama", "weights": "random",
-                                                    "tokenizer": "smollm2-135m"}))
+                                             model=RANDOM_WITH_TOKENIZER))
     assert len(err.problems) == 1 and err.problems[0][0] == "workload.language"
     assert err.problems[0][1].startswith("'xx' is not a language langdetect can detect; known: af, ar, bg, bn,")
 
@@ -204,8 +206,7 @@ def test_random_weights_with_text_workload_needs_a_tokenizer(write_yaml):
 
 def test_files_glob_matching_nothing(write_yaml):
     err = error_of(write_yaml, tiny_scenario(workload={"source": "files", "files": "nothing/*.txt"},
-                                             model={"preset": "tiny-llama", "weights": "random",
-                                                    "tokenizer": "smollm2-135m"}))
+                                             model=RANDOM_WITH_TOKENIZER))
     assert len(err.problems) == 1 and err.problems[0][0] == "workload.files"
     assert err.problems[0][1].endswith("nothing/*.txt' matches no file")
 

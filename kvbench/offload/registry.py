@@ -27,6 +27,7 @@ class ModeInfo:
         summary: one line on what stays on the device.
         needs_cuda: the mode cannot run without a CUDA device; elsewhere its trials are recorded as
             ``skipped`` with ``skip_reason``.
+        host_tier: the mode is one of kvbench's offload caches (a host tier, optional disk tier, own accounting).
         skip_reason: why the mode is skipped without CUDA (the error it would raise).
     """
 
@@ -34,6 +35,7 @@ class ModeInfo:
     summary: str
     needs_cuda: bool = False
     skip_reason: str = ""
+    host_tier: bool = False
 
 
 MODES: dict[str, ModeInfo] = {
@@ -47,9 +49,11 @@ MODES: dict[str, ModeInfo] = {
             skip_reason="hf-offloaded needs a CUDA device: on CPU-only torch DynamicCache(offloading=True) "
             "raises AssertionError: Torch not compiled with CUDA enabled",
         ),
-        ModeInfo("full", "the layer being computed + the one being prefetched; all history on the host"),
-        ModeInfo("hierarchical", "the last `window` tokens of every layer; older tokens on the host"),
-        ModeInfo("dynamic", "a window chosen each step from the budget, grown while transfers stall compute"),
+        ModeInfo("full", "the layer being computed + the one being prefetched; all history on the host",
+                 host_tier=True),
+        ModeInfo("hierarchical", "the last `window` tokens of every layer; older tokens on the host", host_tier=True),
+        ModeInfo("dynamic", "a window chosen each step from the budget, grown while transfers stall compute",
+                 host_tier=True),
     )
 }
 
