@@ -30,8 +30,10 @@ import psutil
 HOST_FIELDS = ("rss_bytes", "cpu_percent", "host_available_bytes", "pinned_host_bytes")
 GPU_FIELDS = ("gpu_used_bytes", "gpu_total_bytes", "gpu_process_bytes", "gpu_util_percent",
               "pcie_tx_bytes_per_s", "pcie_rx_bytes_per_s", "power_w")
+#: The cache's own accounting of KV bytes per tier (see ``Sampler.trial``'s ``kv_probe``).
+KV_FIELDS = ("kv_device_bytes", "kv_host_bytes", "kv_disk_bytes")
 #: Columns of ``samples.csv``: ``t_s`` is seconds since the trial's sampler started.
-SAMPLE_COLUMNS = ("trial_id", "phase", "t_s", *HOST_FIELDS, *GPU_FIELDS)
+SAMPLE_COLUMNS = ("trial_id", "phase", "t_s", *HOST_FIELDS, *GPU_FIELDS, *KV_FIELDS)
 
 
 class MonitorWarning(UserWarning):
@@ -183,6 +185,7 @@ class TrialTimeline:
     samples: list[dict[str, Any]]
     alerts: list[dict[str, Any]]
     phase: str = "prefill"
+    kv_probe: Callable[[], tuple[int, int, int]] | None = None
 
 
 class Sampler:
@@ -242,6 +245,7 @@ class Sampler:
                 self._note("host", f"psutil failed: {exc}")
         row.update(host)
         row.update(gpu_fields(self.nvml.raw(), self.pid) if self.nvml is not None else dict.fromkeys(GPU_FIELDS))
+        row.update(zip(KV_FIELDS, timeline.kv_probe() if timeline.kv_probe is not None else (None,) * 3))
         if self.nvml is not None and getattr(self.nvml, "failed", None):
             for key, why in self.nvml.failed.items():
                 self._note(f"gpu:{key}", f"NVML {key}: {why}")
@@ -270,10 +274,17 @@ class Sampler:
                 self.on_alert(event)
 
     @contextmanager
-    def trial(self, trial_id: str) -> Iterator[TrialTimeline]:
+    def trial(self, trial_id: str,
+              kv_probe: Callable[[], tuple[int, int, int]] | None = None) -> Iterator[TrialTimeline]:
         """Sample while the block runs; yields the trial's :class:`TrialTimeline` (``mark`` phases on it with
-        :meth:`mark`). The thread is a daemon and is stopped and joined on every exit (errors, Ctrl-C)."""
-        timeline = TrialTimeline(trial_id, [], [])
+        :meth:`mark`). The thread is a daemon and is stopped and joined on every exit (errors, Ctrl-C).
+
+        Args:
+            trial_id: the id each sample carries.
+            kv_probe: returns the KV bytes the cache holds now on (device, host, disk), read with every sample
+                into ``kv_device_bytes``/``kv_host_bytes``/``kv_disk_bytes`` (None without a probe).
+        """
+        timeline = TrialTimeline(trial_id, [], [], kv_probe=kv_probe)
         t0 = time.perf_counter()
         stop = threading.Event()
         self._current = (timeline, t0)

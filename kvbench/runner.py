@@ -226,7 +226,7 @@ class TrialRunner:
     def remember(self, rows: Sequence[dict[str, Any]]) -> None:
         """Take the ``none`` outputs of earlier rows (a resumed run) as baselines for ``tokens_match``."""
         for r in rows:
-            if r.get("mode") == "none" and r.get("status") == "ok":
+            if r.get("mode") == "none" and r.get("status") in ("ok", "over_budget"):  # both ran to the end
                 self.baseline_sha[r["prompt_sha256"]] = r["output_sha256"]
 
     def _compare(self, t: TrialSpec, prompt_digest: str, ids: torch.Tensor, digest: str) -> dict[str, Any]:
@@ -330,12 +330,13 @@ class TrialRunner:
         input_ids, mask = input_ids.to(dev), mask.to(dev)
         prompt_digest = hashlib.sha256(input_ids.cpu().numpy().tobytes()).hexdigest()
 
-        kv_peak = {"device": 0, "host": 0}
+        kv_peak = {"device": 0, "host": 0, "stored": 0}
 
         def read_kv() -> None:
             d, h = kv_bytes(cache, dev)
             kv_peak["device"] = max(kv_peak["device"], d)
             kv_peak["host"] = max(kv_peak["host"], h)
+            kv_peak["stored"] = max(kv_peak["stored"], d + h)
 
         cuda = dev.type == "cuda"
         if cuda:
@@ -344,7 +345,12 @@ class TrialRunner:
             base_alloc = torch.cuda.memory_allocated(dev)
             base_reserved = torch.cuda.memory_reserved(dev)
         own_accounting = isinstance(cache, OffloadedCache)
-        with self.sampler.trial(t.trial_id) as timeline:
+        def kv_now() -> tuple[int, int, int]:
+            if own_accounting:
+                return cache.device_bytes, cache.host_bytes, cache.disk_bytes
+            return (*kv_bytes(cache, dev), 0)
+
+        with self.sampler.trial(t.trial_id, kv_probe=kv_now) as timeline:
             try:
                 ids, t0, times = greedy_decode(self.m.model, input_ids, mask, cache, s.max_new_tokens, self.clock,
                                                after_step=None if own_accounting else read_kv,
@@ -361,6 +367,7 @@ class TrialRunner:
             **throughputs(t.prompt_tokens, t.batch_size, lat, n_out),
             "kv_device_peak_bytes": kv_peak["device"],
             "kv_host_peak_bytes": kv_peak["host"],
+            "kv_stored_peak_bytes": kv_peak["stored"],
             **summarise(timeline.samples),
             "alerts": timeline.alerts,
             "prompt_sha256": prompt_digest,
@@ -372,7 +379,7 @@ class TrialRunner:
             # the cache's own accounting also sees the transient K/V inside a forward, which per-step reads miss
             stats = cache.engine.stats
             out.update(kv_device_peak_bytes=cache.device_peak_bytes, kv_host_peak_bytes=cache.host_peak_bytes,
-                       kv_disk_peak_bytes=cache.disk_peak_bytes, h2d_bytes=stats.h2d_bytes,
+                       kv_disk_peak_bytes=cache.disk_peak_bytes, kv_stored_peak_bytes=cache.stored_peak_bytes, h2d_bytes=stats.h2d_bytes,
                        d2h_bytes=stats.d2h_bytes, h2d_count=stats.h2d_count, d2h_count=stats.d2h_count,
                        disk_read_bytes=stats.disk_read_bytes, disk_write_bytes=stats.disk_write_bytes,
                        transfer_stalls=stats.stalls, pinned=cache.pinned,

@@ -76,6 +76,11 @@ def test_smoke_scenario_on_the_real_model(tmp_path):
     assert all(per_trial[row["trial_id"]] == row["n_samples"] for row in rows if row["status"] == "ok")
     assert all(row["rss_peak_bytes"] == samples[samples.trial_id == row["trial_id"]].rss_bytes.max()
                for row in rows if row["status"] == "ok")
+    # the cache's KV per tier is sampled too: the last sample holds every token the trial cached
+    last = samples.groupby("trial_id").last()
+    for row in (r for r in rows if r["status"] == "ok"):
+        tiers = last.loc[row["trial_id"], ["kv_device_bytes", "kv_host_bytes", "kv_disk_bytes"]].sum()
+        assert row["kv_stored_peak_bytes"] == row["kv_bytes_predicted"] and tiers >= row["kv_bytes_predicted"]
 
 
 def test_bad_scenario_exits_with_the_error(write_yaml, tmp_path):

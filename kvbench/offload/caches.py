@@ -33,8 +33,10 @@ class OffloadedCache(Cache):
     interpreter exit.
 
     Accounting (bytes): ``device_bytes``/``host_bytes``/``disk_bytes`` now and ``*_peak_bytes`` at peak (device
-    counts the windows, prefetched history and the K/V handed to the layer being computed), and the copy engine's
-    ``stats`` (H2D/D2H/disk bytes and counts).
+    counts the windows, prefetched history and the K/V handed to the layer being computed); ``stored_bytes`` /
+    ``stored_peak_bytes``: the KV held over all tiers with each token counted once (windows + history: the figure
+    that equals 2 × layers × kv_heads × head_dim × dtype bytes × tokens × batch); and the copy engine's ``stats``
+    (H2D/D2H/disk bytes and counts).
 
     Args:
         config: the model's transformers config (number and types of layers, sliding window).
@@ -76,8 +78,9 @@ class OffloadedCache(Cache):
         self._dev = [0] * len(layers)
         self._host = [0] * len(layers)
         self._disk = [0] * len(layers)
-        self.device_bytes = self.host_bytes = self.disk_bytes = 0
-        self.device_peak_bytes = self.host_peak_bytes = self.disk_peak_bytes = 0
+        self._stored = [0] * len(layers)
+        self.device_bytes = self.host_bytes = self.disk_bytes = self.stored_bytes = 0
+        self.device_peak_bytes = self.host_peak_bytes = self.disk_peak_bytes = self.stored_peak_bytes = 0
 
     def close(self) -> None:
         """Remove the disk tier's files (idempotent; the cache cannot hold tokens on disk afterwards)."""
@@ -91,21 +94,26 @@ class OffloadedCache(Cache):
         self.close()
 
     @staticmethod
-    def _layer_bytes(layer: Any) -> tuple[int, int, int]:
+    def _layer_bytes(layer: Any) -> tuple[int, int, int, int]:
+        """(device, host, disk, stored) bytes of one layer; stored counts each token once (window + history)."""
         if isinstance(layer, OffloadedLayer):
-            return layer.device_bytes, layer.host_bytes, layer.disk_bytes
+            window = layer.keys.nbytes + layer.values.nbytes if layer.is_initialized else 0
+            return layer.device_bytes, layer.host_bytes, layer.disk_bytes, window + layer.host_bytes + layer.disk_bytes
         if getattr(layer, "is_initialized", False):
-            return layer.keys.nbytes + layer.values.nbytes, 0, 0
-        return 0, 0, 0
+            n = layer.keys.nbytes + layer.values.nbytes
+            return n, 0, 0, n
+        return 0, 0, 0, 0
 
     def _recount(self, i: int) -> None:
-        d, h, k = self._layer_bytes(self.layers[i])
+        d, h, k, s = self._layer_bytes(self.layers[i])
         self.device_bytes += d - self._dev[i]
         self.host_bytes += h - self._host[i]
         self.disk_bytes += k - self._disk[i]
-        self._dev[i], self._host[i], self._disk[i] = d, h, k
+        self.stored_bytes += s - self._stored[i]
+        self._dev[i], self._host[i], self._disk[i], self._stored[i] = d, h, k, s
         self.host_peak_bytes = max(self.host_peak_bytes, self.host_bytes)
         self.disk_peak_bytes = max(self.disk_peak_bytes, self.disk_bytes)
+        self.stored_peak_bytes = max(self.stored_peak_bytes, self.stored_bytes)
 
     def _prefetch_after(self, layer_idx: int) -> None:
         """Prefetch the next offloaded layer that has host history, wrapping around to the first."""
