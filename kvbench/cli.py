@@ -73,13 +73,13 @@ def _summary_table(frame: Any, title: str) -> Table:
     for r in frame.to_dict("records"):
         tps = r["decode_tokens_per_s_median"]
         t.add_row(
-            str(r["prompt_tokens"]), str(r["batch_size"]), r["mode"],
-            f"{r['ok']}/{r['trials']}" + ("[yellow]*[/]" if r["status"] == "over_budget" else ""),
-            {True: "yes", False: "[red]NO[/]", None: "-"}[r["tokens_match"]],
+            str(r["prompt_tokens"]), str(r["batch_size"]), r["mode_label"],
+            f"{r['n_ok']}/{r['trials']}" + ("[yellow]*[/]" if r["status"] == "over_budget" else ""),
+            {True: "yes", False: "[red]NO[/]"}.get(r["tokens_match"], "-"),
             _ms(r["ttft_s_median"], r["ttft_s_min"], r["ttft_s_max"]),
             _ms(r["tpot_s_median"], r["tpot_s_min"], r["tpot_s_max"]),
             "-" if tps is None or tps != tps else f"{tps:,.1f}",
-            _mib(r["kv_device_peak_bytes_median"]), _mib(r["rss_peak_bytes_max"]),
+            _mib(r["kv_device_peak_bytes_median"]), _mib(r["rss_peak_bytes_median"]),
         )
     return t
 
@@ -89,9 +89,22 @@ def _failures(frame: Any) -> list[str]:
     seen: dict[tuple[str, str, str], int] = {}
     for r in frame.to_dict("records"):
         if r["status"] != "ok":
-            key = (r["mode"], r["status"], r["message"])
-            seen[key] = seen.get(key, 0) + r["trials"] - r["ok"]
+            key = (r["mode_label"], r["status"], r["message"])
+            seen[key] = seen.get(key, 0) + r["trials"] - r["n_ok"]
     return [f"{mode}: {status} ({n} trials): {msg}" for (mode, status, msg), n in seen.items()]
+
+
+def _run_summary(rundir: Any, sc: Any) -> Any:
+    """The per-point table of a run's trials (no bootstrap: the run summary shows medians and ranges)."""
+    from kvbench.analysis import point_table, trials_frame
+    from kvbench.results import read_trials
+
+    rows = read_trials(rundir.trials_path)
+    if not rows:
+        import pandas as pd
+
+        return pd.DataFrame(columns=["status"])
+    return point_table(trials_frame(rows, sc.name), n_boot=0)
 
 
 def _sweep(sc: Any, rundir: Any, runner: Any, total: int) -> Any:
@@ -125,7 +138,7 @@ def run(
 ) -> None:
     """Run a scenario's sweep and print its summary."""
     from kvbench.machine import environment
-    from kvbench.results import RunDir, RunDirError, read_trials, summary_frame
+    from kvbench.results import RunDir, RunDirError
     from kvbench.scenario import ScenarioError, check_scenario, load_scenario, parse_scenario
 
     warnings.showwarning = _show_warning
@@ -157,7 +170,7 @@ def run(
     from kvbench.runner import plan_trials, prepare
 
     if rundir is not None and {t.trial_id for t in plan_trials(sc)} <= {r["trial_id"] for r in rundir.finished_trials()}:
-        frame = summary_frame(read_trials(rundir.trials_path))
+        frame = _run_summary(rundir, sc)
         out.print(_summary_table(frame, f"{sc.name}: {sc.model.label}"))
         for line in _failures(frame):
             out.print(line, highlight=False)
@@ -215,7 +228,7 @@ def run(
             err.print(f"interrupted; continue with: kvbench run --resume {rundir.path}", highlight=False)
         raise typer.Exit(130) from None
     total = len(plan_trials(sc))
-    frame = summary_frame(read_trials(rundir.trials_path))
+    frame = _run_summary(rundir, sc)
     out.print(_summary_table(frame, f"{sc.name}: {sc.model.label} on {m.device}"))
     for line in _failures(frame):
         out.print(line, highlight=False)
@@ -240,6 +253,132 @@ def _print_warnings(file: Path, s) -> None:
 
 def _count(n: int, noun: str) -> str:
     return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
+def _table(frame: Any, title: str, caption: str = "") -> Table:
+    """A Rich table of a formatted DataFrame (first columns left-aligned, the rest right-aligned)."""
+    from rich.markup import escape
+
+    t = Table(title=escape(title), caption=escape(caption) if caption else None)
+    for i, col in enumerate(frame.columns):
+        t.add_column(escape(str(col)), justify="left" if i < 4 else "right", overflow="fold",
+                     no_wrap=col not in ("mode", "trials"), min_width={"mode": 12, "trials": 8}.get(col))
+    for row in frame.itertuples(index=False):
+        t.add_row(*(escape(str(v)) for v in row))
+    return t
+
+
+def _load(paths: list[Path]) -> Any:
+    from kvbench.analysis import ResultsError, load_results
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # problems are collected and shown once below
+            return load_results(paths)
+    except ResultsError as exc:
+        _fail(str(exc))
+
+
+def _problems(results: Any) -> None:
+    if results.problems:
+        err.print(f"[yellow]warning:[/] {_count(len(results.problems), 'problem')} while loading:", highlight=False)
+        for p in results.problems:
+            err.print(f"  {p}", highlight=False, markup=False)
+
+
+#: Points per scenario that `kvbench report` prints; summary.md and report.html have them all.
+REPORT_TERMINAL_ROWS = 60
+
+
+@app.command()
+def report(
+    paths: list[Path] = typer.Argument(..., help="Run directories, trials.jsonl files or folders of runs."),
+    out_dir: Optional[Path] = typer.Option(None, "--out", help="Where to write (default: <first path>/report)."),
+    timeline: list[str] = typer.Option([], "--timeline", help="A trial id whose memory timeline to draw "
+                                       "(repeatable; default: every mode at each scenario's largest point)."),
+) -> None:
+    """Tables, charts and a Markdown/HTML report of one or many runs: memory saved and time it cost per mode."""
+    from rich.markup import escape
+
+    from kvbench.report import chart_pool, terminal_frame, write_report
+
+    first = paths[0]
+    target = out_dir or ((first if first.is_dir() else first.parent) / "report")
+    with chart_pool() as pool:  # its workers get ready while the results load
+        results = _load(paths)
+        try:
+            rep = write_report(results, target, timelines=timeline or None, pool=pool)
+        except ValueError as exc:
+            _fail(str(exc))
+        except OSError as exc:
+            _fail(f"cannot write the report to {target}: {exc.strerror or exc}")
+    shown = terminal_frame(rep.shown, rep.table)
+    for g in rep.recommendations:
+        part = shown[rep.table["group"] == g]
+        out.print(_table(part.head(REPORT_TERMINAL_ROWS), g, "medians over measured trials (TPOT: median "
+                         "[min–max]); saving of device KV and TPOT overhead against `none` at the same point"))
+        if len(part) > REPORT_TERMINAL_ROWS:
+            out.print(f"... and {len(part) - REPORT_TERMINAL_ROWS} more points: see summary.md", highlight=False)
+        out.print(f"[bold]recommendation:[/] {escape(rep.recommendations[g])}", highlight=False)
+        for f in rep.findings[g]:
+            out.print(f"  - {escape(f)}", highlight=False)
+        for d in rep.diagnoses[g]:
+            out.print(f"  [yellow]![/] {escape(d)}", highlight=False)
+    _problems(results)
+    out.print(f"report: {rep.files['report.html']} (and report.md, summary.csv, {_count(len(rep.charts), 'chart')}) "
+              f"in {target}", highlight=False)
+
+
+@app.command()
+def compare(
+    run_a: Path = typer.Argument(..., help="The reference: a run directory, trials.jsonl or folder of runs."),
+    run_b: Path = typer.Argument(..., help="The candidate, compared with A."),
+    fail_on: list[str] = typer.Option([], "--fail-on", help="METRIC:PCT: exit 1 when B is worse than A by more "
+                                      "than PCT percent on METRIC at any matched point (repeatable)."),
+) -> None:
+    """Matched points of two runs side by side with the ratio B/A per metric; a CI gate with --fail-on."""
+    from kvbench.compare import COMPARE_METRICS, compare_points, parse_threshold, violations
+
+    try:
+        thresholds = [parse_threshold(x) for x in fail_on]
+    except ValueError as exc:
+        _fail(str(exc))
+    a, b = _load([run_a]), _load([run_b])
+    frame, only_a, only_b = compare_points(a, b)
+    if frame.empty:
+        _fail(f"no point measured in both {run_a} and {run_b} (scenario, prompt length, batch size and mode must "
+              "match)")
+    shown = ["ttft_s", "tpot_s", "throughput_tokens_per_s", "kv_device_peak_bytes", "rss_peak_bytes"]
+    t = Table(title=f"B / A  (A = {run_a}, B = {run_b})",
+              caption="ratio of medians; green: B better, red: B worse by more than 5%")
+    for col in ("scenario", "prompt", "batch", "mode", *shown):
+        t.add_column(col, justify="left" if col in ("scenario", "mode") else "right", overflow="fold")
+    for _, r in frame.iterrows():
+        cells = []
+        for m in shown:
+            ratio = r[f"{m}_ratio"]
+            if ratio != ratio:
+                cells.append("-")
+                continue
+            better = ratio > 1 if COMPARE_METRICS[m] else ratio < 1
+            worse = (ratio < 0.95) if COMPARE_METRICS[m] else (ratio > 1.05)
+            style = "red" if worse else "green" if better else ""
+            cells.append(f"[{style}]{ratio:.3f}[/]" if style else f"{ratio:.3f}")
+        t.add_row(r["group"], str(int(r["prompt_tokens"])), str(int(r["batch_size"])), r["mode_label"], *cells)
+    out.print(t)
+    for name, only in (("A", only_a), ("B", only_b)):
+        if only:
+            out.print(f"only in {name}: {', '.join(only)}", highlight=False)
+    _problems(a)
+    _problems(b)
+    bad = violations(frame, thresholds)
+    if bad:
+        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+        err.print(f"[red]fail:[/] {bad[0]}{more}", highlight=False)
+        raise typer.Exit(1)
+    if thresholds:
+        out.print(f"pass: no matched point worse than {', '.join(f'{t.metric} {t.pct:g}%' for t in thresholds)}",
+                  highlight=False)
 
 
 @app.command()

@@ -1,5 +1,5 @@
 """The run directory: ``run.json`` (environment and resolved scenario) and ``trials.jsonl`` (one line per trial,
-flushed as written), and loading trials into pandas.
+flushed as written).
 
 Layout: ``<root>/<scenario name>-<UTC time>/``.
 """
@@ -135,8 +135,12 @@ class RunDir:
         from kvbench.monitor import SAMPLE_COLUMNS
 
         new = not self.samples_path.exists() or self.samples_path.stat().st_size == 0
+        columns = list(SAMPLE_COLUMNS)
+        if not new:  # a resumed run keeps its file's columns (an older kvbench may have written fewer)
+            with self.samples_path.open(newline="") as f:
+                columns = next(csv.reader(f), columns)
         with self.samples_path.open("a", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=SAMPLE_COLUMNS, extrasaction="ignore")
+            w = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
             if new:
                 w.writeheader()
             w.writerows(samples)
@@ -177,33 +181,3 @@ def read_trials(path: str | Path) -> list[dict[str, Any]]:
             except ValueError:
                 warnings.warn(f"{path}:{i}: not a valid JSON line; skipped", stacklevel=2)
     return rows
-
-
-def summary_frame(rows: list[dict[str, Any]]):
-    """Per prompt length × batch × mode: trial counts (``ok``; ``measured`` = ok + over budget, which ran to the
-    end), the first non-ok status and message, whether every measured trial's ids matched ``none``
-    (``tokens_match``, None when not compared), and the median (min–max) over measured trials of TTFT, TPOT, decode
-    tokens/s, device KV peak and RSS peak. Returns a pandas DataFrame, one row per point, in sweep order."""
-    import pandas as pd
-
-    if not rows:
-        return pd.DataFrame()
-    df = pd.DataFrame(rows)
-    keys = ["prompt_tokens", "batch_size", "mode_label"]
-    out = []
-    for (n, b, mode), g in df.groupby(keys, sort=False):
-        ok = g[g["status"].isin(["ok", "over_budget"])]
-        rec: dict[str, Any] = {"prompt_tokens": n, "batch_size": b, "mode": mode, "trials": len(g),
-                               "ok": int((g["status"] == "ok").sum()), "measured": len(ok)}
-        bad = g[g["status"] != "ok"]
-        match = ok["tokens_match"].dropna().tolist() if "tokens_match" in ok else []
-        rec["tokens_match"] = all(match) if match else None
-        rec["status"] = "ok" if bad.empty else str(bad["status"].iloc[0])
-        rec["message"] = "" if bad.empty else str(bad["message"].iloc[0])
-        for col in ("ttft_s", "tpot_s", "decode_tokens_per_s", "kv_device_peak_bytes", "rss_peak_bytes"):
-            vals = pd.to_numeric(ok[col], errors="coerce").dropna() if col in ok else pd.Series(dtype=float)
-            rec[f"{col}_median"] = vals.median() if len(vals) else None
-            rec[f"{col}_min"] = vals.min() if len(vals) else None
-            rec[f"{col}_max"] = vals.max() if len(vals) else None
-        out.append(rec)
-    return pd.DataFrame(out)

@@ -97,7 +97,7 @@ def test_ok_trial_row_and_kv_bytes_equal_the_prediction(tiny_model):
     assert row["status"] == "ok", row["message"]
     # tiny-llama: 2 layers × 2 kv heads × head_dim 16 × 4 bytes × 2 (K, V) = 512 B/token; (16 + 3 - 1) tokens × 2
     assert row["kv_bytes_predicted"] == 512 * 18 * 2 == row["kv_device_peak_bytes"]
-    assert row["kv_host_peak_bytes"] == 0
+    assert row["kv_host_peak_bytes"] == 0 and row["kv_stored_peak_bytes"] == row["kv_bytes_predicted"]
     assert row["n_output_tokens"] == 3 and len(row["itl_s"]) == 2
     assert row["tpot_s"] == pytest.approx((row["e2e_s"] - row["ttft_s"]) / 2)
     assert len(row["output_ids_head"]) == 2 and len(row["output_ids_head"][0]) == 3
@@ -144,6 +144,8 @@ def test_offload_modes_keep_device_kv_within_the_budget(tiny_model, tmp_path):
     for row in rows[1:]:
         assert row["status"] == "ok", row["message"]
         assert row["kv_device_peak_bytes"] <= 14_000 and row["tokens_match"] is True
+        # every tier together, each token once: exactly the analytic prediction
+        assert row["kv_stored_peak_bytes"] == row["kv_bytes_predicted"] == 18432
     # hierarchical(4): 2 layers × 4 tokens × batch 2 × 256 B + one layer's K/V for 18 tokens × batch 2 in attention
     assert rows[2]["kv_device_peak_bytes"] == 2 * 4 * 2 * 256 + 18 * 2 * 256
     dynamic = rows[3]
@@ -219,13 +221,14 @@ def test_open_refuses_other_schema_versions(tmp_path):
 
 
 def test_summary_keeps_over_budget_measurements_and_counts_only_ok():
-    from kvbench.results import summary_frame
+    from kvbench.analysis import point_table, trials_frame
 
-    base = {"prompt_tokens": 8, "batch_size": 1, "mode_label": "none", "message": "", "tokens_match": True,
-            "tpot_s": 0.1, "ttft_s": 0.5, "decode_tokens_per_s": 10.0, "kv_device_peak_bytes": 100,
-            "rss_peak_bytes": 1000}
+    base = {"trial_id": "t", "mode": "none", "prompt_tokens": 8, "batch_size": 1, "mode_label": "none",
+            "message": "", "tokens_match": True, "tpot_s": 0.1, "ttft_s": 0.5, "decode_tokens_per_s": 10.0,
+            "kv_device_peak_bytes": 100, "rss_peak_bytes": 1000}
     rows = [{**base, "status": "over_budget", "message": "device KV peak 100 bytes > budget 50 bytes"},
             {**base, "status": "over_budget", "tpot_s": 0.3}, {**base, "status": "error", "tpot_s": None}]
-    r = summary_frame(rows).to_dict("records")[0]
-    assert (r["trials"], r["ok"], r["measured"], r["status"]) == (3, 0, 2, "over_budget")
+    r = point_table(trials_frame(rows, "x"), n_boot=0).to_dict("records")[0]
+    assert (r["trials"], r["n_ok"], r["measured"], r["status"]) == (3, 0, 2, "over_budget")
+    assert r["message"] == "device KV peak 100 bytes > budget 50 bytes"
     assert (r["tpot_s_median"], r["tpot_s_min"], r["tpot_s_max"]) == pytest.approx((0.2, 0.1, 0.3))

@@ -1,0 +1,344 @@
+"""Results into tables: loading runs into one pandas DataFrame, and the per-point table of ``kvbench report``
+(median, min–max and a bootstrap interval of each latency; the article's memory saving % and time overhead %
+against ``none`` at the same point).
+
+A *point* is (group, prompt length, batch size, mode label). The *group* is the scenario name; runs of one
+scenario name are pooled only when their scenario definition and machine are identical, otherwise each run is
+its own group (``name @ run directory``), so different scenarios or machines are never averaged together.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+import pandas as pd
+
+from kvbench.results import SCHEMA_VERSION
+
+#: Statuses of trials that ran to the end (an over-budget trial is measured, it just does not fit).
+MEASURED = ("ok", "over_budget")
+#: Latency/throughput columns summarised with median, min, max and a bootstrap interval.
+SPREAD_METRICS = ("ttft_s", "tpot_s", "e2e_s", "throughput_tokens_per_s")
+#: Memory/traffic columns summarised by their median.
+MEDIAN_METRICS = ("decode_tokens_per_s", "kv_device_peak_bytes", "kv_host_peak_bytes", "kv_disk_peak_bytes",
+                  "peak_device_allocated_bytes", "nvml_process_peak_bytes", "rss_peak_bytes", "kv_bytes_predicted",
+                  "bytes_moved_per_token", "h2d_bytes_per_s")
+POINT_KEYS = ["group", "prompt_tokens", "batch_size", "mode_label"]
+#: A trial whose KV accounting differs from the analytic prediction by more than this fraction is flagged.
+KV_CHECK_TOLERANCE = 0.25
+#: Bootstrap intervals need this many measured repeats.
+BOOTSTRAP_MIN_REPEATS = 5
+_REQUIRED = ("trial_id", "status", "prompt_tokens", "batch_size", "mode")
+
+
+class ResultsError(ValueError):
+    """Results that cannot be loaded: a missing path, nothing to load, an unknown schema version."""
+
+
+@dataclass
+class Results:
+    """Loaded trials.
+
+    Attributes:
+        trials: one row per trial: the ``trials.jsonl`` fields (units in the names: ``_s`` seconds, ``_bytes``
+            bytes, ``_per_s`` per second) plus ``run`` (run directory name), ``run_path``, ``group`` (see the
+            module docstring), ``kv_measured_bytes`` (the cache's peak of KV held over all tiers, each token once:
+            ``kv_stored_peak_bytes``) and
+            ``kv_check_error`` (``kv_measured_bytes / kv_bytes_predicted − 1``).
+        runs: per run: ``path``, ``name``, ``group``, ``status``, ``started_at``, ``environment``, ``scenario``,
+            ``weights_bytes`` (``{}``/None where run.json is missing).
+        problems: what was skipped or is unknown, each naming its file (and line).
+    """
+
+    trials: pd.DataFrame
+    runs: list[dict[str, Any]] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+
+def _trial_files(paths: list[str | Path]) -> list[Path]:
+    """``trials.jsonl`` files named by ``paths`` (run directories, trials files, or folders of runs)."""
+    found: list[Path] = []
+    for raw in paths:
+        p = Path(raw)
+        if not p.exists():
+            raise ResultsError(f"{p}: no such file or directory")
+        if p.is_file():
+            if p.suffix != ".jsonl":
+                raise ResultsError(f"{p}: not a trials.jsonl file or a run directory")
+            found.append(p)
+        elif (p / "trials.jsonl").is_file():
+            found.append(p / "trials.jsonl")
+        else:
+            inside = sorted(p.rglob("trials.jsonl"))
+            if not inside:
+                raise ResultsError(f"{p}: no kvbench runs here (no trials.jsonl in it or below it)")
+            found.extend(inside)
+    unique: dict[Path, Path] = {}
+    for f in found:
+        unique.setdefault(f.resolve(), f)
+    return list(unique.values())
+
+
+def _run_meta(trials_file: Path, problems: list[str]) -> dict[str, Any]:
+    rj = trials_file.parent / "run.json"
+    if not rj.is_file():
+        problems.append(f"{trials_file}: no run.json beside it: machine and scenario unknown")
+        return {}
+    try:
+        meta = json.loads(rj.read_text())
+    except ValueError as exc:
+        raise ResultsError(f"{rj}: not valid JSON ({exc})") from None
+    version = meta.get("schema_version") if isinstance(meta, dict) else None
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise ResultsError(f"{rj}: no schema_version; not a kvbench run.json")
+    if version > SCHEMA_VERSION:
+        raise ResultsError(f"{rj}: schema_version {version} is newer than this kvbench reads ({SCHEMA_VERSION}); "
+                           "upgrade kvbench")
+    if version != SCHEMA_VERSION:
+        raise ResultsError(f"{rj}: schema_version {version} is unknown; this kvbench reads {SCHEMA_VERSION}")
+    return meta
+
+
+def _read_rows(path: Path, problems: list[str]) -> list[dict[str, Any]]:
+    rows = []
+    with path.open("rb") as f:
+        for i, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = orjson.loads(line)
+            except ValueError:  # orjson.JSONDecodeError is a ValueError
+                problems.append(f"{path}:{i}: not a valid JSON line (a run killed mid-write?); skipped")
+                continue
+            if not isinstance(row, dict) or any(k not in row for k in _REQUIRED):
+                missing = [k for k in _REQUIRED if not isinstance(row, dict) or k not in row]
+                problems.append(f"{path}:{i}: not a trial row (missing {', '.join(missing)}); skipped")
+                continue
+            rows.append(row)
+    return rows
+
+
+def _machine(env: dict[str, Any]) -> tuple:
+    gpus = env.get("gpus") or []
+    return (env.get("cpu"), env.get("cpu_count"), env.get("memory_total_bytes"),
+            tuple(g.get("name") for g in gpus if isinstance(g, dict)))
+
+
+def load_results(paths: list[str | Path]) -> Results:
+    """Load any mix of run directories, ``trials.jsonl`` files and folders of runs into one :class:`Results`.
+
+    Raises:
+        ResultsError: a path that does not exist, a folder with no run in it, a run.json of an unknown or newer
+            schema version (naming the file), or no trial rows at all.
+    """
+    problems: list[str] = []
+    runs: list[dict[str, Any]] = []
+    frames: list[pd.DataFrame] = []
+    for tf in _trial_files(paths):
+        meta = _run_meta(tf, problems)
+        rows = _read_rows(tf, problems)
+        run = {"path": str(tf.parent), "name": tf.parent.name, "status": meta.get("status"),
+               "started_at": meta.get("started_at"), "environment": meta.get("environment") or {},
+               "scenario": meta.get("scenario") or {}, "weights_bytes": meta.get("weights_bytes"),
+               "n_trials": len(rows)}
+        runs.append(run)
+        if rows:
+            frame = pd.DataFrame(rows)
+            frame["run"] = run["name"]
+            frame["run_path"] = run["path"]
+            frames.append(frame)
+        else:
+            problems.append(f"{tf}: no trials")
+    if not frames:
+        raise ResultsError(f"no trials to report in {', '.join(str(p) for p in paths)}")
+    # group: pool runs of one scenario name only when their definition and machine are the same
+    by_name: dict[str, set] = {}
+    for r in runs:
+        name = r["scenario"].get("name") or r["name"]
+        key = (json.dumps(r["scenario"], sort_keys=True, default=str), _machine(r["environment"]))
+        by_name.setdefault(name, set()).add(key)
+    for r in runs:
+        name = r["scenario"].get("name") or r["name"]
+        r["group"] = name if len(by_name[name]) == 1 else f"{name} @ {r['name']}"
+    trials = pd.concat(frames, ignore_index=True, sort=False)
+    return Results(_prepare(trials, trials["run_path"].map({r["path"]: r["group"] for r in runs})), runs, problems)
+
+
+def trials_frame(rows: list[dict[str, Any]], group: str) -> pd.DataFrame:
+    """Trial rows of one scenario (e.g. a run being written) as the frame :func:`point_table` takes."""
+    return _prepare(pd.DataFrame(rows), group)
+
+
+def _prepare(trials: pd.DataFrame, group: Any) -> pd.DataFrame:
+    trials["group"] = group
+    if "mode_label" not in trials:
+        trials["mode_label"] = trials["mode"]
+    trials["mode_label"] = trials["mode_label"].fillna(trials["mode"])
+    if "message" not in trials:
+        trials["message"] = ""
+    _derive(trials)
+    return trials
+
+
+def _num(df: pd.DataFrame, col: str) -> pd.Series:
+    if col not in df:
+        return pd.Series(np.nan, index=df.index, dtype=float)
+    return pd.to_numeric(df[col], errors="coerce").astype(float)
+
+
+def _derive(df: pd.DataFrame) -> None:
+    """Columns computed per trial: bytes moved per generated token, the KV accounting check."""
+    moved = sum(_num(df, c).fillna(0) for c in ("h2d_bytes", "d2h_bytes", "disk_read_bytes", "disk_write_bytes"))
+    tokens = _num(df, "n_output_tokens") * _num(df, "batch_size")
+    has_traffic = _num(df, "h2d_bytes").notna() | (df["mode"] == "none")
+    df["bytes_moved_per_token"] = (moved / tokens).where(has_traffic & (tokens > 0))
+    # rows of older runs have no kv_stored_peak_bytes: only `none` (all KV on the device) can be checked there
+    stored = _num(df, "kv_stored_peak_bytes").fillna(_num(df, "kv_device_peak_bytes").where(df["mode"] == "none"))
+    measured = df["status"].isin(MEASURED) & _num(df, "kv_device_peak_bytes").notna()
+    df["kv_measured_bytes"] = stored.where(measured)
+    df["kv_check_error"] = df["kv_measured_bytes"] / _num(df, "kv_bytes_predicted") - 1
+
+
+def median_ci(sorted_values: np.ndarray, positions: np.ndarray, level: float = 0.95) -> tuple[np.ndarray, np.ndarray]:
+    """Percentile-bootstrap interval of the median for many samples of the same size at once.
+
+    Args:
+        sorted_values: ``[points, n]``, each row sorted ascending.
+        positions: ``[n_boot, n]`` resampled positions (integers in [0, n)), shared by every row.
+        level: coverage (0.95: the 2.5th and 97.5th percentiles of the resampled medians).
+
+    Returns:
+        (low, high), each ``[points]``: exactly ``np.quantile(medians, [α, 1 − α], axis=1)`` (linear
+        interpolation) of the resampled medians ``np.median(sorted_values[:, positions], axis=2)``, computed
+        without sorting any resample: as each row is non-decreasing, a resample's sorted values are the row at its
+        sorted positions, so its median is the row at the middle sorted position(s); for odd n the medians of a
+        row are then already ordered by that middle position, and no partition is needed either.
+    """
+    idx = np.sort(positions, axis=1)
+    n_boot, n = idx.shape
+    alpha = (1 - level) / 2
+    if n % 2:
+        mid = np.sort(idx[:, n // 2])  # the resamples ordered by their median's position = by their median
+        out = []
+        for q in (alpha, 1 - alpha):
+            h = q * (n_boot - 1)
+            i = int(np.floor(h))
+            j = min(i + 1, n_boot - 1)
+            below, above = sorted_values[:, mid[i]], sorted_values[:, mid[j]]
+            out.append(below + (h - i) * (above - below))
+        return out[0], out[1]
+    medians = (sorted_values[:, idx[:, n // 2 - 1]] + sorted_values[:, idx[:, n // 2]]) / 2  # [points, n_boot]
+    lo, hi = np.quantile(medians, [alpha, 1 - alpha], axis=1)
+    return lo, hi
+
+
+def _bootstrap_groups(measured: pd.DataFrame, col: str, n_boot: int, seed: int) -> pd.DataFrame:
+    """95% percentile-bootstrap intervals of the median of ``col`` (Efron & Tibshirani, *An Introduction to the
+    Bootstrap*, 1993, ch. 13) for every point with at least :data:`BOOTSTRAP_MIN_REPEATS` values; ``n_boot``
+    resamples, deterministic for a ``seed``, vectorised over points with the same number of values (they share
+    one resampling of positions). ``n_boot=0``: no intervals."""
+    if n_boot <= 0:
+        return pd.DataFrame(columns=POINT_KEYS + [f"{col}_ci_low", f"{col}_ci_high"])
+    vals = measured[POINT_KEYS + [col]].dropna(subset=[col])
+    sizes = vals.groupby(POINT_KEYS, sort=False)[col].transform("size")
+    vals = vals[sizes >= BOOTSTRAP_MIN_REPEATS]
+    out = []
+    rng = np.random.default_rng(seed)
+    for n, part in vals.groupby(sizes[sizes >= BOOTSTRAP_MIN_REPEATS], sort=False):
+        # every point here has n values: order the rows by point and reshape to (points, n)
+        order = np.argsort(part.groupby(POINT_KEYS, sort=False).ngroup().to_numpy(), kind="stable")
+        keys = list(part[POINT_KEYS].iloc[order[::n]].itertuples(index=False, name=None))
+        matrix = np.sort(part[col].to_numpy(dtype=float)[order].reshape(-1, n), axis=1)  # each row sorted
+        positions = rng.integers(0, n, size=(n_boot, n))
+        for start in range(0, len(matrix), 1024):
+            lo, hi = median_ci(matrix[start:start + 1024], positions)
+            out.extend((*k, a, b) for k, a, b in zip(keys[start:start + 1024], lo, hi))
+    return pd.DataFrame(out, columns=POINT_KEYS + [f"{col}_ci_low", f"{col}_ci_high"])
+
+
+def point_table(trials: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
+    """One row per point (group × prompt length × batch size × mode), in the order points first appear.
+
+    Columns: the keys; ``mode`` (kind); ``trials``, ``measured`` (ok + over budget) and one count per status
+    (``n_ok``, ``n_over_budget``, ``n_skipped``, ``n_error``, ``n_oom``); ``status`` (``ok``, or the first other
+    status) and its ``message``; ``tokens_match`` (False if any measured trial's ids differed from ``none``,
+    None when never compared) and ``first_divergence_step``; for each of :data:`SPREAD_METRICS` its
+    ``_median``/``_min``/``_max`` over measured trials and ``_ci_low``/``_ci_high`` (95% bootstrap interval of
+    the median, with ≥ 5 measured repeats); the medians of :data:`MEDIAN_METRICS`; ``kv_check_flagged`` (trials
+    whose KV accounting is off the prediction by more than 25%) and ``kv_check_worst`` (that relative error);
+    ``budget_bytes``; and against ``none`` at the same group, prompt length and batch size:
+    ``memory_saving_pct`` = 100 × (1 − device KV peak / none's), ``measured_saving_pct`` (the same with the
+    allocator's peak, CUDA only), ``time_overhead_pct`` = 100 × (TPOT / none's − 1), ``throughput_ratio`` =
+    tokens/s ÷ none's — NaN where ``none`` has no measured trial there.
+    """
+    df = trials
+    keys = POINT_KEYS
+    g_all = df.groupby(keys, sort=False)
+    table = g_all.size().rename("trials").reset_index()
+    first = g_all[["mode"]].first().reset_index()
+    table = table.merge(first, on=keys, how="left")
+    counts = df.groupby(keys + ["status"], sort=False).size().unstack("status", fill_value=0)
+    for s in ("ok", "over_budget", "skipped", "error", "oom"):
+        if s not in counts:
+            counts[s] = 0
+    counts.columns = [f"n_{c}" for c in counts.columns]
+    table = table.merge(counts.reset_index(), on=keys, how="left")
+    table["measured"] = table["n_ok"] + table["n_over_budget"]
+    bad = df[df["status"] != "ok"].groupby(keys, sort=False)[["status", "message"]].first().reset_index()
+    table = table.merge(bad, on=keys, how="left")
+    table["status"] = table["status"].fillna("ok")
+    table["message"] = table["message"].fillna("")
+
+    measured = df[df["status"].isin(MEASURED)].copy()
+    tm = measured["tokens_match"].map({True: 1.0, False: 0.0}) if "tokens_match" in measured else None
+    if tm is not None:
+        match = tm.groupby([measured[k] for k in keys], sort=False).min().rename("tokens_match").reset_index()
+        table = table.merge(match, on=keys, how="left")
+        table["tokens_match"] = table["tokens_match"].map({1.0: True, 0.0: False}).astype(object)
+        table.loc[table["tokens_match"].isna(), "tokens_match"] = None
+    else:
+        table["tokens_match"] = None
+    div = _num(measured, "first_divergence_step")
+    table = table.merge(div.groupby([measured[k] for k in keys], sort=False).min()
+                        .rename("first_divergence_step").reset_index(), on=keys, how="left")
+
+    for col in SPREAD_METRICS + MEDIAN_METRICS:
+        measured[col] = _num(measured, col)
+    gm = measured.groupby(keys, sort=False)
+    stats = gm[list(SPREAD_METRICS)].agg(["median", "min", "max"])
+    stats.columns = [f"{a}_{b}" for a, b in stats.columns]
+    medians = gm[list(MEDIAN_METRICS)].median()
+    medians.columns = [f"{c}_median" for c in medians.columns]
+    table = table.merge(stats.reset_index(), on=keys, how="left").merge(medians.reset_index(), on=keys, how="left")
+    for col in SPREAD_METRICS:
+        table = table.merge(_bootstrap_groups(measured, col, n_boot, seed), on=keys, how="left")
+
+    err = measured["kv_check_error"].abs()
+    flagged = (err > KV_CHECK_TOLERANCE).groupby([measured[k] for k in keys], sort=False).sum()
+    worst = measured["kv_check_error"].where(err == err.groupby([measured[k] for k in keys]).transform("max"))
+    table = table.merge(flagged.rename("kv_check_flagged").reset_index(), on=keys, how="left")
+    table = table.merge(worst.groupby([measured[k] for k in keys], sort=False).first()
+                        .rename("kv_check_worst").reset_index(), on=keys, how="left")
+    table["kv_check_flagged"] = table["kv_check_flagged"].fillna(0).astype(int)
+    budget = _num(df, "budget_bytes").groupby([df[k] for k in keys], sort=False).max()
+    table = table.merge(budget.rename("budget_bytes").reset_index(), on=keys, how="left")
+
+    ref_cols = {"kv_device_peak_bytes_median": "ref_kv", "peak_device_allocated_bytes_median": "ref_alloc",
+                "tpot_s_median": "ref_tpot", "throughput_tokens_per_s_median": "ref_tput"}
+    ref = table[table["mode"] == "none"].drop_duplicates(keys[:3])[keys[:3] + list(ref_cols)].rename(columns=ref_cols)
+    table = table.merge(ref, on=keys[:3], how="left")
+    table["memory_saving_pct"] = 100 * (1 - table["kv_device_peak_bytes_median"] / table["ref_kv"])
+    table["measured_saving_pct"] = 100 * (1 - table["peak_device_allocated_bytes_median"] / table["ref_alloc"])
+    table["time_overhead_pct"] = 100 * (table["tpot_s_median"] / table["ref_tpot"] - 1)
+    table["throughput_ratio"] = table["throughput_tokens_per_s_median"] / table["ref_tput"]
+    table = table.drop(columns=list(ref_cols.values()))
+    return table.replace([np.inf, -np.inf], np.nan)
+
+
+__all__ = ["BOOTSTRAP_MIN_REPEATS", "KV_CHECK_TOLERANCE", "MEASURED", "MEDIAN_METRICS", "POINT_KEYS", "Results",
+           "ResultsError", "SPREAD_METRICS", "load_results", "median_ci", "point_table", "trials_frame"]

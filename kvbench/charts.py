@@ -1,0 +1,224 @@
+"""The charts of ``kvbench report`` (matplotlib, Agg backend, PNG; every figure is closed after saving).
+
+Every chart takes the per-point table of :func:`kvbench.analysis.point_table` (or samples) and a colour map from
+:func:`mode_colours`, so a mode has the same colour in every chart of a report. matplotlib is imported on first
+use (:func:`warm_up`), so that a report's chart workers can import it while the results are being loaded.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+MIB = 2**20
+#: matplotlib's "tab10" colours, in order; modes beyond ten reuse them.
+TAB10 = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
+         "#17becf"]
+#: Fixed margins (fractions of the figure) per layout: a layout engine (tight or constrained) measures every text
+#: before drawing and makes a chart 2–3× slower to save; these margins fit the labels the charts use.
+TWO_PANELS = {"left": 0.07, "right": 0.985, "bottom": 0.12, "top": 0.85, "wspace": 0.22}
+ONE_PANEL = {"left": 0.12, "right": 0.97, "bottom": 0.13, "top": 0.9}
+TWIN_AXES = {"left": 0.1, "right": 0.86, "bottom": 0.13, "top": 0.9}
+_LINESTYLES = ["-", "--", ":", "-."]
+
+
+def _pyplot() -> Any:
+    """matplotlib.pyplot on the Agg backend (no display needed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def warm_up() -> None:
+    """Import matplotlib and draw one tiny figure (fonts loaded), so that the first real chart is not slower."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(1, 1))
+    ax.set_title("x")
+    try:
+        fig.savefig(io.BytesIO(), format="png")
+    finally:
+        plt.close(fig)
+
+
+def mode_colours(labels: list[str]) -> dict[str, str]:
+    """A fixed colour per mode label (``none`` first, then in order of appearance), from :data:`TAB10`."""
+    ordered = sorted(dict.fromkeys(labels), key=lambda m: (m != "none", labels.index(m)))
+    return {m: TAB10[i % len(TAB10)] for i, m in enumerate(ordered)}
+
+
+def slug(text: str) -> str:
+    """A file-name-safe form of a group or trial name."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_") or "x"
+
+
+def _log_axis(ax: Any, which: str, base: float = 10, ticks: Any = None) -> None:
+    """A log scale on ``ax``'s ``which`` axis ("x"/"y") labelled with plain numbers (256, 1024; 0.1, 10) instead
+    of mathtext powers, which are slow to lay out and harder to read; ticks at ``ticks`` (e.g. the prompt lengths
+    measured) when there are at most 12 of them, else at 1, 2 and 5 × powers of ``base``."""
+    from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter
+
+    (ax.set_xscale if which == "x" else ax.set_yscale)("log", base=base)
+    axis = ax.xaxis if which == "x" else ax.yaxis
+    values = sorted(set(ticks)) if ticks is not None else []
+    if 0 < len(values) <= 12:
+        axis.set_major_locator(FixedLocator(values))
+    else:
+        axis.set_major_locator(LogLocator(base=base, subs=(1.0, 2.0, 5.0)))
+    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    axis.set_minor_formatter(NullFormatter())
+
+
+def _save(fig: Any, path: Path) -> Path:
+    try:
+        fig.savefig(path, dpi=110)
+    finally:
+        _pyplot().close(fig)
+    return path
+
+
+def _per_mode_lines(ax: Any, table: pd.DataFrame, x: str, y: str, colours: dict[str, Any],
+                    by_batch: bool = True) -> None:
+    batches = sorted(table["batch_size"].unique())
+    for mode, part in table.groupby("mode_label", sort=False):
+        for j, b in enumerate(batches if by_batch else [None]):
+            rows = part if b is None else part[part["batch_size"] == b]
+            rows = rows.dropna(subset=[y]).sort_values(x)
+            if rows.empty:
+                continue
+            label = mode if b is None or len(batches) == 1 else f"{mode}, batch {b}"
+            ax.plot(rows[x], rows[y], marker="o", color=colours[mode], linestyle=_LINESTYLES[j % 4], label=label)
+
+
+def saving_and_overhead(table: pd.DataFrame, group: str, colours: dict[str, Any], path: Path) -> Path | None:
+    """The article's two panels for one group: memory saving % (device KV peak vs ``none``) and time overhead %
+    (TPOT vs ``none``) against prompt length, one line per mode and batch size. None when nothing to plot."""
+    t = table[(table["group"] == group) & (table["mode"] != "none")]
+    if t[["memory_saving_pct", "time_overhead_pct"]].notna().to_numpy().sum() == 0:
+        return None
+    plt = _pyplot()
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.2), gridspec_kw=TWO_PANELS)
+    _per_mode_lines(a, t, "prompt_tokens", "memory_saving_pct", colours)
+    _per_mode_lines(b, t, "prompt_tokens", "time_overhead_pct", colours)
+    a.set(title="Device KV memory saved vs none", xlabel="prompt length (tokens)", ylabel="memory saving (%)")
+    b.set(title="TPOT overhead vs none", xlabel="prompt length (tokens)", ylabel="time overhead (%)")
+    b.axhline(0, color="grey", linewidth=0.8)
+    for ax in (a, b):
+        _log_axis(ax, "x", 2, t["prompt_tokens"])
+        ax.grid(alpha=0.3)
+    a.legend(fontsize=7)
+    fig.suptitle(group)
+    return _save(fig, path)
+
+
+def throughput_vs_batch(table: pd.DataFrame, group: str, colours: dict[str, Any], path: Path) -> Path | None:
+    """Throughput (tokens/s) and device KV peak (MiB) against batch size at the group's longest prompt, one line
+    per mode, with the budget line where one was set; over-budget points are marked ×."""
+    t = table[table["group"] == group]
+    if t.empty or t["throughput_tokens_per_s_median"].notna().sum() == 0:
+        return None
+    longest = t.loc[t["throughput_tokens_per_s_median"].notna(), "prompt_tokens"].max()
+    t = t[t["prompt_tokens"] == longest]
+    plt = _pyplot()
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.2), gridspec_kw=TWO_PANELS)
+    for mode, part in t.groupby("mode_label", sort=False):
+        part = part.dropna(subset=["throughput_tokens_per_s_median"]).sort_values("batch_size")
+        if part.empty:
+            continue
+        a.plot(part["batch_size"], part["throughput_tokens_per_s_median"], marker="o", color=colours[mode], label=mode)
+        b.plot(part["batch_size"], part["kv_device_peak_bytes_median"] / MIB, marker="o", color=colours[mode],
+               label=mode)
+        over = part[part["n_over_budget"] > 0]
+        b.scatter(over["batch_size"], over["kv_device_peak_bytes_median"] / MIB, marker="x", s=80, color="red",
+                  zorder=3)
+    budget = t["budget_bytes"].dropna()
+    if len(budget):
+        b.axhline(budget.iloc[0] / MIB, color="red", linestyle="--", linewidth=1,
+                  label=f"budget {budget.iloc[0] / MIB:,.0f} MiB")
+    a.set(title=f"Throughput at {longest} prompt tokens", xlabel="batch size (sequences)",
+          ylabel="throughput (generated tokens/s)")
+    b.set(title=f"Device KV peak at {longest} prompt tokens", xlabel="batch size (sequences)",
+          ylabel="device KV peak (MiB)")
+    for ax in (a, b):
+        ax.set_xticks(sorted(t["batch_size"].unique()))
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(group)
+    return _save(fig, path)
+
+
+def bytes_per_token(table: pd.DataFrame, group: str, colours: dict[str, Any], path: Path) -> Path | None:
+    """Bytes moved (H2D + D2H + disk reads and writes) per generated token against prompt length, per mode
+    and batch size (log scale)."""
+    t = table[(table["group"] == group) & (table["bytes_moved_per_token_median"] > 0)]
+    if t.empty:
+        return None
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6.5, 4.2), gridspec_kw=ONE_PANEL)
+    t = t.assign(moved_mib=t["bytes_moved_per_token_median"] / MIB)
+    _per_mode_lines(ax, t, "prompt_tokens", "moved_mib", colours)
+    ax.set(title=f"{group}: bytes moved per generated token", xlabel="prompt length (tokens)",
+           ylabel="moved per token (MiB)")
+    _log_axis(ax, "x", 2, t["prompt_tokens"])
+    _log_axis(ax, "y")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
+def memory_timelines(trials: list[tuple[str, pd.DataFrame, Any]], title: str, path: Path) -> Path | None:
+    """Memory over time of several trials from ``samples.csv``, one panel each (same KV scale, so modes compare at
+    a glance): the cache's KV on the device, in host memory and on disk (MiB), and on a second axis the process's
+    GPU memory and RSS where sampled; the prefill→decode switch is a vertical line.
+
+    Args:
+        trials: (trial id, its samples, the mode's colour) per panel.
+        title: the figure's title.
+        path: the PNG to write.
+
+    Returns:
+        ``path``, or None when no trial has samples.
+    """
+    trials = [(tid, s.sort_values("t_s"), c) for tid, s, c in trials if not s.empty]
+    if not trials:
+        return None
+    height = 1.2 + 2.1 * len(trials)  # inches: fixed margins in inches, whatever the number of panels
+    plt = _pyplot()
+    fig, axes = plt.subplots(len(trials), 1, figsize=(8, height), sharey=True, squeeze=False,
+                             gridspec_kw={"left": 0.09, "right": 0.87, "top": 1 - 0.75 / height,
+                                          "bottom": 0.45 / height, "hspace": 0.75 * len(trials) / height})
+    series = [("kv_device_bytes", "KV on device", "-"), ("kv_host_bytes", "KV in host memory", "--"),
+              ("kv_disk_bytes", "KV on disk", ":")]
+    for ax, (tid, s, colour) in zip(axes[:, 0], trials):
+        for col, label, style in series:
+            if col in s and s[col].notna().any():
+                ax.plot(s["t_s"], s[col] / MIB, linestyle=style, color=colour, label=label)
+        ax.set_title(tid, fontsize=9)
+        ax.set_ylabel("KV (MiB)")
+        right = ax.twinx()
+        for col, label, c in (("gpu_process_bytes", "GPU memory of this process", "black"),
+                              ("rss_bytes", "process RSS", "grey")):
+            if col in s and s[col].notna().any():
+                right.plot(s["t_s"], s[col] / MIB, color=c, linewidth=0.8, alpha=0.7, label=label)
+        right.set_ylabel("process (MiB)")
+        right.yaxis.set_major_formatter(lambda v, _: f"{v:,.1f}")  # plain numbers, no offset notation
+        decode = s[s["phase"] == "decode"]
+        if len(decode):
+            ax.axvline(decode["t_s"].iloc[0], color="grey", linestyle="-.", linewidth=0.8, label="decode starts")
+        ax.grid(alpha=0.3)
+        if ax is axes[0, 0]:
+            lines, more = ax.get_legend_handles_labels(), right.get_legend_handles_labels()
+            ax.legend(lines[0] + more[0], lines[1] + more[1], fontsize=7, loc="lower right", ncols=2)
+    axes[-1, 0].set_xlabel("time since trial start (s)")
+    fig.suptitle(title)
+    return _save(fig, path)
+
+
+__all__ = ["TAB10", "bytes_per_token", "memory_timelines", "mode_colours", "saving_and_overhead", "slug",
+           "throughput_vs_batch", "warm_up"]

@@ -1,0 +1,101 @@
+"""``kvbench compare RUN_A RUN_B``: matched points side by side, the ratio B/A per metric, and thresholds that
+fail (for CI gates)."""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+import pandas as pd
+
+from kvbench.analysis import POINT_KEYS, Results, point_table
+
+#: Metrics compare knows (their per-point medians), and whether higher is better.
+COMPARE_METRICS: dict[str, bool] = {
+    "ttft_s": False, "tpot_s": False, "e2e_s": False,
+    "throughput_tokens_per_s": True, "decode_tokens_per_s": True,
+    "kv_device_peak_bytes": False, "peak_device_allocated_bytes": False, "rss_peak_bytes": False,
+    "bytes_moved_per_token": False,
+}
+
+
+@dataclass(frozen=True)
+class Threshold:
+    """``--fail-on METRIC:PCT``: fail when B is worse than A by more than ``pct`` percent on ``metric``."""
+
+    metric: str
+    pct: float
+
+
+def parse_threshold(spec: str) -> Threshold:
+    """Parse ``METRIC:PCT`` (e.g. ``tpot_s:10``, ``throughput_tokens_per_s:5%``).
+
+    Raises:
+        ValueError: not of that form, an unknown metric (the message lists the known ones), or a negative PCT.
+    """
+    m = re.fullmatch(r"\s*([A-Za-z0-9_]+)\s*:\s*([0-9]*\.?[0-9]+)\s*%?\s*", spec)
+    if not m:
+        raise ValueError(f"--fail-on {spec!r}: expected METRIC:PCT, e.g. tpot_s:10")
+    metric, pct = m.group(1), float(m.group(2))
+    if metric not in COMPARE_METRICS:
+        raise ValueError(f"--fail-on {spec!r}: unknown metric {metric!r}; known: {', '.join(COMPARE_METRICS)}")
+    return Threshold(metric, pct)
+
+
+def compare_points(a: Results, b: Results) -> tuple[pd.DataFrame, list[str], list[str]]:
+    """Points measured in both A and B (matched on scenario, prompt length, batch size and mode label).
+
+    Returns:
+        (frame, only_in_a, only_in_b): frame has the keys and, per metric of :data:`COMPARE_METRICS`,
+        ``<metric>_a``, ``<metric>_b`` (medians over measured trials) and ``<metric>_ratio`` = B / A (NaN where
+        either side is missing or A is 0); the other two list the points (``scenario p<N> b<B> mode``) that only
+        one side measured.
+    """
+    cols = [f"{m}_median" for m in COMPARE_METRICS]
+    ta = point_table(a.trials, n_boot=0)
+    tb = point_table(b.trials, n_boot=0)
+    ta, tb = ta[ta["measured"] > 0], tb[tb["measured"] > 0]
+    merged = ta[POINT_KEYS + cols].merge(tb[POINT_KEYS + cols], on=POINT_KEYS, how="outer", suffixes=("_a", "_b"),
+                                         indicator=True)
+
+    def names(part: pd.DataFrame) -> list[str]:
+        return [point_name(r) for _, r in part.iterrows()]
+
+    only_a = names(merged[merged["_merge"] == "left_only"])
+    only_b = names(merged[merged["_merge"] == "right_only"])
+    frame = merged[merged["_merge"] == "both"].drop(columns="_merge").reset_index(drop=True)
+    frame = frame.rename(columns={f"{m}_median_{s}": f"{m}_{s}" for m in COMPARE_METRICS for s in "ab"})
+    for m in COMPARE_METRICS:
+        frame[f"{m}_ratio"] = frame[f"{m}_b"] / frame[f"{m}_a"].where(frame[f"{m}_a"] != 0)
+    return frame, only_a, only_b
+
+
+def point_name(r: pd.Series) -> str:
+    """``scenario p<prompt> b<batch> mode``."""
+    return f"{r['group']} p{int(r['prompt_tokens'])} b{int(r['batch_size'])} {r['mode_label']}"
+
+
+def worse_pct(metric: str, ratio: float) -> float:
+    """How much worse B is than A in percent (negative: better), given the ratio B/A."""
+    return (ratio - 1) * 100 if not COMPARE_METRICS[metric] else (1 - ratio) * 100
+
+
+def violations(frame: pd.DataFrame, thresholds: list[Threshold]) -> list[str]:
+    """One line per (threshold, point) where B is worse than A by more than the threshold, worst first, e.g.
+    ``tpot_s worse by 23.4% (limit 10%) at golden p96 b2 full: 0.0801 → 0.0989``."""
+    found: list[tuple[float, str]] = []
+    for th in thresholds:
+        for _, r in frame.iterrows():
+            ratio = r[f"{th.metric}_ratio"]
+            if ratio is None or math.isnan(ratio):
+                continue
+            worse = worse_pct(th.metric, ratio)
+            if worse > th.pct:
+                found.append((worse, f"{th.metric} worse by {worse:.1f}% (limit {th.pct:g}%) at {point_name(r)}: "
+                                     f"{r[f'{th.metric}_a']:.4g} → {r[f'{th.metric}_b']:.4g}"))
+    return [line for _, line in sorted(found, key=lambda x: -x[0])]
+
+
+__all__ = ["COMPARE_METRICS", "Threshold", "compare_points", "parse_threshold", "point_name", "violations",
+           "worse_pct"]

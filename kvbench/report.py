@@ -1,0 +1,517 @@
+"""``kvbench report``: the per-point table, findings, a recommendation per scenario and diagnoses, computed from
+measurements, written as ``summary.csv``, ``summary.md``, PNG charts, ``report.md`` and a self-contained
+``report.html`` (images embedded as data URIs, no scripts, no network)."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import html
+import math
+import multiprocessing as mp
+import os
+from concurrent.futures import Future, ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from kvbench import charts
+from kvbench.analysis import KV_CHECK_TOLERANCE, Results, point_table
+
+MIB, GIB = 2**20, 2**30
+#: KV smaller than this fraction of the weights makes offload's savings invisible in device memory.
+KV_SMALL_FRACTION = 0.10
+#: At most this many chart worker processes.
+CHART_WORKERS = 4
+#: Panels per memory-timeline figure.
+TIMELINE_PANELS = 8
+#: A decode step moving more than this fraction of the measured link bandwidth is link-bound.
+LINK_BOUND_FRACTION = 0.8
+
+
+# --------------------------------------------------------------------------- formatting
+
+
+def _missing(v: Any) -> bool:
+    return v is None or (isinstance(v, float) and math.isnan(v))
+
+
+def size_unit(values: pd.Series) -> tuple[str, int]:
+    """("GiB", 2**30) when the largest value is at least 10 GiB, else ("MiB", 2**20)."""
+    top = pd.to_numeric(values, errors="coerce").max()
+    return ("GiB", GIB) if not _missing(top) and top >= 10 * GIB else ("MiB", MIB)
+
+
+def _size(v: Any, unit: int) -> str:
+    return "-" if _missing(v) else f"{v / unit:,.1f}"
+
+
+def _ms(v: Any) -> str:
+    if _missing(v):
+        return "-"
+    ms = v * 1e3
+    return f"{ms:,.0f}" if ms >= 100 else f"{ms:.1f}"
+
+
+def _spread(row: Any, col: str) -> str:
+    """``median [min–max]`` in milliseconds."""
+    med = row[f"{col}_median"]
+    if _missing(med):
+        return "-"
+    lo, hi = row[f"{col}_min"], row[f"{col}_max"]
+    return _ms(med) if lo == hi else f"{_ms(med)} [{_ms(lo)}–{_ms(hi)}]"
+
+
+def _ci(row: Any, col: str) -> str:
+    lo, hi = row[f"{col}_ci_low"], row[f"{col}_ci_high"]
+    return "-" if _missing(lo) else f"{_ms(lo)}–{_ms(hi)}"
+
+
+def _pct(v: Any, signed: bool = False) -> str:
+    return "n/a" if _missing(v) else (f"{v:+.1f}" if signed else f"{v:.1f}")
+
+
+_STATUSES = ("ok", "over_budget", "skipped", "error", "oom")
+
+
+def _status(row: Any) -> str:
+    """Trial counts per status, e.g. ``3 ok, 2 error`` (statuses kvbench does not know: ``other``)."""
+    counts = [(s, int(row.get(f"n_{s}", 0))) for s in _STATUSES]
+    parts = [f"{n} {s.replace('_', ' ')}" for s, n in counts if n]
+    other = int(row["trials"]) - sum(n for _, n in counts)
+    if other:
+        parts.append(f"{other} other")
+    return ", ".join(parts)
+
+
+def _match(v: Any) -> str:
+    return "-" if _missing(v) else ("yes" if v else "NO")
+
+
+def display_frame(table: pd.DataFrame) -> pd.DataFrame:
+    """The per-point table formatted for people: units in the headers, sizes in MiB (GiB for columns reaching
+    10 GiB), times in ms as ``median [min–max]``, percentages against ``none`` (n/a without a baseline)."""
+    kv_name, kv_unit = size_unit(table["kv_device_peak_bytes_median"])
+    dev_name, dev_unit = size_unit(table["peak_device_allocated_bytes_median"])
+    rows = []
+    for r in table.to_dict("records"):  # plain dicts: far faster than iterrows on thousands of points
+        rec = {"scenario": r["group"], "prompt (tokens)": int(r["prompt_tokens"]), "batch": int(r["batch_size"]),
+               "mode": r["mode_label"], "trials": _status(r),
+               "TTFT (ms)": _spread(r, "ttft_s"), "TPOT (ms)": _spread(r, "tpot_s"),
+               "TPOT 95% CI (ms)": _ci(r, "tpot_s"), "e2e (ms)": _spread(r, "e2e_s"),
+               "tokens/s": "-" if _missing(r["throughput_tokens_per_s_median"])
+               else f"{r['throughput_tokens_per_s_median']:,.1f}",
+               f"KV device peak ({kv_name})": _size(r["kv_device_peak_bytes_median"], kv_unit),
+               f"device peak ({dev_name})": _size(r["peak_device_allocated_bytes_median"], dev_unit),
+               "memory saving (%)": _pct(r["memory_saving_pct"]),
+               "time overhead (%)": _pct(r["time_overhead_pct"], signed=True),
+               "throughput (× none)": "n/a" if _missing(r["throughput_ratio"]) else f"{r['throughput_ratio']:.2f}",
+               **({"memory saving (%)": "ref", "time overhead (%)": "ref", "throughput (× none)": "ref"}
+                  if r["mode"] == "none" and not _missing(r["tpot_s_median"]) else {}),
+               "ids match none": _match(r["tokens_match"])}
+        rows.append(rec)
+    return pd.DataFrame(rows)
+
+
+def terminal_frame(shown: pd.DataFrame, table: pd.DataFrame) -> pd.DataFrame:
+    """The columns of :func:`display_frame`'s output that fit a terminal: TTFT median only; no scenario (one
+    table per scenario), e2e, interval, allocator peak or throughput ratio; shorter headers."""
+    frame = shown.drop(columns=["scenario", "e2e (ms)", "TPOT 95% CI (ms)", "throughput (× none)",
+                                *[c for c in shown.columns if c.startswith("device peak")]])
+    frame["TTFT (ms)"] = [_ms(v) for v in table["ttft_s_median"]]
+    kv = next(c for c in frame.columns if c.startswith("KV device peak"))
+    return frame.rename(columns={"prompt (tokens)": "prompt", "TTFT (ms)": "TTFT ms", "TPOT (ms)": "TPOT ms",
+                                 "tokens/s": "tok/s", kv: kv.replace("KV device peak (", "KV dev ").rstrip(")"),
+                                 "memory saving (%)": "saved %", "time overhead (%)": "overhead %",
+                                 "ids match none": "= none"})
+
+
+# --------------------------------------------------------------------------- findings
+
+
+def _pt(r: Any) -> str:
+    return f"{int(r['prompt_tokens'])} tokens × batch {int(r['batch_size'])}"
+
+
+def findings(table: pd.DataFrame, group: str) -> list[str]:
+    """Plain-language findings at the group's longest prompt (every batch size): what each mode saved of device
+    KV memory and what it cost in TPOT, against ``none`` there."""
+    t = table[table["group"] == group]
+    if not (t["mode"] == "none").any() or t["memory_saving_pct"].notna().sum() == 0:
+        return [f"no measured `none` baseline in {group}: savings and overheads are n/a"]
+    longest = t.loc[t["memory_saving_pct"].notna(), "prompt_tokens"].max()
+    out = []
+    for _, r in t[(t["prompt_tokens"] == longest) & (t["mode"] != "none")].iterrows():
+        if _missing(r["memory_saving_pct"]) or _missing(r["time_overhead_pct"]):
+            continue
+        o = r["time_overhead_pct"]
+        cost = f"{o:.0f}% more TPOT" if o >= 0.5 else (f"{-o:.0f}% less TPOT" if o <= -0.5 else "the same TPOT")
+        out.append(f"at {_pt(r)}, `{r['mode_label']}` saved {r['memory_saving_pct']:.0f}% of device KV memory "
+                   f"({r['kv_device_peak_bytes_median'] / MIB:,.1f} MiB left) for {cost} "
+                   f"({_ms(r['tpot_s_median'])} ms per token)")
+    return out
+
+
+def _fits(r: Any) -> bool:
+    """Every trial of the point ran to the end within the budget, and its ids matched ``none``."""
+    return r["n_ok"] == r["trials"] and r["tokens_match"] is not False
+
+
+def recommendation(table: pd.DataFrame, group: str) -> str:
+    """The article's per-scenario advice, from measurements: "no offload needed" when ``none`` fits the budget
+    at every measured point; otherwise, at the most demanding point where ``none`` does not fit, the mode (and
+    window) that fits with the least TPOT."""
+    t = table[table["group"] == group]
+    base = t[t["mode"] == "none"]
+    where = "the budget" if t["budget_bytes"].notna().any() else "device memory"
+    if base.empty:
+        return f"no `none` baseline in {group}: no recommendation"
+    misfits = base[[not _fits(r) for _, r in base.iterrows()]]
+    if misfits.empty:
+        last = base.sort_values(["prompt_tokens", "batch_size"]).iloc[-1]
+        return f"no offload needed: `none` fits {where} at every measured point (up to {_pt(last)})"
+    worst = misfits.sort_values(["prompt_tokens", "batch_size"]).iloc[-1]
+    here = t[(t["prompt_tokens"] == worst["prompt_tokens"]) & (t["batch_size"] == worst["batch_size"])
+             & (t["mode"] != "none")]
+    cands = here[[_fits(r) and not _missing(r["tpot_s_median"]) for _, r in here.iterrows()]]
+    first = misfits.sort_values(["prompt_tokens", "batch_size"]).iloc[0]
+    head = f"`none` does not fit {where} from {_pt(first)} ({first['status'].replace('_', ' ')})"
+    if cands.empty:
+        return f"{head}; at {_pt(worst)} no measured mode fits: raise the budget or shorten the context"
+    best = cands.sort_values("tpot_s_median").iloc[0]
+    over = "" if _missing(best["time_overhead_pct"]) else f", {best['time_overhead_pct']:+.0f}% vs none"
+    return (f"{head}; at {_pt(worst)} use `{best['mode_label']}`: it fits with the least TPOT "
+            f"({_ms(best['tpot_s_median'])} ms{over}, device KV {best['kv_device_peak_bytes_median'] / MIB:,.1f} MiB)")
+
+
+def diagnoses(results: Results, table: pd.DataFrame, group: str) -> list[str]:
+    """Problems found in a group, in the spirit of the article's troubleshooting table: outputs that diverged,
+    KV accounting off the analytic prediction by more than 25%, failed trials, savings invisible because KV is
+    small next to the weights, and decode steps that are link-bound or slower than the link explains."""
+    t = table[table["group"] == group]
+    out = []
+    for _, r in t[t["tokens_match"].map(lambda v: v is False)].iterrows():
+        out.append(f"outputs diverged: `{r['mode_label']}` at {_pt(r)} generated other ids than `none` (first at "
+                   f"step {int(r['first_divergence_step']) if not _missing(r['first_divergence_step']) else '?'}): "
+                   "a bug in that mode, not a trade-off")
+    for _, r in t[t["kv_check_flagged"] > 0].iterrows():
+        out.append(f"KV accounting off the prediction: `{r['mode_label']}` at {_pt(r)} held "
+                   f"{r['kv_check_worst']:+.0%} vs 2 × layers × kv_heads × head_dim × bytes × tokens × batch in "
+                   f"{int(r['kv_check_flagged'])} trial(s) (tolerance ±{KV_CHECK_TOLERANCE:.0%})")
+    for _, r in t[(t["n_error"] > 0) | (t["n_oom"] > 0)].iterrows():
+        out.append(f"failed: `{r['mode_label']}` at {_pt(r)}: {int(r['n_error'] + r['n_oom'])} trial(s); "
+                   f"first: {r['message']}")
+    runs = [r for r in results.runs if r.get("group") == group]
+    weights = next((r["weights_bytes"] for r in runs if r.get("weights_bytes")), None)
+    base = t[(t["mode"] == "none") & t["kv_bytes_predicted_median"].notna()]
+    if weights and not base.empty:
+        kv = base["kv_bytes_predicted_median"].max()
+        if kv < KV_SMALL_FRACTION * weights:
+            out.append(f"savings invisible: the largest KV here is {kv / MIB:,.1f} MiB next to {weights / MIB:,.0f} "
+                       f"MiB of weights ({kv / weights:.0%}); offloading it cannot free more than "
+                       f"{kv / (kv + weights):.0%} of device memory (activations not counted)")
+    links = [r["environment"].get("link_bandwidth") for r in runs if r["environment"].get("link_bandwidth")]
+    if not links:
+        if (t["mode"] != "none").any():
+            notes = {r["environment"].get("link_bandwidth_note") for r in runs} - {None}
+            why = f" ({'; '.join(sorted(notes))})" if notes else ""
+            out.append(f"no host↔device link bandwidth was measured{why}: the link diagnoses need a CUDA run")
+        return out
+    bw = links[0].get("h2d_pinned_gbps", 0) * 1e9
+    ref = t[t["mode"] == "none"].set_index(["prompt_tokens", "batch_size"])["tpot_s_median"]
+    for _, r in t[t["h2d_bytes_per_s_median"].notna() & (t["mode"] != "none")].iterrows():
+        rate = r["h2d_bytes_per_s_median"]
+        if bw and rate >= LINK_BOUND_FRACTION * bw:
+            out.append(f"link-bound: `{r['mode_label']}` at {_pt(r)} copies {rate / 1e9:.1f} GB/s host→device, "
+                       f"{rate / bw:.0%} of the measured {bw / 1e9:.1f} GB/s: a larger window or batch helps")
+            continue
+        none_tpot = ref.get((r["prompt_tokens"], r["batch_size"]))
+        if bw and not _missing(none_tpot) and not _missing(r["tpot_s_median"]):
+            extra = r["tpot_s_median"] - none_tpot
+            link = rate * r["tpot_s_median"] / bw
+            if extra > 2 * link and extra > 1e-3:
+                out.append(f"slower than the link explains: `{r['mode_label']}` at {_pt(r)} adds {_ms(extra)} ms "
+                           f"per token but its copies take {_ms(link)} ms at {bw / 1e9:.1f} GB/s: transfers are "
+                           "not overlapped with compute, or the host side is slow")
+    return out
+
+
+# --------------------------------------------------------------------------- writing
+
+
+@dataclass
+class Report:
+    """What :func:`write_report` made: the per-point table, per-group texts, and the files written."""
+
+    table: pd.DataFrame
+    shown: pd.DataFrame
+    findings: dict[str, list[str]]
+    recommendations: dict[str, str]
+    diagnoses: dict[str, list[str]]
+    charts: list[tuple[str, Path]] = field(default_factory=list)
+    files: dict[str, Path] = field(default_factory=dict)
+
+
+def _default_timelines(results: Results) -> dict[str, list[str]]:
+    """Per group: the first measured trial of every mode at its longest prompt and largest batch."""
+    picks = {}
+    measured = results.trials[results.trials["status"].isin(["ok", "over_budget"])]
+    for group, t in measured.groupby("group", sort=False):
+        top = t[t["prompt_tokens"] == t["prompt_tokens"].max()]
+        top = top[top["batch_size"] == top["batch_size"].max()]
+        picks[group] = top.groupby("mode_label", sort=False)["trial_id"].first().tolist()
+    return picks
+
+
+def _load_samples(results: Results, trial_ids: list[str]) -> dict[str, tuple[pd.DataFrame, str]]:
+    """Samples of the selected trials, read from each run's ``samples.csv``: trial id → (samples, mode)."""
+    out: dict[str, tuple[pd.DataFrame, str]] = {}
+    wanted = set(trial_ids)
+    for run in results.runs:
+        path = Path(run["path"]) / "samples.csv"
+        if not path.is_file() or not wanted - set(out):
+            continue
+        try:
+            samples = pd.read_csv(path)
+        except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
+            results.problems.append(f"{path}: unreadable ({exc}); no timelines from it")
+            continue
+        rows = results.trials[results.trials["run_path"] == run["path"]].set_index("trial_id")["mode_label"]
+        for tid, part in samples[samples["trial_id"].isin(wanted - set(out))].groupby("trial_id"):
+            out[tid] = (part, rows.get(tid, ""))
+    return out
+
+
+class _InProcess:
+    """A stand-in for a process pool that runs each job at once, in this process."""
+
+    def submit(self, fn: Any, *args: Any) -> Future:
+        future: Future = Future()
+        future.set_result(fn(*args))
+        return future
+
+    def __enter__(self) -> "_InProcess":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def chart_pool() -> Any:
+    """Where the report's charts are drawn: with more than one CPU, forked worker processes (the charts are
+    independent, and matplotlib cannot draw in threads), started now and warmed up (:func:`charts.warm_up`), so
+    that they import matplotlib while the caller loads results; on one CPU, this process. Use as a context manager
+    and pass to :func:`write_report`."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    workers = min(cpus, CHART_WORKERS)
+    if workers < 2 or "fork" not in mp.get_all_start_methods():
+        return _InProcess()
+    pool = ProcessPoolExecutor(workers, mp_context=mp.get_context("fork"))
+    for _ in range(workers):  # workers start on demand: one warm-up job each starts them all now
+        pool.submit(charts.warm_up)
+    return pool
+
+
+def _md_table(frame: pd.DataFrame) -> str:
+    """A Markdown (GFM) table of a frame of text cells; ``|`` in cells escaped."""
+    if not len(frame):
+        return "(no trials)"
+
+    def line(cells: Any) -> str:
+        return "| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |"
+
+    rule = "|" + "|".join(":---" if i < 4 else "---:" for i in range(len(frame.columns))) + "|"
+    return "\n".join([line(frame.columns), rule, *map(line, _cells(frame))])
+
+
+def _cells(frame: pd.DataFrame) -> list[list[Any]]:
+    """The rows of a frame as plain lists (iterating pandas' string arrays item by item is slow)."""
+    return frame.to_numpy(dtype=object).tolist()
+
+
+def _html_table(frame: pd.DataFrame) -> str:
+    """An HTML table of a frame of text cells (pandas' ``to_html`` takes seconds on thousands of rows)."""
+    e = html.escape
+    head = "".join(f"<th>{e(str(c))}</th>" for c in frame.columns)
+    body = "\n".join("<tr>" + "".join(f"<td>{e(str(v))}</td>" for v in row) + "</tr>" for row in _cells(frame))
+    return f"<table>\n<thead><tr>{head}</tr></thead>\n<tbody>\n{body}\n</tbody>\n</table>"
+
+
+def write_report(results: Results, out_dir: str | Path, timelines: list[str] | None = None,
+                 pool: Any = None) -> Report:
+    """Write the report of ``results`` into ``out_dir`` (created): ``summary.csv`` (the per-point table, raw
+    numbers), ``summary.md``, the charts (PNG), ``report.md`` and ``report.html``.
+
+    Args:
+        results: from :func:`kvbench.analysis.load_results`.
+        out_dir: where to write.
+        timelines: trial ids whose memory timeline is drawn; default: at each group's longest prompt and largest
+            batch, the first measured trial of every mode.
+        pool: from :func:`chart_pool` (default: one made here).
+
+    Raises:
+        ValueError: a trial id in ``timelines`` that is not in the results.
+    """
+    if timelines:
+        unknown = sorted(set(timelines) - set(results.trials["trial_id"]))
+        if unknown:
+            raise ValueError(f"no trial {', '.join(unknown)} in these results")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    table = point_table(results.trials)
+    groups = list(dict.fromkeys(table["group"]))
+    colours = charts.mode_colours(list(table["mode_label"]))
+    jobs: list[tuple[str, Any, tuple]] = []
+    for g in groups:
+        s = charts.slug(g)
+        for title, fn, name in (("memory saving and time overhead vs prompt length", charts.saving_and_overhead,
+                                 f"saving_overhead_{s}.png"),
+                                ("throughput and device KV vs batch size", charts.throughput_vs_batch,
+                                 f"throughput_batch_{s}.png"),
+                                ("bytes moved per generated token", charts.bytes_per_token,
+                                 f"bytes_per_token_{s}.png")):
+            jobs.append((f"{g}: {title}", fn, (table[table["group"] == g], g, colours, out / name)))
+    picks = {"selected trials": list(timelines)} if timelines else _default_timelines(results)
+    samples = _load_samples(results, [t for ids in picks.values() for t in ids])
+    for name, ids in picks.items():
+        panels = []
+        for tid in ids:
+            if tid not in samples:
+                results.problems.append(f"{tid}: no samples in samples.csv; no timeline")
+                continue
+            part, mode = samples[tid]
+            panels.append((tid, part, colours.get(mode, "C0")))
+        for k in range(0, len(panels), TIMELINE_PANELS):
+            n = k // TIMELINE_PANELS + 1
+            suffix = f"_{n}" if len(panels) > TIMELINE_PANELS else ""
+            jobs.append((f"memory timelines: {name}{suffix.replace('_', ' part ')}", charts.memory_timelines,
+                         (panels[k:k + TIMELINE_PANELS], f"{name}: memory over time",
+                          out / f"timelines_{charts.slug(name)}{suffix}.png")))
+    with contextlib.ExitStack() as stack:
+        if pool is None:
+            pool = stack.enter_context(chart_pool())
+        # the timelines (several panels each) are the slowest to draw: they start first
+        order = sorted(range(len(jobs)), key=lambda i: jobs[i][1] is not charts.memory_timelines)
+        started = {i: pool.submit(jobs[i][1], *jobs[i][2]) for i in order}
+        futures = [started[i] for i in range(len(jobs))]
+        # the tables and texts are made while the charts render
+        shown = display_frame(table)
+        rep = Report(table, shown, {g: findings(table, g) for g in groups},
+                     {g: recommendation(table, g) for g in groups},
+                     {g: diagnoses(results, table, g) for g in groups})
+        table.to_csv(out / "summary.csv", index=False)
+        (out / "summary.md").write_text(_md_table(shown) + "\n")
+        rep.files.update({"summary.csv": out / "summary.csv", "summary.md": out / "summary.md"})
+        rep.charts = [(title, path) for (title, _, _), f in zip(jobs, futures) if (path := f.result()) is not None]
+    (out / "report.md").write_text(_markdown(results, rep, shown))
+    (out / "report.html").write_text(_html(results, rep, shown))
+    rep.files.update({"report.md": out / "report.md", "report.html": out / "report.html"})
+    return rep
+
+
+def _env_lines(run: dict[str, Any]) -> list[str]:
+    env = run["environment"]
+    gpus = ", ".join(g.get("name", "?") for g in env.get("gpus") or []) or "none"
+    link = env.get("link_bandwidth")
+    link_s = (f"H2D {link.get('h2d_pinned_gbps', 0):.1f} GB/s pinned, {link.get('h2d_pageable_gbps', 0):.1f} pageable"
+              if link else env.get("link_bandwidth_note", "not measured"))
+    sc = run["scenario"]
+    git = env.get("git") or {}
+    return [f"run `{run['name']}` ({run['status'] or 'unknown status'}, started {run['started_at'] or '?'}, "
+            f"{run['n_trials']} trials)",
+            f"machine: {env.get('cpu', '?')}, {env.get('cpu_count', '?')} CPUs, "
+            f"{(env.get('memory_total_bytes') or 0) / GIB:.0f} GiB RAM; GPU: {gpus}; link: {link_s}",
+            f"versions: kvbench {env.get('kvbench', '?')}, torch {env.get('torch', '?')}, transformers "
+            f"{env.get('transformers', '?')}, Python {env.get('python', '?')}; git "
+            f"{(git.get('commit') or '?')[:12]}{' (dirty)' if git.get('dirty') else ''}",
+            f"scenario: {sc.get('name', '?')} — {sc.get('description', '')}; model {_model(sc)}; budget "
+            f"{_budget(sc)}"]
+
+
+def _model(sc: dict[str, Any]) -> str:
+    m = sc.get("model")
+    if isinstance(m, dict):
+        return str(m.get("name") or m.get("preset") or m.get("config") or "?")
+    return str(m or "?")
+
+
+def _budget(sc: dict[str, Any]) -> str:
+    b = sc.get("budget")
+    return "none" if b is None else f"{b / MIB:,.0f} MiB" if isinstance(b, (int, float)) else str(b)
+
+
+def _markdown(results: Results, rep: Report, shown: pd.DataFrame) -> str:
+    lines = ["# kvbench report", ""]
+    for g in rep.recommendations:
+        lines += [f"## {g}", "", f"**Recommendation:** {rep.recommendations[g]}", "", "Findings:", ""]
+        lines += [f"- {f}" for f in rep.findings[g]] + [""]
+        if rep.diagnoses[g]:
+            lines += ["Diagnoses:", ""] + [f"- {d}" for d in rep.diagnoses[g]] + [""]
+        lines += ["Runs:", ""]
+        for run in (r for r in results.runs if r.get("group") == g):
+            lines += [f"- {x}" for x in _env_lines(run)] + [""]
+        lines += [_md_table(shown[shown["scenario"] == g].drop(columns=["scenario"])), ""]
+        lines += [f"![{title}]({path.name})" for title, path in rep.charts if title.startswith(f"{g}: ")] + [""]
+    timelines = [(t, p) for t, p in rep.charts if t.startswith("memory timelines")]
+    if timelines:
+        lines += ["## Memory timelines", ""] + [f"![{t}]({p.name})" for t, p in timelines] + [""]
+    if results.problems:
+        lines += ["## Skipped or unknown", ""] + [f"- {p}" for p in results.problems] + [""]
+    lines += [_GLOSSARY]
+    return "\n".join(lines)
+
+
+_GLOSSARY = """## Columns
+
+- TTFT: time to first token (prefill + first token); TPOT: time per output token after the first; e2e: whole
+  request. Medians over measured trials, [min–max]; 95% CI: percentile bootstrap of the median (≥ 5 repeats).
+- KV device peak: the cache's own accounting of key/value bytes on the compute device at peak; device peak: the
+  torch allocator's peak minus the weights (CUDA only).
+- memory saving: 1 − KV device peak ÷ none's at the same point; time overhead: TPOT ÷ none's − 1; throughput:
+  generated tokens/s ÷ none's. n/a: no measured `none` trial there.
+- ids match none: the greedy token ids equal those of `none` on the same prompts.
+"""
+
+
+def _img(path: Path) -> str:
+    data = base64.b64encode(path.read_bytes()).decode()
+    return f'<img alt="{html.escape(path.stem)}" src="data:image/png;base64,{data}">'
+
+
+_CSS = """body{font-family:system-ui,sans-serif;margin:2em;max-width:1400px;color:#222}
+table{border-collapse:collapse;font-size:13px;margin:1em 0}th,td{border:1px solid #ccc;padding:3px 6px;
+text-align:right}th{background:#f3f3f3}td:nth-child(-n+4){text-align:left}img{max-width:100%;display:block;
+margin:1em 0}.rec{background:#eef6ee;padding:.6em;border-left:4px solid #4a4}.diag li{color:#8a3b00}
+.meta{color:#555;font-size:13px}"""
+
+
+def _html(results: Results, rep: Report, shown: pd.DataFrame) -> str:
+    e = html.escape
+    parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">', "<title>kvbench report</title>",
+             f"<style>{_CSS}</style></head><body>", "<h1>kvbench report</h1>"]
+    for g in rep.recommendations:
+        parts += [f"<h2>{e(g)}</h2>", f'<p class="rec"><b>Recommendation:</b> {e(rep.recommendations[g])}</p>',
+                  "<h3>Findings</h3><ul>"] + [f"<li>{e(f)}</li>" for f in rep.findings[g]] + ["</ul>"]
+        if rep.diagnoses[g]:
+            parts += ['<h3>Diagnoses</h3><ul class="diag">'] + [f"<li>{e(d)}</li>" for d in rep.diagnoses[g]]
+            parts += ["</ul>"]
+        parts += ['<div class="meta"><ul>']
+        for run in (r for r in results.runs if r.get("group") == g):
+            parts += [f"<li>{e(x)}</li>" for x in _env_lines(run)]
+        parts += ["</ul></div>", _html_table(shown[shown["scenario"] == g].drop(columns=["scenario"]))]
+        parts += [_img(p) for t, p in rep.charts if t.startswith(f"{g}: ")]
+    timelines = [p for t, p in rep.charts if t.startswith("memory timelines")]
+    if timelines:
+        parts += ["<h2>Memory timelines</h2>"] + [_img(p) for p in timelines]
+    if results.problems:
+        parts += ["<h2>Skipped or unknown</h2><ul>"] + [f"<li>{e(p)}</li>" for p in results.problems] + ["</ul>"]
+    parts += ["<h2>Columns</h2><ul>"]
+    parts += [f"<li>{e(x.strip('- ').replace(chr(10) + '  ', ' '))}</li>" for x in _GLOSSARY.split("\n- ")[1:]]
+    parts += ["</ul></body></html>"]
+    return "\n".join(parts) + "\n"
+
+
+__all__ = ["Report", "chart_pool", "diagnoses", "display_frame", "findings", "recommendation", "size_unit", "terminal_frame",
+           "write_report"]

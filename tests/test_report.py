@@ -1,0 +1,285 @@
+"""kvbench report and compare on the committed golden run (a real `kvbench run tests/data/golden.yaml`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import statistics
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from kvbench.analysis import ResultsError, load_results, point_table
+from kvbench.cli import app
+from kvbench.compare import compare_points, parse_threshold, violations
+from kvbench.report import findings, recommendation, write_report
+
+GOLDEN = Path(__file__).parent / "data" / "golden"
+RUN = next(p for p in sorted(GOLDEN.iterdir()) if (p / "run.json").is_file())
+PER_TOKEN = 2 * 30 * 3 * 64 * 4  # SmolLM2-135M, float32: K and V × layers × kv heads × head_dim × bytes
+FULL, HIER, DISK = "full", "hierarchical(window=16)", "hierarchical(window=16,host_max_tokens=16)"
+DYN = "dynamic(min_window=16,max_window=48)"
+
+
+def rows_of(run: Path = RUN) -> list[dict]:
+    return [json.loads(line) for line in (run / "trials.jsonl").read_text().splitlines()]
+
+
+def copy_run(tmp_path: Path, name: str = "b", edit=None, edit_meta=None) -> Path:
+    """A copy of the golden run, its rows (and run.json) passed through the edit functions."""
+    dst = tmp_path / name
+    shutil.copytree(RUN, dst)
+    if edit is not None:
+        rows = [r for r in map(edit, rows_of(dst)) if r is not None]
+        (dst / "trials.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    if edit_meta is not None:
+        meta = json.loads((dst / "run.json").read_text())
+        edit_meta(meta)
+        (dst / "run.json").write_text(json.dumps(meta))
+    return dst
+
+
+@pytest.fixture(scope="module")
+def golden():
+    results = load_results([RUN])
+    return results, point_table(results.trials)
+
+
+def point(table: pd.DataFrame, p: int, b: int, mode: str) -> pd.Series:
+    hit = table[(table.prompt_tokens == p) & (table.batch_size == b) & (table.mode_label == mode)]
+    assert len(hit) == 1
+    return hit.iloc[0]
+
+
+def test_golden_run_loads_into_one_frame(golden):
+    results, table = golden
+    assert len(results.trials) == 120 and results.problems == []
+    assert set(results.trials["group"]) == {"golden"} and results.runs[0]["status"] == "complete"
+    assert len(table) == 2 * 2 * 6 and list(table["trials"].unique()) == [5]
+
+
+def test_point_table_values_equal_the_rows(golden):
+    _, table = golden
+    rows = rows_of()
+    for p, b, mode in [(32, 1, "none"), (96, 2, FULL), (96, 1, DYN)]:
+        mine = [r for r in rows if (r["prompt_tokens"], r["batch_size"], r["mode_label"]) == (p, b, mode)]
+        r = point(table, p, b, mode)
+        for col in ("ttft_s", "tpot_s", "e2e_s", "throughput_tokens_per_s"):
+            vals = [x[col] for x in mine]
+            assert r[f"{col}_median"] == pytest.approx(statistics.median(vals))
+            assert (r[f"{col}_min"], r[f"{col}_max"]) == (min(vals), max(vals))
+            # 95% bootstrap interval of the median (5 repeats): inside the range, around the median
+            assert min(vals) <= r[f"{col}_ci_low"] <= r[f"{col}_median"] <= r[f"{col}_ci_high"] <= max(vals)
+    # KV figures are exact: none holds every token on the device, (32 + 6 - 1) tokens × batch 1
+    assert point(table, 32, 1, "none")["kv_device_peak_bytes_median"] == 37 * PER_TOKEN
+    # full keeps one layer's K/V on the device during its attention: 1/30 of none's
+    assert point(table, 96, 2, FULL)["memory_saving_pct"] == pytest.approx(100 * (1 - 1 / 30))
+    none, full = point(table, 96, 2, "none"), point(table, 96, 2, FULL)
+    assert full["time_overhead_pct"] == pytest.approx(100 * (full["tpot_s_median"] / none["tpot_s_median"] - 1))
+    assert full["throughput_ratio"] == pytest.approx(
+        full["throughput_tokens_per_s_median"] / none["throughput_tokens_per_s_median"])
+    assert (table["kv_check_flagged"] == 0).all()  # every mode's KV accounting equals the prediction
+
+
+def test_failed_skipped_and_over_budget_points_are_kept(golden):
+    _, table = golden
+    hf = point(table, 32, 1, "hf-offloaded")
+    assert (hf["status"], hf["n_skipped"], hf["measured"]) == ("skipped", 5, 0)
+    assert "needs a CUDA device" in hf["message"] and pd.isna(hf["memory_saving_pct"])
+    over = point(table, 96, 1, "none")
+    assert (over["status"], over["n_over_budget"], over["measured"]) == ("over_budget", 5, 5)
+    assert over["kv_device_peak_bytes_median"] == 101 * PER_TOKEN > 4 * 2**20
+    assert point(table, 32, 2, "none")["status"] == "ok"
+    assert (table[table["mode"] != "hf-offloaded"]["tokens_match"] == True).all()  # noqa: E712
+
+
+def test_findings_and_recommendation_come_from_the_table(golden):
+    _, table = golden
+    lines = findings(table, "golden")
+    assert len(lines) == 8  # 4 measured offload modes × 2 batch sizes at the longest prompt
+    r = point(table, 96, 2, FULL)
+    assert (f"at 96 tokens × batch 2, `full` saved 97% of device KV memory "
+            f"({r['kv_device_peak_bytes_median'] / 2**20:,.1f} MiB left) for") in "\n".join(lines)
+    rec = recommendation(table, "golden")
+    here = table[(table.prompt_tokens == 96) & (table.batch_size == 2) & (table["mode"] != "none")
+                 & (table.n_ok == 5)]
+    best = here.sort_values("tpot_s_median").iloc[0]
+    assert rec.startswith("`none` does not fit the budget from 96 tokens × batch 1 (over budget); "
+                          f"at 96 tokens × batch 2 use `{best['mode_label']}`: it fits with the least TPOT")
+
+
+def test_report_files_charts_and_diagnoses(golden, tmp_path):
+    results, _ = golden
+    rep = write_report(results, tmp_path)
+    assert [(title, p.name) for title, p in rep.charts] == [
+        ("golden: memory saving and time overhead vs prompt length", "saving_overhead_golden.png"),
+        ("golden: throughput and device KV vs batch size", "throughput_batch_golden.png"),
+        ("golden: bytes moved per generated token", "bytes_per_token_golden.png"),
+        ("memory timelines: golden", "timelines_golden.png")]  # one panel per measured mode at 96 × 2
+    for _, png in rep.charts:
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+    summary = pd.read_csv(tmp_path / "summary.csv")
+    assert len(summary) == 24 and "memory_saving_pct" in summary
+    md = (tmp_path / "report.md").read_text()
+    assert f"**Recommendation:** {rep.recommendations['golden']}" in md and "![" in md
+    assert re.search(r"\| golden +\| +96 \| +2 \| full +\| 5 ok +\|", (tmp_path / "summary.md").read_text())
+    page = (tmp_path / "report.html").read_text()
+    assert page.count('src="data:image/png;base64,') == len(rep.charts) and "http" not in page.replace(
+        "http-equiv", "")
+    assert rep.diagnoses["golden"] == [
+        "savings invisible: the largest KV here is 8.9 MiB next to 513 MiB of weights (2%); offloading it cannot free "
+        "more than 2% of device memory (activations not counted)",  # 101 tokens × batch 2 × 46,080 B
+        "no host↔device link bandwidth was measured (no CUDA device: host↔device bandwidth not measured): the link "
+        "diagnoses need a CUDA run"]
+
+
+def test_html_report_loads_in_headless_chromium(golden, tmp_path):
+    chromium, driver = shutil.which("chromium"), shutil.which("chromedriver")
+    if not (chromium and driver):
+        if os.environ.get("CI"):
+            pytest.fail("Chromium is missing: .ci/run installs Debian's chromium and chromium-driver")
+        pytest.skip("Debian's chromium and chromium-driver are not installed")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    rep = write_report(golden[0], tmp_path / "report")
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = chromium
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                f"--user-data-dir={tmp_path / 'profile'}"):
+        opts.add_argument(arg)
+    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    browser = webdriver.Chrome(service=Service(driver), options=opts)
+    try:
+        browser.get(rep.files["report.html"].resolve().as_uri())
+        images = browser.execute_script(
+            "return Array.from(document.images).map(i => [i.complete, i.naturalWidth, i.naturalHeight])")
+        console = browser.get_log("browser")
+    finally:
+        browser.quit()
+    assert len(images) == len(rep.charts) == 4
+    assert all(done and w > 0 and h > 0 for done, w, h in images), images
+    assert [m for m in console if m["level"] in ("SEVERE", "WARNING")] == []
+
+
+def test_corrupt_lines_are_reported_and_skipped(tmp_path):
+    run = copy_run(tmp_path)
+    lines = (run / "trials.jsonl").read_text().splitlines(keepends=True)
+    lines.insert(3, '{"trial_id": "p32-b1-full-r0", "sta\n')
+    (run / "trials.jsonl").write_text("".join(lines) + '{"trial_id": "cut')
+    results = load_results([run])
+    assert len(results.trials) == 120
+    assert results.problems == [
+        f"{run / 'trials.jsonl'}:4: not a valid JSON line (a run killed mid-write?); skipped",
+        f"{run / 'trials.jsonl'}:122: not a valid JSON line (a run killed mid-write?); skipped"]
+    r = CliRunner().invoke(app, ["report", str(run), "--out", str(tmp_path / "rep")])
+    assert r.exit_code == 0, r.output
+    assert "2 problems while loading" in r.output and ":122: not a valid JSON line" in r.output
+
+
+def test_bad_paths_and_schema_versions_are_clear_errors(tmp_path):
+    with pytest.raises(ResultsError, match=f"^{tmp_path / 'nope'}: no such file or directory$"):
+        load_results([tmp_path / "nope"])
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ResultsError, match="empty: no kvbench runs here"):
+        load_results([tmp_path / "empty"])
+    newer = copy_run(tmp_path, "newer", edit_meta=lambda m: m.update(schema_version=99))
+    with pytest.raises(ResultsError, match=r"newer/run.json: schema_version 99 is newer than this kvbench reads \(1\)"):
+        load_results([newer])
+    r = CliRunner().invoke(app, ["report", str(tmp_path / "empty")])
+    assert r.exit_code == 2 and "no kvbench runs here" in r.output
+    r = CliRunner().invoke(app, ["report", str(RUN), "--out", str(tmp_path / "r"), "--timeline", "p1-b1-none-r9"])
+    assert r.exit_code == 2 and "no trial p1-b1-none-r9 in these results" in r.output
+
+
+def test_no_baseline_gives_na_with_a_note(tmp_path):
+    run = copy_run(tmp_path, edit=lambda r: None if r["mode"] == "none" else r)
+    results = load_results([run])
+    table = point_table(results.trials)
+    assert table["memory_saving_pct"].isna().all() and table["time_overhead_pct"].isna().all()
+    assert findings(table, "golden") == ["no measured `none` baseline in golden: savings and overheads are n/a"]
+    assert recommendation(table, "golden") == "no `none` baseline in golden: no recommendation"
+
+
+def test_runs_of_different_scenarios_are_grouped_not_pooled(tmp_path):
+    same = copy_run(tmp_path, "same")
+    pooled = load_results([RUN, same])
+    assert set(pooled.trials["group"]) == {"golden"}
+    assert set(point_table(pooled.trials)["trials"]) == {10}  # the same scenario and machine: repeats pooled
+
+    def rename(meta):
+        meta["scenario"]["name"] = "other"
+
+    other = copy_run(tmp_path, "other", edit=lambda r: dict(r, scenario="other"), edit_meta=rename)
+    changed = copy_run(tmp_path, "changed", edit_meta=lambda m: m["scenario"].update(max_new_tokens=7))
+    mixed = load_results([RUN, other, changed])
+    table = point_table(mixed.trials)
+    assert set(table["group"]) == {f"golden @ {RUN.name}", "other", "golden @ changed"}
+    assert set(table["trials"]) == {5}
+
+
+def scaled(col: str, factor: float, mode: str = FULL):
+    def edit(r):
+        if r["mode_label"] == mode and isinstance(r.get(col), (int, float)):
+            r = dict(r, **{col: r[col] * factor})
+        return r
+    return edit
+
+
+def test_compare_ratios_and_fail_on(tmp_path):
+    slower = copy_run(tmp_path, "slower", edit=scaled("tpot_s", 1.3))
+    frame, only_a, only_b = compare_points(load_results([RUN]), load_results([slower]))
+    assert len(frame) == 20 and only_a == only_b == []  # hf-offloaded was never measured
+    full = frame[frame.mode_label == FULL]
+    assert full["tpot_s_ratio"].to_numpy() == pytest.approx([1.3] * 4)
+    assert (frame[frame.mode_label != FULL]["tpot_s_ratio"] == 1).all()
+    lines = violations(frame, [parse_threshold("tpot_s:20")])
+    assert len(lines) == 4 and lines[0].startswith("tpot_s worse by 30.0% (limit 20%) at golden p")
+
+    cli = CliRunner()
+    r = cli.invoke(app, ["compare", str(RUN), str(slower), "--fail-on", "tpot_s:20"])
+    assert r.exit_code == 1
+    assert "fail: tpot_s worse by 30.0% (limit 20%) at golden p" in r.output and "(and 3 more)" in r.output
+    r = cli.invoke(app, ["compare", str(RUN), str(slower), "--fail-on", "tpot_s:31", "--fail-on", "ttft_s:0"])
+    assert r.exit_code == 0 and "pass: no matched point worse than tpot_s 31%, ttft_s 0%" in r.output
+
+    halved = copy_run(tmp_path, "halved", edit=scaled("throughput_tokens_per_s", 0.5))
+    r = cli.invoke(app, ["compare", str(RUN), str(halved), "--fail-on", "throughput_tokens_per_s:40"])
+    assert r.exit_code == 1 and "fail: throughput_tokens_per_s worse by 50.0% (limit 40%)" in r.output
+    r = cli.invoke(app, ["compare", str(halved), str(RUN), "--fail-on", "throughput_tokens_per_s:40"])
+    assert r.exit_code == 0  # higher is better: B doubled
+
+
+def test_compare_errors(tmp_path):
+    cli = CliRunner()
+    r = cli.invoke(app, ["compare", str(RUN), str(RUN), "--fail-on", "tpot:10"])
+    assert r.exit_code == 2 and "unknown metric 'tpot'; known: ttft_s, tpot_s" in r.output
+    r = cli.invoke(app, ["compare", str(RUN), str(RUN), "--fail-on", "tpot_s=10"])
+    assert r.exit_code == 2 and "expected METRIC:PCT" in r.output
+    other = copy_run(tmp_path, "other", edit=lambda r: dict(r, batch_size=r["batch_size"] + 10))
+    r = cli.invoke(app, ["compare", str(RUN), str(other)])
+    assert r.exit_code == 2 and "no point measured in both" in r.output
+    r = cli.invoke(app, ["compare", str(RUN), str(tmp_path / "missing")])
+    assert r.exit_code == 2 and "missing: no such file or directory" in r.output
+
+
+@pytest.mark.parametrize("n", [5, 6, 7])
+def test_median_ci_equals_the_brute_force_bootstrap(n):
+    import numpy as np
+
+    from kvbench.analysis import median_ci
+
+    rng = np.random.default_rng(1)
+    values = np.sort(rng.lognormal(size=(40, n)), axis=1)
+    values[3] = values[3, 0]  # a point whose values are all equal
+    positions = rng.integers(0, n, size=(999, n))
+    lo, hi = median_ci(values, positions)
+    brute = np.quantile(np.median(values[:, positions], axis=2), [0.025, 0.975], axis=1)
+    assert lo == pytest.approx(brute[0]) and hi == pytest.approx(brute[1])
+    assert (lo <= np.median(values, axis=1)).all() and (np.median(values, axis=1) <= hi).all()
+    assert lo[3] == hi[3] == values[3, 0]
