@@ -1,9 +1,10 @@
 """How long `kvbench report` takes on a large result set: N synthetic trials (default 20,000; target < 5 s).
 
-The trials are copies of the real rows of the committed golden run (tests/data/golden), spread over many prompt
-lengths and repeats with their latencies jittered, so every code path (bootstrap intervals, baselines, charts,
-timelines of the real run's largest point) runs. Prints the wall time of the whole command (a fresh process, imports included) and of loading +
-the per-point table alone, as the median of --rounds runs.
+The first copy of the committed golden run (tests/data/golden) is kept as it is; the others are its rows at other
+prompt lengths with their latencies jittered, so every code path runs (bootstrap intervals, baselines, the charts,
+and the memory timelines of the real run's largest point, from its samples.csv). Prints the wall time of the whole
+command (a fresh process, imports included) and of loading + the per-point table alone, as the median [min–max]
+of --rounds runs.
 
     python benchmarks/report_speed.py [--trials 20000] [--rounds 3]
 """

@@ -348,11 +348,13 @@ def compare(
     if frame.empty:
         _fail(f"no point measured in both {run_a} and {run_b} (scenario, prompt length, batch size and mode must "
               "match)")
-    shown = ["ttft_s", "tpot_s", "throughput_tokens_per_s", "kv_device_peak_bytes", "rss_peak_bytes"]
+    shown = {"ttft_s": "TTFT", "tpot_s": "TPOT", "throughput_tokens_per_s": "tok/s",
+             "kv_device_peak_bytes": "KV device", "rss_peak_bytes": "RSS"}
     t = Table(title=f"B / A  (A = {run_a}, B = {run_b})",
-              caption="ratio of medians; green: B better, red: B worse by more than 5%")
-    for col in ("scenario", "prompt", "batch", "mode", *shown):
-        t.add_column(col, justify="left" if col in ("scenario", "mode") else "right", overflow="fold")
+              caption="ratios of medians; green: B better, red: B worse by more than 5%")
+    for col in ("scenario", "prompt", "batch", "mode", *shown.values()):
+        t.add_column(col, justify="left" if col in ("scenario", "mode") else "right", overflow="fold",
+                     min_width=12 if col == "mode" else None)
     for _, r in frame.iterrows():
         cells = []
         for m in shown:

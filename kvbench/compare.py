@@ -56,8 +56,12 @@ def compare_points(a: Results, b: Results) -> tuple[pd.DataFrame, list[str], lis
     ta = point_table(a.trials, n_boot=0)
     tb = point_table(b.trials, n_boot=0)
     ta, tb = ta[ta["measured"] > 0], tb[tb["measured"] > 0]
-    merged = ta[POINT_KEYS + cols].merge(tb[POINT_KEYS + cols], on=POINT_KEYS, how="outer", suffixes=("_a", "_b"),
-                                         indicator=True)
+    ta = ta.assign(_order=range(len(ta)))
+    tb = tb.assign(_order=range(len(ta), len(ta) + len(tb)))
+    merged = ta[POINT_KEYS + cols + ["_order"]].merge(tb[POINT_KEYS + cols + ["_order"]], on=POINT_KEYS,
+                                                      how="outer", suffixes=("_a", "_b"), indicator=True)
+    # A's sweep order, then what only B has (an outer merge sorts the keys)
+    merged = merged.sort_values(["_order_a", "_order_b"]).drop(columns=["_order_a", "_order_b"])
 
     def names(part: pd.DataFrame) -> list[str]:
         return [point_name(r) for _, r in part.iterrows()]

@@ -164,11 +164,12 @@ def recommendation(table: pd.DataFrame, group: str) -> str:
     at every measured point; otherwise, at the most demanding point where ``none`` does not fit, the mode (and
     window) that fits with the least TPOT."""
     t = table[table["group"] == group]
-    base = t[t["mode"] == "none"]
+    base = t[(t["mode"] == "none") & ((t["measured"] > 0) | (t["n_oom"] > 0))]
     where = "the budget" if t["budget_bytes"].notna().any() else "device memory"
     if base.empty:
-        return f"no `none` baseline in {group}: no recommendation"
-    misfits = base[[not _fits(r) for _, r in base.iterrows()]]
+        return f"no measured `none` baseline in {group}: no recommendation"
+    # `none` does not fit where a trial went over the budget or ran out of memory (errors say nothing about fit)
+    misfits = base[(base["n_over_budget"] > 0) | (base["n_oom"] > 0)]
     if misfits.empty:
         last = base.sort_values(["prompt_tokens", "batch_size"]).iloc[-1]
         return f"no offload needed: `none` fits {where} at every measured point (up to {_pt(last)})"
@@ -177,7 +178,8 @@ def recommendation(table: pd.DataFrame, group: str) -> str:
              & (t["mode"] != "none")]
     cands = here[[_fits(r) and not _missing(r["tpot_s_median"]) for _, r in here.iterrows()]]
     first = misfits.sort_values(["prompt_tokens", "batch_size"]).iloc[0]
-    head = f"`none` does not fit {where} from {_pt(first)} ({first['status'].replace('_', ' ')})"
+    why = "over budget" if first["n_over_budget"] else "out of memory"
+    head = f"`none` does not fit {where} from {_pt(first)} ({why})"
     if cands.empty:
         return f"{head}; at {_pt(worst)} no measured mode fits: raise the budget or shorten the context"
     best = cands.sort_values("tpot_s_median").iloc[0]
@@ -225,7 +227,7 @@ def diagnoses(results: Results, table: pd.DataFrame, group: str) -> list[str]:
         rate = r["h2d_bytes_per_s_median"]
         if bw and rate >= LINK_BOUND_FRACTION * bw:
             out.append(f"link-bound: `{r['mode_label']}` at {_pt(r)} copies {rate / 1e9:.1f} GB/s host→device, "
-                       f"{rate / bw:.0%} of the measured {bw / 1e9:.1f} GB/s: a larger window or batch helps")
+                       f"{rate / bw:.0%} of the measured {bw / 1e9:.1f} GB/s: a larger window moves fewer bytes per step")
             continue
         none_tpot = ref.get((r["prompt_tokens"], r["batch_size"]))
         if bw and not _missing(none_tpot) and not _missing(r["tpot_s_median"]):

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from kvbench.analysis import ResultsError, load_results, point_table
 from kvbench.cli import app
 from kvbench.compare import compare_points, parse_threshold, violations
-from kvbench.report import findings, recommendation, write_report
+from kvbench.report import diagnoses, findings, recommendation, write_report
 
 GOLDEN = Path(__file__).parent / "data" / "golden"
 RUN = next(p for p in sorted(GOLDEN.iterdir()) if (p / "run.json").is_file())
@@ -203,7 +203,16 @@ def test_no_baseline_gives_na_with_a_note(tmp_path):
     table = point_table(results.trials)
     assert table["memory_saving_pct"].isna().all() and table["time_overhead_pct"].isna().all()
     assert findings(table, "golden") == ["no measured `none` baseline in golden: savings and overheads are n/a"]
-    assert recommendation(table, "golden") == "no `none` baseline in golden: no recommendation"
+    assert recommendation(table, "golden") == "no measured `none` baseline in golden: no recommendation"
+
+
+def test_a_run_where_nothing_was_measured_still_reports(tmp_path):
+    run = copy_run(tmp_path, edit=lambda r: r if r["mode"] == "hf-offloaded" else None)  # CPU: all skipped
+    r = CliRunner().invoke(app, ["report", str(run), "--out", str(tmp_path / "rep")])
+    assert r.exit_code == 0, r.output
+    assert "no measured `none` baseline in golden: no recommendation" in r.output
+    assert "5 skipped" in r.output and "0 charts" in r.output
+    assert (tmp_path / "rep" / "report.html").is_file()
 
 
 def test_runs_of_different_scenarios_are_grouped_not_pooled(tmp_path):
@@ -283,3 +292,27 @@ def test_median_ci_equals_the_brute_force_bootstrap(n):
     assert lo == pytest.approx(brute[0]) and hi == pytest.approx(brute[1])
     assert (lo <= np.median(values, axis=1)).all() and (np.median(values, axis=1) <= hi).all()
     assert lo[3] == hi[3] == values[3, 0]
+
+
+def test_link_diagnoses_use_the_measured_bandwidth(tmp_path):
+    def link(gbps):
+        def edit(meta):
+            meta["environment"]["link_bandwidth"] = {"h2d_pinned_gbps": gbps, "h2d_pageable_gbps": gbps / 2,
+                                                     "d2h_pinned_gbps": gbps, "d2h_pageable_gbps": gbps / 2}
+        return edit
+
+    slow = load_results([copy_run(tmp_path, "slow", edit_meta=link(1e-4))])  # 100 kB/s: every copy is link-bound
+    lines = [d for d in diagnoses(slow, point_table(slow.trials), "golden") if d.startswith("link-bound")]
+    rate = point(point_table(slow.trials), 96, 2, FULL)["h2d_bytes_per_s_median"]
+    assert len(lines) == 16  # 4 offload modes × 4 points
+    assert f"link-bound: `full` at 96 tokens × batch 2 copies {rate / 1e9:.1f} GB/s host→device, {rate / 1e5:.0%} " \
+           "of the measured 0.0 GB/s" in "\n".join(lines)
+    fast = load_results([copy_run(tmp_path, "fast", edit_meta=link(1e4))])  # copies take no time at 10 TB/s
+    table = point_table(fast.trials)
+    lines = [d for d in diagnoses(fast, table, "golden") if d.startswith("slower than the link explains")]
+    none = table[table["mode"] == "none"].set_index(["prompt_tokens", "batch_size"])["tpot_s_median"]
+    expected = [r for _, r in table[(table["mode"] != "none") & table["h2d_bytes_per_s_median"].notna()].iterrows()
+                if r["tpot_s_median"] - none[(r["prompt_tokens"], r["batch_size"])] > 1e-3]
+    assert len(lines) == len(expected) > 0  # every offload point more than 1 ms per token slower than none
+    assert all("transfers are not overlapped with compute, or the host side is slow" in d for d in lines)
+    assert not any(d.startswith("no host↔device link") for d in diagnoses(fast, table, "golden"))
