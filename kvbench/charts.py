@@ -172,6 +172,33 @@ def bytes_per_token(table: pd.DataFrame, group: str, colours: dict[str, Any], pa
     return _save(fig, path)
 
 
+def cost_bars(costs: pd.DataFrame, path: Path) -> Path | None:
+    """USD per 1M generated tokens per mode, grouped by scenario and prompt length (bars; modes with no
+    qualifying point have none). None when nothing qualified."""
+    c = costs.dropna(subset=["usd_per_million"])
+    if c.empty:
+        return None
+    plt = _pyplot()
+    colours = mode_colours(list(costs["mode_label"]))
+    points = list(dict.fromkeys(zip(c["group"], c["prompt_tokens"])))
+    modes = list(dict.fromkeys(c["mode_label"]))
+    width = 0.8 / len(modes)
+    fig, ax = plt.subplots(figsize=(max(6.5, 1.2 * len(points) * len(modes) ** 0.5), 4.2), gridspec_kw=ONE_PANEL)
+    for j, mode in enumerate(modes):
+        xs, ys = [], []
+        for i, point in enumerate(points):
+            hit = c[(c["group"] == point[0]) & (c["prompt_tokens"] == point[1]) & (c["mode_label"] == mode)]
+            if len(hit):
+                xs.append(i + (j - (len(modes) - 1) / 2) * width)
+                ys.append(hit["usd_per_million"].iloc[0])
+        ax.bar(xs, ys, width=width, color=colours[mode], label=mode)
+    ax.set_xticks(range(len(points)), [f"{g}\n{p} tokens" for g, p in points], fontsize=8)
+    ax.set(title="Cost per 1M generated tokens (best qualifying batch)", ylabel="USD per 1M tokens")
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
 def memory_timelines(trials: list[tuple[str, pd.DataFrame, Any]], title: str, path: Path) -> Path | None:
     """Memory over time of several trials from ``samples.csv``, one panel each (same KV scale, so modes compare at
     a glance): the cache's KV on the device, in host memory and on disk (MiB), and on a second axis the process's
@@ -220,5 +247,5 @@ def memory_timelines(trials: list[tuple[str, pd.DataFrame, Any]], title: str, pa
     return _save(fig, path)
 
 
-__all__ = ["TAB10", "bytes_per_token", "memory_timelines", "mode_colours", "saving_and_overhead", "slug",
+__all__ = ["TAB10", "bytes_per_token", "cost_bars", "memory_timelines", "mode_colours", "saving_and_overhead", "slug",
            "throughput_vs_batch", "warm_up"]

@@ -384,6 +384,204 @@ def compare(
 
 
 @app.command()
+def cost(
+    results: list[Path] = typer.Argument(None, help="Run directories, trials.jsonl files or folders of runs."),
+    gpu_price: float = typer.Option(..., "--gpu-price", help="USD per GPU-hour."),
+    host_price: float = typer.Option(0.0, "--host-price", help="USD per GiB-hour of host memory or disk held by KV."),
+    tokens_per_month: Optional[float] = typer.Option(None, "--tokens-per-month", help="For the saving per month."),
+    engineering_cost: Optional[float] = typer.Option(None, "--engineering-cost", help="USD, for the payback time."),
+    max_ttft_ms: Optional[float] = typer.Option(None, "--max-ttft-ms", help="SLO: median TTFT at most this."),
+    max_tpot_ms: Optional[float] = typer.Option(None, "--max-tpot-ms", help="SLO: median TPOT at most this."),
+    base_throughput: Optional[float] = typer.Option(None, "--base-throughput", help="What-if: tokens/s without "
+                                                    "offload (with --offload-throughput; no results needed)."),
+    offload_throughput: Optional[float] = typer.Option(None, "--offload-throughput", help="What-if: with offload."),
+    out_dir: Optional[Path] = typer.Option(None, "--out", help="Where cost.csv, cost.json and cost.png go "
+                                           "(default: <first path>/report)."),
+) -> None:
+    """Cost per 1M generated tokens per mode from measured throughput (or what-if figures), saving vs none."""
+    from rich.markup import escape
+
+    from kvbench.cost import Prices, what_if
+
+    try:
+        prices = Prices(gpu_price, host_price, tokens_per_month, engineering_cost)
+    except ValueError as exc:
+        _fail(str(exc))
+    if (base_throughput is None) != (offload_throughput is None):
+        _fail("--base-throughput and --offload-throughput go together")
+    if base_throughput is not None:
+        try:
+            w = what_if(prices, base_throughput, offload_throughput)
+        except ValueError as exc:
+            _fail(str(exc).replace("the throughput", "a throughput"))
+        out.print(f"cost per 1M generated tokens at {gpu_price:g} USD per GPU-hour: {w['base_usd_per_million']:,.2f} "
+                  f"→ {w['offload_usd_per_million']:,.2f} USD ({w['saving_pct']:.1f}% saving; "
+                  f"{base_throughput:g} → {offload_throughput:g} tokens/s)", highlight=False)
+        if w["monthly_saving_usd"] is not None:
+            out.print(f"at {tokens_per_month:,.0f} tokens per month: {w['monthly_saving_usd']:,.2f} USD per month",
+                      highlight=False)
+        if w["payback_months"] is not None:
+            out.print(f"payback of {engineering_cost:,.0f} USD: {w['payback_months']:.1f} months", highlight=False)
+        return
+    if not results:
+        _fail("give result directories, or --base-throughput and --offload-throughput for a what-if")
+    from kvbench.analysis import point_table
+    from kvbench.cost import cost_table, verdicts
+
+    loaded = _load(results)
+    table = cost_table(point_table(loaded.trials, n_boot=0), prices,
+                       None if max_ttft_ms is None else max_ttft_ms / 1e3,
+                       None if max_tpot_ms is None else max_tpot_ms / 1e3)
+    first = results[0]
+    target = out_dir or ((first if first.is_dir() else first.parent) / "report")
+    monthly = tokens_per_month is not None
+    t = Table(title=f"cost per 1M generated tokens at {gpu_price:g} USD per GPU-hour, host {host_price:g} USD per "
+                    "GiB-hour", caption="best qualifying batch per mode (all trials ok within the budget, ids equal "
+                                        "to none's, SLOs met); saving against none at the same prompt length")
+    for c in ["scenario", "prompt", "mode", "batch", "tokens/s", "USD/1M", "saving %"] + \
+            (["USD/month"] if monthly else []) + (["payback months"] if engineering_cost is not None else []):
+        t.add_column(c, justify="left" if c in ("scenario", "mode") else "right", overflow="fold")
+    for r in table.to_dict("records"):
+        if r["usd_per_million"] != r["usd_per_million"]:
+            cells = ["-", "-", "-", escape(r["why"])] + (["-"] if monthly else []) + \
+                    (["-"] if engineering_cost is not None else [])
+        else:
+            cells = [str(int(r["batch_size"])), f"{r['throughput_tokens_per_s']:,.2f}", f"{r['usd_per_million']:,.2f}",
+                     "ref" if r["mode"] == "none" else
+                     ("n/a" if r["saving_pct"] != r["saving_pct"] else f"{r['saving_pct']:+.1f}")]
+            if monthly:
+                m = r["monthly_saving_usd"]
+                cells.append("-" if m is None or m != m else f"{m:,.0f}")
+            if engineering_cost is not None:
+                pb = r["payback_months"]
+                cells.append("-" if pb is None or pb != pb else f"{pb:.1f}")
+        t.add_row(escape(r["group"]), str(int(r["prompt_tokens"])), escape(r["mode_label"]), *cells)
+    out.print(t)
+    for group, lines in verdicts(table).items():
+        out.print(f"[bold]{escape(group)}:[/]", highlight=False)
+        for line in lines:
+            out.print(f"  {escape(line)}", highlight=False)
+    out.print(f"host memory and disk charged at {host_price:g} USD per GiB-hour"
+              + (" (pass --host-price to charge them)" if host_price == 0 else ""), highlight=False)
+    _problems(loaded)
+    from kvbench.cost import write_costs
+
+    try:
+        files = write_costs(table, target, prices)
+    except OSError as exc:
+        _fail(f"cannot write to {target}: {exc.strerror or exc}")
+    out.print(f"cost: {', '.join(str(f) for f in files)}", highlight=False)
+
+
+def _bytes_option(value: str, option: str) -> int:
+    from pydantic import ByteSize, TypeAdapter, ValidationError
+
+    try:
+        n = TypeAdapter(ByteSize).validate_python(value)
+    except ValidationError:
+        _fail(f"{option} {value!r}: give bytes or a size such as 80GiB, 512GB")
+    if n <= 0:
+        _fail(f"{option} {value!r}: must be more than 0 bytes")
+    return int(n)
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:,.2f} GiB" if n >= 2**30 else f"{n / 2**20:,.2f} MiB"
+
+
+@app.command()
+def plan(
+    model: str = typer.Argument(..., help="A preset (see `kvbench list presets`), a config.json or a model directory."),
+    prompt_tokens: int = typer.Option(4096, "--prompt-tokens", help="Context per sequence (tokens)."),
+    batch: int = typer.Option(1, help="Sequences decoded together (the roofline's batch)."),
+    dtype: str = typer.Option("bf16", help=f"KV and weights dtype: {', '.join(sorted(set(['fp32', 'fp16', 'bf16', 'fp8'])))}."),
+    gpu_mem: str = typer.Option("80GiB", "--gpu-mem", help="Device memory."),
+    host_mem: Optional[str] = typer.Option(None, "--host-mem", help="Host memory for KV (default: this machine's)."),
+    window: int = typer.Option(512, help="hierarchical's window (tokens on the device per layer)."),
+    link_gbps: float = typer.Option(50.0, "--link-gbps", help="Host→device bandwidth, GB/s (measure: kvbench env "
+                                    "--device cuda)."),
+    hbm_gbps: float = typer.Option(2000.0, "--hbm-gbps", help="Device memory bandwidth, GB/s."),
+    gpu_price: Optional[float] = typer.Option(None, "--gpu-price", help="USD per GPU-hour: adds cost per 1M tokens."),
+) -> None:
+    """Analytic KV footprint, the largest batch per mode and a decode-step roofline for a model config (no GPU)."""
+    import difflib
+    import math
+
+    import psutil
+
+    from kvbench.models import preset_names, preset_path
+    from kvbench.plan import DTYPE_BYTES, architecture, cost_per_million, plan_modes, read_config
+
+    if dtype not in DTYPE_BYTES:
+        _fail(f"--dtype {dtype!r}: one of {', '.join(DTYPE_BYTES)}")
+    if prompt_tokens <= 0 or batch <= 0 or window < 0:
+        _fail("--prompt-tokens and --batch must be more than 0, --window 0 or more")
+    path = Path(model)
+    if path.is_dir():
+        path = path / "config.json"
+    if model in preset_names():
+        path = preset_path(model)
+    elif path.suffix == ".json" or path.exists():
+        if not path.is_file():
+            _fail(f"{path}: no such config.json")
+    else:
+        close = difflib.get_close_matches(model, preset_names(), n=3)
+        hint = f"did you mean {', '.join(close)}? " if close else ""
+        _fail(f"unknown model {model!r}: {hint}presets: {', '.join(preset_names())}; or give a config.json path")
+    try:
+        arch = architecture(read_config(path), model)
+    except ValueError as exc:
+        _fail(str(exc))
+    except (OSError, KeyError) as exc:
+        _fail(f"{path}: not a usable model config ({exc})")
+    gpu = _bytes_option(gpu_mem, "--gpu-mem")
+    host = _bytes_option(host_mem, "--host-mem") if host_mem else psutil.virtual_memory().total
+    nbytes = DTYPE_BYTES[dtype]
+    try:
+        modes = plan_modes(arch, prompt_tokens, batch, nbytes, gpu, host, link_gbps * 1e9, hbm_gbps * 1e9, window)
+        costs = [cost_per_million(gpu_price, m.tokens_per_s) for m in modes] if gpu_price is not None else None
+    except ValueError as exc:
+        _fail(str(exc))
+    per_seq = arch.kv_bytes(prompt_tokens, nbytes)
+    sliding = arch.layers - arch.full_layers
+    out.print(f"{model}: {arch.layers} layers ({sliding} with a sliding window), {arch.kv_heads} kv heads × "
+              f"{arch.head_dim}, {dtype}; {arch.parameters / 1e9:,.2f} B parameters = weights "
+              f"{_gib(arch.parameters * nbytes)}", highlight=False)
+    out.print(f"KV: {per_seq / prompt_tokens:,.0f} bytes per token at {prompt_tokens:,} tokens "
+              f"({2 * arch.kv_heads * arch.head_dim * nbytes * arch.layers:,} for full attention in every layer); "
+              f"{_gib(per_seq)} per sequence, {_gib(per_seq * batch)} for batch {batch}", highlight=False)
+    out.print(f"assumed: GPU {_gib(gpu)} (10% reserved), host {_gib(host)}, link {link_gbps:g} GB/s, "
+              f"device memory {hbm_gbps:g} GB/s", highlight=False)
+    unit_name, unit = ("GiB", 2**30) if per_seq >= 2**30 else ("MiB", 2**20)
+    cap = Table(title=f"capacity at {prompt_tokens:,} tokens per sequence",
+                caption="KV per sequence on the device (with the layers in flight) and in host memory; max batch: "
+                        "device KV within the GPU less weights and reserve, host KV within host memory")
+    for c in ("mode", f"device KV/seq ({unit_name})", f"host KV/seq ({unit_name})", "max batch"):
+        cap.add_column(c, justify="left" if c == "mode" else "right")
+    roof = Table(title=f"decode step at batch {batch}",
+                 caption="memory: weights + KV read from device memory; link: history copied host→device; TPOT = "
+                         "the larger (copies overlapped); link-bound from: the batch from which the link sets it")
+    widest = max(len(m.mode) for m in modes)
+    for c in ["mode", f"link {unit_name}", "link ms", "memory ms", "TPOT ms", "tok/s", "bound",
+              "link-bound from"] + (["USD/1M tok"] if costs else []):
+        roof.add_column(c, justify="left" if c in ("mode", "bound") else "right", no_wrap=True,
+                        min_width=widest if c == "mode" else None)
+    for i, m in enumerate(modes):
+        cross = ("-" if m.link_bound_batch is None else "batch 1" if m.link_bound_batch < 1
+                 else f"batch {math.floor(m.link_bound_batch) + 1:,}")
+        cap.add_row(m.mode, f"{m.device_bytes_per_seq / unit:,.2f}", f"{m.host_bytes_per_seq / unit:,.2f}",
+                    f"{m.max_batch:,}")
+        roof.add_row(m.mode, f"{m.link_bytes_per_step / unit:,.2f}", f"{m.link_s * 1e3:,.1f}",
+                     f"{m.memory_s * 1e3:,.1f}", f"{m.step_s * 1e3:,.1f}", f"{m.tokens_per_s:,.1f}",
+                     "link" if m.bound == "link" else "memory", cross, *([f"{costs[i]:,.2f}"] if costs else []))
+    out.print(cap)
+    out.print(roof)
+    if arch.full_layers == 0:
+        out.print("every layer has a sliding window: its KV is capped and stays on the device; offload moves "
+                  "nothing", highlight=False)
+
+
+@app.command()
 def validate(files: list[Path] = typer.Argument(..., help="Scenario YAML files.")) -> None:
     """Check scenario files without loading any model weights (reads the model's config for its context limit);
     warn about configurations that run but mislead."""

@@ -1,0 +1,225 @@
+"""``kvbench plan``: what a model's KV cache needs, how large a batch each offload mode fits, and a decode-step
+roofline, from the model's config alone (no GPU, no weights).
+
+Formulas (bytes, seconds, tokens):
+
+- KV bytes of one sequence of T tokens = Σ over layers of 2 (K and V) × kv_heads × head_dim × dtype bytes ×
+  min(T, window), window = the layer's sliding window (Mistral, Gemma-2's alternate layers) or T.
+- Weights bytes = parameters × dtype bytes, parameters counted from the config (embeddings, untied LM head,
+  attention with its biases, gated MLP, norms): within a fraction of a percent of the published counts.
+- Placement per mode (kvbench's caches; sliding-window layers always stay on the device): ``none`` keeps all KV
+  on the device; ``full`` keeps two layers' history there (the one computing, the one prefetched) and all
+  history in host memory; ``hierarchical`` keeps the last W tokens of every layer there plus two layers of the
+  older history, the rest in host memory.
+- Decode step, the memory-bound roofline (S. Williams, A. Waterman, D. Patterson, "Roofline: an insightful visual
+  performance model", CACM 52(4), 2009): each step reads the weights and every sequence's KV once from device
+  memory, t_mem = (weights + batch × KV per sequence) / HBM bandwidth; an offload mode also copies its host
+  history over the link, t_link = batch × host KV per sequence / link bandwidth; with copies overlapped,
+  t_step = max(t_mem, t_link). TPOT (vLLM's definition: time per output token after the first) = t_step;
+  throughput = batch / t_step tokens/s.
+- Cost per 1M generated tokens = GPU price per hour ÷ (tokens/s × 3600) × 10^6.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+#: Bytes per element of the dtypes plan accepts.
+DTYPE_BYTES = {"fp32": 4, "float32": 4, "fp16": 2, "float16": 2, "bf16": 2, "bfloat16": 2, "fp8": 1, "int8": 1}
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """The numbers of a decoder-only transformer that set its KV and weights bytes.
+
+    Attributes:
+        name: a label (preset name or path).
+        windows: per layer, its sliding window in tokens, or None for full attention.
+        kv_heads: key/value heads per layer; head_dim: elements per head.
+        hidden, intermediate, heads, vocab: the config's sizes; tied: the LM head shares the embeddings;
+        qkv_bias: q/k/v projections have biases (Qwen2); norms_per_layer: RMSNorms per decoder layer.
+        max_positions: max_position_embeddings (tokens).
+    """
+
+    name: str
+    windows: tuple[int | None, ...]
+    kv_heads: int
+    head_dim: int
+    hidden: int
+    intermediate: int
+    heads: int
+    vocab: int
+    tied: bool
+    qkv_bias: bool
+    norms_per_layer: int
+    max_positions: int
+
+    @property
+    def layers(self) -> int:
+        return len(self.windows)
+
+    @property
+    def full_layers(self) -> int:
+        """Layers with full attention (the ones an offload mode moves to the host)."""
+        return sum(w is None for w in self.windows)
+
+    def token_layer_bytes(self, dtype_bytes: int) -> int:
+        """K and V bytes of one token in one layer: 2 × kv_heads × head_dim × dtype bytes."""
+        return 2 * self.kv_heads * self.head_dim * dtype_bytes
+
+    def kv_bytes(self, tokens: int, dtype_bytes: int) -> int:
+        """KV bytes of one sequence of ``tokens`` tokens, sliding-window layers capped at their window."""
+        per = self.token_layer_bytes(dtype_bytes)
+        return sum(per * (tokens if w is None else min(tokens, w)) for w in self.windows)
+
+    def sliding_kv_bytes(self, tokens: int, dtype_bytes: int) -> int:
+        """KV bytes of one sequence in the sliding-window layers only (they stay on the device)."""
+        per = self.token_layer_bytes(dtype_bytes)
+        return sum(per * min(tokens, w) for w in self.windows if w is not None)
+
+    @property
+    def parameters(self) -> int:
+        """Parameter count from the config: embeddings (+ LM head unless tied), per layer q/k/v/o projections
+        (+ q/k/v biases), a gated MLP (gate, up, down) and its norms, and the final norm."""
+        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        attn = self.hidden * q + 2 * self.hidden * kv + q * self.hidden + ((q + 2 * kv) if self.qkv_bias else 0)
+        mlp = 3 * self.hidden * self.intermediate
+        per_layer = attn + mlp + self.norms_per_layer * self.hidden
+        embed = self.vocab * self.hidden * (1 if self.tied else 2)
+        return embed + self.layers * per_layer + self.hidden
+
+
+_NEEDED = ("num_hidden_layers", "num_attention_heads", "hidden_size", "intermediate_size", "vocab_size")
+
+
+def read_config(path: str | Path) -> Any:
+    """A model's transformers config from its ``config.json``, refusing one that lacks the sizes plan needs
+    (transformers would fill them with its defaults, silently planning for another model).
+
+    Raises:
+        ValueError: not JSON, or missing fields (named).
+    """
+    path = Path(path)
+    try:
+        raw = json.loads(path.read_text())
+    except ValueError as exc:
+        raise ValueError(f"{path}: not valid JSON ({exc})") from None
+    text = raw.get("text_config", raw) if isinstance(raw, dict) else {}
+    missing = [k for k in _NEEDED if k not in text]
+    if missing:
+        raise ValueError(f"{path}: the config has no {', '.join(missing)}")
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(path)
+
+
+def architecture(config: Any, name: str) -> Architecture:
+    """:class:`Architecture` from a transformers config.
+
+    Raises:
+        ValueError: a config without the fields plan needs (naming them).
+    """
+    c = config.get_text_config() if hasattr(config, "get_text_config") else config
+    missing = [k for k in _NEEDED if getattr(c, k, None) is None]
+    if missing:
+        raise ValueError(f"{name}: the config has no {', '.join(missing)}")
+    n = c.num_hidden_layers
+    window = getattr(c, "sliding_window", None)
+    types = getattr(c, "layer_types", None)
+    if types:
+        windows = tuple(window if t == "sliding_attention" and window else None for t in types)
+    elif window and getattr(c, "use_sliding_window", True) is not False:
+        windows = (window,) * n  # e.g. Mistral v0.1: every layer slides
+    else:
+        windows = (None,) * n
+    heads = c.num_attention_heads
+    return Architecture(
+        name=name, windows=windows, kv_heads=getattr(c, "num_key_value_heads", None) or heads,
+        head_dim=getattr(c, "head_dim", None) or c.hidden_size // heads, hidden=c.hidden_size,
+        intermediate=c.intermediate_size, heads=heads, vocab=c.vocab_size,
+        tied=bool(getattr(c, "tie_word_embeddings", False)),
+        qkv_bias=c.model_type.startswith("qwen2") or bool(getattr(c, "attention_bias", False)),
+        norms_per_layer=4 if c.model_type.startswith("gemma2") or c.model_type.startswith("gemma3") else 2,
+        max_positions=getattr(c, "max_position_embeddings", 0) or 0)
+
+
+@dataclass(frozen=True)
+class ModePlan:
+    """One mode at the planned context and batch: bytes per sequence on the device and host (KV), the largest
+    batch that fits, and the roofline of a decode step at ``batch``."""
+
+    mode: str
+    device_bytes_per_seq: int
+    host_bytes_per_seq: int
+    max_batch: int
+    link_bytes_per_step: int
+    link_s: float
+    memory_s: float
+    step_s: float
+    tokens_per_s: float
+    bound: str
+    link_bound_batch: float | None  # batch above which the link, not device memory, sets the step time
+
+
+def plan_modes(arch: Architecture, tokens: int, batch: int, dtype_bytes: int, gpu_bytes: float, host_bytes: float,
+               link_bytes_per_s: float, hbm_bytes_per_s: float, window: int, reserve: float = 0.1) -> list[ModePlan]:
+    """``none``, ``full`` and ``hierarchical`` (``window`` tokens) at ``tokens`` of context and ``batch``.
+
+    ``max_batch`` = the largest batch whose device KV fits ``gpu_bytes × (1 − reserve)`` less the weights (the
+    reserve is for activations, the CUDA context and the allocator) and whose host KV fits ``host_bytes``; 0 when
+    not even one sequence fits.
+
+    Raises:
+        ValueError: a non-positive context, batch, bandwidth or memory.
+    """
+    for what, v in (("context tokens", tokens), ("batch", batch), ("link bandwidth", link_bytes_per_s),
+                    ("HBM bandwidth", hbm_bytes_per_s), ("GPU memory", gpu_bytes), ("host memory", host_bytes)):
+        if not v > 0:
+            raise ValueError(f"{what} must be more than 0, not {v}")
+    weights = arch.parameters * dtype_bytes
+    room = gpu_bytes * (1 - reserve) - weights
+    per_layer = arch.token_layer_bytes(dtype_bytes)
+    sliding = arch.sliding_kv_bytes(tokens, dtype_bytes)
+    total = arch.kv_bytes(tokens, dtype_bytes)
+    n_full = arch.full_layers
+    w = min(window, tokens)
+    placements = {
+        "none": (total, 0),
+        "full": (sliding + min(2, n_full) * per_layer * tokens, n_full * per_layer * tokens),
+        f"hierarchical(window={window})": (sliding + n_full * per_layer * w + min(2, n_full) * per_layer * (tokens - w),
+                                           n_full * per_layer * (tokens - w)),
+    }
+    out = []
+    for mode, (dev, host) in placements.items():
+        fits = math.floor(room / dev) if dev > 0 and room > 0 else 0
+        if host > 0:
+            fits = min(fits, math.floor(host_bytes / host))
+        mem_s = (weights + batch * total) / hbm_bytes_per_s
+        link_s = batch * host / link_bytes_per_s
+        step = max(mem_s, link_s)
+        # link_s > mem_s  ⇔  b × host / L > (weights + b × total) / M  ⇔  b > (weights / M) / (host / L − total / M)
+        slope = host / link_bytes_per_s - total / hbm_bytes_per_s
+        crossover = (weights / hbm_bytes_per_s) / slope if host > 0 and slope > 0 else None
+        out.append(ModePlan(mode, dev, host, fits, batch * host, link_s, mem_s, step, batch / step,
+                            "link" if link_s > mem_s else "device memory", crossover))
+    return out
+
+
+def cost_per_million(price_per_hour: float, tokens_per_s: float) -> float:
+    """USD per 1M generated tokens = price per hour ÷ (tokens/s × 3600) × 10^6.
+
+    Raises:
+        ValueError: a non-positive price or throughput.
+    """
+    if not price_per_hour > 0:
+        raise ValueError(f"the price must be more than 0 USD per hour, not {price_per_hour}")
+    if not tokens_per_s > 0:
+        raise ValueError(f"the throughput must be more than 0 tokens/s, not {tokens_per_s}")
+    return price_per_hour / (tokens_per_s * 3600) * 1e6
+
+
+__all__ = ["Architecture", "DTYPE_BYTES", "ModePlan", "architecture", "cost_per_million", "plan_modes", "read_config"]

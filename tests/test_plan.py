@@ -1,0 +1,146 @@
+"""kvbench plan: KV bytes, weights, capacity and the roofline, against hand-computed values."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from transformers import AutoConfig
+from typer.testing import CliRunner
+
+from kvbench.cli import app
+from kvbench.models import preset_path
+from kvbench.plan import architecture, cost_per_million, plan_modes
+
+
+def arch(name: str):
+    return architecture(AutoConfig.from_pretrained(preset_path(name)), name)
+
+
+@pytest.mark.parametrize("name, dtype_bytes, per_token", [
+    ("llama-2-7b", 2, 2 * 32 * 32 * 128 * 2),     # 524,288: the article's "0.5 MB per token", for the 7B
+    ("llama-2-70b", 2, 2 * 80 * 8 * 128 * 2),     # 327,680: grouped-query attention, 8 kv heads
+    ("llama-3.1-8b", 2, 2 * 32 * 8 * 128 * 2),    # 131,072
+    ("qwen2.5-7b", 2, 2 * 28 * 4 * 128 * 2),      # 57,344
+    ("smollm2-135m", 2, 2 * 30 * 3 * 64 * 2),     # 23,040
+    ("smollm2-135m", 4, 2 * 30 * 3 * 64 * 4),     # 46,080: float32, as the CPU runs use
+])
+def test_kv_bytes_per_token_of_full_attention_presets(name, dtype_bytes, per_token):
+    assert arch(name).kv_bytes(4096, dtype_bytes) == 4096 * per_token
+
+
+def test_sliding_window_layers_are_capped_at_their_window():
+    gemma = arch("gemma-2-9b")  # 42 layers, every other one slides over 4,096 tokens
+    per = 2 * 8 * 256 * 2
+    assert gemma.kv_bytes(4096, 2) == 42 * per * 4096
+    assert gemma.kv_bytes(8192, 2) == 21 * per * 8192 + 21 * per * 4096  # 258,048 B per token at 8K
+    mistral = arch("mistral-7b")  # v0.1: every layer slides over 4,096
+    assert mistral.kv_bytes(32768, 2) == mistral.kv_bytes(4096, 2) == 32 * 2 * 8 * 128 * 2 * 4096
+    assert mistral.full_layers == 0
+
+
+@pytest.mark.parametrize("name, parameters", [
+    ("llama-2-7b", 6_738_415_616), ("llama-3.1-8b", 8_030_261_248), ("qwen2.5-7b", 7_615_616_512),
+    ("gemma-2-9b", 9_241_705_984), ("smollm2-135m", 134_515_008)])
+def test_parameter_counts_equal_the_published_ones(name, parameters):
+    assert arch(name).parameters == parameters
+
+
+def test_capacity_and_roofline_by_hand():
+    a = arch("llama-3.1-8b")
+    gib = 2**30
+    modes = {m.mode: m for m in plan_modes(a, tokens=32768, batch=8, dtype_bytes=2, gpu_bytes=80 * gib,
+                                           host_bytes=64 * gib, link_bytes_per_s=50e9, hbm_bytes_per_s=2000e9,
+                                           window=512)}
+    weights = 8_030_261_248 * 2
+    room = 80 * gib * 0.9 - weights
+    seq = 32768 * 131_072  # 4 GiB
+    layer = seq // 32
+    none, full, hier = modes["none"], modes["full"], modes["hierarchical(window=512)"]
+    assert (none.device_bytes_per_seq, none.host_bytes_per_seq, none.max_batch) == (seq, 0, int(room // seq))
+    assert (full.device_bytes_per_seq, full.host_bytes_per_seq) == (2 * layer, seq)
+    assert full.max_batch == min(int(room // (2 * layer)), 64 * gib // seq) == 16  # host-bound: 64 GiB / 4 GiB
+    assert hier.device_bytes_per_seq == 32 * 512 * 4096 + 2 * (32768 - 512) * 4096
+    assert none.memory_s == pytest.approx((weights + 8 * seq) / 2000e9)
+    assert full.link_bytes_per_step == 8 * seq and full.link_s == pytest.approx(8 * seq / 50e9)
+    assert full.step_s == full.link_s and full.bound == "link" and none.bound == "device memory"
+    assert full.tokens_per_s == pytest.approx(8 / full.step_s)
+    # the link bounds full from the batch where b × seq / L > (weights + b × seq) / M
+    b = full.link_bound_batch
+    assert b * seq / 50e9 == pytest.approx((weights + b * seq) / 2000e9)
+
+
+def test_cost_per_million_tokens_is_the_articles_what_if():
+    assert cost_per_million(2.0, 10) == pytest.approx(55.56, abs=0.005)
+    assert cost_per_million(2.0, 15) == pytest.approx(37.04, abs=0.005)
+    with pytest.raises(ValueError, match="the price must be more than 0 USD per hour, not -1"):
+        cost_per_million(-1, 10)
+    with pytest.raises(ValueError, match="the throughput must be more than 0 tokens/s, not 0"):
+        cost_per_million(2.0, 0)
+
+
+def test_plan_command_output_and_errors(tmp_path):
+    cli = CliRunner()
+    r = cli.invoke(app, ["plan", "llama-2-70b", "--prompt-tokens", "4096", "--dtype", "fp16"])
+    assert r.exit_code == 0, r.output
+    assert "KV: 327,680 bytes per token at 4,096 tokens" in r.output and "1.25 GiB per sequence" in r.output
+    r = cli.invoke(app, ["plan", "lama-3.1-8b"])
+    assert r.exit_code == 2 and "unknown model 'lama-3.1-8b': did you mean llama-3.1-8b" in r.output
+    bad = tmp_path / "config.json"
+    bad.write_text(json.dumps({"model_type": "llama", "num_hidden_layers": 2}))
+    r = cli.invoke(app, ["plan", str(tmp_path)])
+    assert r.exit_code == 2 and "the config has no" in r.output
+    r = cli.invoke(app, ["plan", "llama-3.1-8b", "--gpu-price", "0"])
+    assert r.exit_code == 2 and "the price must be more than 0 USD per hour" in r.output
+    r = cli.invoke(app, ["plan", "llama-3.1-8b", "--gpu-mem", "lots"])
+    assert r.exit_code == 2 and "--gpu-mem 'lots': give bytes or a size such as 80GiB" in r.output
+
+
+def test_cost_what_if_and_bad_prices():
+    cli = CliRunner()
+    r = cli.invoke(app, ["cost", "--gpu-price", "2.0", "--base-throughput", "10", "--offload-throughput", "15"])
+    assert r.exit_code == 0, r.output
+    assert "55.56 → 37.04 USD (33.3% saving; 10 → 15 tokens/s)" in r.output
+    r = cli.invoke(app, ["cost", "--gpu-price", "2.0", "--base-throughput", "10", "--offload-throughput", "15",
+                         "--tokens-per-month", "1e9", "--engineering-cost", "5000"])
+    assert "18,518.52 USD per month" in r.output and "payback of 5,000 USD: 0.3 months" in r.output
+    for args, msg in ((["--gpu-price", "0"], "--gpu-price must be more than 0 USD per hour, not 0.0"),
+                      (["--gpu-price", "-2"], "--gpu-price must be more than 0 USD per hour, not -2.0"),
+                      (["--gpu-price", "2", "--base-throughput", "0", "--offload-throughput", "5"],
+                       "a throughput must be more than 0 tokens/s, not 0.0"),
+                      (["--gpu-price", "2", "--base-throughput", "10"], "go together"),
+                      (["--gpu-price", "2"], "give result directories")):
+        r = cli.invoke(app, ["cost", *args])
+        assert r.exit_code == 2 and msg in r.output, (args, r.output)
+
+
+def test_cost_from_results_where_none_never_fits(tmp_path):
+    from pathlib import Path
+
+    from kvbench.analysis import load_results, point_table
+    from kvbench.cost import Prices, cost_table, verdicts
+
+    golden = next(p for p in sorted((Path(__file__).parent / "data" / "golden").iterdir()) if p.is_dir())
+    table = point_table(load_results([golden]).trials, n_boot=0)
+    costs = cost_table(table, Prices(2.0, tokens_per_month=1e8))
+    none96 = costs[(costs.prompt_tokens == 96) & (costs["mode"] == "none")].iloc[0]
+    assert none96["why"] == "over the budget at every batch size" and none96["usd_per_million"] != none96[
+        "usd_per_million"]
+    full96 = costs[(costs.prompt_tokens == 96) & (costs.mode_label == "full")].iloc[0]
+    best = table[(table.prompt_tokens == 96) & (table.mode_label == "full")]["throughput_tokens_per_s_median"].max()
+    assert full96["throughput_tokens_per_s"] == best
+    assert full96["usd_per_million"] == pytest.approx(2.0 / (best * 3600) * 1e6)
+    skipped = costs[costs["mode"] == "hf-offloaded"]["why"].unique().tolist()
+    assert skipped == ["never measured (skipped)"]
+    lines = verdicts(costs)["golden"]
+    assert lines[1].startswith("at 96 tokens `none` has no cost (over the budget at every batch size); `")
+    none32 = costs[(costs.prompt_tokens == 32) & (costs["mode"] == "none")].iloc[0]
+    full32 = costs[(costs.prompt_tokens == 32) & (costs.mode_label == "full")].iloc[0]
+    assert full32["saving_pct"] == pytest.approx(100 * (1 - full32["usd_per_million"] / none32["usd_per_million"]))
+    assert full32["monthly_saving_usd"] == pytest.approx(
+        (none32["usd_per_million"] - full32["usd_per_million"]) * 100)  # 1e8 tokens = 100 × 1M
+    r = CliRunner().invoke(app, ["cost", str(golden), "--gpu-price", "2", "--out", str(tmp_path)])
+    assert r.exit_code == 0, r.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cost.csv", "cost.json", "cost.png"]
+    doc = json.loads((tmp_path / "cost.json").read_text())
+    assert doc["prices"]["gpu_per_hour"] == 2.0 and doc["verdicts"]["golden"] == lines
