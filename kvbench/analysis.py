@@ -119,7 +119,22 @@ def _read_rows(path: Path, problems: list[str]) -> list[dict[str, Any]]:
                 missing = [k for k in _REQUIRED if not isinstance(row, dict) or k not in row]
                 problems.append(f"{path}:{i}: not a trial row (missing {', '.join(missing)}); skipped")
                 continue
+            wrong = [k for k in ("prompt_tokens", "batch_size")
+                     if not isinstance(row[k], int) or isinstance(row[k], bool) or row[k] <= 0]
+            wrong += [k for k in ("trial_id", "status", "mode") if not isinstance(row[k], str)]
+            if wrong:
+                problems.append(f"{path}:{i}: not a trial row ({', '.join(wrong)} of the wrong type); skipped")
+                continue
             rows.append(row)
+    seen: dict[str, int] = {}
+    for row in rows:
+        seen[row["trial_id"]] = seen.get(row["trial_id"], 0) + 1
+    repeated = {k for k, n in seen.items() if n > 1}
+    if repeated:  # e.g. two writers on one run before kvbench locked it: keep the last of each
+        problems.append(f"{path}: {len(repeated)} trial id(s) appear more than once ({sorted(repeated)[0]}, ...); "
+                        "the last of each is kept")
+        last = {row["trial_id"]: i for i, row in enumerate(rows)}
+        rows = [row for i, row in enumerate(rows) if last[row["trial_id"]] == i]
     return rows
 
 

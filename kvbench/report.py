@@ -10,6 +10,7 @@ import html
 import math
 import multiprocessing as mp
 import os
+import re
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -483,10 +484,16 @@ def _img(path: Path) -> str:
 
 
 _CSS = """body{font-family:system-ui,sans-serif;margin:2em;max-width:1400px;color:#222}
-table{border-collapse:collapse;font-size:13px;margin:1em 0}th,td{border:1px solid #ccc;padding:3px 6px;
-text-align:right}th{background:#f3f3f3}td:nth-child(-n+4){text-align:left}img{max-width:100%;display:block;
-margin:1em 0}.rec{background:#eef6ee;padding:.6em;border-left:4px solid #4a4}.diag li{color:#8a3b00}
-.meta{color:#555;font-size:13px}"""
+.table{overflow-x:auto}table{border-collapse:collapse;font-size:13px;margin:1em 0}
+th,td{border:1px solid #ccc;padding:3px 6px;text-align:right;white-space:nowrap}th{background:#f3f3f3}
+th:nth-child(-n+4),td:nth-child(-n+4){text-align:left}img{max-width:100%;display:block;margin:1em 0}
+.rec{background:#eef6ee;padding:.6em;border-left:4px solid #4a4}.diag li{color:#8a3b00}
+.meta{color:#555;font-size:13px}code{background:#f3f3f3;padding:0 .2em}"""
+
+
+def _text(text: str) -> str:
+    """HTML of a plain-language line: escaped, with `code` spans."""
+    return re.sub(r"`([^`]+)`", r"<code>\1</code>", html.escape(text))
 
 
 def _html(results: Results, rep: Report, shown: pd.DataFrame) -> str:
@@ -494,15 +501,16 @@ def _html(results: Results, rep: Report, shown: pd.DataFrame) -> str:
     parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">', "<title>kvbench report</title>",
              f"<style>{_CSS}</style></head><body>", "<h1>kvbench report</h1>"]
     for g in rep.recommendations:
-        parts += [f"<h2>{e(g)}</h2>", f'<p class="rec"><b>Recommendation:</b> {e(rep.recommendations[g])}</p>',
-                  "<h3>Findings</h3><ul>"] + [f"<li>{e(f)}</li>" for f in rep.findings[g]] + ["</ul>"]
+        parts += [f"<h2>{e(g)}</h2>", f'<p class="rec"><b>Recommendation:</b> {_text(rep.recommendations[g])}</p>',
+                  "<h3>Findings</h3><ul>"] + [f"<li>{_text(f)}</li>" for f in rep.findings[g]] + ["</ul>"]
         if rep.diagnoses[g]:
-            parts += ['<h3>Diagnoses</h3><ul class="diag">'] + [f"<li>{e(d)}</li>" for d in rep.diagnoses[g]]
+            parts += ['<h3>Diagnoses</h3><ul class="diag">'] + [f"<li>{_text(d)}</li>" for d in rep.diagnoses[g]]
             parts += ["</ul>"]
         parts += ['<div class="meta"><ul>']
         for run in (r for r in results.runs if r.get("group") == g):
-            parts += [f"<li>{e(x)}</li>" for x in _env_lines(run)]
-        parts += ["</ul></div>", _html_table(shown[shown["scenario"] == g].drop(columns=["scenario"]))]
+            parts += [f"<li>{_text(x)}</li>" for x in _env_lines(run)]
+        parts += ["</ul></div>", '<div class="table">',
+                  _html_table(shown[shown["scenario"] == g].drop(columns=["scenario"])), "</div>"]
         parts += [_img(p) for t, p in rep.charts if t.startswith(f"{g}: ")]
     timelines = [p for t, p in rep.charts if t.startswith("memory timelines")]
     if timelines:

@@ -171,15 +171,19 @@ def test_corrupt_lines_are_reported_and_skipped(tmp_path):
     run = copy_run(tmp_path)
     lines = (run / "trials.jsonl").read_text().splitlines(keepends=True)
     lines.insert(3, '{"trial_id": "p32-b1-full-r0", "sta\n')
+    lines.insert(5, '{"trial_id": "x", "status": "ok", "prompt_tokens": "32", "batch_size": 1, "mode": "none"}\n')
+    lines.append(lines[0])  # the first trial written twice
     (run / "trials.jsonl").write_text("".join(lines) + '{"trial_id": "cut')
     results = load_results([run])
     assert len(results.trials) == 120
     assert results.problems == [
         f"{run / 'trials.jsonl'}:4: not a valid JSON line (a run killed mid-write?); skipped",
-        f"{run / 'trials.jsonl'}:122: not a valid JSON line (a run killed mid-write?); skipped"]
+        f"{run / 'trials.jsonl'}:6: not a trial row (prompt_tokens of the wrong type); skipped",
+        f"{run / 'trials.jsonl'}:124: not a valid JSON line (a run killed mid-write?); skipped",
+        f"{run / 'trials.jsonl'}: 1 trial id(s) appear more than once (p32-b1-none-r0, ...); the last of each is kept"]
     r = CliRunner().invoke(app, ["report", str(run), "--out", str(tmp_path / "rep")])
     assert r.exit_code == 0, r.output
-    assert "2 problems while loading" in r.output and ":122: not a valid JSON line" in r.output
+    assert "4 problems while loading" in r.output and ":124: not a valid JSON line" in r.output
 
 
 def test_bad_paths_and_schema_versions_are_clear_errors(tmp_path):
