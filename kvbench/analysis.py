@@ -94,8 +94,10 @@ def _run_meta(trials_file: Path, problems: list[str]) -> dict[str, Any]:
     except ValueError as exc:
         raise ResultsError(f"{rj}: not valid JSON ({exc})") from None
     version = meta.get("schema_version") if isinstance(meta, dict) else None
-    if not isinstance(version, int) or isinstance(version, bool):
+    if version is None:
         raise ResultsError(f"{rj}: no schema_version; not a kvbench run.json")
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise ResultsError(f"{rj}: schema_version {version!r} is not a whole number")
     if version > SCHEMA_VERSION:
         raise ResultsError(f"{rj}: schema_version {version} is newer than this kvbench reads ({SCHEMA_VERSION}); "
                            "upgrade kvbench")
@@ -112,8 +114,9 @@ def _read_rows(path: Path, problems: list[str]) -> list[dict[str, Any]]:
                 continue
             try:
                 row = orjson.loads(line)
-            except ValueError:  # orjson.JSONDecodeError is a ValueError
-                problems.append(f"{path}:{i}: not a valid JSON line (a run killed mid-write?); skipped")
+            except ValueError as exc:  # orjson.JSONDecodeError is a ValueError
+                cut = "" if line.endswith(b"\n") else " (cut off: a run killed mid-write?)"
+                problems.append(f"{path}:{i}: not valid JSON{cut}: {str(exc).splitlines()[0]}; skipped")
                 continue
             if not isinstance(row, dict) or any(k not in row for k in _REQUIRED):
                 missing = [k for k in _REQUIRED if not isinstance(row, dict) or k not in row]
@@ -154,6 +157,7 @@ def load_results(paths: list[str | Path]) -> Results:
     problems: list[str] = []
     runs: list[dict[str, Any]] = []
     frames: list[pd.DataFrame] = []
+    frames_by_run: list[pd.DataFrame | None] = []
     for tf in _trial_files(paths):
         meta = _run_meta(tf, problems)
         rows = _read_rows(tf, problems)
@@ -167,18 +171,23 @@ def load_results(paths: list[str | Path]) -> Results:
             frame["run"] = run["name"]
             frame["run_path"] = run["path"]
             frames.append(frame)
+            frames_by_run.append(frame)
         else:
             problems.append(f"{tf}: no trials")
+            frames_by_run.append(None)
     if not frames:
-        raise ResultsError(f"no trials to report in {', '.join(str(p) for p in paths)}")
+        why = "; ".join(problems[:3]) + (f"; and {len(problems) - 3} more" if len(problems) > 3 else "")
+        raise ResultsError(f"no trials to report in {', '.join(str(p) for p in paths)}" + (f" ({why})" if why else ""))
     # group: pool runs of one scenario name only when their definition and machine are the same
     by_name: dict[str, set] = {}
-    for r in runs:
-        name = r["scenario"].get("name") or r["name"]
+    for r, frame in zip(runs, frames_by_run):
+        # without run.json, the scenario name the rows carry (when they agree), else the directory's
+        named = set(frame["scenario"].dropna()) if frame is not None and "scenario" in frame else set()
+        r["scenario_name"] = r["scenario"].get("name") or (named.pop() if len(named) == 1 else r["name"])
         key = (json.dumps(r["scenario"], sort_keys=True, default=str), _machine(r["environment"]))
-        by_name.setdefault(name, set()).add(key)
+        by_name.setdefault(r["scenario_name"], set()).add(key)
     for r in runs:
-        name = r["scenario"].get("name") or r["name"]
+        name = r["scenario_name"]
         r["group"] = name if len(by_name[name]) == 1 else f"{name} @ {r['name']}"
     trials = pd.concat(frames, ignore_index=True, sort=False)
     return Results(_prepare(trials, trials["run_path"].map({r["path"]: r["group"] for r in runs})), runs, problems)
@@ -280,7 +289,7 @@ def point_table(trials: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> pd.D
     """One row per point (group × prompt length × batch size × mode), in the order points first appear.
 
     Columns: the keys; ``mode`` (kind); ``trials``, ``measured`` (ok + over budget) and one count per status
-    (``n_ok``, ``n_over_budget``, ``n_skipped``, ``n_error``, ``n_oom``); ``status`` (``ok``, or the first other
+    (``n_ok``, ``n_over_budget``, ``n_skipped``, ``n_error``, ``n_oom``, ``n_other`` for unknown ones); ``status`` (``ok``, or the first other
     status) and its ``message``; ``tokens_match`` (False if any measured trial's ids differed from ``none``,
     None when never compared) and ``first_divergence_step``; for each of :data:`SPREAD_METRICS` its
     ``_median``/``_min``/``_max`` over measured trials and ``_ci_low``/``_ci_high`` (95% bootstrap interval of
@@ -298,9 +307,12 @@ def point_table(trials: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> pd.D
     first = g_all[["mode"]].first().reset_index()
     table = table.merge(first, on=keys, how="left")
     counts = df.groupby(keys + ["status"], sort=False).size().unstack("status", fill_value=0)
-    for s in ("ok", "over_budget", "skipped", "error", "oom"):
+    known = ["ok", "over_budget", "skipped", "error", "oom"]
+    for s in known:
         if s not in counts:
             counts[s] = 0
+    counts["other"] = counts.drop(columns=known).sum(axis=1)  # statuses this kvbench does not know
+    counts = counts[known + ["other"]]
     counts.columns = [f"n_{c}" for c in counts.columns]
     table = table.merge(counts.reset_index(), on=keys, how="left")
     table["measured"] = table["n_ok"] + table["n_over_budget"]

@@ -234,7 +234,7 @@ def memory_timelines(trials: list[tuple[str, pd.DataFrame, Any]], title: str, pa
             if col in s and s[col].notna().any():
                 right.plot(s["t_s"], s[col] / MIB, color=c, linewidth=0.8, alpha=0.7, label=label)
         right.set_ylabel("process (MiB)")
-        right.yaxis.set_major_formatter(lambda v, _: f"{v:,.1f}")  # plain numbers, no offset notation
+        right.ticklabel_format(axis="y", useOffset=False, style="plain")  # 1057.2, not "+1.057e3" and 0.2
         decode = s[s["phase"] == "decode"]
         if len(decode):
             ax.axvline(decode["t_s"].iloc[0], color="grey", linestyle="-.", linewidth=0.8, label="decode starts")

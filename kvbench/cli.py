@@ -293,7 +293,7 @@ REPORT_TERMINAL_ROWS = 60
 @app.command()
 def report(
     paths: list[Path] = typer.Argument(..., help="Run directories, trials.jsonl files or folders of runs."),
-    out_dir: Optional[Path] = typer.Option(None, "--out", help="Where to write (default: <first path>/report)."),
+    out_dir: Optional[str] = typer.Option(None, "--out", help="Where to write (default: <first path>/report)."),
     timeline: list[str] = typer.Option([], "--timeline", help="A trial id whose memory timeline to draw "
                                        "(repeatable; default: every mode at each scenario's largest point)."),
 ) -> None:
@@ -302,16 +302,22 @@ def report(
 
     from kvbench.report import chart_pool, terminal_frame, write_report
 
+    if out_dir is not None and not out_dir.strip():
+        _fail("--out is empty: give a directory")
     first = paths[0]
-    target = out_dir or ((first if first.is_dir() else first.parent) / "report")
-    with chart_pool() as pool:  # its workers get ready while the results load
-        results = _load(paths)
-        try:
-            rep = write_report(results, target, timelines=timeline or None, pool=pool)
-        except ValueError as exc:
-            _fail(str(exc))
-        except OSError as exc:
-            _fail(f"cannot write the report to {target}: {exc.strerror or exc}")
+    target = Path(out_dir) if out_dir else (first if first.is_dir() else first.parent) / "report"
+    try:
+        with chart_pool() as pool:  # its workers get ready while the results load
+            results = _load(paths)
+            try:
+                rep = write_report(results, target, timelines=timeline or None, pool=pool)
+            except ValueError as exc:
+                _fail(str(exc))
+            except OSError as exc:
+                _fail(f"cannot write the report to {target}: {exc.strerror or exc}")
+    except KeyboardInterrupt:
+        err.print(f"interrupted: no report written to {target}", highlight=False)
+        raise typer.Exit(130) from None
     shown = terminal_frame(rep.shown, rep.table)
     for g in rep.recommendations:
         part = shown[rep.table["group"] == g]
@@ -337,7 +343,9 @@ def compare(
                                       "than PCT percent on METRIC at any matched point (repeatable)."),
 ) -> None:
     """Matched points of two runs side by side with the ratio B/A per metric; a CI gate with --fail-on."""
-    from kvbench.compare import COMPARE_METRICS, compare_points, parse_threshold, violations
+    from rich.markup import escape
+
+    from kvbench.compare import COMPARE_METRICS, compare_points, parse_threshold, regressions, violations
 
     try:
         thresholds = [parse_threshold(x) for x in fail_on]
@@ -368,15 +376,22 @@ def compare(
             cells.append(f"[{style}]{ratio:.3f}[/]" if style else f"{ratio:.3f}")
         t.add_row(r["group"], str(int(r["prompt_tokens"])), str(int(r["batch_size"])), r["mode_label"], *cells)
     out.print(t)
-    for name, only in (("A", only_a), ("B", only_b)):
-        if only:
-            out.print(f"only in {name}: {', '.join(only)}", highlight=False)
+    if only_b:
+        out.print(f"only in B: {', '.join(only_b)}", highlight=False)
     _problems(a)
     _problems(b)
-    bad = violations(frame, thresholds)
+    for th in thresholds:
+        if frame[f"{th.metric}_ratio"].notna().sum() == 0:
+            _fail(f"--fail-on {th.metric}: no matched point has {th.metric} in both runs (CUDA-only figures are "
+                  "empty on CPU runs)")
+    lost = regressions(frame, only_a)
+    for line in lost:
+        err.print(f"[yellow]regression:[/] {escape(line)}", highlight=False)
+    # a gate: lost or broken points fail it whatever the metrics say
+    bad = lost + violations(frame, thresholds) if thresholds else []
     if bad:
         more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
-        err.print(f"[red]fail:[/] {bad[0]}{more}", highlight=False)
+        err.print(f"[red]fail:[/] {escape(bad[0])}{more}", highlight=False)
         raise typer.Exit(1)
     if thresholds:
         out.print(f"pass: no matched point worse than {', '.join(f'{t.metric} {t.pct:g}%' for t in thresholds)}",
@@ -395,7 +410,7 @@ def cost(
     base_throughput: Optional[float] = typer.Option(None, "--base-throughput", help="What-if: tokens/s without "
                                                     "offload (with --offload-throughput; no results needed)."),
     offload_throughput: Optional[float] = typer.Option(None, "--offload-throughput", help="What-if: with offload."),
-    out_dir: Optional[Path] = typer.Option(None, "--out", help="Where cost.csv, cost.json and cost.png go "
+    out_dir: Optional[str] = typer.Option(None, "--out", help="Where cost.csv, cost.json and cost.png go "
                                            "(default: <first path>/report)."),
 ) -> None:
     """Cost per 1M generated tokens per mode from measured throughput (or what-if figures), saving vs none."""
@@ -407,6 +422,9 @@ def cost(
         prices = Prices(gpu_price, host_price, tokens_per_month, engineering_cost)
     except ValueError as exc:
         _fail(str(exc))
+    for name, v in (("--max-ttft-ms", max_ttft_ms), ("--max-tpot-ms", max_tpot_ms)):
+        if v is not None and not (v > 0 and v != float("inf")):
+            _fail(f"{name} must be a finite number of milliseconds above 0, not {v}")
     if (base_throughput is None) != (offload_throughput is None):
         _fail("--base-throughput and --offload-throughput go together")
     if base_throughput is not None:
@@ -422,6 +440,10 @@ def cost(
                       highlight=False)
         if w["payback_months"] is not None:
             out.print(f"payback of {engineering_cost:,.0f} USD: {w['payback_months']:.1f} months", highlight=False)
+        elif engineering_cost is not None:
+            out.print(f"no payback of {engineering_cost:,.0f} USD: offload saves nothing here", highlight=False)
+        if w["saving_pct"] < 0:
+            out.print("offload raises cost here: its throughput is lower than without it", highlight=False)
         return
     if not results:
         _fail("give result directories, or --base-throughput and --offload-throughput for a what-if")
@@ -432,8 +454,10 @@ def cost(
     table = cost_table(point_table(loaded.trials, n_boot=0), prices,
                        None if max_ttft_ms is None else max_ttft_ms / 1e3,
                        None if max_tpot_ms is None else max_tpot_ms / 1e3)
+    if out_dir is not None and not out_dir.strip():
+        _fail("--out is empty: give a directory")
     first = results[0]
-    target = out_dir or ((first if first.is_dir() else first.parent) / "report")
+    target = Path(out_dir) if out_dir else (first if first.is_dir() else first.parent) / "report"
     monthly = tokens_per_month is not None
     t = Table(title=f"cost per 1M generated tokens at {gpu_price:g} USD per GPU-hour, host {host_price:g} USD per "
                     "GiB-hour", caption="best qualifying batch per mode (all trials ok within the budget, ids equal "
@@ -534,6 +558,9 @@ def plan(
         _fail(str(exc))
     except (OSError, KeyError) as exc:
         _fail(f"{path}: not a usable model config ({exc})")
+    for name, v in (("--link-gbps", link_gbps), ("--hbm-gbps", hbm_gbps)):
+        if not (v > 0 and math.isfinite(v)):
+            _fail(f"{name} must be a finite number of GB/s above 0, not {v}")
     gpu = _bytes_option(gpu_mem, "--gpu-mem")
     host = _bytes_option(host_mem, "--host-mem") if host_mem else psutil.virtual_memory().total
     nbytes = DTYPE_BYTES[dtype]
@@ -576,6 +603,13 @@ def plan(
                      "link" if m.bound == "link" else "memory", cross, *([f"{costs[i]:,.2f}"] if costs else []))
     out.print(cap)
     out.print(roof)
+    weights = arch.parameters * nbytes
+    if weights > gpu * 0.9:
+        err.print(f"[yellow]warning:[/] the weights ({_gib(weights)}) do not fit in {_gib(gpu * 0.9)} of the GPU (10% "
+                  "reserved): no batch fits in any mode; the decode step above assumes they did", highlight=False)
+    if arch.max_positions and prompt_tokens > arch.max_positions:
+        err.print(f"[yellow]warning:[/] {prompt_tokens:,} tokens is beyond the model's max_position_embeddings "
+                  f"({arch.max_positions:,})", highlight=False)
     if arch.full_layers == 0:
         out.print("every layer has a sliding window: its KV is capped and stays on the device; offload moves "
                   "nothing", highlight=False)

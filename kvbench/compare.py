@@ -58,8 +58,9 @@ def compare_points(a: Results, b: Results) -> tuple[pd.DataFrame, list[str], lis
     ta, tb = ta[ta["measured"] > 0], tb[tb["measured"] > 0]
     ta = ta.assign(_order=range(len(ta)))
     tb = tb.assign(_order=range(len(ta), len(ta) + len(tb)))
-    merged = ta[POINT_KEYS + cols + ["_order"]].merge(tb[POINT_KEYS + cols + ["_order"]], on=POINT_KEYS,
-                                                      how="outer", suffixes=("_a", "_b"), indicator=True)
+    extra = ["tokens_match", "n_ok", "trials", "_order"]
+    merged = ta[POINT_KEYS + cols + extra].merge(tb[POINT_KEYS + cols + extra], on=POINT_KEYS,
+                                                 how="outer", suffixes=("_a", "_b"), indicator=True)
     # A's sweep order, then what only B has (an outer merge sorts the keys)
     merged = merged.sort_values(["_order_a", "_order_b"]).drop(columns=["_order_a", "_order_b"])
 
@@ -73,6 +74,20 @@ def compare_points(a: Results, b: Results) -> tuple[pd.DataFrame, list[str], lis
     for m in COMPARE_METRICS:
         frame[f"{m}_ratio"] = frame[f"{m}_b"] / frame[f"{m}_a"].where(frame[f"{m}_a"] != 0)
     return frame, only_a, only_b
+
+
+def regressions(frame: pd.DataFrame, only_a: list[str]) -> list[str]:
+    """What B lost against A whatever the metrics say: points A measured and B did not (missing, failed or
+    skipped), greedy ids that stopped matching ``none``'s, and points whose trials all ended ``ok`` in A but not in
+    B (over the budget, out of memory, failed). One line each."""
+    lines = [f"{p}: measured in A, not in B" for p in only_a]
+    for _, r in frame.iterrows():
+        if r["tokens_match_b"] is False and r["tokens_match_a"] is not False:
+            lines.append(f"{point_name(r)}: generated ids no longer match none's")
+        if r["n_ok_a"] == r["trials_a"] and r["n_ok_b"] < r["trials_b"]:
+            lines.append(f"{point_name(r)}: {int(r['trials_b'] - r['n_ok_b'])} of {int(r['trials_b'])} trials no "
+                         "longer end ok (over budget, out of memory or failed)")
+    return lines
 
 
 def point_name(r: pd.Series) -> str:
@@ -101,5 +116,5 @@ def violations(frame: pd.DataFrame, thresholds: list[Threshold]) -> list[str]:
     return [line for _, line in sorted(found, key=lambda x: -x[0])]
 
 
-__all__ = ["COMPARE_METRICS", "Threshold", "compare_points", "parse_threshold", "point_name", "violations",
+__all__ = ["COMPARE_METRICS", "Threshold", "compare_points", "parse_threshold", "point_name", "regressions", "violations",
            "worse_pct"]

@@ -39,14 +39,19 @@ class Prices:
     engineering_cost: float | None = None
 
     def __post_init__(self) -> None:
-        if not self.gpu_per_hour > 0:
-            raise ValueError(f"--gpu-price must be more than 0 USD per hour, not {self.gpu_per_hour}")
-        if not self.host_per_gib_hour >= 0:
-            raise ValueError(f"--host-price must be 0 or more USD per GiB-hour, not {self.host_per_gib_hour}")
-        if self.tokens_per_month is not None and not self.tokens_per_month > 0:
-            raise ValueError(f"--tokens-per-month must be more than 0, not {self.tokens_per_month}")
-        if self.engineering_cost is not None and not self.engineering_cost >= 0:
-            raise ValueError(f"--engineering-cost must be 0 or more USD, not {self.engineering_cost}")
+        def bad(v: float | None, low: float, strict: bool) -> bool:
+            return v is not None and not (math.isfinite(v) and (v > low if strict else v >= low))
+
+        if bad(self.gpu_per_hour, 0, True):
+            raise ValueError(f"--gpu-price must be a finite number above 0 USD per hour, not {self.gpu_per_hour}")
+        if bad(self.host_per_gib_hour, 0, False):
+            raise ValueError(f"--host-price must be 0 or more USD per GiB-hour (finite), not {self.host_per_gib_hour}")
+        if bad(self.tokens_per_month, 0, True):
+            raise ValueError(f"--tokens-per-month must be a finite number above 0, not {self.tokens_per_month}")
+        if bad(self.engineering_cost, 0, False):
+            raise ValueError(f"--engineering-cost must be 0 or more USD (finite), not {self.engineering_cost}")
+        if self.engineering_cost is not None and self.tokens_per_month is None:
+            raise ValueError("--engineering-cost needs --tokens-per-month: the payback is cost ÷ saving per month")
 
     def per_million(self, tokens_per_s: float, host_bytes: float = 0.0) -> float:
         """USD per 1M generated tokens at ``tokens_per_s``, with ``host_bytes`` of host/disk KV charged."""

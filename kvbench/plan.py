@@ -112,9 +112,23 @@ def read_config(path: str | Path) -> Any:
     missing = [k for k in _NEEDED if k not in text]
     if missing:
         raise ValueError(f"{path}: the config has no {', '.join(missing)}")
+
+    def positive_int(v: Any) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool) and v > 0
+
+    wrong = [k for k in _NEEDED + ("num_key_value_heads", "head_dim")
+             if k in text and text[k] is not None and not positive_int(text[k])]
+    if text.get("sliding_window") is not None and not positive_int(text["sliding_window"]):
+        wrong.append("sliding_window")
+    if wrong:
+        raise ValueError(f"{path}: {', '.join(f'{k} = {text[k]!r}' for k in wrong)}: must be whole numbers above 0")
     from transformers import AutoConfig
 
-    return AutoConfig.from_pretrained(path)
+    try:
+        return AutoConfig.from_pretrained(path)
+    except Exception as exc:  # transformers raises many kinds (ValueError, KeyError, OSError) for a bad config
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ValueError(f"{path}: transformers cannot read this config: {first}") from None
 
 
 def architecture(config: Any, name: str) -> Architecture:
@@ -178,8 +192,8 @@ def plan_modes(arch: Architecture, tokens: int, batch: int, dtype_bytes: int, gp
     """
     for what, v in (("context tokens", tokens), ("batch", batch), ("link bandwidth", link_bytes_per_s),
                     ("HBM bandwidth", hbm_bytes_per_s), ("GPU memory", gpu_bytes), ("host memory", host_bytes)):
-        if not v > 0:
-            raise ValueError(f"{what} must be more than 0, not {v}")
+        if not (v > 0 and math.isfinite(v)):
+            raise ValueError(f"{what} must be a finite number above 0, not {v}")
     weights = arch.parameters * dtype_bytes
     room = gpu_bytes * (1 - reserve) - weights
     per_layer = arch.token_layer_bytes(dtype_bytes)
@@ -215,10 +229,10 @@ def cost_per_million(price_per_hour: float, tokens_per_s: float) -> float:
     Raises:
         ValueError: a non-positive price or throughput.
     """
-    if not price_per_hour > 0:
-        raise ValueError(f"the price must be more than 0 USD per hour, not {price_per_hour}")
-    if not tokens_per_s > 0:
-        raise ValueError(f"the throughput must be more than 0 tokens/s, not {tokens_per_s}")
+    if not (price_per_hour > 0 and math.isfinite(price_per_hour)):
+        raise ValueError(f"the price must be more than 0 USD per hour (and finite), not {price_per_hour}")
+    if not (tokens_per_s > 0 and math.isfinite(tokens_per_s)):
+        raise ValueError(f"the throughput must be more than 0 tokens/s (and finite), not {tokens_per_s}")
     return price_per_hour / (tokens_per_s * 3600) * 1e6
 
 

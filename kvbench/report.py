@@ -11,6 +11,9 @@ import math
 import multiprocessing as mp
 import os
 import re
+import shutil
+import signal
+import tempfile
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -74,17 +77,12 @@ def _pct(v: Any, signed: bool = False) -> str:
     return "n/a" if _missing(v) else (f"{v:+.1f}" if signed else f"{v:.1f}")
 
 
-_STATUSES = ("ok", "over_budget", "skipped", "error", "oom")
+_STATUSES = ("ok", "over_budget", "skipped", "error", "oom", "other")
 
 
 def _status(row: Any) -> str:
     """Trial counts per status, e.g. ``3 ok, 2 error`` (statuses kvbench does not know: ``other``)."""
-    counts = [(s, int(row.get(f"n_{s}", 0))) for s in _STATUSES]
-    parts = [f"{n} {s.replace('_', ' ')}" for s, n in counts if n]
-    other = int(row["trials"]) - sum(n for _, n in counts)
-    if other:
-        parts.append(f"{other} other")
-    return ", ".join(parts)
+    return ", ".join(f"{n} {s.replace('_', ' ')}" for s in _STATUSES if (n := int(row.get(f"n_{s}", 0))))
 
 
 def _match(v: Any) -> str:
@@ -102,7 +100,7 @@ def display_frame(table: pd.DataFrame) -> pd.DataFrame:
                "mode": r["mode_label"], "trials": _status(r),
                "TTFT (ms)": _spread(r, "ttft_s"), "TPOT (ms)": _spread(r, "tpot_s"),
                "TPOT 95% CI (ms)": _ci(r, "tpot_s"), "e2e (ms)": _spread(r, "e2e_s"),
-               "tokens/s": "-" if _missing(r["throughput_tokens_per_s_median"])
+               "tokens/s (e2e)": "-" if _missing(r["throughput_tokens_per_s_median"])
                else f"{r['throughput_tokens_per_s_median']:,.1f}",
                f"KV device peak ({kv_name})": _size(r["kv_device_peak_bytes_median"], kv_unit),
                f"device peak ({dev_name})": _size(r["peak_device_allocated_bytes_median"], dev_unit),
@@ -124,7 +122,7 @@ def terminal_frame(shown: pd.DataFrame, table: pd.DataFrame) -> pd.DataFrame:
     frame["TTFT (ms)"] = [_ms(v) for v in table["ttft_s_median"]]
     kv = next(c for c in frame.columns if c.startswith("KV device peak"))
     return frame.rename(columns={"prompt (tokens)": "prompt", "TTFT (ms)": "TTFT ms", "TPOT (ms)": "TPOT ms",
-                                 "tokens/s": "tok/s", kv: kv.replace("KV device peak (", "KV dev ").rstrip(")"),
+                                 "tokens/s (e2e)": "tok/s e2e", kv: kv.replace("KV device peak (", "KV dev ").rstrip(")"),
                                  "memory saving (%)": "saved %", "time overhead (%)": "overhead %",
                                  "ids match none": "= none"})
 
@@ -183,10 +181,16 @@ def recommendation(table: pd.DataFrame, group: str) -> str:
     head = f"`none` does not fit {where} from {_pt(first)} ({why})"
     if cands.empty:
         return f"{head}; at {_pt(worst)} no measured mode fits: raise the budget or shorten the context"
-    best = cands.sort_values("tpot_s_median").iloc[0]
+    ranked = cands.sort_values("tpot_s_median")
+    best = ranked.iloc[0]
     over = "" if _missing(best["time_overhead_pct"]) else f", {best['time_overhead_pct']:+.0f}% vs none"
-    return (f"{head}; at {_pt(worst)} use `{best['mode_label']}`: it fits with the least TPOT "
+    text = (f"{head}; at {_pt(worst)} use `{best['mode_label']}`: it fits with the least TPOT "
             f"({_ms(best['tpot_s_median'])} ms{over}, device KV {best['kv_device_peak_bytes_median'] / MIB:,.1f} MiB)")
+    close = [r["mode_label"] for _, r in ranked.iloc[1:].iterrows() if r["tpot_s_min"] <= best["tpot_s_max"]]
+    if close:  # the TPOT ranges overlap: the measurements do not separate them
+        text += (f"; {', '.join(f'`{m}`' for m in close)} overlap{'s' if len(close) == 1 else ''} its TPOT range "
+                 f"[{_ms(best['tpot_s_min'])}–{_ms(best['tpot_s_max'])} ms]: more repeats would tell them apart")
+    return text
 
 
 def diagnoses(results: Results, table: pd.DataFrame, group: str) -> list[str]:
@@ -302,6 +306,11 @@ class _InProcess:
         return None
 
 
+def _ignore_sigint() -> None:
+    """Chart workers leave Ctrl-C to the main process, which stops the report and shuts them down."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def chart_pool() -> Any:
     """Where the report's charts are drawn: with more than one CPU, forked worker processes (the charts are
     independent, and matplotlib cannot draw in threads), started now and warmed up (:func:`charts.warm_up`), so
@@ -311,7 +320,7 @@ def chart_pool() -> Any:
     workers = min(cpus, CHART_WORKERS)
     if workers < 2 or "fork" not in mp.get_all_start_methods():
         return _InProcess()
-    pool = ProcessPoolExecutor(workers, mp_context=mp.get_context("fork"))
+    pool = ProcessPoolExecutor(workers, mp_context=mp.get_context("fork"), initializer=_ignore_sigint)
     for _ in range(workers):  # workers start on demand: one warm-up job each starts them all now
         pool.submit(charts.warm_up)
     return pool
@@ -360,9 +369,29 @@ def write_report(results: Results, out_dir: str | Path, timelines: list[str] | N
     if timelines:
         unknown = sorted(set(timelines) - set(results.trials["trial_id"]))
         if unknown:
-            raise ValueError(f"no trial {', '.join(unknown)} in these results")
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+            raise ValueError(f"no trial {', '.join(map(repr, unknown))} in these results")
+    final = Path(out_dir)
+    created = not final.exists()
+    final.mkdir(parents=True, exist_ok=True)
+    # everything is written into a private folder inside, then moved into place: an interrupted or failed report
+    # leaves no half of itself behind
+    out = Path(tempfile.mkdtemp(dir=final, prefix=".kvbench-report-"))
+    try:
+        rep = _write(results, out, timelines, pool)
+        for f in out.iterdir():
+            os.replace(f, final / f.name)
+    except BaseException:
+        shutil.rmtree(out, ignore_errors=True)
+        if created:
+            shutil.rmtree(final, ignore_errors=True)
+        raise
+    out.rmdir()
+    rep.charts = [(title, final / p.name) for title, p in rep.charts]
+    rep.files = {k: final / p.name for k, p in rep.files.items()}
+    return rep
+
+
+def _write(results: Results, out: Path, timelines: list[str] | None, pool: Any) -> Report:
     table = point_table(results.trials)
     groups = list(dict.fromkeys(table["group"]))
     colours = charts.mode_colours(list(table["mode_label"]))

@@ -73,9 +73,9 @@ def test_capacity_and_roofline_by_hand():
 def test_cost_per_million_tokens_is_the_articles_what_if():
     assert cost_per_million(2.0, 10) == pytest.approx(55.56, abs=0.005)
     assert cost_per_million(2.0, 15) == pytest.approx(37.04, abs=0.005)
-    with pytest.raises(ValueError, match="the price must be more than 0 USD per hour, not -1"):
+    with pytest.raises(ValueError, match=r"the price must be more than 0 USD per hour \(and finite\), not -1"):
         cost_per_million(-1, 10)
-    with pytest.raises(ValueError, match="the throughput must be more than 0 tokens/s, not 0"):
+    with pytest.raises(ValueError, match=r"the throughput must be more than 0 tokens/s \(and finite\), not 0"):
         cost_per_million(2.0, 0)
 
 
@@ -90,6 +90,18 @@ def test_plan_command_output_and_errors(tmp_path):
     bad.write_text(json.dumps({"model_type": "llama", "num_hidden_layers": 2}))
     r = cli.invoke(app, ["plan", str(tmp_path)])
     assert r.exit_code == 2 and "the config has no" in r.output
+    for field, value, msg in (("num_hidden_layers", "32", "num_hidden_layers = '32': must be whole numbers above 0"),
+                              ("num_attention_heads", 0, "num_attention_heads = 0: must be whole numbers above 0"),
+                              ("sliding_window", -5, "sliding_window = -5: must be whole numbers above 0")):
+        cfg = json.loads(preset_path("llama-3.1-8b").read_text()) | {field: value}
+        bad.write_text(json.dumps(cfg))
+        r = cli.invoke(app, ["plan", str(bad)])
+        assert r.exit_code == 2 and msg in r.output, r.output
+    bad.write_text(json.dumps(json.loads(preset_path("llama-3.1-8b").read_text()) | {"model_type": "foo"}))
+    r = cli.invoke(app, ["plan", str(bad)])
+    assert r.exit_code == 2 and f"{bad}: transformers cannot read this config: " in r.output
+    r = cli.invoke(app, ["plan", "llama-2-70b", "--dtype", "fp16"])
+    assert r.exit_code == 0 and "the weights (128.48 GiB) do not fit in 72.00 GiB of the GPU" in r.output
     r = cli.invoke(app, ["plan", "llama-3.1-8b", "--gpu-price", "0"])
     assert r.exit_code == 2 and "the price must be more than 0 USD per hour" in r.output
     r = cli.invoke(app, ["plan", "llama-3.1-8b", "--gpu-mem", "lots"])
@@ -104,10 +116,16 @@ def test_cost_what_if_and_bad_prices():
     r = cli.invoke(app, ["cost", "--gpu-price", "2.0", "--base-throughput", "10", "--offload-throughput", "15",
                          "--tokens-per-month", "1e9", "--engineering-cost", "5000"])
     assert "18,518.52 USD per month" in r.output and "payback of 5,000 USD: 0.3 months" in r.output
-    for args, msg in ((["--gpu-price", "0"], "--gpu-price must be more than 0 USD per hour, not 0.0"),
-                      (["--gpu-price", "-2"], "--gpu-price must be more than 0 USD per hour, not -2.0"),
+    for args, msg in ((["--gpu-price", "0"], "--gpu-price must be a finite number above 0 USD per hour, not 0.0"),
+                      (["--gpu-price", "-2"], "--gpu-price must be a finite number above 0 USD per hour, not -2.0"),
+                      (["--gpu-price", "inf"], "--gpu-price must be a finite number above 0 USD per hour, not inf"),
                       (["--gpu-price", "2", "--base-throughput", "0", "--offload-throughput", "5"],
-                       "a throughput must be more than 0 tokens/s, not 0.0"),
+                       "a throughput must be more than 0 tokens/s (and finite), not 0.0"),
+                      (["--gpu-price", "2", "--base-throughput", "10", "--offload-throughput", "inf"],
+                       "a throughput must be more than 0 tokens/s (and finite), not inf"),
+                      (["--gpu-price", "2", "--engineering-cost", "5000", "--base-throughput", "1",
+                        "--offload-throughput", "2"], "--engineering-cost needs --tokens-per-month"),
+                      (["--gpu-price", "2", "--max-tpot-ms", "-5"], "--max-tpot-ms must be a finite number"),
                       (["--gpu-price", "2", "--base-throughput", "10"], "go together"),
                       (["--gpu-price", "2"], "give result directories")):
         r = cli.invoke(app, ["cost", *args])

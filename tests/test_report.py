@@ -176,14 +176,15 @@ def test_corrupt_lines_are_reported_and_skipped(tmp_path):
     (run / "trials.jsonl").write_text("".join(lines) + '{"trial_id": "cut')
     results = load_results([run])
     assert len(results.trials) == 120
-    assert results.problems == [
-        f"{run / 'trials.jsonl'}:4: not a valid JSON line (a run killed mid-write?); skipped",
-        f"{run / 'trials.jsonl'}:6: not a trial row (prompt_tokens of the wrong type); skipped",
-        f"{run / 'trials.jsonl'}:124: not a valid JSON line (a run killed mid-write?); skipped",
-        f"{run / 'trials.jsonl'}: 1 trial id(s) appear more than once (p32-b1-none-r0, ...); the last of each is kept"]
+    f = run / "trials.jsonl"
+    p = results.problems  # the JSON parser's own reason sits between the prefix and "; skipped"
+    assert len(p) == 4 and p[0].startswith(f"{f}:4: not valid JSON: ") and p[0].endswith("; skipped")
+    assert p[1] == f"{f}:6: not a trial row (prompt_tokens of the wrong type); skipped"
+    assert p[2].startswith(f"{f}:124: not valid JSON (cut off: a run killed mid-write?): ")
+    assert p[3] == f"{f}: 1 trial id(s) appear more than once (p32-b1-none-r0, ...); the last of each is kept"
     r = CliRunner().invoke(app, ["report", str(run), "--out", str(tmp_path / "rep")])
     assert r.exit_code == 0, r.output
-    assert "4 problems while loading" in r.output and ":124: not a valid JSON line" in r.output
+    assert "4 problems while loading" in r.output and ":124: not valid JSON (cut off" in r.output
 
 
 def test_bad_paths_and_schema_versions_are_clear_errors(tmp_path):
@@ -198,7 +199,7 @@ def test_bad_paths_and_schema_versions_are_clear_errors(tmp_path):
     r = CliRunner().invoke(app, ["report", str(tmp_path / "empty")])
     assert r.exit_code == 2 and "no kvbench runs here" in r.output
     r = CliRunner().invoke(app, ["report", str(RUN), "--out", str(tmp_path / "r"), "--timeline", "p1-b1-none-r9"])
-    assert r.exit_code == 2 and "no trial p1-b1-none-r9 in these results" in r.output
+    assert r.exit_code == 2 and "no trial 'p1-b1-none-r9' in these results" in r.output
 
 
 def test_no_baseline_gives_na_with_a_note(tmp_path):
@@ -320,3 +321,27 @@ def test_link_diagnoses_use_the_measured_bandwidth(tmp_path):
     assert len(lines) == len(expected) > 0  # every offload point more than 1 ms per token slower than none
     assert all("transfers are not overlapped with compute, or the host side is slow" in d for d in lines)
     assert not any(d.startswith("no host↔device link") for d in diagnoses(fast, table, "golden"))
+
+
+def test_compare_gate_fails_on_lost_or_broken_points(tmp_path):
+    def broken(r):
+        if r["mode_label"] == FULL:
+            return dict(r, status="error", message="RuntimeError: boom")
+        if r["mode_label"] == HIER:
+            return dict(r, tokens_match=False, first_divergence_step=2)
+        if r["mode_label"] == DYN and r["prompt_tokens"] == 32:
+            return dict(r, status="over_budget")
+        return r
+
+    b = copy_run(tmp_path, "broken", edit=broken)
+    r = CliRunner().invoke(app, ["compare", str(RUN), str(b), "--fail-on", "tpot_s:50"])
+    assert r.exit_code == 1
+    assert "regression: golden p32 b1 full: measured in A, not in B" in r.output
+    assert "regression: golden p32 b1 hierarchical(window=16): generated ids no longer match none's" in r.output
+    assert ("regression: golden p32 b1 dynamic(min_window=16,max_window=48): 5 of 5 trials no longer end ok"
+            in r.output)
+    assert "fail: golden p32 b1 full: measured in A, not in B (and 9 more)" in r.output  # 4 + 4 + 2
+    r = CliRunner().invoke(app, ["compare", str(RUN), str(b)])
+    assert r.exit_code == 0 and "regression:" in r.output  # without a gate: shown, not failed
+    r = CliRunner().invoke(app, ["compare", str(RUN), str(RUN), "--fail-on", "peak_device_allocated_bytes:10"])
+    assert r.exit_code == 2 and "no matched point has peak_device_allocated_bytes in both runs" in r.output
