@@ -518,7 +518,7 @@ def plan(
     model: str = typer.Argument(..., help="A preset (see `kvbench list presets`), a config.json or a model directory."),
     prompt_tokens: int = typer.Option(4096, "--prompt-tokens", help="Context per sequence (tokens)."),
     batch: int = typer.Option(1, help="Sequences decoded together (the roofline's batch)."),
-    dtype: str = typer.Option("bf16", help=f"KV and weights dtype: {', '.join(sorted(set(['fp32', 'fp16', 'bf16', 'fp8'])))}."),
+    dtype: str = typer.Option("bf16", help="KV and weights dtype: fp32, fp16, bf16, fp8 (or int8)."),
     gpu_mem: str = typer.Option("80GiB", "--gpu-mem", help="Device memory."),
     host_mem: Optional[str] = typer.Option(None, "--host-mem", help="Host memory for KV (default: this machine's)."),
     window: int = typer.Option(512, help="hierarchical's window (tokens on the device per layer)."),
