@@ -109,6 +109,17 @@ def _run_meta(trials_file: Path, problems: list[str]) -> dict[str, Any]:
     return meta
 
 
+def _is_trial_row(row: Any) -> bool:
+    """The common case, checked fast: the fields every row has, of the right types (``type(...) is int`` also
+    refuses bools)."""
+    try:
+        return (type(row["prompt_tokens"]) is int and row["prompt_tokens"] > 0 and type(row["batch_size"]) is int
+                and row["batch_size"] > 0 and type(row["trial_id"]) is str and type(row["status"]) is str
+                and type(row["mode"]) is str)
+    except (KeyError, TypeError):  # a field missing, or not a JSON object
+        return False
+
+
 def _row_problem(row: Any) -> str | None:
     """Why a parsed line is not a trial row (None when it is)."""
     if not isinstance(row, dict) or any(k not in row for k in _REQUIRED):
@@ -127,21 +138,15 @@ def _read_rows(path: Path, problems: list[str]) -> list[dict[str, Any]]:
         for i, line in enumerate(f, start=1):
             try:
                 row = loads(line)
-                # the common case, checked fast (type(...) is int also refuses bools)
-                if (type(row["prompt_tokens"]) is int and row["prompt_tokens"] > 0 and type(row["batch_size"]) is int
-                        and row["batch_size"] > 0 and type(row["trial_id"]) is str and type(row["status"]) is str
-                        and type(row["mode"]) is str):
-                    rows.append(row)
-                    continue
             except ValueError as exc:  # orjson.JSONDecodeError is a ValueError
-                if not line.strip():
-                    continue
-                cut = "" if line.endswith(b"\n") else " (cut off: a run killed mid-write?)"
-                problems.append(f"{path}:{i}: not valid JSON{cut}: {str(exc).splitlines()[0]}; skipped")
+                if line.strip():
+                    cut = "" if line.endswith(b"\n") else " (cut off: a run killed mid-write?)"
+                    problems.append(f"{path}:{i}: not valid JSON{cut}: {str(exc).splitlines()[0]}; skipped")
                 continue
-            except (KeyError, TypeError):
-                pass
-            problems.append(f"{path}:{i}: {_row_problem(row)}; skipped")
+            if _is_trial_row(row):
+                rows.append(row)
+            else:
+                problems.append(f"{path}:{i}: {_row_problem(row)}; skipped")
     ids = [row["trial_id"] for row in rows]
     if len(set(ids)) < len(ids):  # e.g. two writers on one run before kvbench locked it: keep the last of each
         last = {tid: k for k, tid in enumerate(ids)}
