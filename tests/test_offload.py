@@ -6,14 +6,7 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from kvbench.offload.caches import (
-    DynamicOffloadCache,
-    FullOffloadCache,
-    HierarchicalCache,
-    OffloadedCache,
-    make_cache,
-)
-from kvbench.offload.tiers import DiskTierError
+from kvbench.offload.caches import FullOffloadCache, HierarchicalCache, OffloadedCache, make_cache
 from kvbench.runner import greedy_decode, left_pad
 
 CPU = torch.device("cpu")
