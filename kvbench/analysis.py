@@ -319,6 +319,12 @@ def _bootstrap_groups(measured: pd.DataFrame, col: str, n_boot: int, seed: int) 
     return pd.DataFrame(out, columns=POINT_KEYS + [f"{col}_ci_low", f"{col}_ci_high"])
 
 
+def qualifies(table: pd.DataFrame) -> pd.Series:
+    """Per point of :func:`point_table`: every trial ended ``ok`` (ran to the end within the budget) and no measured
+    trial's greedy ids differed from ``none``'s, the condition for recommending a mode or costing it."""
+    return (table["n_ok"] == table["trials"]) & table["tokens_match"].map(lambda v: v is not False)
+
+
 def point_table(trials: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
     """One row per point (group × prompt length × batch size × mode), in the order points first appear.
 
@@ -402,4 +408,5 @@ def point_table(trials: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> pd.D
 
 
 __all__ = ["BOOTSTRAP_MIN_REPEATS", "KV_CHECK_TOLERANCE", "MEASURED", "MEDIAN_METRICS", "POINT_KEYS", "Results",
-           "ResultsError", "SPREAD_METRICS", "load_results", "median_ci", "point_table", "trials_frame"]
+           "ResultsError", "SPREAD_METRICS", "load_results", "median_ci", "point_table", "qualifies",
+           "trials_frame"]

@@ -17,6 +17,7 @@ from typing import Any
 
 import pandas as pd
 
+from kvbench.analysis import qualifies
 from kvbench.plan import cost_per_million
 
 GIB = 2**30
@@ -100,8 +101,7 @@ def cost_table(table: pd.DataFrame, prices: Prices, max_ttft_s: float | None = N
     """
     rows = []
     for (group, prompt, mode), part in table.groupby(["group", "prompt_tokens", "mode_label"], sort=False):
-        ok = part[(part["n_ok"] == part["trials"]) & (part["tokens_match"].map(lambda v: v is not False))
-                  & part["throughput_tokens_per_s_median"].notna()]
+        ok = part[qualifies(part) & part["throughput_tokens_per_s_median"].notna()]
         if max_ttft_s is not None:
             ok = ok[ok["ttft_s_median"] <= max_ttft_s]
         if max_tpot_s is not None:

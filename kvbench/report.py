@@ -22,7 +22,7 @@ from typing import Any
 import pandas as pd
 
 from kvbench import charts
-from kvbench.analysis import KV_CHECK_TOLERANCE, Results, point_table
+from kvbench.analysis import KV_CHECK_TOLERANCE, Results, point_table, qualifies
 
 MIB, GIB = 2**20, 2**30
 #: KV smaller than this fraction of the weights makes offload's savings invisible in device memory.
@@ -153,11 +153,6 @@ def findings(table: pd.DataFrame, group: str) -> list[str]:
     return out
 
 
-def _fits(r: Any) -> bool:
-    """Every trial of the point ran to the end within the budget, and its ids matched ``none``."""
-    return r["n_ok"] == r["trials"] and r["tokens_match"] is not False
-
-
 def recommendation(table: pd.DataFrame, group: str) -> str:
     """The article's per-scenario advice, from measurements: "no offload needed" when ``none`` fits the budget
     at every measured point; otherwise, at the most demanding point where ``none`` does not fit, the mode (and
@@ -175,7 +170,7 @@ def recommendation(table: pd.DataFrame, group: str) -> str:
     worst = misfits.sort_values(["prompt_tokens", "batch_size"]).iloc[-1]
     here = t[(t["prompt_tokens"] == worst["prompt_tokens"]) & (t["batch_size"] == worst["batch_size"])
              & (t["mode"] != "none")]
-    cands = here[[_fits(r) and not _missing(r["tpot_s_median"]) for _, r in here.iterrows()]]
+    cands = here[qualifies(here) & here["tpot_s_median"].notna()]
     first = misfits.sort_values(["prompt_tokens", "batch_size"]).iloc[0]
     why = "over budget" if first["n_over_budget"] else "out of memory"
     head = f"`none` does not fit {where} from {_pt(first)} ({why})"

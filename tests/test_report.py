@@ -142,7 +142,8 @@ def test_html_report_loads_in_headless_chromium(golden, tmp_path):
     if not (chromium and driver):
         if os.environ.get("CI"):
             pytest.fail("Chromium is missing: .ci/run installs Debian's chromium and chromium-driver")
-        pytest.skip("Debian's chromium and chromium-driver are not installed")
+        pytest.skip("needs a real browser: apt-get install chromium chromium-driver (CI installs them and fails "
+                    "without them)")
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
