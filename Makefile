@@ -22,6 +22,7 @@ $(STAMP): pyproject.toml
 demo: setup
 	$(VENV)/bin/kvbench run scenarios/dialogue.yaml
 	$(VENV)/bin/kvbench report "$$(ls -dt results/dialogue-*/ | head -n 1)"
+	$(VENV)/bin/kvbench cost --gpu-price 2.0 "$$(ls -dt results/dialogue-*/ | head -n 1)"
 
 test: setup
 	$(VENV)/bin/python -m pytest -q

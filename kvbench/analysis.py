@@ -30,7 +30,8 @@ SPREAD_METRICS = ("ttft_s", "tpot_s", "e2e_s", "throughput_tokens_per_s")
 #: Memory/traffic columns summarised by their median.
 MEDIAN_METRICS = ("decode_tokens_per_s", "kv_device_peak_bytes", "kv_host_peak_bytes", "kv_disk_peak_bytes",
                   "peak_device_allocated_bytes", "nvml_process_peak_bytes", "rss_peak_bytes", "kv_bytes_predicted",
-                  "bytes_moved_per_token", "h2d_bytes_per_s")
+                  "bytes_moved_per_token", "h2d_bytes_per_s", "h2d_bytes_per_step", "plan_kv_device_bytes",
+                  "plan_link_bytes_per_step", "plan_tpot_s")
 POINT_KEYS = ["group", "prompt_tokens", "batch_size", "mode_label"]
 #: A trial whose KV accounting differs from the analytic prediction by more than this fraction is flagged.
 KV_CHECK_TOLERANCE = 0.25
@@ -54,7 +55,8 @@ class Results:
             ``kv_stored_peak_bytes``) and
             ``kv_check_error`` (``kv_measured_bytes / kv_bytes_predicted − 1``).
         runs: per run: ``path``, ``name``, ``group``, ``status``, ``started_at``, ``environment``, ``scenario``,
-            ``weights_bytes`` (``{}``/None where run.json is missing).
+            ``weights_bytes``, ``capacity`` (the capacity search's results, see :mod:`kvbench.capacity`)
+            (``{}``/None/``[]`` where run.json is missing).
         problems: what was skipped or is unknown, each naming its file (and line).
     """
 
@@ -198,6 +200,7 @@ def _load(paths: list[str | Path]) -> Results:
         run = {"path": str(tf.parent), "name": tf.parent.name, "status": meta.get("status"),
                "started_at": meta.get("started_at"), "environment": meta.get("environment") or {},
                "scenario": meta.get("scenario") or {}, "weights_bytes": meta.get("weights_bytes"),
+               "capacity": meta.get("capacity") or [],
                "n_trials": len(rows)}
         runs.append(run)
         if rows:
@@ -255,6 +258,8 @@ def _derive(df: pd.DataFrame) -> None:
     tokens = _num(df, "n_output_tokens") * _num(df, "batch_size")
     has_traffic = _num(df, "h2d_bytes").notna() | (df["mode"] == "none")
     df["bytes_moved_per_token"] = (moved / tokens).where(has_traffic & (tokens > 0))
+    steps = _num(df, "n_output_tokens") - 1
+    df["h2d_bytes_per_step"] = (_num(df, "h2d_bytes") / steps).where(steps > 0)
     # rows of older runs have no kv_stored_peak_bytes: only `none` (all KV on the device) can be checked there
     stored = _num(df, "kv_stored_peak_bytes").fillna(_num(df, "kv_device_peak_bytes").where(df["mode"] == "none"))
     measured = df["status"].isin(MEASURED) & _num(df, "kv_device_peak_bytes").notna()
@@ -338,7 +343,10 @@ def point_table(trials: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> pd.D
     ``budget_bytes``; and against ``none`` at the same group, prompt length and batch size:
     ``memory_saving_pct`` = 100 × (1 − device KV peak / none's), ``measured_saving_pct`` (the same with the
     allocator's peak, CUDA only), ``time_overhead_pct`` = 100 × (TPOT / none's − 1), ``throughput_ratio`` =
-    tokens/s ÷ none's — NaN where ``none`` has no measured trial there.
+    tokens/s ÷ none's — NaN where ``none`` has no measured trial there; measured ÷ ``kvbench plan``'s prediction
+    (trial fields ``plan_*``): ``kv_device_vs_plan`` (device KV peak), ``link_vs_plan`` (host→device bytes per
+    decode step, ``h2d_bytes_per_step``) and ``tpot_vs_plan`` (TPOT vs the roofline's step time) — NaN where the
+    trials carry no prediction (older runs, modes plan does not model, bandwidths not measured).
     """
     df = trials
     keys = POINT_KEYS
@@ -404,6 +412,10 @@ def point_table(trials: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> pd.D
     table["time_overhead_pct"] = 100 * (table["tpot_s_median"] / table["ref_tpot"] - 1)
     table["throughput_ratio"] = table["throughput_tokens_per_s_median"] / table["ref_tput"]
     table = table.drop(columns=list(ref_cols.values()))
+    # measured ÷ kvbench plan's prediction (kvbench.plan: placement and decode-step roofline)
+    table["kv_device_vs_plan"] = table["kv_device_peak_bytes_median"] / table["plan_kv_device_bytes_median"]
+    table["link_vs_plan"] = table["h2d_bytes_per_step_median"] / table["plan_link_bytes_per_step_median"]
+    table["tpot_vs_plan"] = table["tpot_s_median"] / table["plan_tpot_s_median"]
     return table.replace([np.inf, -np.inf], np.nan)
 
 

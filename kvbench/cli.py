@@ -84,12 +84,24 @@ def _summary_table(frame: Any, title: str) -> Table:
     return t
 
 
+def _capacity_table(found: list[dict[str, Any]], points: Any) -> Table:
+    """The capacity search's results: per fixed value and mode, the capacity, the probes and the figures there."""
+    from kvbench.capacity import capacity_frame
+    from kvbench.report import capacity_display
+
+    what = "batch" if found[0]["searched"] == "batch_size" else "prompt (tokens)"
+    return _table(capacity_display(capacity_frame(found, points)), f"capacity: the largest {what} within the budget",
+                  "probes in order, ✗ = did not fit; figures at the capacity (median over its repeats)")
+
+
 def _failures(frame: Any) -> list[str]:
     """One line per distinct (mode, status, message) among trials that did not end ok."""
     seen: dict[tuple[str, str, str], int] = {}
     for r in frame.to_dict("records"):
         if r["status"] != "ok":
-            key = (r["mode_label"], r["status"], r["message"])
+            # over budget: one line per mode (the table marks the points and shows their KV)
+            msg = "device KV peak above the budget" if r["status"] == "over_budget" else r["message"]
+            key = (r["mode_label"], r["status"], msg)
             seen[key] = seen.get(key, 0) + r["trials"] - r["n_ok"]
     return [f"{mode}: {status} ({n} trials): {msg}" for (mode, status, msg), n in seen.items()]
 
@@ -104,7 +116,10 @@ def _run_summary(rundir: Any, sc: Any) -> Any:
         import pandas as pd
 
         return pd.DataFrame(columns=["status"])
-    return point_table(trials_frame(rows, sc.name), n_boot=0)
+    table = point_table(trials_frame(rows, sc.name), n_boot=0)
+    if sc.searched is not None:  # probes run in search order; show them by size
+        table = table.sort_values(["prompt_tokens", "batch_size"], kind="stable", ignore_index=True)
+    return table
 
 
 def _sweep(sc: Any, rundir: Any, runner: Any, total: int) -> Any:
@@ -167,9 +182,11 @@ def run(
     import psutil
 
     from kvbench.models import ModelNotFound, resolve_device
+    from kvbench.capacity import device_problem
     from kvbench.runner import plan_trials, prepare
 
-    if rundir is not None and {t.trial_id for t in plan_trials(sc)} <= {r["trial_id"] for r in rundir.finished_trials()}:
+    if (rundir is not None and sc.searched is None
+            and {t.trial_id for t in plan_trials(sc)} <= {r["trial_id"] for r in rundir.finished_trials()}):
         frame = _run_summary(rundir, sc)
         out.print(_summary_table(frame, f"{sc.name}: {sc.model.label}"))
         for line in _failures(frame):
@@ -178,9 +195,12 @@ def run(
         return
 
     try:
-        env = environment(resolve_device(sc.device))
+        device = resolve_device(sc.device)
+        env = environment(device)
     except ValueError as exc:
         _fail(str(exc))
+    if (why := device_problem(sc, device.type)) is not None:
+        _fail(why)
     busy = psutil.cpu_percent(interval=0.5)  # system-wide, while this process waits: the others' load
     if busy > 50:
         err.print(f"[yellow]warning:[/] the machine is busy ({busy:.0f}% of {env['cpu_count']} CPUs in use by other "
@@ -196,7 +216,7 @@ def run(
             t0 = time.perf_counter()
             with err.status(f"loading {sc.model.label} and the {sc.workload.source} workload"):
                 try:
-                    runner = prepare(sc)
+                    runner = prepare(sc, rundir.meta.get("environment"))
                     problems = runner.preflight()
                 except (ModelNotFound, ValueError, ImportError, OSError) as exc:
                     _fail(str(exc))
@@ -212,7 +232,7 @@ def run(
                       f"{time.perf_counter() - t0:.1f} s", highlight=False)
             rundir.update(weights_bytes=m.weights_bytes, status="running")
             err.print(f"results: {rundir.path}", highlight=False)
-            result = _sweep(sc, rundir, runner, len(plan_trials(sc)))
+            result = _sweep(sc, rundir, runner, None if sc.searched else len(plan_trials(sc)))
     except RunDirError as exc:
         _fail(str(exc))
     except typer.Exit:
@@ -227,14 +247,16 @@ def run(
             rundir.update(status="interrupted")
             err.print(f"interrupted; continue with: kvbench run --resume {rundir.path}", highlight=False)
         raise typer.Exit(130) from None
-    total = len(plan_trials(sc))
     frame = _run_summary(rundir, sc)
     out.print(_summary_table(frame, f"{sc.name}: {sc.model.label} on {m.device}"))
+    if rundir.meta.get("capacity"):
+        out.print(_capacity_table(rundir.meta["capacity"], frame))
     for line in _failures(frame):
         out.print(line, highlight=False)
     errors = int((frame["status"] == "error").sum()) if "status" in frame else 0
     if result.interrupted:
-        err.print(f"interrupted: {result.skipped_done + result.written} of {total} trials kept in {rundir.path}; "
+        total = f" of {len(plan_trials(sc))}" if sc.searched is None else ""
+        err.print(f"interrupted: {result.skipped_done + result.written}{total} trials kept in {rundir.path}; "
                   f"continue with: kvbench run --resume {rundir.path}", highlight=False)
         raise typer.Exit(130)
     out.print(f"{result.written} trials written to {rundir.path / 'trials.jsonl'}"
@@ -262,7 +284,8 @@ def _table(frame: Any, title: str, caption: str = "") -> Table:
     t = Table(title=escape(title), caption=escape(caption) if caption else None)
     for i, col in enumerate(frame.columns):
         t.add_column(escape(str(col)), justify="left" if i < 4 else "right", overflow="fold",
-                     no_wrap=col not in ("mode", "trials"), min_width={"mode": 12, "trials": 8}.get(col))
+                     no_wrap=col not in ("mode", "trials", "probes", "why it stops there"),
+                     min_width={"mode": 12, "trials": 8, "probes": 12, "why it stops there": 16}.get(col))
     for row in frame.itertuples(index=False):
         t.add_row(*(escape(str(v)) for v in row))
     return t
@@ -300,7 +323,7 @@ def report(
     """Tables, charts and a Markdown/HTML report of one or many runs: memory saved and time it cost per mode."""
     from rich.markup import escape
 
-    from kvbench.report import chart_pool, terminal_frame, write_report
+    from kvbench.report import capacity_display, chart_pool, terminal_frame, write_report
 
     if out_dir is not None and not out_dir.strip():
         _fail("--out is empty: give a directory")
@@ -325,6 +348,9 @@ def report(
                          "[min–max]); saving of device KV and TPOT overhead against `none` at the same point"))
         if len(part) > REPORT_TERMINAL_ROWS:
             out.print(f"... and {len(part) - REPORT_TERMINAL_ROWS} more points: see summary.md", highlight=False)
+        if g in rep.capacity:
+            out.print(_table(capacity_display(rep.capacity[g]), f"{g}: capacity within the budget",
+                             "probes in order, ✗ = did not fit; figures at the capacity"))
         out.print(f"[bold]recommendation:[/] {escape(rep.recommendations[g])}", highlight=False)
         for f in rep.findings[g]:
             out.print(f"  - {escape(f)}", highlight=False)
@@ -522,8 +548,8 @@ def plan(
     gpu_mem: str = typer.Option("80GiB", "--gpu-mem", help="Device memory."),
     host_mem: Optional[str] = typer.Option(None, "--host-mem", help="Host memory for KV (default: this machine's)."),
     window: int = typer.Option(512, help="hierarchical's window (tokens on the device per layer)."),
-    link_gbps: float = typer.Option(50.0, "--link-gbps", help="Host→device bandwidth, GB/s (measure: kvbench env "
-                                    "--device cuda)."),
+    link_gbps: Optional[float] = typer.Option(None, "--link-gbps", help="Host→device bandwidth, GB/s (default: the "
+                                              "last `kvbench env` probe on a GPU, else 50)."),
     hbm_gbps: float = typer.Option(2000.0, "--hbm-gbps", help="Device memory bandwidth, GB/s."),
     gpu_price: Optional[float] = typer.Option(None, "--gpu-price", help="USD per GPU-hour: adds cost per 1M tokens."),
 ) -> None:
@@ -533,6 +559,7 @@ def plan(
 
     import psutil
 
+    from kvbench.machine import last_link_probe
     from kvbench.models import preset_names, preset_path
     from kvbench.plan import DTYPE_BYTES, architecture, cost_per_million, plan_modes, read_config
 
@@ -558,6 +585,10 @@ def plan(
         _fail(str(exc))
     except (OSError, KeyError) as exc:
         _fail(f"{path}: not a usable model config ({exc})")
+    link_source = "--link-gbps"
+    if link_gbps is None:
+        probe = last_link_probe()
+        link_gbps, link_source = probe if probe else (50.0, "default; measure it with kvbench env on a GPU")
     for name, v in (("--link-gbps", link_gbps), ("--hbm-gbps", hbm_gbps)):
         if not (v > 0 and math.isfinite(v)):
             _fail(f"{name} must be a finite number of GB/s above 0, not {v}")
@@ -577,7 +608,7 @@ def plan(
     out.print(f"KV: {per_seq / prompt_tokens:,.0f} bytes per token at {prompt_tokens:,} tokens "
               f"({2 * arch.kv_heads * arch.head_dim * nbytes * arch.layers:,} for full attention in every layer); "
               f"{_gib(per_seq)} per sequence, {_gib(per_seq * batch)} for batch {batch}", highlight=False)
-    out.print(f"assumed: GPU {_gib(gpu)} (10% reserved), host {_gib(host)}, link {link_gbps:g} GB/s, "
+    out.print(f"assumed: GPU {_gib(gpu)} (10% reserved), host {_gib(host)}, link {link_gbps:g} GB/s ({link_source}), "
               f"device memory {hbm_gbps:g} GB/s", highlight=False)
     unit_name, unit = ("GiB", 2**30) if per_seq >= 2**30 else ("MiB", 2**20)
     cap = Table(title=f"capacity at {prompt_tokens:,} tokens per sequence",
@@ -630,6 +661,15 @@ def validate(files: list[Path] = typer.Argument(..., help="Scenario YAML files."
             err.print(str(exc), highlight=False, markup=False)
         else:
             _print_warnings(f, s)
+            if s.searched is not None:
+                cap = s.capacity
+                fixed = s.prompt_tokens if s.searched == "batch_size" else s.batch_sizes
+                noun = "prompt length" if s.searched == "batch_size" else "batch size"
+                limit = cap.max if cap and cap.max else (s.largest_batch if s.searched == "batch_size"
+                                                         else "the model's longest prompt")
+                out.print(f"{f}: ok (capacity search of {s.searched} up to {limit}: {_count(len(fixed), noun)} × "
+                          f"{_count(len(s.modes), 'mode')}; trials are decided as it runs)", highlight=False)
+                continue
             n = len(s.prompt_tokens) * len(s.batch_sizes) * len(s.modes) * s.repeats
             out.print(f"{f}: ok ({n} trials: {_count(len(s.prompt_tokens), 'prompt length')} × "
                       f"{_count(len(s.batch_sizes), 'batch size')} × {_count(len(s.modes), 'mode')} × "
@@ -649,7 +689,7 @@ def env_(
 
     import re
 
-    from kvbench.machine import environment
+    from kvbench.machine import environment, save_link_probe
     from kvbench.models import resolve_device
 
     if not re.fullmatch(r"auto|cpu|cuda|cuda:\d+", device):
@@ -658,6 +698,8 @@ def env_(
         e = environment(resolve_device(device))
     except ValueError as exc:
         _fail(str(exc))
+    warnings.showwarning = _show_warning
+    kept = save_link_probe(e)
     if as_json:
         out.print_json(json.dumps(e, default=str))
         return
@@ -679,6 +721,11 @@ def env_(
             t.add_row(k.removesuffix("_gbps").replace("_", " "), f"{v:.1f} GB/s")
     else:
         t.add_row("link bandwidth", e.get("link_bandwidth_note", "not measured"))
+    mem = e.get("memory_bandwidth")
+    t.add_row("memory bandwidth", f"{mem['memory_gbps']:.1f} GB/s read + write ({mem['device']}, a copy of 256 MiB)"
+              if mem else e.get("memory_bandwidth_note", "not measured"))
+    if kept:
+        t.add_row("kept", f"{kept} (kvbench plan's default --link-gbps)")
     git = e.get("git") or {}
     t.add_row("git", f"{git.get('commit')}{' (dirty)' if git.get('dirty') else ''}" if git.get("commit")
               else str(git.get("note")))

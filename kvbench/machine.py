@@ -1,9 +1,11 @@
-"""The machine a run is measured on: versions, CPU, memory, GPUs with their PCIe link (NVML), the git commit, and
-on CUDA the measured host↔device copy bandwidth (the limit every offload mode's transfers run against)."""
+"""The machine a run is measured on: versions, CPU, memory, GPUs with their PCIe link (NVML), the git commit, the
+device's measured memory bandwidth, and on CUDA the measured host↔device copy bandwidth (the limit every offload
+mode's transfers run against)."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import platform
 import statistics
@@ -14,6 +16,58 @@ from typing import Any
 
 #: Bytes per copy of the bandwidth probe (the issue asks for at least 256 MiB).
 PROBE_BYTES = 256 * 2**20
+#: File name of the last link probe in :func:`cache_dir`.
+LAST_PROBE = "last_link_probe.json"
+
+
+def cache_dir() -> Path:
+    """Where kvbench keeps machine state between commands: ``$KVBENCH_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME/kvbench``, else ``~/.cache/kvbench``."""
+    if os.environ.get("KVBENCH_CACHE_DIR"):
+        return Path(os.environ["KVBENCH_CACHE_DIR"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kvbench"
+
+
+def save_link_probe(env: dict[str, Any]) -> Path | None:
+    """Keep the link bandwidth an environment measured (``kvbench env`` on CUDA) for ``kvbench plan``'s default;
+    returns the file, or None when nothing was measured or the cache directory cannot be written (a warning)."""
+    if not env.get("link_bandwidth"):
+        return None
+    gpus = env.get("gpus") or []
+    record = {"measured_at": env.get("measured_at"), "gpu": gpus[0]["name"] if gpus else None,
+              "link_bandwidth": env["link_bandwidth"]}
+    path = cache_dir() / LAST_PROBE
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(record, indent=2) + "\n")
+        os.replace(tmp, path)
+    except OSError as exc:
+        import warnings
+
+        warnings.warn(f"cannot keep the link probe in {path}: {exc.strerror or exc}", stacklevel=2)
+        return None
+    return path
+
+
+def last_link_probe() -> tuple[float, str] | None:
+    """``(host→device GB/s pinned, where it came from)`` of the last :func:`save_link_probe`, or None when there
+    is none (or it is unreadable)."""
+    path = cache_dir() / LAST_PROBE
+    try:
+        record = json.loads(path.read_text())
+        gbps = float(record["link_bandwidth"]["h2d_pinned_gbps"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if not gbps > 0:
+        return None
+    return gbps, f"measured by kvbench env {record.get('measured_at') or ''} on {record.get('gpu') or 'a GPU'}"
+
+
+def _now() -> str:
+    import datetime as dt
+
+    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _git() -> dict[str, Any]:
@@ -107,10 +161,48 @@ def probe_link_bandwidth(device: Any, nbytes: int = PROBE_BYTES, repeats: int = 
     return out
 
 
+def probe_memory_bandwidth(device: Any, nbytes: int = PROBE_BYTES, repeats: int = 5) -> dict[str, Any]:
+    """The compute device's own memory bandwidth, from a copy of ``nbytes`` within it (GPU memory on CUDA, RAM on
+    CPU): ``copy_gbps`` = bytes copied per second, ``memory_gbps`` = bytes read + written per second (2 × copy, as
+    STREAM counts a copy), both in GB/s (10^9 bytes/s); median of ``repeats`` copies after one untimed. This is the
+    device-memory bandwidth of plan's decode-step roofline; on CPU, copies between host buffers (full offload's
+    "link") also run at ``copy_gbps``.
+
+    Raises:
+        RuntimeError: the probe buffers cannot be allocated.
+    """
+    import time
+
+    import torch
+
+    device = torch.device(device)
+    src = torch.ones(nbytes, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    times = []
+    for i in range(repeats + 1):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda.synchronize(device)
+            start.record()
+            dst.copy_(src)
+            end.record()
+            end.synchronize()
+            elapsed = start.elapsed_time(end) / 1e3
+        else:
+            t0 = time.perf_counter()
+            dst.copy_(src)
+            elapsed = time.perf_counter() - t0
+        if i:
+            times.append(elapsed)
+    copy = nbytes / statistics.median(times) / 1e9
+    return {"device": str(device), "copy_gbps": copy, "memory_gbps": 2 * copy}
+
+
 def environment(device: Any = None) -> dict[str, Any]:
     """Versions (kvbench, torch, transformers, Python), CPU, memory, GPUs (PCIe link) and driver, git commit and
-    dirty flag; with a CUDA ``device``, its measured link bandwidth (``link_bandwidth``, GB/s), else null with the
-    reason in ``link_bandwidth_note``."""
+    dirty flag; with a ``device``, its memory bandwidth (``memory_bandwidth``, see :func:`probe_memory_bandwidth`);
+    with a CUDA ``device``, its measured link bandwidth (``link_bandwidth``, GB/s), else null with the reason in
+    ``link_bandwidth_note``."""
     import psutil
     import torch
     import transformers
@@ -130,8 +222,15 @@ def environment(device: Any = None) -> dict[str, Any]:
         "cuda": torch.version.cuda,
         **gpus(),
         "git": _git(),
+        "measured_at": _now(),
         "link_bandwidth": None,
     }
+    if device is not None:
+        try:
+            env["memory_bandwidth"] = probe_memory_bandwidth(device)
+        except RuntimeError as exc:  # e.g. out of memory for the probe buffers
+            env["memory_bandwidth"] = None
+            env["memory_bandwidth_note"] = f"probe failed: {exc}"
     if device is not None and torch.device(device).type == "cuda":
         try:
             env["link_bandwidth"] = probe_link_bandwidth(device)

@@ -179,6 +179,36 @@ class ModePlan:
     link_bound_batch: float | None  # batch above which the link, not device memory, sets the step time
 
 
+def placement(arch: Architecture, mode: str, tokens: int, dtype_bytes: int, window: int = 0) -> tuple[int, int]:
+    """``(device bytes, host bytes)`` of one sequence's KV at ``tokens`` under kvbench's ``none``, ``full`` or
+    ``hierarchical`` (last ``window`` tokens of each layer on the device) placement (see the module docstring).
+
+    Raises:
+        ValueError: another mode (``dynamic`` moves its window, ``hf-offloaded`` is transformers' own).
+    """
+    per_layer = arch.token_layer_bytes(dtype_bytes)
+    sliding = arch.sliding_kv_bytes(tokens, dtype_bytes)
+    n_full = arch.full_layers
+    if mode == "none":
+        return arch.kv_bytes(tokens, dtype_bytes), 0
+    if mode == "full":
+        return sliding + min(2, n_full) * per_layer * tokens, n_full * per_layer * tokens
+    if mode == "hierarchical":
+        w = min(window, tokens)
+        return (sliding + n_full * per_layer * w + min(2, n_full) * per_layer * (tokens - w),
+                n_full * per_layer * (tokens - w))
+    raise ValueError(f"no placement model for mode {mode!r} (only none, full, hierarchical)")
+
+
+def decode_step(weights_bytes: float, batch: int, kv_bytes_per_seq: float, host_bytes_per_seq: float,
+                link_bytes_per_s: float, memory_bytes_per_s: float) -> tuple[float, float]:
+    """The roofline of one decode step: ``(t_mem, t_link)`` in seconds, t_mem = (weights + batch × KV per
+    sequence) ÷ device memory bandwidth, t_link = batch × host KV per sequence ÷ link bandwidth; the step takes
+    max(t_mem, t_link) when copies overlap compute (see the module docstring)."""
+    return ((weights_bytes + batch * kv_bytes_per_seq) / memory_bytes_per_s,
+            batch * host_bytes_per_seq / link_bytes_per_s)
+
+
 def plan_modes(arch: Architecture, tokens: int, batch: int, dtype_bytes: int, gpu_bytes: float, host_bytes: float,
                link_bytes_per_s: float, hbm_bytes_per_s: float, window: int, reserve: float = 0.1) -> list[ModePlan]:
     """``none``, ``full`` and ``hierarchical`` (``window`` tokens) at ``tokens`` of context and ``batch``.
@@ -196,29 +226,19 @@ def plan_modes(arch: Architecture, tokens: int, batch: int, dtype_bytes: int, gp
             raise ValueError(f"{what} must be a finite number above 0, not {v}")
     weights = arch.parameters * dtype_bytes
     room = gpu_bytes * (1 - reserve) - weights
-    per_layer = arch.token_layer_bytes(dtype_bytes)
-    sliding = arch.sliding_kv_bytes(tokens, dtype_bytes)
     total = arch.kv_bytes(tokens, dtype_bytes)
-    n_full = arch.full_layers
-    w = min(window, tokens)
-    placements = {
-        "none": (total, 0),
-        "full": (sliding + min(2, n_full) * per_layer * tokens, n_full * per_layer * tokens),
-        f"hierarchical(window={window})": (sliding + n_full * per_layer * w + min(2, n_full) * per_layer * (tokens - w),
-                                           n_full * per_layer * (tokens - w)),
-    }
     out = []
-    for mode, (dev, host) in placements.items():
+    for mode, label in (("none", "none"), ("full", "full"), ("hierarchical", f"hierarchical(window={window})")):
+        dev, host = placement(arch, mode, tokens, dtype_bytes, window)
         fits = math.floor(room / dev) if dev > 0 and room > 0 else 0
         if host > 0:
             fits = min(fits, math.floor(host_bytes / host))
-        mem_s = (weights + batch * total) / hbm_bytes_per_s
-        link_s = batch * host / link_bytes_per_s
+        mem_s, link_s = decode_step(weights, batch, total, host, link_bytes_per_s, hbm_bytes_per_s)
         step = max(mem_s, link_s)
         # link_s > mem_s  ⇔  b × host / L > (weights + b × total) / M  ⇔  b > (weights / M) / (host / L − total / M)
         slope = host / link_bytes_per_s - total / hbm_bytes_per_s
         crossover = (weights / hbm_bytes_per_s) / slope if host > 0 and slope > 0 else None
-        out.append(ModePlan(mode, dev, host, fits, batch * host, link_s, mem_s, step, batch / step,
+        out.append(ModePlan(label, dev, host, fits, batch * host, link_s, mem_s, step, batch / step,
                             "link" if link_s > mem_s else "device memory", crossover))
     return out
 
@@ -236,4 +256,5 @@ def cost_per_million(price_per_hour: float, tokens_per_s: float) -> float:
     return price_per_hour / (tokens_per_s * 3600) * 1e6
 
 
-__all__ = ["Architecture", "DTYPE_BYTES", "ModePlan", "architecture", "cost_per_million", "plan_modes", "read_config"]
+__all__ = ["Architecture", "DTYPE_BYTES", "ModePlan", "architecture", "cost_per_million", "decode_step", "placement",
+           "plan_modes", "read_config"]

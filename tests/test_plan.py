@@ -162,3 +162,23 @@ def test_cost_from_results_where_none_never_fits(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cost.csv", "cost.json", "cost.png"]
     doc = json.loads((tmp_path / "cost.json").read_text())
     assert doc["prices"]["gpu_per_hour"] == 2.0 and doc["verdicts"]["golden"] == lines
+
+
+def test_link_default_comes_from_the_last_env_probe(tmp_path, monkeypatch):
+    from kvbench.machine import LAST_PROBE, last_link_probe, save_link_probe
+
+    monkeypatch.setenv("KVBENCH_CACHE_DIR", str(tmp_path / "cache"))
+    cli = CliRunner()
+    r = cli.invoke(app, ["plan", "llama-3.1-8b"])
+    assert "link 50 GB/s (default; measure it with kvbench env on a GPU)" in r.output
+    assert save_link_probe({"link_bandwidth": None}) is None and last_link_probe() is None
+    env = {"measured_at": "2026-11-30T04:00:00Z", "gpus": [{"name": "NVIDIA H200"}],
+           "link_bandwidth": {"h2d_pinned_gbps": 52.5, "d2h_pinned_gbps": 50.1}}
+    assert save_link_probe(env) == tmp_path / "cache" / LAST_PROBE
+    assert last_link_probe() == (52.5, "measured by kvbench env 2026-11-30T04:00:00Z on NVIDIA H200")
+    r = cli.invoke(app, ["plan", "llama-3.1-8b"])
+    assert "link 52.5 GB/s (measured by kvbench env 2026-11-30T04:00:00Z on NVIDIA H200)" in r.output
+    r = cli.invoke(app, ["plan", "llama-3.1-8b", "--link-gbps", "25"])
+    assert "link 25 GB/s (--link-gbps)" in r.output
+    (tmp_path / "cache" / LAST_PROBE).write_text("{not json")
+    assert last_link_probe() is None

@@ -1,0 +1,206 @@
+"""Capacity search: per offload mode, the largest batch (``batch_sizes: auto``) or the longest prompt
+(``prompt_tokens: auto``) that completes within the device budget, by doubling then bisection.
+
+A value *fits* when its trial ends ``ok``: it ran to the end and its device KV peak stayed within the scenario's
+``budget`` (on CUDA without a budget: it did not run out of device memory). ``over_budget`` and ``oom`` do not fit;
+any other status (``error``, ``skipped``) stops that mode's search with the reason. Every probe is a recorded trial
+(repeat 0); the capacity is then measured ``repeats`` times in all, so its throughput — the figure
+``kvbench cost`` must use — has a spread. Before each probe of an offload mode, ``none`` runs at the same point (if
+it has not already) so that the probe's greedy ids are checked against it: on CPU ``none`` over the budget still
+runs to the end, as in any sweep.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvbench.scenario import CAPACITY_DEFAULTS, CapacitySpec, Scenario
+
+#: Statuses of a probe that mean "does not fit"; ``ok`` fits, anything else stops the search.
+NO_FIT = ("over_budget", "oom")
+
+
+@dataclass
+class SearchResult:
+    """One search.
+
+    Attributes:
+        capacity: the largest value that fit, or None when even the first probe did not.
+        first_failure: the smallest value that did not fit (None when every probe up to the limit fit).
+        probes: ``(value, status)`` in the order probed.
+        stopped: why the search ended, in words.
+    """
+
+    capacity: int | None
+    first_failure: int | None
+    probes: list[tuple[int, str]] = field(default_factory=list)
+    stopped: str = ""
+
+
+def search(probe: Callable[[int], str], start: int, limit: int, resolution: int = 1) -> SearchResult:
+    """Largest value in ``[start, limit]`` for which ``probe`` returns ``ok``, assuming larger values need more
+    memory: probe ``start``, ``2 × start``, ... (the last capped at ``limit``) until one does not fit, then bisect
+    between the last fit ``lo`` and the first failure ``hi`` until ``hi − lo ≤ resolution``.
+
+    Args:
+        probe: runs a trial at a value and returns its status (``ok`` fits, ``over_budget``/``oom`` do not,
+            anything else stops the search).
+        start, limit: the range, ``1 ≤ start ≤ limit``.
+        resolution: how close fit and failure must be to stop bisecting (1 finds the exact capacity).
+
+    Returns:
+        A :class:`SearchResult`; at most ``log2(limit / start) + 1 + log2((hi − lo) / resolution)`` probes.
+
+    Raises:
+        ValueError: ``start`` or ``resolution`` below 1, or ``start > limit``.
+    """
+    if start < 1 or resolution < 1 or start > limit:
+        raise ValueError(f"need 1 <= start <= limit and resolution >= 1 (got start {start}, limit {limit}, "
+                         f"resolution {resolution})")
+    probes: list[tuple[int, str]] = []
+
+    def run(v: int) -> str:
+        status = probe(v)
+        probes.append((v, status))
+        return status
+
+    lo: int | None = None
+    hi: int | None = None
+    v = start
+    while True:
+        status = run(v)
+        if status == "ok":
+            lo = v
+            if v >= limit:
+                return SearchResult(lo, None, probes, f"every value up to the search's max {limit} fit; the capacity "
+                                                      "may be higher (raise capacity.max)")
+            v = min(2 * v, limit)
+        elif status in NO_FIT:
+            hi = v
+            break
+        else:
+            return SearchResult(lo, None, probes, f"stopped: {v} ended {status}")
+    fail_status = status
+    while lo is not None and hi - lo > resolution:
+        mid = (lo + hi) // 2
+        status = run(mid)
+        if status == "ok":
+            lo = mid
+        elif status in NO_FIT:
+            hi, fail_status = mid, status
+        else:
+            return SearchResult(lo, hi, probes, f"stopped: {mid} ended {status}")
+    if lo is None:
+        return SearchResult(None, hi, probes, f"nothing fits: the first value {hi} ended {fail_status}")
+    exact = "" if hi - lo <= 1 else f" (to within {hi - lo})"
+    return SearchResult(lo, hi, probes, f"{hi} did not fit ({fail_status}){exact}")
+
+
+def bounds(s: Scenario, longest_prompt: int) -> tuple[int, int, int]:
+    """``(start, limit, resolution)`` of the scenario's search from its ``capacity`` section and the defaults
+    (:data:`kvbench.scenario.CAPACITY_DEFAULTS`); ``longest_prompt`` is the model's (max positions − new tokens),
+    the default limit of a prompt-length search. ``start`` is capped at ``limit``."""
+    if s.searched is None:
+        raise ValueError(f"scenario {s.name} has no auto field to search")
+    cap = s.capacity or CapacitySpec()
+    start, resolution = CAPACITY_DEFAULTS[s.searched]
+    limit = cap.max or (s.workload.n_prompts if s.searched == "batch_size" else longest_prompt)
+    return min(cap.start or start, limit), limit, cap.resolution or resolution
+
+
+def device_problem(s: Scenario, device_type: str) -> str | None:
+    """Why the scenario's search cannot run on this device type, or None: without CUDA there is no device memory
+    to run out of, so a search needs a ``budget``."""
+    if s.searched is not None and s.budget is None and device_type != "cuda":
+        return (f"{s.name}: {s.searched} search on {device_type} needs a device KV budget: there is no device memory "
+                "to run out of (set budget, e.g. 256MiB)")
+    return None
+
+
+def search_sweep(s: Scenario, record: Callable[[Any], dict[str, Any]], spec: Callable[..., Any],
+                 longest_prompt: int, on_capacity: Callable[[list[dict[str, Any]]], None] | None = None,
+                 ) -> list[dict[str, Any]]:
+    """Run the capacity search of every mode at every fixed value (each prompt length for a batch search, each
+    batch size for a prompt search), ``none`` first.
+
+    Args:
+        record: runs (or, on resume, looks up) one trial spec and returns its row.
+        spec: ``spec(prompt_tokens, batch_size, mode, repeat)`` → a trial spec.
+        longest_prompt: the model's longest prompt in tokens (see :func:`bounds`).
+        on_capacity: called with the list so far after each search, to save it.
+
+    Returns:
+        One dict per (fixed value, mode): ``mode``, ``mode_label``, ``searched`` (``batch_size`` or
+        ``prompt_tokens``), ``prompt_tokens`` or ``batch_size`` (the fixed one), ``capacity`` (None: nothing fit),
+        ``first_failure``, ``probes`` (``[value, status]`` pairs), ``stopped``, ``trial_ids`` (the trials at
+        capacity, all repeats).
+    """
+    field_name = s.searched
+    start, limit, resolution = bounds(s, longest_prompt)
+    fixed_values = s.prompt_tokens if field_name == "batch_size" else s.batch_sizes
+    modes = sorted(s.modes, key=lambda m: m.kind != "none")
+    reference = next((m for m in modes if m.kind == "none"), None)
+    results: list[dict[str, Any]] = []
+    for fixed in fixed_values:
+        def at(v: int, mode: Any, r: int) -> Any:
+            return spec(fixed, v, mode, r) if field_name == "batch_size" else spec(v, fixed, mode, r)
+
+        for mode in modes:
+            def measure(v: int, r: int, mode: Any = mode) -> dict[str, Any]:
+                if reference is not None and mode is not reference:
+                    record(at(v, reference, r))  # the ids this trial must reproduce
+                return record(at(v, mode, r))
+
+            res = search(lambda v: measure(v, 0)["status"], start, limit, resolution)
+            ids = []
+            if res.capacity is not None:
+                ids = [measure(res.capacity, r)["trial_id"] for r in range(s.repeats)]
+            fixed_key = "prompt_tokens" if field_name == "batch_size" else "batch_size"
+            results.append({"mode": mode.kind, "mode_label": mode.label, "searched": field_name, fixed_key: fixed,
+                            "capacity": res.capacity, "first_failure": res.first_failure,
+                            "probes": [list(p) for p in res.probes], "stopped": res.stopped, "trial_ids": ids})
+            if on_capacity is not None:
+                on_capacity(results)
+    return results
+
+
+def _probe_text(probes: list[list[Any]]) -> str:
+    """``1 2 4 8✗ 6 7✗``: the values probed in order, ✗ where they did not fit (or the status if another)."""
+    marks = {"ok": ""}
+    return " ".join(f"{v}{marks.get(st, '✗' if st in NO_FIT else f'({st})')}" for v, st in probes)
+
+
+def capacity_frame(found: list[dict[str, Any]], points: Any) -> Any:
+    """A table of capacity results (run.json ``capacity``) with the measured figures at each capacity.
+
+    Args:
+        found: the list :func:`search_sweep` returns.
+        points: the per-point table (:func:`kvbench.analysis.point_table`) of the same run.
+
+    Returns:
+        A DataFrame, one row per (fixed value, mode): ``prompt_tokens``, ``batch_size`` (one of them the capacity,
+        NaN where nothing fit), ``mode_label``, ``capacity``, ``probes`` (text), ``stopped``, and at the capacity
+        point ``n_ok``, ``tokens_match``, ``throughput_tokens_per_s_median``, ``kv_device_peak_bytes_median``.
+    """
+    import pandas as pd
+
+    keys = ["prompt_tokens", "batch_size", "mode_label"]
+    rows = []
+    for f in found:
+        searched = f["searched"]
+        other = "prompt_tokens" if searched == "batch_size" else "batch_size"
+        rows.append({other: f[other], searched: f["capacity"], "mode_label": f["mode_label"],
+                     "searched": searched, "capacity": f["capacity"], "probes": _probe_text(f["probes"]),
+                     "stopped": f["stopped"]})
+    frame = pd.DataFrame(rows, columns=[*keys, "searched", "capacity", "probes", "stopped"])
+    measured = ["n_ok", "tokens_match", "throughput_tokens_per_s_median", "kv_device_peak_bytes_median"]
+    if len(points):
+        have = points[keys + [c for c in measured if c in points]].copy()
+        frame = frame.astype({"prompt_tokens": "float64", "batch_size": "float64"}).merge(
+            have.astype({"prompt_tokens": "float64", "batch_size": "float64"}), on=keys, how="left")
+    for c in measured:
+        if c not in frame:
+            frame[c] = None
+    return frame
