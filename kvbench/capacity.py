@@ -74,8 +74,7 @@ def search(probe: Callable[[int], str], start: int, limit: int, resolution: int 
         if status == "ok":
             lo = v
             if v >= limit:
-                return SearchResult(lo, None, probes, f"every value up to the search's max {limit} fit; the capacity "
-                                                      "may be higher (raise capacity.max)")
+                return SearchResult(lo, None, probes, f"reached capacity.max {limit}: it may fit more")
             v = min(2 * v, limit)
         elif status in NO_FIT:
             hi = v

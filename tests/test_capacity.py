@@ -43,7 +43,7 @@ def test_search_limit_resolution_nothing_fits_and_errors():
     probe, calls = threshold(100)
     res = search(probe, 3, 20)
     assert (res.capacity, res.first_failure, calls) == (20, None, [3, 6, 12, 20])
-    assert "every value up to the search's max 20 fit" in res.stopped
+    assert res.stopped == "reached capacity.max 20: it may fit more"
 
     probe, calls = threshold(77, "oom")
     res = search(probe, 16, 128, resolution=8)
