@@ -300,28 +300,38 @@ def median_ci(sorted_values: np.ndarray, positions: np.ndarray, level: float = 0
     return lo, hi
 
 
-def _bootstrap_groups(measured: pd.DataFrame, col: str, n_boot: int, seed: int) -> pd.DataFrame:
-    """95% percentile-bootstrap intervals of the median of ``col`` (Efron & Tibshirani, *An Introduction to the
-    Bootstrap*, 1993, ch. 13) for every point with at least :data:`BOOTSTRAP_MIN_REPEATS` values; ``n_boot``
+def _bootstrap_groups(values: pd.Series, pid: pd.Series, n_boot: int, seed: int) -> pd.DataFrame:
+    """95% percentile-bootstrap intervals of the median of ``values`` (Efron & Tibshirani, *An Introduction to the
+    Bootstrap*, 1993, ch. 13) per point id ``pid`` with at least :data:`BOOTSTRAP_MIN_REPEATS` values; ``n_boot``
     resamples, deterministic for a ``seed``, vectorised over points with the same number of values (they share
-    one resampling of positions). ``n_boot=0``: no intervals."""
-    if n_boot <= 0:
-        return pd.DataFrame(columns=POINT_KEYS + [f"{col}_ci_low", f"{col}_ci_high"])
-    vals = measured[POINT_KEYS + [col]].dropna(subset=[col])
-    sizes = vals.groupby(POINT_KEYS, sort=False)[col].transform("size")
-    vals = vals[sizes >= BOOTSTRAP_MIN_REPEATS]
-    out = []
-    rng = np.random.default_rng(seed)
-    for n, part in vals.groupby(sizes[sizes >= BOOTSTRAP_MIN_REPEATS], sort=False):
-        # every point here has n values: order the rows by point and reshape to (points, n)
-        order = np.argsort(part.groupby(POINT_KEYS, sort=False).ngroup().to_numpy(), kind="stable")
-        keys = list(part[POINT_KEYS].iloc[order[::n]].itertuples(index=False, name=None))
-        matrix = np.sort(part[col].to_numpy(dtype=float)[order].reshape(-1, n), axis=1)  # each row sorted
-        positions = rng.integers(0, n, size=(n_boot, n))
-        for start in range(0, len(matrix), 1024):
-            lo, hi = median_ci(matrix[start:start + 1024], positions)
-            out.extend((*k, a, b) for k, a, b in zip(keys[start:start + 1024], lo, hi))
-    return pd.DataFrame(out, columns=POINT_KEYS + [f"{col}_ci_low", f"{col}_ci_high"])
+    one resampling of positions). Returns columns ``low``, ``high`` indexed by point id (``n_boot=0``: empty)."""
+    out_ids: list[np.ndarray] = []
+    out_lo: list[np.ndarray] = []
+    out_hi: list[np.ndarray] = []
+    if n_boot > 0:
+        ok = values.notna().to_numpy()
+        v, ids = values.to_numpy(dtype=float)[ok], pid.to_numpy()[ok]
+        sizes = np.bincount(ids)
+        keep = sizes[ids] >= BOOTSTRAP_MIN_REPEATS
+        v, ids = v[keep], ids[keep]
+        rng = np.random.default_rng(seed)
+        order = np.argsort(ids, kind="stable")
+        v, ids = v[order], ids[order]
+        n_of = sizes[ids]
+        for n in dict.fromkeys(n_of.tolist()):  # in first-seen order, as before: the random draws stay the same
+            sel = n_of == n
+            matrix = np.sort(v[sel].reshape(-1, n), axis=1)  # one row per point, each row sorted
+            point_ids = ids[sel][::n]
+            positions = rng.integers(0, n, size=(n_boot, n))
+            for start in range(0, len(matrix), 1024):
+                lo, hi = median_ci(matrix[start:start + 1024], positions)
+                out_ids.append(point_ids[start:start + 1024])
+                out_lo.append(lo)
+                out_hi.append(hi)
+    if not out_ids:
+        return pd.DataFrame({"low": [], "high": []}, dtype=float)
+    return pd.DataFrame({"low": np.concatenate(out_lo), "high": np.concatenate(out_hi)},
+                        index=np.concatenate(out_ids))
 
 
 def qualifies(table: pd.DataFrame) -> pd.Series:
@@ -350,58 +360,58 @@ def point_table(trials: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> pd.D
     """
     df = trials
     keys = POINT_KEYS
-    g_all = df.groupby(keys, sort=False)
-    table = g_all.size().rename("trials").reset_index()
-    first = g_all[["mode"]].first().reset_index()
-    table = table.merge(first, on=keys, how="left")
-    counts = df.groupby(keys + ["status"], sort=False).size().unstack("status", fill_value=0)
+    # one integer id per point (first-appearance order): every aggregate groups by it and aligns on it
+    pid = df.groupby(keys, sort=False).ngroup()
+    by_point = df.groupby(pid, sort=False)
+    table = by_point[keys + ["mode"]].first()
+    table.insert(len(keys), "trials", by_point.size())
+    table = table[keys + ["trials", "mode"]]
+    counts = pd.crosstab(pid, df["status"])
     known = ["ok", "over_budget", "skipped", "error", "oom"]
     for s in known:
         if s not in counts:
             counts[s] = 0
     counts["other"] = counts.drop(columns=known).sum(axis=1)  # statuses this kvbench does not know
-    counts = counts[known + ["other"]]
-    counts.columns = [f"n_{c}" for c in counts.columns]
-    table = table.merge(counts.reset_index(), on=keys, how="left")
+    for c in known + ["other"]:
+        table[f"n_{c}"] = counts[c]
     table["measured"] = table["n_ok"] + table["n_over_budget"]
-    bad = df[df["status"] != "ok"].groupby(keys, sort=False)[["status", "message"]].first().reset_index()
-    table = table.merge(bad, on=keys, how="left")
+    bad = df["status"] != "ok"
+    first_bad = df[bad].groupby(pid[bad], sort=False)[["status", "message"]].first()
+    table["status"] = first_bad["status"]
+    table["message"] = first_bad["message"]
     table["status"] = table["status"].fillna("ok")
     table["message"] = table["message"].fillna("")
 
-    measured = df[df["status"].isin(MEASURED)].copy()
-    tm = measured["tokens_match"].map({True: 1.0, False: 0.0}) if "tokens_match" in measured else None
-    if tm is not None:
-        match = tm.groupby([measured[k] for k in keys], sort=False).min().rename("tokens_match").reset_index()
-        table = table.merge(match, on=keys, how="left")
-        table["tokens_match"] = table["tokens_match"].map({1.0: True, 0.0: False}).astype(object)
+    is_measured = df["status"].isin(MEASURED)
+    measured = df[is_measured]
+    mpid = pid[is_measured]
+    if "tokens_match" in measured:
+        tm = measured["tokens_match"].map({True: 1.0, False: 0.0}).groupby(mpid).min()
+        table["tokens_match"] = tm.map({1.0: True, 0.0: False}).reindex(table.index).astype(object)
         table.loc[table["tokens_match"].isna(), "tokens_match"] = None
     else:
         table["tokens_match"] = None
-    div = _num(measured, "first_divergence_step")
-    table = table.merge(div.groupby([measured[k] for k in keys], sort=False).min()
-                        .rename("first_divergence_step").reset_index(), on=keys, how="left")
+    table["first_divergence_step"] = _num(measured, "first_divergence_step").groupby(mpid).min()
 
-    for col in SPREAD_METRICS + MEDIAN_METRICS:
-        measured[col] = _num(measured, col)
-    gm = measured.groupby(keys, sort=False)
+    numeric = pd.DataFrame({col: _num(measured, col) for col in SPREAD_METRICS + MEDIAN_METRICS})
+    gm = numeric.groupby(mpid, sort=False)
     stats = gm[list(SPREAD_METRICS)].agg(["median", "min", "max"])
     stats.columns = [f"{a}_{b}" for a, b in stats.columns]
     medians = gm[list(MEDIAN_METRICS)].median()
     medians.columns = [f"{c}_median" for c in medians.columns]
-    table = table.merge(stats.reset_index(), on=keys, how="left").merge(medians.reset_index(), on=keys, how="left")
+    table = table.join(stats).join(medians)
     for col in SPREAD_METRICS:
-        table = table.merge(_bootstrap_groups(measured, col, n_boot, seed), on=keys, how="left")
+        ci = _bootstrap_groups(numeric[col], mpid, n_boot, seed)
+        table[f"{col}_ci_low"] = ci["low"]
+        table[f"{col}_ci_high"] = ci["high"]
 
     err = measured["kv_check_error"].abs()
-    flagged = (err > KV_CHECK_TOLERANCE).groupby([measured[k] for k in keys], sort=False).sum()
-    worst = measured["kv_check_error"].where(err == err.groupby([measured[k] for k in keys]).transform("max"))
-    table = table.merge(flagged.rename("kv_check_flagged").reset_index(), on=keys, how="left")
-    table = table.merge(worst.groupby([measured[k] for k in keys], sort=False).first()
-                        .rename("kv_check_worst").reset_index(), on=keys, how="left")
+    table["kv_check_flagged"] = (err > KV_CHECK_TOLERANCE).groupby(mpid).sum()
+    worst = measured["kv_check_error"].where(err == err.groupby(mpid).transform("max"))
+    table["kv_check_worst"] = worst.groupby(mpid, sort=False).first()
     table["kv_check_flagged"] = table["kv_check_flagged"].fillna(0).astype(int)
-    budget = _num(df, "budget_bytes").groupby([df[k] for k in keys], sort=False).max()
-    table = table.merge(budget.rename("budget_bytes").reset_index(), on=keys, how="left")
+    table["budget_bytes"] = _num(df, "budget_bytes").groupby(pid, sort=False).max()
+    table = table.reset_index(drop=True)
 
     ref_cols = {"kv_device_peak_bytes_median": "ref_kv", "peak_device_allocated_bytes_median": "ref_alloc",
                 "tpot_s_median": "ref_tpot", "throughput_tokens_per_s_median": "ref_tput"}
