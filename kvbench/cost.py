@@ -95,7 +95,8 @@ def cost_table(table: pd.DataFrame, prices: Prices, max_ttft_s: float | None = N
 
     Returns:
         Columns ``group``, ``prompt_tokens``, ``mode_label``, ``mode``, ``batch_size`` (the best; NaN if none
-        qualified), ``throughput_tokens_per_s``, ``host_kv_bytes`` (host + disk KV peak), ``usd_per_million``,
+        qualified), ``throughput_tokens_per_s`` (median) with ``throughput_min``/``throughput_max`` over its
+        trials, ``host_kv_bytes`` (host + disk KV peak), ``usd_per_million``,
         ``saving_pct`` (vs ``none`` at the same prompt length), ``monthly_saving_usd``, ``payback_months`` and
         ``why`` (why nothing qualified).
     """
@@ -116,11 +117,14 @@ def cost_table(table: pd.DataFrame, prices: Prices, max_ttft_s: float | None = N
         host = sum(0.0 if pd.isna(best[c]) else best[c] for c in ("kv_host_peak_bytes_median",
                                                                   "kv_disk_peak_bytes_median"))
         rec.update(batch_size=best["batch_size"], throughput_tokens_per_s=best["throughput_tokens_per_s_median"],
+                   throughput_min=best["throughput_tokens_per_s_min"],
+                   throughput_max=best["throughput_tokens_per_s_max"],
                    host_kv_bytes=host, usd_per_million=prices.per_million(best["throughput_tokens_per_s_median"],
                                                                           host), why="")
         rows.append(rec)
     out = pd.DataFrame(rows)
-    for col in ("batch_size", "throughput_tokens_per_s", "host_kv_bytes", "usd_per_million"):
+    for col in ("batch_size", "throughput_tokens_per_s", "throughput_min", "throughput_max", "host_kv_bytes",
+                "usd_per_million"):
         if col not in out:
             out[col] = math.nan
     base = out[out["mode"] == "none"].set_index(["group", "prompt_tokens"])["usd_per_million"]
@@ -149,9 +153,15 @@ def _why_not(part: pd.DataFrame, max_ttft_s: float | None, max_tpot_s: float | N
     return "no batch size qualified (over budget, failed or above an SLO)"
 
 
+def _within_spread(a: pd.Series, b: pd.Series) -> bool:
+    """The two rows' throughput ranges (min–max over their trials) overlap: the measurements do not separate them."""
+    return bool(a["throughput_min"] <= b["throughput_max"] and b["throughput_min"] <= a["throughput_max"])
+
+
 def verdicts(costs: pd.DataFrame) -> dict[str, list[str]]:
     """Plain-language lines per group: at each prompt length, the cheapest qualifying mode, and whether offload
-    lowers or raises the cost against ``none`` there."""
+    lowers or raises the cost against ``none`` there — or, when the throughput ranges (min–max over trials) of
+    the cheapest offload mode and ``none`` overlap, that the measurements do not separate them."""
     out: dict[str, list[str]] = {}
     for (group, prompt), part in costs.groupby(["group", "prompt_tokens"], sort=False):
         lines = out.setdefault(group, [])
@@ -170,8 +180,13 @@ def verdicts(costs: pd.DataFrame) -> dict[str, list[str]]:
         offload = ok[ok["mode"] != "none"]
         if offload.empty:
             lines.append(f"at {prompt} tokens only `none` qualified: {base:,.2f} USD per 1M tokens")
+        elif _within_spread(cheapest := offload.loc[offload["usd_per_million"].idxmin()], none.iloc[0]):
+            lines.append(f"at {prompt} tokens offload does not change the cost measurably: `{cheapest['mode_label']}` "
+                         f"{cheapest['usd_per_million']:,.2f} vs `none` {base:,.2f} USD per 1M tokens, within the "
+                         f"spread of their tokens/s ({cheapest['throughput_min']:,.2f}–"
+                         f"{cheapest['throughput_max']:,.2f} vs {none['throughput_min'].iloc[0]:,.2f}–"
+                         f"{none['throughput_max'].iloc[0]:,.2f}); more repeats would tell")
         elif best["mode"] == "none":
-            cheapest = offload.loc[offload["usd_per_million"].idxmin()]
             lines.append(f"at {prompt} tokens offload raises cost here: `none` {base:,.2f} USD per 1M tokens, the "
                          f"cheapest offload mode `{cheapest['mode_label']}` {cheapest['usd_per_million']:,.2f} "
                          f"({-cheapest['saving_pct']:+.0f}%)")

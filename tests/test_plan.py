@@ -182,3 +182,22 @@ def test_link_default_comes_from_the_last_env_probe(tmp_path, monkeypatch):
     assert "link 25 GB/s (--link-gbps)" in r.output
     (tmp_path / "cache" / LAST_PROBE).write_text("{not json")
     assert last_link_probe() is None
+
+
+def test_cost_verdicts_say_when_the_spread_does_not_separate_modes():
+    import pandas as pd
+
+    from kvbench.cost import verdicts
+
+    def row(mode, usd, lo, hi, prompt=256):
+        return {"group": "g", "prompt_tokens": prompt, "mode_label": mode, "mode": mode, "batch_size": 2,
+                "usd_per_million": usd, "throughput_min": lo, "throughput_max": hi, "saving_pct": 0.0, "why": ""}
+
+    costs = pd.DataFrame([row("none", 66.03, 8.2, 8.6), row("dynamic", 64.79, 8.5, 8.7),
+                          row("none", 141.25, 3.9, 4.0, 1024), {**row("full", 154.98, 3.5, 3.6, 1024),
+                                                                "saving_pct": -9.7}])
+    assert verdicts(costs)["g"] == [
+        "at 256 tokens offload does not change the cost measurably: `dynamic` 64.79 vs `none` 66.03 USD per 1M "
+        "tokens, within the spread of their tokens/s (8.50–8.70 vs 8.20–8.60); more repeats would tell",
+        "at 1024 tokens offload raises cost here: `none` 141.25 USD per 1M tokens, the cheapest offload mode `full` "
+        "154.98 (+10%)"]
