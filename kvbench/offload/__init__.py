@@ -1,8 +1,9 @@
 """The offload engine: KV caches for transformers, registered by mode name.
 
 Knows nothing of scenarios or files: a cache is built from a model config, a device and the mode's options.
-``from kvbench.offload import FullOffloadCache, HierarchicalCache, DynamicOffloadCache`` works; the cache classes (and torch) are
-imported on first use so that the registry stays cheap to import.
+``from kvbench.offload import FullOffloadCache, HierarchicalCache, DynamicOffloadCache`` works, and ``KVStore`` (the
+reuse store, :mod:`kvbench.offload.store`); the classes (and torch) are imported on first use so that the registry
+stays cheap to import.
 """
 
 from kvbench.offload.registry import MODES, ModeInfo, available
@@ -10,10 +11,16 @@ from kvbench.offload.registry import MODES, ModeInfo, available
 _CACHES = ("DynamicOffloadCache", "FullOffloadCache", "HierarchicalCache", "OffloadedCache", "make_cache", "kv_bytes",
            "ModeUnavailable")
 
-__all__ = ["MODES", "ModeInfo", "available", *_CACHES]
+_STORE = ("KVStore", "Prefix", "StoreWarning")
+
+__all__ = ["MODES", "ModeInfo", "available", *_CACHES, *_STORE]
 
 
 def __getattr__(name: str):
+    if name in _STORE:
+        from kvbench.offload import store
+
+        return getattr(store, name)
     if name in _CACHES:
         from kvbench.offload import caches
 

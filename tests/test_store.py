@@ -1,0 +1,118 @@
+"""The reuse KV store: chained chunk keys, exact round trips through host and disk, LRU, damaged files."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kvbench.offload.store import KVStore, StoreWarning, chunk_keys
+from kvbench.offload.tiers import DiskTierError
+
+LAYERS, HEADS, DIM, CHUNK = 3, 2, 4, 8
+TOKEN_BYTES = LAYERS * 2 * HEADS * DIM * 4  # float32: 192 bytes per token
+CHUNK_BYTES = TOKEN_BYTES * CHUNK  # 1536
+
+
+def kv(n: int, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    keys = [torch.randn(HEADS, n, DIM, generator=g) for _ in range(LAYERS)]
+    values = [torch.randn(HEADS, n, DIM, generator=g) for _ in range(LAYERS)]
+    return keys, values
+
+
+def test_chunk_keys_are_chained_over_the_whole_prefix():
+    a = chunk_keys(list(range(20)), CHUNK)
+    assert len(a) == 2  # 20 tokens: two whole chunks, the last 4 tokens have no key
+    assert chunk_keys(list(range(16)), CHUNK) == a
+    b = chunk_keys([99] + list(range(1, 20)), CHUNK)
+    assert b[0] != a[0] and b[1] != a[1]  # same second chunk after another first one: another key
+
+
+def test_round_trip_is_exact_and_uses_whole_chunks_only():
+    store = KVStore(CHUNK, host_max_bytes=10 * CHUNK_BYTES)
+    tokens = list(range(100, 123))  # 23 tokens: 2 whole chunks
+    keys, values = kv(23)
+    assert store.put(tokens, keys, values) == 2 and len(store) == 2
+    assert store.put(tokens, keys, values) == 0  # already there
+    assert store.host_bytes == 2 * CHUNK_BYTES
+    # a new request sharing 20 tokens (inside the third chunk) restores the 2 whole chunks: 16 tokens
+    p = store.get(tokens[:20] + [1, 2, 3])
+    assert p.tokens == 16 and p.host_bytes == 2 * CHUNK_BYTES and p.disk_bytes == 0
+    for layer in range(LAYERS):
+        assert torch.equal(p.keys[layer], keys[layer][:, :16]) and torch.equal(p.values[layer], values[layer][:, :16])
+    assert store.get(tokens, max_tokens=15).tokens == 8  # the prompt less one token, in whole chunks
+    assert store.get([5] + tokens[1:]).tokens == 0  # first token differs: every key differs
+    assert store.lookup(tokens) == 16 and store.hits == 3 and store.misses == 1
+
+
+def test_lru_spills_to_disk_exactly_then_drops(tmp_path):
+    store = KVStore(CHUNK, host_max_bytes=2 * CHUNK_BYTES, disk_max_bytes=2 * CHUNK_BYTES, disk_dir=tmp_path)
+    seqs = [[s * 1000 + i for i in range(CHUNK)] for s in range(5)]
+    data = [kv(CHUNK, seed=s) for s in range(5)]
+    for s in range(3):
+        store.put(seqs[s], *data[s])
+    assert store.host_bytes == 2 * CHUNK_BYTES and store.disk_bytes == CHUNK_BYTES  # seq 0 spilled
+    assert len(list(store.tier.path.glob("*.kv"))) == 1 and store.tier.path.stat().st_mode & 0o777 == 0o700
+    p = store.get(seqs[0])
+    assert p.tokens == CHUNK and p.disk_bytes == CHUNK_BYTES and p.host_bytes == 0
+    assert torch.equal(p.keys[2], data[0][0][2]) and torch.equal(p.values[0], data[0][1][0])
+    store.put(seqs[3], *data[3])
+    # host spills 1 then 2 to disk; disk holds 2 chunks, so its least recently used, 0 (read back before 1 and 2
+    # were written; a disk hit is not promoted to host memory), is dropped
+    store.put(seqs[4], *data[4])
+    assert store.lookup(seqs[0]) == 0 and store.evicted == 1
+    assert [store.lookup(seqs[s]) for s in (1, 2, 3, 4)] == [CHUNK] * 4
+    assert store.host_bytes == 2 * CHUNK_BYTES and store.disk_bytes == 2 * CHUNK_BYTES
+    store.close()
+    assert not store.tier.path.exists() and len(store) == 0
+
+
+def test_a_prefix_loses_its_tail_first(tmp_path):
+    store = KVStore(CHUNK, host_max_bytes=3 * CHUNK_BYTES)
+    long = list(range(3 * CHUNK))
+    store.put(long, *kv(3 * CHUNK))
+    store.put(list(range(5000, 5000 + CHUNK)), *kv(CHUNK, 1))  # one chunk over the cap: LRU goes
+    assert store.lookup(long) == 2 * CHUNK  # the last chunk of the prefix was evicted, not the first
+
+
+def test_damaged_or_missing_files_are_misses_with_a_warning(tmp_path):
+    store = KVStore(CHUNK, host_max_bytes=CHUNK_BYTES, disk_max_bytes=10 * CHUNK_BYTES, disk_dir=tmp_path)
+    tokens = list(range(4 * CHUNK))
+    keys, values = kv(4 * CHUNK)
+    store.put(tokens, keys, values)  # host memory holds one chunk: chunks 0-2 spill to disk as 1-3 arrive
+    ks = chunk_keys(tokens, CHUNK)
+    assert list(store._host) == [ks[3]] and set(store._disk) == set(ks[:3])
+    files = [store._disk[k][0] for k in ks[:3]]
+    data = bytearray(files[2].read_bytes())
+    data[-1] ^= 0xFF  # flip one payload byte
+    files[2].write_bytes(bytes(data))
+    with pytest.warns(StoreWarning, match="checksum mismatch"):
+        p = store.get(tokens)
+    assert p.tokens == 2 * CHUNK and p.disk_bytes == 2 * CHUNK_BYTES and store.corrupt == 1
+    assert not files[2].exists() and torch.equal(p.keys[1], keys[1][:, :2 * CHUNK])
+    files[1].write_bytes(files[1].read_bytes()[:-10])
+    with pytest.warns(StoreWarning, match="truncated"):
+        assert store.get(tokens).tokens == CHUNK
+    files[0].unlink()  # deleted between turns
+    with pytest.warns(StoreWarning, match="No such file"):
+        assert store.get(tokens).tokens == 0
+    assert store.corrupt == 3 and store.disk_bytes == 0 and store.lookup(tokens) == 0
+
+
+def test_bad_caps_and_directories():
+    with pytest.raises(ValueError, match=r"host_max_bytes 1,000 is smaller than one chunk: 8 tokens × 192 bytes = "
+                                         r"1,536 bytes"):
+        KVStore(CHUNK, host_max_bytes=1000, token_bytes=TOKEN_BYTES)
+    store = KVStore(CHUNK, host_max_bytes=1000)
+    with pytest.raises(ValueError, match="host_max_bytes 1,000 is smaller than one chunk"):
+        store.put(list(range(CHUNK)), *kv(CHUNK))
+    with pytest.raises(ValueError, match="disk_max_bytes 100 is smaller than one chunk"):
+        KVStore(CHUNK, disk_max_bytes=100, token_bytes=TOKEN_BYTES)
+    with pytest.raises(ValueError, match="chunk_tokens must be at least 1"):
+        KVStore(0)
+    with pytest.raises(DiskTierError, match="cannot create the disk tier in /nonexistent/dir"):
+        KVStore(CHUNK, disk_max_bytes=10 * CHUNK_BYTES, disk_dir="/nonexistent/dir")
+    ok = KVStore(CHUNK, host_max_bytes=10 * CHUNK_BYTES)
+    ok.put(list(range(CHUNK)), *kv(CHUNK))
+    with pytest.raises(ValueError, match="one model and dtype per store"):
+        ok.put(list(range(CHUNK)), *[[t.half() for t in x] for x in kv(CHUNK, 3)])
