@@ -157,7 +157,9 @@ def greedy_decode(
     """Prefill, then exactly ``max_new_tokens`` greedy tokens (EOS does not stop it), one forward per token.
 
     Args:
-        input_ids, attention_mask: ``[batch, prompt_len]`` on the model's device, left-padded.
+        input_ids, attention_mask: ``[batch, prompt_len]`` on the model's device, left-padded; the mask may be
+            longer, ``[batch, cached + prompt_len]``, when ``cache`` already holds the first tokens (a restored
+            prefix): positions then continue from them.
         cache: the KV cache object passed to every forward.
         clock: returns seconds; must synchronise the device (see :class:`Clock`).
         after_step: called after each token's clock reading (e.g. to read the cache's bytes); its cost, microseconds
@@ -168,7 +170,8 @@ def greedy_decode(
         ``(ids [batch, max_new_tokens], t_start, token_times)``.
     """
     kw = cache_keyword(model)
-    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    # a mask longer than input_ids covers tokens already in the cache (a restored prefix): positions go on from them
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)[:, -input_ids.shape[1]:]
     out_ids = torch.empty((input_ids.shape[0], max_new_tokens), dtype=torch.long, device=input_ids.device)
     times: list[float] = []
     t_start = clock()

@@ -116,3 +116,66 @@ def test_bad_caps_and_directories():
     ok.put(list(range(CHUNK)), *kv(CHUNK))
     with pytest.raises(ValueError, match="one model and dtype per store"):
         ok.put(list(range(CHUNK)), *[[t.half() for t in x] for x in kv(CHUNK, 3)])
+
+
+@pytest.mark.parametrize("kind,options", [
+    ("none", {}), ("full", {}), ("hierarchical", {"window": 4}), ("hierarchical", {"window": 64}),
+    ("dynamic", {"min_window": 4}), ("full", {"host_max_tokens": 16}),
+], ids=["none", "full", "hier4", "hier64", "dynamic", "full-disk"])
+def test_a_restored_prefix_generates_the_ids_of_recompute(tiny_model, tmp_path, kind, options):
+    from kvbench.offload import make_cache
+    from kvbench.offload.store import restore, sequence_kv
+    from kvbench.runner import Clock, greedy_decode
+
+    m, dev = tiny_model, tiny_model.device
+    clock = Clock(dev)
+    g = torch.Generator().manual_seed(7)
+    first = torch.randint(0, m.shape.vocab_size, (1, 40), generator=g)
+
+    def generate(ids, cache, n, cached=0):
+        mask = torch.ones((1, cached + ids.shape[1]), dtype=torch.long)
+        return greedy_decode(m.model, ids, mask, cache, n, clock)[0]
+
+    def fresh():
+        return make_cache(kind, m.model.config, dev, disk_dir=str(tmp_path), **options)
+
+    # turn 1 in the mode under test; its 45 cached tokens are stored (5 whole chunks of 8), partly on disk
+    cache = fresh()
+    out1 = generate(first, cache, 6)
+    seq = torch.cat([first, out1[:, :5]], dim=1)
+    keys, values = sequence_kv(cache)
+    assert keys[0].shape == (m.shape.kv_heads, 45, m.shape.head_dim)
+    store = KVStore(CHUNK, host_max_bytes=2 * 5 * 8 * 512 // 5, disk_max_bytes=2**20, disk_dir=tmp_path)
+    assert store.put(seq[0].tolist(), keys, values) == 5 and store.disk_bytes == 3 * 8 * 512
+    # turn 2: the whole of turn 1 and 13 new tokens; the shared 45 tokens end inside a chunk: 40 are restored
+    second = torch.cat([seq, torch.randint(0, m.shape.vocab_size, (1, 13), generator=g)], dim=1)
+    prefix = store.get(second[0].tolist(), max_tokens=second.shape[1] - 1)
+    assert prefix.tokens == 40 and prefix.disk_bytes == 3 * 8 * 512 and prefix.host_bytes == 2 * 8 * 512
+    for layer in range(len(keys)):
+        assert torch.equal(prefix.keys[layer], keys[layer][:, :40])
+        assert torch.equal(prefix.values[layer], values[layer][:, :40])
+    recompute = generate(second, fresh(), 8)
+    cache = fresh()
+    restore(cache, prefix, dev, m.dtype)
+    assert cache.get_seq_length() == 40
+    restored = generate(second[:, 40:], cache, 8, cached=40)
+    assert restored.tolist() == recompute.tolist()
+    assert cache.get_seq_length() == second.shape[1] + 7
+    store.close()
+
+
+def test_restore_and_sequence_kv_refuse_what_they_cannot_do(tiny_model):
+    from kvbench.offload import make_cache
+    from kvbench.offload.store import Prefix, restore, sequence_kv
+
+    m = tiny_model
+    cache = make_cache("none", m.model.config, m.device)
+    with pytest.raises(ValueError, match="layer 0 holds no KV"):
+        sequence_kv(cache)
+    k = [torch.zeros(m.shape.kv_heads, 8, m.shape.head_dim)] * m.shape.layers
+    restore(cache, Prefix(8, k, k), m.device)
+    assert cache.get_seq_length() == 8 and sequence_kv(cache)[0][1].shape[1] == 8
+    with pytest.raises(ValueError, match=r"restore needs an empty cache \(it holds 8 tokens\)"):
+        restore(cache, Prefix(8, k, k), m.device)
+    with pytest.raises(ValueError, match="the prefix has 1 layers, the cache 2"):
+        restore(make_cache("full", m.model.config, m.device), Prefix(8, k[:1], k[:1]), m.device)
