@@ -371,7 +371,7 @@ def point_table(trials: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> pd.D
     for s in known:
         if s not in counts:
             counts[s] = 0
-    counts["other"] = counts.drop(columns=known).sum(axis=1)  # statuses this kvbench does not know
+    counts["other"] = counts.drop(columns=known).sum(axis=1).astype(int)  # statuses this kvbench does not know
     for c in known + ["other"]:
         table[f"n_{c}"] = counts[c]
     table["measured"] = table["n_ok"] + table["n_over_budget"]

@@ -113,8 +113,8 @@ def device_problem(s: Scenario, device_type: str) -> str | None:
     """Why the scenario's search cannot run on this device type, or None: without CUDA there is no device memory
     to run out of, so a search needs a ``budget``."""
     if s.searched is not None and s.budget is None and device_type != "cuda":
-        return (f"{s.name}: {s.searched} search on {device_type} needs a device KV budget: there is no device memory "
-                "to run out of (set budget, e.g. 256MiB)")
+        return (f"{s.searched} search on {device_type} needs a device KV budget: there is no device memory to run "
+                "out of (set budget, e.g. 256MiB)")
     return None
 
 

@@ -50,6 +50,14 @@ def _fail(msg: str, code: int = 2) -> None:
     raise typer.Exit(code)
 
 
+def _count_units(n: float) -> str:
+    """A count in B (10^9), M (10^6) or K (10^3), two decimals."""
+    for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= size:
+            return f"{n / size:,.2f} {unit}"
+    return f"{n:,.0f}"
+
+
 def _mib(v: Any) -> str:
     return "-" if v is None or v != v else f"{v / 2**20:,.1f}"
 
@@ -200,7 +208,7 @@ def run(
     except ValueError as exc:
         _fail(str(exc))
     if (why := device_problem(sc, device.type)) is not None:
-        _fail(why)
+        _fail(f"{scenario if rundir is None else rundir.path / 'run.json'}: budget: {why}")
     busy = psutil.cpu_percent(interval=0.5)  # system-wide, while this process waits: the others' load
     if busy > 50:
         err.print(f"[yellow]warning:[/] the machine is busy ({busy:.0f}% of {env['cpu_count']} CPUs in use by other "
@@ -453,6 +461,8 @@ def cost(
             _fail(f"{name} must be a finite number of milliseconds above 0, not {v}")
     if (base_throughput is None) != (offload_throughput is None):
         _fail("--base-throughput and --offload-throughput go together")
+    if base_throughput is not None and results:
+        _fail("give result directories or a what-if (--base-throughput, --offload-throughput), not both")
     if base_throughput is not None:
         try:
             w = what_if(prices, base_throughput, offload_throughput)
@@ -541,7 +551,8 @@ def _gib(n: float) -> str:
 
 @app.command()
 def plan(
-    model: str = typer.Argument(..., help="A preset (see `kvbench list presets`), a config.json or a model directory."),
+    model: str = typer.Argument(..., metavar="MODEL",
+                                help="A preset (see `kvbench list presets`), a config.json or a model directory."),
     prompt_tokens: int = typer.Option(4096, "--prompt-tokens", help="Context per sequence (tokens)."),
     batch: int = typer.Option(1, help="Sequences decoded together (the roofline's batch)."),
     dtype: str = typer.Option("bf16", help="KV and weights dtype: fp32, fp16, bf16, fp8 (or int8)."),
@@ -560,13 +571,17 @@ def plan(
     import psutil
 
     from kvbench.machine import last_link_probe
+
+    warnings.showwarning = _show_warning
     from kvbench.models import preset_names, preset_path
     from kvbench.plan import DTYPE_BYTES, architecture, cost_per_million, plan_modes, read_config
 
     if dtype not in DTYPE_BYTES:
         _fail(f"--dtype {dtype!r}: one of {', '.join(DTYPE_BYTES)}")
     if prompt_tokens <= 0 or batch <= 0 or window < 0:
-        _fail("--prompt-tokens and --batch must be more than 0, --window 0 or more")
+        bad = [f"{n} {v}" for n, v, least in (("--prompt-tokens", prompt_tokens, 1), ("--batch", batch, 1),
+                                               ("--window", window, 0)) if v < least]
+        _fail(f"{', '.join(bad)}: --prompt-tokens and --batch must be more than 0, --window 0 or more")
     path = Path(model)
     if path.is_dir():
         path = path / "config.json"
@@ -603,7 +618,7 @@ def plan(
     per_seq = arch.kv_bytes(prompt_tokens, nbytes)
     sliding = arch.layers - arch.full_layers
     out.print(f"{model}: {arch.layers} layers ({sliding} with a sliding window), {arch.kv_heads} kv heads × "
-              f"{arch.head_dim}, {dtype}; {arch.parameters / 1e9:,.2f} B parameters = weights "
+              f"{arch.head_dim}, {dtype}; {_count_units(arch.parameters)} parameters = weights "
               f"{_gib(arch.parameters * nbytes)}", highlight=False)
     out.print(f"KV: {per_seq / prompt_tokens:,.0f} bytes per token at {prompt_tokens:,} tokens "
               f"({2 * arch.kv_heads * arch.head_dim * nbytes * arch.layers:,} for full attention in every layer); "

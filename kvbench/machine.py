@@ -53,15 +53,23 @@ def save_link_probe(env: dict[str, Any]) -> Path | None:
 def last_link_probe() -> tuple[float, str] | None:
     """``(host→device GB/s pinned, where it came from)`` of the last :func:`save_link_probe`, or None when there
     is none (or it is unreadable)."""
+    import math
+    import warnings
+
     path = cache_dir() / LAST_PROBE
+    if not path.exists():
+        return None
     try:
         record = json.loads(path.read_text())
-        gbps = float(record["link_bandwidth"]["h2d_pinned_gbps"])
-    except (OSError, ValueError, KeyError, TypeError):
+        gbps = record["link_bandwidth"]["h2d_pinned_gbps"]
+        if isinstance(gbps, bool) or not isinstance(gbps, (int, float)) or not (gbps > 0 and math.isfinite(gbps)):
+            raise ValueError(f"h2d_pinned_gbps is {gbps!r}, not a number of GB/s above 0")
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        warnings.warn(f"{path}: ignored ({exc.strerror if isinstance(exc, OSError) else exc}); run kvbench env on "
+                      "a GPU to measure the link again", stacklevel=2)
         return None
-    if not gbps > 0:
-        return None
-    return gbps, f"measured by kvbench env {record.get('measured_at') or ''} on {record.get('gpu') or 'a GPU'}"
+    when = f" {record['measured_at']}" if record.get("measured_at") else ""
+    return float(gbps), f"measured by kvbench env{when} on {record.get('gpu') or 'a GPU'}"
 
 
 def _now() -> str:

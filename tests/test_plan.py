@@ -181,7 +181,13 @@ def test_link_default_comes_from_the_last_env_probe(tmp_path, monkeypatch):
     r = cli.invoke(app, ["plan", "llama-3.1-8b", "--link-gbps", "25"])
     assert "link 25 GB/s (--link-gbps)" in r.output
     (tmp_path / "cache" / LAST_PROBE).write_text("{not json")
-    assert last_link_probe() is None
+    with pytest.warns(UserWarning, match="ignored .*run kvbench env on a GPU"):
+        assert last_link_probe() is None
+    save_link_probe({"link_bandwidth": {"h2d_pinned_gbps": True}})
+    with pytest.warns(UserWarning, match="h2d_pinned_gbps is True, not a number of GB/s above 0"):
+        assert last_link_probe() is None
+    save_link_probe({"link_bandwidth": {"h2d_pinned_gbps": 25}})
+    assert last_link_probe() == (25.0, "measured by kvbench env on a GPU")
 
 
 def test_cost_verdicts_say_when_the_spread_does_not_separate_modes():

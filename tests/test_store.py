@@ -57,11 +57,11 @@ def test_lru_spills_to_disk_exactly_then_drops(tmp_path):
     assert p.tokens == CHUNK and p.disk_bytes == CHUNK_BYTES and p.host_bytes == 0
     assert torch.equal(p.keys[2], data[0][0][2]) and torch.equal(p.values[0], data[0][1][0])
     store.put(seqs[3], *data[3])
-    # host spills 1 then 2 to disk; disk holds 2 chunks, so its least recently used, 0 (read back before 1 and 2
-    # were written; a disk hit is not promoted to host memory), is dropped
+    # host spills 1 then 2 to disk; the disk holds 2 chunks, so the least recently used of 0, 1, 2 goes: 1
+    # (0 was read after 1 was stored; a disk hit stays on disk)
     store.put(seqs[4], *data[4])
-    assert store.lookup(seqs[0]) == 0 and store.evicted == 1
-    assert [store.lookup(seqs[s]) for s in (1, 2, 3, 4)] == [CHUNK] * 4
+    assert store.lookup(seqs[1]) == 0 and store.evicted == 1
+    assert [store.lookup(seqs[s]) for s in (0, 2, 3, 4)] == [CHUNK] * 4
     assert store.host_bytes == 2 * CHUNK_BYTES and store.disk_bytes == 2 * CHUNK_BYTES
     store.close()
     assert not store.tier.path.exists() and len(store) == 0
@@ -75,28 +75,50 @@ def test_a_prefix_loses_its_tail_first(tmp_path):
     assert store.lookup(long) == 2 * CHUNK  # the last chunk of the prefix was evicted, not the first
 
 
+def test_no_tail_is_kept_behind_a_missing_head(tmp_path):
+    # a sequence larger than the whole store keeps its head
+    store = KVStore(CHUNK, host_max_bytes=2 * CHUNK_BYTES, disk_max_bytes=3 * CHUNK_BYTES, disk_dir=tmp_path)
+    long = list(range(6 * CHUNK))
+    assert store.put(long, *kv(6 * CHUNK)) == 6
+    assert store.lookup(long) == 5 * CHUNK and len(store) == 5 and store.evicted == 1
+    # across the tiers: a second sequence pushes the first one's tail out, never its head
+    store = KVStore(CHUNK, host_max_bytes=2 * CHUNK_BYTES, disk_max_bytes=3 * CHUNK_BYTES, disk_dir=tmp_path)
+    first, second = list(range(5 * CHUNK)), list(range(9000, 9000 + 3 * CHUNK))
+    store.put(first, *kv(5 * CHUNK))
+    assert store.get(first).tokens == 5 * CHUNK
+    store.put(second, *kv(3 * CHUNK, 1))
+    assert store.lookup(first) == 2 * CHUNK and store.lookup(second) == 3 * CHUNK and len(store) == 5
+    # a prefix extended later: dropping its middle chunk drops what follows it too
+    store = KVStore(CHUNK, host_max_bytes=3 * CHUNK_BYTES)
+    base = list(range(2 * CHUNK))
+    store.put(base, *kv(2 * CHUNK))
+    store.put(base + list(range(500, 500 + CHUNK)), *kv(3 * CHUNK))  # chunk 3 of the same prefix
+    store.put(list(range(7000, 7000 + CHUNK)), *kv(CHUNK, 2))  # over the cap: the prefix's last chunk goes
+    assert store.lookup(base + list(range(500, 500 + CHUNK))) == 2 * CHUNK and len(store) == 3
+
+
 def test_damaged_or_missing_files_are_misses_with_a_warning(tmp_path):
     store = KVStore(CHUNK, host_max_bytes=CHUNK_BYTES, disk_max_bytes=10 * CHUNK_BYTES, disk_dir=tmp_path)
     tokens = list(range(4 * CHUNK))
     keys, values = kv(4 * CHUNK)
-    store.put(tokens, keys, values)  # host memory holds one chunk: chunks 0-2 spill to disk as 1-3 arrive
+    store.put(tokens, keys, values)  # host memory holds one chunk, the head; chunks 1-3 spill to disk
     ks = chunk_keys(tokens, CHUNK)
-    assert list(store._host) == [ks[3]] and set(store._disk) == set(ks[:3])
-    files = [store._disk[k][0] for k in ks[:3]]
-    data = bytearray(files[2].read_bytes())
+    assert list(store._host) == [ks[0]] and set(store._disk) == set(ks[1:])
+    files = {i: store._disk[ks[i]][0] for i in (1, 2, 3)}
+    data = bytearray(files[3].read_bytes())
     data[-1] ^= 0xFF  # flip one payload byte
-    files[2].write_bytes(bytes(data))
+    files[3].write_bytes(bytes(data))
     with pytest.warns(StoreWarning, match="checksum mismatch"):
         p = store.get(tokens)
-    assert p.tokens == 2 * CHUNK and p.disk_bytes == 2 * CHUNK_BYTES and store.corrupt == 1
-    assert not files[2].exists() and torch.equal(p.keys[1], keys[1][:, :2 * CHUNK])
-    files[1].write_bytes(files[1].read_bytes()[:-10])
+    assert p.tokens == 3 * CHUNK and p.disk_bytes == 2 * CHUNK_BYTES and p.host_bytes == CHUNK_BYTES
+    assert store.corrupt == 1 and not files[3].exists() and torch.equal(p.keys[1], keys[1][:, :3 * CHUNK])
+    files[2].write_bytes(files[2].read_bytes()[:-10])
     with pytest.warns(StoreWarning, match="truncated"):
-        assert store.get(tokens).tokens == CHUNK
-    files[0].unlink()  # deleted between turns
+        assert store.get(tokens).tokens == 2 * CHUNK
+    files[1].unlink()  # deleted between turns
     with pytest.warns(StoreWarning, match="No such file"):
-        assert store.get(tokens).tokens == 0
-    assert store.corrupt == 3 and store.disk_bytes == 0 and store.lookup(tokens) == 0
+        assert store.get(tokens).tokens == CHUNK
+    assert store.corrupt == 3 and store.disk_bytes == 0 and store.lookup(tokens) == CHUNK
 
 
 def test_bad_caps_and_directories():

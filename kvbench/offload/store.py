@@ -9,9 +9,10 @@ that prefix instead of recomputing it.
   tokens after a different prefix are a different chunk.
 - Chunks live in host memory (capped by ``host_max_bytes``) and spill, least recently used first, to a disk tier
   (``disk_max_bytes``; files in a private directory, see :class:`~kvbench.offload.tiers.DiskTier`); beyond the
-  disk cap the least recently used chunks are dropped. A lookup touches a prefix's chunks last-to-first, so its
-  first chunks are the most recently used: eviction takes prefixes from their tails and never strands a tail
-  behind a missing head.
+  disk cap the least recently used chunks are dropped. One recency order spans both tiers; every store or
+  lookup touches a prefix's chunks last-to-first, so its first chunks are its most recently used and eviction
+  shortens prefixes from their tails. Dropping a chunk also drops every chunk stored after it (unreachable
+  without it), so no tail is ever kept behind a missing head.
 - Every chunk file carries a checksum (BLAKE2b-256 of its payload). A missing, truncated or corrupt file is a miss
   (with a :class:`StoreWarning`), and the prefix ends before it: restored KV is never wrong, only shorter.
 
@@ -98,8 +99,10 @@ class KVStore:
         self.host_max_bytes = host_max_bytes
         self.disk_max_bytes = disk_max_bytes
         self.chunk_bytes: int | None = None
-        self._host: OrderedDict[bytes, torch.Tensor] = OrderedDict()
-        self._disk: OrderedDict[bytes, tuple[Path, int]] = OrderedDict()  # key → (file, payload bytes)
+        self._host: dict[bytes, torch.Tensor] = {}
+        self._disk: dict[bytes, tuple[Path, int]] = {}  # key → (file, payload bytes)
+        self._order: OrderedDict[bytes, None] = OrderedDict()  # every chunk, least recently used first
+        self._children: dict[bytes, set[bytes]] = {}  # a chunk → the chunks whose prefix it ends
         self.host_bytes = 0
         self.disk_bytes = 0
         self.hits = self.misses = self.evicted = self.corrupt = 0
@@ -121,6 +124,8 @@ class KVStore:
         """Drop every chunk and remove the disk directory (idempotent)."""
         self._host.clear()
         self._disk.clear()
+        self._order.clear()
+        self._children.clear()
         self.host_bytes = self.disk_bytes = 0
         if self.tier is not None:
             self.tier.close()
@@ -159,36 +164,62 @@ class KVStore:
                              "model and dtype per store")
         new = 0
         for i, key in enumerate(chunk_keys_):
-            if key in self._host or key in self._disk:
+            if key in self._order:
                 continue
             span = slice(i * self.chunk_tokens, (i + 1) * self.chunk_tokens)
             block = torch.stack([torch.stack([k[:, span], v[:, span]]) for k, v in zip(keys, values)])
             self._host[key] = block.to("cpu", copy=True).contiguous()
+            self._order[key] = None
+            if i:
+                self._children.setdefault(chunk_keys_[i - 1], set()).add(key)
             self.host_bytes += per_chunk
             new += 1
-            self._evict()
         self._touch(chunk_keys_)
+        self._evict()
         return new
 
-    def _evict(self) -> None:
-        """Spill least recently used host chunks to disk beyond the host cap, and drop disk chunks beyond its."""
-        while self.host_bytes > self.host_max_bytes:
-            key, block = self._host.popitem(last=False)
-            self.host_bytes -= block.nbytes
-            if self.tier is None:
-                self.evicted += 1
+    def _drop(self, key: bytes) -> None:
+        """Forget a chunk (deleting its file) and every chunk after it in any stored sequence: without it they
+        can never be reached, so keeping them would only waste space."""
+        stack = [key]
+        while stack:
+            k = stack.pop()
+            if k not in self._order:
                 continue
+            del self._order[k]
+            if k in self._host:
+                self.host_bytes -= self._host.pop(k).nbytes
+            else:
+                path, nbytes = self._disk.pop(k)
+                path.unlink(missing_ok=True)
+                self.disk_bytes -= nbytes
+            self.evicted += 1
+            stack.extend(self._children.pop(k, ()))
+
+    def _least_recent(self, tier: dict) -> bytes:
+        return next(k for k in self._order if k in tier)
+
+    def _evict(self) -> None:
+        """Beyond the host cap, spill the least recently used host chunks to disk (or drop them without one);
+        beyond the disk cap, drop the least recently used disk chunks. One recency order spans both tiers, and
+        a prefix's first chunks are its most recent, so prefixes shorten from their tails."""
+        while self.host_bytes > self.host_max_bytes:
+            key = self._least_recent(self._host)
+            if self.tier is None:
+                self._drop(key)
+                continue
+            block = self._host.pop(key)
+            self.host_bytes -= block.nbytes
             try:
                 self._write(key, block)
             except OSError as exc:  # e.g. the disk is full: the chunk is dropped, a later request recomputes it
                 warnings.warn(f"KV store: cannot write a chunk to {self.tier.path} ({exc.strerror or exc}); "
                               "dropped", StoreWarning, stacklevel=3)
-                self.evicted += 1
-        while self.disk_bytes > self.disk_max_bytes:
-            key, (path, nbytes) = self._disk.popitem(last=False)
-            path.unlink(missing_ok=True)
-            self.disk_bytes -= nbytes
-            self.evicted += 1
+                self._host[key] = block  # back in place for _drop's accounting
+                self.host_bytes += block.nbytes
+                self._drop(key)
+            while self.disk_bytes > self.disk_max_bytes:  # at once: the disk never holds more than one extra chunk
+                self._drop(self._least_recent(self._disk))
 
     def _write(self, key: bytes, block: torch.Tensor) -> None:
         """Write a chunk file: magic, checksum, header length, header (dtype, shape), payload."""
@@ -211,10 +242,8 @@ class KVStore:
 
     def _touch(self, keys: list[bytes]) -> None:
         for key in reversed(keys):  # the first chunk of a prefix ends up most recently used
-            if key in self._host:
-                self._host.move_to_end(key)
-            elif key in self._disk:
-                self._disk.move_to_end(key)
+            if key in self._order:
+                self._order.move_to_end(key)
 
     def _read(self, key: bytes) -> torch.Tensor | None:
         """A disk chunk, or None (with a warning, the entry forgotten) when its file is missing or damaged."""
@@ -238,9 +267,8 @@ class KVStore:
             why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
             warnings.warn(f"KV store chunk {path.name} unusable ({why}): counted as a miss", StoreWarning,
                           stacklevel=3)
-            del self._disk[key]
-            self.disk_bytes -= nbytes
-            path.unlink(missing_ok=True)
+            self.evicted -= 1  # _drop counts it; it was damaged, not evicted
+            self._drop(key)
             self.corrupt += 1
             return None
 
@@ -248,7 +276,7 @@ class KVStore:
         """Tokens of the longest stored prefix of ``token_ids`` in whole chunks (files are not read or checked)."""
         n = 0
         for key in chunk_keys(token_ids, self.chunk_tokens):
-            if key not in self._host and key not in self._disk:
+            if key not in self._order:
                 break
             n += self.chunk_tokens
         return n
