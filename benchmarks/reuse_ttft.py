@@ -7,8 +7,9 @@ assistant replies between them). Per turn, side by side:
 
 - recompute: a fresh cache of --mode, prefill the whole prompt, --new greedy tokens;
 - restore: the store's longest stored prefix of the prompt (whole chunks of --chunk tokens) loaded into a fresh
-  cache of --mode, prefill the rest; then the request's KV (prompt and generated tokens) goes into the store for
-  the next turn.
+  cache of --mode, prefill the rest. Then, not timed, the assistant's reply that the conversation goes on with is
+  fed through the model with that cache (as decoding it would have been: a server that generated the reply holds
+  its KV), and the prompt and reply go into the store for the next turn.
 
 TTFT = from before the restore (or the prefill) to the first token, the device synchronised. The order of the two
 alternates per turn; the greedy ids of both must be equal. Prints per turn the median TTFT of each over the
@@ -29,16 +30,27 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def prompts(tokenizer, doc, turns: int) -> list[list[int]] | None:
-    """Turn k's prompt ids for k = 1..turns (None if the conversation has fewer user turns)."""
+def prompts(tokenizer, doc, turns: int) -> list[tuple[list[int], list[int]]] | None:
+    """Per turn k = 1..turns: (the prompt's ids, the ids of the conversation through the assistant's reply to
+    it); None if the conversation has fewer user turns or its renderings do not extend one another."""
     msgs = [{"role": r, "content": t} for r, t in doc.turns if r in ("user", "assistant")]
     users = [i for i, m in enumerate(msgs) if m["role"] == "user"]
     if len(users) < turns:
         return None
+
+    def ids(upto: int, generation: bool) -> list[int]:
+        text = tokenizer.apply_chat_template(msgs[:upto], tokenize=False, add_generation_prompt=generation)
+        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
     out = []
     for k in range(turns):
-        text = tokenizer.apply_chat_template(msgs[:users[k] + 1], tokenize=False, add_generation_prompt=True)
-        out.append(list(tokenizer(text, add_special_tokens=False)["input_ids"]))
+        prompt = ids(users[k] + 1, True)
+        replied = ids(users[k + 1], False) if k + 1 < len(users) else prompt
+        if replied[:len(prompt)] != prompt:
+            return None
+        out.append((prompt, replied))
+    if any(b[0][:len(a[1])] != a[1] for a, b in zip(out, out[1:])):
+        return None
     return out
 
 
@@ -78,16 +90,16 @@ def main() -> None:
     convs = []
     for doc in sharegpt.load():
         p = prompts(m.tokenizer, doc, args.turns)
-        if p and args.min_history <= len(p[-1]) <= args.max_history and all(
-                a == b[:len(a)] for a, b in zip(p, p[1:])):  # each prompt extends the one before
+        if p and args.min_history <= len(p[-1][0]) <= args.max_history:
             convs.append(p)
             if len(convs) == args.conversations:
                 break
-    generate(convs[0][0][:256], fresh(), 0)  # warm-up, not measured
+    generate(convs[0][0][0][:256], fresh(), 0)  # warm-up, not measured
     per_turn: dict[int, dict[str, list[float]]] = {}
+    differ = 0
     for c, turns in enumerate(convs):
         store = KVStore(args.chunk, host_max_bytes=2**31)
-        for k, ids in enumerate(turns, start=1):
+        for k, (ids, replied) in enumerate(turns, start=1):
             t = per_turn.setdefault(k, {"recompute": [], "restore": [], "restored": [], "prompt": []})
 
             def recompute():
@@ -99,7 +111,13 @@ def main() -> None:
                 prefix = store.get(ids, max_tokens=len(ids) - 1)
                 restore(cache, prefix, m.device, m.dtype)
                 out, ttft = generate(ids, cache, prefix.tokens, t0)  # the lookup and restore count
-                store.put(ids + out[:-1], *sequence_kv(cache))
+                # not timed: the reply the conversation goes on with, fed through the model as decoding it would
+                # have been, so the store holds what a server holds after this turn (prompt and reply)
+                cache.crop(-(args.new - 1))
+                rest = torch.tensor([replied[len(ids):]])
+                if rest.shape[1]:
+                    greedy_decode(m.model, rest, torch.ones((1, len(replied)), dtype=torch.long), cache, 1, clock)
+                store.put(replied, *sequence_kv(cache))
                 return out, ttft, prefix.tokens
 
             order = [recompute, restored] if (c + k) % 2 else [restored, recompute]
@@ -107,6 +125,7 @@ def main() -> None:
             ref_ids, ref_ttft = results["recompute"]
             ids_r, ttft_r, n_restored = results["restored"]
             if ids_r != ref_ids:
+                differ += 1
                 print(f"conversation {c} turn {k}: restored ids differ from recompute: {ids_r} vs {ref_ids}")
             t["recompute"].append(ref_ttft)
             t["restore"].append(ttft_r)
@@ -114,7 +133,8 @@ def main() -> None:
             t["prompt"].append(len(ids))
         store.close()
     print(f"SmolLM2-135M, cpu, mode {args.mode}, {len(convs)} conversations, chunk {args.chunk} tokens; "
-          "TTFT medians over conversations")
+          f"TTFT medians over conversations; greedy ids of restore and recompute "
+          f"{'equal in every turn' if not differ else f'DIFFERENT in {differ} turns'}")
     print("| turn | prompt tokens | restored tokens | recompute TTFT ms | restore TTFT ms | restore ÷ recompute |")
     print("|---|---|---|---|---|---|")
     for k, t in per_turn.items():
