@@ -653,6 +653,11 @@ def plan(
     if weights > gpu * 0.9:
         err.print(f"[yellow]warning:[/] the weights ({_gib(weights)}) do not fit in {_gib(gpu * 0.9)} of the GPU (10% "
                   "reserved): no batch fits in any mode; the decode step above assumes they did", highlight=False)
+    over = [f"{m.mode} ({m.max_batch})" for m in modes if 0 < m.max_batch < batch]
+    if over and weights <= gpu * 0.9:
+        err.print(f"[yellow]warning:[/] batch {batch} does not fit every mode (max batch: {', '.join(over)}); the "
+                  f"decode step above is for batch {batch} anyway (--host-mem and --gpu-mem set the limits)",
+                  highlight=False)
     if arch.max_positions and prompt_tokens > arch.max_positions:
         err.print(f"[yellow]warning:[/] {prompt_tokens:,} tokens is beyond the model's max_position_embeddings "
                   f"({arch.max_positions:,})", highlight=False)

@@ -178,8 +178,11 @@ def test_link_default_comes_from_the_last_env_probe(tmp_path, monkeypatch):
     assert last_link_probe() == (52.5, "measured by kvbench env 2026-11-30T04:00:00Z on NVIDIA H200")
     r = cli.invoke(app, ["plan", "llama-3.1-8b"])
     assert "link 52.5 GB/s (measured by kvbench env 2026-11-30T04:00:00Z on NVIDIA H200)" in r.output
-    r = cli.invoke(app, ["plan", "llama-3.1-8b", "--link-gbps", "25"])
+    r = cli.invoke(app, ["plan", "llama-3.1-8b", "--link-gbps", "25", "--prompt-tokens", "32768", "--batch", "8",
+                         "--host-mem", "20GiB"])
     assert "link 25 GB/s (--link-gbps)" in r.output
+    assert ("warning: batch 8 does not fit every mode (max batch: full (5), hierarchical(window=512) (5)); the decode "
+            "step above is for batch 8 anyway") in r.output
     (tmp_path / "cache" / LAST_PROBE).write_text("{not json")
     with pytest.warns(UserWarning, match="ignored .*run kvbench env on a GPU"):
         assert last_link_probe() is None
