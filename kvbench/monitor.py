@@ -19,6 +19,7 @@ import os
 import threading
 import time
 import warnings
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -136,18 +137,34 @@ class NvmlReader:
 
 
 class HostReader:
-    """Host fields of one sample: this process's RSS and CPU % (psutil), the host's available memory, and on CUDA
+    """Host fields of one sample: this process's RSS and CPU %, the host's available memory (psutil), and on CUDA
     the pinned host bytes torch's caching host allocator holds (``torch.cuda.host_memory_stats``).
 
+    Every sample is paid for inside the measured trial, so the two per-sample readings avoid opening files: RSS
+    is read with ``pread`` from a ``/proc/self/statm`` kept open (resident pages × page size, the figure psutil
+    reports; psutil's ``memory_info`` where there is no such file), and CPU % is the process's user + system CPU
+    time from ``os.times()`` over the wall time since the previous reading (psutil's ``cpu_percent`` definition:
+    100 = one CPU busy). About 10 µs a sample instead of psutil's 200 µs (two files opened per call).
     The host's available memory (parsing ``/proc/meminfo``, the costliest read) is refreshed at most every
     ``available_every_s`` seconds; samples in between repeat the last value.
+
+    Raises:
+        psutil.Error, OSError: this process cannot be read at all (e.g. a container without ``/proc``).
     """
 
     def __init__(self, cuda: bool, available_every_s: float = 0.25):
         self.available_every_s = available_every_s
         self._available: tuple[float, int] | None = None
         self.proc = psutil.Process()
-        self.proc.cpu_percent(None)  # the first call only starts the measurement
+        self._page = os.sysconf("SC_PAGE_SIZE")
+        try:
+            self._statm: int | None = os.open("/proc/self/statm", os.O_RDONLY)
+            weakref.finalize(self, os.close, self._statm)
+        except OSError:
+            self._statm = None
+            self.proc.memory_info()  # raises here, at setup, if this process cannot be read either
+        t = os.times()
+        self._cpu = (time.monotonic(), t.user + t.system)
         self.cuda = cuda
         self.pinned_reason: str | None = None
         if not cuda:
@@ -168,13 +185,17 @@ class HostReader:
         now = time.monotonic()
         if self._available is None or now - self._available[0] >= self.available_every_s:
             self._available = (now, psutil.virtual_memory().available)
-        with self.proc.oneshot():
-            return {
-                "rss_bytes": self.proc.memory_info().rss,
-                "cpu_percent": self.proc.cpu_percent(None),
-                "host_available_bytes": self._available[1],
-                "pinned_host_bytes": pinned,
-            }
+        if self._statm is not None:
+            rss = int(os.pread(self._statm, 128, 0).split()[1]) * self._page
+        else:
+            rss = self.proc.memory_info().rss
+        t = os.times()
+        cpu = t.user + t.system
+        wall = now - self._cpu[0]
+        busy = 100 * (cpu - self._cpu[1]) / wall if wall > 0 else 0.0
+        self._cpu = (now, cpu)
+        return {"rss_bytes": rss, "cpu_percent": busy, "host_available_bytes": self._available[1],
+                "pinned_host_bytes": pinned}
 
 
 @dataclass

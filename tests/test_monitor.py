@@ -131,3 +131,22 @@ def test_latency_watch_flags_requests_slower_than_the_rolling_p90():
             w.observe(bad)
     with pytest.raises(ValueError, match="window and min_samples must be at least 1"):
         LatencyWatch(window=0)
+
+
+def test_host_reader_matches_psutil_without_opening_files():
+    import psutil
+
+    from kvbench.monitor import HostReader
+
+    reader = HostReader(cuda=False)
+    first = reader.read()
+    rss = psutil.Process().memory_info().rss
+    assert abs(first["rss_bytes"] - rss) <= 4 * 2**20  # the same figure, read moments apart
+    assert first["pinned_host_bytes"] is None and first["host_available_bytes"] > 0
+    end = time.monotonic() + 0.3
+    while time.monotonic() < end:  # one thread busy for 0.3 s: about 100% of one CPU
+        pass
+    busy = reader.read()["cpu_percent"]
+    assert 60 <= busy <= 140, busy
+    time.sleep(0.3)
+    assert reader.read()["cpu_percent"] <= 40  # asleep
