@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import platform
 import statistics
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -43,8 +45,6 @@ def save_link_probe(env: dict[str, Any]) -> Path | None:
         tmp.write_text(json.dumps(record, indent=2) + "\n")
         os.replace(tmp, path)
     except OSError as exc:
-        import warnings
-
         warnings.warn(f"cannot keep the link probe in {path}: {exc.strerror or exc}", stacklevel=2)
         return None
     return path
@@ -53,9 +53,6 @@ def save_link_probe(env: dict[str, Any]) -> Path | None:
 def last_link_probe() -> tuple[float, str] | None:
     """``(host→device GB/s pinned, where it came from)`` of the last :func:`save_link_probe`, or None when there
     is none (or it is unreadable)."""
-    import math
-    import warnings
-
     path = cache_dir() / LAST_PROBE
     if not path.exists():
         return None

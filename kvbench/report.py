@@ -194,6 +194,11 @@ def capacity_frames(results: Results, table: pd.DataFrame) -> dict[str, pd.DataF
     return out
 
 
+def _fixed_at(fixed: str, value: Any) -> str:
+    """The fixed value of a capacity search in words: ``512 tokens`` or ``batch 2``."""
+    return f"{int(value)} tokens" if fixed == "prompt_tokens" else f"batch {int(value)}"
+
+
 def capacity_recommendation(frame: pd.DataFrame) -> str:
     """The advice of a capacity search, among modes whose ids matched ``none`` at their capacity: per prompt length
     of a batch search, the mode with the most tokens/s at its capacity against ``none`` at its own; per batch size
@@ -203,7 +208,7 @@ def capacity_recommendation(frame: pd.DataFrame) -> str:
     fixed = "prompt_tokens" if searched == "batch_size" else "batch_size"
     what = "batch" if searched == "batch_size" else "prompt"
     for value, part in frame.groupby(fixed, sort=False):
-        at = f"{int(value)} tokens" if fixed == "prompt_tokens" else f"batch {int(value)}"
+        at = _fixed_at(fixed, value)
         ok = part[part["capacity"].notna() & part["throughput_tokens_per_s_median"].notna()
                   & part["tokens_match"].map(lambda v: v is not False)]
         if ok.empty:
@@ -243,7 +248,7 @@ def capacity_findings(frame: pd.DataFrame) -> list[str]:
     for r in frame.to_dict("records"):
         searched = r["searched"]
         fixed = "prompt_tokens" if searched == "batch_size" else "batch_size"
-        at = f"{int(r[fixed])} tokens" if fixed == "prompt_tokens" else f"batch {int(r[fixed])}"
+        at = _fixed_at(fixed, r[fixed])
         what = "largest batch" if searched == "batch_size" else "longest prompt"
         if _missing(r["capacity"]):
             out.append(f"at {at}, `{r['mode_label']}` fit nothing within the budget ({r['stopped']})")

@@ -228,6 +228,12 @@ class TrialRunner:
         self.pad_id = int(pad) if pad is not None else 0
         self.kv_bytes_per_token = loaded.shape.kv_bytes_per_token(loaded.dtype.itemsize)
         self.bandwidths = roofline_bandwidths(environment or {}, loaded.device)
+        from kvbench.plan import architecture
+
+        try:  # the numbers plan_prediction needs, read once from the config
+            self.arch = architecture(loaded.model.config, scenario.model.label)
+        except ValueError:
+            self.arch = None
         self.baseline_sha: dict[str, str] = {}  # prompt hash → output hash of the `none` trial
         self.baseline_ids: dict[str, torch.Tensor] = {}
 
@@ -247,15 +253,11 @@ class TrialRunner:
         ``plan_link_bytes_per_step`` (host KV the batch copies to the device each decode step) and, where the
         run measured the bandwidths (see :func:`roofline_bandwidths`), ``plan_tpot_s`` = max(t_mem, t_link) of
         the decode-step roofline. None for modes plan does not model (``dynamic``, ``hf-offloaded``, a disk tier)."""
-        from kvbench.plan import architecture, decode_step, placement
+        from kvbench.plan import decode_step, placement
 
         keys = ("plan_kv_device_bytes", "plan_link_bytes_per_step", "plan_tpot_s")
-        kind, opts = t.mode.kind, t.mode.options
-        if kind not in ("none", "full", "hierarchical") or opts.get("host_max_tokens"):
-            return dict.fromkeys(keys)
-        try:
-            arch = architecture(self.m.model.config, self.s.model.label)
-        except ValueError:
+        kind, opts, arch = t.mode.kind, t.mode.options, self.arch
+        if arch is None or kind not in ("none", "full", "hierarchical") or opts.get("host_max_tokens"):
             return dict.fromkeys(keys)
         tokens, itemsize = t.prompt_tokens + self.s.max_new_tokens - 1, self.m.dtype.itemsize
         dev, host = placement(arch, kind, tokens, itemsize, opts.get("window") or 0)
