@@ -30,30 +30,6 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def prompts(tokenizer, doc, turns: int) -> list[tuple[list[int], list[int]]] | None:
-    """Per turn k = 1..turns: (the prompt's ids, the ids of the conversation through the assistant's reply to
-    it); None if the conversation has fewer user turns or its renderings do not extend one another."""
-    msgs = [{"role": r, "content": t} for r, t in doc.turns if r in ("user", "assistant")]
-    users = [i for i, m in enumerate(msgs) if m["role"] == "user"]
-    if len(users) < turns:
-        return None
-
-    def ids(upto: int, generation: bool) -> list[int]:
-        text = tokenizer.apply_chat_template(msgs[:upto], tokenize=False, add_generation_prompt=generation)
-        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
-
-    out = []
-    for k in range(turns):
-        prompt = ids(users[k] + 1, True)
-        replied = ids(users[k + 1], False) if k + 1 < len(users) else prompt
-        if replied[:len(prompt)] != prompt:
-            return None
-        out.append((prompt, replied))
-    if any(b[0][:len(a[1])] != a[1] for a, b in zip(out, out[1:])):
-        return None
-    return out
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--conversations", type=int, default=3)
@@ -71,6 +47,7 @@ def main() -> None:
     from kvbench.runner import Clock, greedy_decode
     from kvbench.scenario import ModelSpec
     from kvbench.workloads import sharegpt
+    from kvbench.workloads.sessions import conversation_turns
 
     m = load(ModelSpec(name="smollm2-135m"), "cpu")
     clock = Clock(m.device)
@@ -89,7 +66,7 @@ def main() -> None:
 
     convs = []
     for doc in sharegpt.load():
-        p = prompts(m.tokenizer, doc, args.turns)
+        p = conversation_turns(m.tokenizer, doc, args.turns)
         if p and args.min_history <= len(p[-1][0]) <= args.max_history:
             convs.append(p)
             if len(convs) == args.conversations:

@@ -357,8 +357,10 @@ def point_table(trials: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> pd.D
     (trial fields ``plan_*``): ``kv_device_vs_plan`` (device KV peak), ``link_vs_plan`` (host→device bytes per
     decode step, ``h2d_bytes_per_step``) and ``tpot_vs_plan`` (TPOT vs the roofline's step time) — NaN where the
     trials carry no prediction (older runs, modes plan does not model, bandwidths not measured).
+    Reuse trials (:mod:`kvbench.reuse`: cold and warm runs of one request share a prompt length and batch) are
+    left out; :func:`kvbench.reuse.reuse_table` is their table.
     """
-    df = trials
+    df = trials[trials["warm"].isna()] if "warm" in trials else trials
     keys = POINT_KEYS
     # one integer id per point (first-appearance order): every aggregate groups by it and aligns on it
     pid = df.groupby(keys, sort=False).ngroup()

@@ -172,6 +172,38 @@ def bytes_per_token(table: pd.DataFrame, group: str, colours: dict[str, Any], pa
     return _save(fig, path)
 
 
+def reuse_ttft(turns: pd.DataFrame, trials: pd.DataFrame, group: str, colours: dict[str, Any],
+               path: Path) -> Path | None:
+    """TTFT of recompute (cold, dashed) vs restore (warm, solid) for one reuse group: median per turn index, one
+    line per mode (from :func:`kvbench.reuse.reuse_table`), and every measured trial against its prompt length
+    (cold ○, warm ●). None when nothing was measured."""
+    t = turns[turns["group"] == group]
+    pts = trials[(trials["group"] == group) & trials["status"].isin(["ok", "over_budget"])]
+    if t.empty or pts.empty:
+        return None
+    plt = _pyplot()
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.2), gridspec_kw=TWO_PANELS)
+    for mode, part in t.groupby("mode_label", sort=False):
+        part = part.sort_values("turn_index")
+        a.plot(part["turn_index"], part["cold_ttft_s"] * 1e3, marker="o", color=colours[mode], linestyle="--",
+               label=f"{mode} recompute")
+        a.plot(part["turn_index"], part["warm_ttft_s"] * 1e3, marker="o", color=colours[mode], linestyle="-",
+               label=f"{mode} restore")
+    for (mode, warm), part in pts.groupby(["mode_label", "warm"], sort=False):
+        b.scatter(part["prompt_tokens"], part["ttft_s"].astype(float) * 1e3, s=18, color=colours[mode],
+                  facecolors=colours[mode] if warm else "none", label=f"{mode} {'restore' if warm else 'recompute'}")
+    a.set(title="TTFT per turn (median)", xlabel="turn index (1 = first request of a conversation/document)",
+          ylabel="TTFT (ms)")
+    a.set_xticks(sorted(t["turn_index"].unique()))
+    b.set(title="TTFT vs prompt length (every trial)", xlabel="prompt length (tokens)", ylabel="TTFT (ms)")
+    for ax in (a, b):
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+    a.legend(fontsize=7)
+    fig.suptitle(f"{group}: restore vs recompute")
+    return _save(fig, path)
+
+
 def cost_bars(costs: pd.DataFrame, path: Path) -> Path | None:
     """USD per 1M generated tokens per mode, grouped by scenario and prompt length (bars; modes with no
     qualifying point have none). None when nothing qualified."""

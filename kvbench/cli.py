@@ -102,24 +102,33 @@ def _capacity_table(found: list[dict[str, Any]], points: Any) -> Table:
                   "probes in order, ✗ = did not fit; figures at the capacity (median over its repeats)")
 
 
-def _failures(frame: Any) -> list[str]:
+def _failures(rows: list[dict[str, Any]]) -> list[str]:
     """One line per distinct (mode, status, message) among trials that did not end ok."""
     seen: dict[tuple[str, str, str], int] = {}
-    for r in frame.to_dict("records"):
+    for r in rows:
         if r["status"] != "ok":
             # over budget: one line per mode (the table marks the points and shows their KV)
             msg = "device KV peak above the budget" if r["status"] == "over_budget" else r["message"]
             key = (r["mode_label"], r["status"], msg)
-            seen[key] = seen.get(key, 0) + r["trials"] - r["n_ok"]
+            seen[key] = seen.get(key, 0) + 1
     return [f"{mode}: {status} ({n} trials): {msg}" for (mode, status, msg), n in seen.items()]
 
 
-def _run_summary(rundir: Any, sc: Any) -> Any:
+def _reuse_summary(rows: list[dict[str, Any]], name: str, title: str) -> Table:
+    """Per turn index and mode: TTFT recompute vs restore, tokens restored, hit rate, ids."""
+    from kvbench.analysis import trials_frame
+    from kvbench.report import reuse_display, reuse_terminal
+    from kvbench.reuse import reuse_table
+
+    return _table(reuse_terminal(reuse_display(reuse_table(trials_frame(rows, name)))), title,
+                  "cold = recompute the whole prompt, warm = restore the stored prefix then prefill the rest; "
+                  "TTFT median [min–max]; = none: greedy ids equal to none's recompute")
+
+
+def _run_summary(rows: list[dict[str, Any]], sc: Any) -> Any:
     """The per-point table of a run's trials (no bootstrap: the run summary shows medians and ranges)."""
     from kvbench.analysis import point_table, trials_frame
-    from kvbench.results import read_trials
 
-    rows = read_trials(rundir.trials_path)
     if not rows:
         import pandas as pd
 
@@ -193,11 +202,11 @@ def run(
     from kvbench.capacity import device_problem
     from kvbench.runner import plan_trials, prepare
 
-    if (rundir is not None and sc.searched is None
+    if (rundir is not None and sc.searched is None and not sc.workload.reuse
             and {t.trial_id for t in plan_trials(sc)} <= {r["trial_id"] for r in rundir.finished_trials()}):
-        frame = _run_summary(rundir, sc)
-        out.print(_summary_table(frame, f"{sc.name}: {sc.model.label}"))
-        for line in _failures(frame):
+        rows = rundir.finished_trials()
+        out.print(_summary_table(_run_summary(rows, sc), f"{sc.name}: {sc.model.label}"))
+        for line in _failures(rows):
             out.print(line, highlight=False)
         out.print(f"nothing to run: every trial of {sc.name} is already in {rundir.trials_path}", highlight=False)
         return
@@ -240,7 +249,8 @@ def run(
                       f"{time.perf_counter() - t0:.1f} s", highlight=False)
             rundir.update(weights_bytes=m.weights_bytes, status="running")
             err.print(f"results: {rundir.path}", highlight=False)
-            result = _sweep(sc, rundir, runner, None if sc.searched else len(plan_trials(sc)))
+            planned = _planned(sc, runner)
+            result = _sweep(sc, rundir, runner, planned)
     except RunDirError as exc:
         _fail(str(exc))
     except typer.Exit:
@@ -255,23 +265,38 @@ def run(
             rundir.update(status="interrupted")
             err.print(f"interrupted; continue with: kvbench run --resume {rundir.path}", highlight=False)
         raise typer.Exit(130) from None
-    frame = _run_summary(rundir, sc)
-    out.print(_summary_table(frame, f"{sc.name}: {sc.model.label} on {m.device}"))
-    if rundir.meta.get("capacity"):
-        out.print(_capacity_table(rundir.meta["capacity"], frame))
-    for line in _failures(frame):
+    rows = rundir.finished_trials()
+    title = f"{sc.name}: {sc.model.label} on {m.device}"
+    if sc.workload.reuse:
+        if rows:
+            out.print(_reuse_summary(rows, sc.name, title))
+    else:
+        frame = _run_summary(rows, sc)
+        out.print(_summary_table(frame, title))
+        if rundir.meta.get("capacity"):
+            out.print(_capacity_table(rundir.meta["capacity"], frame))
+    for line in _failures(rows):
         out.print(line, highlight=False)
-    errors = int((frame["status"] == "error").sum()) if "status" in frame else 0
+    errors = sum(r["status"] == "error" for r in rows)
     if result.interrupted:
-        total = f" of {len(plan_trials(sc))}" if sc.searched is None else ""
+        total = f" of {planned}" if planned else ""
         err.print(f"interrupted: {result.skipped_done + result.written}{total} trials kept in {rundir.path}; "
                   f"continue with: kvbench run --resume {rundir.path}", highlight=False)
         raise typer.Exit(130)
     out.print(f"{result.written} trials written to {rundir.path / 'trials.jsonl'}"
               + (f" ({result.skipped_done} already there)" if result.skipped_done else ""), highlight=False)
     if errors:
-        err.print(f"[red]error:[/] trials failed with status error at {errors} point(s) (see above)", highlight=False)
+        err.print(f"[red]error:[/] {errors} trials failed with status error (see above)", highlight=False)
         raise typer.Exit(1)
+
+
+def _planned(sc: Any, runner: Any) -> int | None:
+    """How many trials the sweep records (None for a capacity search: decided as it runs)."""
+    from kvbench.runner import plan_trials
+
+    if sc.workload.reuse:
+        return len(runner.source.requests) * len(sc.modes) * 2 * sc.repeats
+    return None if sc.searched else len(plan_trials(sc))
 
 
 def _print_warnings(file: Path, s) -> None:
@@ -283,6 +308,15 @@ def _print_warnings(file: Path, s) -> None:
 
 def _count(n: int, noun: str) -> str:
     return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
+def _reuse_shape(s: Any) -> str:
+    """``multi_turn: 3 conversations × 4 turns`` or ``doc_qa: 3 documents × 4 questions``."""
+    mt, dq = s.workload.multi_turn, s.workload.doc_qa
+    if mt is not None:
+        return f"multi_turn: {_count(mt.conversations, 'conversation')} × {_count(mt.turns, 'turn')}"
+    extra = f", hit:miss {dq.hit_miss_ratio}" if dq.hit_miss_ratio else ""
+    return f"doc_qa: {_count(dq.documents, 'document')} × {_count(dq.questions, 'question')}{extra}"
 
 
 def _table(frame: Any, title: str, caption: str = "") -> Table:
@@ -331,7 +365,8 @@ def report(
     """Tables, charts and a Markdown/HTML report of one or many runs: memory saved and time it cost per mode."""
     from rich.markup import escape
 
-    from kvbench.report import capacity_display, chart_pool, terminal_frame, write_report
+    from kvbench.report import (capacity_display, chart_pool, reuse_display, reuse_terminal, terminal_frame,
+                                write_report)
 
     if out_dir is not None and not out_dir.strip():
         _fail("--out is empty: give a directory")
@@ -349,13 +384,18 @@ def report(
     except KeyboardInterrupt:
         err.print(f"interrupted: no report written to {target}", highlight=False)
         raise typer.Exit(130) from None
-    shown = terminal_frame(rep.shown, rep.table)
+    shown = terminal_frame(rep.shown, rep.table) if len(rep.table) else None
     for g in rep.recommendations:
-        part = shown[rep.table["group"] == g]
-        out.print(_table(part.head(REPORT_TERMINAL_ROWS), g, "medians over measured trials (TPOT: median "
-                         "[min–max]); saving of device KV and TPOT overhead against `none` at the same point"))
+        part = shown[rep.table["group"] == g] if shown is not None else []
+        if len(part):
+            out.print(_table(part.head(REPORT_TERMINAL_ROWS), g, "medians over measured trials (TPOT: median "
+                             "[min–max]); saving of device KV and TPOT overhead against `none` at the same point"))
         if len(part) > REPORT_TERMINAL_ROWS:
             out.print(f"... and {len(part) - REPORT_TERMINAL_ROWS} more points: see summary.md", highlight=False)
+        if g in rep.reuse:
+            out.print(_table(reuse_terminal(reuse_display(rep.reuse[g]["turn"])),
+                             f"{g}: restore vs recompute per turn", "TTFT median [min–max] over the requests of "
+                             "that turn and the repeats; restore includes the lookup and the copy"))
         if g in rep.capacity:
             out.print(_table(capacity_display(rep.capacity[g]), f"{g}: capacity within the budget",
                              "probes in order, ✗ = did not fit; figures at the capacity"))
@@ -484,12 +524,13 @@ def cost(
     if not results:
         _fail("give result directories, or --base-throughput and --offload-throughput for a what-if")
     from kvbench.analysis import point_table
-    from kvbench.cost import cost_table, verdicts
+    from kvbench.cost import cost_table, reuse_cost, verdicts
 
     loaded = _load(results)
-    table = cost_table(point_table(loaded.trials, n_boot=0), prices,
-                       None if max_ttft_ms is None else max_ttft_ms / 1e3,
-                       None if max_tpot_ms is None else max_tpot_ms / 1e3)
+    points = point_table(loaded.trials, n_boot=0)
+    table = cost_table(points, prices, None if max_ttft_ms is None else max_ttft_ms / 1e3,
+                       None if max_tpot_ms is None else max_tpot_ms / 1e3) if len(points) else points
+    reuse = reuse_cost(loaded.trials, prices)
     if out_dir is not None and not out_dir.strip():
         _fail("--out is empty: give a directory")
     first = results[0]
@@ -516,8 +557,11 @@ def cost(
                 pb = r["payback_months"]
                 cells.append("-" if pb is None or pb != pb else f"{pb:.1f}")
         t.add_row(escape(r["group"]), str(int(r["prompt_tokens"])), escape(r["mode_label"]), *cells)
-    out.print(t)
-    for group, lines in verdicts(table).items():
+    if len(table):
+        out.print(t)
+    if len(reuse):
+        out.print(_reuse_cost_table(reuse, gpu_price))
+    for group, lines in (verdicts(table) if len(table) else {}).items():
         out.print(f"[bold]{escape(group)}:[/]", highlight=False)
         for line in lines:
             out.print(f"  {escape(line)}", highlight=False)
@@ -527,10 +571,31 @@ def cost(
     from kvbench.cost import write_costs
 
     try:
-        files = write_costs(table, target, prices)
+        files = write_costs(table, target, prices, reuse)
     except OSError as exc:
         _fail(f"cannot write to {target}: {exc.strerror or exc}")
     out.print(f"cost: {', '.join(str(f) for f in files)}", highlight=False)
+
+
+def _reuse_cost_table(reuse: Any, gpu_price: float) -> Table:
+    """Per reuse scenario and mode: throughput and cost recomputing every prompt vs restoring stored prefixes."""
+    t = Table(title=f"reuse: cost per 1M generated tokens at {gpu_price:g} USD per GPU-hour, recompute vs restore",
+              caption="the same requests one at a time; cold = recompute every prompt, warm = restore stored "
+                      "prefixes (charged --host-price for the store's bytes); tokens/s = generated tokens ÷ e2e "
+                      "time; prefill saved = prompt tokens restored instead of computed")
+    for c in ("scenario", "mode", "requests", "tok/s cold", "tok/s warm", "USD/1M cold", "USD/1M warm", "saving %",
+              "prefill saved %", "TTFT saved ms", "= none"):
+        t.add_column(c, justify="left" if c in ("scenario", "mode") else "right", overflow="fold")
+    for r in reuse.to_dict("records"):
+        def num(v: Any, fmt: str) -> str:
+            return "-" if v is None or v != v else format(v, fmt)
+
+        t.add_row(r["group"], r["mode_label"], str(r["requests"]), num(r["recompute_tokens_per_s"], ",.2f"),
+                  num(r["restore_tokens_per_s"], ",.2f"), num(r["recompute_usd_per_million"], ",.2f"),
+                  num(r["restore_usd_per_million"], ",.2f"), num(r["saving_pct"], "+.1f"),
+                  num(r["prefill_saved_pct"], ".1f"), num(r["ttft_saved_s"] * 1e3, ",.0f"),
+                  {True: "yes", False: "[red]NO[/]", "near tie": "near tie"}.get(r["tokens_match"], "-"))
+    return t
 
 
 def _bytes_option(value: str, option: str) -> int:
@@ -689,6 +754,11 @@ def validate(files: list[Path] = typer.Argument(..., help="Scenario YAML files."
                                                          else "the model's longest prompt")
                 out.print(f"{f}: ok (capacity search of {s.searched} up to {limit}: {_count(len(fixed), noun)} × "
                           f"{_count(len(s.modes), 'mode')}; trials are decided as it runs)", highlight=False)
+                continue
+            if s.workload.reuse:
+                out.print(f"{f}: ok ({_reuse_shape(s)} × {_count(len(s.modes), 'mode')} × cold and warm × "
+                          f"{_count(s.repeats, 'repeat')}; prompts are built from the data as it runs)",
+                          highlight=False)
                 continue
             n = len(s.prompt_tokens) * len(s.batch_sizes) * len(s.modes) * s.repeats
             out.print(f"{f}: ok ({n} trials: {_count(len(s.prompt_tokens), 'prompt length')} × "

@@ -197,20 +197,66 @@ def verdicts(costs: pd.DataFrame) -> dict[str, list[str]]:
     return out
 
 
-def write_costs(costs: pd.DataFrame, out_dir: str | Path, prices: Prices) -> list[Path]:
-    """``cost.csv``, ``cost.json`` (the table, the prices and the verdicts) and ``cost.png`` (USD per 1M tokens per
-    mode and prompt length) in ``out_dir`` (created); returns their paths."""
+def reuse_cost(trials: pd.DataFrame, prices: Prices) -> pd.DataFrame:
+    """What reuse saves, per group × mode of a reuse workload (:mod:`kvbench.reuse`): the same requests served by
+    recomputing every prompt (cold) and by restoring stored prefixes (warm), one at a time.
+
+    Throughput = Σ generated tokens ÷ Σ e2e seconds over the measured trials of each side; USD per 1M generated
+    tokens from it (:meth:`Prices.per_million`; restore is also charged the host price for ``store_bytes``, the
+    median bytes its store held after a request, host and disk); ``saving_pct`` = 1 − restore's ÷ recompute's;
+    ``prefill_saved_pct`` = Σ tokens restored ÷ Σ prompt tokens of the warm trials (the prefill compute not
+    done); ``ttft_saved_s`` = Σ (recompute − restore) TTFT ÷ requests; ``tokens_match`` as in
+    :func:`kvbench.reuse.reuse_table`.
+    """
+    from kvbench.reuse import ids_verdict, reuse_trials
+
+    rows = reuse_trials(trials)
+    rows = rows[rows["status"].isin(["ok", "over_budget"])]
+    out = []
+    for (group, mode), part in rows.groupby(["group", "mode_label"], sort=False):
+        warm, cold = part[part["warm"].astype(bool)], part[~part["warm"].astype(bool)]
+        rec: dict[str, Any] = {"group": group, "mode_label": mode, "mode": part["mode"].iloc[0],
+                               "requests": len(warm)}
+        held = (warm["store_host_bytes"].fillna(0) + warm["store_disk_bytes"].fillna(0)).astype(float)
+        rec["store_bytes"] = float(held.median()) if len(held) else 0.0
+        for side, frame, host in (("recompute", cold, 0.0), ("restore", warm, rec["store_bytes"])):
+            e2e = frame["e2e_s"].astype(float).sum()
+            tps = (frame["n_output_tokens"] * frame["batch_size"]).sum() / e2e if e2e > 0 else math.nan
+            rec[f"{side}_tokens_per_s"] = tps
+            rec[f"{side}_usd_per_million"] = prices.per_million(tps, host) if tps == tps else math.nan
+        rec["saving_pct"] = 100 * (1 - rec["restore_usd_per_million"] / rec["recompute_usd_per_million"])
+        prompt = warm["prompt_tokens"].sum()
+        rec["prefill_saved_pct"] = 100 * warm["tokens_restored"].sum() / prompt if prompt else math.nan
+        rec["ttft_saved_s"] = ((cold["ttft_s"].astype(float).sum() - warm["ttft_s"].astype(float).sum())
+                               / len(warm) if len(warm) and len(cold) == len(warm) else math.nan)
+        rec["tokens_match"] = ids_verdict(part)
+        out.append(rec)
+    return pd.DataFrame(out)
+
+
+def write_costs(costs: pd.DataFrame, out_dir: str | Path, prices: Prices,
+                reuse: pd.DataFrame | None = None) -> list[Path]:
+    """``cost.csv``, ``cost.json`` (the table, the prices, the verdicts and, for reuse workloads, the
+    :func:`reuse_cost` rows) and ``cost.png`` (USD per 1M tokens per mode and prompt length) in ``out_dir``
+    (created), plus ``reuse_cost.csv`` when ``reuse`` has rows; returns their paths."""
     from kvbench import charts
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    costs.to_csv(out / "cost.csv", index=False)
-    doc = {"prices": dataclasses.asdict(prices), "verdicts": verdicts(costs),
-           "rows": json.loads(costs.to_json(orient="records"))}
+    paths = []
+    doc: dict[str, Any] = {"prices": dataclasses.asdict(prices)}
+    if len(costs):
+        costs.to_csv(out / "cost.csv", index=False)
+        paths.append(out / "cost.csv")
+        doc.update(verdicts=verdicts(costs), rows=json.loads(costs.to_json(orient="records")))
+    if reuse is not None and len(reuse):
+        reuse.to_csv(out / "reuse_cost.csv", index=False)
+        paths.append(out / "reuse_cost.csv")
+        doc["reuse"] = json.loads(reuse.to_json(orient="records"))
     (out / "cost.json").write_text(json.dumps(doc, indent=2) + "\n")
-    paths = [out / "cost.csv", out / "cost.json"]
-    png = charts.cost_bars(costs, out / "cost.png")
+    paths.append(out / "cost.json")
+    png = charts.cost_bars(costs, out / "cost.png") if len(costs) else None
     return paths + ([png] if png is not None else [])
 
 
-__all__ = ["Prices", "cost_table", "verdicts", "what_if", "write_costs"]
+__all__ = ["Prices", "cost_table", "reuse_cost", "verdicts", "what_if", "write_costs"]

@@ -23,6 +23,7 @@ import pandas as pd
 
 from kvbench import charts
 from kvbench.analysis import KV_CHECK_TOLERANCE, Results, point_table, qualifies
+from kvbench.reuse import reuse_table, reuse_trials
 
 MIB, GIB = 2**20, 2**30
 #: KV smaller than this fraction of the weights makes offload's savings invisible in device memory.
@@ -59,13 +60,16 @@ def _ms(v: Any) -> str:
     return f"{ms:,.0f}" if ms >= 100 else f"{ms:.1f}"
 
 
-def _spread(row: Any, col: str) -> str:
-    """``median [min–max]`` in milliseconds."""
-    med = row[f"{col}_median"]
+def _range_ms(med: Any, lo: Any, hi: Any) -> str:
+    """Seconds as ``median [min–max]`` in milliseconds."""
     if _missing(med):
         return "-"
-    lo, hi = row[f"{col}_min"], row[f"{col}_max"]
     return _ms(med) if lo == hi else f"{_ms(med)} [{_ms(lo)}–{_ms(hi)}]"
+
+
+def _spread(row: Any, col: str) -> str:
+    """A point's ``<col>_median`` ``[min–max]`` in milliseconds."""
+    return _range_ms(row[f"{col}_median"], row[f"{col}_min"], row[f"{col}_max"])
 
 
 def _ci(row: Any, col: str) -> str:
@@ -131,6 +135,83 @@ def terminal_frame(shown: pd.DataFrame, table: pd.DataFrame) -> pd.DataFrame:
                                  "tokens/s (e2e)": "tok/s e2e", kv: kv.replace("KV device peak (", "KV dev ").rstrip(")"),
                                  "memory saving (%)": "saved %", "time overhead (%)": "overhead %",
                                  "ids match none": "= none"})
+
+
+def reuse_display(table: pd.DataFrame) -> pd.DataFrame:
+    """:func:`kvbench.reuse.reuse_table` formatted for people: TTFT of recompute (cold) and restore (warm) in ms
+    as ``median [min–max]``, their ratio, tokens restored, hit rate and bytes restored per tier."""
+    if table.empty:
+        return pd.DataFrame()
+    by = "turn" if "turn_index" in table else "prompt (tokens)"
+    unit_name, unit = size_unit(pd.concat([table["restore_host_bytes"], table["restore_disk_bytes"]]))
+    rows = []
+    for r in table.to_dict("records"):
+        rows.append({
+            "scenario": r["group"], "mode": r["mode_label"],
+            by: int(r["turn_index"]) if by == "turn" else r["length_bin"],
+            "prompt (tokens, median)": f"{r['prompt_tokens']:,.0f}",
+            "recompute TTFT (ms)": _range_ms(r["cold_ttft_s"], r["cold_ttft_s_min"], r["cold_ttft_s_max"]),
+            "restore TTFT (ms)": _range_ms(r["warm_ttft_s"], r["warm_ttft_s_min"], r["warm_ttft_s_max"]),
+            "restore ÷ recompute": _ratio(r["ttft_ratio"]),
+            "tokens restored": "-" if _missing(r["tokens_restored"]) else f"{r['tokens_restored']:,.0f}",
+            "hit rate (%)": "-" if _missing(r["hit_rate"]) else f"{100 * r['hit_rate']:.0f}",
+            f"restored host ({unit_name})": _size(r["restore_host_bytes"], unit),
+            f"restored disk ({unit_name})": _size(r["restore_disk_bytes"], unit),
+            "prefill saved (%)": _pct(r["prefill_saved_pct"]),
+            "ids match none": "near tie" if r["tokens_match"] == "near tie" else _match(r["tokens_match"]),
+            "trials": f"{r['n']} warm" + (f", {r['failed']} failed" if r["failed"] else ""),
+        })
+    return pd.DataFrame(rows)
+
+
+def reuse_terminal(shown: pd.DataFrame) -> pd.DataFrame:
+    """The columns of :func:`reuse_display`'s output that fit a terminal, with shorter headers."""
+    keep = {"mode": "mode", "turn": "turn", "prompt (tokens)": "prompt", "prompt (tokens, median)": "prompt",
+            "recompute TTFT (ms)": "recompute TTFT ms", "restore TTFT (ms)": "restore TTFT ms",
+            "restore ÷ recompute": "÷", "tokens restored": "restored", "hit rate (%)": "hit %",
+            "ids match none": "= none"}
+    frame = shown[[c for c in shown.columns if c in keep]]
+    return frame.rename(columns=keep)
+
+
+def reuse_findings(turns: pd.DataFrame, group: str) -> list[str]:
+    """Per mode: restore's TTFT against recompute's from the second turn on, the prefill it saved and the store's
+    hit rate; and whether restored runs generated ``none``'s ids."""
+    t = turns[turns["group"] == group]
+    out = []
+    for mode, part in t.groupby("mode_label", sort=False):
+        later = part[part["turn_index"] >= 2].dropna(subset=["ttft_ratio"])
+        if later.empty:
+            out.append(f"`{mode}`: no measured request after a first turn: nothing could be restored")
+            continue
+        ratios = ", ".join(f"{r:.2f}" for r in later["ttft_ratio"])
+        hit = later["hit_rate"].mean()
+        out.append(f"`{mode}`: restore ÷ recompute TTFT from turn 2 on: {ratios} (turn by turn); "
+                   f"{later['prefill_saved_pct'].mean():.0f}% of prompt tokens restored, not prefilled; chunk hit "
+                   f"rate {'n/a' if _missing(hit) else f'{100 * hit:.0f}%'}")
+    bad = t[t["tokens_match"].eq(False)]
+    near = t[t["tokens_match"].eq("near tie")]
+    if not bad.empty:
+        out.append(f"ids DIFFER from recompute beyond a near tie in {', '.join(sorted(set(bad['mode_label'])))}: "
+                   "a bug (restored KV must give the same tokens)")
+    elif not near.empty:
+        out.append("restored runs picked another token only at near ties (recompute's top-2 logits within 1e-3)")
+    elif t["tokens_match"].eq(True).all():
+        out.append("every restored run generated the same ids as recomputing the request with `none`")
+    return out
+
+
+def reuse_recommendation(turns: pd.DataFrame, group: str) -> str:
+    """The mode whose restore gives the lowest median TTFT from turn 2 on, among those whose ids match."""
+    t = turns[(turns["group"] == group) & (turns["turn_index"] >= 2)]
+    t = t[t["tokens_match"].isin([True, "near tie"])]
+    if t.empty or t["warm_ttft_s"].isna().all():
+        return "no measured reuse after a first turn: nothing to recommend"
+    best = t.groupby("mode_label")["warm_ttft_s"].median().sort_values()
+    mode = best.index[0]
+    cold = t[t["mode_label"] == mode]["cold_ttft_s"].median()
+    return (f"keep finished requests' KV and restore it: with `{mode}`, TTFT from turn 2 on is "
+            f"{best.iloc[0] * 1e3:,.0f} ms against {cold * 1e3:,.0f} ms recomputing (median over turns)")
 
 
 def _ratio(v: Any) -> str:
@@ -386,7 +467,8 @@ def diagnoses(results: Results, table: pd.DataFrame, group: str) -> list[str]:
 
 @dataclass
 class Report:
-    """What :func:`write_report` made: the per-point table, per-group texts, and the files written."""
+    """What :func:`write_report` made: the per-point table, per-group texts, the reuse tables per group
+    (``{"turn": ..., "length": ...}``, see :func:`kvbench.reuse.reuse_table`), and the files written."""
 
     table: pd.DataFrame
     shown: pd.DataFrame
@@ -395,6 +477,7 @@ class Report:
     diagnoses: dict[str, list[str]]
     capacity: dict[str, pd.DataFrame] = field(default_factory=dict)
     plan: pd.DataFrame | None = None
+    reuse: dict[str, dict[str, pd.DataFrame]] = field(default_factory=dict)
     charts: list[tuple[str, Path]] = field(default_factory=list)
     files: dict[str, Path] = field(default_factory=dict)
 
@@ -542,8 +625,14 @@ def _write(results: Results, out: Path, timelines: list[str] | None, pool: Any) 
                  .sort_values(["_rank", "prompt_tokens", "batch_size"], kind="stable", ignore_index=True)
                  .drop(columns="_rank"))
     groups = list(dict.fromkeys(table["group"]))
-    colours = charts.mode_colours(list(table["mode_label"]))
+    reuse_rows = reuse_trials(results.trials)
+    reuse = {g: {"turn": reuse_table(part, "turn_index"), "length": reuse_table(part, "length_bin")}
+             for g, part in reuse_rows.groupby("group", sort=False)}
+    colours = charts.mode_colours(list(table["mode_label"]) + list(reuse_rows["mode_label"]))
     jobs: list[tuple[str, Any, tuple]] = []
+    for g, frames in reuse.items():
+        jobs.append((f"{g}: TTFT restore vs recompute", charts.reuse_ttft,
+                     (frames["turn"], reuse_rows, g, colours, out / f"reuse_ttft_{charts.slug(g)}.png")))
     for g in groups:
         s = charts.slug(g)
         for title, fn, name in (("memory saving and time overhead vs prompt length", charts.saving_and_overhead,
@@ -585,6 +674,13 @@ def _write(results: Results, out: Path, timelines: list[str] | None, pool: Any) 
         for g, frame in rep.capacity.items():  # a search's points are probes: its findings are the capacities
             rep.findings[g] = capacity_findings(frame)
             rep.recommendations[g] = capacity_recommendation(frame)
+        rep.reuse = reuse
+        for g, frames in reuse.items():
+            if g not in rep.recommendations:
+                rep.recommendations[g], rep.findings[g], rep.diagnoses[g] = "", [], []
+            rep.findings[g] += reuse_findings(frames["turn"], g)
+            rec = reuse_recommendation(frames["turn"], g)
+            rep.recommendations[g] = f"{rep.recommendations[g]} {rec}".strip()
         csv_job = pool.submit(_write_csv, table, out / "summary.csv")  # 0.5 s for thousands of points
         (out / "summary.md").write_text(_md_table(shown) + "\n")
         rep.files.update({"summary.csv": out / "summary.csv", "summary.md": out / "summary.md"})
@@ -628,14 +724,26 @@ def _budget(sc: dict[str, Any]) -> str:
 
 
 def _extra_tables(rep: Report, group: str) -> list[tuple[str, pd.DataFrame]]:
-    """The capacity and plan-vs-measured tables of a group, where it has them."""
+    """The reuse, capacity and plan-vs-measured tables of a group, where it has them."""
     out = []
+    if group in rep.reuse:
+        for key, title in (("turn", "Restore vs recompute per turn"),
+                           ("length", "Restore vs recompute per prompt length")):
+            out.append((title, reuse_display(rep.reuse[group][key]).drop(columns=["scenario"])))
     if group in rep.capacity:
         out.append(("Capacity within the budget (probes in order, ✗ = did not fit)", capacity_display(rep.capacity[group])))
     if rep.plan is not None and (rep.plan["scenario"] == group).any():
         out.append(("Measured vs kvbench plan's prediction (× = measured ÷ predicted)",
                     rep.plan[rep.plan["scenario"] == group].drop(columns=["scenario"])))
     return out
+
+
+def _of_group(shown: pd.DataFrame, group: str) -> pd.DataFrame | None:
+    """The rows of the per-point table of one group, without the scenario column (None when it has none, e.g. a
+    reuse workload's group)."""
+    if "scenario" not in shown or not (shown["scenario"] == group).any():
+        return None
+    return shown[shown["scenario"] == group].drop(columns=["scenario"])
 
 
 def _markdown(results: Results, rep: Report, shown: pd.DataFrame) -> str:
@@ -648,7 +756,8 @@ def _markdown(results: Results, rep: Report, shown: pd.DataFrame) -> str:
         lines += ["Runs:", ""]
         for run in (r for r in results.runs if r.get("group") == g):
             lines += [f"- {x}" for x in _env_lines(run)] + [""]
-        lines += [_md_table(shown[shown["scenario"] == g].drop(columns=["scenario"])), ""]
+        if (mine := _of_group(shown, g)) is not None:
+            lines += [_md_table(mine), ""]
         for title, frame in _extra_tables(rep, g):
             lines += [f"### {title}", "", _md_table(frame), ""]
         lines += [f"![{title}]({path.name})" for title, path in rep.charts if title.startswith(f"{g}: ")] + [""]
@@ -672,6 +781,11 @@ _GLOSSARY = """## Columns
 - ids match none: the greedy token ids equal those of `none` on the same prompts.
 - capacity: the largest batch (or longest prompt) whose trial ended ok within the budget, found by doubling then
   bisection; each probe is a recorded trial.
+- reuse (multi_turn, doc_qa): each request runs twice per mode: recompute (cold, the whole prompt prefilled) and
+  restore (warm: the longest stored prefix, in whole chunks, loaded from the mode's KV store, then the rest
+  prefilled); TTFT of restore includes the lookup and the copy. hit rate: stored chunks found ÷ whole chunks of
+  the prompt; prefill saved: tokens restored ÷ prompt tokens. near tie: ids differ only where recompute's top-2
+  logits were within 1e-3.
 - plan: `kvbench plan`'s prediction for the trial (device KV under the mode's placement, host KV copied per decode
   step, and the decode-step roofline max(t_mem, t_link) from the run's measured memory and link bandwidths); ×:
   measured ÷ predicted.
@@ -709,8 +823,9 @@ def _html(results: Results, rep: Report, shown: pd.DataFrame) -> str:
         parts += ['<div class="meta"><ul>']
         for run in (r for r in results.runs if r.get("group") == g):
             parts += [f"<li>{_text(x)}</li>" for x in _env_lines(run)]
-        parts += ["</ul></div>", '<div class="table">',
-                  _html_table(shown[shown["scenario"] == g].drop(columns=["scenario"])), "</div>"]
+        parts += ["</ul></div>"]
+        if (mine := _of_group(shown, g)) is not None:
+            parts += ['<div class="table">', _html_table(mine), "</div>"]
         for title, frame in _extra_tables(rep, g):
             parts += [f"<h3>{e(title)}</h3>", '<div class="table">', _html_table(frame), "</div>"]
         parts += [_img(p) for t, p in rep.charts if t.startswith(f"{g}: ")]
@@ -726,4 +841,6 @@ def _html(results: Results, rep: Report, shown: pd.DataFrame) -> str:
 
 
 __all__ = ["Report", "capacity_display", "capacity_findings", "capacity_frames", "capacity_recommendation", "chart_pool", "diagnoses",
-           "display_frame", "findings", "plan_frame", "recommendation", "size_unit", "terminal_frame", "write_report"]
+           "display_frame", "findings", "plan_frame", "recommendation", "reuse_display", "reuse_findings",
+           "reuse_terminal",
+           "reuse_recommendation", "size_unit", "terminal_frame", "write_report"]

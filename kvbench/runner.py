@@ -21,6 +21,7 @@ from kvbench.models import LoadedModel
 from kvbench.monitor import Sampler, host_memory_available, summarise
 from kvbench.offload.caches import DynamicOffloadCache, ModeUnavailable, OffloadedCache, kv_bytes, make_cache
 from kvbench.offload.registry import MODES
+from kvbench.offload.store import restore, sequence_kv
 from kvbench.offload.tiers import grown_capacity
 from kvbench.results import RunDir, utc_now
 from kvbench.scenario import Scenario
@@ -28,6 +29,8 @@ from kvbench.workloads import PromptSource, TooLittleText
 
 #: How many generated ids per sequence a trial row keeps (the full sequence is hashed).
 IDS_KEPT = 16
+#: A restored (warm) run may pick another token than recompute only where recompute's top-2 logits are this close.
+ACCEPTABLE_GAP = 1e-3
 
 
 # --------------------------------------------------------------------------- pure pieces
@@ -47,16 +50,56 @@ class TrialSpec:
         """Stable id, the key ``--resume`` uses: ``p<N>-b<B>-<mode label>-r<repeat>``."""
         return f"p{self.prompt_tokens}-b{self.batch_size}-{self.mode.label}-r{self.repeat}"
 
+    @property
+    def shape_key(self) -> tuple:
+        """Trials with one key share their warm-up (run before the first of them)."""
+        return (self.prompt_tokens, self.batch_size, self.mode.label)
+
+    def warmup_spec(self) -> "TrialSpec":
+        """The unrecorded warm-up trial run before the first trial of this shape."""
+        return TrialSpec(self.prompt_tokens, self.batch_size, self.mode, 0)
+
+
+@dataclass(frozen=True)
+class ReuseTrial(TrialSpec):
+    """One request of a reuse workload (batch 1) in one mode: ``warm`` restores the longest stored prefix of its
+    prompt from the mode's KV store (:attr:`TrialRunner.stores`) and prefills the rest; cold recomputes it all.
+    Build with :meth:`of`."""
+
+    request: Any = None  # a kvbench.workloads.sessions.Request
+    warm: bool = False
+
+    @classmethod
+    def of(cls, request: Any, mode: Any, repeat: int, warm: bool) -> "ReuseTrial":
+        """The trial of ``request`` (a :class:`~kvbench.workloads.sessions.Request`) in ``mode``."""
+        return cls(len(request.ids), 1, mode, repeat, request, warm)
+
+    @property
+    def trial_id(self) -> str:
+        """``<request id>-<mode label>-warm|cold-r<repeat>``, e.g. ``c0-t2-full-warm-r0``."""
+        return f"{self.request.id}-{self.mode.label}-{'warm' if self.warm else 'cold'}-r{self.repeat}"
+
+    @property
+    def shape_key(self) -> tuple:
+        """One warm-up per mode: prompts of a reuse workload all differ in length."""
+        return ("reuse", self.mode.label)
+
+    def warmup_spec(self) -> "ReuseTrial":
+        """A cold run of the same request (a warm one would change the store)."""
+        return ReuseTrial.of(self.request, self.mode, 0, warm=False)
+
 
 def plan_trials(s: Scenario) -> list[TrialSpec]:
     """Every recorded trial of a scenario, in run order: prompt length, batch size, repeat, then mode (so modes
     are interleaved and share the machine's conditions), ``none`` first so the others can be compared with it.
 
     Raises:
-        ValueError: the scenario searches capacity (its trials depend on their outcomes).
+        ValueError: the scenario searches capacity (its trials depend on their outcomes) or is a reuse workload.
     """
     if s.searched is not None:
         raise ValueError(f"{s.name} searches {s.searched}: its trials are decided as it runs")
+    if s.workload.reuse:
+        raise ValueError(f"{s.name} is a {s.workload.reuse} workload: its requests are built from the data")
     modes = sorted(s.modes, key=lambda m: m.kind != "none")
     return [
         TrialSpec(n, b, m, r)
@@ -153,6 +196,7 @@ def greedy_decode(
     clock: Callable[[], float],
     after_step: Callable[[], None] | None = None,
     on_phase: Callable[[str], None] | None = None,
+    top2_gaps: list[float] | None = None,
 ) -> tuple[torch.Tensor, float, list[float]]:
     """Prefill, then exactly ``max_new_tokens`` greedy tokens (EOS does not stop it), one forward per token.
 
@@ -165,6 +209,8 @@ def greedy_decode(
         after_step: called after each token's clock reading (e.g. to read the cache's bytes); its cost, microseconds
             for a sum of tensor sizes, falls inside the next inter-token gap.
         on_phase: called with ``"decode"`` once the first token (the prefill's) is out.
+        top2_gaps: if given, each step appends the gap between the largest and second-largest logit (batch row 0,
+            float32): how close greedy decoding was to another token there.
 
     Returns:
         ``(ids [batch, max_new_tokens], t_start, token_times)``.
@@ -180,6 +226,9 @@ def greedy_decode(
     for step in range(max_new_tokens):
         nxt = logits[:, -1, :].argmax(dim=-1)
         out_ids[:, step] = nxt
+        if top2_gaps is not None:
+            top = logits[0, -1, :].float().topk(2).values
+            top2_gaps.append(float(top[0] - top[1]))
         times.append(clock())
         if step == 0 and on_phase is not None:
             on_phase("decode")
@@ -236,6 +285,9 @@ class TrialRunner:
             self.arch = None
         self.baseline_sha: dict[str, str] = {}  # prompt hash → output hash of the `none` trial
         self.baseline_ids: dict[str, torch.Tensor] = {}
+        self.baseline_gaps: dict[str, list[float]] = {}  # prompt hash → top-2 logit gaps of `none` (reuse only)
+        #: reuse workloads: the KV store of each mode (by label), set by :func:`kvbench.reuse.reuse_sweep`
+        self.stores: dict[str, Any] = {}
 
     def kv_bytes_predicted(self, t: TrialSpec) -> int:
         """2 × layers × kv_heads × head_dim × dtype bytes × tokens cached × batch; tokens cached = prompt + new − 1
@@ -274,6 +326,8 @@ class TrialRunner:
         e.g. a source with too little text for a length. A capacity search checks its largest value (a source
         with enough text for it has enough for every smaller one)."""
         problems: list[str] = []
+        if self.s.workload.reuse:
+            return problems  # its requests were built by prepare
         prompts, batches = self.s.prompt_tokens, self.s.batch_sizes
         if self.s.searched is not None:
             from kvbench.capacity import bounds
@@ -295,12 +349,19 @@ class TrialRunner:
             if r.get("mode") == "none" and r.get("status") in ("ok", "over_budget"):  # both ran to the end
                 self.baseline_sha[r["prompt_sha256"]] = r["output_sha256"]
 
-    def _compare(self, t: TrialSpec, prompt_digest: str, ids: torch.Tensor, digest: str) -> dict[str, Any]:
+    def _compare(self, t: TrialSpec, prompt_digest: str, ids: torch.Tensor, digest: str,
+                 gaps: list[float] | None = None) -> dict[str, Any]:
         """``tokens_match``: generated ids equal those of the ``none`` trial on the same prompts (True for
-        ``none`` itself; None when no such trial ran); and where they first differ."""
-        if t.mode.kind == "none":
+        ``none`` itself; None when no such trial ran); and where they first differ. In a reuse workload the
+        reference is ``none`` recomputing the request (a cold trial, whose top-2 logit ``gaps`` per step are
+        kept): a warm trial that differs gets ``top2_logit_gap``, the reference's gap at the first differing step,
+        and ``divergence_acceptable`` = gap ≤ :data:`ACCEPTABLE_GAP` (restored KV was computed in another pass, so
+        a near tie may flip; any other divergence is a bug)."""
+        if t.mode.kind == "none" and not getattr(t, "warm", False):
             self.baseline_sha[prompt_digest] = digest
             self.baseline_ids[prompt_digest] = ids.cpu()
+            if gaps is not None:
+                self.baseline_gaps[prompt_digest] = gaps
             return {"tokens_match": True, "first_divergence_step": None}
         ref = self.baseline_sha.get(prompt_digest)
         if ref is None:
@@ -311,7 +372,12 @@ class TrialRunner:
         if prompt_digest in self.baseline_ids:
             diff = (self.baseline_ids[prompt_digest] != ids.cpu()).any(dim=0).nonzero()
             step = int(diff[0]) if len(diff) else None
-        return {"tokens_match": False, "first_divergence_step": step}
+        out: dict[str, Any] = {"tokens_match": False, "first_divergence_step": step}
+        ref_gaps = self.baseline_gaps.get(prompt_digest)
+        if isinstance(t, ReuseTrial) and ref_gaps is not None and step is not None:
+            out["top2_logit_gap"] = ref_gaps[step]
+            out["divergence_acceptable"] = bool(t.warm and ref_gaps[step] <= ACCEPTABLE_GAP)
+        return out
 
     def base_row(self, t: TrialSpec) -> dict[str, Any]:
         """The fields every row has, whatever its status."""
@@ -390,12 +456,57 @@ class TrialRunner:
             if isinstance(cache, OffloadedCache):
                 cache.close()
 
+    def _restore(self, t: ReuseTrial, cache: Any) -> dict[str, Any]:
+        """Load the longest stored prefix of a warm trial's prompt (at most all but its last token, whose forward
+        gives the first token) from the mode's store into ``cache``; the reuse fields of its row."""
+        store = self.stores[t.mode.label]
+        ids = list(t.request.ids)
+        prefix = store.get(ids, max_tokens=len(ids) - 1)
+        restore(cache, prefix, self.m.device, self.m.dtype)
+        chunks = (len(ids) - 1) // store.chunk_tokens
+        return {"tokens_restored": prefix.tokens, "tokens_prefilled": len(ids) - prefix.tokens,
+                "store_hit_rate": prefix.tokens / store.chunk_tokens / chunks if chunks else None,
+                "restore_host_bytes": prefix.host_bytes, "restore_disk_bytes": prefix.disk_bytes}
+
+    def _hold(self, t: ReuseTrial, cache: Any, n_generated: int) -> None:
+        """After a warm trial (not timed): what the server holds afterwards goes into the mode's store. The
+        generated tokens are cropped and the rest of ``request.held`` (a conversation's reply as the dataset has
+        it) is fed through the model with this cache, as decoding it would have."""
+        held = list(t.request.held)
+        cache.crop(-(n_generated - 1))  # the last generated token was never fed
+        rest = held[len(t.request.ids):]
+        if rest:
+            x = torch.tensor([rest], device=self.m.device)
+            greedy_decode(self.m.model, x, torch.ones((1, len(held)), dtype=torch.long, device=self.m.device),
+                          cache, 1, self.clock)
+        self.stores[t.mode.label].put(held, *sequence_kv(cache))
+
+    def refill(self, t: ReuseTrial) -> None:
+        """Rebuild what a finished warm trial left in the store (a resumed run): prefill ``request.held`` in a
+        fresh ``none`` cache and store it (not recorded)."""
+        cache = make_cache("none", self.m.model.config, self.m.device)
+        held = list(t.request.held)
+        greedy_decode(self.m.model, torch.tensor([held], device=self.m.device),
+                      torch.ones((1, len(held)), dtype=torch.long, device=self.m.device), cache, 1, self.clock)
+        self.stores[t.mode.label].put(held, *sequence_kv(cache))
+
+    def _store_state(self, label: str) -> dict[str, Any]:
+        st = self.stores[label]
+        return {"store_chunks": len(st), "store_host_bytes": st.host_bytes, "store_disk_bytes": st.disk_bytes,
+                "store_evicted": st.evicted, "store_corrupt": st.corrupt}
+
     def _generate(self, t: TrialSpec, cache: Any) -> dict[str, Any]:
         s, dev = self.s, self.m.device
-        prompts = self.source.batch(t.prompt_tokens, t.batch_size, t.repeat)
+        reuse = isinstance(t, ReuseTrial)
+        if reuse:
+            prompts = [list(t.request.ids)]
+        else:
+            prompts = self.source.batch(t.prompt_tokens, t.batch_size, t.repeat)
         input_ids, mask = left_pad(prompts, self.pad_id)
         input_ids, mask = input_ids.to(dev), mask.to(dev)
         prompt_digest = hashlib.sha256(input_ids.cpu().numpy().tobytes()).hexdigest()
+        gaps = [] if reuse and t.mode.kind == "none" and not t.warm else None
+        restored: dict[str, Any] = {}
 
         kv_peak = {"device": 0, "host": 0, "stored": 0}
 
@@ -421,15 +532,19 @@ class TrialRunner:
 
         with self.sampler.trial(t.trial_id, kv_probe=kv_now) as timeline:
             try:
+                if reuse and t.warm:  # TTFT counts the lookup and the restore
+                    t_restore = self.clock()
+                    restored = self._restore(t, cache)
+                    input_ids = input_ids[:, restored["tokens_restored"]:]
                 ids, t0, times = greedy_decode(self.m.model, input_ids, mask, cache, s.max_new_tokens, self.clock,
                                                after_step=None if own_accounting else read_kv,
-                                               on_phase=self.sampler.mark)
+                                               on_phase=self.sampler.mark, top2_gaps=gaps)
             finally:
                 self.last_samples = timeline.samples
         n_out = ids.shape[1]
         if n_out != s.max_new_tokens or len(times) != s.max_new_tokens:
             raise RuntimeError(f"generated {n_out} tokens, expected exactly {s.max_new_tokens}")
-        lat = latency_metrics(t0, times)
+        lat = latency_metrics(t_restore if restored else t0, times)
         out: dict[str, Any] = {
             "n_output_tokens": n_out,
             **lat,
@@ -443,7 +558,12 @@ class TrialRunner:
             "output_sha256": _ids_digest(ids),
             "output_ids_head": ids[:, :IDS_KEPT].tolist(),
         }
-        out.update(self._compare(t, prompt_digest, ids, out["output_sha256"]))
+        out.update(self._compare(t, prompt_digest, ids, out["output_sha256"], gaps))
+        if reuse:
+            req = t.request
+            out.update(request_id=req.id, document=req.document, turn_index=req.turn_index, warm=t.warm,
+                       **(restored or {"tokens_restored": 0, "tokens_prefilled": len(req.ids), "store_hit_rate": None,
+                                       "restore_host_bytes": 0, "restore_disk_bytes": 0}))
         if own_accounting:
             # the cache's own accounting also sees the transient K/V inside a forward, which per-step reads miss
             stats = cache.engine.stats
@@ -474,6 +594,9 @@ class TrialRunner:
             notes.update(peak_device_allocated_bytes=reason, peak_device_reserved_bytes=reason,
                          weights_baseline_bytes=reason)
         out["notes"] = notes
+        if reuse and t.warm:  # after every figure is read: feeding the reply changes the cache's peaks
+            self._hold(t, cache, n_out)
+            out.update(self._store_state(t.mode.label))
         return out
 
 
@@ -504,20 +627,20 @@ class Recorder:
         self.rows: dict[str, dict[str, Any]] = {r["trial_id"]: r for r in finished}
         self.already = len(self.rows)
         self.written = 0
-        self._warmed: set[tuple[int, int, str]] = set()
+        self._warmed: set[tuple] = set()
 
     def __call__(self, t: TrialSpec) -> dict[str, Any]:
         """The row of trial ``t``: the one already written, or a new one (run, appended and fsynced)."""
         if t.trial_id in self.rows:
             return self.rows[t.trial_id]
-        key = (t.prompt_tokens, t.batch_size, t.mode.label)
+        key = t.shape_key
         if key not in self._warmed:
             self._warmed.add(key)
             for w in range(self.s.warmup):
                 if self.on_status:
                     self.on_status(f"warm-up {w + 1}/{self.s.warmup}: {t.mode.label} p{t.prompt_tokens} "
                                    f"b{t.batch_size}")
-                if self.runner.run(TrialSpec(t.prompt_tokens, t.batch_size, t.mode, 0))["status"] != "ok":
+                if self.runner.run(t.warmup_spec())["status"] != "ok":
                     break
         if self.on_status:
             self.on_status(t.trial_id)
@@ -538,16 +661,25 @@ def run_sweep(
     on_trial: Callable[[dict[str, Any]], None] | None = None,
     on_status: Callable[[str], None] | None = None,
 ) -> SweepResult:
-    """Run every trial not yet in ``run``'s trials file: the planned sweep (:func:`plan_trials`), or for a scenario
+    """Run every trial not yet in ``run``'s trials file: the planned sweep (:func:`plan_trials`); for a scenario
     with ``batch_sizes: auto`` / ``prompt_tokens: auto`` the capacity search (:mod:`kvbench.capacity`), whose
-    results go into run.json as ``capacity``.
+    results go into run.json as ``capacity``; for a reuse workload its requests warm and cold
+    (:mod:`kvbench.reuse`).
 
     Each row is appended (and fsynced) as soon as its trial ends. Ctrl-C stops after writing what finished and
     marks run.json ``interrupted``; a finished sweep marks it ``complete``.
     """
     record = Recorder(scenario, run, runner, on_trial, on_status)
     try:
-        if scenario.searched is None:
+        if scenario.workload.reuse:
+            from kvbench.reuse import reuse_sweep
+
+            stream = runner.source
+            run.update(workload_notes=stream.notes, requests=[
+                {"id": q.id, "document": q.document, "turn_index": q.turn_index, "prompt_tokens": len(q.ids),
+                 "held_tokens": len(q.held)} for q in stream.requests])
+            reuse_sweep(scenario, record, runner)
+        elif scenario.searched is None:
             for t in plan_trials(scenario):
                 record(t)
         else:
@@ -567,11 +699,16 @@ def prepare(scenario: Scenario, environment: dict[str, Any] | None = None) -> Tr
     run's, with its measured bandwidths) lets each trial carry plan's predicted step time.
 
     Raises:
-        kvbench.models.ModelNotFound, ValueError (bad device), ModuleNotFoundError (data package missing).
+        kvbench.models.ModelNotFound, ValueError (bad device; a reuse workload's source with too few texts:
+        :class:`~kvbench.workloads.sessions.NotEnoughRequests`), ModuleNotFoundError (data package missing).
     """
     from kvbench.models import load
-    from kvbench.workloads import make_source
+    from kvbench.workloads import make_source, make_stream
 
     loaded = load(scenario.model, scenario.device, scenario.seed)
-    source = make_source(scenario.workload, loaded.tokenizer, loaded.shape.vocab_size)
+    if scenario.workload.reuse:
+        source = make_stream(scenario.workload, loaded.tokenizer,
+                             loaded.shape.max_positions - scenario.max_new_tokens)
+    else:
+        source = make_source(scenario.workload, loaded.tokenizer, loaded.shape.vocab_size)
     return TrialRunner(scenario, loaded, source, environment=environment)

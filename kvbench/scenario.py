@@ -105,6 +105,86 @@ class ModelSpec(_Strict):
         return f"{self.preset or self.config} (random weights)"
 
 
+class MultiTurnSpec(_Strict):
+    """Multi-turn dialogue for reuse: turn k's prompt is the conversation's turns 1..k through the chat template
+    (the dataset's assistant replies between them), so each turn's prompt starts with the previous turn's prompt
+    and reply, whose KV a server could have kept."""
+
+    conversations: PositiveInt = Field(3, description="Conversations, each with at least `turns` user turns.")
+    turns: Annotated[int, Field(strict=True, ge=2)] = Field(4, description="User turns used per conversation (≥ 2).")
+    interleave: Literal["round_robin", "sequential"] = Field(
+        "round_robin", description="round_robin: turn 1 of every conversation, then turn 2, ... (the store holds "
+        "all conversations at once: eviction pressure); sequential: one conversation after another."
+    )
+    min_prompt_tokens: PositiveInt = Field(1024, description="The last turn's prompt has at least this many tokens.")
+    max_prompt_tokens: PositiveInt | None = Field(
+        None, description="The last turn's prompt has at most this many tokens (default: the model's longest "
+        "prompt, max positions − max_new_tokens)."
+    )
+
+    @model_validator(mode="after")
+    def _bounds(self) -> "MultiTurnSpec":
+        if self.max_prompt_tokens is not None and self.min_prompt_tokens > self.max_prompt_tokens:
+            raise ValueError(f"min_prompt_tokens {self.min_prompt_tokens} is larger than max_prompt_tokens "
+                             f"{self.max_prompt_tokens}")
+        return self
+
+
+class DocQASpec(_Strict):
+    """Document QA for reuse (the shapes of vLLM's and LMCache's long-document benchmarks): ``documents`` real
+    texts cut to ``doc_tokens`` tokens, each asked ``questions`` questions; a question's prompt is the document then
+    the question, so every question after the first can restore the document's KV."""
+
+    documents: PositiveInt = Field(3, description="Documents, each asked `questions` questions.")
+    questions: Annotated[int, Field(strict=True, ge=1, le=8)] = Field(
+        4, description="Questions per document (1-8, from kvbench's fixed list of document questions).")
+    doc_tokens: PositiveInt = Field(2048, description="Tokens of each document (texts at least this long, cut).")
+    repeat_mode: Literal["random", "tile", "interleave"] = Field(
+        "tile", description="Order of requests: tile = every document once, then again with the next question; "
+        "interleave = all questions of a document in a row; random = a seeded shuffle."
+    )
+    hit_miss_ratio: str | None = Field(
+        None, description="'H:M': add single-question documents (misses) so that there are M misses for every H "
+        "requests that can reuse a document (default: only the documents' first questions miss)."
+    )
+
+    @field_validator("hit_miss_ratio")
+    @classmethod
+    def _ratio(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"[1-9]\d*:\d+", v):
+            raise ValueError("must be 'H:M' with whole numbers, H ≥ 1, e.g. '3:1'")
+        return v
+
+    @model_validator(mode="after")
+    def _feasible(self) -> "DocQASpec":
+        if self.hit_miss_ratio is not None:
+            hits_per, misses_per = map(int, self.hit_miss_ratio.split(":"))
+            hits = self.documents * (self.questions - 1)
+            if hits == 0:
+                raise ValueError("hit_miss_ratio needs questions ≥ 2: with one question per document nothing is "
+                                 "reused")
+            if hits * misses_per < self.documents * hits_per:
+                raise ValueError(f"hit_miss_ratio {self.hit_miss_ratio}: {self.documents} documents × "
+                                 f"{self.questions} questions already give {hits} hits to {self.documents} misses "
+                                 f"(each document's first question); ask more questions per document")
+        return self
+
+    @property
+    def ratio(self) -> tuple[int, int] | None:
+        """``hit_miss_ratio`` as ``(hits, misses)``."""
+        return tuple(map(int, self.hit_miss_ratio.split(":"))) if self.hit_miss_ratio else None
+
+
+class StoreSpec(_Strict):
+    """The KV store of a reuse workload (:class:`kvbench.offload.store.KVStore`); one per mode, fresh per repeat.
+    Its disk tier goes under the scenario's ``disk_dir``."""
+
+    chunk_tokens: PositiveInt = Field(256, description="Tokens per stored chunk; a prefix is restored in whole chunks.")
+    host_max_bytes: ByteSize = Field(ByteSize(2**31), description="Host memory for chunks (bytes or a size such as "
+                                     "'2GiB'); least recently used chunks spill to disk or are dropped.")
+    disk_max_bytes: ByteSize = Field(ByteSize(0), description="Disk space for chunks; 0 = no disk tier.")
+
+
 class WorkloadSpec(_Strict):
     """Where prompts come from."""
 
@@ -124,9 +204,29 @@ class WorkloadSpec(_Strict):
     order: Literal["random", "longest"] = Field(
         "random", description="random: a seeded shuffle; longest: the longest conversations/documents first."
     )
+    multi_turn: MultiTurnSpec | None = Field(
+        None, description="Reuse workload: ShareGPT conversations turn by turn, each turn's KV restored from the "
+        "store (see MultiTurnSpec)."
+    )
+    doc_qa: DocQASpec | None = Field(
+        None, description="Reuse workload: long documents, several questions each (see DocQASpec)."
+    )
+
+    @property
+    def reuse(self) -> Literal["multi_turn", "doc_qa"] | None:
+        """The reuse workload (``multi_turn`` or ``doc_qa``), or None for independent prompts."""
+        return "multi_turn" if self.multi_turn else ("doc_qa" if self.doc_qa else None)
 
     @model_validator(mode="after")
     def _source_options(self) -> "WorkloadSpec":
+        if self.multi_turn and self.doc_qa:
+            raise ValueError("give multi_turn or doc_qa, not both")
+        if self.multi_turn and self.source != "sharegpt":
+            raise ValueError(f"multi_turn needs source: sharegpt (conversations), not {self.source}")
+        if self.doc_qa and self.source == "synthetic":
+            raise ValueError("doc_qa needs text documents: source sharegpt or files, not synthetic")
+        if self.reuse and self.max_turns is not None:
+            raise ValueError(f"`max_turns` does not apply to {self.reuse} (it builds its own prompts)")
         if self.source == "files" and not self.files:
             raise ValueError("source: files needs a `files` glob")
         if self.source != "files" and self.files:
@@ -251,14 +351,14 @@ class Scenario(_Strict):
     model: ModelSpec = Field(description="The model (see ModelSpec).")
     device: str = Field("auto", description="auto | cpu | cuda | cuda:N (auto = cuda when available, else cpu).")
     workload: WorkloadSpec = Field(description="The prompt source (see WorkloadSpec).")
-    prompt_tokens: Union[Annotated[list[PositiveInt], Field(min_length=1)], Literal["auto"]] = Field(
-        description="Prompt lengths in tokens, exact; or auto: per batch size and mode, the longest "
-        "prompt that fits the budget (see capacity)."
+    prompt_tokens: Union[Annotated[list[PositiveInt], Field(min_length=1)], Literal["auto"], None] = Field(
+        None, description="Prompt lengths in tokens, exact; or auto: per batch size and mode, the longest "
+        "prompt that fits the budget (see capacity). Not for a reuse workload (its prompts are what they are)."
     )
     max_new_tokens: PositiveInt = Field(description="Tokens generated per sequence, exactly (EOS does not stop decode).")
-    batch_sizes: Union[Annotated[list[PositiveInt], Field(min_length=1)], Literal["auto"]] = Field(
-        description="Batch sizes (sequences per trial); or auto: per prompt length and mode, the "
-        "largest batch that fits the budget (see capacity)."
+    batch_sizes: Union[Annotated[list[PositiveInt], Field(min_length=1)], Literal["auto"], None] = Field(
+        None, description="Batch sizes (sequences per trial); or auto: per prompt length and mode, the "
+        "largest batch that fits the budget (see capacity). Not for a reuse workload (one request at a time)."
     )
     modes: list[Mode] = Field(min_length=1, description="Offload modes, each a mapping with `kind` and its options.")
     repeats: PositiveInt = Field(3, description="Recorded trials per (prompt length, batch, mode).")
@@ -266,6 +366,9 @@ class Scenario(_Strict):
     budget: ByteSize | None = Field(None, description="Device KV budget in bytes; sizes such as '2GiB' or '512MB'.")
     capacity: CapacitySpec | None = Field(
         None, description="Bounds of the search when batch_sizes or prompt_tokens is auto (see CapacitySpec)."
+    )
+    store: StoreSpec | None = Field(
+        None, description="The KV store of a reuse workload (workload.multi_turn or doc_qa; see StoreSpec)."
     )
     monitor: MonitorSpec = Field(default_factory=MonitorSpec, description="Sampling (see MonitorSpec).")
     disk_dir: str | None = Field(
@@ -315,6 +418,22 @@ class Scenario(_Strict):
         return v
 
     @model_validator(mode="after")
+    def _reuse_shape(self) -> "Scenario":
+        reuse = self.workload.reuse
+        if reuse:
+            for key in ("prompt_tokens", "batch_sizes"):
+                if getattr(self, key) is not None:
+                    raise ValueError(f"{key}: does not apply to workload {reuse}: its requests (one at a time) are "
+                                     "the prompts the workload builds; remove it")
+            return self
+        if self.store is not None:
+            raise ValueError("store: is for a reuse workload (workload.multi_turn or workload.doc_qa)")
+        missing = [k for k in ("prompt_tokens", "batch_sizes") if getattr(self, k) is None]
+        if missing:
+            raise ValueError(f"{missing[0]}: required key is missing (a list, or auto)")
+        return self
+
+    @model_validator(mode="after")
     def _one_search(self) -> "Scenario":
         if self.batch_sizes == "auto" and self.prompt_tokens == "auto":
             raise ValueError("batch_sizes: cannot be auto together with prompt_tokens: the search varies one at a "
@@ -322,6 +441,11 @@ class Scenario(_Strict):
         if self.capacity is not None and self.searched is None:
             raise ValueError("capacity: bounds the search of batch_sizes: auto or prompt_tokens: auto; neither is auto")
         return self
+
+    @property
+    def store_spec(self) -> StoreSpec:
+        """The reuse store's settings (the defaults when the scenario gives none)."""
+        return self.store or StoreSpec()
 
     @property
     def searched(self) -> Literal["batch_size", "prompt_tokens"] | None:
@@ -336,6 +460,8 @@ class Scenario(_Strict):
     def largest_batch(self) -> int:
         """The largest batch the scenario may run: max of ``batch_sizes``, or the search's ``max`` (default
         ``workload.n_prompts``)."""
+        if self.batch_sizes is None:
+            return 1  # a reuse workload: one request at a time
         if self.batch_sizes == "auto":
             return (self.capacity.max if self.capacity and self.capacity.max else None) or self.workload.n_prompts
         return max(self.batch_sizes)
@@ -343,7 +469,9 @@ class Scenario(_Strict):
     @property
     def longest_prompt(self) -> int | None:
         """The longest prompt the scenario may run: max of ``prompt_tokens``, or the search's ``max`` (None when it
-        is the model's limit, known only from its config)."""
+        is the model's limit, known only from its config, or a reuse workload's prompts are built at run time)."""
+        if self.prompt_tokens is None:
+            return None
         if self.prompt_tokens == "auto":
             return self.capacity.max if self.capacity else None
         return max(self.prompt_tokens)
@@ -538,7 +666,8 @@ def check_scenario(s: Scenario, *, check_model: bool = True) -> list[tuple[str, 
             problems.append((f"modes[{i}].host_max_tokens",
                              f"{m.host_max_tokens} tokens is less than one disk block; the host tier must hold at "
                              f"least {registry.DISK_BLOCK_TOKENS} tokens"))
-    if s.disk_dir is not None and any(getattr(m, "host_max_tokens", None) for m in s.modes):
+    store_disk = bool(s.workload.reuse and s.store_spec.disk_max_bytes)
+    if s.disk_dir is not None and (store_disk or any(getattr(m, "host_max_tokens", None) for m in s.modes)):
         d = Path(s.disk_dir)
         if not d.exists():
             problems.append(("disk_dir", f"{s.disk_dir} does not exist"))
@@ -598,7 +727,9 @@ def check_scenario(s: Scenario, *, check_model: bool = True) -> list[tuple[str, 
                     problems.append((f"capacity.{key}", f"{v} tokens + max_new_tokens {s.max_new_tokens} exceeds "
                                                         f"the model's max_position_embeddings {shape.max_positions}; "
                                                         f"the longest prompt allowed is {limit}"))
-            for i, n in enumerate(s.prompt_tokens if limit >= 1 and s.prompt_tokens != "auto" else []):
+            if s.workload.reuse and limit >= 1:
+                problems += _reuse_problems(s, shape, limit)
+            for i, n in enumerate(s.prompt_tokens if limit >= 1 and isinstance(s.prompt_tokens, list) else []):
                 if n > limit:
                     problems.append(
                         (
@@ -607,6 +738,42 @@ def check_scenario(s: Scenario, *, check_model: bool = True) -> list[tuple[str, 
                             f"max_position_embeddings {shape.max_positions}; the longest prompt allowed is {limit}",
                         )
                     )
+    return problems
+
+
+#: Tokens a document question and the chat template add to a doc_qa prompt, at most (checked against positions).
+DOC_QA_OVERHEAD_TOKENS = 128
+
+
+def _itemsize(s: Scenario) -> int:
+    """Bytes per KV element the scenario's dtype gives (``auto``: float32 on CPU, else 2)."""
+    return {"float32": 4, "bfloat16": 2, "float16": 2}.get(s.model.dtype, 4 if s.device == "cpu" else 2)
+
+
+def _reuse_problems(s: Scenario, shape: Any, limit: int) -> list[tuple[str, str]]:
+    """A reuse workload's prompts against the model's longest prompt ``limit`` (tokens), and the store's caps
+    against one chunk."""
+    problems: list[tuple[str, str]] = []
+    mt, dq = s.workload.multi_turn, s.workload.doc_qa
+    why = f"+ max_new_tokens {s.max_new_tokens} exceeds the model's max_position_embeddings {shape.max_positions}"
+    if mt is not None:
+        for key in ("min_prompt_tokens", "max_prompt_tokens"):
+            v = getattr(mt, key)
+            if v is not None and v > limit:
+                problems.append((f"workload.multi_turn.{key}", f"{v} tokens {why}; the longest prompt allowed is "
+                                                               f"{limit}"))
+    if dq is not None and dq.doc_tokens + DOC_QA_OVERHEAD_TOKENS > limit:
+        problems.append(("workload.doc_qa.doc_tokens",
+                         f"{dq.doc_tokens} tokens + up to {DOC_QA_OVERHEAD_TOKENS} for the question and chat template "
+                         f"{why}; documents of at most {limit - DOC_QA_OVERHEAD_TOKENS} tokens fit"))
+    st = s.store_spec
+    per_token = shape.kv_bytes_per_token(_itemsize(s))
+    chunk = st.chunk_tokens * per_token
+    for key in ("host_max_bytes", "disk_max_bytes"):
+        cap = int(getattr(st, key))
+        if (cap or key == "host_max_bytes") and cap < chunk:
+            problems.append((f"store.{key}", f"{cap:,} bytes is smaller than one chunk: {st.chunk_tokens} tokens × "
+                                             f"{per_token:,} bytes of KV per token = {chunk:,} bytes"))
     return problems
 
 
@@ -636,9 +803,9 @@ def scenario_warnings(s: Scenario) -> list[tuple[str, str]]:
             shape = read_shape(s.model)
         except ModelNotFound:
             return warns  # reported by check_scenario
-        itemsize = {"float32": 4, "bfloat16": 2, "float16": 2}.get(s.model.dtype, 4 if s.device == "cpu" else 2)
+        itemsize = _itemsize(s)
         longest, batch = s.longest_prompt, s.largest_batch
-        if s.budget is not None and offload and s.searched is None:
+        if s.budget is not None and offload and s.searched is None and longest is not None:
             # the least any offload mode holds on the device: one layer's K/V for every cached token
             tokens = longest + s.max_new_tokens - 1
             least = shape.kv_bytes_per_token(itemsize) // shape.layers * tokens * batch

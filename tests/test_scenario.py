@@ -30,7 +30,7 @@ def test_unknown_top_level_key_names_file_key_and_allowed_keys(write_yaml):
     err = error_of(write_yaml, data)
     assert str(err) == (
         f"{err.file}: prompt_tokenz: unknown key 'prompt_tokenz'; allowed keys: name, description, model, device, "
-        "workload, prompt_tokens, max_new_tokens, batch_sizes, modes, repeats, warmup, budget, capacity, monitor, disk_dir, seed"
+        "workload, prompt_tokens, max_new_tokens, batch_sizes, modes, repeats, warmup, budget, capacity, store, monitor, disk_dir, seed"
     )
     assert err.file.endswith("scenario.yaml")
 

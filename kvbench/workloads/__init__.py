@@ -6,15 +6,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from kvbench.workloads import synthetic
+from kvbench.workloads import sessions, synthetic
+from kvbench.workloads.documents import Document
 from kvbench.workloads.prompts import PromptPool, TooLittleText
+from kvbench.workloads.sessions import Stream
 
 if TYPE_CHECKING:
     from kvbench.scenario import WorkloadSpec
 
-__all__ = ["PromptSource", "SyntheticSource", "TooLittleText", "make_source"]
+__all__ = ["PromptSource", "Stream", "SyntheticSource", "TooLittleText", "make_source", "make_stream"]
 
 
 class PromptSource(Protocol):
@@ -56,15 +59,43 @@ def make_source(spec: "WorkloadSpec", tokenizer: Any, vocab_size: int) -> Prompt
     if spec.source == "synthetic":
         special = frozenset(getattr(tokenizer, "all_special_ids", []) or []) if tokenizer is not None else frozenset()
         return SyntheticSource(vocab_size, spec.seed, spec.n_prompts, special)
+    name = "workload sharegpt" if spec.source == "sharegpt" else f"workload files {spec.files!r}"
+    return PromptPool(_documents(spec), tokenizer, n_prompts=spec.n_prompts, seed=spec.seed, order=spec.order,
+                      language=spec.language, max_turns=spec.max_turns, source_name=name)
+
+
+def _documents(spec: "WorkloadSpec") -> Sequence[Document]:
     if spec.source == "sharegpt":
         from kvbench.workloads import sharegpt
 
-        docs = sharegpt.load()
-        name = "workload sharegpt"
-    else:
-        from kvbench.workloads import files
+        return sharegpt.load()
+    from kvbench.workloads import files
 
-        docs = files.load(spec.files or "")
-        name = f"workload files {spec.files!r}"
-    return PromptPool(docs, tokenizer, n_prompts=spec.n_prompts, seed=spec.seed, order=spec.order,
-                      language=spec.language, max_turns=spec.max_turns, source_name=name)
+    return files.load(spec.files or "")
+
+
+def make_stream(spec: "WorkloadSpec", tokenizer: Any, longest_prompt: int) -> Stream:
+    """The requests of a reuse workload (``spec.multi_turn`` or ``spec.doc_qa``), prompts of at most
+    ``longest_prompt`` tokens (the model's max positions less the tokens generated).
+
+    Raises:
+        kvbench.workloads.sessions.NotEnoughRequests: the source holds too few long enough texts.
+        ModuleNotFoundError, kvbench.workloads.files.NoFilesError: as :func:`make_source`.
+    """
+    docs = _documents(spec)
+    keep: Callable[[Document], bool] | None = None
+    if spec.language:
+        from kvbench.workloads.prompts import language_of
+
+        lang = spec.language
+        keep = lambda doc: bool(doc.turns) and language_of(doc.turns[0][1]) == lang  # noqa: E731
+    if spec.multi_turn is not None:
+        mt = spec.multi_turn
+        return sessions.multi_turn(docs, tokenizer, conversations=mt.conversations, turns=mt.turns,
+                                   interleave=mt.interleave, min_prompt_tokens=mt.min_prompt_tokens,
+                                   max_prompt_tokens=min(mt.max_prompt_tokens or longest_prompt, longest_prompt),
+                                   seed=spec.seed, order=spec.order, keep=keep)
+    dq = spec.doc_qa
+    return sessions.doc_qa(docs, tokenizer, documents=dq.documents, questions=dq.questions, doc_tokens=dq.doc_tokens,
+                           repeat_mode=dq.repeat_mode, ratio=dq.ratio, seed=spec.seed, order=spec.order,
+                           keep=keep)

@@ -75,7 +75,8 @@ def build_prompt(tokenizer: Any, doc: Document, n_tokens: int, max_turns: int | 
     return None
 
 
-def _language_of(text: str) -> str | None:
+def language_of(text: str) -> str | None:
+    """The ISO 639-1 code langdetect gives ``text`` (seeded, so repeatable), or None when it cannot tell."""
     from langdetect import DetectorFactory, LangDetectException, detect
 
     DetectorFactory.seed = 0  # langdetect is random unless seeded
@@ -129,7 +130,7 @@ class PromptPool:
         if self.language is None:
             return True
         if i not in self._lang:
-            self._lang[i] = _language_of(self._docs[i].turns[0][1]) if self._docs[i].turns else None
+            self._lang[i] = language_of(self._docs[i].turns[0][1]) if self._docs[i].turns else None
         return self._lang[i] == self.language
 
     def prompts(self, n_tokens: int) -> list[list[int]]:

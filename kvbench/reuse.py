@@ -1,0 +1,154 @@
+"""Reuse workloads: every request of a multi-turn or document-QA stream, per mode, recomputed from scratch (cold)
+and restored from the mode's KV store (warm), side by side; and the table ``kvbench report`` and ``kvbench cost``
+read from those trials.
+
+Per repeat each mode gets a fresh :class:`~kvbench.offload.store.KVStore` (``store:`` settings, disk tier under the
+scenario's ``disk_dir``). Requests arrive in the workload's order; per request, ``none`` runs cold first (the
+reference every trial's ids are compared with), then warm; the other modes alternate warm-first and cold-first
+from request to request, so neither side always runs right after the other. After a warm trial, what the server
+holds (the prompt and, in a conversation, the reply it goes on with) goes into that mode's store.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pandas as pd
+
+from kvbench.analysis import MEASURED
+
+if TYPE_CHECKING:  # torch-bound: imported where used, so that `kvbench report` reads tables without torch
+    from kvbench.offload.store import KVStore
+    from kvbench.runner import Recorder, TrialRunner
+    from kvbench.scenario import Scenario
+
+
+def make_stores(s: "Scenario", modes: list[Any], token_bytes: int) -> dict[str, "KVStore"]:
+    """A fresh store per mode label, as ``s.store_spec`` says.
+
+    Raises:
+        ValueError: a cap smaller than one chunk of ``token_bytes`` × ``chunk_tokens``.
+        kvbench.offload.tiers.DiskTierError: the disk tier's directory cannot be made.
+    """
+    from kvbench.offload.store import KVStore
+
+    spec = s.store_spec
+    stores: dict[str, KVStore] = {}
+    try:
+        for m in modes:
+            stores[m.label] = KVStore(spec.chunk_tokens, int(spec.host_max_bytes), int(spec.disk_max_bytes),
+                                      s.disk_dir, token_bytes=token_bytes)
+    except Exception:
+        for st in stores.values():
+            st.close()
+        raise
+    return stores
+
+
+def reuse_sweep(s: "Scenario", record: "Recorder", runner: "TrialRunner") -> None:
+    """Run (or, resuming, look up) every trial of a reuse workload; ``runner.source`` is its
+    :class:`~kvbench.workloads.sessions.Stream`. A warm trial already recorded is not rerun, but what it left in
+    the store is rebuilt (:meth:`~kvbench.runner.TrialRunner.refill`), so later turns see the same store. Stores
+    are closed (disk files removed) on every exit path."""
+    from kvbench.runner import ReuseTrial
+
+    modes = sorted(s.modes, key=lambda m: m.kind != "none")
+    requests = runner.source.requests
+    for r in range(s.repeats):
+        runner.stores = make_stores(s, modes, runner.kv_bytes_per_token)
+        try:
+            for i, req in enumerate(requests):
+                for m in modes:
+                    cold, warm = ReuseTrial.of(req, m, r, False), ReuseTrial.of(req, m, r, True)
+                    for t in [cold, warm] if m.kind == "none" or (i + r) % 2 == 0 else [warm, cold]:
+                        done = record.rows.get(t.trial_id)
+                        if done is not None:
+                            if t.warm and done.get("status") in MEASURED:
+                                runner.refill(t)
+                            continue
+                        record(t)
+        finally:
+            for st in runner.stores.values():
+                st.close()
+            runner.stores = {}
+
+
+#: Prompt-length bins of the per-length table (tokens): [lower, upper).
+LENGTH_BINS = (0, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
+
+
+def length_bin(tokens: pd.Series) -> pd.Series:
+    """The bin label (``1024-2047``) of each prompt length, from :data:`LENGTH_BINS`."""
+    edges = np.asarray(LENGTH_BINS)
+    i = np.searchsorted(edges, tokens.to_numpy(dtype=float), side="right") - 1
+    i = np.clip(i, 0, len(edges) - 2)
+    return pd.Series([f"{edges[j]}-{edges[j + 1] - 1}" for j in i], index=tokens.index)
+
+
+def reuse_trials(trials: pd.DataFrame) -> pd.DataFrame:
+    """The rows of reuse trials (those with a ``warm`` flag), measured or not."""
+    if "warm" not in trials:
+        return trials.iloc[0:0]
+    return trials[trials["warm"].notna()]
+
+
+def reuse_table(trials: pd.DataFrame, by: str = "turn_index") -> pd.DataFrame:
+    """TTFT recompute (cold) vs restore (warm) per group × mode × ``by`` (``turn_index`` or ``length_bin``).
+
+    Returns:
+        One row per (group, mode_label, by): ``n`` (warm trials), ``prompt_tokens`` (median), ``cold_ttft_s``
+        and ``warm_ttft_s`` (median, with ``_min``/``_max``), ``ttft_ratio`` = warm ÷ cold medians,
+        ``tokens_restored`` (median), ``hit_rate`` (mean ``store_hit_rate`` of warm trials that had a whole chunk
+        to look up), ``restore_host_bytes`` / ``restore_disk_bytes`` (median), ``prefill_saved_pct`` (Σ restored ÷
+        Σ prompt tokens of the warm trials), ``tokens_match`` (all warm and cold trials equal ``none``'s cold ids,
+        or the only divergences acceptable: "near tie"), ``failed`` (trials not measured).
+    """
+    rows = reuse_trials(trials).copy()
+    if rows.empty:
+        return pd.DataFrame()
+    rows["length_bin"] = length_bin(rows["prompt_tokens"])
+    keys = ["group", "mode_label", by]
+    out = []
+    for key, part in rows.groupby(keys, sort=False):
+        ok = part[part["status"].isin(MEASURED)]
+        warm, cold = ok[ok["warm"].astype(bool)], ok[~ok["warm"].astype(bool)]
+        rec: dict[str, Any] = dict(zip(keys, key))
+        rec.update(mode=part["mode"].iloc[0], n=len(warm), failed=int((~part["status"].isin(MEASURED)).sum()),
+                   prompt_tokens=float(part["prompt_tokens"].median()))
+        for side, frame in (("cold", cold), ("warm", warm)):
+            v = frame["ttft_s"].astype(float)
+            rec[f"{side}_ttft_s"] = v.median() if len(v) else np.nan
+            rec[f"{side}_ttft_s_min"] = v.min() if len(v) else np.nan
+            rec[f"{side}_ttft_s_max"] = v.max() if len(v) else np.nan
+        rec["ttft_ratio"] = rec["warm_ttft_s"] / rec["cold_ttft_s"] if rec["cold_ttft_s"] > 0 else np.nan
+        rec["tokens_restored"] = float(warm["tokens_restored"].median()) if len(warm) else np.nan
+        hit = warm["store_hit_rate"].dropna().astype(float) if "store_hit_rate" in warm else pd.Series(dtype=float)
+        rec["hit_rate"] = hit.mean() if len(hit) else np.nan
+        for tier in ("host", "disk"):
+            col = f"restore_{tier}_bytes"
+            rec[col] = float(warm[col].median()) if len(warm) and col in warm else np.nan
+        prompt = warm["prompt_tokens"].sum()
+        rec["prefill_saved_pct"] = 100 * warm["tokens_restored"].sum() / prompt if prompt else np.nan
+        rec["tokens_match"] = ids_verdict(ok)
+        out.append(rec)
+    # groups and modes in the order they ran (`none` first), then by turn or length
+    rank = {k: i for i, k in enumerate(dict.fromkeys(zip(rows["group"], rows["mode_label"])))}
+    frame = pd.DataFrame(out)
+    frame["tokens_match"] = frame["tokens_match"].astype(object)  # True/False/"near tie"/None as Python values
+    frame["_rank"] = [rank[k] for k in zip(frame["group"], frame["mode_label"])]
+    return frame.sort_values(["_rank", by], kind="stable", ignore_index=True).drop(columns="_rank")
+
+
+def ids_verdict(ok: pd.DataFrame) -> Any:
+    """Of measured reuse trials: True when every trial's ids equal the reference (``none`` recomputing the
+    request); "near tie" when the only divergences are acceptable ones (see
+    :data:`kvbench.runner.ACCEPTABLE_GAP`); False for any other divergence; None when nothing was compared."""
+    m = ok["tokens_match"]
+    if m.isna().all():
+        return None
+    if bool(m.fillna(True).astype(bool).all()):
+        return True
+    bad = ok[m.eq(False)]
+    accepted = bad["divergence_acceptable"] if "divergence_acceptable" in bad else pd.Series(False, index=bad.index)
+    return "near tie" if bool(accepted.fillna(False).astype(bool).all()) else False
