@@ -195,7 +195,8 @@ def reuse_ttft(turns: pd.DataFrame, trials: pd.DataFrame, group: str, colours: d
     a.set(title="TTFT per turn (median)", xlabel="turn index (1 = first request of a conversation/document)",
           ylabel="TTFT (ms)")
     a.set_xticks(sorted(t["turn_index"].unique()))
-    b.set(title="TTFT vs prompt length (every trial)", xlabel="prompt length (tokens)", ylabel="TTFT (ms)")
+    b.set(title="TTFT vs prompt length (every trial: ○ recompute, ● restore)", xlabel="prompt length (tokens)",
+          ylabel="TTFT (ms)")
     for ax in (a, b):
         ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)

@@ -327,7 +327,8 @@ def _table(frame: Any, title: str, caption: str = "") -> Table:
     for i, col in enumerate(frame.columns):
         t.add_column(escape(str(col)), justify="left" if i < 4 else "right", overflow="fold",
                      no_wrap=col not in ("mode", "trials", "probes", "why it stops there"),
-                     min_width={"mode": 12, "trials": 8, "probes": 12, "why it stops there": 16}.get(col))
+                     min_width={"mode": min(28, max([12, *(len(str(v)) for v in frame[col])])), "trials": 8,
+                                "probes": 12, "why it stops there": 16}.get(col) if col in frame else None)
     for row in frame.itertuples(index=False):
         t.add_row(*(escape(str(v)) for v in row))
     return t
@@ -585,7 +586,8 @@ def _reuse_cost_table(reuse: Any, gpu_price: float) -> Table:
                       "time; prefill saved = prompt tokens restored instead of computed")
     for c in ("scenario", "mode", "requests", "tok/s cold", "tok/s warm", "USD/1M cold", "USD/1M warm", "saving %",
               "prefill saved %", "TTFT saved ms", "= none"):
-        t.add_column(c, justify="left" if c in ("scenario", "mode") else "right", overflow="fold")
+        t.add_column(c, justify="left" if c in ("scenario", "mode") else "right", overflow="fold",
+                     no_wrap=c == "scenario", min_width=12 if c == "mode" else None)
     for r in reuse.to_dict("records"):
         def num(v: Any, fmt: str) -> str:
             return "-" if v is None or v != v else format(v, fmt)

@@ -575,7 +575,8 @@ def _html_table(frame: pd.DataFrame) -> str:
 def write_report(results: Results, out_dir: str | Path, timelines: list[str] | None = None,
                  pool: Any = None) -> Report:
     """Write the report of ``results`` into ``out_dir`` (created): ``summary.csv`` (the per-point table, raw
-    numbers), ``summary.md``, the charts (PNG), ``report.md`` and ``report.html``.
+    numbers), ``summary.md``, ``reuse.csv`` (reuse workloads: :func:`kvbench.reuse.reuse_table` per turn and per
+    prompt length), the charts (PNG), ``report.md`` and ``report.html``.
 
     Args:
         results: from :func:`kvbench.analysis.load_results`.
@@ -681,6 +682,10 @@ def _write(results: Results, out: Path, timelines: list[str] | None, pool: Any) 
             rep.findings[g] += reuse_findings(frames["turn"], g)
             rec = reuse_recommendation(frames["turn"], g)
             rep.recommendations[g] = f"{rep.recommendations[g]} {rec}".strip()
+        if reuse:  # both tables of every reuse group, raw numbers: by turn_index, then by length_bin
+            pd.concat([f for frames in reuse.values() for f in frames.values()], ignore_index=True).to_csv(
+                out / "reuse.csv", index=False)
+            rep.files["reuse.csv"] = out / "reuse.csv"
         csv_job = pool.submit(_write_csv, table, out / "summary.csv")  # 0.5 s for thousands of points
         (out / "summary.md").write_text(_md_table(shown) + "\n")
         rep.files.update({"summary.csv": out / "summary.csv", "summary.md": out / "summary.md"})

@@ -77,6 +77,8 @@ def test_multi_turn_orders_and_limits(smol_tokenizer):
     short = multi_turn(docs, smol_tokenizer, conversations=1, turns=3, interleave="sequential", min_prompt_tokens=1,
                        max_prompt_tokens=longest - 1, order="longest")
     assert all(len(r.ids) < longest for r in short.requests)
+    assert short.notes == [f"1 conversation skipped: the prompt of turn 3 is longer than {longest - 1} tokens (the "
+                           "limit; the model's positions bound it)"]
 
 
 def test_doc_qa_orders_and_hit_miss_ratio(smol_tokenizer):
@@ -374,5 +376,7 @@ def test_report_and_cost_of_a_reuse_run(tiny_model, smol_tokenizer, tmp_path):
     assert rep.recommendations[s.name].startswith("keep finished requests' KV and restore it: with `")
     assert (tmp_path / "report" / f"reuse_ttft_{s.name}.png").stat().st_size > 10_000
     assert len(rep.table) == 0  # no per-point rows: cold and warm runs are not points
+    csv = pd.read_csv(tmp_path / "report" / "reuse.csv")
+    assert list(csv["turn_index"].dropna()) == [1, 2, 1, 2] and csv["length_bin"].notna().sum() == 2
     c = reuse_cost(results.trials, Prices(2.0))
     assert list(c["mode_label"]) == ["none", "full"] and list(c["requests"]) == [2, 2]

@@ -142,8 +142,9 @@ def multi_turn(docs: Sequence[Document], tokenizer: Any, *, conversations: int, 
         requests = [req for conv in per_conv for req in conv]
     notes = []
     if too_long:
-        notes.append(f"{too_long} conversations skipped: their turn-{turns} prompt is longer than "
-                     f"{max_prompt_tokens} tokens (the limit; the model's positions bound it)")
+        notes.append(f"{too_long} {'conversation' if too_long == 1 else 'conversations'} skipped: the prompt of "
+                     f"turn {turns} is longer than {max_prompt_tokens} tokens (the limit; the model's positions "
+                     "bound it)")
     return Stream(requests, notes)
 
 
