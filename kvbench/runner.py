@@ -344,10 +344,14 @@ class TrialRunner:
         return problems
 
     def remember(self, rows: Sequence[dict[str, Any]]) -> None:
-        """Take the ``none`` outputs of earlier rows (a resumed run) as baselines for ``tokens_match``."""
+        """Take the ``none`` outputs of earlier rows (a resumed run) as baselines for ``tokens_match`` (in a reuse
+        workload, those of cold trials, with their top-2 logit gaps)."""
         for r in rows:
-            if r.get("mode") == "none" and r.get("status") in ("ok", "over_budget"):  # both ran to the end
+            # ok and over budget both ran to the end; a warm (restored) run is never the reference
+            if r.get("mode") == "none" and r.get("status") in ("ok", "over_budget") and not r.get("warm"):
                 self.baseline_sha[r["prompt_sha256"]] = r["output_sha256"]
+                if r.get("top2_logit_gaps") is not None:
+                    self.baseline_gaps[r["prompt_sha256"]] = r["top2_logit_gaps"]
 
     def _compare(self, t: TrialSpec, prompt_digest: str, ids: torch.Tensor, digest: str,
                  gaps: list[float] | None = None) -> dict[str, Any]:
@@ -564,6 +568,8 @@ class TrialRunner:
             out.update(request_id=req.id, document=req.document, turn_index=req.turn_index, warm=t.warm,
                        **(restored or {"tokens_restored": 0, "tokens_prefilled": len(req.ids), "store_hit_rate": None,
                                        "restore_host_bytes": 0, "restore_disk_bytes": 0}))
+            if gaps is not None:  # the reference's closeness to another token, step by step (kept for --resume)
+                out["top2_logit_gaps"] = gaps
         if own_accounting:
             # the cache's own accounting also sees the transient K/V inside a forward, which per-step reads miss
             stats = cache.engine.stats

@@ -316,6 +316,14 @@ def test_a_wrong_restore_is_caught_with_the_top2_gap(tiny_model, smol_tokenizer,
     assert bad["divergence_acceptable"] is (gaps[step] <= 1e-3)
     verdict = ids_verdict(pd.DataFrame([rows["d0-q2-none-cold-r0"], bad]))
     assert verdict == ("near tie" if bad["divergence_acceptable"] else False)
+    # a resumed run takes the reference from the cold row (ids and gaps), never from the warm one that differed
+    cold = rows["d0-q2-none-cold-r0"]
+    assert cold["top2_logit_gaps"] == gaps and "top2_logit_gaps" not in bad
+    _, again = make_runner(tiny_model, smol_tokenizer, [{"kind": "none"}], stream.requests,
+                           {"chunk_tokens": 32, "host_max_bytes": "1MiB"})
+    again.remember(list(rows.values()))
+    assert again.baseline_sha[cold["prompt_sha256"]] == cold["output_sha256"] != bad["output_sha256"]
+    assert again.baseline_gaps[cold["prompt_sha256"]] == gaps
 
 
 # --------------------------------------------------------------------------- tables
