@@ -201,6 +201,7 @@ def run(
     from kvbench.models import ModelNotFound, resolve_device
     from kvbench.capacity import device_problem
     from kvbench.runner import plan_trials, prepare
+    from kvbench.workloads.sessions import NotEnoughRequests
 
     if (rundir is not None and sc.searched is None and not sc.workload.reuse
             and {t.trial_id for t in plan_trials(sc)} <= {r["trial_id"] for r in rundir.finished_trials()}):
@@ -216,8 +217,9 @@ def run(
         env = environment(device)
     except ValueError as exc:
         _fail(str(exc))
+    where = scenario if rundir is None else rundir.path / "run.json"
     if (why := device_problem(sc, device.type)) is not None:
-        _fail(f"{scenario if rundir is None else rundir.path / 'run.json'}: budget: {why}")
+        _fail(f"{where}: budget: {why}")
     busy = psutil.cpu_percent(interval=0.5)  # system-wide, while this process waits: the others' load
     if busy > 50:
         err.print(f"[yellow]warning:[/] the machine is busy ({busy:.0f}% of {env['cpu_count']} CPUs in use by other "
@@ -235,10 +237,12 @@ def run(
                 try:
                     runner = prepare(sc, rundir.meta.get("environment"))
                     problems = runner.preflight()
+                except NotEnoughRequests as exc:
+                    _fail(f"{where}: workload.{sc.workload.reuse}: {exc}")
                 except (ModelNotFound, ValueError, ImportError, OSError) as exc:
                     _fail(str(exc))
             if problems:
-                _fail("the workload cannot fill every trial:\n" + "\n".join(problems))
+                _fail(f"{where}: cannot run:\n" + "\n".join(problems))
             watched = "device memory" if runner.m.device.type == "cuda" else "process RSS (CPU run)"
             runner.sampler.on_alert = lambda e: err.print(
                 f"[yellow]alert:[/] {e['trial_id']} ({e['phase']}): {watched} {e['device_bytes'] / 2**20:,.1f} MiB "
@@ -310,13 +314,18 @@ def _count(n: int, noun: str) -> str:
     return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
-def _reuse_shape(s: Any) -> str:
-    """``multi_turn: 3 conversations × 4 turns`` or ``doc_qa: 3 documents × 4 questions``."""
+def _reuse_shape(s: Any) -> tuple[str, int]:
+    """(``multi_turn: 3 conversations × 4 turns`` or ``doc_qa: 3 documents × 4 questions ...``, requests)."""
+    from kvbench.workloads.sessions import extra_documents
+
     mt, dq = s.workload.multi_turn, s.workload.doc_qa
     if mt is not None:
-        return f"multi_turn: {_count(mt.conversations, 'conversation')} × {_count(mt.turns, 'turn')}"
-    extra = f", hit:miss {dq.hit_miss_ratio}" if dq.hit_miss_ratio else ""
-    return f"doc_qa: {_count(dq.documents, 'document')} × {_count(dq.questions, 'question')}{extra}"
+        return (f"multi_turn: {_count(mt.conversations, 'conversation')} × {_count(mt.turns, 'turn')}",
+                mt.conversations * mt.turns)
+    extra = extra_documents(dq.documents, dq.questions, dq.ratio)
+    more = f" + {_count(extra, 'single-question document')} for hit:miss {dq.hit_miss_ratio}" if extra else ""
+    return (f"doc_qa: {_count(dq.documents, 'document')} × {_count(dq.questions, 'question')}{more}",
+            dq.documents * dq.questions + extra)
 
 
 def _table(frame: Any, title: str, caption: str = "") -> Table:
@@ -429,8 +438,13 @@ def compare(
     a, b = _load([run_a]), _load([run_b])
     frame, only_a, only_b = compare_points(a, b)
     if frame.empty:
+        from kvbench.reuse import reuse_trials
+
+        reuse = "" if reuse_trials(a.trials).empty and reuse_trials(b.trials).empty else (
+            "; reuse runs (multi_turn, doc_qa) have no such points: compare their restore vs recompute tables in "
+            "`kvbench report` and `kvbench cost`")
         _fail(f"no point measured in both {run_a} and {run_b} (scenario, prompt length, batch size and mode must "
-              "match)")
+              f"match){reuse}")
     shown = {"ttft_s": "TTFT", "tpot_s": "TPOT", "throughput_tokens_per_s": "tok/s",
              "kv_device_peak_bytes": "KV device", "rss_peak_bytes": "RSS"}
     t = Table(title=f"B / A  (A = {run_a}, B = {run_b})",
@@ -758,9 +772,11 @@ def validate(files: list[Path] = typer.Argument(..., help="Scenario YAML files."
                           f"{_count(len(s.modes), 'mode')}; trials are decided as it runs)", highlight=False)
                 continue
             if s.workload.reuse:
-                out.print(f"{f}: ok ({_reuse_shape(s)} × {_count(len(s.modes), 'mode')} × cold and warm × "
-                          f"{_count(s.repeats, 'repeat')}; prompts are built from the data as it runs)",
-                          highlight=False)
+                shape, requests = _reuse_shape(s)
+                n = requests * len(s.modes) * 2 * s.repeats
+                out.print(f"{f}: ok ({n} trials: {shape} = {_count(requests, 'request')} × "
+                          f"{_count(len(s.modes), 'mode')} × cold and warm × {_count(s.repeats, 'repeat')}; prompts "
+                          "are built from the data as it runs)", highlight=False)
                 continue
             n = len(s.prompt_tokens) * len(s.batch_sizes) * len(s.modes) * s.repeats
             out.print(f"{f}: ok ({n} trials: {_count(len(s.prompt_tokens), 'prompt length')} × "

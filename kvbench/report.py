@@ -139,7 +139,7 @@ def terminal_frame(shown: pd.DataFrame, table: pd.DataFrame) -> pd.DataFrame:
 
 def reuse_display(table: pd.DataFrame) -> pd.DataFrame:
     """:func:`kvbench.reuse.reuse_table` formatted for people: TTFT of recompute (cold) and restore (warm) in ms
-    as ``median [min–max]``, their ratio, tokens restored, hit rate and bytes restored per tier."""
+    as ``median [min–max]``, their ratio, tokens restored (median), hit rate and bytes restored per tier (totals)."""
     if table.empty:
         return pd.DataFrame()
     by = "turn" if "turn_index" in table else "prompt (tokens)"
@@ -155,8 +155,8 @@ def reuse_display(table: pd.DataFrame) -> pd.DataFrame:
             "restore ÷ recompute": _ratio(r["ttft_ratio"]),
             "tokens restored": "-" if _missing(r["tokens_restored"]) else f"{r['tokens_restored']:,.0f}",
             "hit rate (%)": "-" if _missing(r["hit_rate"]) else f"{100 * r['hit_rate']:.0f}",
-            f"restored host ({unit_name})": _size(r["restore_host_bytes"], unit),
-            f"restored disk ({unit_name})": _size(r["restore_disk_bytes"], unit),
+            f"restored from host ({unit_name}, total)": _size(r["restore_host_bytes"], unit),
+            f"restored from disk ({unit_name}, total)": _size(r["restore_disk_bytes"], unit),
             "prefill saved (%)": _pct(r["prefill_saved_pct"]),
             "ids match none": "near tie" if r["tokens_match"] == "near tie" else _match(r["tokens_match"]),
             "trials": f"{r['n']} warm" + (f", {r['failed']} failed" if r["failed"] else ""),
@@ -186,9 +186,10 @@ def reuse_findings(turns: pd.DataFrame, group: str) -> list[str]:
             continue
         ratios = ", ".join(f"{r:.2f}" for r in later["ttft_ratio"])
         hit = later["hit_rate"].mean()
-        out.append(f"`{mode}`: restore ÷ recompute TTFT from turn 2 on: {ratios} (turn by turn); "
-                   f"{later['prefill_saved_pct'].mean():.0f}% of prompt tokens restored, not prefilled; chunk hit "
-                   f"rate {'n/a' if _missing(hit) else f'{100 * hit:.0f}%'}")
+        saved = 100 * later["warm_tokens_restored"].sum() / later["warm_prompt_tokens"].sum()
+        out.append(f"`{mode}`: restore ÷ recompute TTFT from turn 2 on: {ratios} (turn by turn); {saved:.0f}% of "
+                   f"those turns' prompt tokens restored, not prefilled; chunk hit rate "
+                   f"{'n/a' if _missing(hit) else f'{100 * hit:.0f}%'} (mean of the turns')")
     bad = t[t["tokens_match"].eq(False)]
     near = t[t["tokens_match"].eq("near tie")]
     if not bad.empty:

@@ -100,8 +100,9 @@ def reuse_table(trials: pd.DataFrame, by: str = "turn_index") -> pd.DataFrame:
         One row per (group, mode_label, by): ``n`` (warm trials), ``prompt_tokens`` (median), ``cold_ttft_s``
         and ``warm_ttft_s`` (median, with ``_min``/``_max``), ``ttft_ratio`` = warm ÷ cold medians,
         ``tokens_restored`` (median), ``hit_rate`` (mean ``store_hit_rate`` of warm trials that had a whole chunk
-        to look up), ``restore_host_bytes`` / ``restore_disk_bytes`` (median), ``prefill_saved_pct`` (Σ restored ÷
-        Σ prompt tokens of the warm trials), ``tokens_match`` (all warm and cold trials equal ``none``'s cold ids,
+        to look up), ``restore_host_bytes`` / ``restore_disk_bytes`` (totals over the warm trials),
+        ``warm_prompt_tokens`` and ``warm_tokens_restored`` (totals), ``prefill_saved_pct`` (Σ restored ÷ Σ prompt
+        tokens of the warm trials), ``tokens_match`` (all warm and cold trials equal ``none``'s cold ids,
         or the only divergences acceptable: "near tie"), ``failed`` (trials not measured).
     """
     rows = reuse_trials(trials).copy()
@@ -127,15 +128,18 @@ def reuse_table(trials: pd.DataFrame, by: str = "turn_index") -> pd.DataFrame:
         rec["hit_rate"] = hit.mean() if len(hit) else np.nan
         for tier in ("host", "disk"):
             col = f"restore_{tier}_bytes"
-            rec[col] = float(warm[col].median()) if len(warm) and col in warm else np.nan
-        prompt = warm["prompt_tokens"].sum()
-        rec["prefill_saved_pct"] = 100 * warm["tokens_restored"].sum() / prompt if prompt else np.nan
+            rec[col] = float(warm[col].sum()) if len(warm) and col in warm else np.nan
+        rec["warm_prompt_tokens"] = prompt = int(warm["prompt_tokens"].sum())
+        rec["warm_tokens_restored"] = int(warm["tokens_restored"].sum()) if len(warm) else 0
+        rec["prefill_saved_pct"] = 100 * rec["warm_tokens_restored"] / prompt if prompt else np.nan
         rec["tokens_match"] = ids_verdict(ok)
         out.append(rec)
     # groups and modes in the order they ran (`none` first), then by turn or length
     rank = {k: i for i, k in enumerate(dict.fromkeys(zip(rows["group"], rows["mode_label"])))}
     frame = pd.DataFrame(out)
     frame["tokens_match"] = frame["tokens_match"].astype(object)  # True/False/"near tie"/None as Python values
+    if by == "turn_index":
+        frame["turn_index"] = frame["turn_index"].astype("Int64")
     frame["_rank"] = [rank[k] for k in zip(frame["group"], frame["mode_label"])]
     return frame.sort_values(["_rank", by], kind="stable", ignore_index=True).drop(columns="_rank")
 

@@ -324,10 +324,19 @@ class TrialRunner:
     def preflight(self) -> list[str]:
         """Build every batch the sweep will use (they are cached for the trials); the reasons any cannot be built,
         e.g. a source with too little text for a length. A capacity search checks its largest value (a source
-        with enough text for it has enough for every smaller one)."""
+        with enough text for it has enough for every smaller one). A reuse workload makes and closes one store
+        (its caps against this model's chunk bytes, its disk directory)."""
         problems: list[str] = []
-        if self.s.workload.reuse:
-            return problems  # its requests were built by prepare
+        if self.s.workload.reuse:  # its requests were built by prepare; its stores must be possible
+            from kvbench.offload.tiers import DiskTierError
+            from kvbench.reuse import make_stores
+
+            try:
+                for st in make_stores(self.s, self.s.modes[:1], self.kv_bytes_per_token).values():
+                    st.close()
+            except (ValueError, DiskTierError) as exc:
+                problems.append(f"store: {exc}")
+            return problems
         prompts, batches = self.s.prompt_tokens, self.s.batch_sizes
         if self.s.searched is not None:
             from kvbench.capacity import bounds

@@ -148,6 +148,14 @@ class DocQASpec(_Strict):
         "requests that can reuse a document (default: only the documents' first questions miss)."
     )
 
+    @field_validator("hit_miss_ratio", mode="before")
+    @classmethod
+    def _quoted(cls, v: Any) -> Any:
+        if v is not None and not isinstance(v, str):
+            raise ValueError("must be a quoted string 'H:M' such as '3:1' (YAML reads an unquoted 3:2 as the number "
+                             "182, and 3 as a number)")
+        return v
+
     @field_validator("hit_miss_ratio")
     @classmethod
     def _ratio(cls, v: str | None) -> str | None:
@@ -184,6 +192,14 @@ class StoreSpec(_Strict):
                                      "'2GiB'); least recently used chunks spill to disk or are dropped.")
     disk_max_bytes: ByteSize = Field(ByteSize(0), description="Disk space for chunks; 0 = no disk tier.")
 
+    @field_validator("host_max_bytes", "disk_max_bytes", mode="before")
+    @classmethod
+    def _not_negative(cls, v: Any) -> Any:
+        if (isinstance(v, (int, float)) and not isinstance(v, bool) and v < 0) or (
+                isinstance(v, str) and v.strip().startswith("-")):
+            raise ValueError("cannot be negative: give bytes or a size such as 512MiB")
+        return v
+
 
 class WorkloadSpec(_Strict):
     """Where prompts come from."""
@@ -211,6 +227,17 @@ class WorkloadSpec(_Strict):
     doc_qa: DocQASpec | None = Field(
         None, description="Reuse workload: long documents, several questions each (see DocQASpec)."
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _empty_means_defaults(cls, data: Any) -> Any:
+        """``multi_turn:`` or ``doc_qa:`` with no value (YAML null) asks for the workload with its defaults. (A
+        saved scenario, as in run.json, holds both keys, the unused one null: nothing is changed then.)"""
+        if isinstance(data, dict):
+            given = [k for k in ("multi_turn", "doc_qa") if k in data]
+            if len(given) == 1 and data[given[0]] is None:
+                data = {**data, given[0]: {}}
+        return data
 
     @property
     def reuse(self) -> Literal["multi_turn", "doc_qa"] | None:
@@ -400,8 +427,8 @@ class Scenario(_Strict):
 
     @field_validator("prompt_tokens", "batch_sizes")
     @classmethod
-    def _unique(cls, v: list[int] | str) -> list[int] | str:
-        if isinstance(v, str):
+    def _unique(cls, v: list[int] | str | None) -> list[int] | str | None:
+        if v is None or isinstance(v, str):
             return v
         dup = sorted({x for x in v if v.count(x) > 1})
         if dup:
@@ -746,8 +773,10 @@ DOC_QA_OVERHEAD_TOKENS = 128
 
 
 def _itemsize(s: Scenario) -> int:
-    """Bytes per KV element the scenario's dtype gives (``auto``: float32 on CPU, else 2)."""
-    return {"float32": 4, "bfloat16": 2, "float16": 2}.get(s.model.dtype, 4 if s.device == "cpu" else 2)
+    """Bytes per KV element the scenario's dtype gives (``auto``: float32 on CPU, including ``device: auto``
+    without CUDA; else 2, the bfloat16/float16 most configs give)."""
+    cpu = s.device == "cpu" or (s.device == "auto" and not _cuda())
+    return {"float32": 4, "bfloat16": 2, "float16": 2}.get(s.model.dtype, 4 if cpu else 2)
 
 
 def _reuse_problems(s: Scenario, shape: Any, limit: int) -> list[tuple[str, str]]:
@@ -767,6 +796,12 @@ def _reuse_problems(s: Scenario, shape: Any, limit: int) -> list[tuple[str, str]
                          f"{dq.doc_tokens} tokens + up to {DOC_QA_OVERHEAD_TOKENS} for the question and chat template "
                          f"{why}; documents of at most {limit - DOC_QA_OVERHEAD_TOKENS} tokens fit"))
     st = s.store_spec
+    longest = (mt.max_prompt_tokens or limit, "multi_turn.max_prompt_tokens") if mt is not None else \
+        (dq.doc_tokens, "doc_qa.doc_tokens")
+    if st.chunk_tokens >= longest[0]:
+        problems.append(("store.chunk_tokens", f"{st.chunk_tokens} tokens is not less than the longest prefix the "
+                                               f"workload can share ({longest[1]}: {longest[0]} tokens): no whole "
+                                               "chunk could ever be restored"))
     per_token = shape.kv_bytes_per_token(_itemsize(s))
     chunk = st.chunk_tokens * per_token
     for key in ("host_max_bytes", "disk_max_bytes"):

@@ -159,6 +159,36 @@ def test_reuse_scenario_errors(tmp_path):
         reuse_scenario(workload={"source": "sharegpt", "doc_qa": {"doc_tokens": 2000}}), tmp_path)
 
 
+def test_reuse_scenario_round_trips_and_yaml_slips(tmp_path):
+    s = parse_scenario(reuse_scenario(store={"chunk_tokens": 64}))
+    assert parse_scenario(s.model_dump(mode="json")) == s  # what --resume reads back from run.json
+    assert "s.yaml: prompt_tokens: required key is missing" in problems(tiny_scenario(prompt_tokens=None), tmp_path)
+    assert parse_scenario(reuse_scenario(workload={"source": "sharegpt", "multi_turn": None})).workload.multi_turn \
+        .turns == 4  # `multi_turn:` alone: the defaults
+    assert ("workload.doc_qa.hit_miss_ratio: must be a quoted string 'H:M' such as '3:1' (YAML reads an unquoted "
+            "3:2 as the number 182") in problems(
+        reuse_scenario(workload={"source": "sharegpt", "doc_qa": {"hit_miss_ratio": 182}}), tmp_path)
+    assert "store.host_max_bytes: cannot be negative" in problems(reuse_scenario(store={"host_max_bytes": -5}),
+                                                                 tmp_path)
+    # device auto without CUDA computes in float32: 512 bytes a token for tiny-llama, as with device cpu
+    msg = problems(reuse_scenario(device="auto", store={"host_max_bytes": 131071}), tmp_path)
+    if not torch.cuda.is_available():
+        assert "256 tokens × 512 bytes of KV per token = 131,072 bytes" in msg
+    assert ("store.chunk_tokens: 1000 tokens is not less than the longest prefix the workload can share "
+            "(multi_turn.max_prompt_tokens: 900 tokens): no whole chunk could ever be restored") in problems(
+        reuse_scenario(workload={"source": "sharegpt", "multi_turn": {"min_prompt_tokens": 10,
+                                                                      "max_prompt_tokens": 900}},
+                       store={"chunk_tokens": 1000}), tmp_path)
+
+
+def test_extra_documents_for_a_hit_miss_ratio():
+    from kvbench.workloads.sessions import extra_documents
+
+    assert extra_documents(3, 3, None) == 0
+    assert extra_documents(3, 3, (3, 2)) == 1  # 6 hits → 4 misses: 3 first questions + 1
+    assert extra_documents(2, 3, (1, 1)) == 2 and extra_documents(3, 3, (2, 1)) == 0
+
+
 def test_unwritable_store_directory_is_refused(tmp_path, write_yaml):
     locked = tmp_path / "locked"
     locked.mkdir(mode=0o500)
@@ -234,6 +264,15 @@ def test_multi_turn_warm_trials_restore_exactly_in_every_mode(tiny_model, smol_t
     meta = json.loads((run.path / "run.json").read_text())
     assert [q["id"] for q in meta["requests"]] == [q.id for q in stream.requests] and meta["status"] == "complete"
     assert list(tmp_path.glob("kvbench-*")) == []  # every disk tier removed
+
+
+def test_preflight_makes_a_store_with_the_loaded_model(tiny_model, smol_tokenizer, tmp_path):
+    stream = doc_qa(documents(1), smol_tokenizer, documents=1, questions=1, doc_tokens=50, repeat_mode="tile")
+    # parsed without check_scenario: the preflight on the loaded model still catches the cap
+    _, runner = make_runner(tiny_model, smol_tokenizer, [{"kind": "none"}], stream.requests,
+                            {"chunk_tokens": 32, "host_max_bytes": 1000})
+    assert runner.preflight() == ["store: host_max_bytes 1,000 is smaller than one chunk: 32 tokens × 512 bytes = "
+                                  "16,384 bytes"]
 
 
 def test_store_partly_on_disk_damaged_files_and_resume(tiny_model, smol_tokenizer, tmp_path):
@@ -388,3 +427,29 @@ def test_report_and_cost_of_a_reuse_run(tiny_model, smol_tokenizer, tmp_path):
     assert list(csv["turn_index"].dropna()) == [1, 2, 1, 2] and csv["length_bin"].notna().sum() == 2
     c = reuse_cost(results.trials, Prices(2.0))
     assert list(c["mode_label"]) == ["none", "full"] and list(c["requests"]) == [2, 2]
+
+
+def test_cli_runs_and_resumes_a_reuse_scenario(write_yaml, tmp_path):
+    import subprocess
+
+    from conftest import kvbench_cmd
+
+    scenario = write_yaml(reuse_scenario(
+        workload={"source": "sharegpt", "multi_turn": {"conversations": 1, "turns": 2, "min_prompt_tokens": 200,
+                                                       "max_prompt_tokens": 800}},
+        modes=[{"kind": "none"}, {"kind": "full"}], repeats=1, warmup=0, store={"chunk_tokens": 64}))
+    r = subprocess.run([*kvbench_cmd(), "run", str(scenario), "--out", str(tmp_path / "res")], capture_output=True,
+                       text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert "8 trials written" in r.stdout and "restore TTFT ms" in r.stdout
+    run = next((tmp_path / "res").iterdir())
+    lines = (run / "trials.jsonl").read_text().splitlines(keepends=True)
+    (run / "trials.jsonl").write_text("".join(lines[:5]))  # as if stopped after 5 trials
+    r = subprocess.run([*kvbench_cmd(), "run", "--resume", str(run)], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    rows = read_trials(run / "trials.jsonl")
+    assert len(rows) == 8 and len({x["trial_id"] for x in rows}) == 8 and "3 trials written" in r.stdout
+    first = {json.loads(x)["trial_id"]: json.loads(x) for x in lines}
+    for x in rows[5:]:  # the resumed warm trials restore what the uninterrupted run did (the store was rebuilt)
+        assert x["tokens_restored"] == first[x["trial_id"]]["tokens_restored"] and x["tokens_match"] is True
+    assert any(x["warm"] and x["tokens_restored"] > 0 for x in rows[5:])

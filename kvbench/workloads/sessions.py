@@ -131,9 +131,9 @@ def multi_turn(docs: Sequence[Document], tokenizer: Any, *, conversations: int, 
             if len(chosen) == conversations:
                 break
     if len(chosen) < conversations:
-        raise NotEnoughRequests(f"workload multi_turn: only {len(chosen)} of {conversations} conversations have "
-                                f"{turns} user turns with a last prompt of {min_prompt_tokens}-{max_prompt_tokens} "
-                                "tokens; lower conversations, turns or min_prompt_tokens")
+        raise NotEnoughRequests(f"only {len(chosen)} of {conversations} conversations have {turns} user turns with "
+                                f"a last prompt of {min_prompt_tokens}-{max_prompt_tokens} tokens; lower "
+                                "conversations, turns or min_prompt_tokens")
     per_conv = [[Request(f"c{c}-t{k + 1}", doc.id, k + 1, tuple(p), tuple(h)) for k, (p, h) in enumerate(r)]
                 for c, (doc, r) in enumerate(chosen)]
     if interleave == "round_robin":
@@ -166,6 +166,14 @@ def _cut_documents(docs: Iterable[Document], tokenizer: Any, n: int, doc_tokens:
     return out
 
 
+def extra_documents(documents: int, questions: int, ratio: tuple[int, int] | None) -> int:
+    """Single-question documents :func:`doc_qa` adds for a hit:miss ``ratio`` (H, M): the misses wanted,
+    round(hits × M / H) with hits = documents × (questions − 1), less the documents' own first questions."""
+    if ratio is None:
+        return 0
+    return max(0, round(documents * (questions - 1) * ratio[1] / ratio[0]) - documents)
+
+
 def doc_qa(docs: Sequence[Document], tokenizer: Any, *, documents: int, questions: int, doc_tokens: int,
            repeat_mode: str, ratio: tuple[int, int] | None = None, seed: int = 0, order: str = "random",
            keep: Callable[[Document], bool] | None = None) -> Stream:
@@ -180,14 +188,13 @@ def doc_qa(docs: Sequence[Document], tokenizer: Any, *, documents: int, question
     Raises:
         NotEnoughRequests: fewer texts of at least ``doc_tokens`` tokens than needed.
     """
-    hits = documents * (questions - 1)
-    extra = 0
-    if ratio is not None:
-        extra = max(0, round(hits * ratio[1] / ratio[0]) - documents)
+    extra = extra_documents(documents, questions, ratio)
     found = _cut_documents(_order(docs, seed, order), tokenizer, documents + extra, doc_tokens, keep)
     if len(found) < documents + extra:
-        raise NotEnoughRequests(f"workload doc_qa: only {len(found)} of {documents + extra} texts have at least "
-                                f"{doc_tokens} tokens; lower doc_tokens or documents")
+        why = f" ({documents} documents + {extra} single-question ones for hit_miss_ratio)" if extra else ""
+        raise NotEnoughRequests(f"only {len(found)} of {documents + extra} texts{why} have at least {doc_tokens} "
+                                f"tokens; lower doc_tokens or documents" + (" or hit_miss_ratio's misses" if extra
+                                                                           else ""))
 
     def request(d: int, q: int) -> Request:
         doc_id, text = found[d]
