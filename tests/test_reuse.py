@@ -81,6 +81,23 @@ def test_multi_turn_orders_and_limits(smol_tokenizer):
                            "limit; the model's positions bound it)"]
 
 
+def test_keep_filters_candidates_only(smol_tokenizer):
+    asked = []
+
+    def keep(doc):  # refuses the first candidate it is asked about
+        asked.append(doc.id)
+        return len(asked) > 1
+
+    docs = [conversation(i) for i in range(4)]
+    s = multi_turn(docs, smol_tokenizer, conversations=2, turns=3, interleave="sequential", min_prompt_tokens=1,
+                   max_prompt_tokens=2000, order="longest", keep=keep)
+    assert len(asked) == 3 and {r.document for r in s.requests} == set(asked[1:])
+    d = doc_qa(documents(3), smol_tokenizer, documents=2, questions=1, doc_tokens=64, repeat_mode="tile",
+               order="longest", keep=lambda doc: doc.id != "doc0")
+    assert [r.document for r in d.requests] == [x.id for x in sorted(documents(3), key=lambda x: -x.chars)
+                                                if x.id != "doc0"][:2]
+
+
 def test_doc_qa_orders_and_hit_miss_ratio(smol_tokenizer):
     docs = documents(6)
     tile = doc_qa(docs, smol_tokenizer, documents=2, questions=3, doc_tokens=64, repeat_mode="tile")
