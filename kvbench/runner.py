@@ -485,22 +485,22 @@ class TrialRunner:
         """After a warm trial (not timed): what the server holds afterwards goes into the mode's store. The
         generated tokens are cropped and the rest of ``request.held`` (a conversation's reply as the dataset has
         it) is fed through the model with this cache, as decoding it would have."""
-        held = list(t.request.held)
         cache.crop(-(n_generated - 1))  # the last generated token was never fed
-        rest = held[len(t.request.ids):]
-        if rest:
-            x = torch.tensor([rest], device=self.m.device)
-            greedy_decode(self.m.model, x, torch.ones((1, len(held)), dtype=torch.long, device=self.m.device),
-                          cache, 1, self.clock)
-        self.stores[t.mode.label].put(held, *sequence_kv(cache))
+        self._store_held(t, cache, len(t.request.ids))
 
     def refill(self, t: ReuseTrial) -> None:
         """Rebuild what a finished warm trial left in the store (a resumed run): prefill ``request.held`` in a
         fresh ``none`` cache and store it (not recorded)."""
-        cache = make_cache("none", self.m.model.config, self.m.device)
+        self._store_held(t, make_cache("none", self.m.model.config, self.m.device), 0)
+
+    def _store_held(self, t: ReuseTrial, cache: Any, cached: int) -> None:
+        """Feed ``request.held`` after its first ``cached`` tokens (already in ``cache``) through the model, then
+        put the whole of it into the mode's store."""
         held = list(t.request.held)
-        greedy_decode(self.m.model, torch.tensor([held], device=self.m.device),
-                      torch.ones((1, len(held)), dtype=torch.long, device=self.m.device), cache, 1, self.clock)
+        if held[cached:]:
+            dev = self.m.device
+            greedy_decode(self.m.model, torch.tensor([held[cached:]], device=dev),
+                          torch.ones((1, len(held)), dtype=torch.long, device=dev), cache, 1, self.clock)
         self.stores[t.mode.label].put(held, *sequence_kv(cache))
 
     def _store_state(self, label: str) -> dict[str, Any]:
