@@ -2,9 +2,11 @@
 
 For each context length the prompt is prefilled once with a DynamicCache; each mode's cache is then seeded with
 that K/V (the same `update` calls a prefill makes) and decodes `--steps` tokens. Modes are interleaved over
-`--rounds` rounds so they share the machine's conditions. Prints per mode: the median step time and its ratio to
-`none` (with the min–max of the per-round medians), host→device bytes per step against the history's KV bytes,
-and the peak device KV during the decode steps. Targets (issue 3): on CPU `full` ≤ 1.15× `none` at 4K context;
+`--rounds` rounds, in reverse order every other round, so they share the machine's conditions. Prints per mode: the median step time (median over rounds
+of each round's median step, with their min–max) and its ratio to `none`, taken pairwise: in each round the mode's
+median step ÷ `none`'s in the same round, then the median of those ratios with their min–max (a slow drift of a
+shared machine cancels within a round); host→device bytes per step against the history's KV bytes, and the peak
+device KV during the decode steps. Targets (issue 3): on CPU `full` ≤ 1.15× `none` at 4K context;
 on CUDA `full` faster than `hf-offloaded`, H2D per step ≤ the history's KV, peak device KV ≤ 2 layers + new tokens.
 
     python benchmarks/offload_overhead.py                       # SmolLM2-135M on CPU, 1K/4K/8K context
@@ -82,7 +84,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--contexts", type=int, nargs="+", default=[1024, 4096, 8064])
     ap.add_argument("--steps", type=int, default=16)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--window", type=int, default=512, help="hierarchical window / dynamic min_window (tokens)")
     ap.add_argument("--host-max-tokens", type=int, default=None, help="also run `full` with this host cap (disk)")
@@ -104,7 +106,7 @@ def main() -> None:
     print(f"model {spec.label}, {m.device}, {str(m.dtype).removeprefix('torch.')}, torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads; batch {args.batch}; {args.steps} decode steps × {args.rounds} rounds "
           f"per mode; KV {token_bytes} B per token")
-    print(f"{'context':>8} {'mode':<30} {'step ms':>9} {'min–max of rounds':>19} {'ratio':>6} "
+    print(f"{'context':>8} {'mode':<30} {'step ms':>9} {'min–max of rounds':>19} {'ratio':>6} {'min–max':>11} "
           f"{'H2D MiB/step':>12} {'÷ history':>9} {'peak dev KV MiB':>15} {'÷ 2 layers':>10}")
     for ctx in args.contexts:
         g = torch.Generator().manual_seed(ctx)
@@ -118,8 +120,8 @@ def main() -> None:
         h2d: dict[str, float] = {}
         peaks: dict[str, int] = {}
         skipped: dict[str, str] = {}
-        for _ in range(args.rounds):
-            for kind, options in modes:
+        for r in range(args.rounds):
+            for kind, options in (modes if r % 2 == 0 else modes[::-1]):  # alternate the order: no mode always first
                 name = label(kind, options)
                 try:
                     cache = seeded(kind, options, m.model, m.device, prefilled)
@@ -134,14 +136,15 @@ def main() -> None:
                     cache.close()
                 del cache
         del prefilled
-        base = statistics.median(per_round["none"])
         history = ctx * token_bytes  # the KV of the whole context
         two_layers = 2 * (ctx + args.steps) * layer_token_bytes + args.steps * token_bytes
         for name, rounds in per_round.items():
             med = statistics.median(rounds)
+            ratios = [t / b for t, b in zip(rounds, per_round["none"])]  # pairwise, round by round
             moved = f"{h2d[name] / 2**20:>12.1f} {h2d[name] / history:>9.2f}" if name in h2d else f"{'n/a':>12} {'':>9}"
             print(f"{ctx:>8} {name:<30} {med * 1e3:>9.2f} {min(rounds) * 1e3:>9.2f}–{max(rounds) * 1e3:<9.2f} "
-                  f"{med / base:>6.3f} {moved} {peaks[name] / 2**20:>15.1f} {peaks[name] / two_layers:>10.2f}")
+                  f"{statistics.median(ratios):>6.3f} {min(ratios):>5.2f}–{max(ratios):<5.2f} {moved} "
+                  f"{peaks[name] / 2**20:>15.1f} {peaks[name] / two_layers:>10.2f}")
         for name, why in skipped.items():
             print(f"{ctx:>8} {name:<30} skipped: {why}")
 

@@ -6,7 +6,10 @@ import pytest
 import torch
 from transformers import DynamicCache
 
+from kvbench.offload import layers
 from kvbench.offload.caches import FullOffloadCache, HierarchicalCache, OffloadedCache, make_cache
+from kvbench.offload.tiers import DiskTier, History
+from kvbench.offload.transfer import Transfers
 from kvbench.runner import greedy_decode, left_pad
 
 CPU = torch.device("cpu")
@@ -83,9 +86,18 @@ MODES = [
 ]
 
 
+@pytest.fixture(params=["head-major", "seq-major"])
+def layout(request, monkeypatch):
+    """Each host-tier layout on CPU: head-major (what CPU uses) and sequence-major (what CUDA uses)."""
+    if request.param == "seq-major":
+        monkeypatch.setattr(layers, "History", lambda *a, seq_major, **k: History(*a, seq_major=True, **k))
+    return request.param
+
+
 @pytest.mark.parametrize("which", ["batch1", "batch4"])
 @pytest.mark.parametrize("kind,options", MODES)
-def test_every_mode_and_the_disk_tier_give_the_ids_of_dynamic_cache(tiny_model, tmp_path, which, kind, options):
+def test_every_mode_and_the_disk_tier_give_the_ids_of_dynamic_cache(tiny_model, tmp_path, layout, which, kind,
+                                                                    options):
     model = tiny_model.model
     prompts = batches(tiny_model.shape.vocab_size)[which]
     ref = decode(model, prompts, DynamicCache(config=model.config), n=30)
@@ -119,6 +131,41 @@ def test_greedy_ids_equal_dynamic_cache_on_smollm2(smol_model, kind, options, le
     assert out.tolist() == ref.tolist()
 
 
+@pytest.mark.parametrize("seq_major", [False, True], ids=["head-major", "seq-major"])
+@pytest.mark.parametrize("host_max_tokens", [None, 16])
+def test_history_gives_back_what_it_was_given_in_either_layout(tmp_path, seq_major, host_max_tokens):
+    engine, disk = Transfers(CPU), DiskTier(tmp_path)
+    hist = History(host_max_tokens=host_max_tokens, disk=disk, seq_major=seq_major)
+    g = torch.Generator().manual_seed(3)
+    chunks = [torch.randn(2, 3, n, 4, generator=g) for n in (7, 1, 1, 40, 1, 300)]
+    chunks[3] = chunks[3][:, :, ::2]  # a strided source of 20 tokens, as a slice of the device window is
+    ref = torch.empty(2, 3, 0, 4)
+    for c in chunks:
+        hist.append(c, engine)
+        ref = torch.cat([ref, c], dim=-2)
+        assert torch.equal(hist.view(engine), ref)
+    assert hist.length == 330 and hist.host.capacity == (512 if host_max_tokens is None else 256)
+    b, h, d = 2, 3, 4
+    assert hist.host.buf.shape == ((hist.host.capacity, b, h, d) if seq_major else (b, h, hist.host.capacity, d))
+    if host_max_tokens:  # 330 tokens, at most 16 on the host: the oldest 320 (20 blocks) on disk
+        assert (hist.disk_length, hist.host.length) == (320, 10)
+        assert hist.disk_bytes == 320 * b * h * d * 4 and hist.host_bytes == 10 * b * h * d * 4
+    *disk_part, host_part = hist.parts(engine)
+    if seq_major:  # one dense block per tier (one asynchronous copy on CUDA)
+        assert host_part.permute(2, 0, 1, 3).is_contiguous() and host_part.stride()[-2:] == (b * h * d, 1)
+    else:  # one contiguous run per head, as in DynamicCache
+        assert host_part.stride()[-2:] == (d, 1)
+    assert all(p.permute(2, 0, 1, 3).is_contiguous() for p in disk_part)  # the disk tier is sequence-major
+    assert len(disk_part) == (1 if host_max_tokens else 0)
+    assert torch.equal(hist.pop_tail(4, engine), ref[:, :, -4:])
+    hist.truncate(300, engine)
+    assert torch.equal(hist.view(engine), ref[:, :, :300])
+    hist.replace(ref[[1, 0]], engine)  # a batch reorder
+    assert torch.equal(hist.view(engine), ref[[1, 0]]) and hist.length == 330
+    disk.close()
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_negative_window_is_refused(tiny_model):
     with pytest.raises(ValueError, match="window must be >= 0 tokens, got -1"):
         OffloadedCache(tiny_model.model.config, CPU, window=-1)
@@ -133,7 +180,7 @@ CACHE_OPS = [
 
 
 @pytest.mark.parametrize("kind,options", CACHE_OPS)
-def test_beam_search_crop_and_reuse_match_dynamic_cache(tiny_model, tmp_path, kind, options):
+def test_beam_search_crop_and_reuse_match_dynamic_cache(tiny_model, tmp_path, layout, kind, options):
     model = tiny_model.model
 
     def fresh():

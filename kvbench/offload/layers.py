@@ -38,8 +38,8 @@ class OffloadedLayer(DynamicLayer):
             raise ValueError(f"window must be >= 0 tokens, got {window}")
         self.window = window
         self.engine = engine
-        self.keys_history = History(pin, host_max_tokens, disk)
-        self.values_history = History(pin, host_max_tokens, disk)
+        self.keys_history = History(pin, host_max_tokens, disk, seq_major=engine.cuda)
+        self.values_history = History(pin, host_max_tokens, disk, seq_major=engine.cuda)
         self._fetched: tuple[int, list[tuple[torch.Tensor, object]], list[tuple[torch.Tensor, object]]] | None = None
 
     # ------------------------------------------------------------------ transfers
@@ -49,8 +49,8 @@ class OffloadedLayer(DynamicLayer):
         n = self.keys_history.length
         if n == 0 or (self._fetched is not None and self._fetched[0] == n):
             return
-        k = [self.engine.to_device(b) for b in self.keys_history.blocks(self.engine)]
-        v = [self.engine.to_device(b) for b in self.values_history.blocks(self.engine)]
+        k = [self.engine.to_device(p) for p in self.keys_history.parts(self.engine)]
+        v = [self.engine.to_device(p) for p in self.values_history.parts(self.engine)]
         self._fetched = (n, k, v)
 
     def _history_on_device(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
@@ -60,9 +60,7 @@ class OffloadedLayer(DynamicLayer):
         self.prefetch()
         _, k, v = self._fetched
         self._fetched = None  # used once: the next step's history includes this step's tokens
-        # [seq, batch, heads, dim] → [batch, heads, seq, dim] views; the caller's torch.cat materialises them
-        return ([self.engine.ready(t, e).permute(1, 2, 0, 3) for t, e in k],
-                [self.engine.ready(t, e).permute(1, 2, 0, 3) for t, e in v])
+        return [self.engine.ready(t, e) for t, e in k], [self.engine.ready(t, e) for t, e in v]
 
     def offload(self) -> None:  # transformers' Cache may call this; the tiers are managed in update()
         """No-op: tokens move to the host in :meth:`update`."""

@@ -7,9 +7,16 @@
 - :class:`History`: the two together, oldest tokens on disk; beyond ``host_max_tokens`` the host tier spills its
   oldest tokens to disk in whole blocks of :data:`~kvbench.offload.registry.DISK_BLOCK_TOKENS`.
 
-All buffers are stored sequence-major, ``[capacity, batch, kv_heads, head_dim]``, so every append and every read
-of a stretch of history is one contiguous block (an asynchronous copy needs a contiguous host side); the methods
-take and give the transformers layout ``[batch, kv_heads, seq, head_dim]`` unless they say "block".
+Every method takes and gives the transformers layout ``[batch, kv_heads, seq, head_dim]`` (often a view). How a
+host buffer stores it depends on where the model computes:
+
+- **sequence-major**, ``[capacity, batch, kv_heads, head_dim]`` (CUDA): every append and every read of a stretch of
+  history is one contiguous block, which an asynchronous copy between pinned memory and the device needs;
+- **head-major**, ``[batch, kv_heads, capacity, head_dim]`` (CPU): the history of each head is one contiguous run,
+  as in ``DynamicCache``, so the ``torch.cat`` that brings it next to the new tokens (the only copy on CPU) reads
+  whole runs instead of gathering ``head_dim``-element pieces.
+
+The disk tier is sequence-major on every device: the file grows at its end without moving what it holds.
 """
 
 from __future__ import annotations
@@ -42,21 +49,44 @@ def grown_capacity(current: int, need: int, minimum: int = MIN_CAPACITY) -> int:
 
 
 class _TokenBuffer:
-    """A sequence-major buffer ``buf`` (``[capacity, batch, kv_heads, head_dim]``) filled up to ``length`` tokens."""
+    """A buffer ``buf`` filled up to ``length`` tokens along axis ``seq_dim`` (0: sequence-major
+    ``[capacity, batch, kv_heads, head_dim]``; 2: head-major ``[batch, kv_heads, capacity, head_dim]``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, seq_major: bool) -> None:
         self.buf: torch.Tensor | None = None
         self.length = 0
+        self.seq_dim = 0 if seq_major else 2
 
     @property
     def capacity(self) -> int:
         """Tokens the buffer can hold before it grows."""
-        return 0 if self.buf is None else self.buf.shape[0]
+        return 0 if self.buf is None else self.buf.shape[self.seq_dim]
 
     @property
     def used_bytes(self) -> int:
         """Bytes of the filled part: ``length`` tokens."""
-        return 0 if self.buf is None else self.buf[: self.length].nbytes
+        return 0 if self.buf is None else self._span(0, self.length).nbytes
+
+    def _span(self, start: int, stop: int) -> torch.Tensor:
+        """Tokens ``start:stop`` of ``buf`` as stored (a view)."""
+        return self.buf.narrow(self.seq_dim, start, stop - start)
+
+    def _stored(self, t: torch.Tensor) -> torch.Tensor:
+        """``t`` (``[batch, kv_heads, n, head_dim]``) in the buffer's axis order (a view)."""
+        return t.permute(2, 0, 1, 3) if self.seq_dim == 0 else t
+
+    def _bhsd(self, t: torch.Tensor) -> torch.Tensor:
+        """A stretch of ``buf`` as stored → ``[batch, kv_heads, n, head_dim]`` (a view)."""
+        return t.permute(1, 2, 0, 3) if self.seq_dim == 0 else t
+
+    def _shape(self, capacity: int, like: torch.Tensor) -> tuple[int, ...]:
+        """The stored shape of ``capacity`` tokens shaped like ``like`` (``[batch, kv_heads, n, head_dim]``)."""
+        b, h, _, d = like.shape
+        return (capacity, b, h, d) if self.seq_dim == 0 else (b, h, capacity, d)
+
+    def view(self) -> torch.Tensor:
+        """The filled part, ``[batch, kv_heads, length, head_dim]`` (a view of ``buf``)."""
+        return self._bhsd(self._span(0, self.length))
 
 
 class HostBuffer(_TokenBuffer):
@@ -66,10 +96,14 @@ class HostBuffer(_TokenBuffer):
     token) instead of a ``torch.cat`` of the whole history every step. With ``pin=True`` (CUDA) the buffer is
     page-locked so copies can run asynchronously; if pinning fails it falls back to pageable memory and
     ``pinned`` records it.
+
+    Args:
+        pin: page-lock the buffer.
+        seq_major: store sequence-major (CUDA) instead of head-major (CPU); see the module docstring.
     """
 
-    def __init__(self, pin: bool = False):
-        super().__init__()
+    def __init__(self, pin: bool = False, seq_major: bool = False):
+        super().__init__(seq_major)
         self.pin = pin
         self.pinned: bool | None = None
 
@@ -94,12 +128,11 @@ class HostBuffer(_TokenBuffer):
         need = self.length + extra
         if self.buf is not None and need <= self.capacity:
             return
-        b, h, _, d = like.shape
-        new = self._allocate((grown_capacity(self.capacity, need), b, h, d), like.dtype)
-        if self.buf is not None and self.length:
+        old = self.buf
+        self.buf = self._allocate(self._shape(grown_capacity(self.capacity, need), like), like.dtype)
+        if old is not None and self.length:
             engine.drain()  # copies into the old buffer must land before it is read
-            new[: self.length].copy_(self.buf[: self.length])
-        self.buf = new
+            self._span(0, self.length).copy_(old.narrow(self.seq_dim, 0, self.length))
 
     def append(self, src: torch.Tensor, engine: Transfers) -> None:
         """Copy ``src`` (``[batch, kv_heads, n, head_dim]``, on the device) to the end of the history (D2H)."""
@@ -107,20 +140,15 @@ class HostBuffer(_TokenBuffer):
         if n == 0:
             return
         self._reserve(src, n, engine)
-        # the n new tokens, sequence-major on the device (a small copy), then one contiguous block to the host
-        engine.to_host(src.permute(2, 0, 1, 3).contiguous(), self.buf[self.length : self.length + n])
+        engine.to_host(self._stored(src), self._span(self.length, self.length + n))
         self.length += n
-
-    def block(self) -> torch.Tensor:
-        """The filled part as stored, ``[length, batch, kv_heads, head_dim]``, contiguous (for H2D copies)."""
-        return self.buf[: self.length]
 
     def drop_head(self, n: int, engine: Transfers) -> None:
         """Forget the oldest ``n`` tokens (they were spilled to disk); the rest moves to the front."""
         engine.drain()
         keep = self.length - n
         if keep > 0:
-            self.buf[:keep].copy_(self.buf[n : self.length].clone())
+            self._span(0, keep).copy_(self._span(n, self.length).clone())
         self.length = max(0, keep)
 
     def truncate(self, length: int, engine: Transfers) -> None:
@@ -128,14 +156,16 @@ class HostBuffer(_TokenBuffer):
         engine.drain()
         self.length = min(self.length, length)
 
-    def replace(self, block: torch.Tensor, engine: Transfers) -> None:
-        """Replace the whole history with ``block`` (host, sequence-major), e.g. after a batch reorder."""
+    def replace(self, history: torch.Tensor, engine: Transfers) -> None:
+        """Replace the whole history with ``history`` (``[batch, kv_heads, n, head_dim]``, host), e.g. after a
+        batch reorder."""
         engine.drain()
         self.buf, self.length = None, 0
-        if len(block):
-            self._reserve(block.permute(1, 2, 0, 3), len(block), engine)
-            self.buf[: len(block)].copy_(block)
-            self.length = len(block)
+        n = history.shape[-2]
+        if n:
+            self._reserve(history, n, engine)
+            self._span(0, n).copy_(self._stored(history))
+            self.length = n
 
 
 class DiskTierError(OSError):
@@ -201,7 +231,8 @@ class DiskTier:
 
 
 class DiskBuffer(_TokenBuffer):
-    """K or V history of one layer in a memory-mapped file (the disk tier), filled up to ``length`` tokens.
+    """K or V history of one layer in a memory-mapped file (the disk tier), filled up to ``length`` tokens and
+    stored sequence-major.
 
     The file grows geometrically like :class:`HostBuffer`; each growth reserves the space first
     (``posix_fallocate``), then maps the whole file again (the data stays in the file, nothing is copied).
@@ -209,16 +240,16 @@ class DiskBuffer(_TokenBuffer):
     """
 
     def __init__(self, path: Path):
-        super().__init__()
+        super().__init__(seq_major=True)
         self.path = path
 
-    def _reserve(self, block: torch.Tensor, extra: int) -> None:
+    def _reserve(self, like: torch.Tensor, extra: int) -> None:
         need = self.length + extra
         if self.buf is not None and need <= self.capacity:
             return
-        cap = grown_capacity(self.capacity, need, DISK_BLOCK_TOKENS)
-        per_token = block[0].numel()
-        nbytes = cap * per_token * block.element_size()
+        shape = self._shape(grown_capacity(self.capacity, need, DISK_BLOCK_TOKENS), like)
+        numel = shape[0] * shape[1] * shape[2] * shape[3]
+        nbytes = numel * like.element_size()
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             os.posix_fallocate(fd, 0, nbytes)
@@ -227,27 +258,27 @@ class DiskBuffer(_TokenBuffer):
                                            f"{exc.strerror or exc}") from None
         finally:
             os.close(fd)
-        self.buf = torch.from_file(str(self.path), shared=True, size=cap * per_token,
-                                   dtype=block.dtype).view(cap, *block.shape[1:])
+        self.buf = torch.from_file(str(self.path), shared=True, size=numel, dtype=like.dtype).view(shape)
 
-    def append(self, block: torch.Tensor, engine: Transfers) -> None:
-        """Write ``block`` (``[n, batch, kv_heads, head_dim]``, host or device) after the history."""
-        n = len(block)
+    def append(self, src: torch.Tensor, engine: Transfers) -> None:
+        """Write ``src`` (``[batch, kv_heads, n, head_dim]``, host or device) after the history."""
+        n = src.shape[-2]
         if n == 0:
             return
-        self._reserve(block, n)
-        if block.device.type == "cpu":
-            self.buf[self.length : self.length + n].copy_(block)
+        self._reserve(src, n)
+        dst = self._span(self.length, self.length + n)
+        if src.device.type == "cpu":
+            dst.copy_(self._stored(src))
         else:  # straight from the device into the mapped file
-            engine.to_host(block.contiguous(), self.buf[self.length : self.length + n])
+            engine.to_host(self._stored(src), dst)
             engine.drain()
-        engine.stats.disk_write_bytes += block.nbytes
+        engine.stats.disk_write_bytes += src.nbytes
         engine.stats.disk_write_count += 1
         self.length += n
 
-    def block(self, engine: Transfers) -> torch.Tensor:
-        """The filled part, ``[length, batch, kv_heads, head_dim]`` (a view of the mapping); counted as read."""
-        out = self.buf[: self.length]
+    def read(self, engine: Transfers) -> torch.Tensor:
+        """The filled part, ``[batch, kv_heads, length, head_dim]`` (a view of the mapping); counted as read."""
+        out = self.view()
         engine.stats.disk_read_bytes += out.nbytes
         engine.stats.disk_read_count += 1
         return out
@@ -268,19 +299,21 @@ class History:
         pin: page-lock the host buffer (CUDA).
         host_max_tokens: cap of the host tier (None: no cap, no disk tier).
         disk: the cache's disk directory; needed with ``host_max_tokens``.
+        seq_major: store the host tier sequence-major (CUDA) instead of head-major (CPU); see the module docstring.
 
     Raises:
         ValueError: ``host_max_tokens`` smaller than one block, or given without ``disk``.
     """
 
-    def __init__(self, pin: bool = False, host_max_tokens: int | None = None, disk: DiskTier | None = None):
+    def __init__(self, pin: bool = False, host_max_tokens: int | None = None, disk: DiskTier | None = None,
+                 seq_major: bool = False):
         if host_max_tokens is not None:
             if host_max_tokens < DISK_BLOCK_TOKENS:
                 raise ValueError(f"host_max_tokens must hold at least one disk block of {DISK_BLOCK_TOKENS} "
                                  f"tokens, got {host_max_tokens}")
             if disk is None:
                 raise ValueError("host_max_tokens needs a disk tier")
-        self.host = HostBuffer(pin)
+        self.host = HostBuffer(pin, seq_major)
         self.host_max_tokens = host_max_tokens
         self._disk_tier = disk
         self.disk: DiskBuffer | None = None
@@ -315,10 +348,10 @@ class History:
         """Bytes of history held on disk."""
         return 0 if self.disk is None else self.disk.used_bytes
 
-    def _to_disk(self, block: torch.Tensor, engine: Transfers) -> None:
+    def _to_disk(self, src: torch.Tensor, engine: Transfers) -> None:
         if self.disk is None:
             self.disk = DiskBuffer(self._disk_tier.new_file())
-        self.disk.append(block, engine)
+        self.disk.append(src, engine)
 
     def append(self, src: torch.Tensor, engine: Transfers) -> None:
         """Add ``src`` (``[batch, kv_heads, n, head_dim]``, on the device) at the end: D2H, spilling to disk."""
@@ -330,28 +363,28 @@ class History:
             from_host = min(spill, self.host.length)
             if from_host:
                 engine.drain()  # the host tier's last D2H copies must land before they are read
-                self._to_disk(self.host.block()[:from_host], engine)
+                self._to_disk(self.host.view()[:, :, :from_host], engine)
                 self.host.drop_head(from_host, engine)
             if spill > from_host:
-                self._to_disk(src[:, :, : spill - from_host].permute(2, 0, 1, 3), engine)
+                self._to_disk(src[:, :, : spill - from_host], engine)
                 src = src[:, :, spill - from_host :]
         self.host.append(src, engine)
 
-    def blocks(self, engine: Transfers) -> list[torch.Tensor]:
-        """The non-empty parts, oldest first, each ``[n, batch, kv_heads, head_dim]`` and contiguous."""
+    def parts(self, engine: Transfers) -> list[torch.Tensor]:
+        """The non-empty parts, oldest first, each ``[batch, kv_heads, n, head_dim]``: views of the disk mapping
+        and of the host buffer, dense (a permuted contiguous block) when stored sequence-major."""
         out = []
         if self.disk_length:
-            out.append(self.disk.block(engine))
+            out.append(self.disk.read(engine))
         if self.host.length:
-            out.append(self.host.block())
+            out.append(self.host.view())
         return out
 
     def view(self, engine: Transfers) -> torch.Tensor:
         """All history in host memory, ``[batch, kv_heads, length, head_dim]`` (a copy if part is on disk)."""
         engine.drain()
-        parts = self.blocks(engine)
-        block = parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
-        return block.permute(1, 2, 0, 3)
+        parts = self.parts(engine)
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-2)
 
     def truncate(self, length: int, engine: Transfers) -> None:
         """Keep the oldest ``length`` tokens."""
@@ -366,18 +399,17 @@ class History:
         head_dim]`` (a copy in host memory; m ≤ n, fewer when the host tier holds fewer)."""
         m = min(n, self.host.length)
         engine.drain()
-        tail = self.host.block()[self.host.length - m :].clone()
+        tail = self.host.view()[:, :, self.host.length - m :].clone()
         self.host.truncate(self.host.length - m, engine)
-        return tail.permute(1, 2, 0, 3)
+        return tail
 
     def replace(self, history: torch.Tensor, engine: Transfers) -> None:
         """Replace the whole history with ``history`` (``[batch, kv_heads, n, head_dim]``, host)."""
-        block = history.permute(2, 0, 1, 3)
         if self.disk is not None:
             self.disk.truncate(0)
-        n_disk = 0
-        if self.host_max_tokens is not None and len(block) > self.host_max_tokens:
-            over = len(block) - self.host_max_tokens
+        n, n_disk = history.shape[-2], 0
+        if self.host_max_tokens is not None and n > self.host_max_tokens:
+            over = n - self.host_max_tokens
             n_disk = -(-over // DISK_BLOCK_TOKENS) * DISK_BLOCK_TOKENS
-            self._to_disk(block[:n_disk].contiguous(), engine)
-        self.host.replace(block[n_disk:], engine)
+            self._to_disk(history[:, :, :n_disk], engine)
+        self.host.replace(history[:, :, n_disk:], engine)

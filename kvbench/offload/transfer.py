@@ -46,10 +46,12 @@ class Transfers:
         self.stats = TransferStats()
 
     def to_host(self, src: torch.Tensor, dst: torch.Tensor) -> None:
-        """Copy ``src`` (on the device) into ``dst`` (a host buffer view of the same shape)."""
+        """Copy ``src`` (on the device) into ``dst`` (a host buffer view of the same shape; on CUDA a contiguous
+        one, so the copy is one asynchronous block: ``src`` is made contiguous on the device first)."""
         if src.numel() == 0:
             return
         if self.cuda:
+            src = src.contiguous()
             self.stream.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(self.stream):
                 dst.copy_(src, non_blocking=True)
@@ -62,13 +64,16 @@ class Transfers:
     def to_device(self, src: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | None]:
         """Start copying a host tensor to the device; returns the new tensor and, on CUDA, its ready event.
 
-        Call :meth:`ready` before the compute stream reads the tensor. On CPU the host *is* the compute device:
-        the tensor comes back as it is and the caller's ``torch.cat`` makes the copy into a separate buffer.
+        On CUDA the device tensor gets ``src``'s strides when ``src`` is dense (a permuted view of a contiguous
+        block, as a sequence-major host buffer gives), so the copy is one asynchronous block; a ``src`` with gaps
+        would be gathered on the host first. Call :meth:`ready` before the compute stream reads the tensor. On CPU
+        the host *is* the compute device: the tensor comes back as it is and the caller's ``torch.cat`` makes the
+        copy into a separate buffer.
         """
         if self.cuda:
             self.stream.wait_stream(torch.cuda.current_stream(self.device))  # the host data was written before
             with torch.cuda.stream(self.stream):
-                out = torch.empty(src.shape, dtype=src.dtype, device=self.device)
+                out = torch.empty_like(src, device=self.device)  # preserve_format: same strides when dense
                 out.copy_(src, non_blocking=True)
                 event = torch.cuda.Event()
                 event.record(self.stream)
