@@ -243,3 +243,27 @@ def test_ids_equal_dynamic_cache_without_grouped_query_attention(tiny_mha_model,
     ref = decode(model, prompts, DynamicCache(config=model.config), n=30)
     with make_cache(kind, model.config, CPU, disk_dir=str(tmp_path), **options) as cache:
         assert decode(model, prompts, cache, n=30).tolist() == ref.tolist()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (benchmarks/gpu.sh runs it)")
+@pytest.mark.parametrize("kind,options", MODES + [("hierarchical", {"window": w}) for w in (0, 1, 8, 23, 64)])
+def test_every_mode_gives_the_ids_of_dynamic_cache_on_cuda(tmp_path, kind, options):
+    from kvbench.models import load
+    from kvbench.scenario import ModelSpec
+
+    m = load(ModelSpec(preset="tiny-llama", weights="random"), "cuda", seed=0)
+    prompts = batches(m.shape.vocab_size)["batch4"]
+    ids, mask = left_pad(prompts, pad_id=0)
+    ids, mask = ids.to(m.device), mask.to(m.device)
+
+    def run(cache):
+        out, _, _ = greedy_decode(m.model, ids, mask, cache, 40, clock)
+        return out.tolist()
+
+    ref = run(DynamicCache(config=m.model.config))
+    with make_cache(kind, m.model.config, m.device, disk_dir=str(tmp_path), **options) as cache:
+        assert run(cache) == ref
+        assert cache.get_seq_length() == max(len(p) for p in prompts) + 39
+        # page-locked host buffers (asynchronous copies) whenever anything left the device
+        assert cache.pinned is (True if cache.host_peak_bytes else None)
+    assert list(tmp_path.iterdir()) == []
