@@ -5,7 +5,7 @@ adds the sampler thread. Prints the median e2e time of each (with min–max over
 as the ratio of medians and as the median of each round's back-to-back pair (which cancels drift between rounds),
 with a distribution-free 95% confidence interval of that median (order statistics of the pairs, binomial ranks;
 Conover, *Practical Nonparametric Statistics*, 3rd ed., §3.2). Then the cost of one sample, timed directly (the
-median of 2,000 calls of the reading the thread makes), and what that many samples per trial take of the trial's
+median of 2,000 calls of the reading the thread makes, less the trial's KV probe: a few µs more), and what that many samples per trial take of the trial's
 wall time: the sampler's own CPU share, free of the trial-to-trial noise the ratio carries. Target (issue 4): ≤ 1.02.
 
     python benchmarks/sampler_overhead.py                     # SmolLM2-135M, CPU, 512-token prompt, 32 new tokens
