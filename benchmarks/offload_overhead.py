@@ -29,6 +29,7 @@ from transformers import DynamicCache  # noqa: E402
 
 from kvbench.models import load  # noqa: E402
 from kvbench.offload.caches import ModeUnavailable, OffloadedCache, kv_bytes, make_cache  # noqa: E402
+from kvbench.offload.registry import DISK_BLOCK_TOKENS, MODES, unknown_mode_message  # noqa: E402
 from kvbench.runner import Clock, cache_keyword  # noqa: E402
 from kvbench.scenario import ModelSpec  # noqa: E402
 
@@ -93,10 +94,24 @@ def main() -> None:
     ap.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     ap.add_argument("--preset", default=None, help="random-weight preset instead of the SmolLM2 GGUF")
     args = ap.parse_args()
+    for name in args.modes:
+        if name not in MODES:
+            ap.error(f"--modes: {unknown_mode_message(name)}")
+    for flag, values, least in (("--contexts", args.contexts, 1), ("--steps", [args.steps], 1),
+                                ("--rounds", [args.rounds], 1), ("--batch", [args.batch], 1),
+                                ("--window", [args.window], 0)):
+        if min(values) < least:
+            ap.error(f"{flag} must be >= {least}, got {min(values)}")
+    if args.host_max_tokens is not None and args.host_max_tokens < DISK_BLOCK_TOKENS:
+        ap.error(f"--host-max-tokens must hold at least one disk block of {DISK_BLOCK_TOKENS} tokens, "
+                 f"got {args.host_max_tokens}")
 
     spec = (ModelSpec(preset=args.preset, weights="random", dtype=args.dtype) if args.preset
             else ModelSpec(name="smollm2-135m", dtype=args.dtype))
     m = load(spec, args.device)
+    if max(args.contexts) + args.steps > m.shape.max_positions:
+        raise SystemExit(f"--contexts {max(args.contexts)} + --steps {args.steps} tokens is beyond {spec.label}'s "
+                         f"{m.shape.max_positions} positions")
     clock = Clock(m.device)
     modes = parse_modes(args.modes, args.window, args.host_max_tokens)
     if modes[0][0] != "none":

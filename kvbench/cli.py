@@ -3,6 +3,7 @@ so `kvbench --help` stays fast."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -254,7 +255,16 @@ def run(
             rundir.update(weights_bytes=m.weights_bytes, status="running")
             err.print(f"results: {rundir.path}", highlight=False)
             planned = _planned(sc, runner)
-            result = _sweep(sc, rundir, runner, planned)
+            try:
+                result = _sweep(sc, rundir, runner, planned)
+            except OSError as exc:  # writing the results: disk full, quota, removed directory
+                with contextlib.suppress(OSError):
+                    rundir.update(status="interrupted")
+                why = f"cannot write the results in {rundir.path}: {exc.strerror or exc}"
+                if created and not rundir.finished_trials():
+                    _fail(f"{why}; no trial had finished: nothing was kept", 1)  # the directory is removed below
+                _fail(f"{why}; {len(rundir.finished_trials())} finished trials are kept: make room, then continue "
+                      f"with: kvbench run --resume {rundir.path}", 1)
     except RunDirError as exc:
         _fail(str(exc))
     except typer.Exit:

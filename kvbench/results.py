@@ -115,12 +115,27 @@ class RunDir:
         _write_json_atomic(self.path / "run.json", self.meta)
 
     def append(self, row: dict[str, Any]) -> None:
-        """Append one trial as a JSON line, flushed and fsynced so a killed run keeps it."""
-        line = json.dumps(row, default=str, allow_nan=False)
-        with self.trials_path.open("a") as f:
-            f.write(line + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        """Append one trial as a JSON line, fsynced so a killed run keeps it.
+
+        Raises:
+            OSError: the line cannot be written (disk full, quota); the file is cut back to its earlier length,
+                so no half line is left.
+        """
+        data = (json.dumps(row, default=str, allow_nan=False) + "\n").encode()
+        fd = os.open(self.trials_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            start = os.fstat(fd).st_size
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view):]
+                os.fsync(fd)
+            except OSError:
+                with contextlib.suppress(OSError):
+                    os.ftruncate(fd, start)
+                raise
+        finally:
+            os.close(fd)
 
     @property
     def samples_path(self) -> Path:

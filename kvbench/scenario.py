@@ -12,6 +12,7 @@ import glob
 import importlib.util
 import os
 import re
+import tempfile
 import types
 import typing
 from pathlib import Path
@@ -660,8 +661,10 @@ def _resolve_paths(s: Scenario, base: Path) -> Scenario:
     if wl.files and not Path(wl.files).is_absolute():
         wl = wl.model_copy(update={"files": str(base / wl.files)})
     disk_dir = s.disk_dir
-    if disk_dir is not None and not Path(disk_dir).is_absolute():
-        disk_dir = str(base / disk_dir)
+    if disk_dir is not None:
+        disk_dir = os.path.expanduser(disk_dir)
+        if not Path(disk_dir).is_absolute():
+            disk_dir = str(base / disk_dir)
     return s.model_copy(update={"model": model, "workload": wl, "disk_dir": disk_dir})
 
 
@@ -700,8 +703,11 @@ def check_scenario(s: Scenario, *, check_model: bool = True) -> list[tuple[str, 
             problems.append(("disk_dir", f"{s.disk_dir} does not exist"))
         elif not d.is_dir():
             problems.append(("disk_dir", f"{s.disk_dir} is not a directory"))
-        elif not os.access(d, os.W_OK | os.X_OK):
-            problems.append(("disk_dir", f"{s.disk_dir} is not writable"))
+        else:  # make and remove a directory, as the disk tier will (as root, os.access passes even for /proc)
+            try:
+                os.rmdir(tempfile.mkdtemp(prefix=".kvbench-check-", dir=d))
+            except OSError as exc:
+                problems.append(("disk_dir", f"{s.disk_dir} is not writable: {exc.strerror or exc}"))
     wl = s.workload
     cap = s.capacity
     if s.batch_sizes == "auto" and cap and cap.max and cap.max > wl.n_prompts:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import resource
 import signal
 import subprocess
@@ -249,3 +250,37 @@ def test_alert_is_printed_and_recorded(write_yaml, tmp_path):
     assert 2**20 < row["alerts"][0]["device_bytes"] <= row["rss_peak_bytes"]
     assert "alert: p8-b1-none-r0 (prefill): process RSS (CPU run)" in " ".join(r.stderr.split())
     assert "crossed monitor.alert_device_bytes 1.0 MiB" in " ".join(r.stderr.split())
+
+
+def test_a_full_results_disk_keeps_the_finished_trials_and_says_how_to_resume(write_yaml, tmp_path, monkeypatch):
+    import errno
+
+    from typer.testing import CliRunner
+
+    from kvbench.cli import app
+    from kvbench.results import RunDir
+
+    real_append, calls = RunDir.append, []
+
+    def append(self, row):
+        calls.append(row["trial_id"])
+        if len(calls) == 3:  # the third trial: its line is written, then syncing it finds the disk full
+            real_fsync = os.fsync
+            monkeypatch.setattr(os, "fsync", lambda fd: (_ for _ in ()).throw(
+                OSError(errno.ENOSPC, "No space left on device")))
+            try:
+                return real_append(self, row)
+            finally:
+                monkeypatch.setattr(os, "fsync", real_fsync)
+        return real_append(self, row)
+
+    monkeypatch.setattr(RunDir, "append", append)
+    scenario = write_yaml(tiny_scenario(prompt_tokens=[8], batch_sizes=[1], repeats=4, warmup=0))
+    r = CliRunner().invoke(app, ["run", str(scenario), "--out", str(tmp_path / "out")])
+    assert r.exit_code == 1, r.output
+    run = the_run_dir(tmp_path / "out")
+    assert "No space left on device; 2 finished trials are kept: make room, then continue with: kvbench run " \
+           f"--resume {run}" in " ".join(r.output.split())
+    lines = (run / "trials.jsonl").read_text().splitlines()
+    assert [json.loads(x)["trial_id"] for x in lines] == calls[:2]  # the third line was cut back out
+    assert json.loads((run / "run.json").read_text())["status"] == "interrupted"

@@ -8,7 +8,7 @@ from transformers import DynamicCache
 
 from kvbench.offload import layers
 from kvbench.offload.caches import FullOffloadCache, HierarchicalCache, OffloadedCache, make_cache
-from kvbench.offload.tiers import DiskTier, History
+from kvbench.offload.tiers import DiskTier, DiskTierError, History
 from kvbench.offload.transfer import Transfers
 from kvbench.runner import greedy_decode, left_pad
 
@@ -169,6 +169,18 @@ def test_history_gives_back_what_it_was_given_in_either_layout(tmp_path, seq_maj
 def test_negative_window_is_refused(tiny_model):
     with pytest.raises(ValueError, match="window must be >= 0 tokens, got -1"):
         OffloadedCache(tiny_model.model.config, CPU, window=-1)
+    for budget in (0, -5):
+        with pytest.raises(ValueError, match=f"budget_bytes must be > 0 bytes, got {budget}"):
+            make_cache("dynamic", tiny_model.model.config, CPU, budget_bytes=budget)
+
+
+def test_a_closed_cache_says_so_when_used_again(tiny_model, tmp_path):
+    model = tiny_model.model
+    with FullOffloadCache(model.config, CPU, host_max_tokens=16, disk_dir=str(tmp_path)) as cache:
+        decode(model, [[7] * 40], cache, n=2)
+    with pytest.raises(DiskTierError, match="this FullOffloadCache was closed .* make a new cache"):
+        decode(model, [[7] * 40], cache, n=2)
+    assert list(tmp_path.iterdir()) == []
 
 
 CACHE_OPS = [
@@ -208,15 +220,20 @@ def test_beam_search_crop_and_reuse_match_dynamic_cache(tiny_model, tmp_path, la
     assert torch.equal(model(a[:, 13:14], cache=ref_cache, use_cache=True).logits,
                        model(a[:, 13:14], cache=cache, use_cache=True).logits)
 
-    two = torch.arange(5, 45).reshape(2, 20)
+    # batch changes, with most of the history on disk where there is a disk tier: 3 → 2 → 4 → 1 sequences
+    three = torch.arange(5, 125).reshape(3, 40)
     ref_cache, cache = DynamicCache(config=model.config), fresh()
-    model(two, cache=ref_cache, use_cache=True)
-    model(two, cache=cache, use_cache=True)
-    ref_cache.batch_select_indices(torch.tensor([1]))
-    cache.batch_select_indices(torch.tensor([1]))
-    step = torch.tensor([[13]])
-    assert torch.equal(model(step, cache=ref_cache, use_cache=True).logits,
-                       model(step, cache=cache, use_cache=True).logits)
+    model(three, cache=ref_cache, use_cache=True)
+    model(three, cache=cache, use_cache=True)
+    for change, arg, rows in [("batch_select_indices", torch.tensor([2, 0]), 2), ("batch_repeat_interleave", 2, 4),
+                              ("batch_select_indices", torch.tensor([1]), 1)]:
+        getattr(ref_cache, change)(arg)
+        getattr(cache, change)(arg)
+        step = torch.full((rows, 1), 13)
+        assert torch.equal(model(step, cache=ref_cache, use_cache=True).logits,
+                           model(step, cache=cache, use_cache=True).logits), change
+    if "host_max_tokens" in options:
+        assert cache.disk_bytes > 0
 
 
 @pytest.fixture(scope="module")

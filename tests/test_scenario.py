@@ -112,7 +112,7 @@ def test_new_tokens_alone_exceeding_the_context(write_yaml):
                              "3000 new tokens alone reach the model's max_position_embeddings 2048")]
 
 
-def test_disk_tier_options(write_yaml, tmp_path):
+def test_disk_tier_options(write_yaml, tmp_path, monkeypatch):
     err = error_of(write_yaml, tiny_scenario(modes=[{"kind": "full", "host_max_tokens": 4}]))
     assert err.problems == [("modes[0].host_max_tokens", "4 tokens is less than one disk block; the host tier "
                                                          "must hold at least 16 tokens")]
@@ -125,6 +125,13 @@ def test_disk_tier_options(write_yaml, tmp_path):
     (tmp_path / "kv").mkdir()
     s = load_scenario(write_yaml(tiny_scenario(modes=modes, disk_dir="kv")))  # relative to the scenario file
     assert s.disk_dir == str(tmp_path / "kv")
+    assert list((tmp_path / "kv").iterdir()) == []  # the check's trial directory is gone
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert load_scenario(write_yaml(tiny_scenario(modes=modes, disk_dir="~/kv"))).disk_dir == str(tmp_path / "kv")
+    # a directory no file can be made in, even by root (os.access says yes): checked by making one
+    err = error_of(write_yaml, tiny_scenario(modes=modes, disk_dir="/proc"))
+    [(key, why)] = err.problems  # the reason is the system's (ENOENT as root, EACCES otherwise)
+    assert key == "disk_dir" and why.startswith("/proc is not writable: ")
 
 
 def test_validate_warns_about_the_articles_bad_configs(write_yaml):

@@ -12,7 +12,7 @@ from transformers.cache_utils import Cache, DynamicSlidingWindowLayer
 from kvbench.offload.layers import OffloadedLayer
 from kvbench.offload.policy import WindowPolicy
 from kvbench.offload.registry import DISK_BLOCK_TOKENS, MODES
-from kvbench.offload.tiers import DiskTier
+from kvbench.offload.tiers import DiskTier, DiskTierError
 from kvbench.offload.transfer import Transfers
 
 
@@ -131,7 +131,14 @@ class OffloadedCache(Cache):
                 return
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
-        """Store new K/V (``[batch, kv_heads, n, head_dim]``) of a layer; return that layer's full K/V."""
+        """Store new K/V (``[batch, kv_heads, n, head_dim]``) of a layer; return that layer's full K/V.
+
+        Raises:
+            DiskTierError: the cache was closed (its disk tier removed) and cannot be used any more.
+        """
+        if self.disk is not None and self.disk.closed:
+            raise DiskTierError(None, f"this {type(self).__name__} was closed (its disk tier {self.disk.path} is "
+                                      "removed): make a new cache")
         layer = self.layers[layer_idx]
         keys, values = layer.update(key_states, value_states, *args, **kwargs)
         self._recount(layer_idx)
@@ -210,6 +217,9 @@ class DynamicOffloadCache(OffloadedCache):
     def __init__(self, config: Any, device: torch.device, min_window: int = 512, max_window: int | None = None,
                  budget_bytes: int | None = None, reserve_bytes: int | None = None, pin: bool | None = None,
                  host_max_tokens: int | None = None, disk_dir: str | None = None):
+        for name, value in (("budget_bytes", budget_bytes), ("reserve_bytes", reserve_bytes)):
+            if value is not None and value < (1 if name == "budget_bytes" else 0):
+                raise ValueError(f"{name} must be {'> 0' if name == 'budget_bytes' else '>= 0'} bytes, got {value}")
         self.policy = WindowPolicy(min_window, max_window)
         super().__init__(config, device, window=self.policy.window, pin=pin, host_max_tokens=host_max_tokens,
                          disk_dir=disk_dir)

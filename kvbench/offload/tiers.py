@@ -245,6 +245,10 @@ class DiskBuffer(_TokenBuffer):
 
     def _reserve(self, like: torch.Tensor, extra: int) -> None:
         need = self.length + extra
+        if self.buf is not None and self.buf.shape[1:] != self._shape(0, like)[1:]:
+            if self.length:  # only an emptied buffer may change its batch (History.replace empties it first)
+                raise ValueError(f"disk tier: {self.path} holds a batch of {self.buf.shape[1]}, got {like.shape[0]}")
+            self.buf = None  # a new batch size: map the file again with the new shape
         if self.buf is not None and need <= self.capacity:
             return
         shape = self._shape(grown_capacity(self.capacity, need, DISK_BLOCK_TOKENS), like)
