@@ -7,7 +7,8 @@ import torch
 from transformers import DynamicCache
 
 from kvbench.offload import layers
-from kvbench.offload.caches import FullOffloadCache, HierarchicalCache, OffloadedCache, make_cache
+from kvbench.offload.caches import (DynamicOffloadCache, FullOffloadCache, HierarchicalCache, OffloadedCache,
+                                    make_cache)
 from kvbench.offload.tiers import DiskTier, DiskTierError, History
 from kvbench.offload.transfer import Transfers
 from kvbench.runner import greedy_decode, left_pad
@@ -172,6 +173,8 @@ def test_negative_window_is_refused(tiny_model):
     for budget in (0, -5):
         with pytest.raises(ValueError, match=f"budget_bytes must be > 0 bytes, got {budget}"):
             make_cache("dynamic", tiny_model.model.config, CPU, budget_bytes=budget)
+    with pytest.raises(ValueError, match="reserve_bytes must be >= 0 bytes, got -1"):
+        DynamicOffloadCache(tiny_model.model.config, CPU, reserve_bytes=-1)
 
 
 def test_a_closed_cache_says_so_when_used_again(tiny_model, tmp_path):

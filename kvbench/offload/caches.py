@@ -211,15 +211,16 @@ class DynamicOffloadCache(OffloadedCache):
         reserve_bytes: memory left to activations and others when there is no budget.
 
     Raises:
-        ValueError: bad policy bounds (see WindowPolicy), as OffloadedCache.
+        ValueError: budget_bytes <= 0, reserve_bytes < 0, bad policy bounds (see WindowPolicy), as OffloadedCache.
     """
 
     def __init__(self, config: Any, device: torch.device, min_window: int = 512, max_window: int | None = None,
                  budget_bytes: int | None = None, reserve_bytes: int | None = None, pin: bool | None = None,
                  host_max_tokens: int | None = None, disk_dir: str | None = None):
-        for name, value in (("budget_bytes", budget_bytes), ("reserve_bytes", reserve_bytes)):
-            if value is not None and value < (1 if name == "budget_bytes" else 0):
-                raise ValueError(f"{name} must be {'> 0' if name == 'budget_bytes' else '>= 0'} bytes, got {value}")
+        if budget_bytes is not None and budget_bytes <= 0:
+            raise ValueError(f"budget_bytes must be > 0 bytes, got {budget_bytes}")
+        if reserve_bytes is not None and reserve_bytes < 0:
+            raise ValueError(f"reserve_bytes must be >= 0 bytes, got {reserve_bytes}")
         self.policy = WindowPolicy(min_window, max_window)
         super().__init__(config, device, window=self.policy.window, pin=pin, host_max_tokens=host_max_tokens,
                          disk_dir=disk_dir)
