@@ -2,11 +2,11 @@
 
 For each context length the prompt is prefilled once with a DynamicCache; each mode's cache is then seeded with
 that K/V (the same `update` calls a prefill makes) and decodes `--steps` tokens. Modes are interleaved over
-`--rounds` rounds, in reverse order every other round, so they share the machine's conditions. Prints per mode: the median step time (median over rounds
-of each round's median step, with their min–max) and its ratio to `none`, taken pairwise: in each round the mode's
-median step ÷ `none`'s in the same round, then the median of those ratios with their min–max (a slow drift of a
-shared machine cancels within a round); host→device bytes per step against the history's KV bytes, and the peak
-device KV during the decode steps. Targets (issue 3): on CPU `full` ≤ 1.15× `none` at 4K context;
+`--rounds` rounds, in reverse order every other round, so they share the machine's conditions. Prints per mode:
+the median step time (median over rounds of each round's median step, with their min–max) and its ratio to `none`,
+taken pairwise: in each round the mode's median step ÷ `none`'s in the same round, then the median of those ratios
+with their min–max (a slow drift of a shared machine cancels within a round); host→device bytes per step against
+the history's KV bytes, and the peak device KV during the decode steps. Targets (issue 3): on CPU `full` ≤ 1.15× `none` at 4K context;
 on CUDA `full` faster than `hf-offloaded`, H2D per step ≤ the history's KV, peak device KV ≤ 2 layers + new tokens.
 
     python benchmarks/offload_overhead.py                       # SmolLM2-135M on CPU, 1K/4K/8K context

@@ -261,10 +261,11 @@ def run(
                 with contextlib.suppress(OSError):
                     rundir.update(status="interrupted")
                 why = f"cannot write the results in {rundir.path}: {exc.strerror or exc}"
-                if created and not rundir.finished_trials():
+                kept = len(rundir.finished_trials())
+                if created and not kept:
                     _fail(f"{why}; no trial had finished: nothing was kept", 1)  # the directory is removed below
-                _fail(f"{why}; {len(rundir.finished_trials())} finished trials are kept: make room, then continue "
-                      f"with: kvbench run --resume {rundir.path}", 1)
+                _fail(f"{why}; {kept} finished trials are kept: make room, then continue with: kvbench run "
+                      f"--resume {rundir.path}", 1)
     except RunDirError as exc:
         _fail(str(exc))
     except typer.Exit:
