@@ -33,6 +33,8 @@ GPU_FIELDS = ("gpu_used_bytes", "gpu_total_bytes", "gpu_process_bytes", "gpu_uti
               "pcie_tx_bytes_per_s", "pcie_rx_bytes_per_s", "power_w")
 #: The cache's own accounting of KV bytes per tier (see ``Sampler.trial``'s ``kv_probe``).
 KV_FIELDS = ("kv_device_bytes", "kv_host_bytes", "kv_disk_bytes")
+#: Longest sleep of the sampler thread (seconds): a trial's end waits at most this long for the thread to stop.
+STOP_CHECK_S = 0.1
 #: Columns of ``samples.csv``: ``t_s`` is seconds since the trial's sampler started.
 SAMPLE_COLUMNS = ("trial_id", "phase", "t_s", *HOST_FIELDS, *GPU_FIELDS, *KV_FIELDS)
 
@@ -144,7 +146,10 @@ class HostReader:
     is read with ``pread`` from a ``/proc/self/statm`` kept open (resident pages × page size, the figure psutil
     reports; psutil's ``memory_info`` where there is no such file), and CPU % is the process's user + system CPU
     time from ``os.times()`` over the wall time since the previous reading (psutil's ``cpu_percent`` definition:
-    100 = one CPU busy). About 10 µs a sample instead of psutil's 200 µs (two files opened per call).
+    100 = one CPU busy). About 6 µs a sample in a warm loop instead of psutil's 200 µs (two files opened per call);
+    inside a trial, after the sampler's sleep, the caches are cold and the same reading took about 120 µs of the
+    sampler thread's CPU (``time.thread_time``; a 2-vCPU VM during a SmolLM2 decode: the pread 35 µs, ``os.times``
+    15 µs).
     The host's available memory (parsing ``/proc/meminfo``, the costliest read) is refreshed at most every
     ``available_every_s`` seconds; samples in between repeat the last value.
 
@@ -200,13 +205,18 @@ class HostReader:
 
 @dataclass
 class TrialTimeline:
-    """The samples of one trial (dicts with :data:`SAMPLE_COLUMNS`) and the alerts raised during it."""
+    """The samples of one trial (dicts with :data:`SAMPLE_COLUMNS`) and the alerts raised during it.
+
+    ``sampler_cpu_s``: CPU seconds the sampler thread used during the trial (``time.thread_time``: its reads and
+    wake-ups, not its sleep); None when no thread ran (``interval_ms`` 0).
+    """
 
     trial_id: str
     samples: list[dict[str, Any]]
     alerts: list[dict[str, Any]]
     phase: str = "prefill"
     kv_probe: Callable[[], tuple[int, int, int]] | None = None
+    sampler_cpu_s: float | None = None
 
 
 class Sampler:
@@ -298,7 +308,8 @@ class Sampler:
     def trial(self, trial_id: str,
               kv_probe: Callable[[], tuple[int, int, int]] | None = None) -> Iterator[TrialTimeline]:
         """Sample while the block runs; yields the trial's :class:`TrialTimeline` (``mark`` phases on it with
-        :meth:`mark`). The thread is a daemon and is stopped and joined on every exit (errors, Ctrl-C).
+        :meth:`mark`). The thread is a daemon and is stopped and joined on every exit (errors, Ctrl-C); it sleeps
+        at most :data:`STOP_CHECK_S` at a time, so that join waits no longer than that.
 
         Args:
             trial_id: the id each sample carries.
@@ -313,8 +324,21 @@ class Sampler:
         thread = None
         if self.interval_s > 0:
             def loop() -> None:
-                while not stop.wait(self.interval_s):
-                    self.read(timeline, t0)
+                # time.sleep, not stop.wait(timeout): on a 2-vCPU VM a timed Event.wait used about twice the
+                # CPU per wake-up (time.thread_time: ~140 against ~75 µs idle, ~75 against ~40 µs beside a busy
+                # torch loop), CPU a trial that keeps every core busy loses
+                cpu0 = time.thread_time()
+                try:
+                    due = time.monotonic() + self.interval_s
+                    while True:
+                        time.sleep(max(0.0, min(due - time.monotonic(), STOP_CHECK_S)))
+                        if stop.is_set():
+                            break
+                        if time.monotonic() >= due:
+                            self.read(timeline, t0)
+                            due = time.monotonic() + self.interval_s
+                finally:
+                    timeline.sampler_cpu_s = time.thread_time() - cpu0
 
             thread = threading.Thread(target=loop, name="kvbench-sampler", daemon=True)
             thread.start()

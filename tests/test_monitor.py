@@ -72,6 +72,28 @@ def test_nvml_readings_are_filtered_by_pid_and_marked_by_phase():
         ("prefill", 5 * 2**30), ("decode", 8 * 2**30), ("decode", None)]
     assert summarise(rows)["nvml_process_peak_bytes"] == 8 * 2**30
     assert summarise(rows)["nvml_device_peak_bytes"] == 12 * 2**30
+    assert timeline.sampler_cpu_s is None  # no thread at interval 0
+
+
+def test_sampler_cpu_time_counts_the_threads_reads():
+    class CostlySampler(Sampler):
+        """Each read from the sampler thread burns 2 ms of that thread's CPU."""
+
+        def read(self, timeline, t0):
+            if threading.current_thread().name == "kvbench-sampler":
+                end = time.thread_time() + 0.002
+                while time.thread_time() < end:
+                    pass
+            return super().read(timeline, t0)
+
+    sampler = CostlySampler(torch.device("cpu"), interval_ms=5)
+    start = time.perf_counter()
+    with sampler.trial("t") as timeline:
+        time.sleep(0.1)
+    wall = time.perf_counter() - start
+    from_thread = len(timeline.samples) - 2  # less the readings at start and stop, made by this thread
+    assert from_thread >= 3
+    assert 0.002 * from_thread <= timeline.sampler_cpu_s < wall
 
 
 def test_alert_fires_once_when_device_memory_crosses_the_threshold():
@@ -96,6 +118,15 @@ def test_sampler_thread_stops_on_errors():
         raise KeyboardInterrupt
     time.sleep(0.01)
     assert not [t for t in threading.enumerate() if t.name == "kvbench-sampler"]
+
+
+def test_a_long_interval_does_not_hold_the_trial_end():
+    sampler = Sampler(torch.device("cpu"), interval_ms=60_000)  # the thread sleeps in steps of STOP_CHECK_S
+    start = time.perf_counter()
+    with sampler.trial("t") as timeline:
+        pass
+    assert time.perf_counter() - start < 2  # not the 60 s interval
+    assert len(timeline.samples) == 2 and timeline.sampler_cpu_s is not None
 
 
 def test_cuda_device_without_nvml_gives_nulls_and_one_warning(monkeypatch):
