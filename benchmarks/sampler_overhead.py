@@ -7,7 +7,9 @@ samples per trial; the median of the per-round ratios on/off with a distribution
 (order statistics at binomial ranks; Conover, *Practical Nonparametric Statistics*, 3rd ed., §3.2); and the sampler
 thread's own CPU time in the trial (``time.thread_time``: its wake-ups, reads and the KV probe), as a share of the
 trial's wall time and per sample. On a machine whose cores the trial keeps busy that CPU time is taken from the
-trial, so it is the cost measured without the trial-to-trial noise the ratio carries. Target (issue 4): ≤ 1.02.
+trial, so it is the cost measured without the trial-to-trial noise the ratio carries (on a 2-vCPU VM at a 1 ms
+interval, where the e2e cost rises above that noise, the e2e cost per sample, 61–78 µs, matched the thread's CPU
+per sample, 52–86 µs); with idle cores to run on it costs the trial less. Target (issue 4): ≤ 1.02.
 
     python benchmarks/sampler_overhead.py                     # SmolLM2-135M, CPU, 128-token prompt, 16 new tokens
     python benchmarks/sampler_overhead.py --preset tiny-llama --rounds 6
@@ -103,15 +105,19 @@ def main() -> None:
     per_sample = [row["sampler_cpu_s"] / (row["n_samples"] - 2) for row in rows["on"] if row["n_samples"] > 2]
     print(f"sampler thread CPU: {interval([x * 100 for x in share], '.2f')} % of the trial's wall time; "
           + (f"{statistics.median(per_sample) * 1e6:.0f} µs a sample" if per_sample else "no sample from the thread"))
-    ci = median_ci(ratios)
+    ci, cpu_ci = median_ci(ratios), median_ci(share)
     if ci is None:
         verdict = "too few rounds for a 95% CI"
     elif ci[1] <= TARGET:
-        verdict = "met: the 95% CI lies at or below it"
+        verdict = "met: the ratio's 95% CI lies at or below it"
     elif ci[0] > TARGET:
-        verdict = "not met: the 95% CI lies above it"
+        verdict = "not met: the ratio's 95% CI lies above it"
     else:
-        verdict = "not shown: the 95% CI spans it"
+        verdict = "not shown by the ratio: its 95% CI spans it"
+        if cpu_ci is not None:
+            cpu_verdict = "at or below" if 1 + cpu_ci[1] <= TARGET else "not at or below"
+            verdict += (f"; the sampler thread's CPU, 1 + {cpu_ci[0] * 100:.2f}–{cpu_ci[1] * 100:.2f}% as a "
+                        f"ratio, lies {cpu_verdict} it")
     print(f"target ≤ {TARGET}: {verdict}")
 
 if __name__ == "__main__":

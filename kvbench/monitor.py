@@ -144,21 +144,28 @@ class HostReader:
 
     Every sample is paid for inside the measured trial, so the two per-sample readings avoid opening files: RSS
     is read with ``pread`` from a ``/proc/self/statm`` kept open (resident pages × page size, the figure psutil
-    reports; psutil's ``memory_info`` where there is no such file), and CPU % is the process's user + system CPU
-    time from ``os.times()`` over the wall time since the previous reading (psutil's ``cpu_percent`` definition:
-    100 = one CPU busy). About 6 µs a sample in a warm loop instead of psutil's 200 µs (two files opened per call);
-    inside a trial, after the sampler's sleep, the caches are cold and the same reading took about 120 µs of the
-    sampler thread's CPU (``time.thread_time``; a 2-vCPU VM during a SmolLM2 decode: the pread 35 µs, ``os.times``
-    15 µs).
-    The host's available memory (parsing ``/proc/meminfo``, the costliest read) is refreshed at most every
-    ``available_every_s`` seconds; samples in between repeat the last value.
+    reports; psutil's ``memory_info`` where there is no such file). About 6 µs a sample in a warm loop instead of
+    psutil's 200 µs (two files opened per call); inside a trial, after the sampler's sleep, the caches are cold and
+    the same reading took about 120 µs of the sampler thread's CPU (``time.thread_time``; a 2-vCPU VM during a
+    SmolLM2 decode: the pread 35 µs, ``os.times`` 15 µs).
+
+    Two fields are refreshed less often; samples in between repeat the last value:
+
+    - CPU %: the process's user + system CPU time from ``os.times()`` over the wall time since the previous
+      refresh (psutil's ``cpu_percent`` definition: 100 = one CPU busy), at most every ``cpu_every_s`` seconds:
+      ``os.times`` counts whole clock ticks (10 ms at the usual 100 Hz), so a 10 ms window could only read 0, 100
+      or 200% (over 0.1 s: steps of 10%).
+    - the host's available memory (parsing ``/proc/meminfo``, the costliest read), at most every
+      ``available_every_s`` seconds.
 
     Raises:
         psutil.Error, OSError: this process cannot be read at all (e.g. a container without ``/proc``).
     """
 
-    def __init__(self, cuda: bool, available_every_s: float = 0.25):
+    def __init__(self, cuda: bool, available_every_s: float = 0.25, cpu_every_s: float = 0.1):
         self.available_every_s = available_every_s
+        self.cpu_every_s = cpu_every_s
+        self._cpu_percent: float | None = None
         self._available: tuple[float, int] | None = None
         self.proc = psutil.Process()
         self._page = os.sysconf("SC_PAGE_SIZE")
@@ -194,12 +201,13 @@ class HostReader:
             rss = int(os.pread(self._statm, 128, 0).split()[1]) * self._page
         else:
             rss = self.proc.memory_info().rss
-        t = os.times()
-        cpu = t.user + t.system
         wall = now - self._cpu[0]
-        busy = 100 * (cpu - self._cpu[1]) / wall if wall > 0 else 0.0
-        self._cpu = (now, cpu)
-        return {"rss_bytes": rss, "cpu_percent": busy, "host_available_bytes": self._available[1],
+        if self._cpu_percent is None or wall >= self.cpu_every_s:
+            t = os.times()
+            cpu = t.user + t.system
+            self._cpu_percent = 100 * (cpu - self._cpu[1]) / wall if wall > 0 else 0.0
+            self._cpu = (now, cpu)
+        return {"rss_bytes": rss, "cpu_percent": self._cpu_percent, "host_available_bytes": self._available[1],
                 "pinned_host_bytes": pinned}
 
 

@@ -179,5 +179,6 @@ def test_host_reader_matches_psutil_without_opening_files():
         pass
     busy = reader.read()["cpu_percent"]
     assert 60 <= busy <= 140, busy
+    assert reader.read()["cpu_percent"] == busy  # under cpu_every_s (0.1 s) later: the last figure repeated
     time.sleep(0.3)
     assert reader.read()["cpu_percent"] <= 40  # asleep
