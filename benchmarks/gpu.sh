@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU checks of issue 3, in a few minutes on one large GPU (an H200 was the target). Run from the repo root:
+# The GPU checks of issues 3 and 4, in a few minutes on one large GPU (an H200 was the target). Run from the repo root:
 #   bash benchmarks/gpu.sh
 # On the lent device machine (torch and transformers preinstalled) the wheels kvbench needs beyond those are
 # carried in .whl/ (see DEVELOPERS.md and the device README); elsewhere `make setup` is enough.
@@ -11,6 +11,8 @@ fi
 PY=${PY:-python3}
 [ -x .venv/bin/python ] && PY=.venv/bin/python
 nvidia-smi --query-gpu=name,memory.total,driver_version,pcie.link.gen.current,pcie.link.width.current --format=csv
+# 0. the machine as kvbench sees it: NVML PCIe generation and width, H2D/D2H bandwidth pinned and pageable
+"$PY" -m kvbench.cli env
 # 1. exactness on CUDA: every mode's greedy ids equal DynamicCache's on the device (tiny model, batch 4,
 #    left-padded, 40 new tokens; pinned host tier, side-stream copies); then the CPU tests of the same file
 "$PY" -m pytest -q tests/test_offload.py -k cuda -p no:cacheprovider
@@ -19,3 +21,6 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,pcie.link.gen.current,pc
 timeout 420 "$PY" benchmarks/offload_overhead.py --device cuda --preset llama-3.1-8b --dtype bfloat16 \
   --batch 8 --contexts 8192 32768 --steps 8 --rounds 2 --window 2048 \
   --modes none hf-offloaded full hierarchical dynamic
+# 3. the sampler's cost on CUDA, where each sample also makes five NVML calls (each releases the GIL)
+timeout 150 "$PY" benchmarks/sampler_overhead.py --device cuda --preset smollm2-1.7b --prompt-tokens 512 \
+  --new-tokens 64 --rounds 20

@@ -245,6 +245,7 @@ class Sampler:
     def __init__(self, device: Any, interval_ms: int = 50, alert_device_bytes: int | None = None,
                  on_alert: Callable[[dict[str, Any]], None] | None = None, nvml_reader: Any = None):
         self.interval_s = interval_ms / 1000
+        self._sampling = threading.Event()  # cleared by pause(): the thread then blocks without waking
         self.alert_device_bytes = alert_device_bytes
         self.on_alert = on_alert
         self.pid = os.getpid()
@@ -327,6 +328,7 @@ class Sampler:
         timeline = TrialTimeline(trial_id, [], [], kv_probe=kv_probe)
         t0 = time.perf_counter()
         stop = threading.Event()
+        self._sampling.set()
         self._current = (timeline, t0)
         self.read(timeline, t0)
         thread = None
@@ -342,7 +344,10 @@ class Sampler:
                         time.sleep(max(0.0, min(due - time.monotonic(), STOP_CHECK_S)))
                         if stop.is_set():
                             break
-                        if time.monotonic() >= due:
+                        if not self._sampling.is_set():  # paused: wait, untimed, for resume() or the end
+                            self._sampling.wait()
+                            due = time.monotonic() + self.interval_s
+                        elif time.monotonic() >= due:
                             self.read(timeline, t0)
                             due = time.monotonic() + self.interval_s
                 finally:
@@ -354,10 +359,21 @@ class Sampler:
             yield timeline
         finally:
             stop.set()
+            self._sampling.set()  # a paused thread wakes, sees stop and ends
             if thread is not None:
                 thread.join()
             self.read(timeline, t0)
             self._current = None
+
+    def pause(self) -> None:
+        """Stop the running trial's thread from sampling until :meth:`resume`: it ends the sleep under way (one
+        last wake-up, with no reading) and then blocks without waking. ``benchmarks/sampler_overhead.py`` uses
+        this to time decode steps with and without sampling inside one trial."""
+        self._sampling.clear()
+
+    def resume(self) -> None:
+        """Sample again after :meth:`pause`, the first sample one interval later."""
+        self._sampling.set()
 
     def mark(self, phase: str) -> None:
         """Label the following samples of the running trial with ``phase`` (and take one reading now)."""

@@ -120,6 +120,25 @@ def test_sampler_thread_stops_on_errors():
     assert not [t for t in threading.enumerate() if t.name == "kvbench-sampler"]
 
 
+def test_a_paused_sampler_takes_no_samples_and_still_stops():
+    sampler = Sampler(torch.device("cpu"), interval_ms=5)
+    with sampler.trial("t") as timeline:
+        time.sleep(0.06)
+        sampler.pause()
+        time.sleep(0.05)  # the sleep under way ends, with no reading
+        paused_at = len(timeline.samples)
+        time.sleep(0.1)
+        assert len(timeline.samples) == paused_at  # 20 intervals: none sampled
+        sampler.resume()
+        time.sleep(0.1)
+        assert len(timeline.samples) >= paused_at + 3
+        sampler.pause()  # the trial ends while paused: the thread must still end
+    assert not [t for t in threading.enumerate() if t.name == "kvbench-sampler"]
+    with sampler.trial("next") as timeline:  # a new trial samples again
+        time.sleep(0.06)
+    assert len(timeline.samples) >= 5
+
+
 def test_a_long_interval_does_not_hold_the_trial_end():
     sampler = Sampler(torch.device("cpu"), interval_ms=60_000)  # the thread sleeps in steps of STOP_CHECK_S
     start = time.perf_counter()
