@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import sys
 import threading
 import time
 
@@ -9,7 +11,15 @@ import numpy as np
 import pytest
 import torch
 
-from kvbench.monitor import SAMPLE_COLUMNS, LatencyWatch, MonitorWarning, Sampler, gpu_fields, summarise
+from kvbench.monitor import (
+    SAMPLE_COLUMNS,
+    SAMPLER_NICE,
+    LatencyWatch,
+    MonitorWarning,
+    Sampler,
+    gpu_fields,
+    summarise,
+)
 
 MiB = 2**20
 
@@ -76,17 +86,21 @@ def test_nvml_readings_are_filtered_by_pid_and_marked_by_phase():
 
 
 def test_sampler_cpu_time_counts_the_threads_reads():
+    niceness = []
+
     class CostlySampler(Sampler):
         """Each read from the sampler thread burns 2 ms of that thread's CPU."""
 
         def read(self, timeline, t0):
             if threading.current_thread().name == "kvbench-sampler":
+                niceness.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
                 end = time.thread_time() + 0.002
                 while time.thread_time() < end:
                     pass
             return super().read(timeline, t0)
 
     sampler = CostlySampler(torch.device("cpu"), interval_ms=5)
+    main_nice = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
     start = time.perf_counter()
     with sampler.trial("t") as timeline:
         time.sleep(0.1)
@@ -94,6 +108,9 @@ def test_sampler_cpu_time_counts_the_threads_reads():
     from_thread = len(timeline.samples) - 2  # less the readings at start and stop, made by this thread
     assert from_thread >= 3
     assert 0.002 * from_thread <= timeline.sampler_cpu_s < wall
+    if sys.platform == "linux":  # the sampler thread runs at SAMPLER_NICE (or lower priority); this thread does not
+        assert min(niceness) >= SAMPLER_NICE == 10
+        assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == main_nice
 
 
 def test_alert_fires_once_when_device_memory_crosses_the_threshold():
