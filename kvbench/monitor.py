@@ -365,6 +365,8 @@ class Sampler:
                             break
                         if not self._sampling.is_set():  # paused: wait, untimed, for resume() or the end
                             self._sampling.wait()
+                            if stop.is_set():
+                                break
                             due = time.monotonic() + self.interval_s
                         elif time.monotonic() >= due:
                             self.read(timeline, t0)
