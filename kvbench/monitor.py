@@ -193,8 +193,16 @@ class HostReader:
             if not hasattr(torch.cuda, "host_memory_stats"):
                 self.pinned_reason = f"torch {torch.__version__} has no torch.cuda.host_memory_stats"
 
-    def read(self) -> dict[str, Any]:
-        """One reading of :data:`HOST_FIELDS`."""
+    def start(self) -> None:
+        """Begin a new CPU % window (a trial's start): until it is ``cpu_every_s`` long, ``cpu_percent`` is None
+        rather than a figure from before the trial."""
+        t = os.times()
+        self._cpu = (time.monotonic(), t.user + t.system)
+        self._cpu_percent = None
+
+    def read(self, final: bool = False) -> dict[str, Any]:
+        """One reading of :data:`HOST_FIELDS`; ``final`` (a trial's last reading) refreshes CPU % whatever the
+        window's length, so a trial shorter than ``cpu_every_s`` still gets one."""
         pinned = None
         if self.pinned_reason is None:
             import torch
@@ -208,10 +216,10 @@ class HostReader:
         else:
             rss = self.proc.memory_info().rss
         wall = now - self._cpu[0]
-        if self._cpu_percent is None or wall >= self.cpu_every_s:
+        if wall >= self.cpu_every_s or (final and wall > 0):
             t = os.times()
             cpu = t.user + t.system
-            self._cpu_percent = 100 * (cpu - self._cpu[1]) / wall if wall > 0 else 0.0
+            self._cpu_percent = 100 * (cpu - self._cpu[1]) / wall
             self._cpu = (now, cpu)
         return {"rss_bytes": rss, "cpu_percent": self._cpu_percent, "host_available_bytes": self._available[1],
                 "pinned_host_bytes": pinned}
@@ -264,6 +272,7 @@ class Sampler:
                  on_alert: Callable[[dict[str, Any]], None] | None = None, nvml_reader: Any = None):
         self.interval_s = interval_ms / 1000
         self._sampling = threading.Event()  # cleared by pause(): the thread then blocks without waking
+        self._read_lock = threading.Lock()
         self.alert_device_bytes = alert_device_bytes
         self.on_alert = on_alert
         self.pid = os.getpid()
@@ -291,14 +300,19 @@ class Sampler:
             self.notes[what] = reason
             warnings.warn(f"{what} samples are null: {reason}", MonitorWarning, stacklevel=3)
 
-    def read(self, timeline: TrialTimeline, t0: float) -> dict[str, Any]:
-        """One sample for ``timeline`` (appended), ``t_s`` seconds after ``t0``."""
+    def read(self, timeline: TrialTimeline, t0: float, final: bool = False) -> dict[str, Any]:
+        """One sample for ``timeline`` (appended), ``t_s`` seconds after ``t0``; ``final``: the trial's last.
+        The sampler thread and the trial's (``mark``, start, end) take turns, so samples stay in time order."""
+        with self._read_lock:
+            return self._read(timeline, t0, final)
+
+    def _read(self, timeline: TrialTimeline, t0: float, final: bool) -> dict[str, Any]:
         row: dict[str, Any] = {"trial_id": timeline.trial_id, "phase": timeline.phase,
                                "t_s": time.perf_counter() - t0}
         host: dict[str, Any] = dict.fromkeys(HOST_FIELDS)
         if self.host is not None:
             try:
-                host = self.host.read()
+                host = self.host.read(final)
             except (psutil.Error, OSError) as exc:
                 self._note("host", f"psutil failed: {exc}")
         row.update(host)
@@ -348,6 +362,8 @@ class Sampler:
         stop = threading.Event()
         self._sampling.set()
         self._current = (timeline, t0)
+        if self.host is not None:
+            self.host.start()
         self.read(timeline, t0)
         thread = None
         if self.interval_s > 0:
@@ -383,7 +399,7 @@ class Sampler:
             self._sampling.set()  # a paused thread wakes, sees stop and ends
             if thread is not None:
                 thread.join()
-            self.read(timeline, t0)
+            self.read(timeline, t0, final=True)
             self._current = None
 
     def pause(self) -> None:
@@ -467,7 +483,13 @@ class LatencyWatch:
         self.count = 0
 
     def percentile(self, p: float) -> float | None:
-        """The nearest-rank ``p``-th percentile (0 < p ≤ 100) of the window; None while it is empty."""
+        """The nearest-rank ``p``-th percentile (0 < p ≤ 100) of the window; None while it is empty.
+
+        Raises:
+            ValueError: ``p`` outside (0, 100].
+        """
+        if not 0 < p <= 100:
+            raise ValueError(f"percentile must be in (0, 100], got {p}")
         if not self._sorted:
             return None
         rank = max(1, -(-p * len(self._sorted) // 100))

@@ -91,13 +91,13 @@ def test_sampler_cpu_time_counts_the_threads_reads():
     class CostlySampler(Sampler):
         """Each read from the sampler thread burns 2 ms of that thread's CPU."""
 
-        def read(self, timeline, t0):
+        def read(self, timeline, t0, final=False):
             if threading.current_thread().name == "kvbench-sampler":
                 niceness.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
                 end = time.thread_time() + 0.002
                 while time.thread_time() < end:
                     pass
-            return super().read(timeline, t0)
+            return super().read(timeline, t0, final)
 
     sampler = CostlySampler(torch.device("cpu"), interval_ms=5)
     main_nice = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
@@ -193,6 +193,9 @@ def test_latency_watch_flags_requests_slower_than_the_rolling_p90():
     for _ in range(10):  # the window slides: 0.9 leaves it
         w.observe(0.2)
     assert w.percentiles() == {"p50": 0.2, "p90": 0.2, "p99": 0.2} and w.flagged == 1 and w.count == 17
+    for p in (0, -5, 150, float("nan")):
+        with pytest.raises(ValueError, match=r"percentile must be in \(0, 100\]"):
+            w.percentile(p)
     for bad in (-1, float("nan"), float("inf")):
         with pytest.raises(ValueError, match=f"latency must be a finite number >= 0 seconds, got {bad}"):
             w.observe(bad)
@@ -218,3 +221,24 @@ def test_host_reader_matches_psutil_without_opening_files():
     assert reader.read()["cpu_percent"] == busy  # under cpu_every_s (0.1 s) later: the last figure repeated
     time.sleep(0.3)
     assert reader.read()["cpu_percent"] <= 40  # asleep
+
+
+def test_cpu_percent_of_a_trial_is_not_the_time_before_it():
+    sampler = Sampler(torch.device("cpu"), interval_ms=0)
+    end = time.monotonic() + 0.3
+    while time.monotonic() < end:  # busy before the trial
+        pass
+    with sampler.trial("idle") as timeline:
+        time.sleep(0.08)  # shorter than cpu_every_s
+    first, last = timeline.samples[0]["cpu_percent"], timeline.samples[-1]["cpu_percent"]
+    assert first is None  # no window yet, not the busy 100% before the trial
+    assert last is not None and last <= 40  # the trial's own window, read at its end
+
+
+def test_samples_of_both_threads_stay_in_time_order():
+    sampler = Sampler(torch.device("cpu"), interval_ms=1)
+    with sampler.trial("t") as timeline:
+        for _ in range(300):  # the trial's thread reads too, while the sampler's thread does
+            sampler.mark("decode")
+    times = [x["t_s"] for x in timeline.samples]
+    assert len(times) > 302 and times == sorted(times)
