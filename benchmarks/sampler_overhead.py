@@ -71,7 +71,7 @@ def positive_int(text: str) -> int:
     return value
 
 
-def trial_ratios(runners: dict[str, TrialRunner], trial: TrialSpec, rounds: int) -> dict[str, list[dict]]:
+def interleaved_trials(runners: dict[str, TrialRunner], trial: TrialSpec, rounds: int) -> dict[str, list[dict]]:
     """Rows of ``rounds`` interleaved trials per runner ("on", "off"), the order alternating each round."""
     runners["off"].run(trial)  # warm-up, not counted
     rows: dict[str, list[dict]] = {"off": [], "on": []}
@@ -144,7 +144,7 @@ def main() -> None:
     source = SyntheticSource(m.shape.vocab_size, seed=0, n_prompts=1)
     samplers = {"off": Sampler(m.device, 0), "on": Sampler(m.device, args.interval_ms)}
     runners = {k: TrialRunner(s, m, source, sampler=v) for k, v in samplers.items()}
-    rows = trial_ratios(runners, TrialSpec(args.prompt_tokens, 1, s.modes[0], 0), args.rounds)
+    rows = interleaved_trials(runners, TrialSpec(args.prompt_tokens, 1, s.modes[0], 0), args.rounds)
     steps = step_ratios(m, source, samplers["on"], args.prompt_tokens, args.step_tokens, args.step_trials)
 
     print(f"model {s.model.label}, {m.device}; batch 1, {args.prompt_tokens}-token prompt; sampler every "

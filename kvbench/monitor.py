@@ -171,7 +171,6 @@ class HostReader:
     def __init__(self, cuda: bool, available_every_s: float = 0.25, cpu_every_s: float = 0.1):
         self.available_every_s = available_every_s
         self.cpu_every_s = cpu_every_s
-        self._cpu_percent: float | None = None
         self._available: tuple[float, int] | None = None
         self.proc = psutil.Process()
         self._page = os.sysconf("SC_PAGE_SIZE")
@@ -181,8 +180,7 @@ class HostReader:
         except OSError:
             self._statm = None
             self.proc.memory_info()  # raises here, at setup, if this process cannot be read either
-        t = os.times()
-        self._cpu = (time.monotonic(), t.user + t.system)
+        self.start()
         self.cuda = cuda
         self.pinned_reason: str | None = None
         if not cuda:
@@ -198,7 +196,7 @@ class HostReader:
         rather than a figure from before the trial."""
         t = os.times()
         self._cpu = (time.monotonic(), t.user + t.system)
-        self._cpu_percent = None
+        self._cpu_percent: float | None = None
 
     def read(self, final: bool = False) -> dict[str, Any]:
         """One reading of :data:`HOST_FIELDS`; ``final`` (a trial's last reading) refreshes CPU % whatever the
@@ -228,13 +226,10 @@ class HostReader:
 def _lower_priority(nice: int) -> None:
     """Give the calling thread at least niceness ``nice`` (Linux, where ``setpriority`` on a thread id applies to
     that thread alone); where the platform does not allow it, leave it as it is."""
-    try:
+    with contextlib.suppress(AttributeError, OSError):  # no per-thread priority (e.g. macOS thread ids, Windows)
         tid = threading.get_native_id()
-        current = os.getpriority(os.PRIO_PROCESS, tid)
-        if current < nice:
+        if os.getpriority(os.PRIO_PROCESS, tid) < nice:
             os.setpriority(os.PRIO_PROCESS, tid, nice)
-    except (AttributeError, OSError):  # no per-thread priority here (e.g. macOS thread ids, Windows)
-        pass
 
 
 @dataclass
