@@ -21,7 +21,9 @@ import numpy as np
 import orjson
 import pandas as pd
 
+from kvbench.intervals import BOOTSTRAP_MIN_REPEATS, bootstrap_intervals, judge, median_ci, paired_point_stats
 from kvbench.results import SCHEMA_VERSION
+from kvbench.latency import ITL_PERCENTILES
 
 #: Statuses of trials that ran to the end (an over-budget trial is measured, it just does not fit).
 MEASURED = ("ok", "over_budget")
@@ -35,8 +37,6 @@ MEDIAN_METRICS = ("decode_tokens_per_s", "kv_device_peak_bytes", "kv_host_peak_b
 POINT_KEYS = ["group", "prompt_tokens", "batch_size", "mode_label"]
 #: A trial whose KV accounting differs from the analytic prediction by more than this fraction is flagged.
 KV_CHECK_TOLERANCE = 0.25
-#: Bootstrap intervals need this many measured repeats.
-BOOTSTRAP_MIN_REPEATS = 5
 _REQUIRED = ("trial_id", "status", "prompt_tokens", "batch_size", "mode")
 
 
@@ -227,7 +227,15 @@ def _load(paths: list[str | Path]) -> Results:
         name = r["scenario_name"]
         r["group"] = name if len(by_name[name]) == 1 else f"{name} @ {r['name']}"
     trials = pd.concat(frames, ignore_index=True, sort=False)
+    # a point is measured as often as its scenario asked (a capacity probe, once, is not a measured point)
+    trials["repeats_planned"] = trials["run_path"].map({r["path"]: _repeats(r["scenario"]) for r in runs})
     return Results(_prepare(trials, trials["run_path"].map({r["path"]: r["group"] for r in runs})), runs, problems)
+
+
+def _repeats(scenario: dict[str, Any]) -> float:
+    """The ``repeats`` a run's scenario asked for (NaN when run.json does not say)."""
+    v = scenario.get("repeats")
+    return float(v) if isinstance(v, int) and not isinstance(v, bool) else float("nan")
 
 
 def trials_frame(rows: list[dict[str, Any]], group: str) -> pd.DataFrame:
@@ -242,6 +250,8 @@ def _prepare(trials: pd.DataFrame, group: Any) -> pd.DataFrame:
     trials["mode_label"] = trials["mode_label"].fillna(trials["mode"])
     if "message" not in trials:
         trials["message"] = ""
+    if "run_path" not in trials:  # rows of one run being written (trials_frame)
+        trials["run_path"] = ""
     _derive(trials)
     return trials
 
@@ -267,77 +277,58 @@ def _derive(df: pd.DataFrame) -> None:
     df["kv_check_error"] = df["kv_measured_bytes"] / _num(df, "kv_bytes_predicted") - 1
 
 
-def median_ci(sorted_values: np.ndarray, positions: np.ndarray, level: float = 0.95) -> tuple[np.ndarray, np.ndarray]:
-    """Percentile-bootstrap interval of the median for many samples of the same size at once.
-
-    Args:
-        sorted_values: ``[points, n]``, each row sorted ascending.
-        positions: ``[n_boot, n]`` resampled positions (integers in [0, n)), shared by every row.
-        level: coverage (0.95: the 2.5th and 97.5th percentiles of the resampled medians).
-
-    Returns:
-        (low, high), each ``[points]``: exactly ``np.quantile(medians, [α, 1 − α], axis=1)`` (linear
-        interpolation) of the resampled medians ``np.median(sorted_values[:, positions], axis=2)``, computed
-        without sorting any resample: as each row is non-decreasing, a resample's sorted values are the row at its
-        sorted positions, so its median is the row at the middle sorted position(s); for odd n the medians of a
-        row are then already ordered by that middle position, and no partition is needed either.
-    """
-    idx = np.sort(positions, axis=1)
-    n_boot, n = idx.shape
-    alpha = (1 - level) / 2
-    if n % 2:
-        mid = np.sort(idx[:, n // 2])  # the resamples ordered by their median's position = by their median
-        out = []
-        for q in (alpha, 1 - alpha):
-            h = q * (n_boot - 1)
-            i = int(np.floor(h))
-            j = min(i + 1, n_boot - 1)
-            below, above = sorted_values[:, mid[i]], sorted_values[:, mid[j]]
-            out.append(below + (h - i) * (above - below))
-        return out[0], out[1]
-    medians = (sorted_values[:, idx[:, n // 2 - 1]] + sorted_values[:, idx[:, n // 2]]) / 2  # [points, n_boot]
-    lo, hi = np.quantile(medians, [alpha, 1 - alpha], axis=1)
-    return lo, hi
-
-
-def _bootstrap_groups(values: pd.Series, pid: pd.Series, n_boot: int, seed: int) -> pd.DataFrame:
-    """95% percentile-bootstrap intervals of the median of ``values`` (Efron & Tibshirani, *An Introduction to the
-    Bootstrap*, 1993, ch. 13) per point id ``pid`` with at least :data:`BOOTSTRAP_MIN_REPEATS` values; ``n_boot``
-    resamples, deterministic for a ``seed``, vectorised over points with the same number of values (they share
-    one resampling of positions). Returns columns ``low``, ``high`` indexed by point id (``n_boot=0``: empty)."""
-    out_ids: list[np.ndarray] = []
-    out_lo: list[np.ndarray] = []
-    out_hi: list[np.ndarray] = []
-    if n_boot > 0:
-        ok = values.notna().to_numpy()
-        v, ids = values.to_numpy(dtype=float)[ok], pid.to_numpy()[ok]
-        sizes = np.bincount(ids)
-        keep = sizes[ids] >= BOOTSTRAP_MIN_REPEATS
-        v, ids = v[keep], ids[keep]
-        rng = np.random.default_rng(seed)
-        order = np.argsort(ids, kind="stable")
-        v, ids = v[order], ids[order]
-        n_of = sizes[ids]
-        for n in dict.fromkeys(n_of.tolist()):  # in first-seen order, as before: the random draws stay the same
-            sel = n_of == n
-            matrix = np.sort(v[sel].reshape(-1, n), axis=1)  # one row per point, each row sorted
-            point_ids = ids[sel][::n]
-            positions = rng.integers(0, n, size=(n_boot, n))
-            for start in range(0, len(matrix), 1024):
-                lo, hi = median_ci(matrix[start:start + 1024], positions)
-                out_ids.append(point_ids[start:start + 1024])
-                out_lo.append(lo)
-                out_hi.append(hi)
-    if not out_ids:
-        return pd.DataFrame({"low": [], "high": []}, dtype=float)
-    return pd.DataFrame({"low": np.concatenate(out_lo), "high": np.concatenate(out_hi)},
-                        index=np.concatenate(out_ids))
-
-
 def qualifies(table: pd.DataFrame) -> pd.Series:
-    """Per point of :func:`point_table`: every trial ended ``ok`` (ran to the end within the budget) and no measured
-    trial's greedy ids differed from ``none``'s, the condition for recommending a mode or costing it."""
-    return (table["n_ok"] == table["trials"]) & table["tokens_match"].map(lambda v: v is not False)
+    """Per point of :func:`point_table`: every trial ended ``ok`` (ran to the end within the budget), every measured
+    trial's greedy ids were compared with ``none``'s and equal them (``tokens_match`` True: a point never compared
+    does not qualify), and it was measured as many times as its scenario's ``repeats`` (a capacity probe, run once,
+    is not a cost point): the condition for recommending a mode or costing it."""
+    planned = table["repeats_planned"] if "repeats_planned" in table else pd.Series(np.nan, index=table.index)
+    return ((table["n_ok"] == table["trials"]) & table["tokens_match"].map(lambda v: v is True)
+            & (planned.isna() | (table["n_ok"] >= planned)))
+
+
+def _itl_pooled(measured: pd.DataFrame, mpid: pd.Series) -> pd.DataFrame:
+    """Per point: the p50/p90/p99 and max of every inter-token gap of its measured trials, pooled (seconds; the
+    value at 0-based rank ⌈(n − 1)·p⌉ of the sorted gaps, as the trial rows' ``itl_p*_s``)."""
+    cols = [f"itl_p{p}_s" for p in ITL_PERCENTILES] + ["itl_max_s"]
+    if "itl_s" not in measured or measured.empty:
+        return pd.DataFrame(columns=cols, dtype=float)
+    gaps = measured["itl_s"].map(lambda v: v if isinstance(v, list) else []).explode()
+    gaps = pd.to_numeric(gaps, errors="coerce").dropna()
+    by = gaps.groupby(mpid.reindex(gaps.index))
+    out = by.quantile([p / 100 for p in ITL_PERCENTILES], interpolation="higher").unstack()
+    out.columns = cols[:-1]
+    out["itl_max_s"] = by.max()
+    return out
+
+
+def _comparisons(table: pd.DataFrame) -> None:
+    """The paired comparisons with ``none`` as percentages and ratios, and their verdicts (in place):
+    ``time_overhead_pct`` = 100 × (paired TPOT ratio − 1) with ``time_overhead_ci_low``/``_high``;
+    ``throughput_ratio`` (paired) with its ``_ci_low``/``_high``; ``ttft_ratio``; ``tpot_verdict`` (see
+    :func:`kvbench.intervals.judge`; an offload mode faster than ``none`` at the same batch beyond its interval is
+    implausible: the decode-step roofline puts it at or above ``none``); None for ``none`` itself."""
+    for c in ("tpot_s_ratio", "tpot_s_ratio_ci_low", "tpot_s_ratio_ci_high", "throughput_tokens_per_s_ratio",
+              "throughput_tokens_per_s_ratio_ci_low", "throughput_tokens_per_s_ratio_ci_high", "ttft_s_ratio"):
+        if c not in table:
+            table[c] = np.nan
+    table["time_overhead_pct"] = 100 * (table["tpot_s_ratio"] - 1)
+    table["time_overhead_ci_low"] = 100 * (table["tpot_s_ratio_ci_low"] - 1)
+    table["time_overhead_ci_high"] = 100 * (table["tpot_s_ratio_ci_high"] - 1)
+    table["throughput_ratio"] = table["throughput_tokens_per_s_ratio"]
+    table["throughput_ratio_ci_low"] = table["throughput_tokens_per_s_ratio_ci_low"]
+    table["throughput_ratio_ci_high"] = table["throughput_tokens_per_s_ratio_ci_high"]
+    table["ttft_ratio"] = table["ttft_s_ratio"]
+    verdicts = []
+    for r in table[["mode", "pairs", "pairs_busy_trials", "pairs_load_unknown", "tpot_s_ratio_ci_low",
+                    "tpot_s_ratio_ci_high"]].itertuples(index=False):
+        if r.mode == "none":
+            verdicts.append(None)
+            continue
+        lo, hi = float(r.tpot_s_ratio_ci_low), float(r.tpot_s_ratio_ci_high)
+        verdicts.append(judge(int(r.pairs), int(r.pairs_busy_trials), int(r.pairs_load_unknown), lo, hi,
+                              implausible=hi < 1))
+    table["tpot_verdict"] = verdicts
 
 
 def point_table(trials: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
@@ -403,9 +394,19 @@ def point_table(trials: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> pd.D
     medians.columns = [f"{c}_median" for c in medians.columns]
     table = table.join(stats).join(medians)
     for col in SPREAD_METRICS:
-        ci = _bootstrap_groups(numeric[col], mpid, n_boot, seed)
+        ci = bootstrap_intervals(numeric[col], mpid, n_boot, seed)
         table[f"{col}_ci_low"] = ci["low"]
         table[f"{col}_ci_high"] = ci["high"]
+
+    table = table.join(_itl_pooled(measured, mpid))
+    busy = measured["machine_busy"] if "machine_busy" in measured else pd.Series(None, index=measured.index)
+    table["n_busy"] = (busy == True).groupby(mpid).sum()  # noqa: E712 - None/NaN: not recorded, not busy
+    table["n_busy"] = table["n_busy"].fillna(0).astype(int)
+    table["others_cpu_percent_median"] = _num(measured, "others_cpu_percent").groupby(mpid).median()
+    paired = paired_point_stats(measured, mpid, n_boot, seed)
+    table = table.join(paired)
+    for c in ("pairs", "pairs_busy_trials", "pairs_load_unknown"):
+        table[c] = table[c].fillna(0).astype(int) if c in table else 0
 
     err = measured["kv_check_error"].abs()
     table["kv_check_flagged"] = (err > KV_CHECK_TOLERANCE).groupby(mpid).sum()
@@ -413,17 +414,17 @@ def point_table(trials: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> pd.D
     table["kv_check_worst"] = worst.groupby(mpid, sort=False).first()
     table["kv_check_flagged"] = table["kv_check_flagged"].fillna(0).astype(int)
     table["budget_bytes"] = _num(df, "budget_bytes").groupby(pid, sort=False).max()
+    table["repeats_planned"] = _num(df, "repeats_planned").groupby(pid, sort=False).max()
     table = table.reset_index(drop=True)
 
-    ref_cols = {"kv_device_peak_bytes_median": "ref_kv", "peak_device_allocated_bytes_median": "ref_alloc",
-                "tpot_s_median": "ref_tpot", "throughput_tokens_per_s_median": "ref_tput"}
+    ref_cols = {"kv_device_peak_bytes_median": "ref_kv", "peak_device_allocated_bytes_median": "ref_alloc"}
     ref = table[table["mode"] == "none"].drop_duplicates(keys[:3])[keys[:3] + list(ref_cols)].rename(columns=ref_cols)
     table = table.merge(ref, on=keys[:3], how="left")
+    # bytes are the same in every repeat: a ratio of medians; times are paired (kvbench.intervals)
     table["memory_saving_pct"] = 100 * (1 - table["kv_device_peak_bytes_median"] / table["ref_kv"])
     table["measured_saving_pct"] = 100 * (1 - table["peak_device_allocated_bytes_median"] / table["ref_alloc"])
-    table["time_overhead_pct"] = 100 * (table["tpot_s_median"] / table["ref_tpot"] - 1)
-    table["throughput_ratio"] = table["throughput_tokens_per_s_median"] / table["ref_tput"]
     table = table.drop(columns=list(ref_cols.values()))
+    _comparisons(table)
     # measured ÷ kvbench plan's prediction (kvbench.plan: placement and decode-step roofline)
     table["kv_device_vs_plan"] = table["kv_device_peak_bytes_median"] / table["plan_kv_device_bytes_median"]
     table["link_vs_plan"] = table["h2d_bytes_per_step_median"] / table["plan_link_bytes_per_step_median"]

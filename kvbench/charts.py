@@ -8,6 +8,7 @@ use (:func:`warm_up`), so that a report's chart workers can import it while the 
 from __future__ import annotations
 
 import io
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -84,7 +85,9 @@ def _save(fig: Any, path: Path) -> Path:
 
 
 def _per_mode_lines(ax: Any, table: pd.DataFrame, x: str, y: str, colours: dict[str, Any],
-                    by_batch: bool = True) -> None:
+                    by_batch: bool = True, interval: tuple[str, str] | None = None) -> None:
+    """One line per mode (and batch size); with ``interval`` = (low column, high column), each point's 95%
+    interval as an error bar."""
     batches = sorted(table["batch_size"].unique())
     for mode, part in table.groupby("mode_label", sort=False):
         for j, b in enumerate(batches if by_batch else [None]):
@@ -94,6 +97,16 @@ def _per_mode_lines(ax: Any, table: pd.DataFrame, x: str, y: str, colours: dict[
                 continue
             label = mode if b is None or len(batches) == 1 else f"{mode}, batch {b}"
             ax.plot(rows[x], rows[y], marker="o", color=colours[mode], linestyle=_LINESTYLES[j % 4], label=label)
+            if interval is not None and interval[0] in rows:
+                _error_bars(ax, rows[x], rows[y], rows[interval[0]], rows[interval[1]], colours[mode])
+
+
+def _error_bars(ax: Any, x: pd.Series, y: pd.Series, low: pd.Series, high: pd.Series, colour: Any) -> None:
+    """Vertical bars from ``low`` to ``high`` at ``x`` (points without an interval get none)."""
+    has = low.notna() & high.notna()
+    if has.any():
+        ax.errorbar(x[has], y[has], yerr=[(y - low)[has].clip(lower=0), (high - y)[has].clip(lower=0)], fmt="none",
+                    ecolor=colour, elinewidth=1, capsize=3, alpha=0.8)
 
 
 def saving_and_overhead(table: pd.DataFrame, group: str, colours: dict[str, Any], path: Path) -> Path | None:
@@ -105,9 +118,12 @@ def saving_and_overhead(table: pd.DataFrame, group: str, colours: dict[str, Any]
     plt = _pyplot()
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.2), gridspec_kw=TWO_PANELS)
     _per_mode_lines(a, t, "prompt_tokens", "memory_saving_pct", colours)
-    _per_mode_lines(b, t, "prompt_tokens", "time_overhead_pct", colours)
-    a.set(title="Device KV memory saved vs none", xlabel="prompt length (tokens)", ylabel="memory saving (%)")
-    b.set(title="TPOT overhead vs none", xlabel="prompt length (tokens)", ylabel="time overhead (%)")
+    _per_mode_lines(b, t, "prompt_tokens", "time_overhead_pct", colours,
+                    interval=("time_overhead_ci_low", "time_overhead_ci_high"))
+    a.set(title="Device KV memory saved vs none (exact bytes)", xlabel="prompt length (tokens)",
+          ylabel="memory saving (%)")
+    b.set(title="TPOT overhead vs none (paired; bars: 95% interval)", xlabel="prompt length (tokens)",
+          ylabel="time overhead (%)")
     b.axhline(0, color="grey", linewidth=0.8)
     for ax in (a, b):
         _log_axis(ax, "x", 2, t["prompt_tokens"])
@@ -132,6 +148,9 @@ def throughput_vs_batch(table: pd.DataFrame, group: str, colours: dict[str, Any]
         if part.empty:
             continue
         a.plot(part["batch_size"], part["throughput_tokens_per_s_median"], marker="o", color=colours[mode], label=mode)
+        if "throughput_tokens_per_s_ci_low" in part:
+            _error_bars(a, part["batch_size"], part["throughput_tokens_per_s_median"],
+                        part["throughput_tokens_per_s_ci_low"], part["throughput_tokens_per_s_ci_high"], colours[mode])
         b.plot(part["batch_size"], part["kv_device_peak_bytes_median"] / MIB, marker="o", color=colours[mode],
                label=mode)
         over = part[part["n_over_budget"] > 0]
@@ -141,7 +160,7 @@ def throughput_vs_batch(table: pd.DataFrame, group: str, colours: dict[str, Any]
     if len(budget):
         b.axhline(budget.iloc[0] / MIB, color="red", linestyle="--", linewidth=1,
                   label=f"budget {budget.iloc[0] / MIB:,.0f} MiB")
-    a.set(title=f"Throughput at {longest} prompt tokens", xlabel="batch size (sequences)",
+    a.set(title=f"Throughput at {longest} prompt tokens (bars: 95% interval)", xlabel="batch size (sequences)",
           ylabel="throughput (generated tokens/s)")
     b.set(title=f"Device KV peak at {longest} prompt tokens", xlabel="batch size (sequences)",
           ylabel="device KV peak (MiB)")
@@ -218,15 +237,20 @@ def cost_bars(costs: pd.DataFrame, path: Path) -> Path | None:
     width = 0.8 / len(modes)
     fig, ax = plt.subplots(figsize=(max(6.5, 1.2 * len(points) * len(modes) ** 0.5), 4.2), gridspec_kw=ONE_PANEL)
     for j, mode in enumerate(modes):
-        xs, ys = [], []
+        xs, ys, lo, hi = [], [], [], []
         for i, point in enumerate(points):
             hit = c[(c["group"] == point[0]) & (c["prompt_tokens"] == point[1]) & (c["mode_label"] == mode)]
             if len(hit):
                 xs.append(i + (j - (len(modes) - 1) / 2) * width)
                 ys.append(hit["usd_per_million"].iloc[0])
+                lo.append(hit["usd_ci_low"].iloc[0] if "usd_ci_low" in hit else math.nan)
+                hi.append(hit["usd_ci_high"].iloc[0] if "usd_ci_high" in hit else math.nan)
         ax.bar(xs, ys, width=width, color=colours[mode], label=mode)
+        _error_bars(ax, pd.Series(xs, dtype=float), pd.Series(ys, dtype=float), pd.Series(lo, dtype=float),
+                    pd.Series(hi, dtype=float), "black")
     ax.set_xticks(range(len(points)), [f"{g}\n{p} tokens" for g, p in points], fontsize=8)
-    ax.set(title="Cost per 1M generated tokens (best qualifying batch)", ylabel="USD per 1M tokens")
+    ax.set(title="Cost per 1M generated tokens (best qualifying batch; bars: 95% interval)",
+           ylabel="USD per 1M tokens")
     ax.grid(alpha=0.3, axis="y")
     ax.legend(fontsize=7)
     return _save(fig, path)

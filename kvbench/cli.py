@@ -347,7 +347,7 @@ def _table(frame: Any, title: str, caption: str = "") -> Table:
     for i, col in enumerate(frame.columns):
         t.add_column(escape(str(col)), justify="left" if i < 4 else "right", overflow="fold",
                      no_wrap=col not in ("mode", "trials", "probes", "why it stops there"),
-                     min_width={"mode": min(28, max([12, *(len(str(v)) for v in frame[col])])), "trials": 8,
+                     min_width={"mode": min(28, max([12, *(len(str(v)) for v in frame[col])])), "trials": 9,
                                 "probes": 12, "why it stops there": 16}.get(col) if col in frame else None)
     for row in frame.itertuples(index=False):
         t.add_row(*(escape(str(v)) for v in row))
@@ -502,7 +502,8 @@ def compare(
 def cost(
     results: list[Path] = typer.Argument(None, help="Run directories, trials.jsonl files or folders of runs."),
     gpu_price: float = typer.Option(..., "--gpu-price", help="USD per GPU-hour."),
-    host_price: float = typer.Option(0.0, "--host-price", help="USD per GiB-hour of host memory or disk held by KV."),
+    host_price: float = typer.Option(0.0, "--host-price", help="USD per GiB-hour of host memory held by KV."),
+    disk_price: float = typer.Option(0.0, "--disk-price", help="USD per GiB-hour of disk held by KV."),
     tokens_per_month: Optional[float] = typer.Option(None, "--tokens-per-month", help="For the saving per month."),
     engineering_cost: Optional[float] = typer.Option(None, "--engineering-cost", help="USD, for the payback time."),
     max_ttft_ms: Optional[float] = typer.Option(None, "--max-ttft-ms", help="SLO: median TTFT at most this."),
@@ -519,7 +520,7 @@ def cost(
     from kvbench.cost import Prices, what_if
 
     try:
-        prices = Prices(gpu_price, host_price, tokens_per_month, engineering_cost)
+        prices = Prices(gpu_price, host_price, tokens_per_month, engineering_cost, disk_price)
     except ValueError as exc:
         _fail(str(exc))
     for name, v in (("--max-ttft-ms", max_ttft_ms), ("--max-tpot-ms", max_tpot_ms)):
@@ -551,10 +552,11 @@ def cost(
         _fail("give result directories, or --base-throughput and --offload-throughput for a what-if")
     from kvbench.analysis import point_table
     from kvbench.cost import cost_table, reuse_cost, verdicts
+    from kvbench.intervals import pct_interval
 
     loaded = _load(results)
-    points = point_table(loaded.trials, n_boot=0)
-    table = cost_table(points, prices, None if max_ttft_ms is None else max_ttft_ms / 1e3,
+    points = point_table(loaded.trials)
+    table = cost_table(points, prices, loaded.trials, None if max_ttft_ms is None else max_ttft_ms / 1e3,
                        None if max_tpot_ms is None else max_tpot_ms / 1e3) if len(points) else points
     reuse = reuse_cost(loaded.trials, prices)
     if out_dir is not None and not out_dir.strip():
@@ -562,20 +564,25 @@ def cost(
     first = results[0]
     target = Path(out_dir) if out_dir else (first if first.is_dir() else first.parent) / "report"
     monthly = tokens_per_month is not None
-    t = Table(title=f"cost per 1M generated tokens at {gpu_price:g} USD per GPU-hour, host {host_price:g} USD per "
-                    "GiB-hour", caption="best qualifying batch per mode (all trials ok within the budget, ids equal "
-                                        "to none's, SLOs met); saving against none at the same prompt length")
-    for c in ["scenario", "prompt", "mode", "batch", "tokens/s", "USD/1M", "saving %"] + \
+    t = Table(title=f"cost per 1M generated tokens at {gpu_price:g} USD per GPU-hour, host {host_price:g} and disk "
+                    f"{disk_price:g} USD per GiB-hour",
+              caption="best qualifying batch per mode (all trials ok within the budget, ids equal to none's, measured "
+                      "`repeats` times, SLOs met); USD/1M with the 95% interval of its throughput; saving against "
+                      "none at the same prompt length, paired by repeat, with its 95% interval over the pairs")
+    for c in ["scenario", "prompt", "mode", "batch", "tokens/s", "USD/1M", "saving %", "pairs"] + \
             (["USD/month"] if monthly else []) + (["payback months"] if engineering_cost is not None else []):
         t.add_column(c, justify="left" if c in ("scenario", "mode") else "right", overflow="fold")
     for r in table.to_dict("records"):
         if r["usd_per_million"] != r["usd_per_million"]:
-            cells = ["-", "-", "-", escape(r["why"])] + (["-"] if monthly else []) + \
+            cells = ["-", "-", "-", escape(r["why"]), "-"] + (["-"] if monthly else []) + \
                     (["-"] if engineering_cost is not None else [])
         else:
-            cells = [str(int(r["batch_size"])), f"{r['throughput_tokens_per_s']:,.2f}", f"{r['usd_per_million']:,.2f}",
+            usd = f"{r['usd_per_million']:,.2f}" + ("" if r["usd_ci_low"] != r["usd_ci_low"] else
+                                                    f" [{r['usd_ci_low']:,.2f}–{r['usd_ci_high']:,.2f}]")
+            cells = [str(int(r["batch_size"])), f"{r['throughput_tokens_per_s']:,.2f}", usd,
                      "ref" if r["mode"] == "none" else
-                     ("n/a" if r["saving_pct"] != r["saving_pct"] else f"{r['saving_pct']:+.1f}")]
+                     pct_interval(r["saving_pct"], r["saving_ci_low"], r["saving_ci_high"], 1).replace("%", ""),
+                     "-" if r["mode"] == "none" else str(int(r["pairs"]))]
             if monthly:
                 m = r["monthly_saving_usd"]
                 cells.append("-" if m is None or m != m else f"{m:,.0f}")
@@ -591,8 +598,10 @@ def cost(
         out.print(f"[bold]{escape(group)}:[/]", highlight=False)
         for line in lines:
             out.print(f"  {escape(line)}", highlight=False)
-    out.print(f"host memory and disk charged at {host_price:g} USD per GiB-hour"
-              + (" (pass --host-price to charge them)" if host_price == 0 else ""), highlight=False)
+    bases = sorted(set(table["host_basis"]) - {""}) if "host_basis" in table else []
+    out.print(f"host memory charged at {host_price:g} and disk at {disk_price:g} USD per GiB-hour"
+              + (" (pass --host-price and --disk-price to charge them)" if host_price == 0 == disk_price else "")
+              + (f"; host memory held: {', '.join(bases)}" if bases else ""), highlight=False)
     _problems(loaded)
     from kvbench.cost import write_costs
 

@@ -15,9 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
-from kvbench.analysis import qualifies
+from kvbench.analysis import MEASURED, qualifies
+from kvbench.intervals import bootstrap_intervals, judge, pair_load, pair_with_reference, pct_interval
 from kvbench.plan import cost_per_million
 
 GIB = 2**30
@@ -29,15 +31,17 @@ class Prices:
 
     Attributes:
         gpu_per_hour: USD per GPU-hour (> 0).
-        host_per_gib_hour: USD per GiB-hour of host memory or disk held by KV (≥ 0; default 0).
+        host_per_gib_hour: USD per GiB-hour of host memory held by KV (≥ 0; default 0).
         tokens_per_month: generated tokens per month, for the monthly saving (optional).
         engineering_cost: USD to build and run offload, for the payback time (optional).
+        disk_per_gib_hour: USD per GiB-hour of disk held by KV (≥ 0; default 0), priced apart from host memory.
     """
 
     gpu_per_hour: float
     host_per_gib_hour: float = 0.0
     tokens_per_month: float | None = None
     engineering_cost: float | None = None
+    disk_per_gib_hour: float = 0.0
 
     def __post_init__(self) -> None:
         def bad(v: float | None, low: float, strict: bool) -> bool:
@@ -47,6 +51,8 @@ class Prices:
             raise ValueError(f"--gpu-price must be a finite number above 0 USD per hour, not {self.gpu_per_hour}")
         if bad(self.host_per_gib_hour, 0, False):
             raise ValueError(f"--host-price must be 0 or more USD per GiB-hour (finite), not {self.host_per_gib_hour}")
+        if bad(self.disk_per_gib_hour, 0, False):
+            raise ValueError(f"--disk-price must be 0 or more USD per GiB-hour (finite), not {self.disk_per_gib_hour}")
         if bad(self.tokens_per_month, 0, True):
             raise ValueError(f"--tokens-per-month must be a finite number above 0, not {self.tokens_per_month}")
         if bad(self.engineering_cost, 0, False):
@@ -54,10 +60,13 @@ class Prices:
         if self.engineering_cost is not None and self.tokens_per_month is None:
             raise ValueError("--engineering-cost needs --tokens-per-month: the payback is cost ÷ saving per month")
 
-    def per_million(self, tokens_per_s: float, host_bytes: float = 0.0) -> float:
-        """USD per 1M generated tokens at ``tokens_per_s``, with ``host_bytes`` of host/disk KV charged."""
+    def per_million(self, tokens_per_s: float, host_bytes: float = 0.0, disk_bytes: float = 0.0) -> float:
+        """USD per 1M generated tokens at ``tokens_per_s``, with ``host_bytes`` of host memory and ``disk_bytes`` of
+        disk held by KV charged: (GPU per hour + host price × host GiB + disk price × disk GiB) ÷ (tokens/s × 3600)
+        × 10^6."""
         gpu = cost_per_million(self.gpu_per_hour, tokens_per_s)
-        return gpu + self.host_per_gib_hour * (host_bytes / GIB) / (tokens_per_s * 3600) * 1e6
+        held = self.host_per_gib_hour * host_bytes / GIB + self.disk_per_gib_hour * disk_bytes / GIB
+        return gpu + held / (tokens_per_s * 3600) * 1e6
 
     def monthly_saving(self, base: float, other: float) -> float | None:
         """USD saved per month at ``tokens_per_month`` when the cost per 1M goes from ``base`` to ``other``."""
@@ -83,22 +92,65 @@ def what_if(prices: Prices, base_tokens_per_s: float, offload_tokens_per_s: floa
             "monthly_saving_usd": monthly, "payback_months": prices.payback_months(monthly)}
 
 
-def cost_table(table: pd.DataFrame, prices: Prices, max_ttft_s: float | None = None,
-               max_tpot_s: float | None = None) -> pd.DataFrame:
-    """Per group × prompt length × mode, the best measured point and its cost.
+#: Trial columns of the host memory a mode held, best first: what torch really pinned (CUDA: rounded up to powers of
+#: two), the capacity kvbench's host buffers allocated (filled part × up to 2, as they grow by doubling), and, in
+#: rows of an older kvbench, the filled KV alone.
+HOST_HELD_COLUMNS = (("pinned_host_allocated_peak_bytes", "pinned by torch"),
+                     ("kv_host_allocated_peak_bytes", "allocated host buffers"),
+                     ("kv_host_peak_bytes", "filled KV (older run: less than held)"))
 
-    A point qualifies when every trial ended ``ok`` (within the budget), its ids matched ``none``, and its median
-    TTFT and TPOT meet the optional SLOs; of those, the batch with the highest median throughput is taken.
+
+def held_bytes(trials: pd.DataFrame) -> pd.DataFrame:
+    """Per trial, the KV memory it held off the device: ``host_bytes`` (the first recorded of
+    :data:`HOST_HELD_COLUMNS`), ``host_basis`` (which) and ``disk_bytes`` (``kv_disk_peak_bytes``); 0 for modes
+    without a host tier."""
+    host = pd.Series(np.nan, index=trials.index, dtype=float)
+    basis = pd.Series("", index=trials.index, dtype=object)
+    for col, what in HOST_HELD_COLUMNS:
+        if col in trials:
+            v = pd.to_numeric(trials[col], errors="coerce")
+            take = host.isna() & v.notna() & (v > 0)
+            host[take], basis[take] = v[take], what
+    disk = pd.to_numeric(trials["kv_disk_peak_bytes"], errors="coerce") if "kv_disk_peak_bytes" in trials else 0.0
+    return pd.DataFrame({"host_bytes": host.fillna(0.0), "host_basis": basis,
+                         "disk_bytes": pd.Series(disk, index=trials.index).fillna(0.0)}, index=trials.index)
+
+
+def _trial_usd(trials: pd.DataFrame, prices: Prices) -> pd.Series:
+    """USD per 1M generated tokens of each trial, from its own throughput and the memory it held."""
+    held = held_bytes(trials)
+    tput = pd.to_numeric(trials["throughput_tokens_per_s"], errors="coerce")
+    return pd.Series([prices.per_million(t, h, d) if t == t and t > 0 else math.nan
+                      for t, h, d in zip(tput, held["host_bytes"], held["disk_bytes"])], index=trials.index)
+
+
+def cost_table(table: pd.DataFrame, prices: Prices, trials: pd.DataFrame | None = None,
+               max_ttft_s: float | None = None, max_tpot_s: float | None = None, n_boot: int = 2000,
+               seed: int = 0) -> pd.DataFrame:
+    """Per group × prompt length × mode, the best measured point, its cost and, for offload modes, the paired
+    saving against ``none``.
+
+    A point qualifies when it passes :func:`kvbench.analysis.qualifies` (every trial ``ok`` within the budget, ids
+    equal to ``none``'s, measured ``repeats`` times) and its median TTFT and TPOT meet the optional SLOs; of those,
+    the batch with the highest median throughput is taken. The saving is paired (:mod:`kvbench.intervals`): repeat
+    r of the mode at its best batch against repeat r of ``none`` at ``none``'s best batch in the same run, each
+    trial costed from its own throughput and held memory; the median of the pairs' savings with a 95% bootstrap
+    interval over pairs, and a verdict (:func:`kvbench.intervals.judge`; a saving at ``none``'s own batch is
+    implausible: the roofline puts an offload mode's throughput at or below ``none``'s there).
 
     Args:
         table: :func:`kvbench.analysis.point_table`.
+        trials: the trial rows behind it (:attr:`kvbench.analysis.Results.trials`); without them no pairs.
 
     Returns:
         Columns ``group``, ``prompt_tokens``, ``mode_label``, ``mode``, ``batch_size`` (the best; NaN if none
         qualified), ``throughput_tokens_per_s`` (median) with ``throughput_min``/``throughput_max`` over its
-        trials, ``host_kv_bytes`` (host + disk KV peak), ``usd_per_million``,
-        ``saving_pct`` (vs ``none`` at the same prompt length), ``monthly_saving_usd``, ``payback_months`` and
-        ``why`` (why nothing qualified).
+        trials, ``host_kv_bytes`` (median host memory held, see :func:`held_bytes`) with ``host_basis``,
+        ``disk_kv_bytes``, ``usd_per_million`` (from the medians) with ``usd_ci_low``/``usd_ci_high`` (from the
+        throughput's interval), ``saving_pct`` (paired median, vs ``none`` at the same prompt length) with
+        ``saving_ci_low``/``saving_ci_high``, ``pairs``, ``pairs_busy_trials``, ``cost_verdict`` ("" = decided,
+        else why not; None for ``none``), ``monthly_saving_usd``, ``payback_months`` and ``why`` (why nothing
+        qualified).
     """
     rows = []
     for (group, prompt, mode), part in table.groupby(["group", "prompt_tokens", "mode_label"], sort=False):
@@ -114,26 +166,116 @@ def cost_table(table: pd.DataFrame, prices: Prices, max_ttft_s: float | None = N
             rows.append(rec)
             continue
         best = ok.loc[ok["throughput_tokens_per_s_median"].idxmax()]
-        host = sum(0.0 if pd.isna(best[c]) else best[c] for c in ("kv_host_peak_bytes_median",
-                                                                  "kv_disk_peak_bytes_median"))
         rec.update(batch_size=best["batch_size"], throughput_tokens_per_s=best["throughput_tokens_per_s_median"],
                    throughput_min=best["throughput_tokens_per_s_min"],
-                   throughput_max=best["throughput_tokens_per_s_max"],
-                   host_kv_bytes=host, usd_per_million=prices.per_million(best["throughput_tokens_per_s_median"],
-                                                                          host), why="")
+                   throughput_max=best["throughput_tokens_per_s_max"], why="")
         rows.append(rec)
     out = pd.DataFrame(rows)
-    for col in ("batch_size", "throughput_tokens_per_s", "throughput_min", "throughput_max", "host_kv_bytes",
-                "usd_per_million"):
+    for col in ("batch_size", "throughput_tokens_per_s", "throughput_min", "throughput_max"):
         if col not in out:
             out[col] = math.nan
+    _cost_of_best(out, table, trials, prices)
+    _paired_savings(out, trials, prices, n_boot, seed)
     base = out[out["mode"] == "none"].set_index(["group", "prompt_tokens"])["usd_per_million"]
     ref = [base.get((g, p), math.nan) for g, p in zip(out["group"], out["prompt_tokens"])]
-    out["saving_pct"] = [100 * (1 - c / r) if r == r and c == c else math.nan for c, r in zip(out["usd_per_million"], ref)]
-    monthly = [prices.monthly_saving(r, c) if r == r and c == c else None for c, r in zip(out["usd_per_million"], ref)]
+    # the monthly saving follows the paired saving: none's cost × the saving
+    monthly = [prices.monthly_saving(r, r * (1 - pct / 100)) if r == r and pct == pct else None
+               for pct, r in zip(out["saving_pct"], ref)]
     out["monthly_saving_usd"] = monthly
     out["payback_months"] = [prices.payback_months(m) for m in monthly]
     return out
+
+
+def _point_of(table: pd.DataFrame, rec: dict[str, Any]) -> pd.Series:
+    """The point-table row of a cost row's best point."""
+    return table[(table["group"] == rec["group"]) & (table["prompt_tokens"] == rec["prompt_tokens"])
+                 & (table["mode_label"] == rec["mode_label"]) & (table["batch_size"] == rec["batch_size"])].iloc[0]
+
+
+def _best_trials(trials: pd.DataFrame | None, rec: dict[str, Any]) -> pd.DataFrame:
+    """The measured trials of a cost row's best point (empty without trials or a best point)."""
+    if trials is None or rec["batch_size"] != rec["batch_size"]:
+        return pd.DataFrame()
+    sel = ((trials["group"] == rec["group"]) & (trials["prompt_tokens"] == rec["prompt_tokens"])
+           & (trials["mode_label"] == rec["mode_label"]) & (trials["batch_size"] == rec["batch_size"])
+           & trials["status"].isin(MEASURED))
+    if "warm" in trials:
+        sel &= trials["warm"].isna()
+    return trials[sel]
+
+
+def _cost_of_best(out: pd.DataFrame, table: pd.DataFrame, trials: pd.DataFrame | None, prices: Prices) -> None:
+    """``host_kv_bytes``, ``host_basis``, ``disk_kv_bytes``, ``usd_per_million`` and its interval (in place): the
+    held bytes are the medians over the best point's trials (the point table's filled KV medians without trials);
+    the interval maps the point's throughput interval through the price (cost falls as throughput rises)."""
+    cols: dict[str, list[Any]] = {k: [] for k in ("host_kv_bytes", "host_basis", "disk_kv_bytes", "usd_per_million",
+                                                  "usd_ci_low", "usd_ci_high")}
+    for rec in out.to_dict("records"):
+        if rec["batch_size"] != rec["batch_size"]:
+            for k, v in cols.items():
+                v.append("" if k == "host_basis" else math.nan)
+            continue
+        point, mine = _point_of(table, rec), _best_trials(trials, rec)
+        if len(mine):
+            held = held_bytes(mine)
+            h, d = float(held["host_bytes"].median()), float(held["disk_bytes"].median())
+            basis = held["host_basis"].mode().iloc[0] if h else ""
+        else:
+            h = 0.0 if pd.isna(point["kv_host_peak_bytes_median"]) else float(point["kv_host_peak_bytes_median"])
+            d = 0.0 if pd.isna(point["kv_disk_peak_bytes_median"]) else float(point["kv_disk_peak_bytes_median"])
+            basis = HOST_HELD_COLUMNS[-1][1] if h else ""
+        t_lo = point.get("throughput_tokens_per_s_ci_low", math.nan)
+        t_hi = point.get("throughput_tokens_per_s_ci_high", math.nan)
+        for k, v in (("host_kv_bytes", h), ("host_basis", basis), ("disk_kv_bytes", d),
+                     ("usd_per_million", prices.per_million(rec["throughput_tokens_per_s"], h, d)),
+                     ("usd_ci_low", prices.per_million(t_hi, h, d) if t_hi == t_hi and t_hi > 0 else math.nan),
+                     ("usd_ci_high", prices.per_million(t_lo, h, d) if t_lo == t_lo and t_lo > 0 else math.nan)):
+            cols[k].append(v)
+    for k, v in cols.items():
+        out[k] = v
+
+
+def _paired_savings(out: pd.DataFrame, trials: pd.DataFrame | None, prices: Prices, n_boot: int, seed: int) -> None:
+    """``saving_pct`` with ``saving_ci_low``/``saving_ci_high``, ``pairs``, ``pairs_busy_trials`` and
+    ``cost_verdict`` of every offload row against ``none``'s row at the same group and prompt length (in place)."""
+    recs = out.to_dict("records")
+    none_rows = {(r["group"], r["prompt_tokens"]): r for r in recs if r["mode"] == "none"}
+    values: list[float] = []
+    ids: list[int] = []
+    meta = [{"pairs": 0, "busy": 0, "unknown": 0} for _ in recs]
+    for i, rec in enumerate(recs):
+        ref = none_rows.get((rec["group"], rec["prompt_tokens"]))
+        if rec["mode"] == "none" or ref is None:
+            continue
+        mine, theirs = _best_trials(trials, rec), _best_trials(trials, ref)
+        if mine.empty or theirs.empty:
+            continue
+        pairs = pair_with_reference(mine.assign(usd=_trial_usd(mine, prices)),
+                                    theirs.assign(usd=_trial_usd(theirs, prices)), on=["group", "prompt_tokens"])
+        load = pair_load(pairs)
+        meta[i] = {"pairs": len(pairs), "busy": int(load["busy_trials"].sum()),
+                   "unknown": int(load["load_unknown"].sum())}
+        values.extend((100 * (1 - pairs["usd"] / pairs["usd_ref"])).tolist())
+        ids.extend([i] * len(pairs))
+    series, pid = pd.Series(values, dtype=float), pd.Series(ids, dtype=np.int64)
+    medians = series.groupby(pid).median()
+    ci = bootstrap_intervals(series, pid, n_boot, seed)
+    out["saving_pct"] = [medians.get(i, math.nan) for i in range(len(recs))]
+    out["saving_ci_low"] = [ci["low"].get(i, math.nan) for i in range(len(recs))]
+    out["saving_ci_high"] = [ci["high"].get(i, math.nan) for i in range(len(recs))]
+    out["pairs"] = [m["pairs"] for m in meta]
+    out["pairs_busy_trials"] = [m["busy"] for m in meta]
+    verdicts: list[str | None] = []
+    for i, rec in enumerate(recs):
+        ref = none_rows.get((rec["group"], rec["prompt_tokens"]))
+        if rec["mode"] == "none" or rec["batch_size"] != rec["batch_size"]:
+            verdicts.append(None)
+            continue
+        lo, hi = out["saving_ci_low"].iloc[i], out["saving_ci_high"].iloc[i]
+        same_batch = ref is not None and ref["batch_size"] == rec["batch_size"]
+        verdicts.append(judge(meta[i]["pairs"], meta[i]["busy"], meta[i]["unknown"], lo, hi, no_change=0.0,
+                              implausible=bool(same_batch and lo > 0)))
+    out["cost_verdict"] = verdicts
 
 
 def _why_not(part: pd.DataFrame, max_ttft_s: float | None, max_tpot_s: float | None) -> str:
@@ -153,15 +295,11 @@ def _why_not(part: pd.DataFrame, max_ttft_s: float | None, max_tpot_s: float | N
     return "no batch size qualified (over budget, failed or above an SLO)"
 
 
-def _within_spread(a: pd.Series, b: pd.Series) -> bool:
-    """The two rows' throughput ranges (min–max over their trials) overlap: the measurements do not separate them."""
-    return bool(a["throughput_min"] <= b["throughput_max"] and b["throughput_min"] <= a["throughput_max"])
-
-
 def verdicts(costs: pd.DataFrame) -> dict[str, list[str]]:
-    """Plain-language lines per group: at each prompt length, the cheapest qualifying mode, and whether offload
-    lowers or raises the cost against ``none`` there — or, when the throughput ranges (min–max over trials) of
-    the cheapest offload mode and ``none`` overlap, that the measurements do not separate them."""
+    """Plain-language lines per group: at each prompt length, the cheapest qualifying mode and, for the cheapest
+    offload mode against ``none``, the paired saving with its interval and pair count: "lowers cost" or "raises
+    cost" only when :func:`kvbench.intervals.judge` decides (≥ 5 pairs, a quiet machine, an interval that excludes
+    no change, plausible against the plan); otherwise why the measurements do not decide."""
     out: dict[str, list[str]] = {}
     for (group, prompt), part in costs.groupby(["group", "prompt_tokens"], sort=False):
         lines = out.setdefault(group, [])
@@ -176,24 +314,24 @@ def verdicts(costs: pd.DataFrame) -> dict[str, list[str]]:
             lines.append(f"at {prompt} tokens `none` has no cost ({why}); `{best['mode_label']}` costs "
                          f"{best['usd_per_million']:,.2f} USD per 1M tokens at batch {int(best['batch_size'])}")
             continue
-        base = none["usd_per_million"].iloc[0]
+        base, nb = none["usd_per_million"].iloc[0], int(none["batch_size"].iloc[0])
         offload = ok[ok["mode"] != "none"]
         if offload.empty:
             lines.append(f"at {prompt} tokens only `none` qualified: {base:,.2f} USD per 1M tokens")
-        elif _within_spread(cheapest := offload.loc[offload["usd_per_million"].idxmin()], none.iloc[0]):
-            lines.append(f"at {prompt} tokens offload does not change the cost measurably: `{cheapest['mode_label']}` "
-                         f"{cheapest['usd_per_million']:,.2f} vs `none` {base:,.2f} USD per 1M tokens, within the "
-                         f"spread of their tokens/s ({cheapest['throughput_min']:,.2f}–"
-                         f"{cheapest['throughput_max']:,.2f} vs {none['throughput_min'].iloc[0]:,.2f}–"
-                         f"{none['throughput_max'].iloc[0]:,.2f}); more repeats would tell")
-        elif best["mode"] == "none":
-            lines.append(f"at {prompt} tokens offload raises cost here: `none` {base:,.2f} USD per 1M tokens, the "
-                         f"cheapest offload mode `{cheapest['mode_label']}` {cheapest['usd_per_million']:,.2f} "
-                         f"({-cheapest['saving_pct']:+.0f}%)")
+            continue
+        c = offload.loc[offload["usd_per_million"].idxmin()]
+        saving = pct_interval(c["saving_pct"], c["saving_ci_low"], c["saving_ci_high"])
+        raised = pct_interval(-c["saving_pct"], -c["saving_ci_high"], -c["saving_ci_low"])
+        n = f"{int(c['pairs'])} pairs, batch {int(c['batch_size'])} vs none's {nb}"
+        if c["cost_verdict"]:
+            lines.append(f"at {prompt} tokens {c['cost_verdict']}: `{c['mode_label']}` "
+                         f"{c['usd_per_million']:,.2f} vs `none` {base:,.2f} USD per 1M tokens, saving {saving} ({n})")
+        elif c["saving_pct"] > 0:
+            lines.append(f"at {prompt} tokens `{c['mode_label']}` lowers cost to {c['usd_per_million']:,.2f} "
+                         f"USD per 1M tokens from none's {base:,.2f} ({saving} saved; {n})")
         else:
-            lines.append(f"at {prompt} tokens `{best['mode_label']}` lowers cost to {best['usd_per_million']:,.2f} "
-                         f"USD per 1M tokens from none's {base:,.2f} ({best['saving_pct']:.0f}% saved, batch "
-                         f"{int(best['batch_size'])})")
+            lines.append(f"at {prompt} tokens offload raises cost here: `none` {base:,.2f} USD per 1M tokens, the "
+                         f"cheapest offload mode `{c['mode_label']}` {c['usd_per_million']:,.2f} ({raised}; {n})")
     return out
 
 
@@ -259,4 +397,4 @@ def write_costs(costs: pd.DataFrame, out_dir: str | Path, prices: Prices,
     return paths + ([png] if png is not None else [])
 
 
-__all__ = ["Prices", "cost_table", "reuse_cost", "verdicts", "what_if", "write_costs"]
+__all__ = ["HOST_HELD_COLUMNS", "Prices", "cost_table", "held_bytes", "reuse_cost", "verdicts", "what_if", "write_costs"]

@@ -23,6 +23,7 @@ import pandas as pd
 
 from kvbench import charts
 from kvbench.analysis import KV_CHECK_TOLERANCE, Results, point_table, qualifies
+from kvbench.intervals import pct_interval
 from kvbench.reuse import reuse_table, reuse_trials
 
 MIB, GIB = 2**20, 2**30
@@ -101,8 +102,9 @@ def display_frame(table: pd.DataFrame) -> pd.DataFrame:
     spread = [f"{m}_{x}" for m in ("ttft_s", "tpot_s", "e2e_s") for x in ("median", "min", "max")]
     used = ["group", "prompt_tokens", "batch_size", "mode", "mode_label", *(f"n_{s}" for s in _STATUSES), *spread,
             "tpot_s_ci_low", "tpot_s_ci_high", "throughput_tokens_per_s_median", "kv_device_peak_bytes_median",
-            "peak_device_allocated_bytes_median", "memory_saving_pct", "time_overhead_pct", "throughput_ratio",
-            "tokens_match"]
+            "peak_device_allocated_bytes_median", "memory_saving_pct", "time_overhead_pct", "time_overhead_ci_low",
+            "time_overhead_ci_high", "throughput_ratio", "throughput_ratio_ci_low", "throughput_ratio_ci_high",
+            "pairs", "tpot_verdict", "itl_p99_s", "n_busy", "measured", "tokens_match"]
     rows = []
     # plain dicts of the columns used: far faster than iterrows, or to_dict of all ~100 columns, on 1000s of points
     for r in table[[c for c in used if c in table]].to_dict("records"):
@@ -114,22 +116,41 @@ def display_frame(table: pd.DataFrame) -> pd.DataFrame:
                else f"{r['throughput_tokens_per_s_median']:,.1f}",
                f"KV device peak ({kv_name})": _size(r["kv_device_peak_bytes_median"], kv_unit),
                f"device peak ({dev_name})": _size(r["peak_device_allocated_bytes_median"], dev_unit),
+               "ITL p99 (ms)": _ms(r["itl_p99_s"]),
                "memory saving (%)": _pct(r["memory_saving_pct"]),
-               "time overhead (%)": _pct(r["time_overhead_pct"], signed=True),
-               "throughput (× none)": "n/a" if _missing(r["throughput_ratio"]) else f"{r['throughput_ratio']:.2f}",
-               **({"memory saving (%)": "ref", "time overhead (%)": "ref", "throughput (× none)": "ref"}
-                  if r["mode"] == "none" and not _missing(r["tpot_s_median"]) else {}),
+               "time overhead (%)": pct_interval(r["time_overhead_pct"], r["time_overhead_ci_low"],
+                                                 r["time_overhead_ci_high"], 1).replace("%", ""),
+               "throughput (× none)": _ratio_interval(r["throughput_ratio"], r["throughput_ratio_ci_low"],
+                                                      r["throughput_ratio_ci_high"]),
+               "pairs": str(int(r["pairs"])),
+               "verdict": r["tpot_verdict"] or "decided",
+               **({"memory saving (%)": "ref", "time overhead (%)": "ref", "throughput (× none)": "ref", "pairs": "-",
+                   "verdict": "-"} if r["mode"] == "none" and not _missing(r["tpot_s_median"]) else {}),
+               "busy trials": f"{int(r['n_busy'])} of {int(r['measured'])}",
                "ids match none": _match(r["tokens_match"])}
         rows.append(rec)
     return pd.DataFrame(rows)
 
 
+def _ratio_interval(v: Any, lo: Any, hi: Any) -> str:
+    """A ratio with its 95% interval, e.g. ``0.91 [0.85, 0.97]`` (``n/a`` without one)."""
+    if _missing(v):
+        return "n/a"
+    return f"{v:.2f}" if _missing(lo) or f"{lo:.2f}" == f"{hi:.2f}" else f"{v:.2f} [{lo:.2f}, {hi:.2f}]"
+
+
 def terminal_frame(shown: pd.DataFrame, table: pd.DataFrame) -> pd.DataFrame:
-    """The columns of :func:`display_frame`'s output that fit a terminal: TTFT median only; no scenario (one
-    table per scenario), e2e, interval, allocator peak or throughput ratio; shorter headers."""
-    frame = shown.drop(columns=["scenario", "e2e (ms)", "TPOT 95% CI (ms)", "throughput (× none)",
-                                *[c for c in shown.columns if c.startswith("device peak")]])
+    """The columns of :func:`display_frame`'s output that fit a terminal: TTFT median only; the overhead with its
+    interval in whole percent; no scenario (one table per scenario), e2e, TPOT interval, ITL, allocator peak,
+    throughput ratio, verdict text (the findings give it) or busy count; shorter headers."""
+    frame = shown.drop(columns=["scenario", "e2e (ms)", "TPOT 95% CI (ms)", "throughput (× none)", "ITL p99 (ms)",
+                                "verdict", "busy trials", *[c for c in shown.columns if c.startswith("device peak")]])
     frame["TTFT (ms)"] = [_ms(v) for v in table["ttft_s_median"]]
+    frame["time overhead (%)"] = ["ref" if m == "none" and c == "ref" else
+                                  pct_interval(v, lo, hi).replace("%", "")
+                                  for m, c, v, lo, hi in zip(table["mode"], shown["time overhead (%)"],
+                                                             table["time_overhead_pct"], table["time_overhead_ci_low"],
+                                                             table["time_overhead_ci_high"])]
     kv = next(c for c in frame.columns if c.startswith("KV device peak"))
     return frame.rename(columns={"prompt (tokens)": "prompt", "TTFT (ms)": "TTFT ms", "TPOT (ms)": "TPOT ms",
                                  "tokens/s (e2e)": "tok/s e2e", kv: kv.replace("KV device peak (", "KV dev ").rstrip(")"),
@@ -368,12 +389,25 @@ def findings(table: pd.DataFrame, group: str) -> list[str]:
     for _, r in t[(t["prompt_tokens"] == longest) & (t["mode"] != "none")].iterrows():
         if _missing(r["memory_saving_pct"]) or _missing(r["time_overhead_pct"]):
             continue
-        o = r["time_overhead_pct"]
-        cost = f"{o:.0f}% more TPOT" if o >= 0.5 else (f"{-o:.0f}% less TPOT" if o <= -0.5 else "the same TPOT")
         out.append(f"at {_pt(r)}, `{r['mode_label']}` saved {r['memory_saving_pct']:.0f}% of device KV memory "
-                   f"({r['kv_device_peak_bytes_median'] / MIB:,.1f} MiB left) for {cost} "
-                   f"({_ms(r['tpot_s_median'])} ms per token)")
+                   f"({r['kv_device_peak_bytes_median'] / MIB:,.1f} MiB left) for {_overhead(r)} TPOT "
+                   f"({_ms(r['tpot_s_median'])} ms per token; {_pairs(r)})" + _verdict_tail(r))
     return out
+
+
+def _overhead(r: Any) -> str:
+    """A point's paired TPOT overhead vs ``none`` with its interval, e.g. ``+9% [+5%, +14%]``."""
+    return pct_interval(r["time_overhead_pct"], r["time_overhead_ci_low"], r["time_overhead_ci_high"])
+
+
+def _pairs(r: Any) -> str:
+    n = int(r["pairs"])
+    return f"{n} pair{'s' if n != 1 else ''} with none"
+
+
+def _verdict_tail(r: Any) -> str:
+    """``": inconclusive: …"`` (or implausible) when the comparison may not claim anything; empty when it may."""
+    return f": {r['tpot_verdict']}" if r["tpot_verdict"] else ""
 
 
 def recommendation(table: pd.DataFrame, group: str) -> str:
@@ -401,7 +435,8 @@ def recommendation(table: pd.DataFrame, group: str) -> str:
         return f"{head}; at {_pt(worst)} no measured mode fits: raise the budget or shorten the context"
     ranked = cands.sort_values("tpot_s_median")
     best = ranked.iloc[0]
-    over = "" if _missing(best["time_overhead_pct"]) else f", {best['time_overhead_pct']:+.0f}% vs none"
+    over = "" if _missing(best["time_overhead_pct"]) else (f", {_overhead(best)} vs none, {int(best['pairs'])} "
+                                                           f"pairs{_verdict_tail(best)}")
     text = (f"{head}; at {_pt(worst)} use `{best['mode_label']}`: it fits with the least TPOT "
             f"({_ms(best['tpot_s_median'])} ms{over}, device KV {best['kv_device_peak_bytes_median'] / MIB:,.1f} MiB)")
     close = [r["mode_label"] for _, r in ranked.iloc[1:].iterrows() if r["tpot_s_min"] <= best["tpot_s_max"]]
@@ -428,6 +463,13 @@ def diagnoses(results: Results, table: pd.DataFrame, group: str) -> list[str]:
     for _, r in t[(t["n_error"] > 0) | (t["n_oom"] > 0)].iterrows():
         out.append(f"failed: `{r['mode_label']}` at {_pt(r)}: {int(r['n_error'] + r['n_oom'])} trial(s); "
                    f"first: {r['message']}")
+    measured = int(t["measured"].sum())
+    busy = int(t["n_busy"].sum())
+    if busy:
+        out.append(f"busy machine: other processes used more than "
+                   f"{_busy_threshold(results, group)} during {busy} of {measured} measured trials: comparisons "
+                   "that include them are inconclusive; rerun on a quiet machine (`--resume` keeps nothing to "
+                   "redo: make a new run)")
     runs = [r for r in results.runs if r.get("group") == group]
     weights = next((r["weights_bytes"] for r in runs if r.get("weights_bytes")), None)
     base = t[(t["mode"] == "none") & t["kv_bytes_predicted_median"].notna()]
@@ -461,6 +503,14 @@ def diagnoses(results: Results, table: pd.DataFrame, group: str) -> list[str]:
                            f"per token but its copies take {_ms(link)} ms at {bw / 1e9:.1f} GB/s: transfers are "
                            "not overlapped with compute, or the host side is slow")
     return out
+
+
+def _busy_threshold(results: Results, group: str) -> str:
+    """The busy threshold the group's trials were judged by (their ``busy_threshold_percent``)."""
+    rows = results.trials[results.trials["group"] == group]
+    if "busy_threshold_percent" in rows and rows["busy_threshold_percent"].notna().any():
+        return f"{rows['busy_threshold_percent'].dropna().iloc[0]:.0f}% of a CPU"
+    return "the busy threshold"
 
 
 # --------------------------------------------------------------------------- writing
@@ -782,8 +832,15 @@ _GLOSSARY = """## Columns
   request. Medians over measured trials, [min–max]; 95% CI: percentile bootstrap of the median (≥ 5 repeats).
 - KV device peak: the cache's own accounting of key/value bytes on the compute device at peak; device peak: the
   torch allocator's peak minus the weights (CUDA only).
-- memory saving: 1 − KV device peak ÷ none's at the same point; time overhead: TPOT ÷ none's − 1; throughput:
-  generated tokens/s ÷ none's. n/a: no measured `none` trial there.
+- memory saving: 1 − KV device peak ÷ none's at the same point (exact bytes, the same in every repeat). time
+  overhead and throughput (× none) are **paired**: repeat r of a mode next to repeat r of `none` at the same point
+  (they ran back to back), the median of the pair ratios with a 95% bootstrap interval over pairs; pairs: how
+  many. verdict: `decided` only with at least 5 pairs, no trial measured while the machine was busy (other
+  processes' CPU at or above the threshold, or another process on the GPU), and an interval that excludes no
+  change; an offload mode faster than `none` at the same batch beyond its interval is implausible against the
+  plan (the decode-step roofline puts it at or above `none`). n/a: no measured `none` trial there.
+- ITL p99: the 99th percentile of every inter-token gap of the point's trials, pooled (stalls a median hides).
+- busy trials: measured trials during which other processes used at least the busy threshold of CPU.
 - ids match none: the greedy token ids equal those of `none` on the same prompts.
 - capacity: the largest batch (or longest prompt) whose trial ended ok within the budget, found by doubling then
   bisection; each probe is a recorded trial.

@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from kvbench.latency import itl_percentiles, latency_metrics, throughputs
+from kvbench.machine_load import LoadWindow, other_gpu_processes
 from kvbench.models import LoadedModel
 from kvbench.monitor import Sampler, host_memory_available, summarise
 from kvbench.offload.caches import DynamicOffloadCache, ModeUnavailable, OffloadedCache, kv_bytes, make_cache
@@ -123,37 +125,6 @@ def roofline_bandwidths(environment: dict[str, Any], device: torch.device) -> tu
     else:
         link = mem.get("copy_gbps")
     return (mem["memory_gbps"] * 1e9, link * 1e9) if link else None
-
-
-def latency_metrics(t_start: float, token_times: Sequence[float]) -> dict[str, Any]:
-    """TTFT, ITL, TPOT and e2e latency from the clock readings of one generation (seconds).
-
-    Args:
-        t_start: clock before the prefill.
-        token_times: clock after each generated token (the first is the prefill's token).
-
-    Returns:
-        ``ttft_s`` = first − start (prefill + first token); ``itl_s`` = the gaps between consecutive tokens;
-        ``e2e_s`` = last − start; ``tpot_s`` = (e2e − TTFT) / (n − 1), None when n = 1 (decode only).
-    """
-    if not token_times:
-        raise ValueError("no token was generated")
-    ttft = token_times[0] - t_start
-    e2e = token_times[-1] - t_start
-    itl = [b - a for a, b in zip(token_times, token_times[1:])]
-    n = len(token_times)
-    return {"ttft_s": ttft, "itl_s": itl, "e2e_s": e2e, "tpot_s": (e2e - ttft) / (n - 1) if n > 1 else None}
-
-
-def throughputs(prompt_tokens: int, batch_size: int, lat: dict[str, Any], n_out: int) -> dict[str, float | None]:
-    """Tokens/s: prefill (prompt tokens of the batch / TTFT), decode (tokens after the first / decode time) and
-    overall (generated tokens of the batch / e2e)."""
-    decode_s = lat["e2e_s"] - lat["ttft_s"]
-    return {
-        "prefill_tokens_per_s": prompt_tokens * batch_size / lat["ttft_s"] if lat["ttft_s"] > 0 else None,
-        "decode_tokens_per_s": (n_out - 1) * batch_size / decode_s if n_out > 1 and decode_s > 0 else None,
-        "throughput_tokens_per_s": n_out * batch_size / lat["e2e_s"] if lat["e2e_s"] > 0 else None,
-    }
 
 
 def left_pad(prompts: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -270,6 +241,7 @@ class TrialRunner:
             int(mon.alert_device_bytes) if mon.alert_device_bytes is not None else None)
         self.last_samples: list[dict[str, Any]] = []  # the timeline of the last trial, for samples.csv
         self.clock = Clock(loaded.device)
+        self.cpu_count = (environment or {}).get("cpu_count")
         tok = loaded.tokenizer
         pad = getattr(tok, "pad_token_id", None) if tok is not None else None
         if pad is None and tok is not None:
@@ -546,6 +518,7 @@ class TrialRunner:
                 return cache.device_bytes, cache.host_bytes, cache.disk_bytes
             return kv_last
 
+        load = LoadWindow(self.cpu_count)
         with self.sampler.trial(t.trial_id, kv_probe=kv_now) as timeline:
             try:
                 if reuse and t.warm:  # TTFT counts the lookup and the restore
@@ -557,6 +530,9 @@ class TrialRunner:
                                                on_phase=self.sampler.mark, top2_gaps=gaps)
             finally:
                 self.last_samples = timeline.samples
+        nvml = self.sampler.nvml
+        machine_load = load.stop(other_gpu_processes(nvml.raw().get("processes"), self.sampler.pid)
+                                 if nvml is not None else None)
         n_out = ids.shape[1]
         if n_out != s.max_new_tokens or len(times) != s.max_new_tokens:
             raise RuntimeError(f"generated {n_out} tokens, expected exactly {s.max_new_tokens}")
@@ -564,7 +540,9 @@ class TrialRunner:
         out: dict[str, Any] = {
             "n_output_tokens": n_out,
             **lat,
+            **itl_percentiles(lat["itl_s"]),
             **throughputs(t.prompt_tokens, t.batch_size, lat, n_out),
+            **machine_load,
             "kv_device_peak_bytes": kv_peak["device"],
             "kv_host_peak_bytes": kv_peak["host"],
             "kv_stored_peak_bytes": kv_peak["stored"],

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 
 import pytest
 from transformers import AutoConfig
@@ -139,8 +140,9 @@ def test_cost_from_results_where_none_never_fits(tmp_path):
     from kvbench.cost import Prices, cost_table, verdicts
 
     golden = next(p for p in sorted((Path(__file__).parent / "data" / "golden").iterdir()) if p.is_dir())
-    table = point_table(load_results([golden]).trials, n_boot=0)
-    costs = cost_table(table, Prices(2.0, tokens_per_month=1e8))
+    trials = load_results([golden]).trials
+    table = point_table(trials, n_boot=0)
+    costs = cost_table(table, Prices(2.0, tokens_per_month=1e8), trials)
     none96 = costs[(costs.prompt_tokens == 96) & (costs["mode"] == "none")].iloc[0]
     assert none96["why"] == "over the budget at every batch size" and none96["usd_per_million"] != none96[
         "usd_per_million"]
@@ -154,9 +156,21 @@ def test_cost_from_results_where_none_never_fits(tmp_path):
     assert lines[1].startswith("at 96 tokens `none` has no cost (over the budget at every batch size); `")
     none32 = costs[(costs.prompt_tokens == 32) & (costs["mode"] == "none")].iloc[0]
     full32 = costs[(costs.prompt_tokens == 32) & (costs.mode_label == "full")].iloc[0]
-    assert full32["saving_pct"] == pytest.approx(100 * (1 - full32["usd_per_million"] / none32["usd_per_million"]))
+    # the saving is paired: repeat r of `full` at its best batch against repeat r of `none` at none's, each trial
+    # costed from its own throughput (GPU price only: cost ∝ 1 / tokens/s)
+    def tput(mode, batch, r):
+        return trials[(trials.prompt_tokens == 32) & (trials.mode_label == mode) & (trials.batch_size == batch)
+                      & (trials.repeat == r)]["throughput_tokens_per_s"].iloc[0]
+
+    fb, nb = int(full32["batch_size"]), int(none32["batch_size"])
+    savings = [100 * (1 - tput("none", nb, r) / tput("full", fb, r)) for r in range(5)]
+    assert full32["pairs"] == 5 and full32["saving_pct"] == pytest.approx(statistics.median(savings))
+    assert (full32["saving_ci_low"], full32["saving_ci_high"]) == (pytest.approx(min(savings)),
+                                                                   pytest.approx(max(savings)))
     assert full32["monthly_saving_usd"] == pytest.approx(
-        (none32["usd_per_million"] - full32["usd_per_million"]) * 100)  # 1e8 tokens = 100 × 1M
+        none32["usd_per_million"] * full32["saving_pct"] / 100 * 100)  # 1e8 tokens = 100 × 1M
+    # the golden run predates load recording: no verdict, and the line says why
+    assert full32["cost_verdict"] == "inconclusive: the machine's load was not recorded for 10 of 10 trials"
     r = CliRunner().invoke(app, ["cost", str(golden), "--gpu-price", "2", "--out", str(tmp_path)])
     assert r.exit_code == 0, r.output
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cost.csv", "cost.json", "cost.png"]
@@ -193,20 +207,31 @@ def test_link_default_comes_from_the_last_env_probe(tmp_path, monkeypatch):
     assert last_link_probe() == (25.0, "measured by kvbench env on a GPU")
 
 
-def test_cost_verdicts_say_when_the_spread_does_not_separate_modes():
+def test_cost_verdicts_claim_only_what_the_pairs_decide():
     import pandas as pd
 
     from kvbench.cost import verdicts
 
-    def row(mode, usd, lo, hi, prompt=256):
-        return {"group": "g", "prompt_tokens": prompt, "mode_label": mode, "mode": mode, "batch_size": 2,
-                "usd_per_million": usd, "throughput_min": lo, "throughput_max": hi, "saving_pct": 0.0, "why": ""}
+    def row(mode, usd, prompt=256, batch=2, verdict="", pct=0.0, lo=0.0, hi=0.0, pairs=5):
+        return {"group": "g", "prompt_tokens": prompt, "mode_label": mode, "mode": mode, "batch_size": batch,
+                "usd_per_million": usd, "saving_pct": pct, "saving_ci_low": lo, "saving_ci_high": hi,
+                "pairs": pairs, "cost_verdict": None if mode == "none" else verdict, "why": ""}
 
-    costs = pd.DataFrame([row("none", 66.03, 8.2, 8.6), row("dynamic", 64.79, 8.5, 8.7),
-                          row("none", 141.25, 3.9, 4.0, 1024), {**row("full", 154.98, 3.5, 3.6, 1024),
-                                                                "saving_pct": -9.7}])
+    costs = pd.DataFrame([
+        row("none", 66.03), row("dynamic", 64.79, verdict="inconclusive: the interval includes no change", pct=1.9,
+                                lo=-2.2, hi=4.0),
+        row("none", 141.25, 1024), row("full", 154.98, 1024, pct=-9.7, lo=-12.0, hi=-6.5),
+        row("none", 703.69, 2048, batch=1), row("hierarchical", 252.59, 2048, batch=1, pct=64.1, lo=55.0, hi=70.2,
+                                                pairs=2, verdict="inconclusive: 2 pairs, need 5"),
+        row("none", 90.0, 4096, batch=1), row("full", 60.0, 4096, batch=4, pct=33.3, lo=30.1, hi=35.9)])
     assert verdicts(costs)["g"] == [
-        "at 256 tokens offload does not change the cost measurably: `dynamic` 64.79 vs `none` 66.03 USD per 1M "
-        "tokens, within the spread of their tokens/s (8.50–8.70 vs 8.20–8.60); more repeats would tell",
+        "at 256 tokens inconclusive: the interval includes no change: `dynamic` 64.79 vs `none` 66.03 USD per 1M "
+        "tokens, saving +2% [−2%, +4%] (5 pairs, batch 2 vs none's 2)",
         "at 1024 tokens offload raises cost here: `none` 141.25 USD per 1M tokens, the cheapest offload mode `full` "
-        "154.98 (+10%)"]
+        "154.98 (+10% [+6%, +12%]; 5 pairs, batch 2 vs none's 2)",
+        "at 2048 tokens inconclusive: 2 pairs, need 5: `hierarchical` 252.59 vs `none` 703.69 USD per 1M tokens, "
+        "saving +64% [+55%, +70%] (2 pairs, batch 1 vs none's 1)",
+        "at 4096 tokens `full` lowers cost to 60.00 USD per 1M tokens from none's 90.00 (+33% [+30%, +36%] saved; "
+        "5 pairs, batch 4 vs none's 1)"]
+
+

@@ -79,9 +79,20 @@ def test_point_table_values_equal_the_rows(golden):
     # full keeps one layer's K/V on the device during its attention: 1/30 of none's
     assert point(table, 96, 2, FULL)["memory_saving_pct"] == pytest.approx(100 * (1 - 1 / 30))
     none, full = point(table, 96, 2, "none"), point(table, 96, 2, FULL)
-    assert full["time_overhead_pct"] == pytest.approx(100 * (full["tpot_s_median"] / none["tpot_s_median"] - 1))
-    assert full["throughput_ratio"] == pytest.approx(
-        full["throughput_tokens_per_s_median"] / none["throughput_tokens_per_s_median"])
+    # comparisons are paired: repeat r of `full` ÷ repeat r of `none` (they ran back to back), median over pairs
+    by_repeat = {(x["mode_label"], x["repeat"]): x for x in rows if (x["prompt_tokens"], x["batch_size"]) == (96, 2)}
+    tpot = [by_repeat[(FULL, k)]["tpot_s"] / by_repeat[("none", k)]["tpot_s"] for k in range(5)]
+    tput = [by_repeat[(FULL, k)]["throughput_tokens_per_s"] / by_repeat[("none", k)]["throughput_tokens_per_s"]
+            for k in range(5)]
+    assert full["pairs"] == 5 and none["pairs"] == 0
+    assert full["time_overhead_pct"] == pytest.approx(100 * (statistics.median(tpot) - 1))
+    assert full["throughput_ratio"] == pytest.approx(statistics.median(tput))
+    # 5 pairs: the 95% bootstrap interval of the median is the range of the pair ratios
+    assert (full["time_overhead_ci_low"], full["time_overhead_ci_high"]) == pytest.approx(
+        (100 * (min(tpot) - 1), 100 * (max(tpot) - 1)))
+    # the golden run predates load recording: no verdict
+    assert full["tpot_verdict"] == "inconclusive: the machine's load was not recorded for 10 of 10 trials"
+    assert pd.isna(none["tpot_verdict"])
     assert (table["kv_check_flagged"] == 0).all()  # every mode's KV accounting equals the prediction
 
 

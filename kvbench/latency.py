@@ -1,0 +1,60 @@
+"""The latency and throughput figures of one generation, from its clock readings (seconds): TTFT, ITL and its
+percentiles, TPOT, e2e latency, and tokens/s. One definition, used by every engine and by the report."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+
+def latency_metrics(t_start: float, token_times: Sequence[float]) -> dict[str, Any]:
+    """TTFT, ITL, TPOT and e2e latency from the clock readings of one generation (seconds).
+
+    Args:
+        t_start: clock before the prefill.
+        token_times: clock after each generated token (the first is the prefill's token).
+
+    Returns:
+        ``ttft_s`` = first − start (prefill + first token); ``itl_s`` = the gaps between consecutive tokens;
+        ``e2e_s`` = last − start; ``tpot_s`` = (e2e − TTFT) / (n − 1), None when n = 1 (decode only).
+    """
+    if not token_times:
+        raise ValueError("no token was generated")
+    ttft = token_times[0] - t_start
+    e2e = token_times[-1] - t_start
+    itl = [b - a for a, b in zip(token_times, token_times[1:])]
+    n = len(token_times)
+    return {"ttft_s": ttft, "itl_s": itl, "e2e_s": e2e, "tpot_s": (e2e - ttft) / (n - 1) if n > 1 else None}
+
+
+#: ITL percentiles of each trial (and pooled per point in the report): stalls a TPOT median hides.
+ITL_PERCENTILES = (50, 90, 99)
+
+
+def itl_percentiles(itl_s: Sequence[float]) -> dict[str, float | None]:
+    """``itl_p50_s``, ``itl_p90_s``, ``itl_p99_s`` and ``itl_max_s`` of one trial's inter-token latencies (seconds):
+    the p-th percentile is the gap at 0-based rank ⌈(n − 1)·p/100⌉ of the n sorted gaps (numpy's and pandas'
+    ``higher`` method: never below the linear-interpolation percentile, and always a gap that happened); None
+    without gaps (one generated token)."""
+    keys = [f"itl_p{p}_s" for p in ITL_PERCENTILES] + ["itl_max_s"]
+    if not itl_s:
+        return dict.fromkeys(keys)
+    ordered = sorted(itl_s)
+    n = len(ordered)
+    values = [ordered[math.ceil((n - 1) * p / 100)] for p in ITL_PERCENTILES] + [ordered[-1]]
+    return dict(zip(keys, values))
+
+
+def throughputs(prompt_tokens: int, batch_size: int, lat: dict[str, Any], n_out: int) -> dict[str, float | None]:
+    """Tokens/s: prefill (prompt tokens of the batch / TTFT), decode (tokens after the first / decode time) and
+    overall (generated tokens of the batch / e2e)."""
+    decode_s = lat["e2e_s"] - lat["ttft_s"]
+    return {
+        "prefill_tokens_per_s": prompt_tokens * batch_size / lat["ttft_s"] if lat["ttft_s"] > 0 else None,
+        "decode_tokens_per_s": (n_out - 1) * batch_size / decode_s if n_out > 1 and decode_s > 0 else None,
+        "throughput_tokens_per_s": n_out * batch_size / lat["e2e_s"] if lat["e2e_s"] > 0 else None,
+    }
+
+
+__all__ = ["ITL_PERCENTILES", "itl_percentiles", "latency_metrics", "throughputs"]

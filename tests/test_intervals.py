@@ -1,0 +1,172 @@
+"""Paired comparisons and verdicts: pairs by repeat, intervals over pairs, and "inconclusive" under noise."""
+
+import statistics
+import subprocess
+import sys
+import time
+
+import pytest
+
+from kvbench.analysis import point_table, trials_frame
+from kvbench.cost import Prices, cost_table, verdicts
+from kvbench.intervals import judge
+from kvbench.latency import itl_percentiles
+from kvbench.machine_load import LoadWindow, busy_threshold_percent, other_gpu_processes
+
+
+def rows(tpots: dict[tuple[str, int], list[float]], busy: set[tuple[str, int, int]] = frozenset(),
+         prompt: int = 2048) -> list[dict]:
+    """Trial rows of one run: per (mode, batch) the TPOT of each repeat; 16 tokens, throughput from TPOT."""
+    out = []
+    for (mode, batch), values in tpots.items():
+        for r, tpot in enumerate(values):
+            e2e = 1.0 + 15 * tpot
+            out.append({"trial_id": f"p{prompt}-b{batch}-{mode}-r{r}", "status": "ok", "prompt_tokens": prompt,
+                        "batch_size": batch, "mode": mode, "mode_label": mode, "repeat": r, "ttft_s": 1.0,
+                        "tpot_s": tpot, "e2e_s": e2e, "n_output_tokens": 16,
+                        "throughput_tokens_per_s": 16 * batch / e2e, "kv_device_peak_bytes": 1000 * batch,
+                        "tokens_match": True, "machine_busy": (mode, batch, r) in busy,
+                        "itl_s": [tpot] * 15})
+    return out
+
+
+def point(table, mode, batch=1):
+    return table[(table.mode_label == mode) & (table.batch_size == batch)].iloc[0]
+
+
+def test_tpot_overhead_is_paired_by_repeat_with_an_interval_over_pairs():
+    none = [0.100, 0.200, 0.100, 0.150, 0.100]  # the machine's speed drifts between repeats...
+    full = [0.110, 0.230, 0.105, 0.180, 0.103]  # ...and `full` drifts with it: every pair is slower
+    t = point_table(trials_frame(rows({("none", 1): none, ("full", 1): full}), "g"))
+    ratios = [f / n for f, n in zip(full, none)]
+    r = point(t, "full")
+    assert r["pairs"] == 5 and r["time_overhead_pct"] == pytest.approx(100 * (statistics.median(ratios) - 1))
+    assert (r["time_overhead_ci_low"], r["time_overhead_ci_high"]) == pytest.approx(
+        (100 * (min(ratios) - 1), 100 * (max(ratios) - 1)))
+    assert r["tpot_verdict"] == ""  # decided: +10% [+3%, +20%] over 5 pairs on a quiet machine
+    # unpaired, the medians (0.105 vs 0.100 s… and the ranges overlapping) would not have shown it
+    assert min(full) < max(none)
+
+
+def test_a_busy_machine_or_too_few_pairs_give_inconclusive():
+    none, full = [0.1] * 5, [0.12] * 5
+    t = point_table(trials_frame(rows({("none", 1): none, ("full", 1): full},
+                                      busy={("none", 1, 0), ("full", 1, 3), ("none", 1, 3)}), "g"))
+    assert point(t, "full")["tpot_verdict"] == "inconclusive: the machine was busy during 3 of 10 trials"
+    assert point(t, "full")["n_busy"] == 1 and point(t, "none")["n_busy"] == 2
+    t = point_table(trials_frame(rows({("none", 1): none[:2], ("full", 1): full[:2]}), "g"))
+    assert point(t, "full")["tpot_verdict"] == "inconclusive: 2 pairs, need 5"
+
+
+def test_an_offload_mode_faster_than_none_is_implausible():
+    t = point_table(trials_frame(rows({("none", 1): [0.2] * 5, ("hierarchical", 1): [0.1, 0.11, 0.09, 0.1, 0.12]}),
+                                 "g"))
+    assert point(t, "hierarchical")["tpot_verdict"] == "implausible against the plan: check for noise"
+
+
+def test_judge_rules_in_order():
+    assert judge(4, 0, 0, 1.1, 1.2) == "inconclusive: 4 pairs, need 5"
+    assert judge(1, 0, 0, 1.1, 1.2) == "inconclusive: 1 pair, need 5"
+    assert judge(5, 2, 0, 1.1, 1.2) == "inconclusive: the machine was busy during 2 of 10 trials"
+    assert judge(6, 0, 3, 1.1, 1.2) == "inconclusive: the machine's load was not recorded for 3 of 12 trials"
+    assert judge(5, 0, 0, float("nan"), float("nan")) == "inconclusive: no interval"
+    assert judge(5, 0, 0, 0.9, 1.2) == "inconclusive: the interval includes no change"
+    assert judge(5, 0, 0, -3.0, 4.0, no_change=0.0) == "inconclusive: the interval includes no change"
+    assert judge(5, 0, 0, 1.1, 1.2, implausible=True) == "implausible against the plan: check for noise"
+    assert judge(5, 0, 0, 1.1, 1.2) == ""
+
+
+def test_the_seed_headline_cannot_come_from_noise():
+    """The issue's case: batch 1 on a CPU, `hierarchical` 64% cheaper than `none` on a busy machine."""
+    none = [0.40, 0.45, 0.38, 0.50, 0.42]
+    hier = [0.14, 0.15, 0.16, 0.13, 0.14]  # noise: a competing process slowed every `none` trial
+    trials = trials_frame(rows({("none", 1): none, ("hierarchical", 1): hier}, busy={("none", 1, r) for r in range(5)}),
+                          "dialogue")
+    costs = cost_table(point_table(trials), Prices(2.0), trials)
+    h = costs[costs["mode"] == "hierarchical"].iloc[0]
+    assert h["saving_pct"] > 50 and h["cost_verdict"] == "inconclusive: the machine was busy during 5 of 10 trials"
+    line = verdicts(costs)["dialogue"][0]
+    assert line.startswith("at 2048 tokens inconclusive: the machine was busy during 5 of 10 trials: "
+                           "`hierarchical` ") and "lowers" not in line
+    # quiet, the same figures at the same batch are implausible against the plan, not a saving
+    trials = trials_frame(rows({("none", 1): none, ("hierarchical", 1): hier}), "dialogue")
+    costs = cost_table(point_table(trials), Prices(2.0), trials)
+    assert costs[costs["mode"] == "hierarchical"]["cost_verdict"].iloc[0] == (
+        "implausible against the plan: check for noise")
+
+
+def test_a_saving_at_a_larger_batch_is_decided():
+    """`none` fits batch 1 only (batch 4 over budget); `full` runs batch 4: more tokens/s per GPU-hour."""
+    data = rows({("none", 1): [0.10, 0.11, 0.10, 0.12, 0.10], ("none", 4): [0.2] * 5,
+                 ("full", 4): [0.13, 0.14, 0.13, 0.15, 0.13]})
+    for r in data:
+        if r["mode"] == "none" and r["batch_size"] == 4:
+            r["status"] = "over_budget"
+    trials = trials_frame(data, "g")
+    costs = cost_table(point_table(trials), Prices(2.0), trials)
+    f = costs[costs["mode"] == "full"].iloc[0]
+    tput = {(r["mode"], r["batch_size"], r["repeat"]): r["throughput_tokens_per_s"] for r in data}
+    savings = [100 * (1 - tput[("none", 1, k)] / tput[("full", 4, k)]) for k in range(5)]
+    assert f["pairs"] == 5 and f["saving_pct"] == pytest.approx(statistics.median(savings))
+    assert f["cost_verdict"] == ""
+    assert verdicts(costs)["g"][0].startswith("at 2048 tokens `full` lowers cost to ")
+    assert "5 pairs, batch 4 vs none's 1" in verdicts(costs)["g"][0]
+
+
+def test_points_never_compared_with_none_or_probed_once_are_not_cost_points():
+    data = rows({("none", 1): [0.1] * 5, ("full", 1): [0.1] * 5})
+    for r in data:
+        if r["mode"] == "full":
+            r["tokens_match"] = None  # no `none` ran on its prompts
+    trials = trials_frame(data, "g")
+    costs = cost_table(point_table(trials), Prices(2.0), trials)
+    assert costs[costs["mode"] == "full"]["usd_per_million"].isna().all()
+    trials = trials_frame(rows({("none", 1): [0.1], ("full", 1): [0.1]}), "g").assign(repeats_planned=5.0)
+    costs = cost_table(point_table(trials), Prices(2.0), trials)
+    assert costs["usd_per_million"].isna().all()  # one trial of a point whose scenario asked for 5
+
+
+def test_itl_percentiles_per_trial_and_pooled_per_point():
+    gaps = [0.10] * 18 + [0.50, 2.00]  # one stall, a TPOT median hides it
+    assert itl_percentiles(gaps) == {"itl_p50_s": 0.10, "itl_p90_s": 0.50, "itl_p99_s": 2.00, "itl_max_s": 2.00}
+    assert itl_percentiles([0.1, 0.2, 0.3, 0.4, 0.5]) == {"itl_p50_s": 0.3, "itl_p90_s": 0.5, "itl_p99_s": 0.5,
+                                                           "itl_max_s": 0.5}
+    assert itl_percentiles([]) == dict.fromkeys(["itl_p50_s", "itl_p90_s", "itl_p99_s", "itl_max_s"])
+    data = rows({("none", 1): [0.1] * 5})
+    data[2]["itl_s"] = [0.1] * 14 + [3.0]
+    r = point(point_table(trials_frame(data, "g")), "none")
+    assert (r["itl_p50_s"], r["itl_max_s"]) == (0.1, 3.0)
+
+
+def test_load_window_arithmetic(monkeypatch):
+    """others = Δ machine busy − Δ own CPU over Δ wall, in percent of one CPU; steal apart."""
+    import kvbench.machine_load as ml
+
+    clock = iter([100.0, 102.0])  # 2 s of wall time
+    machine = iter([(50.0, 1.0), (53.5, 1.4)])  # 3.5 CPU-s busy, 0.4 of it stolen
+    own = iter([10.0, 12.5])  # this process: 2.5 CPU-s (its two threads)
+    monkeypatch.setattr(ml.time, "monotonic", lambda: next(clock))
+    monkeypatch.setattr(ml, "_machine_busy_s", lambda: next(machine))
+    monkeypatch.setattr(ml, "_own_cpu_s", lambda: next(own))
+    w = LoadWindow(cpu_count=2)
+    got = w.stop(gpu_others=0)
+    assert got == {"others_cpu_percent": pytest.approx(50.0), "steal_cpu_percent": pytest.approx(20.0),
+                   "gpu_other_processes": 0, "busy_threshold_percent": 25.0, "machine_busy": True}
+    assert busy_threshold_percent(2) == 25.0 and busy_threshold_percent(16) == 160.0
+    assert other_gpu_processes([(7, 100), (9, 50)], 7) == 1
+    assert other_gpu_processes([(9, 50)], 7) is None  # this process not listed: another PID namespace
+    assert other_gpu_processes([], 7) == 0 and other_gpu_processes(None, 7) is None
+
+
+def test_load_window_sees_a_competing_process():
+    hog = subprocess.Popen([sys.executable, "-c", "import time\nt = time.monotonic()\n"
+                            "while time.monotonic() - t < 3: pass"])
+    try:
+        time.sleep(0.3)
+        w = LoadWindow(cpu_count=2)
+        time.sleep(1.0)
+        other = w.stop()
+    finally:
+        hog.kill()
+        hog.wait()
+    assert other["others_cpu_percent"] > 60 and other["machine_busy"] is True
