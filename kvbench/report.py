@@ -24,7 +24,7 @@ import pandas as pd
 from kvbench import charts
 from kvbench.analysis import KV_CHECK_TOLERANCE, Results, point_table, qualifies
 from kvbench.intervals import pct_interval
-from kvbench.reuse import reuse_table, reuse_trials
+from kvbench.reuse import reuse_later_turns, reuse_table, reuse_trials
 
 MIB, GIB = 2**20, 2**30
 #: KV smaller than this fraction of the weights makes offload's savings invisible in device memory.
@@ -195,21 +195,28 @@ def reuse_terminal(shown: pd.DataFrame) -> pd.DataFrame:
     return frame.rename(columns=keep)
 
 
-def reuse_findings(turns: pd.DataFrame, group: str) -> list[str]:
-    """Per mode: restore's TTFT against recompute's from the second turn on, the prefill it saved and the store's
-    hit rate; and whether restored runs generated ``none``'s ids."""
+def reuse_findings(turns: pd.DataFrame, group: str, later: pd.DataFrame | None = None) -> list[str]:
+    """Per mode: restore's TTFT against recompute's from the second turn on (pooled and paired by request, with its
+    interval, pair count and verdict, from ``later`` = :func:`kvbench.reuse.reuse_later_turns`; and turn by turn),
+    the prefill it saved and the store's hit rate; and whether restored runs generated ``none``'s ids."""
     t = turns[turns["group"] == group]
+    pooled = {} if later is None or later.empty else {
+        r["mode_label"]: r for r in later[later["group"] == group].to_dict("records")}
     out = []
     for mode, part in t.groupby("mode_label", sort=False):
-        later = part[part["turn_index"] >= 2].dropna(subset=["ttft_ratio"])
-        if later.empty:
+        turns_on = part[part["turn_index"] >= 2].dropna(subset=["ttft_ratio"])
+        if turns_on.empty:
             out.append(f"`{mode}`: no measured request after a first turn: nothing could be restored")
             continue
-        ratios = ", ".join(f"{r:.2f}" for r in later["ttft_ratio"])
-        hit = later["hit_rate"].mean()
-        saved = 100 * later["warm_tokens_restored"].sum() / later["warm_prompt_tokens"].sum()
-        out.append(f"`{mode}`: restore ÷ recompute TTFT from turn 2 on: {ratios} (turn by turn); {saved:.0f}% of "
-                   f"those turns' prompt tokens restored, not prefilled; chunk hit rate "
+        ratios = ", ".join(f"{r:.2f}" for r in turns_on["ttft_ratio"])
+        hit = turns_on["hit_rate"].mean()
+        saved = 100 * turns_on["warm_tokens_restored"].sum() / turns_on["warm_prompt_tokens"].sum()
+        p = pooled.get(mode)
+        head = "" if p is None else (
+            f"{_ratio_interval(p['ttft_ratio'], p['ttft_ratio_ci_low'], p['ttft_ratio_ci_high'])} over "
+            f"{int(p['pairs'])} request pairs{': ' + p['ttft_verdict'] if p['ttft_verdict'] else ''}; ")
+        out.append(f"`{mode}`: restore ÷ recompute TTFT from turn 2 on: {head}{ratios} (turn by turn); {saved:.0f}% "
+                   f"of those turns' prompt tokens restored, not prefilled; chunk hit rate "
                    f"{'n/a' if _missing(hit) else f'{100 * hit:.0f}%'} (mean of the turns')")
     bad = t[t["tokens_match"].eq(False)]
     near = t[t["tokens_match"].eq("near tie")]
@@ -730,7 +737,7 @@ def _write(results: Results, out: Path, timelines: list[str] | None, pool: Any) 
         for g, frames in reuse.items():
             if g not in rep.recommendations:
                 rep.recommendations[g], rep.findings[g], rep.diagnoses[g] = "", [], []
-            rep.findings[g] += reuse_findings(frames["turn"], g)
+            rep.findings[g] += reuse_findings(frames["turn"], g, reuse_later_turns(results.trials))
             rec = reuse_recommendation(frames["turn"], g)
             rep.recommendations[g] = f"{rep.recommendations[g]} {rec}".strip()
         if reuse:  # both tables of every reuse group, raw numbers: by turn_index, then by length_bin

@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 from kvbench.analysis import MEASURED
+from kvbench.intervals import bootstrap_intervals, judge, pair_load, pair_with_reference
 
 if TYPE_CHECKING:  # torch-bound: imported where used, so that `kvbench report` reads tables without torch
     from kvbench.offload.store import KVStore
@@ -74,6 +75,8 @@ def reuse_sweep(s: "Scenario", record: "Recorder", runner: "TrialRunner") -> Non
             runner.stores = {}
 
 
+#: Bootstrap resamples of the restore ÷ recompute interval.
+BOOT = 2000
 #: Prompt-length bins of the per-length table (tokens): [lower, upper).
 LENGTH_BINS = (0, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
 
@@ -122,7 +125,7 @@ def reuse_table(trials: pd.DataFrame, by: str = "turn_index") -> pd.DataFrame:
             rec[f"{side}_ttft_s"] = v.median() if len(v) else np.nan
             rec[f"{side}_ttft_s_min"] = v.min() if len(v) else np.nan
             rec[f"{side}_ttft_s_max"] = v.max() if len(v) else np.nan
-        rec["ttft_ratio"] = rec["warm_ttft_s"] / rec["cold_ttft_s"] if rec["cold_ttft_s"] > 0 else np.nan
+        rec.update(_paired_ttft(warm, cold))
         rec["tokens_restored"] = float(warm["tokens_restored"].median()) if len(warm) else np.nan
         hit = warm["store_hit_rate"].dropna().astype(float) if "store_hit_rate" in warm else pd.Series(dtype=float)
         rec["hit_rate"] = hit.mean() if len(hit) else np.nan
@@ -142,6 +145,38 @@ def reuse_table(trials: pd.DataFrame, by: str = "turn_index") -> pd.DataFrame:
         frame["turn_index"] = frame["turn_index"].astype("Int64")
     frame["_rank"] = [rank[k] for k in zip(frame["group"], frame["mode_label"])]
     return frame.sort_values(["_rank", by], kind="stable", ignore_index=True).drop(columns="_rank")
+
+
+def reuse_later_turns(trials: pd.DataFrame, from_turn: int = 2) -> pd.DataFrame:
+    """Restore ÷ recompute TTFT of every request from turn ``from_turn`` on, pooled per group × mode (the turns
+    that can restore a prefix), paired by request: the columns of :func:`_paired_ttft` with ``group`` and
+    ``mode_label``; empty without reuse trials."""
+    rows = reuse_trials(trials)
+    if rows.empty or "turn_index" not in rows:
+        return pd.DataFrame()
+    rows = rows[rows["status"].isin(MEASURED) & (pd.to_numeric(rows["turn_index"], errors="coerce") >= from_turn)]
+    out = []
+    for (group, mode), part in rows.groupby(["group", "mode_label"], sort=False):
+        warm = part[part["warm"].astype(bool)]
+        out.append({"group": group, "mode_label": mode,
+                    **_paired_ttft(warm, part[~part["warm"].astype(bool)])})
+    return pd.DataFrame(out)
+
+
+def _paired_ttft(warm: pd.DataFrame, cold: pd.DataFrame) -> dict[str, Any]:
+    """Restore ÷ recompute TTFT paired by request (the warm and cold run of one request in one repeat ran back to
+    back): ``ttft_ratio`` (median of the pair ratios), ``ttft_ratio_ci_low``/``_high`` (95% bootstrap over pairs,
+    with ≥ 5), ``pairs``, ``pairs_busy_trials`` and ``ttft_verdict`` (:func:`kvbench.intervals.judge`; "" when the
+    pairs decide that restore is faster or slower)."""
+    pairs = pair_with_reference(warm, cold, on=["request_id"])
+    ratio = (pd.to_numeric(pairs["ttft_s"], errors="coerce")
+             / pd.to_numeric(pairs["ttft_s_ref"], errors="coerce")).replace([np.inf, -np.inf], np.nan)
+    ci = bootstrap_intervals(ratio, pd.Series(0, index=ratio.index), BOOT, 0)
+    lo, hi = (ci["low"].iloc[0], ci["high"].iloc[0]) if len(ci) else (np.nan, np.nan)
+    load = pair_load(pairs)
+    n, busy, unknown = len(pairs), int(load["busy_trials"].sum()), int(load["load_unknown"].sum())
+    return {"ttft_ratio": float(ratio.median()) if n else np.nan, "ttft_ratio_ci_low": lo, "ttft_ratio_ci_high": hi,
+            "pairs": n, "pairs_busy_trials": busy, "ttft_verdict": judge(n, busy, unknown, lo, hi)}
 
 
 def ids_verdict(ok: pd.DataFrame) -> Any:

@@ -392,6 +392,7 @@ def reuse_rows():
         base = {"scenario": "r", "mode": "none", "mode_label": "none", "batch_size": 1, "status": "ok",
                 "message": "", "prompt_tokens": prompt, "turn_index": turn, "n_output_tokens": 4,
                 "tokens_match": True, "store_host_bytes": 1000, "store_disk_bytes": 24}
+        base.update(request_id=f"c{prompt}-t{turn}", repeat=0)
         rows.append({**base, "trial_id": f"t{turn}-{prompt}-cold", "warm": False, "ttft_s": cold,
                      "e2e_s": cold + 0.3, "tokens_restored": 0, "store_hit_rate": None,
                      "restore_host_bytes": 0, "restore_disk_bytes": 0})
@@ -408,7 +409,9 @@ def test_reuse_table_and_cost_from_known_rows():
     assert list(t["turn_index"]) == [1, 2]
     two = t.iloc[1]
     assert two["cold_ttft_s"] == pytest.approx(0.6) and two["warm_ttft_s"] == pytest.approx(0.15)
-    assert two["ttft_ratio"] == pytest.approx(0.25) and two["hit_rate"] == 1.0
+    # paired by request: 0.10 / 0.50 and 0.20 / 0.70, median of the two; too few pairs for a verdict
+    assert two["ttft_ratio"] == pytest.approx((0.2 + 0.2 / 0.7) / 2) and two["hit_rate"] == 1.0
+    assert two["pairs"] == 2 and two["ttft_verdict"] == "inconclusive: 2 pairs, need 5"
     assert two["prefill_saved_pct"] == pytest.approx(100 * 1024 / 1300) and two["tokens_match"] is True
     assert list(length_bin(pd.Series([0, 511, 512, 2047, 2048]))) == ["0-511", "0-511", "512-1023", "1024-2047",
                                                                       "2048-4095"]
