@@ -116,8 +116,8 @@ def main() -> None:
     modes = parse_modes(args.modes, args.window, args.host_max_tokens)
     if modes[0][0] != "none":
         raise SystemExit("the first mode must be none: every ratio is taken against it")
-    token_bytes = m.shape.kv_bytes_per_token(m.dtype.itemsize) * args.batch  # K and V, all layers, whole batch
-    layer_token_bytes = token_bytes // m.shape.layers
+    token_bytes = m.shape.sequence_bytes_per_token(m.dtype.itemsize) * args.batch  # K and V, all layers, whole batch
+    layer_token_bytes = m.shape.token_layer_bytes(m.dtype.itemsize) * args.batch
     print(f"model {spec.label}, {m.device}, {str(m.dtype).removeprefix('torch.')}, torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads; batch {args.batch}; {args.steps} decode steps × {args.rounds} rounds "
           f"per mode; KV {token_bytes} B per token")

@@ -13,6 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from kvbench.offload.layer_types import layer_windows
+from kvbench.plan import KVLayout
+
 if TYPE_CHECKING:
     import torch
 
@@ -30,31 +33,20 @@ class ModelNotFound(LookupError):
 
 
 @dataclass(frozen=True)
-class ModelShape:
-    """What kvbench needs to know of an architecture, read from its config (no weights).
+class ModelShape(KVLayout):
+    """What kvbench needs to know of an architecture, read from its config (no weights): its
+    :class:`~kvbench.plan.KVLayout` (``windows`` per layer, ``kv_heads``, ``head_dim``; ``layers``,
+    ``full_layers`` and the KV bytes formulas) and the sizes below.
 
     Attributes:
-        layers: decoder layers holding a KV cache.
-        kv_heads: key/value heads per layer (GQA).
-        head_dim: elements per head.
         max_positions: max_position_embeddings (tokens).
         vocab_size: tokens in the vocabulary.
         model_type: transformers' model_type.
     """
 
-    layers: int
-    kv_heads: int
-    head_dim: int
     max_positions: int
     vocab_size: int
     model_type: str
-
-    def kv_bytes_per_token(self, dtype_bytes: int) -> int:
-        """KV bytes per token of one sequence: 2 (K and V) × layers × kv_heads × head_dim × bytes per element.
-
-        Full-attention layers only; sliding-window layers capped at their window are the `plan` issue's.
-        """
-        return 2 * self.layers * self.kv_heads * self.head_dim * dtype_bytes
 
 
 @dataclass(frozen=True)
@@ -149,12 +141,16 @@ def load_config(spec: "ModelSpec") -> Any:
 
 
 def shape_of(config: Any) -> ModelShape:
-    """:class:`ModelShape` from a transformers config (text config for multimodal ones)."""
+    """:class:`ModelShape` from a transformers config (text config for multimodal ones).
+
+    Raises:
+        ValueError: layer types kvbench cannot model (see :func:`kvbench.offload.layer_types.layer_windows`).
+    """
     c = config.get_text_config() if hasattr(config, "get_text_config") else config
     heads = c.num_attention_heads
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // heads
     return ModelShape(
-        layers=c.num_hidden_layers,
+        windows=layer_windows(config),
         kv_heads=getattr(c, "num_key_value_heads", None) or heads,
         head_dim=head_dim,
         max_positions=c.max_position_embeddings,
@@ -239,7 +235,7 @@ def load(spec: "ModelSpec", device: str = "auto", seed: int = 0) -> LoadedModel:
     """Load the model (and tokenizer) a spec names, in eval mode on the device.
 
     Random-weight models are built with ``from_config`` under ``torch.manual_seed(seed)``, so the same seed gives
-    the same weights. Raises ModelNotFound, ValueError (bad device).
+    the same weights. Raises ModelNotFound, ValueError (bad device; layer types kvbench cannot model).
     """
     import torch
     from transformers import AutoModelForCausalLM

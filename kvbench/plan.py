@@ -4,7 +4,10 @@ roofline, from the model's config alone (no GPU, no weights).
 Formulas (bytes, seconds, tokens):
 
 - KV bytes of one sequence of T tokens = Σ over layers of 2 (K and V) × kv_heads × head_dim × dtype bytes ×
-  min(T, window), window = the layer's sliding window (Mistral, Gemma-2's alternate layers) or T.
+  min(T, window), window = the layer's sliding window (Mistral, Gemma-2's alternate layers; resolved as
+  transformers does, :func:`kvbench.offload.layer_types.layer_windows`) or T. That is what a decode step's attention
+  reads; the cache itself holds ``window - 1`` tokens of a sliding layer between steps
+  (:meth:`KVLayout.cached_kv_bytes`, the run-time prediction).
 - Weights bytes = parameters × dtype bytes, parameters counted from the config (embeddings, untied LM head,
   attention with its biases, gated MLP, norms): within a fraction of a percent of the published counts.
 - Placement per mode (kvbench's caches; sliding-window layers always stay on the device): ``none`` keeps all KV
@@ -28,38 +31,30 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kvbench.offload.layer_types import layer_windows, tokens_held
+
 #: Bytes per element of the dtypes plan accepts.
 DTYPE_BYTES = {"fp32": 4, "float32": 4, "fp16": 2, "float16": 2, "bf16": 2, "bfloat16": 2, "fp8": 1, "int8": 1}
 
 
 @dataclass(frozen=True)
-class Architecture:
-    """The numbers of a decoder-only transformer that set its KV and weights bytes.
+class KVLayout:
+    """How a decoder's K/V cache spreads over its layers: the one model of KV bytes that ``kvbench plan``, the
+    run-time prediction (``kv_bytes_predicted``), the host preflight and the KV store's caps use.
 
     Attributes:
-        name: a label (preset name or path).
-        windows: per layer, its sliding window in tokens, or None for full attention.
+        windows: per layer, its sliding window in tokens, or None for full attention
+            (:func:`kvbench.offload.layer_types.layer_windows`).
         kv_heads: key/value heads per layer; head_dim: elements per head.
-        hidden, intermediate, heads, vocab: the config's sizes; tied: the LM head shares the embeddings;
-        qkv_bias: q/k/v projections have biases (Qwen2); norms_per_layer: RMSNorms per decoder layer.
-        max_positions: max_position_embeddings (tokens).
     """
 
-    name: str
     windows: tuple[int | None, ...]
     kv_heads: int
     head_dim: int
-    hidden: int
-    intermediate: int
-    heads: int
-    vocab: int
-    tied: bool
-    qkv_bias: bool
-    norms_per_layer: int
-    max_positions: int
 
     @property
     def layers(self) -> int:
+        """Decoder layers holding a K/V cache."""
         return len(self.windows)
 
     @property
@@ -72,14 +67,62 @@ class Architecture:
         return 2 * self.kv_heads * self.head_dim * dtype_bytes
 
     def kv_bytes(self, tokens: int, dtype_bytes: int) -> int:
-        """KV bytes of one sequence of ``tokens`` tokens, sliding-window layers capped at their window."""
+        """KV bytes one sequence's attention reads at a step with ``tokens`` tokens (the new one included):
+        Σ over layers of 2 × kv_heads × head_dim × dtype bytes × min(tokens, window), window = the layer's sliding
+        window or ``tokens`` (a sliding layer's cache keeps ``window - 1`` and the step's query adds one)."""
         per = self.token_layer_bytes(dtype_bytes)
         return sum(per * (tokens if w is None else min(tokens, w)) for w in self.windows)
 
     def sliding_kv_bytes(self, tokens: int, dtype_bytes: int) -> int:
-        """KV bytes of one sequence in the sliding-window layers only (they stay on the device)."""
+        """:meth:`kv_bytes` of the sliding-window layers only (they stay on the device)."""
         per = self.token_layer_bytes(dtype_bytes)
         return sum(per * min(tokens, w) for w in self.windows if w is not None)
+
+    def cached_kv_bytes(self, tokens: int, dtype_bytes: int) -> int:
+        """KV bytes a cache holds for one sequence after ``tokens`` tokens went through it: Σ over layers of
+        2 × kv_heads × head_dim × dtype bytes × :func:`~kvbench.offload.layer_types.tokens_held` (every token in
+        a full-attention layer; the last ``window - 1`` in a sliding one, as transformers'
+        ``DynamicSlidingWindowLayer`` keeps).
+
+        Raises:
+            ValueError: negative ``tokens``.
+        """
+        per = self.token_layer_bytes(dtype_bytes)
+        return sum(per * tokens_held(tokens, w) for w in self.windows)
+
+    def host_bytes_per_token(self, dtype_bytes: int) -> int:
+        """K and V bytes one token takes in the host (and disk) tier: full-attention layers only, since
+        sliding-window layers never leave the device: full_layers × 2 × kv_heads × head_dim × dtype bytes."""
+        return self.full_layers * self.token_layer_bytes(dtype_bytes)
+
+    def sequence_bytes_per_token(self, dtype_bytes: int) -> int:
+        """K and V bytes of one token in every layer: layers × 2 × kv_heads × head_dim × dtype bytes. What the
+        KV store keeps per token: it stores each layer's whole sequence (and refuses sliding-window layers,
+        :func:`kvbench.offload.store.sequence_kv`)."""
+        return self.layers * self.token_layer_bytes(dtype_bytes)
+
+
+@dataclass(frozen=True)
+class Architecture(KVLayout):
+    """The numbers of a decoder-only transformer that set its KV and weights bytes: its :class:`KVLayout`
+    (``windows``, ``kv_heads``, ``head_dim``) and the sizes below.
+
+    Attributes:
+        name: a label (preset name or path).
+        hidden, intermediate, heads, vocab: the config's sizes; tied: the LM head shares the embeddings;
+        qkv_bias: q/k/v projections have biases (Qwen2); norms_per_layer: RMSNorms per decoder layer.
+        max_positions: max_position_embeddings (tokens).
+    """
+
+    name: str
+    hidden: int
+    intermediate: int
+    heads: int
+    vocab: int
+    tied: bool
+    qkv_bias: bool
+    norms_per_layer: int
+    max_positions: int
 
     @property
     def parameters(self) -> int:
@@ -135,21 +178,14 @@ def architecture(config: Any, name: str) -> Architecture:
     """:class:`Architecture` from a transformers config.
 
     Raises:
-        ValueError: a config without the fields plan needs (naming them).
+        ValueError: a config without the fields plan needs (naming them), or with layer types kvbench cannot model
+            (see :func:`~kvbench.offload.layer_types.layer_windows`).
     """
     c = config.get_text_config() if hasattr(config, "get_text_config") else config
     missing = [k for k in _NEEDED if getattr(c, k, None) is None]
     if missing:
         raise ValueError(f"{name}: the config has no {', '.join(missing)}")
-    n = c.num_hidden_layers
-    window = getattr(c, "sliding_window", None)
-    types = getattr(c, "layer_types", None)
-    if types:
-        windows = tuple(window if t == "sliding_attention" and window else None for t in types)
-    elif window and getattr(c, "use_sliding_window", True) is not False:
-        windows = (window,) * n  # e.g. Mistral v0.1: every layer slides
-    else:
-        windows = (None,) * n
+    windows = layer_windows(c)  # as transformers' DynamicCache reads them (Mistral v0.1: every layer slides)
     heads = c.num_attention_heads
     return Architecture(
         name=name, windows=windows, kv_heads=getattr(c, "num_key_value_heads", None) or heads,
@@ -256,5 +292,5 @@ def cost_per_million(price_per_hour: float, tokens_per_s: float) -> float:
     return price_per_hour / (tokens_per_s * 3600) * 1e6
 
 
-__all__ = ["Architecture", "DTYPE_BYTES", "ModePlan", "architecture", "cost_per_million", "decode_step", "placement",
+__all__ = ["Architecture", "DTYPE_BYTES", "KVLayout", "ModePlan", "architecture", "cost_per_million", "decode_step", "placement",
            "plan_modes", "read_config"]

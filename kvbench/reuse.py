@@ -57,7 +57,7 @@ def reuse_sweep(s: "Scenario", record: "Recorder", runner: "TrialRunner") -> Non
     modes = sorted(s.modes, key=lambda m: m.kind != "none")
     requests = runner.source.requests
     for r in range(s.repeats):
-        runner.stores = make_stores(s, modes, runner.kv_bytes_per_token)
+        runner.stores = make_stores(s, modes, runner.store_token_bytes)
         try:
             for i, req in enumerate(requests):
                 for m in modes:

@@ -247,7 +247,8 @@ class TrialRunner:
         if pad is None and tok is not None:
             pad = tok.eos_token_id
         self.pad_id = int(pad) if pad is not None else 0
-        self.kv_bytes_per_token = loaded.shape.kv_bytes_per_token(loaded.dtype.itemsize)
+        #: bytes of one token in the reuse workloads' KV store: it keeps every layer's whole sequence
+        self.store_token_bytes = loaded.shape.sequence_bytes_per_token(loaded.dtype.itemsize)
         self.bandwidths = roofline_bandwidths(environment or {}, loaded.device)
         from kvbench.plan import architecture
 
@@ -262,9 +263,13 @@ class TrialRunner:
         self.stores: dict[str, Any] = {}
 
     def kv_bytes_predicted(self, t: TrialSpec) -> int:
-        """2 × layers × kv_heads × head_dim × dtype bytes × tokens cached × batch; tokens cached = prompt + new − 1
-        (the last generated token is never fed back)."""
-        return self.kv_bytes_per_token * (t.prompt_tokens + self.s.max_new_tokens - 1) * t.batch_size
+        """KV bytes the trial's cache holds at its end, over all tiers (each token once): Σ over layers of
+        2 × kv_heads × head_dim × dtype bytes × tokens held × batch, tokens held = tokens cached in a
+        full-attention layer, min(tokens cached, window − 1) in a sliding-window one
+        (:meth:`kvbench.plan.KVLayout.cached_kv_bytes`); tokens cached = prompt + new − 1 (the last generated
+        token is never fed back)."""
+        return self.m.shape.cached_kv_bytes(t.prompt_tokens + self.s.max_new_tokens - 1,
+                                            self.m.dtype.itemsize) * t.batch_size
 
     @property
     def longest_prompt(self) -> int:
@@ -304,7 +309,7 @@ class TrialRunner:
             from kvbench.reuse import make_stores
 
             try:
-                for st in make_stores(self.s, self.s.modes[:1], self.kv_bytes_per_token).values():
+                for st in make_stores(self.s, self.s.modes[:1], self.store_token_bytes).values():
                     st.close()
             except (ValueError, DiskTierError) as exc:
                 problems.append(f"store: {exc}")
@@ -408,16 +413,19 @@ class TrialRunner:
         return row
 
     def host_tier_bytes(self, t: TrialSpec) -> int:
-        """Host memory the trial's host tier may allocate (bytes): the tokens it can hold (all cached tokens less
-        the window, at most ``host_max_tokens``) rounded up to the buffers' geometric capacity, × KV bytes per
-        token × batch. 0 for modes without a host tier."""
+        """Host memory the trial's host tier may allocate (bytes): per full-attention layer, the tokens it can hold
+        (all cached tokens less the window, at most ``host_max_tokens``) rounded up to the buffers' geometric
+        capacity (:func:`~kvbench.offload.tiers.grown_capacity`), × full layers × 2 × kv_heads × head_dim × dtype
+        bytes × batch (:meth:`kvbench.plan.KVLayout.host_bytes_per_token`: sliding-window layers never leave the
+        device). 0 for modes without a host tier or models without a full-attention layer."""
         if not MODES[t.mode.kind].host_tier:
             return 0
         opts = t.mode.options
         tokens = max(0, t.prompt_tokens + self.s.max_new_tokens - 1 - (opts.get("window") or 0))
         if opts.get("host_max_tokens"):
             tokens = min(tokens, opts["host_max_tokens"])
-        return grown_capacity(0, tokens) * self.kv_bytes_per_token * t.batch_size if tokens else 0
+        per_token = self.m.shape.host_bytes_per_token(self.m.dtype.itemsize)
+        return grown_capacity(0, tokens) * per_token * t.batch_size if tokens else 0
 
     def _host_preflight(self, t: TrialSpec) -> None:
         """Refuse (ModeUnavailable → ``skipped``) a trial whose host tier cannot fit in the host memory left."""

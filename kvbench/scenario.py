@@ -808,7 +808,7 @@ def _reuse_problems(s: Scenario, shape: Any, limit: int) -> list[tuple[str, str]
         problems.append(("store.chunk_tokens", f"{st.chunk_tokens} tokens is not less than the longest prefix the "
                                                f"workload can share ({longest[1]}: {longest[0]} tokens): no whole "
                                                "chunk could ever be restored"))
-    per_token = shape.kv_bytes_per_token(_itemsize(s))
+    per_token = shape.sequence_bytes_per_token(_itemsize(s))
     chunk = st.chunk_tokens * per_token
     for key in ("host_max_bytes", "disk_max_bytes"):
         cap = int(getattr(st, key))
@@ -847,16 +847,18 @@ def scenario_warnings(s: Scenario) -> list[tuple[str, str]]:
         itemsize = _itemsize(s)
         longest, batch = s.longest_prompt, s.largest_batch
         if s.budget is not None and offload and s.searched is None and longest is not None:
-            # the least any offload mode holds on the device: one layer's K/V for every cached token
+            # the least any offload mode holds on the device: one layer's K/V for every cached token (plus the
+            # sliding-window layers, which stay there)
             tokens = longest + s.max_new_tokens - 1
-            least = shape.kv_bytes_per_token(itemsize) // shape.layers * tokens * batch
+            least = (shape.cached_kv_bytes(tokens, itemsize)
+                     - max(0, shape.full_layers - 1) * shape.token_layer_bytes(itemsize) * tokens) * batch
             if least > s.budget:
                 warns.append(("budget", f"{int(s.budget)} bytes is less than even full offload holds on the device "
                                         f"at {longest} prompt tokens × batch {batch} (one "
                                         f"layer's K and V: {least} bytes): those trials will be over budget"))
         total = psutil.virtual_memory().total
         for i, cap in caps:
-            need = cap * shape.kv_bytes_per_token(itemsize) * batch
+            need = cap * shape.host_bytes_per_token(itemsize) * batch  # full-attention layers only
             if need > total:
                 warns.append((f"modes[{i}].host_max_tokens",
                               f"{cap} tokens × batch {batch} is {need / 2**30:.1f} GiB of KV, more than "

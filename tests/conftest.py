@@ -72,3 +72,33 @@ def smol_model():
     from kvbench.scenario import ModelSpec
 
     return load(ModelSpec(name="smollm2-135m"), "cpu")
+
+
+#: Tiny sliding-window configs (random weights): Mistral v0.1-style (every layer slides; no layer_types) and
+#: Gemma-2-style (layer_types alternate sliding/full). Both: window 8 tokens; 2 kv heads × head_dim 16, so one
+#: token's K and V in one layer take 2 × 2 × 16 × 4 = 256 bytes in float32.
+SLIDING_CONFIGS = {
+    "mistral": {"model_type": "mistral", "architectures": ["MistralForCausalLM"], "num_hidden_layers": 2,
+                "sliding_window": 8},
+    "gemma2": {"model_type": "gemma2", "architectures": ["Gemma2ForCausalLM"], "num_hidden_layers": 4,
+               "sliding_window": 8,
+               "layer_types": ["sliding_attention", "full_attention", "sliding_attention", "full_attention"]},
+}
+SLIDING_SIZES = {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+                 "head_dim": 16, "vocab_size": 256, "max_position_embeddings": 256}
+
+
+@pytest.fixture(scope="session")
+def sliding_models(tmp_path_factory):
+    """``{"mistral": LoadedModel, "gemma2": LoadedModel}`` of :data:`SLIDING_CONFIGS`, seed 0, float32 on CPU."""
+    import json
+
+    from kvbench.models import load
+    from kvbench.scenario import ModelSpec
+
+    out = {}
+    for name, config in SLIDING_CONFIGS.items():
+        path = tmp_path_factory.mktemp(name) / "config.json"
+        path.write_text(json.dumps({**config, **SLIDING_SIZES}))
+        out[name] = load(ModelSpec(config=str(path), weights="random"), "cpu", seed=0)
+    return out

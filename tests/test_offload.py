@@ -287,3 +287,68 @@ def test_every_mode_gives_the_ids_of_dynamic_cache_on_cuda(tmp_path, kind, optio
         # page-locked host buffers (asynchronous copies) whenever anything left the device
         assert cache.pinned is (True if cache.host_peak_bytes else None)
     assert list(tmp_path.iterdir()) == []
+
+
+# Sliding-window models (conftest.SLIDING_CONFIGS: window 8, 256 B per token and layer): a batch of 2 prompts of
+# 24 tokens, 20 new ones, so 24 + 20 - 1 = 43 tokens cached per layer. A sliding layer keeps its last 8 - 1 = 7
+# (transformers' DynamicSlidingWindowLayer); it stays on the device in every mode and never crosses the link.
+SLIDING_MODES = [("none", {}), ("full", {}), ("hierarchical", {"window": 4}),
+                 ("dynamic", {"min_window": 4, "max_window": 4}), ("full", {"host_max_tokens": 16})]
+TOKEN_LAYER = 2 * 2 * 16 * 4  # K and V × 2 kv heads × head_dim 16 × float32
+SLIDING_LAYER = 7 * TOKEN_LAYER * 2  # 7 tokens × batch 2 = 3,584 B per sliding layer
+# bytes after the run, (device, host, disk): mistral has 2 sliding layers and no full one; gemma2 2 of each
+SLIDING_BYTES = {
+    ("mistral", "none"): (2 * SLIDING_LAYER, 0, 0),  # 7,168: nothing grows past the window
+    ("mistral", "full"): (2 * SLIDING_LAYER, 0, 0),
+    ("mistral", "hierarchical"): (2 * SLIDING_LAYER, 0, 0),
+    ("mistral", "dynamic"): (2 * SLIDING_LAYER, 0, 0),
+    ("mistral", "full+disk"): (2 * SLIDING_LAYER, 0, 0),
+    # full layers: 43 tokens × 256 B × batch 2 = 22,016 B each
+    ("gemma2", "none"): (2 * SLIDING_LAYER + 2 * 43 * TOKEN_LAYER * 2, 0, 0),  # 7,168 + 44,032 = 51,200
+    ("gemma2", "full"): (2 * SLIDING_LAYER, 2 * 43 * TOKEN_LAYER * 2, 0),  # 7,168 | 44,032 | 0
+    # window 4 on the device, 39 older tokens on the host: 7,168 + 4,096 = 11,264 | 39,936
+    ("gemma2", "hierarchical"): (2 * SLIDING_LAYER + 2 * 4 * TOKEN_LAYER * 2, 2 * 39 * TOKEN_LAYER * 2, 0),
+    ("gemma2", "dynamic"): (2 * SLIDING_LAYER + 2 * 4 * TOKEN_LAYER * 2, 2 * 39 * TOKEN_LAYER * 2, 0),
+    # host cap 16: whole blocks of 16 spill, 32 tokens on disk and 11 on the host: 7,168 | 11,264 | 32,768
+    ("gemma2", "full+disk"): (2 * SLIDING_LAYER, 2 * 11 * TOKEN_LAYER * 2, 2 * 32 * TOKEN_LAYER * 2),
+}
+
+
+@pytest.mark.parametrize("name", ["mistral", "gemma2"])
+@pytest.mark.parametrize("kind,options", SLIDING_MODES, ids=["none", "full", "hierarchical", "dynamic", "full+disk"])
+def test_sliding_window_layers_stay_on_the_device_with_exact_bytes(sliding_models, tmp_path, name, kind, options):
+    from transformers.cache_utils import DynamicSlidingWindowLayer
+
+    from kvbench.offload.caches import kv_bytes
+
+    m = sliding_models[name]
+    model = m.model
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(5, 256, (24,), generator=g).tolist() for _ in range(2)]
+    ref = decode(model, prompts, DynamicCache(config=model.config), n=20)
+    label = "full+disk" if "host_max_tokens" in options else kind
+    cache = make_cache(kind, model.config, CPU, disk_dir=str(tmp_path), **options)
+    try:
+        out = decode(model, prompts, cache, n=20)
+        assert out.tolist() == ref.tolist()
+        sliding = [layer for layer in cache.layers if isinstance(layer, DynamicSlidingWindowLayer)]
+        assert len(sliding) == 2  # mistral: both layers (no layer_types); gemma2: layers 0 and 2
+        assert [layer.keys.nbytes + layer.values.nbytes for layer in sliding] == [SLIDING_LAYER] * 2
+        device, host, disk = SLIDING_BYTES[(name, label)]
+        if kind == "none":
+            assert kv_bytes(cache, CPU) == (device, 0)
+            stored = device
+        else:
+            assert (cache.device_bytes, cache.host_bytes, cache.disk_bytes) == (device, host, disk)
+            stored = device + host + disk
+            assert cache.stored_bytes == cache.stored_peak_bytes == stored
+            if disk == 0:  # each full-layer token crossed once; the sliding layers never did
+                assert cache.engine.stats.d2h_bytes == host
+            if not cache._offloaded:
+                assert cache.engine.stats.h2d_bytes == cache.engine.stats.d2h_bytes == 0
+    finally:
+        if kind != "none":
+            cache.close()
+    # the run-time prediction (the cached_kv_bytes of the model's shape) is exactly what the cache held
+    assert m.shape.cached_kv_bytes(43, 4) * 2 == stored == {"mistral": 7_168, "gemma2": 51_200}[name]
+    assert list(tmp_path.iterdir()) == []

@@ -6,6 +6,7 @@ import json
 import statistics
 
 import pytest
+import torch
 from transformers import AutoConfig
 from typer.testing import CliRunner
 
@@ -235,3 +236,77 @@ def test_cost_verdicts_claim_only_what_the_pairs_decide():
         "5 pairs, batch 4 vs none's 1)"]
 
 
+@pytest.mark.parametrize("name, windows", [
+    ("mistral-7b", (4096,) * 32),  # v0.1: sliding_window 4096 and no layer_types: every layer slides
+    ("gemma-2-9b", (4096, None) * 21),  # Gemma2Config alternates from layer 0: sliding, full, ...
+    ("llama-3.1-8b", (None,) * 32),
+])
+def test_layer_windows_of_the_presets_are_transformers_layer_types(name, windows):
+    from transformers.cache_utils import get_layer_types_and_kwargs
+
+    from kvbench.offload.layer_types import layer_windows
+
+    config = AutoConfig.from_pretrained(preset_path(name))
+    assert layer_windows(config) == windows == arch(name).windows
+    # the layer classes DynamicCache(config=...) builds, and their windows
+    types, kwargs = get_layer_types_and_kwargs(config.get_text_config(decoder=True))
+    assert tuple(kw.get("sliding_window") for kw in kwargs) == windows
+    assert {t for t, w in zip(types, windows) if w is None} <= {"full_attention"}
+
+
+@pytest.mark.parametrize("use_sliding_window, windows", [
+    (False, (None,) * 6),  # Qwen2Config sets sliding_window None unless use_sliding_window
+    (True, (None,) * 4 + (8, 8)),  # then layers i >= max_window_layers (4) slide
+])
+def test_layer_windows_of_qwen2_follow_use_sliding_window_and_max_window_layers(use_sliding_window, windows):
+    from transformers import Qwen2Config
+
+    from kvbench.offload.layer_types import layer_windows
+
+    config = Qwen2Config(num_hidden_layers=6, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                         num_key_value_heads=2, vocab_size=256, use_sliding_window=use_sliding_window,
+                         sliding_window=8, max_window_layers=4)
+    assert layer_windows(config) == windows
+    assert architecture(config, "qwen2").windows == windows
+
+
+def test_layer_windows_refuse_layers_without_a_token_cache():
+    from types import SimpleNamespace
+
+    from kvbench.offload.layer_types import layer_windows
+
+    hybrid = SimpleNamespace(num_hidden_layers=2, layer_types=["full_attention", "linear_attention"])
+    with pytest.raises(ValueError, match="layer 1 is 'linear_attention': kvbench models the K/V of full-attention"):
+        layer_windows(hybrid)
+    no_window = SimpleNamespace(num_hidden_layers=1, layer_types=["sliding_attention"], sliding_window=None)
+    with pytest.raises(ValueError, match="layer 0 is sliding_attention but the config's sliding_window is None"):
+        layer_windows(no_window)
+    chunked = SimpleNamespace(num_hidden_layers=2, sliding_window=None, attention_chunk_size=16)
+    assert layer_windows(chunked) == (16, 16)  # DynamicCache gives chunked layers a DynamicSlidingWindowLayer
+
+
+@pytest.mark.parametrize("window", [None, 1, 2, 8])
+def test_tokens_held_is_what_transformers_sliding_layer_keeps(window):
+    from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+
+    from kvbench.offload.layer_types import tokens_held
+
+    layer = DynamicLayer() if window is None else DynamicSlidingWindowLayer(sliding_window=window)
+    fed = 0
+    for n in (12, 1, 1, 3, 1):  # a prefill, then decode steps (and a step of 3, as a restored prefix's rest)
+        layer.update(torch.zeros(1, 1, n, 2), torch.zeros(1, 1, n, 2))
+        fed += n
+        assert layer.keys.shape[-2] == tokens_held(fed, window)
+    # 18 tokens fed: every one (full), the last window - 1 (1 when the window is 2, 7 for 8); a window of 1
+    # keeps them all (transformers slices from -1 + 1 = 0)
+    assert tokens_held(18, window) == {None: 18, 1: 18, 2: 1, 8: 7}[window]
+
+
+def test_cached_kv_bytes_count_window_minus_one_in_sliding_layers():
+    gemma, mistral = arch("gemma-2-9b"), arch("mistral-7b")
+    per = 2 * 8 * 256 * 2  # 8,192 B per token and layer (bf16)
+    assert gemma.cached_kv_bytes(8192, 2) == 21 * per * 8192 + 21 * per * 4095
+    assert mistral.cached_kv_bytes(32768, 2) == 32 * 2 * 8 * 128 * 2 * 4095
+    assert gemma.cached_kv_bytes(100, 2) == gemma.kv_bytes(100, 2) == 42 * per * 100  # short of every window
+    assert gemma.host_bytes_per_token(2) == 21 * per and mistral.host_bytes_per_token(2) == 0
+    assert gemma.sequence_bytes_per_token(2) == 42 * per

@@ -239,3 +239,32 @@ def test_summary_keeps_over_budget_measurements_and_counts_only_ok():
     assert (r["trials"], r["n_ok"], r["measured"], r["status"]) == (3, 0, 2, "over_budget")
     assert r["message"] == "device KV peak 100 bytes > budget 50 bytes"
     assert (r["tpot_s_median"], r["tpot_s_min"], r["tpot_s_max"]) == pytest.approx((0.2, 0.1, 0.3))
+
+
+def test_kv_prediction_and_host_tier_of_sliding_window_models_past_the_window(sliding_models, monkeypatch):
+    """conftest.SLIDING_CONFIGS (window 8, 256 B per token and layer): trials of 16 prompt tokens + 3 new, batch 2,
+    so 18 tokens cached per layer, past the window: a sliding layer holds the last 7."""
+    modes = [{"kind": "none"}, {"kind": "full"}, {"kind": "hierarchical", "window": 4}]
+    s = parse_scenario(tiny_scenario(modes=modes))
+    mistral, gemma = (TrialRunner(s, m, SyntheticSource(256, seed=0, n_prompts=4))
+                      for m in (sliding_models["mistral"], sliding_models["gemma2"]))
+    # mistral: 2 sliding layers × 7 tokens × 256 B × batch 2 = 7,168 (not 2 × 18 × 256 × 2 = 18,432)
+    # gemma2: that + 2 full layers × 18 tokens × 256 B × batch 2 = 7,168 + 18,432 = 25,600
+    for runner, predicted in ((mistral, 7_168), (gemma, 25_600)):
+        for m in s.modes:
+            row = runner.run(TrialSpec(16, 2, m, 0))
+            assert row["status"] == "ok", row["message"]
+            assert row["kv_bytes_predicted"] == predicted == row["kv_stored_peak_bytes"]
+            assert row["tokens_match"] is True
+    # host tier: full-attention layers only; 18 tokens (14 past a window of 4) grow to one 256-token capacity
+    assert mistral.host_tier_bytes(TrialSpec(16, 2, s.modes[1], 0)) == 0  # no layer leaves the device
+    assert gemma.host_tier_bytes(TrialSpec(16, 2, s.modes[1], 0)) == 256 * 2 * 256 * 2 == 262_144
+    assert gemma.host_tier_bytes(TrialSpec(16, 2, s.modes[2], 0)) == 262_144
+    # 300 + 3 - 1 = 302 tokens → a 512-token capacity × 2 full layers × 256 B × batch 1
+    assert gemma.host_tier_bytes(TrialSpec(300, 1, s.modes[1], 0)) == 512 * 2 * 256 == 262_144
+    # a host with almost no memory left refuses gemma's host tier, never mistral's (it has none)
+    monkeypatch.setattr("kvbench.runner.host_memory_available", lambda: (1_000, "container memory limit (test)"))
+    assert mistral.run(TrialSpec(16, 2, s.modes[1], 0))["status"] == "ok"
+    assert gemma.run(TrialSpec(16, 2, s.modes[1], 0))["status"] == "skipped"
+    # the reuse store keeps every layer's whole sequence: 4 layers × 256 B
+    assert gemma.store_token_bytes == 4 * 256

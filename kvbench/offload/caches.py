@@ -9,6 +9,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import Cache, DynamicSlidingWindowLayer
 
+from kvbench.offload.layer_types import layer_windows
 from kvbench.offload.layers import OffloadedLayer
 from kvbench.offload.policy import WindowPolicy
 from kvbench.offload.registry import DISK_BLOCK_TOKENS, MODES
@@ -27,7 +28,10 @@ class OffloadedCache(Cache):
     just before its attention and the next layer's is prefetched meanwhile (on a side stream on CUDA; wrapping
     from the last layer to the first and skipping layers with nothing offloaded), so at most two layers of
     history are on the device besides the new tokens. ``window=W`` is the ``hierarchical`` mode. Attention sees
-    every token in both. Sliding-window layers (Gemma-2, Mistral) stay on the device: they are capped anyway.
+    every token in both. Sliding-window (and chunked) layers, as :func:`~kvbench.offload.layer_types.layer_windows`
+    resolves them (Gemma-2's alternate layers, every layer of Mistral v0.1), are transformers'
+    ``DynamicSlidingWindowLayer`` as in ``DynamicCache``: they stay on the device (``window - 1`` tokens) and never
+    cross the link, in every mode and with or without the disk tier.
     With ``host_max_tokens`` the oldest tokens of each layer beyond that many spill to memory-mapped files in a
     private directory (the disk tier), removed by :meth:`close` (or ``with cache:``), at garbage collection and at
     interpreter exit.
@@ -35,7 +39,9 @@ class OffloadedCache(Cache):
     Accounting (bytes): ``device_bytes``/``host_bytes``/``disk_bytes`` now and ``*_peak_bytes`` at peak (device
     counts the windows, prefetched history and the K/V handed to the layer being computed); ``stored_bytes`` /
     ``stored_peak_bytes``: the KV held over all tiers with each token counted once (windows + history: the figure
-    that equals 2 × layers × kv_heads × head_dim × dtype bytes × tokens × batch); and the copy engine's ``stats``
+    that equals Σ over layers of 2 × kv_heads × head_dim × dtype bytes × tokens held × batch, tokens held = all
+    cached tokens, or the last ``window - 1`` of a sliding layer: :meth:`kvbench.plan.KVLayout.cached_kv_bytes`,
+    which does not import this module); and the copy engine's ``stats``
     (H2D/D2H/disk bytes and counts).
 
     Args:
@@ -47,7 +53,8 @@ class OffloadedCache(Cache):
         disk_dir: where the disk tier makes its private directory (default: the system temporary directory).
 
     Raises:
-        ValueError: a negative window, ``host_max_tokens`` under one disk block.
+        ValueError: a negative window, ``host_max_tokens`` under one disk block, layer types kvbench cannot cache
+            (see :func:`~kvbench.offload.layer_types.layer_windows`).
         DiskTierError: the disk tier cannot be created in ``disk_dir``.
     """
 
@@ -58,16 +65,14 @@ class OffloadedCache(Cache):
         if host_max_tokens is not None and host_max_tokens < DISK_BLOCK_TOKENS:
             raise ValueError(f"host_max_tokens must hold at least one disk block of {DISK_BLOCK_TOKENS} "
                              f"tokens, got {host_max_tokens}")
+        windows = layer_windows(config)  # before the disk tier is made: a config it refuses leaves no directory
         self.engine = Transfers(device)
         self.disk = DiskTier(disk_dir) if host_max_tokens is not None else None
         pin = device.type == "cuda" if pin is None else pin
-        text = config.get_text_config() if hasattr(config, "get_text_config") else config
-        types = getattr(text, "layer_types", None) or ["full_attention"] * text.num_hidden_layers
-        sliding = getattr(text, "sliding_window", None)
         layers: list[Any] = [
-            DynamicSlidingWindowLayer(sliding_window=sliding) if t == "sliding_attention" and sliding
+            DynamicSlidingWindowLayer(sliding_window=w) if w is not None
             else OffloadedLayer(window, self.engine, pin, host_max_tokens, self.disk)
-            for t in types
+            for w in windows
         ]
         super().__init__(layers=layers)
         self.window = window
