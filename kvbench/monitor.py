@@ -237,7 +237,8 @@ class TrialTimeline:
     """The samples of one trial (dicts with :data:`SAMPLE_COLUMNS`) and the alerts raised during it.
 
     ``sampler_cpu_s``: CPU seconds the sampler thread used during the trial (``time.thread_time``: its reads and
-    wake-ups, not its sleep); None when no thread ran (``interval_ms`` 0).
+    wake-ups, not its sleep); None when no thread ran (``interval_ms`` 0). ``sample_requested``: set by
+    :meth:`Sampler.mark` for the sampler thread, which clears it when it takes the sample.
     """
 
     trial_id: str
@@ -246,6 +247,7 @@ class TrialTimeline:
     phase: str = "prefill"
     kv_probe: Callable[[], tuple[int, int, int]] | None = None
     sampler_cpu_s: float | None = None
+    sample_requested: bool = False
 
 
 class Sampler:
@@ -253,7 +255,7 @@ class Sampler:
 
     Args:
         device: the torch device the model is on (NVML is read only for a CUDA device).
-        interval_ms: sampling period; 0 = no thread, only the readings at start, at each phase mark and at stop.
+        interval_ms: sampling period; 0 = no thread, only the readings at start and at stop.
         alert_device_bytes: when device memory (this process's NVML figure, else the device total; on CPU the
             process RSS) crosses it upwards, an alert event is recorded and ``on_alert`` called with it.
         on_alert: e.g. print a warning.
@@ -266,6 +268,7 @@ class Sampler:
     def __init__(self, device: Any, interval_ms: int = 50, alert_device_bytes: int | None = None,
                  on_alert: Callable[[dict[str, Any]], None] | None = None, nvml_reader: Any = None):
         self.interval_s = interval_ms / 1000
+        self._current: tuple[TrialTimeline, float] | None = None
         self._sampling = threading.Event()  # cleared by pause(): the thread then blocks without waking
         self._read_lock = threading.Lock()
         self.alert_device_bytes = alert_device_bytes
@@ -297,13 +300,13 @@ class Sampler:
 
     def read(self, timeline: TrialTimeline, t0: float, final: bool = False) -> dict[str, Any]:
         """One sample for ``timeline`` (appended), ``t_s`` seconds after ``t0``; ``final``: the trial's last.
-        The sampler thread and the trial's (``mark``, start, end) take turns, so samples stay in time order."""
+        The sampler thread and the trial's (start, end) take turns, so samples stay in time order."""
         with self._read_lock:
             return self._read(timeline, t0, final)
 
     def _read(self, timeline: TrialTimeline, t0: float, final: bool) -> dict[str, Any]:
-        row: dict[str, Any] = {"trial_id": timeline.trial_id, "phase": timeline.phase,
-                               "t_s": time.perf_counter() - t0}
+        t_s = time.perf_counter() - t0  # before the phase: a sample timed after a mark carries its phase
+        row: dict[str, Any] = {"trial_id": timeline.trial_id, "phase": timeline.phase, "t_s": t_s}
         host: dict[str, Any] = dict.fromkeys(HOST_FIELDS)
         if self.host is not None:
             try:
@@ -379,7 +382,8 @@ class Sampler:
                             if stop.is_set():
                                 break
                             due = time.monotonic() + self.interval_s
-                        elif time.monotonic() >= due:
+                        elif timeline.sample_requested or time.monotonic() >= due:
+                            timeline.sample_requested = False  # before the read: a mark during it asks again
                             self.read(timeline, t0)
                             due = time.monotonic() + self.interval_s
                 finally:
@@ -408,11 +412,14 @@ class Sampler:
         self._sampling.set()
 
     def mark(self, phase: str) -> None:
-        """Label the following samples of the running trial with ``phase`` (and take one reading now)."""
-        current = getattr(self, "_current", None)
+        """Label the following samples of the running trial with ``phase`` and ask the sampler thread for a sample
+        soon (within :data:`STOP_CHECK_S`). It reads nothing itself: it runs on the trial's thread between clock
+        readings (inside the first inter-token gap), where nothing that can block belongs, so it is two attribute
+        writes. At ``interval_ms`` 0 (no thread) it only labels: the end's sample carries the phase."""
+        current = self._current
         if current is not None:
             current[0].phase = phase
-            self.read(*current)
+            current[0].sample_requested = True
 
     def close(self) -> None:
         """Release NVML."""

@@ -35,6 +35,14 @@ class RecordedNvml:
         return self.readings.pop(0) if len(self.readings) > 1 else self.readings[0]
 
 
+def wait_for(condition, timeout=5.0):
+    """Poll ``condition`` every 5 ms until it holds; fail after ``timeout`` seconds."""
+    end = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < end, "timed out"
+        time.sleep(0.005)
+
+
 def reading(used, procs, util=40, tx=2_000_000, rx=500_000, power=300_000):
     return {"memory": (used, 80 * 2**30), "processes": procs, "util": util, "pcie_kbps": (tx, rx),
             "power_mw": power}
@@ -73,16 +81,17 @@ def test_nvml_readings_are_filtered_by_pid_and_marked_by_phase():
     assert gpu_fields({"memory": None, "processes": None, "util": None, "pcie_kbps": None, "power_mw": None},
                       me) == dict.fromkeys(f)
 
-    sampler = Sampler(torch.device("cpu"), interval_ms=0, nvml_reader=RecordedNvml(raw))
+    # a minute's interval: the thread samples only when the mark asks it to
+    sampler = Sampler(torch.device("cpu"), interval_ms=60_000, nvml_reader=RecordedNvml(raw))
     sampler.pid = me
     with sampler.trial("p8-b1-full-r0") as timeline:  # reading 1 at start (prefill)
-        sampler.mark("decode")                       # reading 2
+        sampler.mark("decode")                       # reading 2, by the sampler thread
+        wait_for(lambda: len(timeline.samples) == 2)
     rows = timeline.samples                          # reading 3 at the end
     assert [(r["phase"], r["gpu_process_bytes"]) for r in rows] == [
         ("prefill", 5 * 2**30), ("decode", 8 * 2**30), ("decode", None)]
     assert summarise(rows)["nvml_process_peak_bytes"] == 8 * 2**30
     assert summarise(rows)["nvml_device_peak_bytes"] == 12 * 2**30
-    assert timeline.sampler_cpu_s is None  # no thread at interval 0
 
 
 def test_sampler_cpu_time_counts_the_threads_reads():
@@ -237,8 +246,66 @@ def test_cpu_percent_of_a_trial_is_not_the_time_before_it():
 
 def test_samples_of_both_threads_stay_in_time_order():
     sampler = Sampler(torch.device("cpu"), interval_ms=1)
-    with sampler.trial("t") as timeline:
-        for _ in range(300):  # the trial's thread reads too, while the sampler's thread does
+    with sampler.trial("t") as timeline:  # the trial's thread reads at the start and the end, the sampler's between
+        end = time.monotonic() + 0.3
+        while time.monotonic() < end:  # marks ask for samples while the thread takes its own
             sampler.mark("decode")
     times = [x["t_s"] for x in timeline.samples]
-    assert len(times) > 302 and times == sorted(times)
+    assert len(times) > 10 and times == sorted(times)
+
+
+class ThreadRecordingNvml(RecordedNvml):
+    """Records the thread of every reading (and the phase the trial had then)."""
+
+    def __init__(self, readings):
+        super().__init__(readings)
+        self.threads = []
+
+    def raw(self):
+        self.threads.append(threading.get_ident())
+        return super().raw()
+
+
+def test_a_mark_reads_nothing_on_the_trials_thread():
+    nvml = ThreadRecordingNvml([reading(10 * 2**30, [])])
+    kv_threads = []
+
+    def kv_probe():
+        kv_threads.append(threading.get_ident())
+        return 0, 0, 0
+
+    sampler = Sampler(torch.device("cpu"), interval_ms=5, nvml_reader=nvml)
+    me = threading.get_ident()
+    with sampler.trial("t", kv_probe=kv_probe) as timeline:
+        time.sleep(0.05)
+        for _ in range(100):  # marks between "clock readings": the thread samples, this one never reads
+            sampler.mark("decode")
+            time.sleep(0.001)
+        time.sleep(0.05)
+    for threads in (nvml.threads, kv_threads):
+        assert threads[0] == me and threads[-1] == me  # the start and the end
+        assert len(threads) > 4 and me not in threads[1:-1]
+    phases = [r["phase"] for r in timeline.samples]
+    assert phases[0] == "prefill" and phases[-1] == "decode" and "prefill" in phases[1:-1]
+    assert phases == sorted(phases, key=["prefill", "decode"].index)  # one boundary, in time order
+
+    # no thread: a mark only labels, and the end's sample carries its phase
+    nvml = ThreadRecordingNvml([reading(10 * 2**30, [])])
+    sampler = Sampler(torch.device("cpu"), interval_ms=0, nvml_reader=nvml)
+    with sampler.trial("t") as timeline:
+        sampler.mark("decode")
+        sampler.mark("decode")
+    assert nvml.threads == [me, me] and [r["phase"] for r in timeline.samples] == ["prefill", "decode"]
+    assert timeline.sampler_cpu_s is None
+
+
+def test_a_mark_gets_a_sample_soon_even_with_a_long_interval():
+    sampler = Sampler(torch.device("cpu"), interval_ms=60_000)
+    with sampler.trial("t") as timeline:
+        time.sleep(0.02)
+        asked = time.perf_counter()
+        sampler.mark("decode")
+        wait_for(lambda: len(timeline.samples) == 2)
+        got = time.perf_counter()
+    assert got - asked < 1.0  # STOP_CHECK_S (0.1 s) on an idle machine; slack for a busy one
+    assert [r["phase"] for r in timeline.samples] == ["prefill", "decode", "decode"]
