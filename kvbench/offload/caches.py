@@ -36,7 +36,9 @@ class OffloadedCache(Cache):
     counts the windows, prefetched history and the K/V handed to the layer being computed); ``stored_bytes`` /
     ``stored_peak_bytes``: the KV held over all tiers with each token counted once (windows + history: the figure
     that equals 2 × layers × kv_heads × head_dim × dtype bytes × tokens × batch); and the copy engine's ``stats``
-    (H2D/D2H/disk bytes and counts).
+    (H2D/D2H/disk bytes and counts). ``pinned_host_bytes`` / ``pinned_host_peak_bytes``: the capacity of the
+    page-locked host buffers (allocated, not just filled) after each update, now and at peak; a buffer's doubling
+    briefly holds the old one too, which this does not count.
 
     Args:
         config: the model's transformers config (number and types of layers, sliding window).
@@ -79,6 +81,8 @@ class OffloadedCache(Cache):
         self._host = [0] * len(layers)
         self._disk = [0] * len(layers)
         self._stored = [0] * len(layers)
+        self._pinned = [0] * len(layers)
+        self.pinned_host_bytes = self.pinned_host_peak_bytes = 0
         self.device_bytes = self.host_bytes = self.disk_bytes = self.stored_bytes = 0
         self.device_peak_bytes = self.host_peak_bytes = self.disk_peak_bytes = self.stored_peak_bytes = 0
 
@@ -114,6 +118,13 @@ class OffloadedCache(Cache):
         self.host_peak_bytes = max(self.host_peak_bytes, self.host_bytes)
         self.disk_peak_bytes = max(self.disk_peak_bytes, self.disk_bytes)
         self.stored_peak_bytes = max(self.stored_peak_bytes, self.stored_bytes)
+        layer = self.layers[i]
+        if isinstance(layer, OffloadedLayer):
+            keys, values = layer.keys_history, layer.values_history
+            p = (keys.nbytes if keys.pinned else 0) + (values.nbytes if values.pinned else 0)
+            self.pinned_host_bytes += p - self._pinned[i]
+            self._pinned[i] = p
+            self.pinned_host_peak_bytes = max(self.pinned_host_peak_bytes, self.pinned_host_bytes)
 
     def _prefetch_after(self, layer_idx: int) -> None:
         """Prefetch the next offloaded layer that has host history, wrapping around to the first."""
