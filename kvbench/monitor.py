@@ -1,10 +1,11 @@
 """Background samplers and host measurements.
 
-- :class:`Sampler`: a timeline per trial on a daemon thread: the process's RSS and CPU %, the host's available
-  memory and (CUDA) pinned host bytes through psutil/torch; device memory (total and this process's, by PID),
-  utilisation, PCIe TX/RX and power through NVML for the device the model is on. Every sample carries the trial id
-  and the phase (``prefill``/``decode``) the runner marks. Fields that cannot be read are ``None`` (never 0) with
-  one warning naming the reason.
+- :class:`Sampler`: a timeline per trial on a daemon thread: the process's RSS (all, anonymous, file-backed) and
+  CPU %, the host's available memory and (CUDA) pinned host bytes (:class:`~kvbench.host_memory.HostReader`);
+  device memory (total and this process's, by PID), utilisation, PCIe TX/RX and power through NVML for the device
+  the model is on. Every sample carries the trial id and the phase (``prefill``/``decode``) the runner marks. At
+  the trial's end it reads the peaks the kernel and torch kept (peak RSS, pinned blocks). Fields that cannot be
+  read are ``None`` (never 0) with one warning naming the reason.
 - :func:`summarise`: per-trial peaks and means of a timeline.
 - :class:`LatencyWatch`: rolling p50/p90/p99 of request latencies for a user's own service.
 - :func:`host_memory_available` (from :mod:`kvbench.host_memory`): the host memory this process can still take
@@ -28,7 +29,7 @@ from typing import Any
 
 import psutil
 
-from kvbench.host_memory import HOST_FIELDS, HostReader, host_memory_available
+from kvbench.host_memory import HOST_FIELDS, KERNEL_PEAK_SOURCE, HostReader, host_memory_available
 
 __all__ = ["GPU_FIELDS", "HOST_FIELDS", "KV_FIELDS", "SAMPLE_COLUMNS", "SAMPLER_NICE", "STOP_CHECK_S", "HostReader",
            "LatencyWatch", "MonitorWarning", "NvmlReader", "NvmlUnavailable", "Sampler", "TrialTimeline", "gpu_fields",
@@ -163,7 +164,8 @@ class TrialTimeline:
     """The samples of one trial (dicts with :data:`SAMPLE_COLUMNS`) and the alerts raised during it.
 
     ``sampler_cpu_s``: CPU seconds the sampler thread used during the trial (``time.thread_time``: its reads and
-    wake-ups, not its sleep); None when no thread ran (``interval_ms`` 0). ``sample_requested``: set by
+    wake-ups, not its sleep); None when no thread ran (``interval_ms`` 0). ``peaks``: what the trial's end read
+    besides the samples (see :meth:`Sampler.trial`), for :func:`summarise`. ``sample_requested``: set by
     :meth:`Sampler.mark` for the sampler thread, which clears it when it takes the sample.
     """
 
@@ -173,6 +175,7 @@ class TrialTimeline:
     phase: str = "prefill"
     kv_probe: Callable[[], tuple[int, int, int]] | None = None
     sampler_cpu_s: float | None = None
+    peaks: dict[str, Any] | None = None
     sample_requested: bool = False
 
 
@@ -214,6 +217,9 @@ class Sampler:
             self.host: HostReader | None = HostReader(cuda)
             if self.host.pinned_reason:
                 self.notes["pinned_host_bytes"] = self.host.pinned_reason
+            if self.host.pinned_peak_reason:
+                for field in ("pinned_host_requested_peak_bytes", "pinned_host_allocated_peak_bytes"):
+                    self.notes[field] = self.host.pinned_peak_reason
         except (psutil.Error, OSError) as exc:  # e.g. a container without /proc access
             self.host = None
             self._note("host", f"psutil cannot read this process: {exc}")
@@ -270,16 +276,24 @@ class Sampler:
                 self.on_alert(event)
 
     @contextmanager
-    def trial(self, trial_id: str,
-              kv_probe: Callable[[], tuple[int, int, int]] | None = None) -> Iterator[TrialTimeline]:
+    def trial(self, trial_id: str, kv_probe: Callable[[], tuple[int, int, int]] | None = None,
+              pinned_probe: Callable[[], int] | None = None) -> Iterator[TrialTimeline]:
         """Sample while the block runs; yields the trial's :class:`TrialTimeline` (``mark`` phases on it with
         :meth:`mark`). The thread is a daemon and is stopped and joined on every exit (errors, Ctrl-C); it sleeps
         at most :data:`STOP_CHECK_S` at a time, so that join waits no longer than that.
+
+        At the start the kernel's peak RSS and torch's host allocator peaks are reset; after the last sample the
+        trial's ``peaks`` are read (:meth:`~kvbench.host_memory.HostReader.trial_peaks`): ``rss_peak_bytes`` (the
+        kernel's ``VmHWM``, None where it cannot be reset: the reason in ``notes["rss_peak_bytes"]``),
+        ``rss_peak_source``, ``pinned_host_allocated_peak_bytes`` and ``pinned_host_requested_peak_bytes``.
 
         Args:
             trial_id: the id each sample carries.
             kv_probe: returns the KV bytes the cache holds now on (device, host, disk), read with every sample
                 into ``kv_device_bytes``/``kv_host_bytes``/``kv_disk_bytes`` (None without a probe).
+            pinned_probe: returns the bytes of pinned host buffers the trial's cache asked for at its peak (its
+                own accounting), read once at the end on CUDA into ``pinned_host_requested_peak_bytes`` (None
+                without a probe, and off CUDA).
         """
         timeline = TrialTimeline(trial_id, [], [], kv_probe=kv_probe)
         t0 = time.perf_counter()
@@ -326,6 +340,25 @@ class Sampler:
                 thread.join()
             self.read(timeline, t0, final=True)
             self._current = None
+            timeline.peaks = self._trial_peaks(pinned_probe)
+
+    def _trial_peaks(self, pinned_probe: Callable[[], int] | None) -> dict[str, Any]:
+        """The trial's ``peaks`` (see :meth:`trial`), read once at its end."""
+        ms = self.interval_s * 1000
+        sampled = f"sampled every {ms:g} ms" if ms > 0 else "sampled at the trial's start and end (interval_ms 0)"
+        peaks: dict[str, Any] = {"rss_peak_bytes": None, "rss_peak_source": sampled,
+                                 "pinned_host_requested_peak_bytes": None, "pinned_host_allocated_peak_bytes": None}
+        if self.host is None:
+            return peaks
+        got = self.host.trial_peaks()
+        if got["rss_hwm_bytes"] is not None:
+            peaks.update(rss_peak_bytes=got["rss_hwm_bytes"], rss_peak_source=KERNEL_PEAK_SOURCE)
+        elif self.host.hwm_reason:
+            self.notes.setdefault("rss_peak_bytes", f"{self.host.hwm_reason}; the peak is {sampled}")
+        peaks["pinned_host_allocated_peak_bytes"] = got["pinned_host_allocated_peak_bytes"]
+        if self.host.pinned_peak_reason is None and pinned_probe is not None:
+            peaks["pinned_host_requested_peak_bytes"] = pinned_probe()
+        return peaks
 
     def pause(self) -> None:
         """Stop the running trial's thread from sampling until :meth:`resume`: it ends the sleep under way (one
@@ -353,9 +386,16 @@ class Sampler:
             self.nvml.close()
 
 
-def summarise(samples: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per-trial figures from a timeline: peaks (``*_peak_*``), means (``*_mean_*``) and the host's minimum
-    available memory; None where no sample had the field."""
+def summarise(samples: list[dict[str, Any]], peaks: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Per-trial figures from a timeline: peaks (``*_peak_*``, bytes), means (``*_mean_*``) and the host's minimum
+    available memory; None where no sample had the field.
+
+    ``peaks``: the trial's own peaks (:attr:`TrialTimeline.peaks`). With the kernel's ``VmHWM`` in it,
+    ``rss_peak_bytes`` is that (or the largest sample, if higher: pages the kernel reclaims leave its high-water
+    mark behind) and ``rss_peak_source`` says ``"kernel VmHWM"``; else the largest sample, with the sampling named.
+    The anonymous and file-backed peaks are always the samples' (the kernel keeps no high-water mark of each).
+    Without ``peaks`` the pinned peaks are None.
+    """
 
     def col(name: str) -> list[float]:
         return [s[name] for s in samples if s.get(name) is not None]
@@ -369,12 +409,20 @@ def summarise(samples: list[dict[str, Any]]) -> dict[str, Any]:
         return sum(v) / len(v) if v else None
 
     avail = col("host_available_bytes")
+    peaks = peaks or {}
+    rss_peak = peak("rss_bytes")
+    if peaks.get("rss_peak_bytes") is not None:
+        rss_peak = max(peaks["rss_peak_bytes"], rss_peak or 0)
     return {
-        "rss_peak_bytes": peak("rss_bytes"),
+        "rss_peak_bytes": rss_peak,
+        "rss_peak_source": peaks.get("rss_peak_source", "sampled"),
         "rss_mean_bytes": mean("rss_bytes"),
+        "rss_anon_peak_bytes": peak("rss_anon_bytes"),
+        "rss_file_peak_bytes": peak("rss_file_bytes"),
         "cpu_percent_mean": mean("cpu_percent"),
         "host_available_min_bytes": min(avail) if avail else None,
-        "pinned_host_peak_bytes": peak("pinned_host_bytes"),
+        "pinned_host_requested_peak_bytes": peaks.get("pinned_host_requested_peak_bytes"),
+        "pinned_host_allocated_peak_bytes": peaks.get("pinned_host_allocated_peak_bytes"),
         "nvml_device_peak_bytes": peak("gpu_used_bytes"),
         "nvml_process_peak_bytes": peak("gpu_process_bytes"),
         "gpu_util_mean_percent": mean("gpu_util_percent"),

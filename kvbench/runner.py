@@ -546,7 +546,8 @@ class TrialRunner:
                 return cache.device_bytes, cache.host_bytes, cache.disk_bytes
             return kv_last
 
-        with self.sampler.trial(t.trial_id, kv_probe=kv_now) as timeline:
+        pinned_now = (lambda: cache.pinned_host_peak_bytes) if own_accounting else None
+        with self.sampler.trial(t.trial_id, kv_probe=kv_now, pinned_probe=pinned_now) as timeline:
             try:
                 if reuse and t.warm:  # TTFT counts the lookup and the restore
                     t_restore = self.clock()
@@ -568,7 +569,7 @@ class TrialRunner:
             "kv_device_peak_bytes": kv_peak["device"],
             "kv_host_peak_bytes": kv_peak["host"],
             "kv_stored_peak_bytes": kv_peak["stored"],
-            **summarise(timeline.samples),
+            **summarise(timeline.samples, timeline.peaks),
             "sampler_cpu_s": timeline.sampler_cpu_s,
             "alerts": timeline.alerts,
             "prompt_sha256": prompt_digest,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import mmap
 import os
 import sys
 import threading
@@ -309,3 +310,126 @@ def test_a_mark_gets_a_sample_soon_even_with_a_long_interval():
         got = time.perf_counter()
     assert got - asked < 1.0  # STOP_CHECK_S (0.1 s) on an idle machine; slack for a busy one
     assert [r["phase"] for r in timeline.samples] == ["prefill", "decode", "decode"]
+
+
+class FakeHostAllocator:
+    """torch's caching host allocator as host_memory_stats describes it: blocks rounded up to powers of two;
+    ``active`` = handed out, ``allocated`` = owned (active + cached); peaks reset to the current level."""
+
+    def __init__(self):
+        self.active = self.owned = self.peak = 0
+        self.cached: list[int] = []
+
+    def alloc(self, n):
+        size = 1 << (n - 1).bit_length()
+        if size in self.cached:
+            self.cached.remove(size)
+        else:
+            self.owned += size
+        self.active += size
+        self.peak = max(self.peak, self.active)
+        return size
+
+    def free(self, size):
+        self.active -= size
+        self.cached.append(size)
+
+    def stats(self):
+        return {"active_bytes.current": self.active, "active_bytes.peak": self.peak,
+                "allocated_bytes.current": self.owned, "allocated_bytes.peak": self.owned}
+
+    def reset(self):
+        self.peak = self.active
+
+
+def test_pinned_peaks_are_the_trials_own(monkeypatch):
+    import kvbench.monitor as monitor
+
+    fake = FakeHostAllocator()
+    fake.free(fake.alloc(512 * MiB))  # an earlier trial's block, cached
+    fake.alloc(256 * MiB)  # the link probe's buffer, still held
+    real_host = monitor.HostReader
+    monkeypatch.setattr(monitor, "HostReader",
+                        lambda cuda: real_host(True, pinned_stats=fake.stats, reset_pinned_peak=fake.reset))
+    sampler = Sampler(torch.device("cpu"), interval_ms=0)
+    assert (fake.peak, fake.owned) == (512 * MiB, 768 * MiB)  # peaks from before the trial
+    with sampler.trial("t", pinned_probe=lambda: 8 * MiB) as timeline:
+        a = fake.alloc(3 * MiB)  # the cache asks for 3 + 5 MiB; torch pins 4 + 8
+        fake.alloc(5 * MiB)
+        fake.free(a)
+    summary = summarise(timeline.samples, timeline.peaks)
+    assert summary["pinned_host_allocated_peak_bytes"] == 12 * MiB  # not the 256 MiB held before, nor 512 or 768
+    assert summary["pinned_host_requested_peak_bytes"] == 8 * MiB
+    assert timeline.samples[0]["pinned_host_bytes"] == 768 * MiB  # the pool the process holds, per sample
+    assert "pinned_host_allocated_peak_bytes" not in sampler.notes
+
+    monkeypatch.setattr(monitor, "HostReader", real_host)
+    cpu = Sampler(torch.device("cpu"), interval_ms=0)
+    with cpu.trial("t", pinned_probe=lambda: 8 * MiB) as timeline:
+        pass
+    summary = summarise(timeline.samples, timeline.peaks)
+    assert summary["pinned_host_allocated_peak_bytes"] is None and summary["pinned_host_requested_peak_bytes"] is None
+    for field in ("pinned_host_allocated_peak_bytes", "pinned_host_requested_peak_bytes"):
+        assert cpu.notes[field] == "no CUDA device: no pinned host memory"
+
+
+needs_clear_refs = pytest.mark.skipif(not os.access("/proc/self/clear_refs", os.W_OK),
+                                      reason="the kernel's peak RSS cannot be reset here")
+
+
+@needs_clear_refs
+def test_the_kernel_peak_catches_a_spike_no_sample_sees():
+    sampler = Sampler(torch.device("cpu"), interval_ms=0)  # samples only at the start and the end
+    with sampler.trial("spike") as timeline:
+        base = timeline.samples[0]["rss_bytes"]
+        block = bytearray(200 * MiB)
+        for i in range(0, len(block), 4096):  # touch every page
+            block[i] = 1
+        del block
+    kernel = summarise(timeline.samples, timeline.peaks)
+    sampled = summarise(timeline.samples)
+    assert kernel["rss_peak_source"] == "kernel VmHWM"
+    assert kernel["rss_peak_bytes"] >= base + 190 * MiB
+    assert sampled["rss_peak_bytes"] < base + 100 * MiB  # what the samples alone would say
+    with sampler.trial("after") as timeline:  # reset per trial: the spike is not the next trial's peak
+        pass
+    assert summarise(timeline.samples, timeline.peaks)["rss_peak_bytes"] < base + 100 * MiB
+
+
+def test_a_mapped_file_read_through_is_file_backed_not_anonymous(tmp_path):
+    from kvbench.host_memory import HostReader, read_status
+
+    path = tmp_path / "history.bin"
+    with path.open("wb") as f:
+        for _ in range(64):
+            f.write(b"\1" * MiB)
+    sampler = Sampler(torch.device("cpu"), interval_ms=0)
+    with sampler.trial("mmap") as timeline, path.open("rb") as f:
+        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        assert sum(mm[i] for i in range(0, len(mm), 4096)) == 64 * MiB // 4096  # every page read
+    first, last = timeline.samples[0], timeline.samples[-1]
+    summary = summarise(timeline.samples, timeline.peaks)
+    mm.close()
+    assert last["rss_file_bytes"] - first["rss_file_bytes"] >= 60 * MiB
+    assert abs(last["rss_anon_bytes"] - first["rss_anon_bytes"]) < 8 * MiB
+    assert summary["rss_file_peak_bytes"] >= first["rss_file_bytes"] + 60 * MiB
+    assert summary["rss_anon_peak_bytes"] < first["rss_anon_bytes"] + 8 * MiB
+    # statm's resident − shared is the kernel's RssAnon; shared is RssFile + RssShmem
+    row, status = HostReader(cuda=False).read(), read_status()
+    assert abs(row["rss_anon_bytes"] - status["RssAnon"]) <= MiB
+    assert abs(row["rss_file_bytes"] - status["RssFile"] - status["RssShmem"]) <= MiB
+
+
+def test_without_clear_refs_the_peak_is_sampled_and_says_so(monkeypatch, tmp_path):
+    import kvbench.host_memory as host_memory
+
+    monkeypatch.setattr(host_memory, "CLEAR_REFS", str(tmp_path / "no-clear_refs"))
+    for interval, source in ((20, "sampled every 20 ms"), (0, "sampled at the trial's start and end (interval_ms 0)")):
+        sampler = Sampler(torch.device("cpu"), interval_ms=interval)
+        with sampler.trial("t") as timeline:
+            time.sleep(0.1)
+        summary = summarise(timeline.samples, timeline.peaks)
+        assert summary["rss_peak_source"] == source
+        assert summary["rss_peak_bytes"] == max(r["rss_bytes"] for r in timeline.samples)
+        assert sampler.notes["rss_peak_bytes"] == (f"cannot reset the kernel's peak RSS: {tmp_path}/no-clear_refs: "
+                                                   f"No such file or directory; the peak is {source}")
