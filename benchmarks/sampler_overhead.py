@@ -2,8 +2,9 @@
 
 1. **Trials.** The same trial with sampling every 10 ms ("on") and with sampling off, interleaved: each round runs
    both back to back, the order alternating round by round, and the ratio on/off is taken within the round, which
-   cancels the machine's drift between rounds. "Off" still reads once at the start, at the prefill/decode mark and
-   at the end. On a shared VM e2e times vary by ±25% from trial to trial, so the interval is several % wide.
+   cancels the machine's drift between rounds. "Off" still reads once at the start and once at the end (the
+   prefill/decode mark reads nothing). On a shared VM e2e times vary by ±25% from trial to trial, so the interval
+   is several % wide.
 2. **Steps.** Inside longer trials (sampler running) the sampler is paused and resumed between decode steps in an
    on, off, off, on, ... pattern, and each pair of adjacent steps gives one ratio on/off. Adjacent steps share the
    machine's state far more closely than trials do, so this interval is much narrower. It slightly understates the
@@ -160,8 +161,8 @@ def main() -> None:
     decode = [(a["e2e_s"] - a["ttft_s"]) / (b["e2e_s"] - b["ttft_s"]) for a, b in zip(rows["on"], rows["off"])]
     print(f"   of which prefill (TTFT): {summary(ttft)}; decode (e2e − TTFT): {summary(decode)}")
     share = [row["sampler_cpu_s"] / row["e2e_s"] * 100 for row in rows["on"]]
-    # the thread's samples: all but the three the main thread takes (start, prefill→decode mark, end)
-    per_sample = [row["sampler_cpu_s"] / (row["n_samples"] - 3) for row in rows["on"] if row["n_samples"] > 3]
+    # the thread's samples: all but the two the main thread takes (start, end)
+    per_sample = [row["sampler_cpu_s"] / (row["n_samples"] - 2) for row in rows["on"] if row["n_samples"] > 2]
     print(f"   sampler thread CPU, % of the trial's wall time: {summary(share, '.2f')}"
           + (f"; {statistics.median(per_sample) * 1e6:.0f} µs a sample" if per_sample else ""))
     print(f"2. steps ({args.step_trials} trials of {args.step_tokens} new tokens, sampler paused every other "

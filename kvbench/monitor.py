@@ -1,13 +1,15 @@
 """Background samplers and host measurements.
 
-- :class:`Sampler`: a timeline per trial on a daemon thread: the process's RSS and CPU %, the host's available
-  memory and (CUDA) pinned host bytes through psutil/torch; device memory (total and this process's, by PID),
-  utilisation, PCIe TX/RX and power through NVML for the device the model is on. Every sample carries the trial id
-  and the phase (``prefill``/``decode``) the runner marks. Fields that cannot be read are ``None`` (never 0) with
-  one warning naming the reason.
+- :class:`Sampler`: a timeline per trial on a daemon thread: the process's RSS (all, anonymous, file-backed) and
+  CPU %, the host's available memory and (CUDA) pinned host bytes (:class:`~kvbench.host_memory.HostReader`);
+  device memory (total and this process's, by PID), utilisation, PCIe TX/RX and power through NVML for the device
+  the model is on. Every sample carries the trial id and the phase (``prefill``/``decode``) the runner marks. At
+  the trial's end it reads the peaks the kernel and torch kept (peak RSS, pinned blocks). Fields that cannot be
+  read are ``None`` (never 0) with one warning naming the reason.
 - :func:`summarise`: per-trial peaks and means of a timeline.
 - :class:`LatencyWatch`: rolling p50/p90/p99 of request latencies for a user's own service.
-- :func:`host_memory_available`: the host memory this process can still take (cgroup limits included).
+- :func:`host_memory_available` (from :mod:`kvbench.host_memory`): the host memory this process can still take
+  (cgroup limits included).
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ import os
 import threading
 import time
 import warnings
-import weakref
 from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -28,7 +29,12 @@ from typing import Any
 
 import psutil
 
-HOST_FIELDS = ("rss_bytes", "cpu_percent", "host_available_bytes", "pinned_host_bytes")
+from kvbench.host_memory import HOST_FIELDS, KERNEL_PEAK_SOURCE, HostReader, host_memory_available
+
+__all__ = ["GPU_FIELDS", "HOST_FIELDS", "KV_FIELDS", "SAMPLE_COLUMNS", "SAMPLER_NICE", "STOP_CHECK_S", "HostReader",
+           "LatencyWatch", "MonitorWarning", "NvmlReader", "NvmlUnavailable", "Sampler", "TrialTimeline", "gpu_fields",
+           "host_memory_available", "summarise"]
+
 GPU_FIELDS = ("gpu_used_bytes", "gpu_total_bytes", "gpu_process_bytes", "gpu_util_percent",
               "pcie_tx_bytes_per_s", "pcie_rx_bytes_per_s", "power_w")
 #: The cache's own accounting of KV bytes per tier (see ``Sampler.trial``'s ``kv_probe``).
@@ -144,85 +150,6 @@ class NvmlReader:
         self.nvml.nvmlShutdown()
 
 
-class HostReader:
-    """Host fields of one sample: this process's RSS and CPU %, the host's available memory (psutil), and on CUDA
-    the pinned host bytes torch's caching host allocator holds (``torch.cuda.host_memory_stats``).
-
-    Every sample is paid for inside the measured trial, so the two per-sample readings avoid opening files: RSS
-    is read with ``pread`` from a ``/proc/self/statm`` kept open (resident pages × page size, the figure psutil
-    reports; psutil's ``memory_info`` where there is no such file). About 6 µs a sample in a warm loop instead of
-    psutil's 200 µs (two files opened per call); inside a trial, after the sampler's sleep, the caches are cold and
-    the same reading took about 120 µs of the sampler thread's CPU (``time.thread_time``; a 2-vCPU VM during a
-    SmolLM2 decode: the pread 35 µs, ``os.times`` 15 µs).
-
-    Two fields are refreshed less often; samples in between repeat the last value:
-
-    - CPU %: the process's user + system CPU time from ``os.times()`` over the wall time since the previous
-      refresh (psutil's ``cpu_percent`` definition: 100 = one CPU busy), at most every ``cpu_every_s`` seconds:
-      ``os.times`` counts whole clock ticks (10 ms at the usual 100 Hz), so a 10 ms window could only read 0, 100
-      or 200% (over 0.1 s: steps of 10%).
-    - the host's available memory (parsing ``/proc/meminfo``, the costliest read), at most every
-      ``available_every_s`` seconds.
-
-    Raises:
-        psutil.Error, OSError: this process cannot be read at all (e.g. a container without ``/proc``).
-    """
-
-    def __init__(self, cuda: bool, available_every_s: float = 0.25, cpu_every_s: float = 0.1):
-        self.available_every_s = available_every_s
-        self.cpu_every_s = cpu_every_s
-        self._available: tuple[float, int] | None = None
-        self.proc = psutil.Process()
-        self._page = os.sysconf("SC_PAGE_SIZE")
-        try:
-            self._statm: int | None = os.open("/proc/self/statm", os.O_RDONLY)
-            weakref.finalize(self, os.close, self._statm)
-        except OSError:
-            self._statm = None
-            self.proc.memory_info()  # raises here, at setup, if this process cannot be read either
-        self.start()
-        self.cuda = cuda
-        self.pinned_reason: str | None = None
-        if not cuda:
-            self.pinned_reason = "no CUDA device: no pinned host memory"
-        else:
-            import torch
-
-            if not hasattr(torch.cuda, "host_memory_stats"):
-                self.pinned_reason = f"torch {torch.__version__} has no torch.cuda.host_memory_stats"
-
-    def start(self) -> None:
-        """Begin a new CPU % window (a trial's start): until it is ``cpu_every_s`` long, ``cpu_percent`` is None
-        rather than a figure from before the trial."""
-        t = os.times()
-        self._cpu = (time.monotonic(), t.user + t.system)
-        self._cpu_percent: float | None = None
-
-    def read(self, final: bool = False) -> dict[str, Any]:
-        """One reading of :data:`HOST_FIELDS`; ``final`` (a trial's last reading) refreshes CPU % whatever the
-        window's length, so a trial shorter than ``cpu_every_s`` still gets one."""
-        pinned = None
-        if self.pinned_reason is None:
-            import torch
-
-            pinned = torch.cuda.host_memory_stats().get("allocated_bytes.current")
-        now = time.monotonic()
-        if self._available is None or now - self._available[0] >= self.available_every_s:
-            self._available = (now, psutil.virtual_memory().available)
-        if self._statm is not None:
-            rss = int(os.pread(self._statm, 128, 0).split()[1]) * self._page
-        else:
-            rss = self.proc.memory_info().rss
-        wall = now - self._cpu[0]
-        if wall >= self.cpu_every_s or (final and wall > 0):
-            t = os.times()
-            cpu = t.user + t.system
-            self._cpu_percent = 100 * (cpu - self._cpu[1]) / wall
-            self._cpu = (now, cpu)
-        return {"rss_bytes": rss, "cpu_percent": self._cpu_percent, "host_available_bytes": self._available[1],
-                "pinned_host_bytes": pinned}
-
-
 def _lower_priority(nice: int) -> None:
     """Give the calling thread at least niceness ``nice`` (Linux, where ``setpriority`` on a thread id applies to
     that thread alone); where the platform does not allow it, leave it as it is."""
@@ -237,7 +164,9 @@ class TrialTimeline:
     """The samples of one trial (dicts with :data:`SAMPLE_COLUMNS`) and the alerts raised during it.
 
     ``sampler_cpu_s``: CPU seconds the sampler thread used during the trial (``time.thread_time``: its reads and
-    wake-ups, not its sleep); None when no thread ran (``interval_ms`` 0).
+    wake-ups, not its sleep); None when no thread ran (``interval_ms`` 0). ``peaks``: what the trial's end read
+    besides the samples (see :meth:`Sampler.trial`), for :func:`summarise`. ``sample_requested``: set by
+    :meth:`Sampler.mark` for the sampler thread, which clears it when it takes the sample.
     """
 
     trial_id: str
@@ -246,6 +175,8 @@ class TrialTimeline:
     phase: str = "prefill"
     kv_probe: Callable[[], tuple[int, int, int]] | None = None
     sampler_cpu_s: float | None = None
+    peaks: dict[str, Any] | None = None
+    sample_requested: bool = False
 
 
 class Sampler:
@@ -253,7 +184,7 @@ class Sampler:
 
     Args:
         device: the torch device the model is on (NVML is read only for a CUDA device).
-        interval_ms: sampling period; 0 = no thread, only the readings at start, at each phase mark and at stop.
+        interval_ms: sampling period; 0 = no thread, only the readings at start and at stop.
         alert_device_bytes: when device memory (this process's NVML figure, else the device total; on CPU the
             process RSS) crosses it upwards, an alert event is recorded and ``on_alert`` called with it.
         on_alert: e.g. print a warning.
@@ -266,6 +197,7 @@ class Sampler:
     def __init__(self, device: Any, interval_ms: int = 50, alert_device_bytes: int | None = None,
                  on_alert: Callable[[dict[str, Any]], None] | None = None, nvml_reader: Any = None):
         self.interval_s = interval_ms / 1000
+        self._current: tuple[TrialTimeline, float] | None = None
         self._sampling = threading.Event()  # cleared by pause(): the thread then blocks without waking
         self._read_lock = threading.Lock()
         self.alert_device_bytes = alert_device_bytes
@@ -285,6 +217,9 @@ class Sampler:
             self.host: HostReader | None = HostReader(cuda)
             if self.host.pinned_reason:
                 self.notes["pinned_host_bytes"] = self.host.pinned_reason
+            if self.host.pinned_peak_reason:
+                for field in ("pinned_host_requested_peak_bytes", "pinned_host_allocated_peak_bytes"):
+                    self.notes[field] = self.host.pinned_peak_reason
         except (psutil.Error, OSError) as exc:  # e.g. a container without /proc access
             self.host = None
             self._note("host", f"psutil cannot read this process: {exc}")
@@ -297,13 +232,13 @@ class Sampler:
 
     def read(self, timeline: TrialTimeline, t0: float, final: bool = False) -> dict[str, Any]:
         """One sample for ``timeline`` (appended), ``t_s`` seconds after ``t0``; ``final``: the trial's last.
-        The sampler thread and the trial's (``mark``, start, end) take turns, so samples stay in time order."""
+        The sampler thread and the trial's (start, end) take turns, so samples stay in time order."""
         with self._read_lock:
             return self._read(timeline, t0, final)
 
     def _read(self, timeline: TrialTimeline, t0: float, final: bool) -> dict[str, Any]:
-        row: dict[str, Any] = {"trial_id": timeline.trial_id, "phase": timeline.phase,
-                               "t_s": time.perf_counter() - t0}
+        t_s = time.perf_counter() - t0  # before the phase: a sample timed after a mark carries its phase
+        row: dict[str, Any] = {"trial_id": timeline.trial_id, "phase": timeline.phase, "t_s": t_s}
         host: dict[str, Any] = dict.fromkeys(HOST_FIELDS)
         if self.host is not None:
             try:
@@ -341,16 +276,24 @@ class Sampler:
                 self.on_alert(event)
 
     @contextmanager
-    def trial(self, trial_id: str,
-              kv_probe: Callable[[], tuple[int, int, int]] | None = None) -> Iterator[TrialTimeline]:
+    def trial(self, trial_id: str, kv_probe: Callable[[], tuple[int, int, int]] | None = None,
+              pinned_probe: Callable[[], int] | None = None) -> Iterator[TrialTimeline]:
         """Sample while the block runs; yields the trial's :class:`TrialTimeline` (``mark`` phases on it with
         :meth:`mark`). The thread is a daemon and is stopped and joined on every exit (errors, Ctrl-C); it sleeps
         at most :data:`STOP_CHECK_S` at a time, so that join waits no longer than that.
+
+        At the start the kernel's peak RSS and torch's host allocator peaks are reset; after the last sample the
+        trial's ``peaks`` are read (:meth:`~kvbench.host_memory.HostReader.trial_peaks`): ``rss_peak_bytes`` (the
+        kernel's ``VmHWM``, None where it cannot be reset: the reason in ``notes["rss_peak_bytes"]``),
+        ``rss_peak_source``, ``pinned_host_allocated_peak_bytes`` and ``pinned_host_requested_peak_bytes``.
 
         Args:
             trial_id: the id each sample carries.
             kv_probe: returns the KV bytes the cache holds now on (device, host, disk), read with every sample
                 into ``kv_device_bytes``/``kv_host_bytes``/``kv_disk_bytes`` (None without a probe).
+            pinned_probe: returns the bytes of pinned host buffers the trial's cache asked for at its peak (its
+                own accounting), read once at the end on CUDA into ``pinned_host_requested_peak_bytes`` (None
+                without a probe, and off CUDA).
         """
         timeline = TrialTimeline(trial_id, [], [], kv_probe=kv_probe)
         t0 = time.perf_counter()
@@ -379,7 +322,8 @@ class Sampler:
                             if stop.is_set():
                                 break
                             due = time.monotonic() + self.interval_s
-                        elif time.monotonic() >= due:
+                        elif timeline.sample_requested or time.monotonic() >= due:
+                            timeline.sample_requested = False  # before the read: a mark during it asks again
                             self.read(timeline, t0)
                             due = time.monotonic() + self.interval_s
                 finally:
@@ -396,6 +340,25 @@ class Sampler:
                 thread.join()
             self.read(timeline, t0, final=True)
             self._current = None
+            timeline.peaks = self._trial_peaks(pinned_probe)
+
+    def _trial_peaks(self, pinned_probe: Callable[[], int] | None) -> dict[str, Any]:
+        """The trial's ``peaks`` (see :meth:`trial`), read once at its end."""
+        ms = self.interval_s * 1000
+        sampled = f"sampled every {ms:g} ms" if ms > 0 else "sampled at the trial's start and end (interval_ms 0)"
+        peaks: dict[str, Any] = {"rss_peak_bytes": None, "rss_peak_source": sampled,
+                                 "pinned_host_requested_peak_bytes": None, "pinned_host_allocated_peak_bytes": None}
+        if self.host is None:
+            return peaks
+        got = self.host.trial_peaks()
+        if got["rss_hwm_bytes"] is not None:
+            peaks.update(rss_peak_bytes=got["rss_hwm_bytes"], rss_peak_source=KERNEL_PEAK_SOURCE)
+        elif self.host.hwm_reason:
+            self.notes.setdefault("rss_peak_bytes", f"{self.host.hwm_reason}; the peak is {sampled}")
+        peaks["pinned_host_allocated_peak_bytes"] = got["pinned_host_allocated_peak_bytes"]
+        if self.host.pinned_peak_reason is None and pinned_probe is not None:
+            peaks["pinned_host_requested_peak_bytes"] = pinned_probe()
+        return peaks
 
     def pause(self) -> None:
         """Stop the running trial's thread from sampling until :meth:`resume`: it ends the sleep under way (one
@@ -408,11 +371,14 @@ class Sampler:
         self._sampling.set()
 
     def mark(self, phase: str) -> None:
-        """Label the following samples of the running trial with ``phase`` (and take one reading now)."""
-        current = getattr(self, "_current", None)
+        """Label the following samples of the running trial with ``phase`` and ask the sampler thread for a sample
+        soon (within :data:`STOP_CHECK_S`). It reads nothing itself: it runs on the trial's thread between clock
+        readings (inside the first inter-token gap), where nothing that can block belongs, so it is two attribute
+        writes. At ``interval_ms`` 0 (no thread) it only labels: the end's sample carries the phase."""
+        current = self._current
         if current is not None:
             current[0].phase = phase
-            self.read(*current)
+            current[0].sample_requested = True
 
     def close(self) -> None:
         """Release NVML."""
@@ -420,9 +386,16 @@ class Sampler:
             self.nvml.close()
 
 
-def summarise(samples: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per-trial figures from a timeline: peaks (``*_peak_*``), means (``*_mean_*``) and the host's minimum
-    available memory; None where no sample had the field."""
+def summarise(samples: list[dict[str, Any]], peaks: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Per-trial figures from a timeline: peaks (``*_peak_*``, bytes), means (``*_mean_*``) and the host's minimum
+    available memory; None where no sample had the field.
+
+    ``peaks``: the trial's own peaks (:attr:`TrialTimeline.peaks`). With the kernel's ``VmHWM`` in it,
+    ``rss_peak_bytes`` is that (or the largest sample, if higher: pages the kernel reclaims leave its high-water
+    mark behind) and ``rss_peak_source`` says ``"kernel VmHWM"``; else the largest sample, with the sampling named.
+    The anonymous and file-backed peaks are always the samples' (the kernel keeps no high-water mark of each).
+    Without ``peaks`` the pinned peaks are None.
+    """
 
     def col(name: str) -> list[float]:
         return [s[name] for s in samples if s.get(name) is not None]
@@ -436,12 +409,20 @@ def summarise(samples: list[dict[str, Any]]) -> dict[str, Any]:
         return sum(v) / len(v) if v else None
 
     avail = col("host_available_bytes")
+    peaks = peaks or {}
+    rss_peak = peak("rss_bytes")
+    if peaks.get("rss_peak_bytes") is not None:
+        rss_peak = max(peaks["rss_peak_bytes"], rss_peak or 0)
     return {
-        "rss_peak_bytes": peak("rss_bytes"),
+        "rss_peak_bytes": rss_peak,
+        "rss_peak_source": peaks.get("rss_peak_source", "sampled"),
         "rss_mean_bytes": mean("rss_bytes"),
+        "rss_anon_peak_bytes": peak("rss_anon_bytes"),
+        "rss_file_peak_bytes": peak("rss_file_bytes"),
         "cpu_percent_mean": mean("cpu_percent"),
         "host_available_min_bytes": min(avail) if avail else None,
-        "pinned_host_peak_bytes": peak("pinned_host_bytes"),
+        "pinned_host_requested_peak_bytes": peaks.get("pinned_host_requested_peak_bytes"),
+        "pinned_host_allocated_peak_bytes": peaks.get("pinned_host_allocated_peak_bytes"),
         "nvml_device_peak_bytes": peak("gpu_used_bytes"),
         "nvml_process_peak_bytes": peak("gpu_process_bytes"),
         "gpu_util_mean_percent": mean("gpu_util_percent"),
@@ -507,32 +488,3 @@ class LatencyWatch:
             old = self._recent.popleft()
             del self._sorted[bisect.bisect_left(self._sorted, old)]
         return slow
-
-
-#: cgroup files holding a container's memory limit and usage: v2, then v1.
-_CGROUP_MEMORY = (
-    ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
-    ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"),
-)
-
-
-def host_memory_available() -> tuple[int, str]:
-    """Bytes of host memory this process can still take, and where that figure comes from.
-
-    psutil's available memory, or less when the container's cgroup limit (v2 ``memory.max`` or v1
-    ``memory.limit_in_bytes``) minus its usage is closer: pinned (page-locked) pages count fully against that
-    limit and cannot be swapped or reclaimed.
-    """
-    avail, source = psutil.virtual_memory().available, "available host memory"
-    for limit_file, usage_file in _CGROUP_MEMORY:
-        try:
-            with open(limit_file) as f:
-                text = f.read().strip()
-            with open(usage_file) as f:
-                usage = int(f.read().strip())
-        except (OSError, ValueError):
-            continue
-        if text.isdigit() and int(text) - usage < avail:
-            avail, source = max(0, int(text) - usage), f"container memory limit ({limit_file})"
-        break
-    return avail, source

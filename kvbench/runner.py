@@ -526,8 +526,9 @@ class TrialRunner:
                 return cache.device_bytes, cache.host_bytes, cache.disk_bytes
             return kv_last
 
+        pinned_now = (lambda: cache.pinned_host_peak_bytes) if own_accounting else None
         load = LoadWindow(self.cpu_count)
-        with self.sampler.trial(t.trial_id, kv_probe=kv_now) as timeline:
+        with self.sampler.trial(t.trial_id, kv_probe=kv_now, pinned_probe=pinned_now) as timeline:
             try:
                 if reuse and t.warm:  # TTFT counts the lookup and the restore
                     t_restore = self.clock()
@@ -554,7 +555,7 @@ class TrialRunner:
             "kv_device_peak_bytes": kv_peak["device"],
             "kv_host_peak_bytes": kv_peak["host"],
             "kv_stored_peak_bytes": kv_peak["stored"],
-            **summarise(timeline.samples),
+            **summarise(timeline.samples, timeline.peaks),
             "sampler_cpu_s": timeline.sampler_cpu_s,
             "alerts": timeline.alerts,
             "prompt_sha256": prompt_digest,
@@ -573,7 +574,8 @@ class TrialRunner:
             # the cache's own accounting also sees the transient K/V inside a forward, which per-step reads miss
             stats = cache.engine.stats
             out.update(kv_device_peak_bytes=cache.device_peak_bytes, kv_host_peak_bytes=cache.host_peak_bytes,
-                       kv_disk_peak_bytes=cache.disk_peak_bytes, kv_stored_peak_bytes=cache.stored_peak_bytes, h2d_bytes=stats.h2d_bytes,
+                       kv_disk_peak_bytes=cache.disk_peak_bytes, kv_stored_peak_bytes=cache.stored_peak_bytes,
+                       kv_host_allocated_peak_bytes=cache.host_allocated_peak_bytes, h2d_bytes=stats.h2d_bytes,
                        d2h_bytes=stats.d2h_bytes, h2d_count=stats.h2d_count, d2h_count=stats.d2h_count,
                        disk_read_bytes=stats.disk_read_bytes, disk_write_bytes=stats.disk_write_bytes,
                        transfer_stalls=stats.stalls, pinned=cache.pinned,

@@ -75,8 +75,10 @@ def test_smoke_scenario_on_the_real_model(tmp_path):
     assert samples["gpu_used_bytes"].isna().all()  # no GPU: empty cells, not 0
     per_trial = samples.groupby("trial_id").size()
     assert all(per_trial[row["trial_id"]] == row["n_samples"] for row in rows if row["status"] == "ok")
-    assert all(row["rss_peak_bytes"] == samples[samples.trial_id == row["trial_id"]].rss_bytes.max()
-               for row in rows if row["status"] == "ok")
+    for row in (r for r in rows if r["status"] == "ok"):  # the kernel's peak also sees spikes between samples
+        sampled = samples[samples.trial_id == row["trial_id"]].rss_bytes.max()
+        assert (row["rss_peak_bytes"] >= sampled if row["rss_peak_source"] == "kernel VmHWM"
+                else row["rss_peak_bytes"] == sampled and row["rss_peak_source"] == "sampled every 50 ms")
     # the cache's KV per tier is sampled too: the last sample holds every token the trial cached
     last = samples.groupby("trial_id").last()
     for row in (r for r in rows if r["status"] == "ok"):

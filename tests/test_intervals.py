@@ -170,3 +170,29 @@ def test_load_window_sees_a_competing_process():
         hog.kill()
         hog.wait()
     assert other["others_cpu_percent"] > 60 and other["machine_busy"] is True
+
+
+def test_cost_charges_the_host_memory_held_and_prices_disk_apart():
+    """Host memory charged is what was held (pinned by torch, else the buffers' capacity), not the filled KV."""
+    gib = 2**30
+    data = rows({("none", 1): [0.1] * 5, ("full", 1): [0.1] * 5})
+    for r in data:
+        if r["mode"] == "full":
+            r.update(kv_host_peak_bytes=1 * gib, kv_host_allocated_peak_bytes=2 * gib, kv_disk_peak_bytes=3 * gib)
+    trials = trials_frame(data, "g")
+    prices = Prices(3600.0, host_per_gib_hour=3600.0, disk_per_gib_hour=7200.0)  # per second: 1 USD, 1, 2 per GiB
+    full = cost_table(point_table(trials), prices, trials).set_index("mode").loc["full"]
+    tput = 16 / (1.0 + 15 * 0.1)
+    # (1 USD/s GPU + 2 GiB × 1 USD/s + 3 GiB × 2 USD/s) ÷ tokens/s × 10^6
+    assert full["usd_per_million"] == pytest.approx((1 + 2 + 6) / tput * 1e6)
+    assert (full["host_kv_bytes"], full["host_basis"], full["disk_kv_bytes"]) == (2 * gib, "allocated host buffers",
+                                                                                  3 * gib)
+    for r in data:
+        if r["mode"] == "full":
+            r["pinned_host_allocated_peak_bytes"] = 4 * gib  # CUDA: torch rounds pinned blocks up to powers of two
+    trials = trials_frame(data, "g")
+    full = cost_table(point_table(trials), prices, trials).set_index("mode").loc["full"]
+    assert full["usd_per_million"] == pytest.approx((1 + 4 + 6) / tput * 1e6) and full["host_basis"] == (
+        "pinned by torch")
+    with pytest.raises(ValueError, match="--disk-price must be 0 or more USD per GiB-hour"):
+        Prices(1.0, disk_per_gib_hour=-1)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import mmap
 import os
 import sys
 import threading
@@ -33,6 +34,14 @@ class RecordedNvml:
 
     def raw(self):
         return self.readings.pop(0) if len(self.readings) > 1 else self.readings[0]
+
+
+def wait_for(condition, timeout=5.0):
+    """Poll ``condition`` every 5 ms until it holds; fail after ``timeout`` seconds."""
+    end = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < end, "timed out"
+        time.sleep(0.005)
 
 
 def reading(used, procs, util=40, tx=2_000_000, rx=500_000, power=300_000):
@@ -73,16 +82,17 @@ def test_nvml_readings_are_filtered_by_pid_and_marked_by_phase():
     assert gpu_fields({"memory": None, "processes": None, "util": None, "pcie_kbps": None, "power_mw": None},
                       me) == dict.fromkeys(f)
 
-    sampler = Sampler(torch.device("cpu"), interval_ms=0, nvml_reader=RecordedNvml(raw))
+    # a minute's interval: the thread samples only when the mark asks it to
+    sampler = Sampler(torch.device("cpu"), interval_ms=60_000, nvml_reader=RecordedNvml(raw))
     sampler.pid = me
     with sampler.trial("p8-b1-full-r0") as timeline:  # reading 1 at start (prefill)
-        sampler.mark("decode")                       # reading 2
+        sampler.mark("decode")                       # reading 2, by the sampler thread
+        wait_for(lambda: len(timeline.samples) == 2)
     rows = timeline.samples                          # reading 3 at the end
     assert [(r["phase"], r["gpu_process_bytes"]) for r in rows] == [
         ("prefill", 5 * 2**30), ("decode", 8 * 2**30), ("decode", None)]
     assert summarise(rows)["nvml_process_peak_bytes"] == 8 * 2**30
     assert summarise(rows)["nvml_device_peak_bytes"] == 12 * 2**30
-    assert timeline.sampler_cpu_s is None  # no thread at interval 0
 
 
 def test_sampler_cpu_time_counts_the_threads_reads():
@@ -237,8 +247,189 @@ def test_cpu_percent_of_a_trial_is_not_the_time_before_it():
 
 def test_samples_of_both_threads_stay_in_time_order():
     sampler = Sampler(torch.device("cpu"), interval_ms=1)
-    with sampler.trial("t") as timeline:
-        for _ in range(300):  # the trial's thread reads too, while the sampler's thread does
+    with sampler.trial("t") as timeline:  # the trial's thread reads at the start and the end, the sampler's between
+        end = time.monotonic() + 0.3
+        while time.monotonic() < end:  # marks ask for samples while the thread takes its own
             sampler.mark("decode")
     times = [x["t_s"] for x in timeline.samples]
-    assert len(times) > 302 and times == sorted(times)
+    assert len(times) > 10 and times == sorted(times)
+
+
+class ThreadRecordingNvml(RecordedNvml):
+    """Records the thread of every reading (and the phase the trial had then)."""
+
+    def __init__(self, readings):
+        super().__init__(readings)
+        self.threads = []
+
+    def raw(self):
+        self.threads.append(threading.get_ident())
+        return super().raw()
+
+
+def test_a_mark_reads_nothing_on_the_trials_thread():
+    nvml = ThreadRecordingNvml([reading(10 * 2**30, [])])
+    kv_threads = []
+
+    def kv_probe():
+        kv_threads.append(threading.get_ident())
+        return 0, 0, 0
+
+    sampler = Sampler(torch.device("cpu"), interval_ms=5, nvml_reader=nvml)
+    me = threading.get_ident()
+    with sampler.trial("t", kv_probe=kv_probe) as timeline:
+        time.sleep(0.05)
+        for _ in range(100):  # marks between "clock readings": the thread samples, this one never reads
+            sampler.mark("decode")
+            time.sleep(0.001)
+        time.sleep(0.05)
+    for threads in (nvml.threads, kv_threads):
+        assert threads[0] == me and threads[-1] == me  # the start and the end
+        assert len(threads) > 4 and me not in threads[1:-1]
+    phases = [r["phase"] for r in timeline.samples]
+    assert phases[0] == "prefill" and phases[-1] == "decode" and "prefill" in phases[1:-1]
+    assert phases == sorted(phases, key=["prefill", "decode"].index)  # one boundary, in time order
+
+    # no thread: a mark only labels, and the end's sample carries its phase
+    nvml = ThreadRecordingNvml([reading(10 * 2**30, [])])
+    sampler = Sampler(torch.device("cpu"), interval_ms=0, nvml_reader=nvml)
+    with sampler.trial("t") as timeline:
+        sampler.mark("decode")
+        sampler.mark("decode")
+    assert nvml.threads == [me, me] and [r["phase"] for r in timeline.samples] == ["prefill", "decode"]
+    assert timeline.sampler_cpu_s is None
+
+
+def test_a_mark_gets_a_sample_soon_even_with_a_long_interval():
+    sampler = Sampler(torch.device("cpu"), interval_ms=60_000)
+    with sampler.trial("t") as timeline:
+        time.sleep(0.02)
+        asked = time.perf_counter()
+        sampler.mark("decode")
+        wait_for(lambda: len(timeline.samples) == 2)
+        got = time.perf_counter()
+    assert got - asked < 1.0  # STOP_CHECK_S (0.1 s) on an idle machine; slack for a busy one
+    assert [r["phase"] for r in timeline.samples] == ["prefill", "decode", "decode"]
+
+
+class FakeHostAllocator:
+    """torch's caching host allocator as host_memory_stats describes it: blocks rounded up to powers of two;
+    ``active`` = handed out, ``allocated`` = owned (active + cached); peaks reset to the current level."""
+
+    def __init__(self):
+        self.active = self.owned = self.peak = 0
+        self.cached: list[int] = []
+
+    def alloc(self, n):
+        size = 1 << (n - 1).bit_length()
+        if size in self.cached:
+            self.cached.remove(size)
+        else:
+            self.owned += size
+        self.active += size
+        self.peak = max(self.peak, self.active)
+        return size
+
+    def free(self, size):
+        self.active -= size
+        self.cached.append(size)
+
+    def stats(self):
+        return {"active_bytes.current": self.active, "active_bytes.peak": self.peak,
+                "allocated_bytes.current": self.owned, "allocated_bytes.peak": self.owned}
+
+    def reset(self):
+        self.peak = self.active
+
+
+def test_pinned_peaks_are_the_trials_own(monkeypatch):
+    import kvbench.monitor as monitor
+
+    fake = FakeHostAllocator()
+    fake.free(fake.alloc(512 * MiB))  # an earlier trial's block, cached
+    fake.alloc(256 * MiB)  # the link probe's buffer, still held
+    real_host = monitor.HostReader
+    monkeypatch.setattr(monitor, "HostReader",
+                        lambda cuda: real_host(True, pinned_stats=fake.stats, reset_pinned_peak=fake.reset))
+    sampler = Sampler(torch.device("cpu"), interval_ms=0)
+    assert (fake.peak, fake.owned) == (512 * MiB, 768 * MiB)  # peaks from before the trial
+    with sampler.trial("t", pinned_probe=lambda: 8 * MiB) as timeline:
+        a = fake.alloc(3 * MiB)  # the cache asks for 3 + 5 MiB; torch pins 4 + 8
+        fake.alloc(5 * MiB)
+        fake.free(a)
+    summary = summarise(timeline.samples, timeline.peaks)
+    assert summary["pinned_host_allocated_peak_bytes"] == 12 * MiB  # not the 256 MiB held before, nor 512 or 768
+    assert summary["pinned_host_requested_peak_bytes"] == 8 * MiB
+    assert timeline.samples[0]["pinned_host_bytes"] == 768 * MiB  # the pool the process holds, per sample
+    assert "pinned_host_allocated_peak_bytes" not in sampler.notes
+
+    monkeypatch.setattr(monitor, "HostReader", real_host)
+    cpu = Sampler(torch.device("cpu"), interval_ms=0)
+    with cpu.trial("t", pinned_probe=lambda: 8 * MiB) as timeline:
+        pass
+    summary = summarise(timeline.samples, timeline.peaks)
+    assert summary["pinned_host_allocated_peak_bytes"] is None and summary["pinned_host_requested_peak_bytes"] is None
+    for field in ("pinned_host_allocated_peak_bytes", "pinned_host_requested_peak_bytes"):
+        assert cpu.notes[field] == "no CUDA device: no pinned host memory"
+
+
+needs_clear_refs = pytest.mark.skipif(not os.access("/proc/self/clear_refs", os.W_OK),
+                                      reason="the kernel's peak RSS cannot be reset here")
+
+
+@needs_clear_refs
+def test_the_kernel_peak_catches_a_spike_no_sample_sees():
+    sampler = Sampler(torch.device("cpu"), interval_ms=0)  # samples only at the start and the end
+    with sampler.trial("spike") as timeline:
+        base = timeline.samples[0]["rss_bytes"]
+        block = bytearray(200 * MiB)
+        for i in range(0, len(block), 4096):  # touch every page
+            block[i] = 1
+        del block
+    kernel = summarise(timeline.samples, timeline.peaks)
+    sampled = summarise(timeline.samples)
+    assert kernel["rss_peak_source"] == "kernel VmHWM"
+    assert kernel["rss_peak_bytes"] >= base + 190 * MiB
+    assert sampled["rss_peak_bytes"] < base + 100 * MiB  # what the samples alone would say
+    with sampler.trial("after") as timeline:  # reset per trial: the spike is not the next trial's peak
+        pass
+    assert summarise(timeline.samples, timeline.peaks)["rss_peak_bytes"] < base + 100 * MiB
+
+
+def test_a_mapped_file_read_through_is_file_backed_not_anonymous(tmp_path):
+    from kvbench.host_memory import HostReader, read_status
+
+    path = tmp_path / "history.bin"
+    with path.open("wb") as f:
+        for _ in range(64):
+            f.write(b"\1" * MiB)
+    sampler = Sampler(torch.device("cpu"), interval_ms=0)
+    with sampler.trial("mmap") as timeline, path.open("rb") as f:
+        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        assert sum(mm[i] for i in range(0, len(mm), 4096)) == 64 * MiB // 4096  # every page read
+    first, last = timeline.samples[0], timeline.samples[-1]
+    summary = summarise(timeline.samples, timeline.peaks)
+    mm.close()
+    assert last["rss_file_bytes"] - first["rss_file_bytes"] >= 60 * MiB
+    assert abs(last["rss_anon_bytes"] - first["rss_anon_bytes"]) < 8 * MiB
+    assert summary["rss_file_peak_bytes"] >= first["rss_file_bytes"] + 60 * MiB
+    assert summary["rss_anon_peak_bytes"] < first["rss_anon_bytes"] + 8 * MiB
+    # statm's resident − shared is the kernel's RssAnon; shared is RssFile + RssShmem
+    row, status = HostReader(cuda=False).read(), read_status()
+    assert abs(row["rss_anon_bytes"] - status["RssAnon"]) <= MiB
+    assert abs(row["rss_file_bytes"] - status["RssFile"] - status["RssShmem"]) <= MiB
+
+
+def test_without_clear_refs_the_peak_is_sampled_and_says_so(monkeypatch, tmp_path):
+    import kvbench.host_memory as host_memory
+
+    monkeypatch.setattr(host_memory, "CLEAR_REFS", str(tmp_path / "no-clear_refs"))
+    for interval, source in ((20, "sampled every 20 ms"), (0, "sampled at the trial's start and end (interval_ms 0)")):
+        sampler = Sampler(torch.device("cpu"), interval_ms=interval)
+        with sampler.trial("t") as timeline:
+            time.sleep(0.1)
+        summary = summarise(timeline.samples, timeline.peaks)
+        assert summary["rss_peak_source"] == source
+        assert summary["rss_peak_bytes"] == max(r["rss_bytes"] for r in timeline.samples)
+        assert sampler.notes["rss_peak_bytes"] == (f"cannot reset the kernel's peak RSS: {tmp_path}/no-clear_refs: "
+                                                   f"No such file or directory; the peak is {source}")

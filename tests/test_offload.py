@@ -67,6 +67,30 @@ def test_full_mode_moves_only_new_tokens_to_the_host(tiny_model):
     assert cache.device_peak_bytes == 2 * per_token * 13  # one layer's K and V for 13 tokens during attention
 
 
+def test_pinned_host_bytes_count_the_capacity_of_page_locked_buffers(tiny_model, monkeypatch):
+    from kvbench.offload.tiers import HostBuffer
+
+    model = tiny_model.model
+    cache = FullOffloadCache(model.config, CPU)  # CPU: pageable buffers, nothing pinned
+    decode(model, [[7] * 10], cache, n=4)
+    assert cache.pinned is False and cache.pinned_host_peak_bytes == 0
+    # what the host tier holds is its capacity (the smallest, 256 tokens), not the 13 filled: what kvbench cost
+    # charges
+    assert cache.host_allocated_peak_bytes == 256 * 2 * 16 * 4 * 2 * 2
+    assert cache.host_bytes == 13 * 2 * 16 * 4 * 2 * 2
+
+    def as_if_pinned(self, shape, dtype):  # CPU torch cannot pin: count pageable buffers as pinned ones
+        self.pinned = True
+        return torch.empty(shape, dtype=dtype)
+
+    monkeypatch.setattr(HostBuffer, "_allocate", as_if_pinned)
+    cache = FullOffloadCache(model.config, CPU)
+    decode(model, [[7] * 250], cache, n=10)  # 259 tokens: each buffer grows from 256 to 512 tokens of capacity
+    # capacity × 2 kv heads × 16 × 4 bytes, K and V, 2 layers (the filled part is 259 tokens)
+    assert cache.pinned_host_peak_bytes == cache.pinned_host_bytes == 512 * 2 * 16 * 4 * 2 * 2
+    assert cache.host_bytes == 259 * 2 * 16 * 4 * 2 * 2
+
+
 def test_hierarchical_keeps_the_window_on_the_device(tiny_model):
     model = tiny_model.model
     cache = make_cache("hierarchical", model.config, CPU, window=5)

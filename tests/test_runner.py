@@ -103,11 +103,12 @@ def test_ok_trial_row_and_kv_bytes_equal_the_prediction(tiny_model):
     assert len(row["output_ids_head"]) == 2 and len(row["output_ids_head"][0]) == 3
     assert row["peak_device_allocated_bytes"] is None and "CUDA only" in row["notes"]["peak_device_allocated_bytes"]
     assert row["rss_peak_bytes"] > 0
-    # samples carry the cache's bytes as of the last step: none at the start, the prompt's 16 tokens at the
-    # prefill→decode mark, every token at the end
+    # samples carry the cache's bytes as of the last step: none at the start, at least the prompt's 16 tokens
+    # once decoding (the mark only asks the thread for a sample: it may come a step or two later), every token at
+    # the end
     samples = runner.last_samples
     assert (samples[0]["phase"], samples[0]["kv_device_bytes"]) == ("prefill", 0)
-    assert next(x["kv_device_bytes"] for x in samples if x["phase"] == "decode") == 512 * 16 * 2
+    assert 512 * 16 * 2 <= next(x["kv_device_bytes"] for x in samples if x["phase"] == "decode") <= 512 * 18 * 2
     assert (samples[-1]["kv_device_bytes"], samples[-1]["kv_host_bytes"]) == (512 * 18 * 2, 0)
     assert 0 <= row["sampler_cpu_s"] < row["e2e_s"] + 1  # the thread ran (interval 50 ms): its CPU seconds
     again = runner.run(TrialSpec(16, 2, s.modes[0], 0))

@@ -41,8 +41,11 @@ class OffloadedCache(Cache):
     ``stored_peak_bytes``: the KV held over all tiers with each token counted once (windows + history: the figure
     that equals Σ over layers of 2 × kv_heads × head_dim × dtype bytes × tokens held × batch, tokens held = all
     cached tokens, or the last ``window - 1`` of a sliding layer: :meth:`kvbench.plan.KVLayout.cached_kv_bytes`,
-    which does not import this module); and the copy engine's ``stats``
-    (H2D/D2H/disk bytes and counts).
+    which does not import this module); and the copy engine's ``stats`` (H2D/D2H/disk bytes and counts).
+    ``host_allocated_bytes`` / ``host_allocated_peak_bytes``: the capacity of the host buffers (allocated, not
+    just filled: they grow by doubling) after each update, now and at peak; ``pinned_host_bytes`` /
+    ``pinned_host_peak_bytes``: the same for the page-locked ones. A buffer's doubling briefly holds the old one
+    too, which these do not count.
 
     Args:
         config: the model's transformers config (number and types of layers, sliding window).
@@ -84,6 +87,10 @@ class OffloadedCache(Cache):
         self._host = [0] * len(layers)
         self._disk = [0] * len(layers)
         self._stored = [0] * len(layers)
+        self._pinned = [0] * len(layers)
+        self.pinned_host_bytes = self.pinned_host_peak_bytes = 0
+        self.host_allocated_bytes = self.host_allocated_peak_bytes = 0
+        self._allocated = [0] * len(layers)
         self.device_bytes = self.host_bytes = self.disk_bytes = self.stored_bytes = 0
         self.device_peak_bytes = self.host_peak_bytes = self.disk_peak_bytes = self.stored_peak_bytes = 0
 
@@ -119,6 +126,16 @@ class OffloadedCache(Cache):
         self.host_peak_bytes = max(self.host_peak_bytes, self.host_bytes)
         self.disk_peak_bytes = max(self.disk_peak_bytes, self.disk_bytes)
         self.stored_peak_bytes = max(self.stored_peak_bytes, self.stored_bytes)
+        layer = self.layers[i]
+        if isinstance(layer, OffloadedLayer):
+            keys, values = layer.keys_history, layer.values_history
+            a = keys.nbytes + values.nbytes
+            p = (keys.nbytes if keys.pinned else 0) + (values.nbytes if values.pinned else 0)
+            self.host_allocated_bytes += a - self._allocated[i]
+            self.pinned_host_bytes += p - self._pinned[i]
+            self._allocated[i], self._pinned[i] = a, p
+            self.host_allocated_peak_bytes = max(self.host_allocated_peak_bytes, self.host_allocated_bytes)
+            self.pinned_host_peak_bytes = max(self.pinned_host_peak_bytes, self.pinned_host_bytes)
 
     def _prefetch_after(self, layer_idx: int) -> None:
         """Prefetch the next offloaded layer that has host history, wrapping around to the first."""
