@@ -733,7 +733,8 @@ def plan(
     for c in ("mode", f"device KV/seq ({unit_name})", f"host KV/seq ({unit_name})", "max batch"):
         cap.add_column(c, justify="left" if c == "mode" else "right")
     roof = Table(title=f"decode step at batch {batch}",
-                 caption="memory: weights + KV read from device memory; link: history copied host→device; TPOT = "
+                 caption="memory: weights + 3 passes over the KV in device memory (the cache's torch.cat reads and "
+                         "writes it, attention reads it); link: history copied host→device; TPOT = "
                          "the larger (copies overlapped); link-bound from: the batch from which the link sets it")
     widest = max(len(m.mode) for m in modes)
     for c in ["mode", f"link {unit_name}", "link ms", "memory ms", "TPOT ms", "tok/s", "bound",

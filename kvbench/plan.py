@@ -15,11 +15,16 @@ Formulas (bytes, seconds, tokens):
   history in host memory; ``hierarchical`` keeps the last W tokens of every layer there plus two layers of the
   older history, the rest in host memory.
 - Decode step, the memory-bound roofline (S. Williams, A. Waterman, D. Patterson, "Roofline: an insightful visual
-  performance model", CACM 52(4), 2009): each step reads the weights and every sequence's KV once from device
-  memory, t_mem = (weights + batch × KV per sequence) / HBM bandwidth; an offload mode also copies its host
-  history over the link, t_link = batch × host KV per sequence / link bandwidth; with copies overlapped,
-  t_step = max(t_mem, t_link). TPOT (vLLM's definition: time per output token after the first) = t_step;
-  throughput = batch / t_step tokens/s.
+  performance model", CACM 52(4), 2009): each step reads the weights once and makes :data:`KV_PASSES` = 3 passes
+  over every sequence's KV in device memory (the cache's ``torch.cat`` reads the history and writes the
+  concatenation, as transformers' ``DynamicLayer.update`` and kvbench's ``OffloadedLayer.update`` both do, then
+  attention reads it), t_mem = (weights + 3 × batch × KV per sequence) / memory bandwidth; an offload mode on
+  CUDA also copies its host history over the link, t_link = batch × host KV per sequence / link bandwidth, on a
+  side stream: t_step = max(t_mem, t_link). On a CPU there is no link (the host tier *is* the compute device's
+  memory, and the ``torch.cat`` already reads it) and nothing overlaps: t_step = t_mem + t_link with t_link = 0
+  (:func:`step_time`). TPOT (vLLM's definition: time per output token after the first) = t_step; throughput =
+  batch / t_step tokens/s. A measured TPOT averages steps over a growing context: compare it with the mean step
+  time over the same steps (:func:`mean_decode_step`), not the step at the final length.
 - Cost per 1M generated tokens = GPU price per hour ÷ (tokens/s × 3600) × 10^6.
 """
 
@@ -236,13 +241,54 @@ def placement(arch: Architecture, mode: str, tokens: int, dtype_bytes: int, wind
     raise ValueError(f"no placement model for mode {mode!r} (only none, full, hierarchical)")
 
 
+#: Passes over the cached K/V one decode step makes in device memory (see the module docstring).
+KV_PASSES = 3
+
+
 def decode_step(weights_bytes: float, batch: int, kv_bytes_per_seq: float, host_bytes_per_seq: float,
                 link_bytes_per_s: float, memory_bytes_per_s: float) -> tuple[float, float]:
-    """The roofline of one decode step: ``(t_mem, t_link)`` in seconds, t_mem = (weights + batch × KV per
-    sequence) ÷ device memory bandwidth, t_link = batch × host KV per sequence ÷ link bandwidth; the step takes
-    max(t_mem, t_link) when copies overlap compute (see the module docstring)."""
-    return ((weights_bytes + batch * kv_bytes_per_seq) / memory_bytes_per_s,
+    """The roofline of one decode step: ``(t_mem, t_link)`` in seconds, t_mem = (weights + :data:`KV_PASSES` ×
+    batch × KV per sequence) ÷ device memory bandwidth, t_link = batch × host KV per sequence ÷ link bandwidth;
+    :func:`step_time` combines them (see the module docstring)."""
+    return ((weights_bytes + KV_PASSES * batch * kv_bytes_per_seq) / memory_bytes_per_s,
             batch * host_bytes_per_seq / link_bytes_per_s)
+
+
+def step_time(t_mem: float, t_link: float, overlapped: bool = True) -> float:
+    """A decode step's time (seconds): max(t_mem, t_link) when the copies overlap compute (CUDA: a side stream),
+    t_mem + t_link when they do not (CPU: copies are synchronous)."""
+    return max(t_mem, t_link) if overlapped else t_mem + t_link
+
+
+def mean_decode_step(arch: Architecture, mode: str, prompt_tokens: int, new_tokens: int, dtype_bytes: int,
+                     weights_bytes: float, batch: int, memory_bytes_per_s: float, link_bytes_per_s: float | None,
+                     window: int = 0) -> tuple[float, float]:
+    """What a trial's TPOT and H2D bytes per step should be under the roofline: the mean over its decode steps
+    k = 1 … ``new_tokens`` − 1 (the steps TPOT averages) of :func:`step_time`, with the KV passes over the
+    ``prompt_tokens`` + k tokens attention sees at step k, and of the host KV the batch copies to the device then:
+    the history held before the step's token, ``prompt_tokens`` + k − 1 tokens under the mode's placement.
+
+    Args:
+        link_bytes_per_s: the link bandwidth on CUDA (copies overlapped); None on a CPU: no link, no overlap.
+
+    Returns:
+        (mean step seconds, mean host→device bytes per step); (nan, nan) for a trial with one generated token.
+
+    Raises:
+        ValueError: a mode :func:`placement` does not model.
+    """
+    steps = range(1, new_tokens)
+    if not steps:
+        return math.nan, math.nan
+    times, link_bytes = [], []
+    for k in steps:
+        tokens = prompt_tokens + k
+        _, host = placement(arch, mode, tokens - 1, dtype_bytes, window)
+        t_mem, t_link = decode_step(weights_bytes, batch, arch.kv_bytes(tokens, dtype_bytes), host,
+                                    link_bytes_per_s or math.inf, memory_bytes_per_s)
+        times.append(step_time(t_mem, t_link, overlapped=link_bytes_per_s is not None))
+        link_bytes.append(batch * host)
+    return sum(times) / len(times), sum(link_bytes) / len(link_bytes)
 
 
 def plan_modes(arch: Architecture, tokens: int, batch: int, dtype_bytes: int, gpu_bytes: float, host_bytes: float,
@@ -270,9 +316,9 @@ def plan_modes(arch: Architecture, tokens: int, batch: int, dtype_bytes: int, gp
         if host > 0:
             fits = min(fits, math.floor(host_bytes / host))
         mem_s, link_s = decode_step(weights, batch, total, host, link_bytes_per_s, hbm_bytes_per_s)
-        step = max(mem_s, link_s)
-        # link_s > mem_s  ⇔  b × host / L > (weights + b × total) / M  ⇔  b > (weights / M) / (host / L − total / M)
-        slope = host / link_bytes_per_s - total / hbm_bytes_per_s
+        step = step_time(mem_s, link_s)
+        # link_s > mem_s ⇔ b × host / L > (weights + 3 × b × total) / M ⇔ b > (weights / M) / (host / L − 3 × total / M)
+        slope = host / link_bytes_per_s - KV_PASSES * total / hbm_bytes_per_s
         crossover = (weights / hbm_bytes_per_s) / slope if host > 0 and slope > 0 else None
         out.append(ModePlan(label, dev, host, fits, batch * host, link_s, mem_s, step, batch / step,
                             "link" if link_s > mem_s else "device memory", crossover))
@@ -292,5 +338,5 @@ def cost_per_million(price_per_hour: float, tokens_per_s: float) -> float:
     return price_per_hour / (tokens_per_s * 3600) * 1e6
 
 
-__all__ = ["Architecture", "DTYPE_BYTES", "KVLayout", "ModePlan", "architecture", "cost_per_million", "decode_step", "placement",
-           "plan_modes", "read_config"]
+__all__ = ["KV_PASSES", "Architecture", "DTYPE_BYTES", "KVLayout", "ModePlan", "architecture", "cost_per_million", "decode_step", "mean_decode_step", "placement",
+           "plan_modes", "read_config", "step_time"]

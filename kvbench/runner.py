@@ -277,25 +277,32 @@ class TrialRunner:
         return self.m.shape.max_positions - self.s.max_new_tokens
 
     def plan_prediction(self, t: TrialSpec) -> dict[str, Any]:
-        """What ``kvbench plan`` predicts for this trial (:mod:`kvbench.plan`), at the tokens cached at the end:
-        ``plan_kv_device_bytes`` (device KV of the batch under the mode's placement),
-        ``plan_link_bytes_per_step`` (host KV the batch copies to the device each decode step) and, where the
-        run measured the bandwidths (see :func:`roofline_bandwidths`), ``plan_tpot_s`` = max(t_mem, t_link) of
-        the decode-step roofline. None for modes plan does not model (``dynamic``, ``hf-offloaded``, a disk tier)."""
-        from kvbench.plan import decode_step, placement
+        """What ``kvbench plan`` predicts for this trial (:mod:`kvbench.plan`): ``plan_kv_device_bytes`` (device
+        KV of the batch under the mode's placement at the tokens cached at the end, as the measured peak),
+        ``plan_link_bytes_per_step`` (host KV the batch copies to the device per decode step, the mean over the
+        trial's steps, as the measured ``h2d_bytes`` ÷ steps) and, where the run measured the bandwidths (see
+        :func:`roofline_bandwidths`), ``plan_tpot_s``: the roofline's step time averaged over the same decode
+        steps TPOT averages (:func:`kvbench.plan.mean_decode_step`; copies overlapped on CUDA, none on a CPU).
+        None for modes plan does not model (``dynamic``, ``hf-offloaded``, a disk tier)."""
+        from kvbench.plan import mean_decode_step, placement
 
         keys = ("plan_kv_device_bytes", "plan_link_bytes_per_step", "plan_tpot_s")
         kind, opts, arch = t.mode.kind, t.mode.options, self.arch
         if arch is None or kind not in ("none", "full", "hierarchical") or opts.get("host_max_tokens"):
             return dict.fromkeys(keys)
         tokens, itemsize = t.prompt_tokens + self.s.max_new_tokens - 1, self.m.dtype.itemsize
-        dev, host = placement(arch, kind, tokens, itemsize, opts.get("window") or 0)
+        window = opts.get("window") or 0
+        dev, host = placement(arch, kind, tokens, itemsize, window)
         out = dict.fromkeys(keys)
-        out.update(plan_kv_device_bytes=dev * t.batch_size, plan_link_bytes_per_step=host * t.batch_size)
-        if self.bandwidths is not None:
-            memory, link = self.bandwidths
-            out["plan_tpot_s"] = max(decode_step(self.m.weights_bytes, t.batch_size, arch.kv_bytes(tokens, itemsize),
-                                                 host, link, memory))
+        out["plan_kv_device_bytes"] = dev * t.batch_size
+        memory, link = self.bandwidths if self.bandwidths is not None else (1.0, None)
+        cuda = self.m.device.type == "cuda"
+        step_s, link_bytes = mean_decode_step(arch, kind, t.prompt_tokens, self.s.max_new_tokens, itemsize,
+                                              self.m.weights_bytes, t.batch_size, memory, link if cuda else None,
+                                              window)
+        out["plan_link_bytes_per_step"] = link_bytes if link_bytes == link_bytes else host * t.batch_size
+        if self.bandwidths is not None and step_s == step_s:
+            out["plan_tpot_s"] = step_s
         return out
 
     def preflight(self) -> list[str]:

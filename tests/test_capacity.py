@@ -200,11 +200,15 @@ def test_plan_prediction_uses_the_runs_measured_bandwidths(tiny_model):
     tokens = 16 + 3 - 1
     # full: two layers' history on the device (all of tiny-llama's 2), every layer's history copied each step
     assert full["plan_kv_device_bytes"] == 2 * LAYER_PER_TOKEN * tokens * 2
-    assert full["plan_link_bytes_per_step"] == KV_PER_TOKEN * tokens * 2
-    mem_s = (tiny_model.weights_bytes + 2 * KV_PER_TOKEN * tokens) / 20e9
-    assert full["plan_tpot_s"] == pytest.approx(max(mem_s, KV_PER_TOKEN * tokens * 2 / 10e9))
+    # like the measured h2d_bytes ÷ steps: the mean over the 2 decode steps of the history copied then (16, 17
+    # tokens: what was cached before each step's token)
+    assert full["plan_link_bytes_per_step"] == KV_PER_TOKEN * (16 + 17) / 2 * 2
+    # like the measured TPOT: the mean step over those steps (attention over 17, 18 tokens), 3 passes over the KV
+    # (torch.cat reads and writes it, attention reads it); on a CPU no link and no overlap: the memory time alone
+    mem_s = [(tiny_model.weights_bytes + 3 * 2 * KV_PER_TOKEN * n) / 20e9 for n in (17, 18)]
+    assert full["plan_tpot_s"] == pytest.approx(sum(mem_s) / 2)
     hier = runner.plan_prediction(TrialSpec(16, 1, s.modes[1], 0))
-    assert hier["plan_link_bytes_per_step"] == KV_PER_TOKEN * (tokens - 4)
+    assert hier["plan_link_bytes_per_step"] == KV_PER_TOKEN * ((16 - 4) + (17 - 4)) / 2
     assert runner.plan_prediction(TrialSpec(16, 1, s.modes[2], 0)) == dict.fromkeys(
         ("plan_kv_device_bytes", "plan_link_bytes_per_step", "plan_tpot_s"))
 

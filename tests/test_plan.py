@@ -63,13 +63,14 @@ def test_capacity_and_roofline_by_hand():
     assert (full.device_bytes_per_seq, full.host_bytes_per_seq) == (2 * layer, seq)
     assert full.max_batch == min(int(room // (2 * layer)), 64 * gib // seq) == 16  # host-bound: 64 GiB / 4 GiB
     assert hier.device_bytes_per_seq == 32 * 512 * 4096 + 2 * (32768 - 512) * 4096
-    assert none.memory_s == pytest.approx((weights + 8 * seq) / 2000e9)
+    # 3 passes over the KV a step: the cache's torch.cat reads the history and writes it, attention reads it
+    assert none.memory_s == pytest.approx((weights + 3 * 8 * seq) / 2000e9)
     assert full.link_bytes_per_step == 8 * seq and full.link_s == pytest.approx(8 * seq / 50e9)
     assert full.step_s == full.link_s and full.bound == "link" and none.bound == "device memory"
     assert full.tokens_per_s == pytest.approx(8 / full.step_s)
     # the link bounds full from the batch where b × seq / L > (weights + b × seq) / M
     b = full.link_bound_batch
-    assert b * seq / 50e9 == pytest.approx((weights + b * seq) / 2000e9)
+    assert b * seq / 50e9 == pytest.approx((weights + 3 * b * seq) / 2000e9)
 
 
 def test_cost_per_million_tokens_is_the_articles_what_if():
@@ -310,3 +311,25 @@ def test_cached_kv_bytes_count_window_minus_one_in_sliding_layers():
     assert gemma.cached_kv_bytes(100, 2) == gemma.kv_bytes(100, 2) == 42 * per * 100  # short of every window
     assert gemma.host_bytes_per_token(2) == 21 * per and mistral.host_bytes_per_token(2) == 0
     assert gemma.sequence_bytes_per_token(2) == 42 * per
+
+
+def test_mean_decode_step_compares_like_with_like():
+    """A measured TPOT averages the decode steps of a growing context: the roofline is averaged the same way; on
+    CUDA copies overlap (max), on a CPU there is no link and nothing overlaps."""
+    from kvbench.plan import mean_decode_step, step_time
+
+    a = arch("llama-3.1-8b")
+    layer = 2 * 8 * 128 * 2  # bytes per token and layer (bf16)
+    w = 16e9
+    step, link = mean_decode_step(a, "full", 1000, 5, 2, w, 2, 2000e9, 50e9)
+    # steps 1..4: attention over 1001..1004 tokens, history copied 1000..1003 tokens, batch 2
+    expected = [max((w + 3 * 2 * 32 * layer * (1000 + k)) / 2000e9, 2 * 32 * layer * (999 + k) / 50e9)
+                for k in range(1, 5)]
+    assert step == pytest.approx(sum(expected) / 4) and link == 2 * 32 * layer * 1001.5
+    cpu, _ = mean_decode_step(a, "full", 1000, 5, 2, w, 2, 2000e9, None)
+    none, _ = mean_decode_step(a, "none", 1000, 5, 2, w, 2, 2000e9, None)
+    assert cpu == none  # on a CPU the host tier is the device's memory: offload costs no link time in the plan
+    assert step_time(1.0, 2.0) == 2.0 and step_time(1.0, 2.0, overlapped=False) == 3.0
+    import math
+
+    assert all(math.isnan(v) for v in mean_decode_step(a, "full", 1000, 1, 2, w, 2, 2000e9, 50e9))  # no decode step
