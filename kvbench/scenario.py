@@ -389,7 +389,8 @@ class Scenario(_Strict):
         "largest batch that fits the budget (see capacity). Not for a reuse workload (one request at a time)."
     )
     modes: list[Mode] = Field(min_length=1, description="Offload modes, each a mapping with `kind` and its options.")
-    repeats: PositiveInt = Field(3, description="Recorded trials per (prompt length, batch, mode).")
+    repeats: PositiveInt = Field(5, description="Recorded trials per (prompt length, batch, mode); a comparison "
+                                 "with `none` pairs them by repeat and needs 5 pairs for a verdict.")
     warmup: NonNegativeInt = Field(1, description="Unrecorded warm-up trials of the same shape before the repeats.")
     budget: ByteSize | None = Field(None, description="Device KV budget in bytes; sizes such as '2GiB' or '512MB'.")
     capacity: CapacitySpec | None = Field(
