@@ -20,6 +20,7 @@ import torch
 from kvbench.models import LoadedModel
 from kvbench.monitor import Sampler, host_memory_available, summarise
 from kvbench.offload.caches import DynamicOffloadCache, ModeUnavailable, OffloadedCache, kv_bytes, make_cache
+from kvbench.offload.disk import NO_DROP_REASON
 from kvbench.offload.registry import MODES
 from kvbench.offload.store import restore, sequence_kv
 from kvbench.offload.tiers import grown_capacity
@@ -243,6 +244,23 @@ def greedy_decode(
     return out_ids, t_start, times
 
 
+def disk_fields(cache: Any) -> tuple[dict[str, Any], dict[str, str]]:
+    """The row fields on how honest a trial's disk tier was, and notes for them: ``disk_synced`` (every write
+    synced to the device), ``disk_page_cache_dropped`` (writes and reads dropped from the page cache, so reads come
+    from the device), ``disk_synced_bytes`` (bytes synced); all None for a cache without a disk tier."""
+    tier = cache.disk if isinstance(cache, OffloadedCache) else None
+    if tier is None:
+        return dict.fromkeys(("disk_synced", "disk_page_cache_dropped", "disk_synced_bytes")), {}
+    notes = {}
+    if tier.page_cache:
+        notes["disk_page_cache_dropped"] = ("scenario disk.page_cache: true: writes are not synced and reads come "
+                                            "from the page cache (disk timings measure RAM)")
+    elif not tier.drops:
+        notes["disk_page_cache_dropped"] = NO_DROP_REASON
+    return {"disk_synced": tier.syncs, "disk_page_cache_dropped": tier.drops,
+            "disk_synced_bytes": tier.synced_bytes}, notes
+
+
 def _is_oom(exc: BaseException) -> bool:
     if isinstance(exc, torch.OutOfMemoryError):
         return True
@@ -462,7 +480,7 @@ class TrialRunner:
         self._host_preflight(t)
         cache = make_cache(t.mode.kind, self.m.model.config, self.m.device,
                            budget_bytes=int(self.s.budget) if self.s.budget is not None else None,
-                           disk_dir=self.s.disk_dir, **t.mode.options)
+                           disk_dir=self.s.disk_dir, disk_page_cache=self.s.disk.page_cache, **t.mode.options)
         try:
             return self._generate(t, cache)
         finally:
@@ -583,6 +601,8 @@ class TrialRunner:
                                        "restore_host_bytes": 0, "restore_disk_bytes": 0}))
             if gaps is not None:  # the reference's closeness to another token, step by step (kept for --resume)
                 out["top2_logit_gaps"] = gaps
+        disk, disk_notes = disk_fields(cache)
+        out.update(disk)
         if own_accounting:
             # the cache's own accounting also sees the transient K/V inside a forward, which per-step reads miss
             stats = cache.engine.stats
@@ -601,6 +621,7 @@ class TrialRunner:
             out["status"] = "over_budget"
             out["message"] = (f"device KV peak {out['kv_device_peak_bytes']} bytes > budget {int(s.budget)} bytes")
         notes = {f"{k}_samples": v for k, v in self.sampler.notes.items()}
+        notes.update(disk_notes)
         if cuda:
             out["weights_baseline_bytes"] = base_alloc
             out["peak_device_allocated_bytes"] = torch.cuda.max_memory_allocated(dev) - base_alloc

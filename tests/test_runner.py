@@ -239,3 +239,26 @@ def test_summary_keeps_over_budget_measurements_and_counts_only_ok():
     assert (r["trials"], r["n_ok"], r["measured"], r["status"]) == (3, 0, 2, "over_budget")
     assert r["message"] == "device KV peak 100 bytes > budget 50 bytes"
     assert (r["tpot_s_median"], r["tpot_s_min"], r["tpot_s_max"]) == pytest.approx((0.2, 0.1, 0.3))
+
+
+def test_disk_fields_say_whether_the_disk_tier_was_synced_and_dropped(tiny_model, tmp_path):
+    modes = [{"kind": "none"}, {"kind": "full", "host_max_tokens": 16}, {"kind": "full"}]
+    s, runner = make_runner(tiny_model, modes=modes, disk_dir=str(tmp_path))
+    assert s.disk.page_cache is False
+    keys = ("disk_synced", "disk_page_cache_dropped", "disk_synced_bytes")
+    rows = [runner.run(TrialSpec(16, 2, m, 0)) for m in s.modes]
+    assert all(r["status"] == "ok" for r in rows), [r["message"] for r in rows]
+    assert [rows[0][k] for k in keys] == [None, None, None]  # no disk tier: nothing to say
+    assert [rows[2][k] for k in keys] == [None, None, None]
+    disk = rows[1]
+    # one block of 16 tokens per layer went to disk (K and V, 2 layers, batch 2, 128 B): all of it synced
+    assert [disk[k] for k in keys] == [True, True, 2 * 2 * 16 * 2 * 128] and disk["tokens_match"] is True
+    assert disk["disk_synced_bytes"] == disk["disk_write_bytes"] and "disk_page_cache_dropped" not in disk["notes"]
+
+    s, runner = make_runner(tiny_model, modes=modes[1:2], disk_dir=str(tmp_path), disk={"page_cache": True})
+    row = runner.run(TrialSpec(16, 2, s.modes[0], 0))
+    assert row["status"] == "ok" and row["disk_write_bytes"] == 2 * 2 * 16 * 2 * 128
+    assert [row[k] for k in keys] == [False, False, 0]
+    assert row["notes"]["disk_page_cache_dropped"].startswith("scenario disk.page_cache: true: writes are not synced")
+    assert list(tmp_path.iterdir()) == []
+
