@@ -244,6 +244,16 @@ def greedy_decode(
     return out_ids, t_start, times
 
 
+def release_device_memory(device: torch.device) -> None:
+    """Give back what earlier trials left: ``gc.collect()``, then on CUDA ``torch.cuda.empty_cache()`` (the
+    allocator's cached blocks go back to the driver). The sweep does it when a new shape starts, before its warm-up
+    (see :class:`Recorder`), so the measured trials reuse the blocks their warm-up reserved instead of paying
+    ``cudaMalloc`` again."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
 def disk_fields(cache: Any) -> tuple[dict[str, Any], dict[str, str]]:
     """The row fields on how honest a trial's disk tier was, and notes for them: ``disk_synced`` (every write
     synced to the device), ``disk_page_cache_dropped`` (writes and reads dropped from the page cache, so reads come
@@ -433,7 +443,9 @@ class TrialRunner:
         }
 
     def run(self, t: TrialSpec) -> dict[str, Any]:
-        """Run one trial and return its row; failures become a row with ``status`` and ``message``.
+        """Run one trial and return its row; failures become a row with ``status`` and ``message``. Afterwards
+        (outside the timed window) ``gc.collect()``; device memory is released by the sweep, not here (see
+        :meth:`release`).
 
         KeyboardInterrupt is not caught.
         """
@@ -449,9 +461,11 @@ class TrialRunner:
             row.update(status="oom" if _is_oom(exc) else "error", message=f"{type(exc).__name__}: {exc}")
         finally:
             gc.collect()
-            if self.m.device.type == "cuda":
-                torch.cuda.empty_cache()
         return row
+
+    def release(self) -> None:
+        """Release device memory before a new shape (:func:`release_device_memory` on the model's device)."""
+        release_device_memory(self.m.device)
 
     def host_tier_bytes(self, t: TrialSpec) -> int:
         """Host memory the trial's host tier may allocate (bytes): the tokens it can hold (all cached tokens less
@@ -654,8 +668,10 @@ class SweepResult:
 
 class Recorder:
     """Runs and writes the trials of one run: a trial already in the run (``--resume``) is looked up, not rerun;
-    the first trial of each (prompt length, batch, mode) shape is preceded by the scenario's warm-up trials (not
-    recorded; the rest of them are skipped once one does not end ``ok``, since they would fail alike)."""
+    the first trial of each (prompt length, batch, mode) shape is preceded by a release of device memory
+    (:meth:`TrialRunner.release`) and then the scenario's warm-up trials (not recorded; the rest of them are skipped
+    once one does not end ``ok``, since they would fail alike). Nothing is released between a warm-up and the
+    trials it prepares, nor between repeats of a shape."""
 
     def __init__(self, scenario: Scenario, run: RunDir, runner: TrialRunner,
                  on_trial: Callable[[dict[str, Any]], None] | None = None,
@@ -676,6 +692,7 @@ class Recorder:
         key = t.shape_key
         if key not in self._warmed:
             self._warmed.add(key)
+            self.runner.release()
             for w in range(self.s.warmup):
                 if self.on_status:
                     self.on_status(f"warm-up {w + 1}/{self.s.warmup}: {t.mode.label} p{t.prompt_tokens} "
