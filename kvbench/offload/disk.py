@@ -64,7 +64,13 @@ def _close_and_remove(path: str, fds: list[int]) -> None:
 
 
 def _bytes_of(t: torch.Tensor) -> memoryview:
-    """The bytes of a contiguous CPU tensor (any dtype, bfloat16 included), writable, without a copy."""
+    """The bytes of a contiguous CPU tensor (any dtype, bfloat16 included), writable, without a copy.
+
+    Raises:
+        ValueError: ``t`` is not contiguous (its bytes are not one block).
+    """
+    if not t.is_contiguous():
+        raise ValueError(f"disk tier: I/O needs a contiguous tensor, got strides {t.stride()}")
     return memoryview(t.reshape(-1).view(torch.uint8).numpy())
 
 
