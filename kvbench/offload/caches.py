@@ -28,7 +28,7 @@ class OffloadedCache(Cache):
     from the last layer to the first and skipping layers with nothing offloaded), so at most two layers of
     history are on the device besides the new tokens. ``window=W`` is the ``hierarchical`` mode. Attention sees
     every token in both. Sliding-window layers (Gemma-2, Mistral) stay on the device: they are capped anyway.
-    With ``host_max_tokens`` the oldest tokens of each layer beyond that many spill to memory-mapped files in a
+    With ``host_max_tokens`` the oldest tokens of each layer beyond that many spill to files in a
     private directory (the disk tier), removed by :meth:`close` (or ``with cache:``), at garbage collection and at
     interpreter exit. Its writes are synced to the device and its writes and reads dropped from the page cache,
     so disk timings are the device's, unless ``disk_page_cache`` keeps them in RAM.
