@@ -22,6 +22,7 @@ from kvbench.machine_load import LoadWindow, other_gpu_processes
 from kvbench.models import LoadedModel
 from kvbench.monitor import Sampler, host_memory_available, summarise
 from kvbench.offload.caches import DynamicOffloadCache, ModeUnavailable, OffloadedCache, kv_bytes, make_cache
+from kvbench.offload.disk import NO_DROP_REASON
 from kvbench.offload.registry import MODES
 from kvbench.offload.store import restore, sequence_kv
 from kvbench.offload.tiers import grown_capacity
@@ -214,6 +215,33 @@ def greedy_decode(
     return out_ids, t_start, times
 
 
+def release_device_memory(device: torch.device) -> None:
+    """Give back what earlier trials left: ``gc.collect()``, then on CUDA ``torch.cuda.empty_cache()`` (the
+    allocator's cached blocks go back to the driver). The sweep does it when a new shape starts, before its warm-up
+    (see :class:`Recorder`), so the measured trials reuse the blocks their warm-up reserved instead of paying
+    ``cudaMalloc`` again."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def disk_fields(cache: Any) -> tuple[dict[str, Any], dict[str, str]]:
+    """The row fields on how honest a trial's disk tier was, and notes for them: ``disk_synced`` (every write
+    synced to the device), ``disk_page_cache_dropped`` (writes and reads dropped from the page cache, so reads come
+    from the device), ``disk_synced_bytes`` (bytes synced); all None for a cache without a disk tier."""
+    tier = cache.disk if isinstance(cache, OffloadedCache) else None
+    if tier is None:
+        return dict.fromkeys(("disk_synced", "disk_page_cache_dropped", "disk_synced_bytes")), {}
+    notes = {}
+    if tier.page_cache:
+        notes["disk_page_cache_dropped"] = ("scenario disk.page_cache: true: writes are not synced and reads come "
+                                            "from the page cache (disk timings measure RAM)")
+    elif not tier.drops:
+        notes["disk_page_cache_dropped"] = NO_DROP_REASON
+    return {"disk_synced": tier.syncs, "disk_page_cache_dropped": tier.drops,
+            "disk_synced_bytes": tier.synced_bytes}, notes
+
+
 def _is_oom(exc: BaseException) -> bool:
     if isinstance(exc, torch.OutOfMemoryError):
         return True
@@ -399,7 +427,9 @@ class TrialRunner:
         }
 
     def run(self, t: TrialSpec) -> dict[str, Any]:
-        """Run one trial and return its row; failures become a row with ``status`` and ``message``.
+        """Run one trial and return its row; failures become a row with ``status`` and ``message``. Afterwards
+        (outside the timed window) ``gc.collect()``; device memory is released by the sweep, not here (see
+        :meth:`release`).
 
         KeyboardInterrupt is not caught.
         """
@@ -415,9 +445,11 @@ class TrialRunner:
             row.update(status="oom" if _is_oom(exc) else "error", message=f"{type(exc).__name__}: {exc}")
         finally:
             gc.collect()
-            if self.m.device.type == "cuda":
-                torch.cuda.empty_cache()
         return row
+
+    def release(self) -> None:
+        """Release device memory before a new shape (:func:`release_device_memory` on the model's device)."""
+        release_device_memory(self.m.device)
 
     def host_tier_bytes(self, t: TrialSpec) -> int:
         """Host memory the trial's host tier may allocate (bytes): per full-attention layer, the tokens it can hold
@@ -449,7 +481,7 @@ class TrialRunner:
         self._host_preflight(t)
         cache = make_cache(t.mode.kind, self.m.model.config, self.m.device,
                            budget_bytes=int(self.s.budget) if self.s.budget is not None else None,
-                           disk_dir=self.s.disk_dir, **t.mode.options)
+                           disk_dir=self.s.disk_dir, disk_page_cache=self.s.disk.page_cache, **t.mode.options)
         try:
             return self._generate(t, cache)
         finally:
@@ -577,6 +609,8 @@ class TrialRunner:
                                        "restore_host_bytes": 0, "restore_disk_bytes": 0}))
             if gaps is not None:  # the reference's closeness to another token, step by step (kept for --resume)
                 out["top2_logit_gaps"] = gaps
+        disk, disk_notes = disk_fields(cache)
+        out.update(disk)
         if own_accounting:
             # the cache's own accounting also sees the transient K/V inside a forward, which per-step reads miss
             stats = cache.engine.stats
@@ -596,6 +630,7 @@ class TrialRunner:
             out["status"] = "over_budget"
             out["message"] = (f"device KV peak {out['kv_device_peak_bytes']} bytes > budget {int(s.budget)} bytes")
         notes = {f"{k}_samples": v for k, v in self.sampler.notes.items()}
+        notes.update(disk_notes)
         if cuda:
             out["weights_baseline_bytes"] = base_alloc
             out["peak_device_allocated_bytes"] = torch.cuda.max_memory_allocated(dev) - base_alloc
@@ -628,8 +663,10 @@ class SweepResult:
 
 class Recorder:
     """Runs and writes the trials of one run: a trial already in the run (``--resume``) is looked up, not rerun;
-    the first trial of each (prompt length, batch, mode) shape is preceded by the scenario's warm-up trials (not
-    recorded; the rest of them are skipped once one does not end ``ok``, since they would fail alike)."""
+    the first trial of each (prompt length, batch, mode) shape is preceded by a release of device memory
+    (:meth:`TrialRunner.release`) and then the scenario's warm-up trials (not recorded; the rest of them are skipped
+    once one does not end ``ok``, since they would fail alike). Nothing is released between a warm-up and the
+    trials it prepares, nor between repeats of a shape."""
 
     def __init__(self, scenario: Scenario, run: RunDir, runner: TrialRunner,
                  on_trial: Callable[[dict[str, Any]], None] | None = None,
@@ -650,6 +687,7 @@ class Recorder:
         key = t.shape_key
         if key not in self._warmed:
             self._warmed.add(key)
+            self.runner.release()
             for w in range(self.s.warmup):
                 if self.on_status:
                     self.on_status(f"warm-up {w + 1}/{self.s.warmup}: {t.mode.label} p{t.prompt_tokens} "

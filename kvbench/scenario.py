@@ -285,6 +285,16 @@ class MonitorSpec(_Strict):
     )
 
 
+class DiskSpec(_Strict):
+    """How the disk tier (modes with ``host_max_tokens``) treats the page cache."""
+
+    page_cache: bool = Field(
+        False, description="Leave the disk tier's files in the page cache: writes are not synced and reads come "
+        "from RAM (faster, but disk timings then measure memory). Default false: every write is synced to the "
+        "device and every write and read dropped from the page cache, so reads come from the device."
+    )
+
+
 class CapacitySpec(_Strict):
     """The capacity search of ``batch_sizes: auto`` or ``prompt_tokens: auto``: probes at ``start``, 2 × start,
     4 × start, ... up to ``max``, then bisection between the largest value that fit and the smallest that did not,
@@ -404,6 +414,7 @@ class Scenario(_Strict):
         None, description="Directory in which the disk tier (modes with host_max_tokens) makes its private "
         "temporary directory (relative to the scenario file; default: the system temporary directory)."
     )
+    disk: DiskSpec = Field(default_factory=DiskSpec, description="The disk tier's page-cache policy (see DiskSpec).")
     seed: int = Field(0, description="Seed for random weights and anything else random outside the workload.")
 
     @field_validator("device")

@@ -375,4 +375,69 @@ def test_sliding_window_layers_stay_on_the_device_with_exact_bytes(sliding_model
             cache.close()
     # the run-time prediction (the cached_kv_bytes of the model's shape) is exactly what the cache held
     assert m.shape.cached_kv_bytes(43, 4) * 2 == stored == {"mistral": 7_168, "gemma2": 51_200}[name]
+
+
+def resident_pages(path) -> int:
+    """Pages of the file at ``path`` in the page cache, by mincore(2) on a fresh read-only mapping (mapping faults
+    nothing in). Skips the test where mincore cannot be called."""
+    import ctypes
+    import mmap
+    import os
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.mmap.restype, libc.mincore.restype = ctypes.c_void_p, ctypes.c_int
+        libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+        libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+        libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    except (OSError, AttributeError) as exc:
+        pytest.skip(f"cannot call mmap/mincore through ctypes here: {exc}")
+    size = os.path.getsize(path)
+    pages = -(-size // mmap.PAGESIZE)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        if addr in (None, ctypes.c_void_p(-1).value):
+            pytest.skip(f"mmap failed: errno {ctypes.get_errno()}")
+        vec = (ctypes.c_ubyte * pages)()
+        rc = libc.mincore(addr, size, vec)
+        libc.munmap(addr, size)
+        if rc != 0:
+            pytest.skip(f"mincore failed: errno {ctypes.get_errno()}")
+        return sum(v & 1 for v in vec)
+    finally:
+        os.close(fd)
+
+
+def test_disk_tier_pages_are_synced_and_not_resident_after_generation(tiny_model, tmp_path):
+    import os
+
+    from kvbench.offload.disk import CAN_DROP
+
+    if not CAN_DROP:
+        pytest.skip("os.posix_fadvise is missing on this platform: the disk tier cannot drop its pages")
+    probe = tmp_path / "probe"  # the check itself: a file just written through the page cache is resident
+    probe.write_bytes(b"x" * 65536)
+    if resident_pages(probe) == 0:
+        pytest.skip("mincore reports no page-cache pages even for a file just written: residency cannot be seen")
+    probe.unlink()
+    model = tiny_model.model
+    prompts = batches(tiny_model.shape.vocab_size)["batch4"]
+    ref = decode(model, prompts, DynamicCache(config=model.config), n=30)
+    for page_cache in (False, True):
+        with make_cache("full", model.config, CPU, disk_dir=str(tmp_path), disk_page_cache=page_cache,
+                        host_max_tokens=16) as cache:
+            out = decode(model, prompts, cache, n=30)
+            assert out.tolist() == ref.tolist()
+            stats, tier = cache.engine.stats, cache.disk
+            files = sorted(tier.path.glob("*.kv"))
+            assert len(files) == 4 and all(os.path.getsize(f) > 4096 for f in files)  # K, V × 2 layers; > 1 page
+            assert stats.disk_write_bytes > 0 and stats.disk_read_bytes > 0  # generated past the host cap
+            resident = [resident_pages(f) for f in files]
+            if page_cache:  # today's behaviour, kept on request: written pages stay in RAM, unsynced
+                assert all(r > 0 for r in resident) and tier.synced_bytes == 0 and not tier.drops
+            else:  # every write synced, and nothing of the files left in the page cache after the last read
+                assert resident == [0, 0, 0, 0]
+                assert tier.synced_bytes == stats.disk_write_bytes and tier.sync_count == stats.disk_write_count
+                assert tier.syncs and tier.drops
     assert list(tmp_path.iterdir()) == []

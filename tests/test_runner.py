@@ -269,3 +269,126 @@ def test_kv_prediction_and_host_tier_of_sliding_window_models_past_the_window(sl
     assert gemma.run(TrialSpec(16, 2, s.modes[1], 0))["status"] == "skipped"
     # the reuse store keeps every layer's whole sequence: 4 layers × 256 B
     assert gemma.store_token_bytes == 4 * 256
+
+
+def test_disk_fields_say_whether_the_disk_tier_was_synced_and_dropped(tiny_model, tmp_path):
+    modes = [{"kind": "none"}, {"kind": "full", "host_max_tokens": 16}, {"kind": "full"}]
+    s, runner = make_runner(tiny_model, modes=modes, disk_dir=str(tmp_path))
+    assert s.disk.page_cache is False
+    keys = ("disk_synced", "disk_page_cache_dropped", "disk_synced_bytes")
+    rows = [runner.run(TrialSpec(16, 2, m, 0)) for m in s.modes]
+    assert all(r["status"] == "ok" for r in rows), [r["message"] for r in rows]
+    assert [rows[0][k] for k in keys] == [None, None, None]  # no disk tier: nothing to say
+    assert [rows[2][k] for k in keys] == [None, None, None]
+    disk = rows[1]
+    # one block of 16 tokens per layer went to disk (K and V, 2 layers, batch 2, 128 B): all of it synced
+    assert [disk[k] for k in keys] == [True, True, 2 * 2 * 16 * 2 * 128] and disk["tokens_match"] is True
+    assert disk["disk_synced_bytes"] == disk["disk_write_bytes"] and "disk_page_cache_dropped" not in disk["notes"]
+
+    s, runner = make_runner(tiny_model, modes=modes[1:2], disk_dir=str(tmp_path), disk={"page_cache": True})
+    row = runner.run(TrialSpec(16, 2, s.modes[0], 0))
+    assert row["status"] == "ok" and row["disk_write_bytes"] == 2 * 2 * 16 * 2 * 128
+    assert [row[k] for k in keys] == [False, False, 0]
+    assert row["notes"]["disk_page_cache_dropped"].startswith("scenario disk.page_cache: true: writes are not synced")
+    assert list(tmp_path.iterdir()) == []
+
+
+class _OrderRunner:
+    """A fake TrialRunner that logs every release and run: ``("release",)``, ``("run", trial_id)``."""
+
+    def __init__(self, status=lambda t: "ok"):
+        self.log, self.status, self.last_samples = [], status, []
+
+    def remember(self, rows):
+        pass
+
+    def release(self):
+        self.log.append(("release",))
+
+    def run(self, t):
+        self.log.append(("run", t.trial_id))
+        return {"trial_id": t.trial_id, "status": self.status(t)}
+
+
+class _LogRun:
+    """A fake RunDir: logs ``("write", trial_id)`` for each recorded row."""
+
+    def __init__(self, log):
+        self.log = log
+
+    def finished_trials(self):
+        return []
+
+    def append(self, row):
+        self.log.append(("write", row["trial_id"]))
+
+    def append_samples(self, samples):
+        pass
+
+
+def test_device_memory_is_released_once_per_shape_before_its_warmup():
+    from kvbench.runner import Recorder
+
+    s = parse_scenario(tiny_scenario(prompt_tokens=[8, 16], batch_sizes=[1], repeats=2, warmup=2,
+                                     modes=[{"kind": "none"}, {"kind": "full"}]))
+    fake = _OrderRunner()
+    record = Recorder(s, _LogRun(fake.log), fake)
+    for t in plan_trials(s):
+        record(t)
+
+    def shape(n, mode):  # release, two warm-ups (repeat 0's id), then the first recorded trial
+        first = f"p{n}-b1-{mode}-r0"
+        return [("release",), ("run", first), ("run", first), ("run", first), ("write", first)]
+
+    def again(n, mode):
+        return [("run", f"p{n}-b1-{mode}-r1"), ("write", f"p{n}-b1-{mode}-r1")]
+
+    assert fake.log == (shape(8, "none") + shape(8, "full") + again(8, "none") + again(8, "full")
+                        + shape(16, "none") + shape(16, "full") + again(16, "none") + again(16, "full"))
+
+
+def test_capacity_search_releases_before_each_new_shape_only():
+    from kvbench.capacity import search_sweep
+    from kvbench.runner import Recorder
+
+    s = parse_scenario(tiny_scenario(prompt_tokens=[8], batch_sizes="auto", repeats=2, warmup=1, budget="1MiB",
+                                     modes=[{"kind": "none"}, {"kind": "full"}], capacity={"max": 8}))
+    fake = _OrderRunner(lambda t: "ok" if t.batch_size <= 3 else "oom")
+    search_sweep(s, Recorder(s, _LogRun(fake.log), fake), TrialSpec, 1000)
+    def shape(trial_id):
+        return trial_id.rsplit("-r", 1)[0]
+
+    seen, last = set(), None
+    for i, event in enumerate(fake.log):
+        if event[0] == "release":
+            # a release is followed by the warm-up of a shape never run before, its recorded trial, its row
+            first = fake.log[i + 1][1]
+            assert shape(first) not in seen and first.endswith("-r0")
+            assert fake.log[i + 1 : i + 4] == [("run", first), ("run", first), ("write", first)]
+        elif event[0] == "run" and shape(event[1]) not in seen:
+            assert last == ("release",)  # the first run of a shape (its warm-up) comes right after a release
+            seen.add(shape(event[1]))
+        last = event
+    writes = [e[1] for e in fake.log if e[0] == "write"]
+    assert fake.log.count(("release",)) == len(seen) == len({shape(w) for w in writes})  # once per shape
+    assert "p8-b3-full-r1" in writes and "p8-b4-full-r0" in writes  # found capacity 3, its repeats ran
+
+
+def test_trials_do_not_release_device_memory_and_release_empties_the_cuda_cache(tiny_model, monkeypatch):
+    from kvbench import runner as runner_module
+
+    calls = []
+    monkeypatch.setattr(runner_module, "release_device_memory", lambda dev: calls.append(str(dev)))
+    s, runner = make_runner(tiny_model)
+    assert runner.run(TrialSpec(8, 1, s.modes[0], 0))["status"] == "ok"
+    assert calls == []  # nothing between a warm-up and the trial after it
+    runner.release()
+    assert calls == ["cpu"]
+    monkeypatch.undo()
+    emptied, collected = [], []
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(True))
+    monkeypatch.setattr(runner_module.gc, "collect", lambda: collected.append(True))
+    runner_module.release_device_memory(torch.device("cpu"))
+    assert (emptied, collected) == ([], [True])
+    runner_module.release_device_memory(torch.device("cuda"))
+    assert (emptied, collected) == ([True], [True, True])

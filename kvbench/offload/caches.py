@@ -31,10 +31,10 @@ class OffloadedCache(Cache):
     every token in both. Sliding-window (and chunked) layers, as :func:`~kvbench.offload.layer_types.layer_windows`
     resolves them (Gemma-2's alternate layers, every layer of Mistral v0.1), are transformers'
     ``DynamicSlidingWindowLayer`` as in ``DynamicCache``: they stay on the device (``window - 1`` tokens) and never
-    cross the link, in every mode and with or without the disk tier.
-    With ``host_max_tokens`` the oldest tokens of each layer beyond that many spill to memory-mapped files in a
-    private directory (the disk tier), removed by :meth:`close` (or ``with cache:``), at garbage collection and at
-    interpreter exit.
+    cross the link, in every mode and with or without the disk tier. With ``host_max_tokens`` the oldest tokens of
+    each layer beyond that many spill to files (memory-mapped with ``disk_page_cache``) in a private directory (the
+    disk tier), removed by :meth:`close` (or ``with cache:``), at garbage collection and at interpreter exit. Its writes are synced to the device and its writes and reads dropped from the page cache,
+    so disk timings are the device's, unless ``disk_page_cache`` keeps them in RAM.
 
     Accounting (bytes): ``device_bytes``/``host_bytes``/``disk_bytes`` now and ``*_peak_bytes`` at peak (device
     counts the windows, prefetched history and the K/V handed to the layer being computed); ``stored_bytes`` /
@@ -54,6 +54,8 @@ class OffloadedCache(Cache):
         pin: page-lock host buffers; default: on CUDA.
         host_max_tokens: tokens per layer kept in host memory; older ones go to the disk tier (None: no disk).
         disk_dir: where the disk tier makes its private directory (default: the system temporary directory).
+        disk_page_cache: let the disk tier's pages stay in the page cache (no sync, no drop: faster, but disk reads
+            and writes then time RAM); see :class:`~kvbench.offload.disk.DiskTier`.
 
     Raises:
         ValueError: a negative window, ``host_max_tokens`` under one disk block, layer types kvbench cannot cache
@@ -62,7 +64,7 @@ class OffloadedCache(Cache):
     """
 
     def __init__(self, config: Any, device: torch.device, window: int = 0, pin: bool | None = None,
-                 host_max_tokens: int | None = None, disk_dir: str | None = None):
+                 host_max_tokens: int | None = None, disk_dir: str | None = None, disk_page_cache: bool = False):
         if window < 0:
             raise ValueError(f"window must be >= 0 tokens, got {window}")
         if host_max_tokens is not None and host_max_tokens < DISK_BLOCK_TOKENS:
@@ -70,7 +72,7 @@ class OffloadedCache(Cache):
                              f"tokens, got {host_max_tokens}")
         windows = layer_windows(config)  # before the disk tier is made: a config it refuses leaves no directory
         self.engine = Transfers(device)
-        self.disk = DiskTier(disk_dir) if host_max_tokens is not None else None
+        self.disk = DiskTier(disk_dir, page_cache=disk_page_cache) if host_max_tokens is not None else None
         pin = device.type == "cuda" if pin is None else pin
         layers: list[Any] = [
             DynamicSlidingWindowLayer(sliding_window=w) if w is not None
@@ -204,8 +206,9 @@ class FullOffloadCache(OffloadedCache):
     """The ``full`` mode: all history off the device (an :class:`OffloadedCache` with ``window=0``)."""
 
     def __init__(self, config: Any, device: torch.device, pin: bool | None = None,
-                 host_max_tokens: int | None = None, disk_dir: str | None = None):
-        super().__init__(config, device, window=0, pin=pin, host_max_tokens=host_max_tokens, disk_dir=disk_dir)
+                 host_max_tokens: int | None = None, disk_dir: str | None = None, disk_page_cache: bool = False):
+        super().__init__(config, device, window=0, pin=pin, host_max_tokens=host_max_tokens, disk_dir=disk_dir,
+                         disk_page_cache=disk_page_cache)
 
 
 class HierarchicalCache(OffloadedCache):
@@ -227,7 +230,7 @@ class DynamicOffloadCache(OffloadedCache):
     brings the newest host tokens back) and recorded in :attr:`events`.
 
     Args:
-        config, device, pin, host_max_tokens, disk_dir: as :class:`OffloadedCache`.
+        config, device, pin, host_max_tokens, disk_dir, disk_page_cache: as :class:`OffloadedCache`.
         min_window, max_window: the policy's bounds (tokens).
         budget_bytes: device KV budget (bytes); None = free memory less the reserve.
         reserve_bytes: memory left to activations and others when there is no budget.
@@ -238,14 +241,14 @@ class DynamicOffloadCache(OffloadedCache):
 
     def __init__(self, config: Any, device: torch.device, min_window: int = 512, max_window: int | None = None,
                  budget_bytes: int | None = None, reserve_bytes: int | None = None, pin: bool | None = None,
-                 host_max_tokens: int | None = None, disk_dir: str | None = None):
+                 host_max_tokens: int | None = None, disk_dir: str | None = None, disk_page_cache: bool = False):
         if budget_bytes is not None and budget_bytes <= 0:
             raise ValueError(f"budget_bytes must be > 0 bytes, got {budget_bytes}")
         if reserve_bytes is not None and reserve_bytes < 0:
             raise ValueError(f"reserve_bytes must be >= 0 bytes, got {reserve_bytes}")
         self.policy = WindowPolicy(min_window, max_window)
         super().__init__(config, device, window=self.policy.window, pin=pin, host_max_tokens=host_max_tokens,
-                         disk_dir=disk_dir)
+                         disk_dir=disk_dir, disk_page_cache=disk_page_cache)
         self.budget_bytes = budget_bytes
         self.reserve_bytes = reserve_bytes
         text = config.get_text_config() if hasattr(config, "get_text_config") else config
@@ -306,7 +309,7 @@ class DynamicOffloadCache(OffloadedCache):
 
 
 def make_cache(kind: str, config: Any, device: torch.device, *, budget_bytes: int | None = None,
-               disk_dir: str | None = None, **options: Any) -> Any:
+               disk_dir: str | None = None, disk_page_cache: bool = False, **options: Any) -> Any:
     """A fresh, empty cache for one generation.
 
     Args:
@@ -315,6 +318,7 @@ def make_cache(kind: str, config: Any, device: torch.device, *, budget_bytes: in
         device: the device the model runs on.
         budget_bytes: the device KV budget (used by ``dynamic``).
         disk_dir: where a disk tier goes (modes given ``host_max_tokens``).
+        disk_page_cache: keep the disk tier in the page cache (see :class:`OffloadedCache`).
         **options: the mode's options (``window``, ``min_window``, ``max_window``, ``host_max_tokens``).
 
     Raises:
@@ -324,7 +328,8 @@ def make_cache(kind: str, config: Any, device: torch.device, *, budget_bytes: in
     info = MODES[kind]
     if info.needs_cuda and device.type != "cuda":
         raise ModeUnavailable(info.skip_reason)
-    host = {"host_max_tokens": options.get("host_max_tokens"), "disk_dir": disk_dir}
+    host = {"host_max_tokens": options.get("host_max_tokens"), "disk_dir": disk_dir,
+            "disk_page_cache": disk_page_cache}
     if kind == "none":
         return DynamicCache(config=config)
     if kind == "hf-offloaded":

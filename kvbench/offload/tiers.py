@@ -1,9 +1,10 @@
 """The host and disk tiers: one layer's K or V history off the device.
 
 - :class:`HostBuffer`: host memory, allocated once and grown geometrically (pinned on CUDA).
-- :class:`DiskBuffer`: a memory-mapped file in a :class:`DiskTier` directory, grown the same way; space is
-  reserved with ``posix_fallocate`` before it is written, so a full disk is an ``OSError`` (ENOSPC/EFBIG) and never
-  a SIGBUS on a mapped page.
+- :class:`DiskBuffer`: a file in a :class:`~kvbench.offload.disk.DiskTier` directory, grown the same way; space is
+  reserved with ``posix_fallocate`` before it is written, so a full disk is an ``OSError`` (ENOSPC/EFBIG). It is
+  written and read with explicit I/O that, by default, syncs writes and keeps neither from the page cache (see
+  :mod:`kvbench.offload.disk`).
 - :class:`History`: the two together, oldest tokens on disk; beyond ``host_max_tokens`` the host tier spills its
   oldest tokens to disk in whole blocks of :data:`~kvbench.offload.registry.DISK_BLOCK_TOKENS`.
 
@@ -17,23 +18,18 @@ host buffer stores it depends on where the model computes:
   whole runs instead of gathering ``head_dim``-element pieces.
 
 The disk tier is sequence-major on every device: the file grows at its end without moving what it holds.
+``DiskTier`` and ``DiskTierError`` live in :mod:`kvbench.offload.disk` and are importable from here too.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
-import re
-import shutil
-import tempfile
-import weakref
-from pathlib import Path
-
-import psutil
 import torch
 
+from kvbench.offload.disk import DiskTier, DiskTierError
 from kvbench.offload.registry import DISK_BLOCK_TOKENS
 from kvbench.offload.transfer import Transfers
+
+__all__ = ["DiskBuffer", "DiskTier", "DiskTierError", "History", "HostBuffer", "MIN_CAPACITY", "grown_capacity"]
 
 #: Smallest capacity (tokens) of a host buffer; growth doubles it.
 MIN_CAPACITY = 256
@@ -168,124 +164,106 @@ class HostBuffer(_TokenBuffer):
             self.length = n
 
 
-class DiskTierError(OSError):
-    """The disk tier cannot be created or grown (unwritable directory, disk full, file size limit).
-
-    ``errno`` is the system error; the message names the directory or file and the bytes asked for.
-    """
-
-    def __init__(self, errno: int | None, message: str):
-        super().__init__(message)
-        self.errno = errno
-
-
-_DIR_PREFIX = "kvbench-kv-"
-
-
-def _remove_stale(parent: Path) -> None:
-    """Remove disk-tier directories left by kvbench processes that no longer exist (killed with SIGKILL)."""
-    for d in parent.glob(f"{_DIR_PREFIX}*"):
-        m = re.match(rf"{_DIR_PREFIX}(\d+)-", d.name)
-        if m and d.is_dir() and not psutil.pid_exists(int(m.group(1))):
-            shutil.rmtree(d, ignore_errors=True)
-
-
-class DiskTier:
-    """A private directory (mode 0700) for the disk files of one cache.
-
-    Removed by :meth:`close`, when the object is garbage-collected, and at interpreter exit (Ctrl-C included), so
-    no exit path leaves it behind except SIGKILL; directories of dead kvbench processes are removed when the next
-    one is created in the same place.
-
-    Args:
-        parent: where to create it (default: the system temporary directory).
-
-    Raises:
-        DiskTierError: ``parent`` does not exist or is not writable.
-    """
-
-    def __init__(self, parent: str | Path | None = None):
-        where = Path(parent) if parent is not None else Path(tempfile.gettempdir())
-        try:
-            self.path = Path(tempfile.mkdtemp(prefix=f"{_DIR_PREFIX}{os.getpid()}-", dir=where))
-        except OSError as exc:
-            raise DiskTierError(exc.errno, f"cannot create the disk tier in {where}: {exc.strerror or exc}") from None
-        with contextlib.suppress(OSError):
-            _remove_stale(where)
-        self._finalizer = weakref.finalize(self, shutil.rmtree, str(self.path), True)
-        self._files = 0
-
-    def new_file(self) -> Path:
-        """A fresh file name inside the directory."""
-        self._files += 1
-        return self.path / f"{self._files}.kv"
-
-    @property
-    def closed(self) -> bool:
-        """Whether the directory has been removed."""
-        return not self._finalizer.alive
-
-    def close(self) -> None:
-        """Remove the directory and every file in it (idempotent)."""
-        self._finalizer()
-
-
-class DiskBuffer(_TokenBuffer):
-    """K or V history of one layer in a memory-mapped file (the disk tier), filled up to ``length`` tokens and
-    stored sequence-major.
+class DiskBuffer:
+    """K or V history of one layer in a file of the disk tier, filled up to ``length`` tokens and stored
+    sequence-major: ``[capacity, batch, kv_heads, head_dim]`` from the file's first byte.
 
     The file grows geometrically like :class:`HostBuffer`; each growth reserves the space first
-    (``posix_fallocate``), then maps the whole file again (the data stays in the file, nothing is copied).
-    Bytes written and read are counted in the copy engine's ``stats`` (``disk_write_bytes``/``disk_read_bytes``).
+    (``posix_fallocate``). By default appends and reads go through the tier (:meth:`DiskTier.write`,
+    :meth:`DiskTier.read`): a write is synced to the device, a read copies the file into a new host tensor, and
+    both are dropped from the page cache, so a read really comes from the device. A tier that keeps the page cache
+    (``page_cache=True``) maps the whole file instead (mapped again at each growth; the data stays in the file):
+    appends copy into the mapping and a read is a view of it, served from RAM. Bytes written and read are counted
+    in the copy engine's ``stats`` (``disk_write_bytes``/``disk_read_bytes``).
+
+    Args:
+        tier: the cache's disk directory, which names the file and does its I/O.
     """
 
-    def __init__(self, path: Path):
-        super().__init__(seq_major=True)
-        self.path = path
+    def __init__(self, tier: DiskTier):
+        self.tier = tier
+        self.path = tier.new_file()
+        self.length = 0
+        self.capacity = 0  # tokens the file holds room for
+        self._fd: int | None = None
+        self._map: torch.Tensor | None = None  # page_cache: the file mapped, [capacity, batch, kv_heads, head_dim]
+        self._token: tuple[int, int, int] = (0, 0, 0)  # (batch, kv_heads, head_dim)
+        self._dtype = torch.float32
+
+    @property
+    def token_bytes(self) -> int:
+        """Bytes of one token (all sequences and heads) in the file."""
+        b, h, d = self._token
+        return b * h * d * self._dtype.itemsize
+
+    @property
+    def used_bytes(self) -> int:
+        """Bytes of the filled part: ``length`` tokens."""
+        return self.length * self.token_bytes
 
     def _reserve(self, like: torch.Tensor, extra: int) -> None:
-        need = self.length + extra
-        if self.buf is not None and self.buf.shape[1:] != self._shape(0, like)[1:]:
+        b, h, _, d = like.shape
+        if self.capacity and ((b, h, d), like.dtype) != (self._token, self._dtype):
             if self.length:  # only an emptied buffer may change its batch (History.replace empties it first)
-                raise ValueError(f"disk tier: {self.path} holds a batch of {self.buf.shape[1]}, got {like.shape[0]}")
-            self.buf = None  # a new batch size: map the file again with the new shape
-        if self.buf is not None and need <= self.capacity:
+                raise ValueError(f"disk tier: {self.path} holds a batch of {self._token[0]}, got {b}")
+            self.capacity = 0  # a new batch size: the file is laid out again from its start
+        self._token, self._dtype = (b, h, d), like.dtype
+        need = self.length + extra
+        if need <= self.capacity:
             return
-        shape = self._shape(grown_capacity(self.capacity, need, DISK_BLOCK_TOKENS), like)
-        numel = shape[0] * shape[1] * shape[2] * shape[3]
-        nbytes = numel * like.element_size()
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            os.posix_fallocate(fd, 0, nbytes)
-        except OSError as exc:
-            raise DiskTierError(exc.errno, f"disk tier: cannot grow {self.path} to {nbytes} bytes: "
-                                           f"{exc.strerror or exc}") from None
-        finally:
-            os.close(fd)
-        self.buf = torch.from_file(str(self.path), shared=True, size=numel, dtype=like.dtype).view(shape)
+        capacity = grown_capacity(self.capacity, need, DISK_BLOCK_TOKENS)
+        if self._fd is None:
+            self._fd = self.tier.open(self.path)
+        self.tier.reserve(self._fd, self.path, capacity * self.token_bytes)
+        self.capacity = capacity
+        if self.tier.page_cache:
+            self._map = torch.from_file(str(self.path), shared=True, size=capacity * b * h * d,
+                                        dtype=like.dtype).view(capacity, b, h, d)
 
     def append(self, src: torch.Tensor, engine: Transfers) -> None:
-        """Write ``src`` (``[batch, kv_heads, n, head_dim]``, host or device) after the history."""
+        """Write ``src`` (``[batch, kv_heads, n, head_dim]``, host or device) after the history.
+
+        Raises:
+            DiskTierError: the file cannot grow (disk full, file size limit) or the tier is closed.
+            ValueError: a batch of another size while the buffer holds tokens.
+        """
         n = src.shape[-2]
         if n == 0:
             return
         self._reserve(src, n)
-        dst = self._span(self.length, self.length + n)
-        if src.device.type == "cpu":
-            dst.copy_(self._stored(src))
-        else:  # straight from the device into the mapped file
-            engine.to_host(self._stored(src), dst)
+        stored = src.permute(2, 0, 1, 3)
+        if self._map is not None:  # into the mapping: it stays in the page cache
+            block = self._map[self.length : self.length + n]
+        else:
+            block = stored.contiguous() if src.device.type == "cpu" else torch.empty(stored.shape, dtype=src.dtype)
+        if src.device.type != "cpu":  # device → host (the mapping or a host block)
+            engine.to_host(stored, block)
             engine.drain()
+        elif self._map is not None:
+            block.copy_(stored)
+        if self._map is None:
+            self.tier.write(self._fd, block, self.length * self.token_bytes)
         engine.stats.disk_write_bytes += src.nbytes
         engine.stats.disk_write_count += 1
         self.length += n
 
     def read(self, engine: Transfers) -> torch.Tensor:
-        """The filled part, ``[batch, kv_heads, length, head_dim]`` (a view of the mapping); counted as read."""
-        out = self.view()
+        """The filled part, ``[batch, kv_heads, length, head_dim]``: a permuted view of a new, dense host tensor
+        read from the file (of the mapping with ``page_cache``); counted as read.
+
+        Raises:
+            DiskTierError: the tier is closed or the file is shorter than it should be.
+        """
+        b, h, d = self._token
+        if self._map is not None:
+            out = self._map[: self.length]
+        else:
+            out = torch.empty((self.length, b, h, d), dtype=self._dtype)
+        if self.length and self._map is None:
+            self.tier.read(self._fd, out, 0)
         engine.stats.disk_read_bytes += out.nbytes
         engine.stats.disk_read_count += 1
-        return out
+        return out.permute(1, 2, 0, 3)
 
     def truncate(self, length: int) -> None:
         """Keep the first ``length`` tokens."""
@@ -354,7 +332,7 @@ class History:
 
     def _to_disk(self, src: torch.Tensor, engine: Transfers) -> None:
         if self.disk is None:
-            self.disk = DiskBuffer(self._disk_tier.new_file())
+            self.disk = DiskBuffer(self._disk_tier)
         self.disk.append(src, engine)
 
     def append(self, src: torch.Tensor, engine: Transfers) -> None:
@@ -375,8 +353,9 @@ class History:
         self.host.append(src, engine)
 
     def parts(self, engine: Transfers) -> list[torch.Tensor]:
-        """The non-empty parts, oldest first, each ``[batch, kv_heads, n, head_dim]``: views of the disk mapping
-        and of the host buffer, dense (a permuted contiguous block) when stored sequence-major."""
+        """The non-empty parts, oldest first, each ``[batch, kv_heads, n, head_dim]``: what was read from the disk
+        tier (a new host tensor) and a view of the host buffer, dense (a permuted contiguous block) when stored
+        sequence-major."""
         out = []
         if self.disk_length:
             out.append(self.disk.read(engine))

@@ -1,0 +1,202 @@
+"""The disk tier's directory and its file I/O.
+
+- :class:`DiskTier`: a private directory for the files of one cache, removed on every exit path but SIGKILL.
+- How a file is written and read: explicit ``pwrite``/``preadv`` between host tensors and the file (no long-lived
+  memory map). By default (``page_cache=False``) every write is synced to the device (``fdatasync``) and then
+  dropped from the page cache (``posix_fadvise(POSIX_FADV_DONTNEED)``), and so is every read once it has been
+  copied into its host tensor: the next read comes from the device, not from RAM. ``page_cache=True`` skips both
+  (writes stay dirty in the page cache, reads come from it): faster, but what it times is RAM.
+
+A mapped page cannot be dropped while it is mapped, which is why the tier does not read through a mapping.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+import re
+import shutil
+import tempfile
+import weakref
+from pathlib import Path
+
+import psutil
+import torch
+
+#: Whether the page cache can be told to drop a file's pages here (Linux, most BSDs; not macOS or Windows).
+CAN_DROP = hasattr(os, "posix_fadvise") and hasattr(os, "POSIX_FADV_DONTNEED")
+
+#: Why pages are not dropped on this platform (empty where they are).
+NO_DROP_REASON = "" if CAN_DROP else "os.posix_fadvise is not available on this platform: disk reads may come from RAM"
+
+_sync = getattr(os, "fdatasync", os.fsync)  # macOS has no fdatasync
+
+
+class DiskTierError(OSError):
+    """The disk tier cannot be created or grown (unwritable directory, disk full, file size limit).
+
+    ``errno`` is the system error; the message names the directory or file and the bytes asked for.
+    """
+
+    def __init__(self, errno: int | None, message: str):
+        super().__init__(message)
+        self.errno = errno
+
+
+_DIR_PREFIX = "kvbench-kv-"
+
+
+def _remove_stale(parent: Path) -> None:
+    """Remove disk-tier directories left by kvbench processes that no longer exist (killed with SIGKILL)."""
+    for d in parent.glob(f"{_DIR_PREFIX}*"):
+        m = re.match(rf"{_DIR_PREFIX}(\d+)-", d.name)
+        if m and d.is_dir() and not psutil.pid_exists(int(m.group(1))):
+            shutil.rmtree(d, ignore_errors=True)
+
+
+def _close_and_remove(path: str, fds: list[int]) -> None:
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    fds.clear()
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _bytes_of(t: torch.Tensor) -> memoryview:
+    """The bytes of a contiguous CPU tensor (any dtype, bfloat16 included), writable, without a copy.
+
+    Raises:
+        ValueError: ``t`` is not contiguous (its bytes are not one block).
+    """
+    if not t.is_contiguous():
+        raise ValueError(f"disk tier: I/O needs a contiguous tensor, got strides {t.stride()}")
+    return memoryview(t.reshape(-1).view(torch.uint8).numpy())
+
+
+class DiskTier:
+    """A private directory (mode 0700) for the disk files of one cache, and how they are written and read.
+
+    Removed by :meth:`close`, when the object is garbage-collected, and at interpreter exit (Ctrl-C included), so
+    no exit path leaves it behind except SIGKILL; directories of dead kvbench processes are removed when the next
+    one is created in the same place. The files it opens are closed with it.
+
+    Args:
+        parent: where to create it (default: the system temporary directory).
+        page_cache: keep written and read pages in the page cache (no sync, no drop: disk timings measure RAM).
+            Default False: every write is synced to the device and every write and read dropped from the page
+            cache where the platform can (see :attr:`drops`).
+
+    Raises:
+        DiskTierError: ``parent`` does not exist or is not writable.
+    """
+
+    def __init__(self, parent: str | Path | None = None, page_cache: bool = False):
+        where = Path(parent) if parent is not None else Path(tempfile.gettempdir())
+        try:
+            self.path = Path(tempfile.mkdtemp(prefix=f"{_DIR_PREFIX}{os.getpid()}-", dir=where))
+        except OSError as exc:
+            raise DiskTierError(exc.errno, f"cannot create the disk tier in {where}: {exc.strerror or exc}") from None
+        with contextlib.suppress(OSError):
+            _remove_stale(where)
+        self._fds: list[int] = []
+        self._finalizer = weakref.finalize(self, _close_and_remove, str(self.path), self._fds)
+        self._files = 0
+        self.page_cache = page_cache
+        #: Bytes and calls of ``fdatasync`` so far (0 with ``page_cache``).
+        self.synced_bytes = 0
+        self.sync_count = 0
+
+    @property
+    def syncs(self) -> bool:
+        """Whether every write is synced to the device before the tier goes on."""
+        return not self.page_cache
+
+    @property
+    def drops(self) -> bool:
+        """Whether written and read pages are dropped from the page cache (False with ``page_cache`` or where
+        ``posix_fadvise`` is missing: :data:`NO_DROP_REASON`)."""
+        return not self.page_cache and CAN_DROP
+
+    def new_file(self) -> Path:
+        """A fresh file name inside the directory."""
+        self._files += 1
+        return self.path / f"{self._files}.kv"
+
+    def open(self, path: Path) -> int:
+        """Open (create) ``path`` for reading and writing (mode 0600); the descriptor is closed with the tier.
+
+        Raises:
+            DiskTierError: the tier is closed, or the file cannot be opened.
+        """
+        self._check_open()
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:
+            raise DiskTierError(exc.errno, f"disk tier: cannot open {path}: {exc.strerror or exc}") from None
+        self._fds.append(fd)
+        return fd
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise DiskTierError(None, f"disk tier {self.path} is closed (removed): make a new one")
+
+    def reserve(self, fd: int, path: Path, nbytes: int) -> None:
+        """Reserve ``nbytes`` bytes for the file (``posix_fallocate``), so writes within them never fail.
+
+        Raises:
+            DiskTierError: the space cannot be reserved (ENOSPC: disk full; EFBIG: file size limit).
+        """
+        self._check_open()
+        try:
+            os.posix_fallocate(fd, 0, nbytes)
+        except OSError as exc:
+            raise DiskTierError(exc.errno, f"disk tier: cannot grow {path} to {nbytes} bytes: "
+                                           f"{exc.strerror or exc}") from None
+
+    def write(self, fd: int, src: torch.Tensor, offset: int) -> None:
+        """Write contiguous CPU tensor ``src`` at byte ``offset`` of the file; then, unless ``page_cache``, sync
+        the file to the device and drop its pages from the page cache."""
+        self._check_open()
+        data, done = _bytes_of(src), 0
+        while done < len(data):
+            done += os.pwrite(fd, data[done:], offset + done)
+        if self.page_cache or not len(data):
+            return
+        _sync(fd)
+        self.synced_bytes += len(data)
+        self.sync_count += 1
+        self._drop(fd, offset)
+
+    def read(self, fd: int, out: torch.Tensor, offset: int) -> None:
+        """Fill contiguous CPU tensor ``out`` from byte ``offset`` of the file; then, unless ``page_cache``, drop
+        the pages read from the page cache, so the next read also comes from the device.
+
+        Raises:
+            DiskTierError: the file ends before ``out`` is full (it was truncated behind the tier's back).
+        """
+        self._check_open()
+        data, done = _bytes_of(out), 0
+        while done < len(data):
+            n = os.preadv(fd, [data[done:]], offset + done)
+            if n == 0:
+                raise DiskTierError(None, f"disk tier: a file ended {len(data) - done} bytes early at "
+                                          f"{offset + done} (fd {fd})")
+            done += n
+        if not self.page_cache:
+            self._drop(fd, offset)
+
+    def _drop(self, fd: int, offset: int) -> None:
+        """Drop the file's pages from ``offset`` (rounded down to a page: the kernel keeps partial pages) to its
+        end. Only clean pages go: what was written is synced first."""
+        if CAN_DROP:
+            os.posix_fadvise(fd, offset // mmap.PAGESIZE * mmap.PAGESIZE, 0, os.POSIX_FADV_DONTNEED)
+
+    @property
+    def closed(self) -> bool:
+        """Whether the directory has been removed."""
+        return not self._finalizer.alive
+
+    def close(self) -> None:
+        """Close the tier's files and remove the directory and every file in it (idempotent)."""
+        self._finalizer()
