@@ -21,7 +21,7 @@ import numpy as np
 import orjson
 import pandas as pd
 
-from kvbench.intervals import BOOTSTRAP_MIN_REPEATS, bootstrap_intervals, judge, median_ci, paired_point_stats
+from kvbench.intervals import BOOTSTRAP_MIN_REPEATS, add_comparisons, bootstrap_intervals, median_ci, paired_point_stats
 from kvbench.results import SCHEMA_VERSION
 from kvbench.latency import ITL_PERCENTILES
 
@@ -302,35 +302,6 @@ def _itl_pooled(measured: pd.DataFrame, mpid: pd.Series) -> pd.DataFrame:
     return out
 
 
-def _comparisons(table: pd.DataFrame) -> None:
-    """The paired comparisons with ``none`` as percentages and ratios, and their verdicts (in place):
-    ``time_overhead_pct`` = 100 × (paired TPOT ratio − 1) with ``time_overhead_ci_low``/``_high``;
-    ``throughput_ratio`` (paired) with its ``_ci_low``/``_high``; ``ttft_ratio``; ``tpot_verdict`` (see
-    :func:`kvbench.intervals.judge`; an offload mode faster than ``none`` at the same batch beyond its interval is
-    implausible: the decode-step roofline puts it at or above ``none``); None for ``none`` itself."""
-    for c in ("tpot_s_ratio", "tpot_s_ratio_ci_low", "tpot_s_ratio_ci_high", "throughput_tokens_per_s_ratio",
-              "throughput_tokens_per_s_ratio_ci_low", "throughput_tokens_per_s_ratio_ci_high", "ttft_s_ratio"):
-        if c not in table:
-            table[c] = np.nan
-    table["time_overhead_pct"] = 100 * (table["tpot_s_ratio"] - 1)
-    table["time_overhead_ci_low"] = 100 * (table["tpot_s_ratio_ci_low"] - 1)
-    table["time_overhead_ci_high"] = 100 * (table["tpot_s_ratio_ci_high"] - 1)
-    table["throughput_ratio"] = table["throughput_tokens_per_s_ratio"]
-    table["throughput_ratio_ci_low"] = table["throughput_tokens_per_s_ratio_ci_low"]
-    table["throughput_ratio_ci_high"] = table["throughput_tokens_per_s_ratio_ci_high"]
-    table["ttft_ratio"] = table["ttft_s_ratio"]
-    verdicts = []
-    for r in table[["mode", "pairs", "pairs_busy_trials", "pairs_load_unknown", "tpot_s_ratio_ci_low",
-                    "tpot_s_ratio_ci_high"]].itertuples(index=False):
-        if r.mode == "none":
-            verdicts.append(None)
-            continue
-        lo, hi = float(r.tpot_s_ratio_ci_low), float(r.tpot_s_ratio_ci_high)
-        verdicts.append(judge(int(r.pairs), int(r.pairs_busy_trials), int(r.pairs_load_unknown), lo, hi,
-                              implausible=hi < 1))
-    table["tpot_verdict"] = verdicts
-
-
 def point_table(trials: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
     """One row per point (group × prompt length × batch size × mode), in the order points first appear.
 
@@ -424,7 +395,7 @@ def point_table(trials: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> pd.D
     table["memory_saving_pct"] = 100 * (1 - table["kv_device_peak_bytes_median"] / table["ref_kv"])
     table["measured_saving_pct"] = 100 * (1 - table["peak_device_allocated_bytes_median"] / table["ref_alloc"])
     table = table.drop(columns=list(ref_cols.values()))
-    _comparisons(table)
+    add_comparisons(table)
     # measured ÷ kvbench plan's prediction (kvbench.plan: placement and decode-step roofline)
     table["kv_device_vs_plan"] = table["kv_device_peak_bytes_median"] / table["plan_kv_device_bytes_median"]
     table["link_vs_plan"] = table["h2d_bytes_per_step_median"] / table["plan_link_bytes_per_step_median"]

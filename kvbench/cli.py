@@ -112,7 +112,14 @@ def _failures(rows: list[dict[str, Any]]) -> list[str]:
             msg = "device KV peak above the budget" if r["status"] == "over_budget" else r["message"]
             key = (r["mode_label"], r["status"], msg)
             seen[key] = seen.get(key, 0) + 1
-    return [f"{mode}: {status} ({n} trials): {msg}" for (mode, status, msg), n in seen.items()]
+    lines = [f"{mode}: {status} ({n} trials): {msg}" for (mode, status, msg), n in seen.items()]
+    measured = [r for r in rows if r["status"] in ("ok", "over_budget")]
+    busy = [r for r in measured if r.get("machine_busy")]
+    if busy:
+        lines.append(f"busy machine: {len(busy)} of {len(measured)} measured trials ran while other processes used "
+                     f"at least {busy[0]['busy_threshold_percent']:.0f}% of a CPU (or the GPU): comparisons that "
+                     "include them are inconclusive")
+    return lines
 
 
 def _reuse_summary(rows: list[dict[str, Any]], name: str, title: str) -> Table:

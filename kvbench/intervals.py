@@ -187,6 +187,36 @@ def judge(pairs: int, busy_trials: int, load_unknown: int, low: float, high: flo
     return ""
 
 
+def add_comparisons(table: pd.DataFrame) -> None:
+    """The paired comparisons of a point table (:func:`kvbench.analysis.point_table`, with the columns of
+    :func:`paired_point_stats` joined) as percentages and ratios, and their verdicts (in place):
+    ``time_overhead_pct`` = 100 × (paired TPOT ratio − 1) with ``time_overhead_ci_low``/``_high``;
+    ``throughput_ratio`` (paired) with its ``_ci_low``/``_high``; ``ttft_ratio``; ``tpot_verdict`` (see
+    :func:`kvbench.intervals.judge`; an offload mode faster than ``none`` at the same batch beyond its interval is
+    implausible: the decode-step roofline puts it at or above ``none``); None for ``none`` itself."""
+    for c in ("tpot_s_ratio", "tpot_s_ratio_ci_low", "tpot_s_ratio_ci_high", "throughput_tokens_per_s_ratio",
+              "throughput_tokens_per_s_ratio_ci_low", "throughput_tokens_per_s_ratio_ci_high", "ttft_s_ratio"):
+        if c not in table:
+            table[c] = np.nan
+    table["time_overhead_pct"] = 100 * (table["tpot_s_ratio"] - 1)
+    table["time_overhead_ci_low"] = 100 * (table["tpot_s_ratio_ci_low"] - 1)
+    table["time_overhead_ci_high"] = 100 * (table["tpot_s_ratio_ci_high"] - 1)
+    table["throughput_ratio"] = table["throughput_tokens_per_s_ratio"]
+    table["throughput_ratio_ci_low"] = table["throughput_tokens_per_s_ratio_ci_low"]
+    table["throughput_ratio_ci_high"] = table["throughput_tokens_per_s_ratio_ci_high"]
+    table["ttft_ratio"] = table["ttft_s_ratio"]
+    verdicts = []
+    for r in table[["mode", "pairs", "pairs_busy_trials", "pairs_load_unknown", "tpot_s_ratio_ci_low",
+                    "tpot_s_ratio_ci_high"]].itertuples(index=False):
+        if r.mode == "none":
+            verdicts.append(None)
+            continue
+        lo, hi = float(r.tpot_s_ratio_ci_low), float(r.tpot_s_ratio_ci_high)
+        verdicts.append(judge(int(r.pairs), int(r.pairs_busy_trials), int(r.pairs_load_unknown), lo, hi,
+                              implausible=hi < 1))
+    table["tpot_verdict"] = verdicts
+
+
 def pct_interval(median: float, low: float, high: float, digits: int = 0) -> str:
     """A signed percentage with its interval, e.g. ``+12% [−3%, +25%]``; ``n/a`` without a median; the median alone
     when there is no interval or it is a single value."""
@@ -202,5 +232,5 @@ def pct_interval(median: float, low: float, high: float, digits: int = 0) -> str
     return f"{one(median)} [{one(low)}, {one(high)}]"
 
 
-__all__ = ["BOOTSTRAP_MIN_REPEATS", "MIN_PAIRS", "PAIRED_METRICS", "PAIR_KEYS", "bootstrap_intervals", "judge",
-           "median_ci", "pair_load", "pair_with_reference", "paired_point_stats", "pct_interval"]
+__all__ = ["BOOTSTRAP_MIN_REPEATS", "MIN_PAIRS", "PAIRED_METRICS", "PAIR_KEYS", "add_comparisons", "bootstrap_intervals",
+           "judge", "median_ci", "pair_load", "pair_with_reference", "paired_point_stats", "pct_interval"]

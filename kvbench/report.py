@@ -123,7 +123,7 @@ def display_frame(table: pd.DataFrame) -> pd.DataFrame:
                "throughput (× none)": _ratio_interval(r["throughput_ratio"], r["throughput_ratio_ci_low"],
                                                       r["throughput_ratio_ci_high"]),
                "pairs": str(int(r["pairs"])),
-               "verdict": r["tpot_verdict"] or "decided",
+               "verdict": "-" if not r["measured"] else (r["tpot_verdict"] or "decided"),
                **({"memory saving (%)": "ref", "time overhead (%)": "ref", "throughput (× none)": "ref", "pairs": "-",
                    "verdict": "-"} if r["mode"] == "none" and not _missing(r["tpot_s_median"]) else {}),
                "busy trials": f"{int(r['n_busy'])} of {int(r['measured'])}",
@@ -173,7 +173,10 @@ def reuse_display(table: pd.DataFrame) -> pd.DataFrame:
             "prompt (tokens, median)": f"{r['prompt_tokens']:,.0f}",
             "recompute TTFT (ms)": _range_ms(r["cold_ttft_s"], r["cold_ttft_s_min"], r["cold_ttft_s_max"]),
             "restore TTFT (ms)": _range_ms(r["warm_ttft_s"], r["warm_ttft_s_min"], r["warm_ttft_s_max"]),
-            "restore ÷ recompute": _ratio(r["ttft_ratio"]),
+            "restore ÷ recompute": _ratio_interval(r["ttft_ratio"], r.get("ttft_ratio_ci_low"),
+                                                   r.get("ttft_ratio_ci_high")),
+            "pairs": str(int(r.get("pairs", 0))),
+            "verdict": r.get("ttft_verdict") or "decided",
             "tokens restored": "-" if _missing(r["tokens_restored"]) else f"{r['tokens_restored']:,.0f}",
             "hit rate (%)": "-" if _missing(r["hit_rate"]) else f"{100 * r['hit_rate']:.0f}",
             f"restored from host ({unit_name}, total)": _size(r["restore_host_bytes"], unit),
@@ -189,7 +192,7 @@ def reuse_terminal(shown: pd.DataFrame) -> pd.DataFrame:
     """The columns of :func:`reuse_display`'s output that fit a terminal, with shorter headers."""
     keep = {"mode": "mode", "turn": "turn", "prompt (tokens)": "prompt", "prompt (tokens, median)": "prompt",
             "recompute TTFT (ms)": "recompute TTFT ms", "restore TTFT (ms)": "restore TTFT ms",
-            "restore ÷ recompute": "÷", "tokens restored": "restored", "hit rate (%)": "hit %",
+            "restore ÷ recompute": "÷", "pairs": "pairs", "tokens restored": "restored", "hit rate (%)": "hit %",
             "ids match none": "= none"}
     frame = shown[[c for c in shown.columns if c in keep]]
     return frame.rename(columns=keep)
@@ -442,6 +445,12 @@ def recommendation(table: pd.DataFrame, group: str) -> str:
         return f"{head}; at {_pt(worst)} no measured mode fits: raise the budget or shorten the context"
     ranked = cands.sort_values("tpot_s_median")
     best = ranked.iloc[0]
+    busy = int(cands["n_busy"].sum())
+    if busy:  # which fits is exact (bytes); which is fastest was measured on a busy machine: no ranking
+        fits = ", ".join(f"`{r['mode_label']}` ({r['kv_device_peak_bytes_median'] / MIB:,.1f} MiB)"
+                         for _, r in cands.iterrows())
+        return (f"{head}; at {_pt(worst)} these fit (device KV): {fits}; which has the least TPOT is inconclusive: "
+                f"the machine was busy during {busy} of their {int(cands['measured'].sum())} trials")
     over = "" if _missing(best["time_overhead_pct"]) else (f", {_overhead(best)} vs none, {int(best['pairs'])} "
                                                            f"pairs{_verdict_tail(best)}")
     text = (f"{head}; at {_pt(worst)} use `{best['mode_label']}`: it fits with the least TPOT "
@@ -473,10 +482,10 @@ def diagnoses(results: Results, table: pd.DataFrame, group: str) -> list[str]:
     measured = int(t["measured"].sum())
     busy = int(t["n_busy"].sum())
     if busy:
-        out.append(f"busy machine: other processes used more than "
+        out.append(f"busy machine: other processes used at least "
                    f"{_busy_threshold(results, group)} during {busy} of {measured} measured trials: comparisons "
-                   "that include them are inconclusive; rerun on a quiet machine (`--resume` keeps nothing to "
-                   "redo: make a new run)")
+                   "that include them are inconclusive; rerun on a quiet machine (a new run: `--resume` does not "
+                   "rerun finished trials)")
     runs = [r for r in results.runs if r.get("group") == group]
     weights = next((r["weights_bytes"] for r in runs if r.get("weights_bytes")), None)
     base = t[(t["mode"] == "none") & t["kv_bytes_predicted_median"].notna()]
