@@ -130,7 +130,8 @@ def _reuse_summary(rows: list[dict[str, Any]], name: str, title: str) -> Table:
 
     return _table(reuse_terminal(reuse_display(reuse_table(trials_frame(rows, name)))), title,
                   "cold = recompute the whole prompt, warm = restore the stored prefix then prefill the rest; "
-                  "TTFT median [min–max]; = none: greedy ids equal to none's recompute")
+                  "TTFT median [min–max]; ÷: restore ÷ recompute TTFT paired by request, median [95% interval over "
+                  "the pairs]; = none: greedy ids equal to none's recompute")
 
 
 def _run_summary(rows: list[dict[str, Any]], sc: Any) -> Any:
@@ -423,7 +424,8 @@ def report(
         if g in rep.reuse:
             out.print(_table(reuse_terminal(reuse_display(rep.reuse[g]["turn"])),
                              f"{g}: restore vs recompute per turn", "TTFT median [min–max] over the requests of "
-                             "that turn and the repeats; restore includes the lookup and the copy"))
+                             "that turn and the repeats; restore includes the lookup and the copy; ÷: restore ÷ "
+                             "recompute paired by request, median [95% interval over the pairs]"))
         if g in rep.capacity:
             out.print(_table(capacity_display(rep.capacity[g]), f"{g}: capacity within the budget",
                              "probes in order, ✗ = did not fit; figures at the capacity"))
