@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
+import signal
 import time
 
 
@@ -19,6 +20,11 @@ def spin(until: float) -> None:
     while time.monotonic() < until:
         for _ in range(10_000):
             x += 1
+
+
+def _stop(signum: int, frame: object) -> None:
+    """`kill PID` (SIGTERM) stops the busy loops too, as Ctrl-C does."""
+    raise KeyboardInterrupt
 
 
 def main() -> None:
@@ -32,13 +38,17 @@ def main() -> None:
     workers = [mp.Process(target=spin, args=(until,), daemon=True) for _ in range(a.cpus)]
     for w in workers:
         w.start()
+    signal.signal(signal.SIGTERM, _stop)
     print(f"cpu_hog: {a.cpus} busy loop(s) for {a.seconds:g} s (pid {os.getpid()})", flush=True)
     try:
         for w in workers:
             w.join()
     except KeyboardInterrupt:
+        pass
+    finally:
         for w in workers:
             w.terminate()
+            w.join()
 
 
 if __name__ == "__main__":

@@ -21,7 +21,8 @@ import numpy as np
 import orjson
 import pandas as pd
 
-from kvbench.intervals import BOOTSTRAP_MIN_REPEATS, add_comparisons, bootstrap_intervals, median_ci, paired_point_stats
+from kvbench.intervals import (BOOTSTRAP_MIN_REPEATS, add_comparisons, bootstrap_intervals, busy_flags, median_ci,
+                               paired_point_stats)
 from kvbench.results import SCHEMA_VERSION
 from kvbench.latency import ITL_PERCENTILES
 
@@ -371,7 +372,7 @@ def point_table(trials: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> pd.D
 
     table = table.join(_itl_pooled(measured, mpid))
     busy = measured["machine_busy"] if "machine_busy" in measured else pd.Series(None, index=measured.index)
-    table["n_busy"] = (busy == True).groupby(mpid).sum()  # noqa: E712 - None/NaN: not recorded, not busy
+    table["n_busy"] = busy_flags(busy).groupby(mpid).sum()
     table["n_busy"] = table["n_busy"].fillna(0).astype(int)
     table["others_cpu_percent_median"] = _num(measured, "others_cpu_percent").groupby(mpid).median()
     paired = paired_point_stats(measured, mpid, n_boot, seed)

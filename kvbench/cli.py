@@ -114,7 +114,7 @@ def _failures(rows: list[dict[str, Any]]) -> list[str]:
             seen[key] = seen.get(key, 0) + 1
     lines = [f"{mode}: {status} ({n} trials): {msg}" for (mode, status, msg), n in seen.items()]
     measured = [r for r in rows if r["status"] in ("ok", "over_budget")]
-    busy = [r for r in measured if r.get("machine_busy")]
+    busy = [r for r in measured if r.get("machine_busy") is True]
     if busy:
         lines.append(f"busy machine: {len(busy)} of {len(measured)} measured trials ran while other processes used "
                      f"at least {busy[0]['busy_threshold_percent']:.0f}% of a CPU (or the GPU): comparisons that "
@@ -560,7 +560,8 @@ def cost(
     if not results:
         _fail("give result directories, or --base-throughput and --offload-throughput for a what-if")
     from kvbench.analysis import point_table
-    from kvbench.cost import cost_table, reuse_cost, verdicts
+    from kvbench.cost import cost_table, verdicts
+    from kvbench.reuse_cost import reuse_cost, reuse_verdicts
     from kvbench.intervals import pct_interval
 
     loaded = _load(results)
@@ -603,6 +604,8 @@ def cost(
         out.print(t)
     if len(reuse):
         out.print(_reuse_cost_table(reuse, gpu_price))
+        for line in reuse_verdicts(reuse):
+            out.print(f"  {escape(line)}", highlight=False)
     for group, lines in (verdicts(table) if len(table) else {}).items():
         out.print(f"[bold]{escape(group)}:[/]", highlight=False)
         for line in lines:
@@ -623,12 +626,15 @@ def cost(
 
 def _reuse_cost_table(reuse: Any, gpu_price: float) -> Table:
     """Per reuse scenario and mode: throughput and cost recomputing every prompt vs restoring stored prefixes."""
+    from kvbench.intervals import pct_interval
+
     t = Table(title=f"reuse: cost per 1M generated tokens at {gpu_price:g} USD per GPU-hour, recompute vs restore",
               caption="the same requests one at a time; cold = recompute every prompt, warm = restore stored "
-                      "prefixes (charged --host-price for the store's bytes); tokens/s = generated tokens ÷ e2e "
-                      "time; prefill saved = prompt tokens restored instead of computed")
+                      "prefixes (charged --host-price for the store's memory, --disk-price for its disk); tokens/s = "
+                      "generated tokens ÷ e2e time; saving with its 95% interval over request pairs; prefill saved "
+                      "= prompt tokens restored instead of computed")
     for c in ("scenario", "mode", "requests", "tok/s cold", "tok/s warm", "USD/1M cold", "USD/1M warm", "saving %",
-              "prefill saved %", "TTFT saved ms", "= none"):
+              "pairs", "prefill saved %", "TTFT saved ms", "= none"):
         t.add_column(c, justify="left" if c in ("scenario", "mode") else "right", overflow="fold",
                      no_wrap=c == "scenario", min_width=12 if c == "mode" else None)
     for r in reuse.to_dict("records"):
@@ -637,7 +643,9 @@ def _reuse_cost_table(reuse: Any, gpu_price: float) -> Table:
 
         t.add_row(r["group"], r["mode_label"], str(r["requests"]), num(r["recompute_tokens_per_s"], ",.2f"),
                   num(r["restore_tokens_per_s"], ",.2f"), num(r["recompute_usd_per_million"], ",.2f"),
-                  num(r["restore_usd_per_million"], ",.2f"), num(r["saving_pct"], "+.1f"),
+                  num(r["restore_usd_per_million"], ",.2f"),
+                  pct_interval(r["saving_pct"], r["saving_ci_low"], r["saving_ci_high"], 1).replace("%", ""),
+                  str(r["pairs"]),
                   num(r["prefill_saved_pct"], ".1f"), num(r["ttft_saved_s"] * 1e3, ",.0f"),
                   {True: "yes", False: "[red]NO[/]", "near tie": "near tie"}.get(r["tokens_match"], "-"))
     return t

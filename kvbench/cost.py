@@ -252,6 +252,8 @@ def _paired_savings(out: pd.DataFrame, trials: pd.DataFrame | None, prices: Pric
             continue
         pairs = pair_with_reference(mine.assign(usd=_trial_usd(mine, prices)),
                                     theirs.assign(usd=_trial_usd(theirs, prices)), on=["group", "prompt_tokens"])
+        if pairs.empty:  # e.g. rows without a repeat index: nothing to pair
+            continue
         load = pair_load(pairs)
         meta[i] = {"pairs": len(pairs), "busy": int(load["busy_trials"].sum()),
                    "unknown": int(load["load_unknown"].sum())}
@@ -325,58 +327,23 @@ def verdicts(costs: pd.DataFrame) -> dict[str, list[str]]:
         n = f"{int(c['pairs'])} pairs, batch {int(c['batch_size'])} vs none's {nb}"
         if c["cost_verdict"]:
             lines.append(f"at {prompt} tokens {c['cost_verdict']}: `{c['mode_label']}` "
-                         f"{c['usd_per_million']:,.2f} vs `none` {base:,.2f} USD per 1M tokens, saving {saving} ({n})")
+                         f"{c['usd_per_million']:,.2f} vs `none` {base:,.2f} USD per 1M tokens, paired saving "
+                         f"{saving} ({n})")
         elif c["saving_pct"] > 0:
             lines.append(f"at {prompt} tokens `{c['mode_label']}` lowers cost to {c['usd_per_million']:,.2f} "
-                         f"USD per 1M tokens from none's {base:,.2f} ({saving} saved; {n})")
+                         f"USD per 1M tokens from none's {base:,.2f} (paired saving {saving}; {n})")
         else:
             lines.append(f"at {prompt} tokens offload raises cost here: `none` {base:,.2f} USD per 1M tokens, the "
-                         f"cheapest offload mode `{c['mode_label']}` {c['usd_per_million']:,.2f} ({raised}; {n})")
+                         f"cheapest offload mode `{c['mode_label']}` {c['usd_per_million']:,.2f} (paired cost "
+                         f"{raised}; {n})")
     return out
-
-
-def reuse_cost(trials: pd.DataFrame, prices: Prices) -> pd.DataFrame:
-    """What reuse saves, per group × mode of a reuse workload (:mod:`kvbench.reuse`): the same requests served by
-    recomputing every prompt (cold) and by restoring stored prefixes (warm), one at a time.
-
-    Throughput = Σ generated tokens ÷ Σ e2e seconds over the measured trials of each side; USD per 1M generated
-    tokens from it (:meth:`Prices.per_million`; restore is also charged the host price for ``store_bytes``, the
-    median bytes its store held after a request, host and disk); ``saving_pct`` = 1 − restore's ÷ recompute's;
-    ``prefill_saved_pct`` = Σ tokens restored ÷ Σ prompt tokens of the warm trials (the prefill compute not
-    done); ``ttft_saved_s`` = Σ (recompute − restore) TTFT ÷ requests; ``tokens_match`` as in
-    :func:`kvbench.reuse.reuse_table`.
-    """
-    from kvbench.reuse import ids_verdict, reuse_trials
-
-    rows = reuse_trials(trials)
-    rows = rows[rows["status"].isin(["ok", "over_budget"])]
-    out = []
-    for (group, mode), part in rows.groupby(["group", "mode_label"], sort=False):
-        warm, cold = part[part["warm"].astype(bool)], part[~part["warm"].astype(bool)]
-        rec: dict[str, Any] = {"group": group, "mode_label": mode, "mode": part["mode"].iloc[0],
-                               "requests": len(warm)}
-        held = (warm["store_host_bytes"].fillna(0) + warm["store_disk_bytes"].fillna(0)).astype(float)
-        rec["store_bytes"] = float(held.median()) if len(held) else 0.0
-        for side, frame, host in (("recompute", cold, 0.0), ("restore", warm, rec["store_bytes"])):
-            e2e = frame["e2e_s"].astype(float).sum()
-            tps = (frame["n_output_tokens"] * frame["batch_size"]).sum() / e2e if e2e > 0 else math.nan
-            rec[f"{side}_tokens_per_s"] = tps
-            rec[f"{side}_usd_per_million"] = prices.per_million(tps, host) if tps == tps else math.nan
-        rec["saving_pct"] = 100 * (1 - rec["restore_usd_per_million"] / rec["recompute_usd_per_million"])
-        prompt = warm["prompt_tokens"].sum()
-        rec["prefill_saved_pct"] = 100 * warm["tokens_restored"].sum() / prompt if prompt else math.nan
-        rec["ttft_saved_s"] = ((cold["ttft_s"].astype(float).sum() - warm["ttft_s"].astype(float).sum())
-                               / len(warm) if len(warm) and len(cold) == len(warm) else math.nan)
-        rec["tokens_match"] = ids_verdict(part)
-        out.append(rec)
-    return pd.DataFrame(out)
 
 
 def write_costs(costs: pd.DataFrame, out_dir: str | Path, prices: Prices,
                 reuse: pd.DataFrame | None = None) -> list[Path]:
     """``cost.csv``, ``cost.json`` (the table, the prices, the verdicts and, for reuse workloads, the
-    :func:`reuse_cost` rows) and ``cost.png`` (USD per 1M tokens per mode and prompt length) in ``out_dir``
-    (created), plus ``reuse_cost.csv`` when ``reuse`` has rows; returns their paths."""
+    :func:`kvbench.reuse_cost.reuse_cost` rows) and ``cost.png`` (USD per 1M tokens per mode and prompt length)
+    in ``out_dir`` (created), plus ``reuse_cost.csv`` when ``reuse`` has rows; returns their paths."""
     from kvbench import charts
 
     out = Path(out_dir)
@@ -397,4 +364,4 @@ def write_costs(costs: pd.DataFrame, out_dir: str | Path, prices: Prices,
     return paths + ([png] if png is not None else [])
 
 
-__all__ = ["HOST_HELD_COLUMNS", "Prices", "cost_table", "held_bytes", "reuse_cost", "verdicts", "what_if", "write_costs"]
+__all__ = ["HOST_HELD_COLUMNS", "Prices", "cost_table", "held_bytes", "verdicts", "what_if", "write_costs"]

@@ -113,9 +113,20 @@ def pair_load(pairs: pd.DataFrame) -> pd.DataFrame:
         return pairs[name] if name in pairs else pd.Series(None, index=pairs.index, dtype=object)
 
     a, b = col("machine_busy"), col("machine_busy_ref")
-    busy = (a == True).astype(int) + (b == True).astype(int)  # noqa: E712 - None/NaN are not busy
-    unknown = a.isna().astype(int) + b.isna().astype(int)
+    busy = busy_flags(a).astype(int) + busy_flags(b).astype(int)
+    unknown = (~load_known(a)).astype(int) + (~load_known(b)).astype(int)
     return pd.DataFrame({"busy_trials": busy, "load_unknown": unknown}, index=pairs.index)
+
+
+def load_known(machine_busy: pd.Series) -> pd.Series:
+    """Per trial, whether its ``machine_busy`` says anything: a real boolean (True or False). None, NaN, a string or
+    a number (a hand-edited or foreign row) is unknown, never a quiet machine."""
+    return machine_busy.map(lambda v: isinstance(v, (bool, np.bool_)))
+
+
+def busy_flags(machine_busy: pd.Series) -> pd.Series:
+    """Per trial, whether it was measured on a busy machine: ``machine_busy`` is the boolean True."""
+    return machine_busy.map(lambda v: isinstance(v, (bool, np.bool_)) and bool(v))
 
 
 #: Trial columns compared in pairs against ``none`` by :func:`paired_point_stats`.
@@ -164,7 +175,7 @@ def judge(pairs: int, busy_trials: int, load_unknown: int, low: float, high: flo
 
     - fewer than :data:`MIN_PAIRS` pairs: ``"inconclusive: 2 pairs, need 5"``;
     - a trial of its pairs ran while the machine was busy (:mod:`kvbench.machine_load`): ``"inconclusive: the
-      machine was busy during 7 of 10 trials"``; or its load was not recorded (older runs);
+      machine was busy during 7 of 10 trials"``; or its load is unknown (older runs, a window too short to tell);
     - no interval (not computed): ``"inconclusive: no interval"``;
     - the interval ``[low, high]`` contains ``no_change`` (1 for a ratio, 0 for a percentage):
       ``"inconclusive: the interval includes no change"``;
@@ -177,7 +188,8 @@ def judge(pairs: int, busy_trials: int, load_unknown: int, low: float, high: flo
     if busy_trials:
         return f"inconclusive: the machine was busy during {busy_trials} of {trials} trials"
     if load_unknown:
-        return f"inconclusive: the machine's load was not recorded for {load_unknown} of {trials} trials"
+        return (f"inconclusive: the machine's load is unknown for {load_unknown} of {trials} trials (not recorded, "
+                "or a window too short to tell)")
     if not (math.isfinite(low) and math.isfinite(high)):
         return "inconclusive: no interval"
     if low <= no_change <= high:
@@ -219,18 +231,20 @@ def add_comparisons(table: pd.DataFrame) -> None:
 
 def pct_interval(median: float, low: float, high: float, digits: int = 0) -> str:
     """A signed percentage with its interval, e.g. ``+12% [−3%, +25%]``; ``n/a`` without a median; the median alone
-    when there is no interval or it is a single value."""
+    when there is no interval (fewer than 5 values). A value that rounds to zero prints as ``+0%``."""
     def one(v: float) -> str:
-        return f"{v:+.{digits}f}%".replace("-", "−")
+        text = f"{v:+.{digits}f}"
+        if float(text) == 0:  # no "−0%" for a value that rounds to zero
+            text = f"{0:+.{digits}f}"
+        return text.replace("-", "−") + "%"
 
     if median is None or median != median:
         return "n/a"
     if low is None or high is None or low != low or high != high:
         return one(median)
-    if round(low, digits) == round(high, digits):
-        return one(median)
     return f"{one(median)} [{one(low)}, {one(high)}]"
 
 
 __all__ = ["BOOTSTRAP_MIN_REPEATS", "MIN_PAIRS", "PAIRED_METRICS", "PAIR_KEYS", "add_comparisons", "bootstrap_intervals",
-           "judge", "median_ci", "pair_load", "pair_with_reference", "paired_point_stats", "pct_interval"]
+           "busy_flags", "judge", "load_known", "median_ci", "pair_load", "pair_with_reference", "paired_point_stats",
+           "pct_interval"]

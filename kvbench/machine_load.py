@@ -5,22 +5,29 @@ A trial measured while something else competed for the CPU or the GPU cannot car
 ``kvbench cost`` say "inconclusive" instead): on a shared machine a competing process alone can make one mode look
 64% cheaper than another.
 
-Figures (Linux ``/proc/stat`` through psutil, in units of one CPU: 100% = one CPU busy for the whole trial):
+Figures (Linux ``/proc/stat`` through psutil, in units of one CPU: 100% = one CPU busy for the whole window):
 
 - ``others_cpu_percent`` = 100 × (Δ busy CPU time of the machine − Δ CPU time of this process) ÷ Δ wall time,
   where busy = user + nice + system + irq + softirq + steal (``psutil.cpu_times()``; guest time is already in user)
-  and this process's time is ``os.times()`` user + system (all its threads: torch's, the sampler's);
+  and this process's time is ``time.process_time()`` (all its threads: torch's, the sampler's; nanoseconds);
 - ``steal_cpu_percent`` = 100 × Δ steal ÷ Δ wall: time a virtual machine's CPUs were runnable but the hypervisor ran
   something else (already inside ``others_cpu_percent``);
-- ``machine_busy``: ``others_cpu_percent`` ≥ :func:`busy_threshold_percent`, or another process on the GPU.
+- ``load_resolution_percent``: the machine's counters tick (``SC_CLK_TCK``, 100 Hz: 10 ms), so each CPU's delta is
+  known to ± one tick: ± 100 × CPUs × tick ÷ wall. A trial shorter than :data:`MIN_WINDOW_S` is measured over a
+  window widened back over the readings of the trials just before it (up to :data:`LOOKBACK_S`; what this process
+  did between them is subtracted like the rest), ``load_window_s`` says how long;
+- ``machine_busy``: True when others' CPU is at or above :func:`busy_threshold_percent` by more than the resolution
+  (or another process is on the GPU), False when it is below it by more than the resolution, None when the window
+  is too short to tell.
 """
 
 from __future__ import annotations
 
 import os
 import time
+from collections import deque
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, NamedTuple
 
 import psutil
 
@@ -28,6 +35,21 @@ import psutil
 BUSY_OTHERS_MIN_PERCENT = 25.0
 #: ... and as a share of all the machine's CPUs (on a large one): whichever is higher.
 BUSY_OTHERS_SHARE = 0.10
+#: A load window shorter than this (seconds) is widened back over earlier readings.
+MIN_WINDOW_S = 0.5
+#: How far back (seconds) a short window may be widened.
+LOOKBACK_S = 5.0
+
+
+class _Reading(NamedTuple):
+    t: float  # time.monotonic()
+    busy: float  # busy CPU seconds of the whole machine since boot
+    steal: float  # of which steal
+    own: float  # this process's CPU seconds
+
+
+#: Readings of recent windows (this process's), for widening a short one.
+_recent: deque[_Reading] = deque(maxlen=256)
 
 
 def busy_threshold_percent(cpu_count: int | None = None) -> float:
@@ -45,9 +67,17 @@ def _machine_busy_s() -> tuple[float, float]:
     return busy, steal
 
 
-def _own_cpu_s() -> float:
-    t = os.times()
-    return t.user + t.system
+def _tick_s() -> float:
+    """Seconds per tick of the kernel's CPU time counters (10 ms at the usual 100 Hz)."""
+    try:
+        return 1.0 / os.sysconf("SC_CLK_TCK")
+    except (AttributeError, ValueError, OSError):
+        return 0.01
+
+
+def _read() -> _Reading:
+    busy, steal = _machine_busy_s()
+    return _Reading(time.monotonic(), busy, steal, time.process_time())
 
 
 def other_gpu_processes(processes: Iterable[tuple[int, Any]] | None, pid: int) -> int | None:
@@ -66,33 +96,48 @@ class LoadWindow:
     Both readings happen outside the trial's clock readings (a psutil read of ``/proc/stat``: tens of µs).
 
     Args:
-        cpu_count: the machine's CPUs (for the busy threshold); default psutil's logical count.
+        cpu_count: the machine's CPUs (for the busy threshold and the resolution); default psutil's logical count.
     """
 
     def __init__(self, cpu_count: int | None = None):
-        self.threshold = busy_threshold_percent(cpu_count)
-        self._t0 = time.monotonic()
-        self._busy0, self._steal0 = _machine_busy_s()
-        self._own0 = _own_cpu_s()
+        self.cpus = cpu_count or psutil.cpu_count(logical=True) or 1
+        self.threshold = busy_threshold_percent(self.cpus)
+        self._start = _read()
+        _recent.append(self._start)
 
     def stop(self, gpu_others: int | None = None) -> dict[str, Any]:
-        """The trial row's load fields: ``others_cpu_percent``, ``steal_cpu_percent``, ``gpu_other_processes``
-        (``gpu_others``, see :func:`other_gpu_processes`; None on CPU or when it cannot be told),
-        ``busy_threshold_percent`` and ``machine_busy``. Percentages are None for a window shorter than the
-        kernel's 10 ms tick (no figure can be read from it)."""
-        wall = time.monotonic() - self._t0
-        busy, steal = _machine_busy_s()
-        own = _own_cpu_s()
-        if wall < 0.01:
-            others = steal_pct = None
+        """The trial row's load fields: ``others_cpu_percent``, ``steal_cpu_percent``, ``load_resolution_percent``,
+        ``load_window_s``, ``gpu_other_processes`` (``gpu_others``, see :func:`other_gpu_processes`; None on CPU
+        or when it cannot be told), ``busy_threshold_percent`` and ``machine_busy`` (see the module docstring)."""
+        end = _read()
+        start = self._start
+        if end.t - start.t < MIN_WINDOW_S:  # too short for 10 ms ticks: widen it back over earlier readings
+            earlier = [r for r in _recent if end.t - LOOKBACK_S <= r.t <= end.t - MIN_WINDOW_S]
+            if earlier:
+                start = earlier[-1]
+        _recent.append(end)
+        wall = end.t - start.t
+        if wall <= 0:
+            others = steal_pct = resolution = None
         else:
-            # clock ticks are counted separately for the machine and the process: clamp the rounding below 0
-            others = max(0.0, 100 * ((busy - self._busy0) - (own - self._own0)) / wall)
-            steal_pct = max(0.0, 100 * (steal - self._steal0) / wall)
-        machine_busy = None if others is None else bool(others >= self.threshold or (gpu_others or 0) > 0)
-        return {"others_cpu_percent": others, "steal_cpu_percent": steal_pct, "gpu_other_processes": gpu_others,
+            # the machine's counters are whole ticks: clamp a rounding below 0
+            others = max(0.0, 100 * ((end.busy - start.busy) - (end.own - start.own)) / wall)
+            steal_pct = max(0.0, 100 * (end.steal - start.steal) / wall)
+            resolution = 100 * self.cpus * _tick_s() / wall
+        if (gpu_others or 0) > 0:
+            machine_busy: bool | None = True
+        elif others is None:
+            machine_busy = None
+        elif others - resolution >= self.threshold:
+            machine_busy = True
+        elif others + resolution < self.threshold:
+            machine_busy = False
+        else:
+            machine_busy = None  # the window cannot tell: its resolution straddles the threshold
+        return {"others_cpu_percent": others, "steal_cpu_percent": steal_pct, "load_resolution_percent": resolution,
+                "load_window_s": wall if wall > 0 else None, "gpu_other_processes": gpu_others,
                 "busy_threshold_percent": self.threshold, "machine_busy": machine_busy}
 
 
-__all__ = ["BUSY_OTHERS_MIN_PERCENT", "BUSY_OTHERS_SHARE", "LoadWindow", "busy_threshold_percent",
-           "other_gpu_processes"]
+__all__ = ["BUSY_OTHERS_MIN_PERCENT", "BUSY_OTHERS_SHARE", "LOOKBACK_S", "LoadWindow", "MIN_WINDOW_S",
+           "busy_threshold_percent", "other_gpu_processes"]

@@ -123,7 +123,8 @@ def display_frame(table: pd.DataFrame) -> pd.DataFrame:
                "throughput (× none)": _ratio_interval(r["throughput_ratio"], r["throughput_ratio_ci_low"],
                                                       r["throughput_ratio_ci_high"]),
                "pairs": str(int(r["pairs"])),
-               "verdict": "-" if not r["measured"] else (r["tpot_verdict"] or "decided"),
+               "verdict": "-" if not r["measured"] else (
+                   r["tpot_verdict"] or f"decided: {'slower' if r['time_overhead_pct'] > 0 else 'faster'} than none"),
                **({"memory saving (%)": "ref", "time overhead (%)": "ref", "throughput (× none)": "ref", "pairs": "-",
                    "verdict": "-"} if r["mode"] == "none" and not _missing(r["tpot_s_median"]) else {}),
                "busy trials": f"{int(r['n_busy'])} of {int(r['measured'])}",
@@ -176,7 +177,8 @@ def reuse_display(table: pd.DataFrame) -> pd.DataFrame:
             "restore ÷ recompute": _ratio_interval(r["ttft_ratio"], r.get("ttft_ratio_ci_low"),
                                                    r.get("ttft_ratio_ci_high")),
             "pairs": str(int(r.get("pairs", 0))),
-            "verdict": r.get("ttft_verdict") or "decided",
+            "verdict": r.get("ttft_verdict") or (
+                f"decided: restore {'faster' if r['ttft_ratio'] < 1 else 'slower'}" if r.get("pairs") else "-"),
             "tokens restored": "-" if _missing(r["tokens_restored"]) else f"{r['tokens_restored']:,.0f}",
             "hit rate (%)": "-" if _missing(r["hit_rate"]) else f"{100 * r['hit_rate']:.0f}",
             f"restored from host ({unit_name}, total)": _size(r["restore_host_bytes"], unit),
@@ -486,6 +488,13 @@ def diagnoses(results: Results, table: pd.DataFrame, group: str) -> list[str]:
                    f"{_busy_threshold(results, group)} during {busy} of {measured} measured trials: comparisons "
                    "that include them are inconclusive; rerun on a quiet machine (a new run: `--resume` does not "
                    "rerun finished trials)")
+    rows = results.trials[results.trials["group"] == group]
+    if "disk_page_cache_dropped" in rows:
+        kept = rows[rows["disk_page_cache_dropped"].map(lambda v: v is False)]
+        for mode, part in kept.groupby("mode_label", sort=False):
+            out.append(f"disk timings measure RAM: `{mode}` kept its disk tier in the page cache in {len(part)} "
+                       "trial(s) (scenario disk: {page_cache: true}, or posix_fadvise missing): its disk reads "
+                       "came from memory, not the device")
     runs = [r for r in results.runs if r.get("group") == group]
     weights = next((r["weights_bytes"] for r in runs if r.get("weights_bytes")), None)
     base = t[(t["mode"] == "none") & t["kv_bytes_predicted_median"].notna()]

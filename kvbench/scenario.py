@@ -288,7 +288,7 @@ class MonitorSpec(_Strict):
 class DiskSpec(_Strict):
     """How the disk tier (modes with ``host_max_tokens``) treats the page cache."""
 
-    page_cache: bool = Field(
+    page_cache: Annotated[bool, Field(strict=True)] = Field(
         False, description="Leave the disk tier's files in the page cache: writes are not synced and reads come "
         "from RAM (faster, but disk timings then measure memory). Default false: every write is synced to the "
         "device and every write and read dropped from the page cache, so reads come from the device."

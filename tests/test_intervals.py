@@ -68,7 +68,8 @@ def test_judge_rules_in_order():
     assert judge(4, 0, 0, 1.1, 1.2) == "inconclusive: 4 pairs, need 5"
     assert judge(1, 0, 0, 1.1, 1.2) == "inconclusive: 1 pair, need 5"
     assert judge(5, 2, 0, 1.1, 1.2) == "inconclusive: the machine was busy during 2 of 10 trials"
-    assert judge(6, 0, 3, 1.1, 1.2) == "inconclusive: the machine's load was not recorded for 3 of 12 trials"
+    assert judge(6, 0, 3, 1.1, 1.2) == ("inconclusive: the machine's load is unknown for 3 of 12 trials (not recorded, "
+                                        "or a window too short to tell)")
     assert judge(5, 0, 0, float("nan"), float("nan")) == "inconclusive: no interval"
     assert judge(5, 0, 0, 0.9, 1.2) == "inconclusive: the interval includes no change"
     assert judge(5, 0, 0, -3.0, 4.0, no_change=0.0) == "inconclusive: the interval includes no change"
@@ -139,23 +140,50 @@ def test_itl_percentiles_per_trial_and_pooled_per_point():
 
 
 def test_load_window_arithmetic(monkeypatch):
-    """others = Δ machine busy − Δ own CPU over Δ wall, in percent of one CPU; steal apart."""
+    """others = Δ machine busy − Δ own CPU over Δ wall, in percent of one CPU; steal apart; the counters' 10 ms
+    ticks give a resolution of ± CPUs × tick ÷ wall, and a window that cannot tell is neither busy nor quiet."""
     import kvbench.machine_load as ml
 
-    clock = iter([100.0, 102.0])  # 2 s of wall time
-    machine = iter([(50.0, 1.0), (53.5, 1.4)])  # 3.5 CPU-s busy, 0.4 of it stolen
-    own = iter([10.0, 12.5])  # this process: 2.5 CPU-s (its two threads)
-    monkeypatch.setattr(ml.time, "monotonic", lambda: next(clock))
-    monkeypatch.setattr(ml, "_machine_busy_s", lambda: next(machine))
-    monkeypatch.setattr(ml, "_own_cpu_s", lambda: next(own))
-    w = LoadWindow(cpu_count=2)
-    got = w.stop(gpu_others=0)
+    monkeypatch.setattr(ml, "_tick_s", lambda: 0.01)
+    monkeypatch.setattr(ml, "_recent", ml.deque(maxlen=256))
+
+    def window(*readings, gpu_others=None):
+        it = iter(readings)
+        monkeypatch.setattr(ml, "_read", lambda: next(it))
+        return LoadWindow(cpu_count=2).stop(gpu_others=gpu_others)
+
+    R = ml._Reading
+    # 2 s: 3.5 CPU-s busy (0.4 stolen), this process 2.5 → others 50% ± 1% (2 CPUs × 10 ms ÷ 2 s): busy
+    got = window(R(100.0, 50.0, 1.0, 10.0), R(102.0, 53.5, 1.4, 12.5), gpu_others=0)
     assert got == {"others_cpu_percent": pytest.approx(50.0), "steal_cpu_percent": pytest.approx(20.0),
+                   "load_resolution_percent": pytest.approx(1.0), "load_window_s": pytest.approx(2.0),
                    "gpu_other_processes": 0, "busy_threshold_percent": 25.0, "machine_busy": True}
+    # quiet: 1 tick of others in 2 s (0.5%) is below 25% by more than the resolution
+    assert window(R(200.0, 60.0, 1.0, 20.0), R(202.0, 60.51, 1.0, 20.5))["machine_busy"] is False
+    # a 40 ms window with one other tick (25%) ± 50%: cannot tell, and nothing earlier to widen it with
+    monkeypatch.setattr(ml, "_recent", ml.deque(maxlen=256))
+    short = window(R(300.0, 70.0, 1.0, 30.0), R(300.04, 70.05, 1.0, 30.04))
+    assert short["others_cpu_percent"] == pytest.approx(25.0) and short["load_resolution_percent"] == pytest.approx(50)
+    assert short["machine_busy"] is None
+    # the same short trial after earlier readings: widened back to the one ≥ 0.5 s before its end (0.6 s, 1 other
+    # tick in all: 1.7% ± 3.3%): quiet
+    monkeypatch.setattr(ml, "_recent", ml.deque([R(299.44, 69.99, 1.0, 29.45)], maxlen=256))
+    widened = window(R(300.0, 70.0, 1.0, 30.0), R(300.04, 70.05, 1.0, 30.04))
+    assert widened["load_window_s"] == pytest.approx(0.6) and widened["machine_busy"] is False
+    assert window(R(400.0, 80.0, 1.0, 40.0), R(402.0, 80.0, 1.0, 42.0), gpu_others=1)["machine_busy"] is True
     assert busy_threshold_percent(2) == 25.0 and busy_threshold_percent(16) == 160.0
     assert other_gpu_processes([(7, 100), (9, 50)], 7) == 1
     assert other_gpu_processes([(9, 50)], 7) is None  # this process not listed: another PID namespace
     assert other_gpu_processes([], 7) == 0 and other_gpu_processes(None, 7) is None
+
+
+def test_a_busy_flag_that_is_not_a_boolean_is_unknown_not_quiet():
+    data = rows({("none", 1): [0.1] * 5, ("full", 1): [0.12] * 5})
+    data[0]["machine_busy"] = "true"  # a hand-edited row: not a quiet machine
+    t = point_table(trials_frame(data, "g"))
+    assert point(t, "full")["tpot_verdict"] == ("inconclusive: the machine's load is unknown for 1 of 10 trials "
+                                                "(not recorded, or a window too short to tell)")
+    assert point(t, "none")["n_busy"] == 0
 
 
 def test_load_window_sees_a_competing_process():

@@ -172,7 +172,8 @@ def test_cost_from_results_where_none_never_fits(tmp_path):
     assert full32["monthly_saving_usd"] == pytest.approx(
         none32["usd_per_million"] * full32["saving_pct"] / 100 * 100)  # 1e8 tokens = 100 × 1M
     # the golden run predates load recording: no verdict, and the line says why
-    assert full32["cost_verdict"] == "inconclusive: the machine's load was not recorded for 10 of 10 trials"
+    assert full32["cost_verdict"] == ("inconclusive: the machine's load is unknown for 10 of 10 trials (not "
+                                                "recorded, or a window too short to tell)")
     r = CliRunner().invoke(app, ["cost", str(golden), "--gpu-price", "2", "--out", str(tmp_path)])
     assert r.exit_code == 0, r.output
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cost.csv", "cost.json", "cost.png"]
@@ -228,13 +229,13 @@ def test_cost_verdicts_claim_only_what_the_pairs_decide():
         row("none", 90.0, 4096, batch=1), row("full", 60.0, 4096, batch=4, pct=33.3, lo=30.1, hi=35.9)])
     assert verdicts(costs)["g"] == [
         "at 256 tokens inconclusive: the interval includes no change: `dynamic` 64.79 vs `none` 66.03 USD per 1M "
-        "tokens, saving +2% [−2%, +4%] (5 pairs, batch 2 vs none's 2)",
+        "tokens, paired saving +2% [−2%, +4%] (5 pairs, batch 2 vs none's 2)",
         "at 1024 tokens offload raises cost here: `none` 141.25 USD per 1M tokens, the cheapest offload mode `full` "
-        "154.98 (+10% [+6%, +12%]; 5 pairs, batch 2 vs none's 2)",
+        "154.98 (paired cost +10% [+6%, +12%]; 5 pairs, batch 2 vs none's 2)",
         "at 2048 tokens inconclusive: 2 pairs, need 5: `hierarchical` 252.59 vs `none` 703.69 USD per 1M tokens, "
-        "saving +64% [+55%, +70%] (2 pairs, batch 1 vs none's 1)",
-        "at 4096 tokens `full` lowers cost to 60.00 USD per 1M tokens from none's 90.00 (+33% [+30%, +36%] saved; "
-        "5 pairs, batch 4 vs none's 1)"]
+        "paired saving +64% [+55%, +70%] (2 pairs, batch 1 vs none's 1)",
+        "at 4096 tokens `full` lowers cost to 60.00 USD per 1M tokens from none's 90.00 (paired saving +33% "
+        "[+30%, +36%]; 5 pairs, batch 4 vs none's 1)"]
 
 
 @pytest.mark.parametrize("name, windows", [

@@ -91,7 +91,8 @@ def test_point_table_values_equal_the_rows(golden):
     assert (full["time_overhead_ci_low"], full["time_overhead_ci_high"]) == pytest.approx(
         (100 * (min(tpot) - 1), 100 * (max(tpot) - 1)))
     # the golden run predates load recording: no verdict
-    assert full["tpot_verdict"] == "inconclusive: the machine's load was not recorded for 10 of 10 trials"
+    assert full["tpot_verdict"] == ("inconclusive: the machine's load is unknown for 10 of 10 trials (not "
+                                                "recorded, or a window too short to tell)")
     assert pd.isna(none["tpot_verdict"])
     assert (table["kv_check_flagged"] == 0).all()  # every mode's KV accounting equals the prediction
 
@@ -357,3 +358,17 @@ def test_compare_gate_fails_on_lost_or_broken_points(tmp_path):
     assert r.exit_code == 0 and "regression:" in r.output  # without a gate: shown, not failed
     r = CliRunner().invoke(app, ["compare", str(RUN), str(RUN), "--fail-on", "peak_device_allocated_bytes:10"])
     assert r.exit_code == 2 and "no matched point has peak_device_allocated_bytes in both runs" in r.output
+
+
+def test_a_disk_tier_kept_in_the_page_cache_is_diagnosed(golden):
+    results, table = golden
+    trials = results.trials.copy()
+    disk = trials["mode_label"] == DISK
+    trials["disk_page_cache_dropped"] = None
+    trials.loc[disk, "disk_page_cache_dropped"] = False  # as rows of a scenario with disk: {page_cache: true}
+    kept = type(results)(trials, results.runs, results.problems)
+    lines = [d for d in diagnoses(kept, table, "golden") if d.startswith("disk timings measure RAM")]
+    assert lines == [f"disk timings measure RAM: `{DISK}` kept its disk tier in the page cache in {int(disk.sum())} "
+                     "trial(s) (scenario disk: {page_cache: true}, or posix_fadvise missing): its disk reads came "
+                     "from memory, not the device"]
+    assert not [d for d in diagnoses(results, table, "golden") if d.startswith("disk timings")]

@@ -14,10 +14,11 @@ import torch
 
 from conftest import tiny_scenario
 from kvbench.analysis import load_results, trials_frame
-from kvbench.cost import Prices, reuse_cost
+from kvbench.cost import Prices
 from kvbench.offload.store import StoreWarning
 from kvbench.results import RunDir, read_trials
 from kvbench.reuse import ids_verdict, length_bin, reuse_table
+from kvbench.reuse_cost import reuse_cost, reuse_verdicts
 from kvbench.runner import TrialRunner, plan_trials, run_sweep
 from kvbench.scenario import ScenarioError, check_scenario, load_scenario, parse_scenario
 from kvbench.workloads.documents import Document
@@ -423,8 +424,39 @@ def test_reuse_table_and_cost_from_known_rows():
     assert c["prefill_saved_pct"] == pytest.approx(100 * 1024 / 1400)
     assert c["ttft_saved_s"] == pytest.approx((1.3 - 0.41) / 3) and c["store_bytes"] == 1024
     charged = reuse_cost(trials, Prices(3600.0, host_per_gib_hour=3600.0 * 2**30 / 1024)).iloc[0]
-    # 1024 store bytes at 1 USD per second per 1024 bytes: 1 USD a second more on the restore side
+    # the store's 1000 host bytes at 1 USD per second per 1024 bytes; its 24 disk bytes at the disk price (0)
+    assert charged["restore_usd_per_million"] == pytest.approx((1 + 1000 / 1024) * 1e6 / c["restore_tokens_per_s"])
+    charged = reuse_cost(trials, Prices(3600.0, host_per_gib_hour=3600.0 * 2**30 / 1024,
+                                        disk_per_gib_hour=3600.0 * 2**30 / 1024)).iloc[0]
     assert charged["restore_usd_per_million"] == pytest.approx(2e6 / c["restore_tokens_per_s"])
+    # 3 request pairs: no interval, no verdict
+    assert c["pairs"] == 3 and c["saving_verdict"] == "inconclusive: 3 pairs, need 5"
+    assert reuse_verdicts(reuse_cost(trials, Prices(3600.0)))[0].startswith(
+        "r: `none` inconclusive: 3 pairs, need 5: restore ")
+
+
+def test_reuse_saving_interval_is_a_bootstrap_over_request_pairs():
+    """Six requests, restore 2× faster than recompute in each (e2e 0.5 vs 1.0 s for 4 tokens): the saving is 50%,
+    and every resample of the pairs gives 50% too; one busy trial withholds the verdict."""
+    rows = []
+    for k in range(6):
+        base = {"scenario": "r", "mode": "full", "mode_label": "full", "batch_size": 1, "status": "ok",
+                "message": "", "prompt_tokens": 600, "turn_index": 2, "n_output_tokens": 4, "tokens_match": True,
+                "store_host_bytes": 0, "store_disk_bytes": 0, "request_id": f"c{k}-t2", "repeat": 0,
+                "machine_busy": False}
+        rows.append({**base, "trial_id": f"c{k}-cold", "warm": False, "ttft_s": 0.9, "e2e_s": 1.0 + 0.1 * k,
+                     "tokens_restored": 0})
+        rows.append({**base, "trial_id": f"c{k}-warm", "warm": True, "ttft_s": 0.4, "e2e_s": (1.0 + 0.1 * k) / 2,
+                     "tokens_restored": 512})
+    c = reuse_cost(trials_frame(rows, "r"), Prices(2.0)).iloc[0]
+    assert c["pairs"] == 6 and c["saving_pct"] == pytest.approx(50.0)
+    assert (c["saving_ci_low"], c["saving_ci_high"]) == (pytest.approx(50.0), pytest.approx(50.0))
+    assert c["saving_verdict"] == ""
+    assert reuse_verdicts(pd.DataFrame([c]))[0].startswith(
+        "r: `full` restoring stored KV lowers the cost to ")
+    rows[3]["machine_busy"] = True
+    c = reuse_cost(trials_frame(rows, "r"), Prices(2.0)).iloc[0]
+    assert c["saving_verdict"] == "inconclusive: the machine was busy during 1 of 12 trials"
 
 
 def test_report_and_cost_of_a_reuse_run(tiny_model, smol_tokenizer, tmp_path):

@@ -1,0 +1,111 @@
+"""What reuse saves, with its interval: the requests of a reuse workload (:mod:`kvbench.reuse`) served by recomputing
+every prompt (cold) and by restoring stored prefixes (warm), priced per 1M generated tokens (:mod:`kvbench.cost`).
+
+The saving is the workload's: Σ generated tokens ÷ Σ e2e seconds on each side, one request at a time. Its 95%
+interval is a percentile bootstrap over request pairs (the warm and the cold run of one request in one repeat ran
+back to back), recomputing that ratio of sums on each resample; the verdict is :func:`kvbench.intervals.judge`'s.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from kvbench.analysis import MEASURED
+from kvbench.cost import GIB, Prices
+from kvbench.intervals import judge, pair_load, pair_with_reference
+from kvbench.reuse import ids_verdict, reuse_trials
+
+#: Bootstrap resamples of the saving's interval.
+N_BOOT = 2000
+
+
+def _saving_interval(pairs: pd.DataFrame, hourly_warm: float, hourly_cold: float, n_boot: int,
+                     seed: int) -> tuple[float, float]:
+    """95% percentile-bootstrap interval (percent) of 1 − (hourly_warm ÷ tokens/s warm) ÷ (hourly_cold ÷ tokens/s
+    cold) over resamples of the request pairs, tokens/s = Σ tokens ÷ Σ e2e of the resampled pairs; NaN with fewer
+    than 5 pairs."""
+    n = len(pairs)
+    if n < 5 or n_boot <= 0:
+        return math.nan, math.nan
+    tok_w = (pairs["n_output_tokens"] * pairs["batch_size"]).to_numpy(float)
+    tok_c = (pairs["n_output_tokens_ref"] * pairs["batch_size_ref"]).to_numpy(float)
+    e2e_w, e2e_c = pairs["e2e_s"].to_numpy(float), pairs["e2e_s_ref"].to_numpy(float)
+    pos = np.random.default_rng(seed).integers(0, n, size=(n_boot, n))
+    tps_w = tok_w[pos].sum(axis=1) / e2e_w[pos].sum(axis=1)
+    tps_c = tok_c[pos].sum(axis=1) / e2e_c[pos].sum(axis=1)
+    saving = 100 * (1 - (hourly_warm / tps_w) / (hourly_cold / tps_c))
+    lo, hi = np.quantile(saving, [0.025, 0.975])
+    return float(lo), float(hi)
+
+
+def reuse_cost(trials: pd.DataFrame, prices: Prices, n_boot: int = N_BOOT, seed: int = 0) -> pd.DataFrame:
+    """Per group × mode of a reuse workload: throughput and cost recomputing vs restoring, and the saving.
+
+    Throughput = Σ generated tokens ÷ Σ e2e seconds over the measured trials of each side; USD per 1M generated
+    tokens from it (:meth:`kvbench.cost.Prices.per_million`; restore is also charged for what its store held
+    after a request, the medians of ``store_host_bytes`` at the host price and ``store_disk_bytes`` at the disk
+    price; ``store_bytes`` is their sum); ``saving_pct`` = 1 − restore's ÷ recompute's with ``saving_ci_low`` /
+    ``saving_ci_high`` (see the module docstring), ``pairs``, ``pairs_busy_trials`` and ``saving_verdict`` ("" =
+    decided); ``prefill_saved_pct`` = Σ tokens restored ÷ Σ prompt tokens of the warm trials (the prefill
+    compute not done); ``ttft_saved_s`` = Σ (recompute − restore) TTFT ÷ requests; ``tokens_match`` as in
+    :func:`kvbench.reuse.reuse_table`.
+    """
+    rows = reuse_trials(trials)
+    rows = rows[rows["status"].isin(MEASURED)]
+    out = []
+    for (group, mode), part in rows.groupby(["group", "mode_label"], sort=False):
+        warm, cold = part[part["warm"].astype(bool)], part[~part["warm"].astype(bool)]
+        rec: dict[str, Any] = {"group": group, "mode_label": mode, "mode": part["mode"].iloc[0],
+                               "requests": len(warm)}
+        host = float(warm["store_host_bytes"].fillna(0).astype(float).median()) if len(warm) else 0.0
+        disk = float(warm["store_disk_bytes"].fillna(0).astype(float).median()) if len(warm) else 0.0
+        rec["store_bytes"] = host + disk
+        for side, frame, h, d in (("recompute", cold, 0.0, 0.0), ("restore", warm, host, disk)):
+            e2e = frame["e2e_s"].astype(float).sum()
+            tps = (frame["n_output_tokens"] * frame["batch_size"]).sum() / e2e if e2e > 0 else math.nan
+            rec[f"{side}_tokens_per_s"] = tps
+            rec[f"{side}_usd_per_million"] = prices.per_million(tps, h, d) if tps == tps else math.nan
+        rec["saving_pct"] = 100 * (1 - rec["restore_usd_per_million"] / rec["recompute_usd_per_million"])
+        pairs = pair_with_reference(warm, cold, on=["request_id"]) if "request_id" in part else warm.iloc[:0]
+        hourly_warm = prices.gpu_per_hour + prices.host_per_gib_hour * host / GIB + prices.disk_per_gib_hour * disk / GIB
+        lo, hi = _saving_interval(pairs, hourly_warm, prices.gpu_per_hour, n_boot, seed) if len(pairs) else (
+            math.nan, math.nan)
+        load = pair_load(pairs)
+        busy, unknown = int(load["busy_trials"].sum()), int(load["load_unknown"].sum())
+        rec.update(saving_ci_low=lo, saving_ci_high=hi, pairs=len(pairs), pairs_busy_trials=busy,
+                   saving_verdict=judge(len(pairs), busy, unknown, lo, hi, no_change=0.0))
+        prompt = warm["prompt_tokens"].sum()
+        rec["prefill_saved_pct"] = 100 * warm["tokens_restored"].sum() / prompt if prompt else math.nan
+        rec["ttft_saved_s"] = ((cold["ttft_s"].astype(float).sum() - warm["ttft_s"].astype(float).sum())
+                               / len(warm) if len(warm) and len(cold) == len(warm) else math.nan)
+        rec["tokens_match"] = ids_verdict(part)
+        out.append(rec)
+    return pd.DataFrame(out)
+
+
+def reuse_verdicts(reuse: pd.DataFrame) -> list[str]:
+    """One line per group × mode of :func:`reuse_cost`: restore lowers or raises the cost per 1M tokens against
+    recompute, with the saving's interval and pair count, or why the pairs do not decide."""
+    from kvbench.intervals import pct_interval
+
+    lines = []
+    for r in reuse.to_dict("records"):
+        saving = pct_interval(r["saving_pct"], r["saving_ci_low"], r["saving_ci_high"])
+        n = f"{r['pairs']} request pairs"
+        if r["saving_verdict"]:
+            lines.append(f"{r['group']}: `{r['mode_label']}` {r['saving_verdict']}: restore "
+                         f"{r['restore_usd_per_million']:,.2f} vs recompute {r['recompute_usd_per_million']:,.2f} USD "
+                         f"per 1M tokens, saving {saving} ({n})")
+        else:
+            what = "lowers" if r["saving_pct"] > 0 else "raises"
+            lines.append(f"{r['group']}: `{r['mode_label']}` restoring stored KV {what} the cost to "
+                         f"{r['restore_usd_per_million']:,.2f} USD per 1M tokens from recomputing's "
+                         f"{r['recompute_usd_per_million']:,.2f} (saving {saving}; {n})")
+    return lines
+
+
+__all__ = ["N_BOOT", "reuse_cost", "reuse_verdicts"]
