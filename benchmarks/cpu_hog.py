@@ -17,9 +17,12 @@ import time
 def spin(until: float) -> None:
     """Keep one CPU busy until ``until`` (``time.monotonic``)."""
     x = 0
-    while time.monotonic() < until:
-        for _ in range(10_000):
-            x += 1
+    try:
+        while time.monotonic() < until:
+            for _ in range(10_000):
+                x += 1
+    except KeyboardInterrupt:  # terminated (SIGTERM, see _stop) or Ctrl-C: just stop
+        pass
 
 
 def _stop(signum: int, frame: object) -> None:
@@ -36,9 +39,15 @@ def main() -> None:
         p.error("--seconds must be above 0 and --cpus at least 1")
     until = time.monotonic() + a.seconds
     workers = [mp.Process(target=spin, args=(until,), daemon=True) for _ in range(a.cpus)]
-    for w in workers:
-        w.start()
-    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGTERM, _stop)  # before the workers start: a kill at once still stops them
+    try:
+        for w in workers:
+            w.start()
+    except KeyboardInterrupt:
+        for w in workers:
+            if w.pid is not None:
+                w.terminate()
+        raise SystemExit(143) from None
     print(f"cpu_hog: {a.cpus} busy loop(s) for {a.seconds:g} s (pid {os.getpid()})", flush=True)
     try:
         for w in workers:

@@ -639,7 +639,10 @@ def _reuse_cost_table(reuse: Any, gpu_price: float) -> Table:
                      no_wrap=c == "scenario", min_width=12 if c == "mode" else None)
     for r in reuse.to_dict("records"):
         def num(v: Any, fmt: str) -> str:
-            return "-" if v is None or v != v else format(v, fmt)
+            if v is None or v != v:
+                return "-"
+            text = format(v, fmt)
+            return format(0.0, fmt) if float(text.replace(",", "")) == 0 else text  # no "-0"
 
         t.add_row(r["group"], r["mode_label"], str(r["requests"]), num(r["recompute_tokens_per_s"], ",.2f"),
                   num(r["restore_tokens_per_s"], ",.2f"), num(r["recompute_usd_per_million"], ",.2f"),

@@ -101,6 +101,9 @@ def pair_with_reference(trials: pd.DataFrame, reference: pd.DataFrame, on: Seque
     keys = list(on) + PAIR_KEYS
     if any(k not in trials or k not in reference for k in keys):  # rows that cannot be paired (no repeat index)
         return trials.iloc[:0].reset_index(names="row")
+    # a null key (a row without a repeat index, pooled with newer rows) pairs with nothing: pandas would match
+    # null with null
+    trials, reference = trials[trials[keys].notna().all(axis=1)], reference[reference[keys].notna().all(axis=1)]
     ref = reference.drop_duplicates(keys)
     return trials.reset_index(names="row").merge(ref, on=keys, how="inner", suffixes=("", "_ref"))
 

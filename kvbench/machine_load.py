@@ -15,7 +15,8 @@ Figures (Linux ``/proc/stat`` through psutil, in units of one CPU: 100% = one CP
 - ``load_resolution_percent``: the machine's counters tick (``SC_CLK_TCK``, 100 Hz: 10 ms), so each CPU's delta is
   known to ± one tick: ± 100 × CPUs × tick ÷ wall. A trial shorter than :data:`MIN_WINDOW_S` is measured over a
   window widened back over the readings of the trials just before it (up to :data:`LOOKBACK_S`; what this process
-  did between them is subtracted like the rest), ``load_window_s`` says how long;
+  did between them is subtracted like the rest), or, with none (a run's first trial), forward by waiting out the
+  rest after the trial's last clock reading; ``load_window_s`` says how long;
 - ``machine_busy``: True when others' CPU is at or above :func:`busy_threshold_percent` by more than the resolution
   (or another process is on the GPU), False when it is below it by more than the resolution, None when the window
   is too short to tell.
@@ -115,6 +116,9 @@ class LoadWindow:
             earlier = [r for r in _recent if end.t - LOOKBACK_S <= r.t <= end.t - MIN_WINDOW_S]
             if earlier:
                 start = earlier[-1]
+            else:  # nothing earlier (a run's first trial): widen it forward, after the trial's last clock reading
+                time.sleep(MIN_WINDOW_S - (end.t - start.t))
+                end = _read()
         _recent.append(end)
         wall = end.t - start.t
         if wall <= 0:

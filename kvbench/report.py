@@ -134,10 +134,11 @@ def display_frame(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def _ratio_interval(v: Any, lo: Any, hi: Any) -> str:
-    """A ratio with its 95% interval, e.g. ``0.91 [0.85, 0.97]`` (``n/a`` without one)."""
+    """A ratio with its 95% interval, e.g. ``0.91 [0.85, 0.97]``; the ratio alone without an interval (fewer than 5
+    values); ``n/a`` without a ratio."""
     if _missing(v):
         return "n/a"
-    return f"{v:.2f}" if _missing(lo) or f"{lo:.2f}" == f"{hi:.2f}" else f"{v:.2f} [{lo:.2f}, {hi:.2f}]"
+    return f"{v:.2f}" if _missing(lo) or _missing(hi) else f"{v:.2f} [{lo:.2f}, {hi:.2f}]"
 
 
 def terminal_frame(shown: pd.DataFrame, table: pd.DataFrame) -> pd.DataFrame:
@@ -235,8 +236,10 @@ def reuse_findings(turns: pd.DataFrame, group: str, later: pd.DataFrame | None =
     return out
 
 
-def reuse_recommendation(turns: pd.DataFrame, group: str) -> str:
-    """The mode whose restore gives the lowest median TTFT from turn 2 on, among those whose ids match."""
+def reuse_recommendation(turns: pd.DataFrame, group: str, later: pd.DataFrame | None = None) -> str:
+    """The mode whose restore gives the lowest median TTFT from turn 2 on, among those whose ids match; restoring is
+    recommended only where ``later`` (:func:`kvbench.reuse.reuse_later_turns`: restore ÷ recompute from turn 2,
+    paired by request) decides that restore is faster; otherwise the line says why not."""
     t = turns[(turns["group"] == group) & (turns["turn_index"] >= 2)]
     t = t[t["tokens_match"].isin([True, "near tie"])]
     if t.empty or t["warm_ttft_s"].isna().all():
@@ -244,8 +247,20 @@ def reuse_recommendation(turns: pd.DataFrame, group: str) -> str:
     best = t.groupby("mode_label")["warm_ttft_s"].median().sort_values()
     mode = best.index[0]
     cold = t[t["mode_label"] == mode]["cold_ttft_s"].median()
-    return (f"keep finished requests' KV and restore it: with `{mode}`, TTFT from turn 2 on is "
-            f"{best.iloc[0] * 1e3:,.0f} ms against {cold * 1e3:,.0f} ms recomputing (median over turns)")
+    figures = (f"with `{mode}`, TTFT from turn 2 on is {best.iloc[0] * 1e3:,.0f} ms against {cold * 1e3:,.0f} ms "
+               "recomputing (median over turns)")
+    p = None if later is None or later.empty else next(
+        (r for r in later.to_dict("records") if r["group"] == group and r["mode_label"] == mode), None)
+    if p is None:
+        return f"no paired restore ÷ recompute from turn 2 on: no recommendation; {figures}"
+    ratio = _ratio_interval(p["ttft_ratio"], p["ttft_ratio_ci_low"], p["ttft_ratio_ci_high"])
+    if p["ttft_verdict"]:
+        return f"restore or recompute: {p['ttft_verdict']} (restore ÷ recompute {ratio}); {figures}"
+    if p["ttft_ratio"] >= 1:
+        return (f"restoring does not pay here: restore ÷ recompute {ratio} over {int(p['pairs'])} request pairs; "
+                f"{figures}")
+    return (f"keep finished requests' KV and restore it: {figures}; restore ÷ recompute {ratio} over "
+            f"{int(p['pairs'])} request pairs")
 
 
 def _ratio(v: Any) -> str:
@@ -755,8 +770,9 @@ def _write(results: Results, out: Path, timelines: list[str] | None, pool: Any) 
         for g, frames in reuse.items():
             if g not in rep.recommendations:
                 rep.recommendations[g], rep.findings[g], rep.diagnoses[g] = "", [], []
-            rep.findings[g] += reuse_findings(frames["turn"], g, reuse_later_turns(results.trials))
-            rec = reuse_recommendation(frames["turn"], g)
+            later = reuse_later_turns(results.trials)
+            rep.findings[g] += reuse_findings(frames["turn"], g, later)
+            rec = reuse_recommendation(frames["turn"], g, later)
             rep.recommendations[g] = f"{rep.recommendations[g]} {rec}".strip()
         if reuse:  # both tables of every reuse group, raw numbers: by turn_index, then by length_bin
             pd.concat([f for frames in reuse.values() for f in frames.values()], ignore_index=True).to_csv(

@@ -39,7 +39,7 @@ def make_stores(s: "Scenario", modes: list[Any], token_bytes: int) -> dict[str, 
     try:
         for m in modes:
             stores[m.label] = KVStore(spec.chunk_tokens, int(spec.host_max_bytes), int(spec.disk_max_bytes),
-                                      s.disk_dir, token_bytes=token_bytes)
+                                      s.disk_dir, token_bytes=token_bytes, page_cache=s.disk.page_cache)
     except Exception:
         for st in stores.values():
             st.close()

@@ -160,11 +160,18 @@ def test_load_window_arithmetic(monkeypatch):
                    "gpu_other_processes": 0, "busy_threshold_percent": 25.0, "machine_busy": True}
     # quiet: 1 tick of others in 2 s (0.5%) is below 25% by more than the resolution
     assert window(R(200.0, 60.0, 1.0, 20.0), R(202.0, 60.51, 1.0, 20.5))["machine_busy"] is False
-    # a 40 ms window with one other tick (25%) ± 50%: cannot tell, and nothing earlier to widen it with
+    # a 40 ms window with one other tick (25%) ± 50% cannot tell: with nothing earlier to widen it back over (a
+    # run's first trial), it waits out the rest of 0.5 s after the trial and reads again (1 tick in 0.5 s: quiet)
     monkeypatch.setattr(ml, "_recent", ml.deque(maxlen=256))
-    short = window(R(300.0, 70.0, 1.0, 30.0), R(300.04, 70.05, 1.0, 30.04))
-    assert short["others_cpu_percent"] == pytest.approx(25.0) and short["load_resolution_percent"] == pytest.approx(50)
-    assert short["machine_busy"] is None
+    slept = []
+    monkeypatch.setattr(ml.time, "sleep", slept.append)
+    short = window(R(300.0, 70.0, 1.0, 30.0), R(300.04, 70.05, 1.0, 30.04), R(300.5, 70.51, 1.0, 30.5))
+    assert slept == [pytest.approx(0.46)] and short["load_window_s"] == pytest.approx(0.5)
+    assert short["others_cpu_percent"] == pytest.approx(2.0) and short["load_resolution_percent"] == pytest.approx(4)
+    assert short["machine_busy"] is False
+    # a window that cannot tell: others 25% ± 4% at 0.5 s
+    monkeypatch.setattr(ml, "_recent", ml.deque(maxlen=256))
+    assert window(R(300.0, 70.0, 1.0, 30.0), R(300.5, 70.625, 1.0, 30.5))["machine_busy"] is None
     # the same short trial after earlier readings: widened back to the one ≥ 0.5 s before its end (0.6 s, 1 other
     # tick in all: 1.7% ± 3.3%): quiet
     monkeypatch.setattr(ml, "_recent", ml.deque([R(299.44, 69.99, 1.0, 29.45)], maxlen=256))
@@ -224,3 +231,19 @@ def test_cost_charges_the_host_memory_held_and_prices_disk_apart():
         "pinned by torch")
     with pytest.raises(ValueError, match="--disk-price must be 0 or more USD per GiB-hour"):
         Prices(1.0, disk_per_gib_hour=-1)
+
+
+def test_rows_with_a_null_repeat_pair_with_nothing():
+    """Pooling an older run (rows without a repeat index) with a newer one: the old rows must not all pair with one
+    `none` trial (pandas merges null keys with each other)."""
+    old = rows({("none", 1): [0.1] * 5, ("full", 1): [0.12] * 5})
+    for r in old:
+        r["repeat"] = None
+    new = rows({("none", 1): [0.1] * 5, ("full", 1): [0.12] * 5})
+    t = point_table(trials_frame([{**r, "run_path": "old"} for r in old] + [{**r, "run_path": "new"} for r in new], "g"))
+    assert point(t, "full")["pairs"] == 5  # the newer run's five, none of the old rows
+    t = point_table(trials_frame(old, "g"))
+    assert point(t, "full")["pairs"] == 0 and point(t, "full")["tpot_verdict"] == "inconclusive: 0 pairs, need 5"
+    trials = trials_frame(old, "g")
+    costs = cost_table(point_table(trials), Prices(2.0), trials)
+    assert costs[costs["mode"] == "full"]["pairs"].iloc[0] == 0

@@ -472,7 +472,9 @@ def test_report_and_cost_of_a_reuse_run(tiny_model, smol_tokenizer, tmp_path):
     md = (tmp_path / "report" / "report.md").read_text()
     assert "### Restore vs recompute per turn" in md and "### Restore vs recompute per prompt length" in md
     assert "every restored run generated the same ids as recomputing the request with `none`" in md
-    assert rep.recommendations[s.name].startswith("keep finished requests' KV and restore it: with `")
+    # one request after a first turn: one pair, no advice (on the tiny model restoring is not even faster)
+    assert rep.recommendations[s.name].startswith("restore or recompute: inconclusive: 1 pair, need 5 (restore ÷ "
+                                                  "recompute ")
     assert (tmp_path / "report" / f"reuse_ttft_{s.name}.png").stat().st_size > 10_000
     assert len(rep.table) == 0  # no per-point rows: cold and warm runs are not points
     csv = pd.read_csv(tmp_path / "report" / "reuse.csv")
@@ -505,3 +507,29 @@ def test_cli_runs_and_resumes_a_reuse_scenario(write_yaml, tmp_path):
     for x in rows[5:]:  # the resumed warm trials restore what the uninterrupted run did (the store was rebuilt)
         assert x["tokens_restored"] == first[x["trial_id"]]["tokens_restored"] and x["tokens_match"] is True
     assert any(x["warm"] and x["tokens_restored"] > 0 for x in rows[5:])
+
+
+def test_reuse_recommendation_follows_the_paired_verdict():
+    from kvbench.report import reuse_recommendation
+    from kvbench.reuse import reuse_later_turns
+
+    def run(warm_e2e):
+        rows = []
+        for k in range(6):
+            base = {"scenario": "r", "mode": "none", "mode_label": "none", "batch_size": 1, "status": "ok",
+                    "message": "", "prompt_tokens": 600, "turn_index": 2, "n_output_tokens": 4,
+                    "tokens_match": True, "store_host_bytes": 0, "store_disk_bytes": 0, "request_id": f"c{k}-t2",
+                    "repeat": 0, "machine_busy": False, "store_hit_rate": 1.0, "restore_host_bytes": 0,
+                    "restore_disk_bytes": 0}
+            rows.append({**base, "trial_id": f"c{k}-cold", "warm": False, "ttft_s": 0.30 + 0.01 * k, "e2e_s": 1.0,
+                         "tokens_restored": 0})
+            rows.append({**base, "trial_id": f"c{k}-warm", "warm": True, "ttft_s": warm_e2e * (0.30 + 0.01 * k),
+                         "e2e_s": 1.0, "tokens_restored": 512})
+        trials = trials_frame(rows, "r")
+        return reuse_recommendation(reuse_table(trials), "r", reuse_later_turns(trials))
+
+    assert run(0.1).startswith("keep finished requests' KV and restore it: with `none`")
+    assert run(0.1).endswith("restore ÷ recompute 0.10 [0.10, 0.10] over 6 request pairs")
+    # restore measurably slower (a tiny model: the lookup costs more than the prefill it saves): no such advice
+    assert run(1.2).startswith("restoring does not pay here: restore ÷ recompute 1.20 [1.20, 1.20] over 6 request "
+                               "pairs")

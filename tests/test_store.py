@@ -201,3 +201,23 @@ def test_restore_and_sequence_kv_refuse_what_they_cannot_do(tiny_model):
         restore(cache, Prefix(8, k, k), m.device)
     with pytest.raises(ValueError, match="the prefix has 1 layers, the cache 2"):
         restore(make_cache("full", m.model.config, m.device), Prefix(8, k[:1], k[:1]), m.device)
+
+
+@pytest.mark.parametrize("page_cache", [False, True])
+def test_disk_chunks_are_synced_and_dropped_from_the_page_cache_unless_kept(tmp_path, page_cache):
+    """As the offload disk tier: a spilled chunk is a device read, not RAM, unless ``page_cache`` keeps it."""
+    from test_offload import resident_pages
+
+    store = KVStore(CHUNK, host_max_bytes=CHUNK_BYTES, disk_max_bytes=4 * CHUNK_BYTES, disk_dir=tmp_path,
+                    page_cache=page_cache)
+    seqs = [[s * 1000 + i for i in range(CHUNK)] for s in range(3)]
+    data = [kv(CHUNK, seed=s) for s in range(3)]
+    for s in range(3):
+        store.put(seqs[s], *data[s])
+    files = sorted(store.tier.path.glob("*.kv"))
+    assert len(files) == 2  # seqs 0 and 1 spilled
+    assert [resident_pages(f) > 0 for f in files] == [page_cache] * 2
+    p = store.get(seqs[0])  # read back from disk: the same bytes, and dropped again after the read
+    assert p.disk_bytes == CHUNK_BYTES and torch.equal(p.keys[1], data[0][0][1])
+    assert [resident_pages(f) > 0 for f in sorted(store.tier.path.glob("*.kv"))] == [page_cache] * 2
+    store.close()

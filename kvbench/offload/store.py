@@ -33,7 +33,16 @@ from typing import Any
 
 import torch
 
+from kvbench.offload.disk import CAN_DROP
 from kvbench.offload.tiers import DiskTier
+
+_sync = getattr(os, "fdatasync", os.fsync)  # macOS has no fdatasync
+
+
+def _drop_pages(fd: int) -> None:
+    """Drop a file's pages from the page cache where the platform can (see :data:`kvbench.offload.disk.CAN_DROP`)."""
+    if CAN_DROP:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
 
 #: First bytes of every chunk file.
 MAGIC = b"KVBSTORE1\n"
@@ -82,6 +91,9 @@ class KVStore:
         disk_dir: where the disk tier makes its private directory (default: the system temporary directory).
         token_bytes: bytes of one token's KV (all layers, K and V) if known now, to check the caps at once;
             otherwise they are checked at the first :meth:`put`.
+        page_cache: leave chunk files in the page cache (reads of "disk" chunks then come from RAM). Default
+            False: each chunk file is synced to the device when written (``fdatasync``) and dropped from the page
+            cache after it is written and after each read (``posix_fadvise(DONTNEED)``), as the disk tier does.
 
     Raises:
         ValueError: ``chunk_tokens`` below 1, a negative cap, or a cap smaller than one chunk.
@@ -89,7 +101,7 @@ class KVStore:
     """
 
     def __init__(self, chunk_tokens: int = 256, host_max_bytes: int = 2**30, disk_max_bytes: int = 0,
-                 disk_dir: str | Path | None = None, token_bytes: int | None = None):
+                 disk_dir: str | Path | None = None, token_bytes: int | None = None, page_cache: bool = False):
         if chunk_tokens < 1:
             raise ValueError(f"chunk_tokens must be at least 1, not {chunk_tokens}")
         if host_max_bytes < 0 or disk_max_bytes < 0:
@@ -107,6 +119,7 @@ class KVStore:
         self.disk_bytes = 0
         self.hits = self.misses = self.evicted = self.corrupt = 0
         self.tier = DiskTier(disk_dir) if disk_max_bytes else None
+        self.page_cache = page_cache
         if token_bytes is not None:
             self._check_caps(token_bytes * chunk_tokens)
 
@@ -231,6 +244,10 @@ class KVStore:
             with tmp.open("wb") as f:
                 f.write(MAGIC + hashlib.blake2b(payload, digest_size=_DIGEST).digest()
                         + len(header).to_bytes(4, "little") + header + payload)
+                if not self.page_cache:  # on the device, not in RAM: the next read of it is a device read
+                    f.flush()
+                    _sync(f.fileno())
+                    _drop_pages(f.fileno())
             os.replace(tmp, path)
         except OSError:
             tmp.unlink(missing_ok=True)
@@ -249,7 +266,10 @@ class KVStore:
         """A disk chunk, or None (with a warning, the entry forgotten) when its file is missing or damaged."""
         path, nbytes = self._disk[key]
         try:
-            data = path.read_bytes()
+            with path.open("rb") as f:
+                data = f.read()
+                if not self.page_cache:
+                    _drop_pages(f.fileno())
             if not data.startswith(MAGIC):
                 raise ValueError("not a kvbench store chunk")
             at = len(MAGIC)
