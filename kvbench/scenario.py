@@ -574,15 +574,15 @@ def _describe(err: dict[str, Any]) -> str:
     if typ == "missing":
         return "required key is missing"
     if typ in ("model_type", "dict_type", "model_attributes_type"):
-        return f"expected a mapping of keys (got {value!r})"
+        return f"expected a mapping of keys (got {_echo(value)})"
     if typ == "byte_size" or typ.startswith("byte_size"):
-        return f"{msg} (got {value!r}); give bytes or a size such as 2GiB, 512MiB, 1.5GB"
+        return f"{msg} (got {_echo(value)}); give bytes or a size such as 2GiB, 512MiB, 1.5GB"
     msg = msg.removeprefix("Value error, ")
     if typ == "literal_error":
-        return f"got {value!r}; {msg[0].lower()}{msg[1:]}"
+        return f"got {_echo(value)}; {msg[0].lower()}{msg[1:]}"
     if isinstance(value, dict) or (isinstance(value, list) and any(isinstance(v, dict) for v in value)):
         return msg  # a whole mapping or list of mappings is too long to echo
-    return f"{msg} (got {value!r})"
+    return f"{msg} (got {_echo(value)})"
 
 
 _LIST_TAG, _AUTO_TAG = "list[constrained-int]", "literal['auto']"
@@ -642,24 +642,89 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+#: A scenario file larger than this (bytes) is refused before parsing.
+MAX_YAML_BYTES = 1 << 20
+#: Values a scenario may hold once its aliases (``*name``) are expanded; a "billion laughs" file of 1 KB expands
+#: to billions, which validation would walk.
+MAX_YAML_VALUES = 100_000
+#: Longest echo of a bad value in an error message (characters).
+MAX_ECHO = 80
+
+
+def _expanded_size(node: yaml.Node, memo: dict[int, int]) -> int:
+    """Values ``node`` stands for with every alias expanded, counted without expanding (memoised per node)."""
+    known = memo.get(id(node))
+    if known is not None:
+        return known
+    memo[id(node)] = 1  # a recursive alias counts once instead of looping
+    if isinstance(node, yaml.SequenceNode):
+        size = 1 + sum(_expanded_size(n, memo) for n in node.value)
+    elif isinstance(node, yaml.MappingNode):
+        size = 1 + sum(_expanded_size(k, memo) + _expanded_size(v, memo) for k, v in node.value)
+    else:
+        size = 1
+    memo[id(node)] = size
+    return size
+
+
+def _decode(raw: bytes) -> str:
+    """The text of a YAML file: UTF-8 (with or without a BOM) or UTF-16/32 with a BOM, as YAML 1.1 allows.
+
+    Raises:
+        UnicodeDecodeError: any other encoding.
+    """
+    for bom, codec in ((b"\xef\xbb\xbf", "utf-8-sig"), (b"\xff\xfe\x00\x00", "utf-32"),
+                       (b"\x00\x00\xfe\xff", "utf-32"), (b"\xff\xfe", "utf-16"), (b"\xfe\xff", "utf-16")):
+        if raw.startswith(bom):
+            return raw.decode(codec)
+    return raw.decode("utf-8")
+
+
 def read_yaml(file: str | Path) -> Any:
-    """Parse a YAML file. Raises ScenarioError naming the line and column of a syntax error or duplicate key."""
+    """Parse a YAML file.
+
+    Raises:
+        ScenarioError: the file cannot be read, is over :data:`MAX_YAML_BYTES`, is not UTF-8 (or UTF-16/32 with a
+            BOM) text, has a syntax error or a duplicate key (with its line and column), expands to more than
+            :data:`MAX_YAML_VALUES` values through aliases, or is empty.
+    """
     p = Path(file)
     try:
-        text = p.read_text(encoding="utf-8")
+        with p.open("rb") as f:
+            raw = f.read(MAX_YAML_BYTES + 1)
     except OSError as exc:
         raise ScenarioError(file, [("", f"cannot read the file: {exc.strerror or exc}")]) from None
+    if len(raw) > MAX_YAML_BYTES:
+        raise ScenarioError(file, [("", f"the file is over {MAX_YAML_BYTES:,} bytes: not a scenario")])
     try:
-        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+        text = _decode(raw)
+    except UnicodeDecodeError as exc:
+        raise ScenarioError(file, [("", f"not UTF-8 text (byte {exc.start}: {raw[exc.start:exc.start + 1]!r}): "
+                                        "save the file as UTF-8")]) from None
+    loader = _UniqueKeyLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is not None and _expanded_size(node, {}) > MAX_YAML_VALUES:
+            raise ScenarioError(file, [("", f"the file expands to more than {MAX_YAML_VALUES:,} values through "
+                                            "its aliases (*name): not a scenario")])
+        data = loader.construct_document(node) if node is not None else None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
         problem = getattr(exc, "problem", None) or str(exc)
         raise ScenarioError(file, [("", f"{where}invalid YAML: {problem}")]) from None
+    finally:
+        loader.dispose()
     if data is None:
         raise ScenarioError(file, [("", "the file is empty; a scenario needs at least name, model, workload, "
                                         "prompt_tokens, max_new_tokens, batch_sizes and modes")])
     return data
+
+
+def _echo(value: Any) -> str:
+    """``repr(value)``, cut to :data:`MAX_ECHO` characters."""
+    text = repr(value)
+    return text if len(text) <= MAX_ECHO else f"{text[:MAX_ECHO]}… ({len(text):,} characters)"
 
 
 def _resolve_paths(s: Scenario, base: Path) -> Scenario:

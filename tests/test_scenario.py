@@ -267,3 +267,50 @@ def test_help_does_not_import_torch():
     r = subprocess.run([kvbench_cmd()[0], "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip().endswith("no torch")
+
+
+HOSTILE = ROOT / "tests" / "data" / "hostile"
+
+
+def test_a_yaml_alias_bomb_is_refused_at_once():
+    """A 450-byte "billion laughs" (9⁹ values once its aliases expand): refused in well under a second, echoing
+    nothing of the expanded value, by validate and by run (exit 2, no run directory)."""
+    import time
+
+    from kvbench.scenario import read_yaml
+
+    t0 = time.monotonic()
+    with pytest.raises(ScenarioError) as info:
+        read_yaml(HOSTILE / "billion_laughs.yaml")
+    assert time.monotonic() - t0 < 2
+    assert info.value.problems == [("", "the file expands to more than 100,000 values through its aliases (*name): "
+                                        "not a scenario")]
+    r = subprocess.run([*kvbench_cmd(), "validate", str(HOSTILE / "billion_laughs.yaml")], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 1 and "expands to more than 100,000 values" in r.stderr + r.stdout
+    assert len(r.stderr + r.stdout) < 500
+
+
+def test_text_encodings_utf8_utf16_with_bom_and_others_refused(write_yaml, tmp_path):
+    import yaml
+
+    from kvbench.scenario import read_yaml
+
+    with pytest.raises(ScenarioError) as info:
+        read_yaml(HOSTILE / "latin1.yaml")  # "café" in Latin-1
+    assert info.value.problems == [("", "not UTF-8 text (byte 28: b'\\xe9'): save the file as UTF-8")]
+    text = yaml.safe_dump(tiny_scenario(description="café"), allow_unicode=True)
+    for codec in ("utf-16", "utf-8-sig"):  # Python's utf-16 writes a BOM
+        p = tmp_path / f"{codec}.yaml"
+        p.write_bytes(text.encode(codec))
+        assert load_scenario(p).description == "café"
+    big = tmp_path / "big.yaml"
+    big.write_bytes(b"#" * (1 << 20) + b"\nname: x\n")
+    with pytest.raises(ScenarioError, match=r"the file is over 1,048,576 bytes: not a scenario"):
+        read_yaml(big)
+
+
+def test_echoed_values_are_cut_short(write_yaml):
+    err = error_of(write_yaml, tiny_scenario(max_new_tokens="x" * 5000))
+    (where, msg), = err.problems
+    assert where == "max_new_tokens" and len(msg) < 200 and msg.endswith("… (5,002 characters))")
