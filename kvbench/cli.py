@@ -16,6 +16,7 @@ from typing import Any, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 # transformers' GGUF loader draws a tqdm bar it offers no switch for; kvbench shows its own progress.
@@ -31,7 +32,7 @@ def _version(value: bool) -> None:
     if value:
         import kvbench
 
-        out.print(f"kvbench {kvbench.__version__}")
+        out.print(f"kvbench {kvbench.__version__}", markup=False)
         raise typer.Exit()
 
 
@@ -43,11 +44,12 @@ def main(
 
 
 def _show_warning(message: Any, category: type, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
-    err.print(f"[yellow]warning:[/] {message}", highlight=False)
+    err.print(f"[yellow]warning:[/] {escape(str(message))}", highlight=False)
 
 
 def _fail(msg: str, code: int = 2) -> None:
-    err.print(f"[red]error:[/] {msg}", highlight=False)
+    """Print ``error: msg`` (``msg`` as it is: paths and values from files are never read as markup) and exit."""
+    err.print(f"[red]error:[/] {escape(str(msg))}", highlight=False)
     raise typer.Exit(code)
 
 
@@ -72,8 +74,8 @@ def _ms(med: Any, lo: Any, hi: Any) -> str:
 
 
 def _summary_table(frame: Any, title: str) -> Table:
-    t = Table(title=title, caption="median (min–max) over the measured repeats (ok, and over budget: *); same ids: "
-                                   "greedy ids equal to `none`'s; KV MiB: device KV peak")
+    t = Table(title=escape(title), caption="median (min–max) over the measured repeats (ok, and over budget: *); "
+                                           "same ids: greedy ids equal to `none`'s; KV MiB: device KV peak")
     for col in ("prompt", "batch", "mode", "ok", "same ids", "TTFT ms", "TPOT ms", "decode tok/s", "KV MiB", "RSS MiB"):
         if col == "mode":
             t.add_column(col, overflow="fold", min_width=12)  # window sizes must stay readable
@@ -161,7 +163,7 @@ def _sweep(sc: Any, rundir: Any, runner: Any, total: int) -> Any:
         return run_sweep(
             sc, rundir, runner,
             on_trial=lambda row: progress.advance(task),
-            on_status=lambda text: progress.update(task, description=f"{sc.name} {text}"),
+            on_status=lambda text: progress.update(task, description=escape(f"{sc.name} {text}")),
         )
 
 
@@ -217,8 +219,9 @@ def run(
         rows = rundir.finished_trials()
         out.print(_summary_table(_run_summary(rows, sc), f"{sc.name}: {sc.model.label}"))
         for line in _failures(rows):
-            out.print(line, highlight=False)
-        out.print(f"nothing to run: every trial of {sc.name} is already in {rundir.trials_path}", highlight=False)
+            out.print(line, highlight=False, markup=False)
+        out.print(f"nothing to run: every trial of {sc.name} is already in {rundir.trials_path}",
+                  highlight=False, markup=False)
         return
 
     try:
@@ -242,7 +245,7 @@ def run(
     try:
         with rundir.lock():
             t0 = time.perf_counter()
-            with err.status(f"loading {sc.model.label} and the {sc.workload.source} workload"):
+            with err.status(escape(f"loading {sc.model.label} and the {sc.workload.source} workload")):
                 try:
                     runner = prepare(sc, rundir.meta.get("environment"))
                     problems = runner.preflight()
@@ -259,9 +262,9 @@ def run(
             m = runner.m
             err.print(f"model {sc.model.label}: {m.shape.layers} layers, {m.shape.kv_heads} kv heads × "
                       f"{m.shape.head_dim}, {str(m.dtype).removeprefix('torch.')} on {m.device}; loaded in "
-                      f"{time.perf_counter() - t0:.1f} s", highlight=False)
+                      f"{time.perf_counter() - t0:.1f} s", highlight=False, markup=False)
             rundir.update(weights_bytes=m.weights_bytes, status="running")
-            err.print(f"results: {rundir.path}", highlight=False)
+            err.print(f"results: {rundir.path}", highlight=False, markup=False)
             planned = _planned(sc, runner)
             try:
                 result = _sweep(sc, rundir, runner, planned)
@@ -286,7 +289,7 @@ def run(
             err.print("interrupted before the first trial: nothing was kept", highlight=False)
         else:
             rundir.update(status="interrupted")
-            err.print(f"interrupted; continue with: kvbench run --resume {rundir.path}", highlight=False)
+            err.print(f"interrupted; continue with: kvbench run --resume {rundir.path}", highlight=False, markup=False)
         raise typer.Exit(130) from None
     rows = rundir.finished_trials()
     title = f"{sc.name}: {sc.model.label} on {m.device}"
@@ -299,15 +302,16 @@ def run(
         if rundir.meta.get("capacity"):
             out.print(_capacity_table(rundir.meta["capacity"], frame))
     for line in _failures(rows):
-        out.print(line, highlight=False)
+        out.print(line, highlight=False, markup=False)
     errors = sum(r["status"] == "error" for r in rows)
     if result.interrupted:
         total = f" of {planned}" if planned else ""
         err.print(f"interrupted: {result.skipped_done + result.written}{total} trials kept in {rundir.path}; "
-                  f"continue with: kvbench run --resume {rundir.path}", highlight=False)
+                  f"continue with: kvbench run --resume {rundir.path}", highlight=False, markup=False)
         raise typer.Exit(130)
     out.print(f"{result.written} trials written to {rundir.path / 'trials.jsonl'}"
-              + (f" ({result.skipped_done} already there)" if result.skipped_done else ""), highlight=False)
+              + (f" ({result.skipped_done} already there)" if result.skipped_done else ""),
+              highlight=False, markup=False)
     if errors:
         err.print(f"[red]error:[/] {errors} trials failed with status error (see above)", highlight=False)
         raise typer.Exit(1)
@@ -326,7 +330,7 @@ def _print_warnings(file: Path, s) -> None:
     from kvbench.scenario import scenario_warnings
 
     for path, msg in scenario_warnings(s):
-        err.print(f"[yellow]warning:[/] {file}: {path}: {msg}", highlight=False)
+        err.print(f"[yellow]warning:[/] {escape(f'{file}: {path}: {msg}')}", highlight=False)
 
 
 def _count(n: int, noun: str) -> str:
@@ -349,8 +353,6 @@ def _reuse_shape(s: Any) -> tuple[str, int]:
 
 def _table(frame: Any, title: str, caption: str = "") -> Table:
     """A Rich table of a formatted DataFrame (first columns left-aligned, the rest right-aligned)."""
-    from rich.markup import escape
-
     t = Table(title=escape(title), caption=escape(caption) if caption else None)
     for i, col in enumerate(frame.columns):
         t.add_column(escape(str(col)), justify="left" if i < 4 else "right", overflow="fold",
@@ -392,8 +394,6 @@ def report(
                                        "(repeatable; default: every mode at each scenario's largest point)."),
 ) -> None:
     """Tables, charts and a Markdown/HTML report of one or many runs: memory saved and time it cost per mode."""
-    from rich.markup import escape
-
     from kvbench.report import (capacity_display, chart_pool, reuse_display, reuse_terminal, terminal_frame,
                                 write_report)
 
@@ -411,7 +411,7 @@ def report(
             except OSError as exc:
                 _fail(f"cannot write the report to {target}: {exc.strerror or exc}")
     except KeyboardInterrupt:
-        err.print(f"interrupted: no report written to {target}", highlight=False)
+        err.print(f"interrupted: no report written to {target}", highlight=False, markup=False)
         raise typer.Exit(130) from None
     shown = terminal_frame(rep.shown, rep.table) if len(rep.table) else None
     for g in rep.recommendations:
@@ -420,7 +420,8 @@ def report(
             out.print(_table(part.head(REPORT_TERMINAL_ROWS), g, "medians over measured trials (TPOT: median "
                              "[min–max]); saving of device KV and TPOT overhead against `none` at the same point"))
         if len(part) > REPORT_TERMINAL_ROWS:
-            out.print(f"... and {len(part) - REPORT_TERMINAL_ROWS} more points: see summary.md", highlight=False)
+            out.print(f"... and {len(part) - REPORT_TERMINAL_ROWS} more points: see summary.md",
+                      highlight=False, markup=False)
         if g in rep.reuse:
             out.print(_table(reuse_terminal(reuse_display(rep.reuse[g]["turn"])),
                              f"{g}: restore vs recompute per turn", "TTFT median [min–max] over the requests of "
@@ -436,7 +437,7 @@ def report(
             out.print(f"  [yellow]![/] {escape(d)}", highlight=False)
     _problems(results)
     out.print(f"report: {rep.files['report.html']} (and report.md, summary.csv, {_count(len(rep.charts), 'chart')}) "
-              f"in {target}", highlight=False)
+              f"in {target}", highlight=False, markup=False)
 
 
 @app.command()
@@ -447,8 +448,6 @@ def compare(
                                       "than PCT percent on METRIC at any matched point (repeatable)."),
 ) -> None:
     """Matched points of two runs side by side with the ratio B/A per metric; a CI gate with --fail-on."""
-    from rich.markup import escape
-
     from kvbench.compare import COMPARE_METRICS, compare_points, parse_threshold, regressions, violations
 
     try:
@@ -467,7 +466,7 @@ def compare(
               f"match){reuse}")
     shown = {"ttft_s": "TTFT", "tpot_s": "TPOT", "throughput_tokens_per_s": "tok/s",
              "kv_device_peak_bytes": "KV device", "rss_peak_bytes": "RSS"}
-    t = Table(title=f"B / A  (A = {run_a}, B = {run_b})",
+    t = Table(title=escape(f"B / A  (A = {run_a}, B = {run_b})"),
               caption="ratios of medians; green: B better, red: B worse by more than 5%")
     for col in ("scenario", "prompt", "batch", "mode", *shown.values()):
         t.add_column(col, justify="left" if col in ("scenario", "mode") else "right", overflow="fold",
@@ -486,7 +485,7 @@ def compare(
         t.add_row(r["group"], str(int(r["prompt_tokens"])), str(int(r["batch_size"])), r["mode_label"], *cells)
     out.print(t)
     if only_b:
-        out.print(f"only in B: {', '.join(only_b)}", highlight=False)
+        out.print(f"only in B: {', '.join(only_b)}", highlight=False, markup=False)
     _problems(a)
     _problems(b)
     for th in thresholds:
@@ -504,7 +503,7 @@ def compare(
         raise typer.Exit(1)
     if thresholds:
         out.print(f"pass: no matched point worse than {', '.join(f'{t.metric} {t.pct:g}%' for t in thresholds)}",
-                  highlight=False)
+                  highlight=False, markup=False)
 
 
 @app.command()
@@ -524,8 +523,6 @@ def cost(
                                            "(default: <first path>/report)."),
 ) -> None:
     """Cost per 1M generated tokens per mode from measured throughput (or what-if figures), saving vs none."""
-    from rich.markup import escape
-
     from kvbench.cost import Prices, what_if
 
     try:
@@ -546,14 +543,16 @@ def cost(
             _fail(str(exc).replace("the throughput", "a throughput"))
         out.print(f"cost per 1M generated tokens at {gpu_price:g} USD per GPU-hour: {w['base_usd_per_million']:,.2f} "
                   f"→ {w['offload_usd_per_million']:,.2f} USD ({w['saving_pct']:.1f}% saving; "
-                  f"{base_throughput:g} → {offload_throughput:g} tokens/s)", highlight=False)
+                  f"{base_throughput:g} → {offload_throughput:g} tokens/s)", highlight=False, markup=False)
         if w["monthly_saving_usd"] is not None:
             out.print(f"at {tokens_per_month:,.0f} tokens per month: {w['monthly_saving_usd']:,.2f} USD per month",
-                      highlight=False)
+                      highlight=False, markup=False)
         if w["payback_months"] is not None:
-            out.print(f"payback of {engineering_cost:,.0f} USD: {w['payback_months']:.1f} months", highlight=False)
+            out.print(f"payback of {engineering_cost:,.0f} USD: {w['payback_months']:.1f} months",
+                      highlight=False, markup=False)
         elif engineering_cost is not None:
-            out.print(f"no payback of {engineering_cost:,.0f} USD: offload saves nothing here", highlight=False)
+            out.print(f"no payback of {engineering_cost:,.0f} USD: offload saves nothing here",
+                      highlight=False, markup=False)
         if w["saving_pct"] < 0:
             out.print("offload raises cost here: its throughput is lower than without it", highlight=False)
         return
@@ -613,7 +612,7 @@ def cost(
     bases = sorted(set(table["host_basis"]) - {""}) if "host_basis" in table else []
     out.print(f"host memory charged at {host_price:g} and disk at {disk_price:g} USD per GiB-hour"
               + (" (pass --host-price and --disk-price to charge them)" if host_price == 0 == disk_price else "")
-              + (f"; host memory held: {', '.join(bases)}" if bases else ""), highlight=False)
+              + (f"; host memory held: {', '.join(bases)}" if bases else ""), highlight=False, markup=False)
     _problems(loaded)
     from kvbench.cost import write_costs
 
@@ -621,7 +620,7 @@ def cost(
         files = write_costs(table, target, prices, reuse)
     except OSError as exc:
         _fail(f"cannot write to {target}: {exc.strerror or exc}")
-    out.print(f"cost: {', '.join(str(f) for f in files)}", highlight=False)
+    out.print(f"cost: {', '.join(str(f) for f in files)}", highlight=False, markup=False)
 
 
 def _reuse_cost_table(reuse: Any, gpu_price: float) -> Table:
@@ -740,12 +739,12 @@ def plan(
     sliding = arch.layers - arch.full_layers
     out.print(f"{model}: {arch.layers} layers ({sliding} with a sliding window), {arch.kv_heads} kv heads × "
               f"{arch.head_dim}, {dtype}; {_count_units(arch.parameters)} parameters = weights "
-              f"{_gib(arch.parameters * nbytes)}", highlight=False)
+              f"{_gib(arch.parameters * nbytes)}", highlight=False, markup=False)
     out.print(f"KV: {per_seq / prompt_tokens:,.0f} bytes per token at {prompt_tokens:,} tokens "
               f"({2 * arch.kv_heads * arch.head_dim * nbytes * arch.layers:,} for full attention in every layer); "
-              f"{_gib(per_seq)} per sequence, {_gib(per_seq * batch)} for batch {batch}", highlight=False)
+              f"{_gib(per_seq)} per sequence, {_gib(per_seq * batch)} for batch {batch}", highlight=False, markup=False)
     out.print(f"assumed: GPU {_gib(gpu)} (10% reserved), host {_gib(host)}, link {link_gbps:g} GB/s ({link_source}), "
-              f"device memory {hbm_gbps:g} GB/s", highlight=False)
+              f"device memory {hbm_gbps:g} GB/s", highlight=False, markup=False)
     unit_name, unit = ("GiB", 2**30) if per_seq >= 2**30 else ("MiB", 2**20)
     cap = Table(title=f"capacity at {prompt_tokens:,} tokens per sequence",
                 caption="KV per sequence on the device (with the layers in flight) and in host memory; max batch: "
@@ -810,19 +809,20 @@ def validate(files: list[Path] = typer.Argument(..., help="Scenario YAML files."
                 limit = cap.max if cap and cap.max else (s.largest_batch if s.searched == "batch_size"
                                                          else "the model's longest prompt")
                 out.print(f"{f}: ok (capacity search of {s.searched} up to {limit}: {_count(len(fixed), noun)} × "
-                          f"{_count(len(s.modes), 'mode')}; trials are decided as it runs)", highlight=False)
+                          f"{_count(len(s.modes), 'mode')}; trials are decided as it runs)",
+                          highlight=False, markup=False)
                 continue
             if s.workload.reuse:
                 shape, requests = _reuse_shape(s)
                 n = requests * len(s.modes) * 2 * s.repeats
                 out.print(f"{f}: ok ({n} trials: {shape} = {_count(requests, 'request')} × "
                           f"{_count(len(s.modes), 'mode')} × cold and warm × {_count(s.repeats, 'repeat')}; prompts "
-                          "are built from the data as it runs)", highlight=False)
+                          "are built from the data as it runs)", highlight=False, markup=False)
                 continue
             n = len(s.prompt_tokens) * len(s.batch_sizes) * len(s.modes) * s.repeats
             out.print(f"{f}: ok ({n} trials: {_count(len(s.prompt_tokens), 'prompt length')} × "
                       f"{_count(len(s.batch_sizes), 'batch size')} × {_count(len(s.modes), 'mode')} × "
-                      f"{_count(s.repeats, 'repeat')})", highlight=False)
+                      f"{_count(s.repeats, 'repeat')})", highlight=False, markup=False)
     if bad:
         raise typer.Exit(1)
 
@@ -920,9 +920,9 @@ def list_(
         for f in files:
             try:
                 s = parse_scenario(read_yaml(f), f)
-                t.add_row(str(f), s.name, s.description)
+                t.add_row(escape(str(f)), s.name, escape(s.description))
             except ScenarioError as exc:
-                t.add_row(str(f), "[red]invalid[/]", str(exc).splitlines()[0])
+                t.add_row(escape(str(f)), "[red]invalid[/]", escape(str(exc).splitlines()[0]))
     out.print(t)
 
 

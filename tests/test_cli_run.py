@@ -286,3 +286,35 @@ def test_a_full_results_disk_keeps_the_finished_trials_and_says_how_to_resume(wr
     lines = (run / "trials.jsonl").read_text().splitlines()
     assert [json.loads(x)["trial_id"] for x in lines] == calls[:2]  # the third line was cut back out
     assert json.loads((run / "run.json").read_text())["status"] == "interrupted"
+
+
+def test_text_from_files_and_paths_is_never_read_as_markup(tmp_path):
+    """Issue 17 item 3: a description "[/]" crashed `list scenarios` (MarkupError), `[draft]/mini.yaml` printed as
+    `/mini.yaml`, a config path `cfg/[/]x.json` crashed `run`."""
+    import shutil
+
+    import yaml
+
+    from conftest import tiny_scenario
+    from kvbench.models import preset_path
+
+    (tmp_path / "[draft]").mkdir()
+    (tmp_path / "desc.yaml").write_text(yaml.safe_dump(tiny_scenario(description="[/] [bold]x")))
+    (tmp_path / "[draft]" / "mini.yaml").write_text(yaml.safe_dump(tiny_scenario()))
+    cfg = tmp_path / "cfg" / "[" / "]x.json"
+    cfg.parent.mkdir(parents=True)
+    shutil.copy(preset_path("tiny-llama"), cfg)
+    run_yaml = tmp_path / "run.yaml"
+    run_yaml.write_text(yaml.safe_dump(tiny_scenario(model={"config": str(cfg), "weights": "random"},
+                                                     prompt_tokens=[8], batch_sizes=[1], repeats=1)))
+    env = {**os.environ, "COLUMNS": "200"}
+    r = subprocess.run([*kvbench_cmd(), "list", "scenarios", "--dir", str(tmp_path)], capture_output=True, text=True,
+                       env=env, timeout=120)
+    assert r.returncode == 0 and "[/] [bold]x" in r.stdout, r.stdout + r.stderr
+    mini = str(tmp_path / "[draft]" / "mini.yaml")
+    r = subprocess.run([*kvbench_cmd(), "validate", mini], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0 and f"{mini}: ok" in r.stdout, r.stdout + r.stderr
+    r = subprocess.run([*kvbench_cmd(), "run", str(run_yaml), "--out", str(tmp_path / "res")], capture_output=True,
+                       text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"model {cfg} (random weights):" in r.stderr and f"tiny: {cfg} (random weights)" in r.stdout
