@@ -615,9 +615,12 @@ def cost(
               + (f"; host memory held: {', '.join(bases)}" if bases else ""), highlight=False, markup=False)
     _problems(loaded)
     from kvbench.cost import write_costs
+    from kvbench.results import RunDirError
 
     try:
         files = write_costs(table, target, prices, reuse)
+    except RunDirError as exc:  # a symbolic link where the files would go
+        _fail(str(exc))
     except OSError as exc:
         _fail(f"cannot write to {target}: {exc.strerror or exc}")
     out.print(f"cost: {', '.join(str(f) for f in files)}", highlight=False, markup=False)

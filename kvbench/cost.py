@@ -21,6 +21,7 @@ import pandas as pd
 from kvbench.analysis import MEASURED, qualifies
 from kvbench.intervals import bootstrap_intervals, judge, pair_load, pair_with_reference, pct_interval
 from kvbench.plan import cost_per_million
+from kvbench.results import refuse_symlink_dir
 
 GIB = 2**30
 
@@ -347,6 +348,7 @@ def write_costs(costs: pd.DataFrame, out_dir: str | Path, prices: Prices,
     from kvbench import charts
 
     out = Path(out_dir)
+    refuse_symlink_dir(out)
     out.mkdir(parents=True, exist_ok=True)
     paths = []
     doc: dict[str, Any] = {"prices": dataclasses.asdict(prices)}

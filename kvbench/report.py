@@ -24,6 +24,7 @@ import pandas as pd
 from kvbench import charts
 from kvbench.analysis import KV_CHECK_TOLERANCE, Results, point_table, qualifies
 from kvbench.intervals import pct_interval
+from kvbench.results import refuse_symlink_dir
 from kvbench.reuse import reuse_later_turns, reuse_table, reuse_trials
 
 MIB, GIB = 2**20, 2**30
@@ -678,12 +679,14 @@ def write_report(results: Results, out_dir: str | Path, timelines: list[str] | N
 
     Raises:
         ValueError: a trial id in ``timelines`` that is not in the results.
+        kvbench.results.SymlinkRefused: ``out_dir`` is a symbolic link.
     """
     if timelines:
         unknown = sorted(set(timelines) - set(results.trials["trial_id"]))
         if unknown:
             raise ValueError(f"no trial {', '.join(map(repr, unknown))} in these results")
     final = Path(out_dir)
+    refuse_symlink_dir(final)  # e.g. a report/ link inside a run directory from someone's tarball
     created = not final.exists()
     final.mkdir(parents=True, exist_ok=True)
     # everything is written into a private folder inside, then moved into place: an interrupted or failed report

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import errno
 import datetime as dt
 import fcntl
 import json
@@ -23,6 +24,37 @@ SCHEMA_VERSION = 1
 
 class RunDirError(ValueError):
     """A run directory that cannot be opened or resumed (missing files, other schema version)."""
+
+
+class SymlinkRefused(RunDirError):
+    """A file or directory kvbench would write, truncate or lock is a symbolic link it did not make (e.g. a run
+    directory unpacked from someone's tarball): writing through it would change the link's target."""
+
+    def __init__(self, path: str | Path):
+        super().__init__(f"{path} is a symbolic link: kvbench writes, truncates and locks only files it made; "
+                         "remove the link (or copy what it points to in its place)")
+        self.path = Path(path)
+
+
+def open_nofollow(path: str | Path, flags: int, mode: int = 0o644) -> int:
+    """``os.open`` that refuses a symbolic link as the last component (``O_NOFOLLOW``).
+
+    Raises:
+        SymlinkRefused: ``path`` is a symbolic link.
+        OSError: any other failure.
+    """
+    try:
+        return os.open(path, flags | os.O_NOFOLLOW, mode)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP or Path(path).is_symlink():
+            raise SymlinkRefused(path) from None
+        raise
+
+
+def refuse_symlink_dir(path: str | Path) -> None:
+    """Raise :class:`SymlinkRefused` when the directory kvbench is about to write into is a symbolic link."""
+    if Path(path).is_symlink():
+        raise SymlinkRefused(path)
 
 
 def utc_now() -> str:
@@ -76,8 +108,17 @@ class RunDir:
 
     @classmethod
     def open(cls, path: str | Path) -> "RunDir":
-        """Reopen an existing run. Raises RunDirError if run.json is missing, unreadable or of another schema."""
+        """Reopen an existing run.
+
+        Raises:
+            SymlinkRefused: one of the files kvbench writes there (run.json, trials.jsonl, samples.csv, .lock) is a
+                symbolic link: resuming would write, truncate or lock its target.
+            RunDirError: run.json is missing, unreadable or of another schema.
+        """
         p = Path(path)
+        for name in ("run.json", "trials.jsonl", "samples.csv", ".lock"):
+            if (p / name).is_symlink():
+                raise SymlinkRefused(p / name)
         rj = p / "run.json"
         if not rj.is_file():
             raise RunDirError(f"{p}: no run.json here; is this a kvbench run directory?")
@@ -99,15 +140,18 @@ class RunDir:
         Raises:
             RunDirError: another process holds it.
         """
-        with (self.path / ".lock").open("w") as f:
+        fd = open_nofollow(self.path / ".lock", os.O_WRONLY | os.O_CREAT)  # never truncated: nothing is in it
+        try:
             try:
-                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 raise RunDirError(f"{self.path}: another kvbench run is writing to this directory") from None
             try:
                 yield
             finally:
-                fcntl.flock(f, fcntl.LOCK_UN)
+                fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
 
     def update(self, **fields: Any) -> None:
         """Set fields of run.json and rewrite it atomically."""
@@ -122,7 +166,7 @@ class RunDir:
                 so no half line is left.
         """
         data = (json.dumps(row, default=str, allow_nan=False) + "\n").encode()
-        fd = os.open(self.trials_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        fd = open_nofollow(self.trials_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
         try:
             start = os.fstat(fd).st_size
             try:
@@ -154,7 +198,8 @@ class RunDir:
         if not new:  # a resumed run keeps its file's columns (an older kvbench may have written fewer)
             with self.samples_path.open(newline="") as f:
                 columns = next(csv.reader(f), columns)
-        with self.samples_path.open("a", newline="") as f:
+        fd = open_nofollow(self.samples_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        with os.fdopen(fd, "a", newline="") as f:
             w = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
             if new:
                 w.writeheader()
@@ -175,11 +220,16 @@ class RunDir:
 
 
 def _cut_partial_line(path: Path) -> int:
-    """Cut a last line without its newline off ``path``; returns the bytes removed."""
-    data = path.read_bytes()
-    keep = data.rfind(b"\n") + 1
-    if keep < len(data):
-        with path.open("r+b") as f:
+    """Cut a last line without its newline off ``path``; returns the bytes removed.
+
+    Raises:
+        SymlinkRefused: ``path`` is a symbolic link (its target is never cut).
+    """
+    fd = open_nofollow(path, os.O_RDWR)
+    with os.fdopen(fd, "r+b") as f:
+        data = f.read()
+        keep = data.rfind(b"\n") + 1
+        if keep < len(data):
             f.truncate(keep)
     return len(data) - keep
 

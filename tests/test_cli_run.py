@@ -318,3 +318,41 @@ def test_text_from_files_and_paths_is_never_read_as_markup(tmp_path):
                        text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     assert f"model {cfg} (random weights):" in r.stderr and f"tiny: {cfg} (random weights)" in r.stdout
+
+
+@pytest.mark.parametrize("name", ["samples.csv", "trials.jsonl", ".lock"])
+def test_resume_never_writes_through_a_symlink_it_did_not_make(tmp_path, name):
+    """Issue 17 item 1: a run directory from someone's tarball with a file replaced by a link: resuming cut the
+    link's target back to its last newline, or emptied it (.lock). Now it refuses, naming the path."""
+    import yaml
+
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text(yaml.safe_dump(tiny_scenario(prompt_tokens=[8], batch_sizes=[1], repeats=1)))
+    r = subprocess.run([*kvbench_cmd(), "run", str(scenario), "--out", str(tmp_path / "res")], capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    run = next((tmp_path / "res").iterdir())
+    target = tmp_path / "precious.txt"
+    target.write_bytes(b"line one\nno newline at the end")
+    (run / name).unlink(missing_ok=True)
+    (run / name).symlink_to(target)
+    r = subprocess.run([*kvbench_cmd(), "run", "--resume", str(run)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert f"{run / name} is a symbolic link: kvbench writes, truncates and locks only files it made" in r.stderr
+    assert target.read_bytes() == b"line one\nno newline at the end"
+
+
+def test_report_and_cost_refuse_a_report_directory_that_is_a_symlink(tmp_path):
+    import shutil
+
+    golden = next(p for p in sorted((ROOT / "tests" / "data" / "golden").iterdir()) if p.is_dir())
+    run = tmp_path / "run"
+    shutil.copytree(golden, run)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (run / "report").symlink_to(elsewhere, target_is_directory=True)
+    for cmd in (["report", str(run)], ["cost", "--gpu-price", "2", str(run)]):
+        r = subprocess.run([*kvbench_cmd(), *cmd], capture_output=True, text=True, timeout=300)
+        assert r.returncode == 2, (cmd, r.stdout + r.stderr)
+        assert f"{run / 'report'} is a symbolic link" in r.stderr
+    assert list(elsewhere.iterdir()) == []

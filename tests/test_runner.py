@@ -392,3 +392,20 @@ def test_trials_do_not_release_device_memory_and_release_empties_the_cuda_cache(
     assert (emptied, collected) == ([], [True])
     runner_module.release_device_memory(torch.device("cuda"))
     assert (emptied, collected) == ([True], [True, True])
+
+
+def test_run_dir_writes_refuse_a_symlink_made_after_it_was_opened(tmp_path):
+    from kvbench.results import RunDir, SymlinkRefused
+
+    run = RunDir.create(tmp_path / "res", {"name": "x"}, {})
+    target = tmp_path / "precious.txt"
+    target.write_text("keep me\npartial")
+    for name, write in (("trials.jsonl", lambda: run.append({"trial_id": "t"})),
+                        ("samples.csv", lambda: run.append_samples([{"trial_id": "t", "phase": "decode"}])),
+                        (".lock", lambda: run.lock().__enter__())):
+        (run.path / name).unlink(missing_ok=True)
+        (run.path / name).symlink_to(target)
+        with pytest.raises(SymlinkRefused, match=rf"{name} is a symbolic link"):
+            write()
+        (run.path / name).unlink()
+    assert target.read_text() == "keep me\npartial"
