@@ -323,6 +323,8 @@ class TrialRunner:
         dev, host = placement(arch, kind, tokens, itemsize, window)
         out = dict.fromkeys(keys)
         out["plan_kv_device_bytes"] = dev * t.batch_size
+        # without measured bandwidths the mean H2D bytes per step (which need none) are still predicted: any memory
+        # bandwidth will do for them, and the step time is not kept
         memory, link = self.bandwidths if self.bandwidths is not None else (1.0, None)
         cuda = self.m.device.type == "cuda"
         step_s, link_bytes = mean_decode_step(arch, kind, t.prompt_tokens, self.s.max_new_tokens, itemsize,

@@ -30,7 +30,16 @@ CAN_DROP = hasattr(os, "posix_fadvise") and hasattr(os, "POSIX_FADV_DONTNEED")
 #: Why pages are not dropped on this platform (empty where they are).
 NO_DROP_REASON = "" if CAN_DROP else "os.posix_fadvise is not available on this platform: disk reads may come from RAM"
 
-_sync = getattr(os, "fdatasync", os.fsync)  # macOS has no fdatasync
+#: Flush a file's data to the device (``fdatasync``; ``fsync`` where there is none, as on macOS).
+sync_file = getattr(os, "fdatasync", os.fsync)
+
+
+def drop_pages(fd: int, offset: int = 0) -> None:
+    """Drop the file's pages from ``offset`` (rounded down to a page: the kernel keeps partial pages) to its end
+    from the page cache, where the platform can (:data:`CAN_DROP`). Only clean pages go: sync what was written
+    first."""
+    if CAN_DROP:
+        os.posix_fadvise(fd, offset // mmap.PAGESIZE * mmap.PAGESIZE, 0, os.POSIX_FADV_DONTNEED)
 
 
 class DiskTierError(OSError):
@@ -163,10 +172,10 @@ class DiskTier:
             done += os.pwrite(fd, data[done:], offset + done)
         if self.page_cache or not len(data):
             return
-        _sync(fd)
+        sync_file(fd)
         self.synced_bytes += len(data)
         self.sync_count += 1
-        self._drop(fd, offset)
+        drop_pages(fd, offset)
 
     def read(self, fd: int, out: torch.Tensor, offset: int) -> None:
         """Fill contiguous CPU tensor ``out`` from byte ``offset`` of the file; then, unless ``page_cache``, drop
@@ -184,13 +193,7 @@ class DiskTier:
                                           f"{offset + done} (fd {fd})")
             done += n
         if not self.page_cache:
-            self._drop(fd, offset)
-
-    def _drop(self, fd: int, offset: int) -> None:
-        """Drop the file's pages from ``offset`` (rounded down to a page: the kernel keeps partial pages) to its
-        end. Only clean pages go: what was written is synced first."""
-        if CAN_DROP:
-            os.posix_fadvise(fd, offset // mmap.PAGESIZE * mmap.PAGESIZE, 0, os.POSIX_FADV_DONTNEED)
+            drop_pages(fd, offset)
 
     @property
     def closed(self) -> bool:

@@ -33,16 +33,8 @@ from typing import Any
 
 import torch
 
-from kvbench.offload.disk import CAN_DROP
+from kvbench.offload.disk import drop_pages, sync_file
 from kvbench.offload.tiers import DiskTier
-
-_sync = getattr(os, "fdatasync", os.fsync)  # macOS has no fdatasync
-
-
-def _drop_pages(fd: int) -> None:
-    """Drop a file's pages from the page cache where the platform can (see :data:`kvbench.offload.disk.CAN_DROP`)."""
-    if CAN_DROP:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
 
 #: First bytes of every chunk file.
 MAGIC = b"KVBSTORE1\n"
@@ -246,8 +238,8 @@ class KVStore:
                         + len(header).to_bytes(4, "little") + header + payload)
                 if not self.page_cache:  # on the device, not in RAM: the next read of it is a device read
                     f.flush()
-                    _sync(f.fileno())
-                    _drop_pages(f.fileno())
+                    sync_file(f.fileno())
+                    drop_pages(f.fileno())
             os.replace(tmp, path)
         except OSError:
             tmp.unlink(missing_ok=True)
@@ -269,7 +261,7 @@ class KVStore:
             with path.open("rb") as f:
                 data = f.read()
                 if not self.page_cache:
-                    _drop_pages(f.fileno())
+                    drop_pages(f.fileno())
             if not data.startswith(MAGIC):
                 raise ValueError("not a kvbench store chunk")
             at = len(MAGIC)
