@@ -441,3 +441,72 @@ def test_disk_tier_pages_are_synced_and_not_resident_after_generation(tiny_model
                 assert tier.synced_bytes == stats.disk_write_bytes and tier.sync_count == stats.disk_write_count
                 assert tier.syncs and tier.drops
     assert list(tmp_path.iterdir()) == []
+
+
+# A kvbench in another PID namespace (another container) on this host: it owns its tier directory through the
+# flock on the owner file, and its PID (4999999, above any pid_max) means nothing here.
+_FOREIGN_OWNER = """
+import fcntl, os, sys
+from kvbench.offload import disk
+d = sys.argv[1]
+os.mkdir(d, 0o700)
+fd = os.open(os.path.join(d, disk.OWNER_FILE), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+fcntl.flock(fd, fcntl.LOCK_EX)
+os.write(fd, disk._owner_text(sys.argv[2], 4999999))
+with open(os.path.join(d, "1.kv"), "wb") as f:
+    f.write(b"kv" * 512)
+print("ready", flush=True)
+sys.stdin.read()
+"""
+
+
+def _dead_tier(path, host, pid=4999999):
+    """A tier directory whose owner died (nothing holds its lock)."""
+    from kvbench.offload import disk
+
+    path.mkdir(mode=0o700)
+    (path / disk.OWNER_FILE).write_bytes(disk._owner_text(host, pid))
+    (path / "1.kv").write_bytes(b"kv")
+    return path
+
+
+def test_a_live_tier_of_another_pid_namespace_survives_the_sweep_and_goes_once_its_owner_dies(tmp_path):
+    import socket
+    import subprocess
+    import sys
+
+    live = tmp_path / "kvbench-kv-4999999-abcd1234"
+    owner = subprocess.Popen([sys.executable, "-c", _FOREIGN_OWNER, str(live), socket.gethostname()],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert owner.stdout.readline() == "ready\n"
+        mine = DiskTier(tmp_path)  # sweeps tmp_path
+        assert (live / "1.kv").read_bytes() == b"kv" * 512  # the other run's files are still there
+    finally:
+        owner.communicate("", timeout=30)  # it exits: its lock is released
+    assert owner.returncode == 0
+    second = DiskTier(tmp_path)
+    assert not live.exists()  # provably dead now: removed
+    assert mine.path.is_dir() and second.path.is_dir()  # this process's own live tiers stay
+    mine.close(), second.close()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_sweep_removes_only_dead_tiers_of_this_host_by_kvbench_name_never_through_a_link(tmp_path):
+    import socket
+
+    from kvbench.offload.disk import remove_stale
+
+    here = socket.gethostname()
+    dead = _dead_tier(tmp_path / "kvbench-kv-4999999-dead0001", here)
+    elsewhere = _dead_tier(tmp_path / "kvbench-kv-4999999-nfs00001", "another-host")  # its lock may not reach us
+    not_ours = _dead_tier(tmp_path / "kvbench-kv-junk", here)  # not a tier's name
+    no_owner = tmp_path / "kvbench-kv-4999999-new00001"  # being created: no owner file yet
+    no_owner.mkdir()
+    target = _dead_tier(tmp_path / "target", here)
+    (tmp_path / "kvbench-kv-4999999-link0001").symlink_to(target)
+    assert remove_stale(tmp_path) == ["kvbench-kv-4999999-dead0001"]
+    assert not dead.exists()
+    assert all((d / "1.kv").read_bytes() == b"kv" for d in (elsewhere, not_ours, target)) and no_owner.is_dir()
+    assert (tmp_path / "kvbench-kv-4999999-link0001").is_symlink()
+    assert remove_stale(tmp_path / "missing") == []

@@ -1,6 +1,9 @@
 """The disk tier's directory and its file I/O.
 
 - :class:`DiskTier`: a private directory for the files of one cache, removed on every exit path but SIGKILL.
+  Its owner holds an exclusive ``flock`` on the directory's ``.owner`` file (which names its host and PID) for
+  the tier's lifetime; a directory left by a killed owner is removed by the next tier made in the same place, but
+  only when it is provably dead (see :func:`remove_stale`).
 - How a file is written and read: explicit ``pwrite``/``preadv`` between host tensors and the file (no long-lived
   memory map). By default (``page_cache=False``) every write is synced to the device (``fdatasync``) and then
   dropped from the page cache (``posix_fadvise(POSIX_FADV_DONTNEED)``), and so is every read once it has been
@@ -13,15 +16,17 @@ A mapped page cannot be dropped while it is mapped, which is why the tier does n
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import mmap
 import os
 import re
 import shutil
+import socket
+import stat
 import tempfile
 import weakref
 from pathlib import Path
 
-import psutil
 import torch
 
 #: Whether the page cache can be told to drop a file's pages here (Linux, most BSDs; not macOS or Windows).
@@ -54,22 +59,92 @@ class DiskTierError(OSError):
 
 
 _DIR_PREFIX = "kvbench-kv-"
+#: A tier directory's name: the prefix, the owner's PID, ``mkdtemp``'s 8 random characters. Nothing else is swept.
+_DIR_NAME = re.compile(rf"{_DIR_PREFIX}\d+-[a-z0-9_]{{8}}")
+#: The file inside a tier directory that its owner keeps locked; it holds ``host\npid\n``.
+OWNER_FILE = ".owner"
 
 
-def _remove_stale(parent: Path) -> None:
-    """Remove disk-tier directories left by kvbench processes that no longer exist (killed with SIGKILL)."""
-    for d in parent.glob(f"{_DIR_PREFIX}*"):
-        m = re.match(rf"{_DIR_PREFIX}(\d+)-", d.name)
-        if m and d.is_dir() and not psutil.pid_exists(int(m.group(1))):
-            shutil.rmtree(d, ignore_errors=True)
+def _owner_text(host: str, pid: int) -> bytes:
+    return f"{host}\n{pid}\n".encode()
 
 
-def _close_and_remove(path: str, fds: list[int]) -> None:
+def _take_ownership(path: Path) -> int:
+    """Create ``path``'s owner file, lock it (exclusive ``flock``, held until the descriptor is closed) and only
+    then record this host and PID in it; the descriptor is returned to be kept open for the tier's lifetime."""
+    fd = os.open(path / OWNER_FILE, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        # where the file system has no flock (ENOLCK), no sweep can take it either: the directory is never swept
+        with contextlib.suppress(OSError):
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.write(fd, _owner_text(socket.gethostname(), os.getpid()))
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _remove_if_dead(parent_fd: int, name: str) -> bool:
+    """Remove tier directory ``name`` (in the directory open as ``parent_fd``) if it is provably dead."""
+    dir_fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent_fd)
+    try:
+        if os.fstat(dir_fd).st_uid != os.getuid():
+            return False
+        fd = os.open(OWNER_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+    finally:
+        os.close(dir_fd)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return False
+        host, _, pid = os.read(fd, 4096).decode("utf-8", "replace").partition("\n")
+        if host != socket.gethostname() or pid.strip() == str(os.getpid()):
+            return False  # another host's (its lock may not be seen here) or this process's own
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False  # its owner is alive, whatever its PID means here
+        shutil.rmtree(name, dir_fd=parent_fd, ignore_errors=True)  # no link is followed
+        return True
+    finally:
+        os.close(fd)
+
+
+def remove_stale(parent: str | Path) -> list[str]:
+    """Remove the disk-tier directories in ``parent`` whose owner is provably dead (killed with SIGKILL); the names
+    of those removed.
+
+    A directory is removed only when all of these hold: its name is a tier's (``kvbench-kv-<pid>-<8 characters>``),
+    it is a directory and not a symbolic link, this user owns it, its ``.owner`` file is a regular file naming this
+    host and another PID, and that file's exclusive ``flock`` can be taken at once (the owner holds it as long as
+    it lives, in any PID namespace or container of this kernel). Directories of other hosts are always left: a
+    PID means nothing there and ``flock`` over NFS may not reach their owners. A directory without an ``.owner``
+    file (being created, or made by an older kvbench) is left too. Nothing inside is followed through a link.
+    Errors on one directory leave it and go on; none is raised.
+    """
+    removed: list[str] = []
+    try:
+        parent_fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return removed
+    try:
+        for name in sorted(os.listdir(parent_fd)):
+            if _DIR_NAME.fullmatch(name):
+                with contextlib.suppress(OSError):
+                    if _remove_if_dead(parent_fd, name):
+                        removed.append(name)
+    finally:
+        os.close(parent_fd)
+    return removed
+
+
+def _close_and_remove(path: str, fds: list[int], owner_fd: int) -> None:
     for fd in fds:
         with contextlib.suppress(OSError):
             os.close(fd)
     fds.clear()
     shutil.rmtree(path, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        os.close(owner_fd)  # the lock goes last: until the directory is gone, no sweep may take it
 
 
 def _bytes_of(t: torch.Tensor) -> memoryview:
@@ -87,8 +162,9 @@ class DiskTier:
     """A private directory (mode 0700) for the disk files of one cache, and how they are written and read.
 
     Removed by :meth:`close`, when the object is garbage-collected, and at interpreter exit (Ctrl-C included), so
-    no exit path leaves it behind except SIGKILL; directories of dead kvbench processes are removed when the next
-    one is created in the same place. The files it opens are closed with it.
+    no exit path leaves it behind except SIGKILL; directories of dead kvbench processes on this host are removed
+    when the next one is created in the same place (:func:`remove_stale`: never a live one, whatever its PID
+    namespace, and never another host's). The files it opens are closed with it.
 
     Args:
         parent: where to create it (default: the system temporary directory).
@@ -97,7 +173,7 @@ class DiskTier:
             cache where the platform can (see :attr:`drops`).
 
     Raises:
-        DiskTierError: ``parent`` does not exist or is not writable.
+        DiskTierError: ``parent`` does not exist or is not writable, or the owner lock cannot be taken there.
     """
 
     def __init__(self, parent: str | Path | None = None, page_cache: bool = False):
@@ -106,10 +182,14 @@ class DiskTier:
             self.path = Path(tempfile.mkdtemp(prefix=f"{_DIR_PREFIX}{os.getpid()}-", dir=where))
         except OSError as exc:
             raise DiskTierError(exc.errno, f"cannot create the disk tier in {where}: {exc.strerror or exc}") from None
-        with contextlib.suppress(OSError):
-            _remove_stale(where)
+        try:
+            owner_fd = _take_ownership(self.path)
+        except OSError as exc:
+            shutil.rmtree(self.path, ignore_errors=True)
+            raise DiskTierError(exc.errno, f"cannot lock the disk tier {self.path}: {exc.strerror or exc}") from None
         self._fds: list[int] = []
-        self._finalizer = weakref.finalize(self, _close_and_remove, str(self.path), self._fds)
+        self._finalizer = weakref.finalize(self, _close_and_remove, str(self.path), self._fds, owner_fd)
+        remove_stale(where)
         self._files = 0
         self.page_cache = page_cache
         #: Bytes and calls of ``fdatasync`` so far (0 with ``page_cache``).
