@@ -764,5 +764,6 @@ def prepare(scenario: Scenario, environment: dict[str, Any] | None = None) -> Tr
         source = make_stream(scenario.workload, loaded.tokenizer,
                              loaded.shape.max_positions - scenario.max_new_tokens)
     else:
-        source = make_source(scenario.workload, loaded.tokenizer, loaded.shape.vocab_size)
+        source = make_source(scenario.workload, loaded.tokenizer, loaded.shape.vocab_size,
+                             loaded.shape.max_positions - scenario.max_new_tokens)
     return TrialRunner(scenario, loaded, source, environment=environment)

@@ -8,7 +8,6 @@ the bad value and what is allowed.
 from __future__ import annotations
 
 import difflib
-import glob
 import importlib.util
 import os
 import re
@@ -808,8 +807,14 @@ def check_scenario(s: Scenario, *, check_model: bool = True) -> list[tuple[str, 
         if wl.language not in known:
             problems.append(("workload.language", f"'{wl.language}' is not a language langdetect can detect; "
                                                   f"known: {', '.join(known)}"))
-    if wl.source == "files" and not glob.glob(wl.files or "", recursive=True):
-        problems.append(("workload.files", f"the pattern {wl.files!r} matches no file"))
+    if wl.source == "files":
+        from kvbench.workloads.files import TooManyFiles, match
+
+        try:
+            if not match(wl.files or ""):
+                problems.append(("workload.files", f"the pattern {wl.files!r} matches no file"))
+        except TooManyFiles as exc:
+            problems.append(("workload.files", str(exc).removeprefix("workload.files: ")))
     if s.model.weights == "random" and wl.source != "synthetic" and not s.model.tokenizer:
         problems.append(
             (

