@@ -127,7 +127,11 @@ def remove_stale(parent: str | Path) -> list[str]:
     except OSError:
         return removed
     try:
-        for name in sorted(os.listdir(parent_fd)):
+        try:
+            names = sorted(os.listdir(parent_fd))
+        except OSError:  # writable but not readable: nothing can be found to sweep
+            names = []
+        for name in names:
             if _DIR_NAME.fullmatch(name):
                 with contextlib.suppress(OSError):
                     if _remove_if_dead(parent_fd, name):
