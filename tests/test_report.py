@@ -184,20 +184,18 @@ def test_corrupt_lines_are_reported_and_skipped(tmp_path):
     run = copy_run(tmp_path)
     lines = (run / "trials.jsonl").read_text().splitlines(keepends=True)
     lines.insert(3, '{"trial_id": "p32-b1-full-r0", "sta\n')
-    lines.insert(5, '{"trial_id": "x", "status": "ok", "prompt_tokens": "32", "batch_size": 1, "mode": "none"}\n')
     lines.append(lines[0])  # the first trial written twice
     (run / "trials.jsonl").write_text("".join(lines) + '{"trial_id": "cut')
     results = load_results([run])
     assert len(results.trials) == 120
     f = run / "trials.jsonl"
     p = results.problems  # the JSON parser's own reason sits between the prefix and "; skipped"
-    assert len(p) == 4 and p[0].startswith(f"{f}:4: not valid JSON: ") and p[0].endswith("; skipped")
-    assert p[1] == f"{f}:6: not a trial row (prompt_tokens of the wrong type); skipped"
-    assert p[2].startswith(f"{f}:124: not valid JSON (cut off: a run killed mid-write?): ")
-    assert p[3] == f"{f}: 1 trial id(s) appear more than once (p32-b1-none-r0, ...); the last of each is kept"
+    assert len(p) == 3 and p[0].startswith(f"{f}:4: not valid JSON: ") and p[0].endswith("; skipped")
+    assert p[1].startswith(f"{f}:123: not valid JSON (cut off: a run killed mid-write?): ")
+    assert p[2] == f"{f}: 1 trial id(s) appear more than once (p32-b1-none-r0, ...); the last of each is kept"
     r = CliRunner().invoke(app, ["report", str(run), "--out", str(tmp_path / "rep")])
     assert r.exit_code == 0, r.output
-    assert "4 problems while loading" in r.output and ":124: not valid JSON (cut off" in r.output
+    assert "3 problems while loading" in r.output and ":123: not valid JSON (cut off" in r.output
 
 
 def test_bad_paths_and_schema_versions_are_clear_errors(tmp_path):
