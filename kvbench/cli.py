@@ -540,7 +540,7 @@ def cost(
         try:
             w = what_if(prices, base_throughput, offload_throughput)
         except ValueError as exc:
-            _fail(str(exc).replace("the throughput", "a throughput"))
+            _fail(str(exc))
         out.print(f"cost per 1M generated tokens at {gpu_price:g} USD per GPU-hour: {w['base_usd_per_million']:,.2f} "
                   f"→ {w['offload_usd_per_million']:,.2f} USD ({w['saving_pct']:.1f}% saving; "
                   f"{base_throughput:g} → {offload_throughput:g} tokens/s)", highlight=False, markup=False)
