@@ -24,6 +24,7 @@ import pandas as pd
 from kvbench import charts
 from kvbench.analysis import KV_CHECK_TOLERANCE, Results, point_table, qualifies
 from kvbench.intervals import pct_interval
+from kvbench.md_text import md_escape, md_line
 from kvbench.results import refuse_symlink_dir
 from kvbench.reuse import reuse_later_turns, reuse_table, reuse_trials
 
@@ -640,12 +641,12 @@ def chart_pool() -> Any:
 
 
 def _md_table(frame: pd.DataFrame) -> str:
-    """A Markdown (GFM) table of a frame of text cells; ``|`` in cells escaped."""
+    """A Markdown (GFM) table of a frame of text cells, every cell through :func:`~kvbench.md_text.md_escape`."""
     if not len(frame):
         return "(no trials)"
 
     def line(cells: Any) -> str:
-        return "| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |"
+        return "| " + " | ".join(md_escape(c) for c in cells) + " |"
 
     rule = "|" + "|".join(":---" if i < 4 else "---:" for i in range(len(frame.columns))) + "|"
     return "\n".join([line(frame.columns), rule, *map(line, _cells(frame))])
@@ -849,23 +850,25 @@ def _of_group(shown: pd.DataFrame, group: str) -> pd.DataFrame | None:
 def _markdown(results: Results, rep: Report, shown: pd.DataFrame) -> str:
     lines = ["# kvbench report", ""]
     for g in rep.recommendations:
-        lines += [f"## {g}", "", f"**Recommendation:** {rep.recommendations[g]}", "", "Findings:", ""]
-        lines += [f"- {f}" for f in rep.findings[g]] + [""]
+        lines += [f"## {md_escape(g)}", "", f"**Recommendation:** {md_line(rep.recommendations[g])}", "",
+                  "Findings:", ""]
+        lines += [f"- {md_line(f)}" for f in rep.findings[g]] + [""]
         if rep.diagnoses[g]:
-            lines += ["Diagnoses:", ""] + [f"- {d}" for d in rep.diagnoses[g]] + [""]
+            lines += ["Diagnoses:", ""] + [f"- {md_line(d)}" for d in rep.diagnoses[g]] + [""]
         lines += ["Runs:", ""]
         for run in (r for r in results.runs if r.get("group") == g):
-            lines += [f"- {x}" for x in _env_lines(run)] + [""]
+            lines += [f"- {md_line(x)}" for x in _env_lines(run)] + [""]
         if (mine := _of_group(shown, g)) is not None:
             lines += [_md_table(mine), ""]
         for title, frame in _extra_tables(rep, g):
             lines += [f"### {title}", "", _md_table(frame), ""]
-        lines += [f"![{title}]({path.name})" for title, path in rep.charts if title.startswith(f"{g}: ")] + [""]
+        lines += [f"![{md_escape(title)}]({path.name})" for title, path in rep.charts
+                  if title.startswith(f"{g}: ")] + [""]
     timelines = [(t, p) for t, p in rep.charts if t.startswith("memory timelines")]
     if timelines:
-        lines += ["## Memory timelines", ""] + [f"![{t}]({p.name})" for t, p in timelines] + [""]
+        lines += ["## Memory timelines", ""] + [f"![{md_escape(t)}]({p.name})" for t, p in timelines] + [""]
     if results.problems:
-        lines += ["## Skipped or unknown", ""] + [f"- {p}" for p in results.problems] + [""]
+        lines += ["## Skipped or unknown", ""] + [f"- {md_escape(p)}" for p in results.problems] + [""]
     lines += [_GLOSSARY]
     return "\n".join(lines)
 

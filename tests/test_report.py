@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 from kvbench.analysis import ResultsError, load_results, point_table
 from kvbench.cli import app
 from kvbench.compare import compare_points, parse_threshold, violations
+from kvbench.md_text import md_line
 from kvbench.report import diagnoses, findings, recommendation, write_report
 
 GOLDEN = Path(__file__).parent / "data" / "golden"
@@ -137,7 +138,7 @@ def test_report_files_charts_and_diagnoses(golden, tmp_path):
     summary = pd.read_csv(tmp_path / "summary.csv")
     assert len(summary) == 24 and "memory_saving_pct" in summary
     md = (tmp_path / "report.md").read_text()
-    assert f"**Recommendation:** {rep.recommendations['golden']}" in md and "![" in md
+    assert f"**Recommendation:** {md_line(rep.recommendations['golden'])}" in md and "![" in md
     assert re.search(r"\| golden +\| +96 \| +2 \| full +\| 5 ok +\|", (tmp_path / "summary.md").read_text())
     page = (tmp_path / "report.html").read_text()
     assert page.count('src="data:image/png;base64,') == len(rep.charts) and "http" not in page.replace(
@@ -370,3 +371,24 @@ def test_a_disk_tier_kept_in_the_page_cache_is_diagnosed(golden):
                      "trial(s) (scenario disk: {page_cache: true}, or posix_fadvise missing): its disk reads came "
                      "from memory, not the device"]
     assert not [d for d in diagnoses(results, table, "golden") if d.startswith("disk timings")]
+
+
+EVIL = "<img src=https://evil/x.png> ![x](https://evil/y.png) [a](javascript:alert(1)) www.evil.example"
+
+
+def test_report_md_carries_no_html_links_or_images_from_files(tmp_path):
+    from markdown_it import MarkdownIt
+
+    def edit(r):
+        return dict(r, mode_label=f"full {EVIL}", message=EVIL) if r["mode_label"] == FULL else r
+
+    run = copy_run(tmp_path, edit=edit, edit_meta=lambda m: m["scenario"].update(description=EVIL))
+    rep = write_report(load_results([run]), tmp_path / "rep")
+    md = (tmp_path / "rep" / "report.md").read_text()
+    assert "\\<img src=https\\://evil/x.png\\> !\\[x\\](https\\://evil/y.png) \\[a\\](javascript:alert(1)) " \
+           "www\\.evil.example" in md
+    page = MarkdownIt("commonmark").enable("table").render(md)  # raw HTML on, as GitHub and most viewers
+    images = re.findall(r"<img [^>]*>", page)
+    assert len(images) == len(rep.charts) and all('src="https://' not in i for i in images)
+    assert "<a " not in page and "evil/y.png" in page
+    assert "&lt;img src=https://evil/x.png&gt; ![x](https://evil/y.png) [a](javascript:alert(1))" in page
