@@ -393,9 +393,13 @@ def report(
     timeline: list[str] = typer.Option([], "--timeline", help="A trial id whose memory timeline to draw "
                                        "(repeatable; default: every mode at each scenario's largest point)."),
 ) -> None:
-    """Tables, charts and a Markdown/HTML report of one or many runs: memory saved and time it cost per mode."""
+    """Tables, charts and a Markdown/HTML report of one or many runs: memory saved and time it cost per mode.
+    Ctrl-C or SIGTERM stops it with exit 130, its chart workers killed and nothing written."""
     from kvbench.report import (capacity_display, chart_pool, reuse_display, reuse_terminal, terminal_frame,
                                 write_report)
+
+    signal.signal(signal.SIGTERM, _terminated)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
     if out_dir is not None and not out_dir.strip():
         _fail("--out is empty: give a directory")
