@@ -512,7 +512,8 @@ def compare(
 
 @app.command()
 def cost(
-    results: list[Path] = typer.Argument(None, help="Run directories, trials.jsonl files or folders of runs."),
+    results: list[Path] = typer.Argument(None, help="Run directories, trials.jsonl files or folders of runs "
+                                         "(default: the newest run under results/)."),
     gpu_price: float = typer.Option(..., "--gpu-price", help="USD per GPU-hour."),
     host_price: float = typer.Option(0.0, "--host-price", help="USD per GiB-hour of host memory held by KV."),
     disk_price: float = typer.Option(0.0, "--disk-price", help="USD per GiB-hour of disk held by KV."),
@@ -561,7 +562,14 @@ def cost(
             out.print("offload raises cost here: its throughput is lower than without it", highlight=False)
         return
     if not results:
-        _fail("give result directories, or --base-throughput and --offload-throughput for a what-if")
+        from kvbench.newest_run import newest_run
+
+        found = newest_run("results")
+        if found is None:
+            _fail("no results given and no run under results/: give result directories, or --base-throughput and "
+                  "--offload-throughput for a what-if")
+        out.print(f"costing the newest run under results/: {found}", highlight=False, markup=False)
+        results = [found]
     from kvbench.analysis import point_table
     from kvbench.cost import cost_table, verdicts
     from kvbench.reuse_cost import reuse_cost, reuse_verdicts

@@ -129,7 +129,8 @@ def test_plan_command_output_and_errors(tmp_path):
     assert r.exit_code == 2 and "--gpu-mem 'lots': give bytes or a size such as 80GiB" in r.output
 
 
-def test_cost_what_if_and_bad_prices():
+def test_cost_what_if_and_bad_prices(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no results/ here
     cli = CliRunner()
     r = cli.invoke(app, ["cost", "--gpu-price", "2.0", "--base-throughput", "10", "--offload-throughput", "15"])
     assert r.exit_code == 0, r.output
@@ -156,7 +157,8 @@ def test_cost_what_if_and_bad_prices():
                         "--offload-throughput", "2"], "--engineering-cost needs --tokens-per-month"),
                       (["--gpu-price", "2", "--max-tpot-ms", "-5"], "--max-tpot-ms must be a finite number"),
                       (["--gpu-price", "2", "--base-throughput", "10"], "go together"),
-                      (["--gpu-price", "2"], "give result directories")):
+                      (["--gpu-price", "2"], "no results given and no run under results/: give result "
+                       "directories")):
         r = cli.invoke(app, ["cost", *args])
         assert r.exit_code == 2 and msg in r.output, (args, r.output)
 
@@ -360,3 +362,24 @@ def test_mean_decode_step_compares_like_with_like():
     import math
 
     assert all(math.isnan(v) for v in mean_decode_step(a, "full", 1000, 1, 2, w, 2, 2000e9, 50e9))  # no decode step
+
+
+def test_cost_without_results_costs_the_newest_run_under_results(tmp_path, monkeypatch):
+    import os
+    import shutil
+    from pathlib import Path
+
+    golden = next(p for p in sorted((Path(__file__).parent / "data" / "golden").iterdir()) if p.is_dir())
+    monkeypatch.chdir(tmp_path)
+    for name, started in (("old", "2026-01-01T00:00:00Z"), ("new", "2026-12-01T00:00:00Z"), ("mid", None)):
+        dst = tmp_path / "results" / name
+        shutil.copytree(golden, dst)
+        meta = json.loads((dst / "run.json").read_text())
+        meta["started_at"] = started
+        (dst / "run.json").write_text(json.dumps(meta))  # mid: no started_at, its trials file's time (now) counts
+    os.utime(tmp_path / "results" / "mid" / "trials.jsonl", (1.6e9, 1.6e9))  # 2020
+    r = CliRunner().invoke(app, ["cost", "--gpu-price", "2.0"])
+    assert r.exit_code == 0, r.output
+    assert r.output.startswith("costing the newest run under results/: results/new\n")
+    assert (tmp_path / "results" / "new" / "report" / "cost.json").is_file()
+    assert not (tmp_path / "results" / "old" / "report").exists()
