@@ -24,6 +24,7 @@ import pandas as pd
 from kvbench.intervals import (BOOTSTRAP_MIN_REPEATS, add_comparisons, bootstrap_intervals, busy_flags, median_ci,
                                paired_point_stats)
 from kvbench.results import SCHEMA_VERSION
+from kvbench.run_record import RecordError, check_rows, check_run_meta
 from kvbench.latency import ITL_PERCENTILES
 
 #: Statuses of trials that ran to the end (an over-budget trial is measured, it just does not fit).
@@ -38,11 +39,11 @@ MEDIAN_METRICS = ("decode_tokens_per_s", "kv_device_peak_bytes", "kv_host_peak_b
 POINT_KEYS = ["group", "prompt_tokens", "batch_size", "mode_label"]
 #: A trial whose KV accounting differs from the analytic prediction by more than this fraction is flagged.
 KV_CHECK_TOLERANCE = 0.25
-_REQUIRED = ("trial_id", "status", "prompt_tokens", "batch_size", "mode")
 
 
 class ResultsError(ValueError):
-    """Results that cannot be loaded: a missing path, nothing to load, an unknown schema version."""
+    """Results that cannot be loaded: a missing path, nothing to load, an unknown schema version, a run.json or
+    trial row that does not hold what kvbench writes (naming the file, the line and the key)."""
 
 
 @dataclass
@@ -109,47 +110,33 @@ def _run_meta(trials_file: Path, problems: list[str]) -> dict[str, Any]:
                            "upgrade kvbench")
     if version != SCHEMA_VERSION:
         raise ResultsError(f"{rj}: schema_version {version} is unknown; this kvbench reads {SCHEMA_VERSION}")
-    return meta
-
-
-def _is_trial_row(row: Any) -> bool:
-    """The common case, checked fast: the fields every row has, of the right types (``type(...) is int`` also
-    refuses bools)."""
     try:
-        return (type(row["prompt_tokens"]) is int and row["prompt_tokens"] > 0 and type(row["batch_size"]) is int
-                and row["batch_size"] > 0 and type(row["trial_id"]) is str and type(row["status"]) is str
-                and type(row["mode"]) is str)
-    except (KeyError, TypeError):  # a field missing, or not a JSON object
-        return False
-
-
-def _row_problem(row: Any) -> str | None:
-    """Why a parsed line is not a trial row (None when it is)."""
-    if not isinstance(row, dict) or any(k not in row for k in _REQUIRED):
-        missing = [k for k in _REQUIRED if not isinstance(row, dict) or k not in row]
-        return f"not a trial row (missing {', '.join(missing)})"
-    wrong = [k for k in ("prompt_tokens", "batch_size")
-             if not isinstance(row[k], int) or isinstance(row[k], bool) or row[k] <= 0]
-    wrong += [k for k in ("trial_id", "status", "mode") if not isinstance(row[k], str)]
-    return f"not a trial row ({', '.join(wrong)} of the wrong type)" if wrong else None
+        return check_run_meta(meta, rj)
+    except RecordError as exc:
+        raise ResultsError(str(exc)) from None
 
 
 def _read_rows(path: Path, problems: list[str]) -> list[dict[str, Any]]:
-    rows = []
+    """The trial rows of ``path``; lines that are not JSON (a run killed mid-write) are skipped as problems.
+
+    Raises:
+        ResultsError: a JSON line that is not a trial row (:func:`kvbench.run_record.check_rows`).
+    """
+    rows, lines = [], []
     loads = orjson.loads
     with path.open("rb") as f:
         for i, line in enumerate(f, start=1):
             try:
-                row = loads(line)
+                rows.append(loads(line))
+                lines.append(i)
             except ValueError as exc:  # orjson.JSONDecodeError is a ValueError
                 if line.strip():
                     cut = "" if line.endswith(b"\n") else " (cut off: a run killed mid-write?)"
                     problems.append(f"{path}:{i}: not valid JSON{cut}: {str(exc).splitlines()[0]}; skipped")
-                continue
-            if _is_trial_row(row):
-                rows.append(row)
-            else:
-                problems.append(f"{path}:{i}: {_row_problem(row)}; skipped")
+    try:
+        check_rows(rows, lines, path)
+    except RecordError as exc:
+        raise ResultsError(str(exc)) from None
     ids = [row["trial_id"] for row in rows]
     if len(set(ids)) < len(ids):  # e.g. two writers on one run before kvbench locked it: keep the last of each
         last = {tid: k for k, tid in enumerate(ids)}
@@ -184,7 +171,8 @@ def load_results(paths: list[str | Path]) -> Results:
 
     Raises:
         ResultsError: a path that does not exist, a folder with no run in it, a run.json of an unknown or newer
-            schema version (naming the file), or no trial rows at all.
+            schema version (naming the file), a run.json or JSON line that does not hold what kvbench writes
+            (:mod:`kvbench.run_record`: naming the file, the line and the key), or no trial rows at all.
     """
     with _no_gc():
         return _load(paths)

@@ -393,9 +393,13 @@ def report(
     timeline: list[str] = typer.Option([], "--timeline", help="A trial id whose memory timeline to draw "
                                        "(repeatable; default: every mode at each scenario's largest point)."),
 ) -> None:
-    """Tables, charts and a Markdown/HTML report of one or many runs: memory saved and time it cost per mode."""
+    """Tables, charts and a Markdown/HTML report of one or many runs: memory saved and time it cost per mode.
+    Ctrl-C or SIGTERM stops it with exit 130, its chart workers killed and nothing written."""
     from kvbench.report import (capacity_display, chart_pool, reuse_display, reuse_terminal, terminal_frame,
                                 write_report)
+
+    signal.signal(signal.SIGTERM, _terminated)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
     if out_dir is not None and not out_dir.strip():
         _fail("--out is empty: give a directory")
@@ -508,7 +512,8 @@ def compare(
 
 @app.command()
 def cost(
-    results: list[Path] = typer.Argument(None, help="Run directories, trials.jsonl files or folders of runs."),
+    results: list[Path] = typer.Argument(None, help="Run directories, trials.jsonl files or folders of runs "
+                                         "(default: the newest run under results/)."),
     gpu_price: float = typer.Option(..., "--gpu-price", help="USD per GPU-hour."),
     host_price: float = typer.Option(0.0, "--host-price", help="USD per GiB-hour of host memory held by KV."),
     disk_price: float = typer.Option(0.0, "--disk-price", help="USD per GiB-hour of disk held by KV."),
@@ -540,7 +545,7 @@ def cost(
         try:
             w = what_if(prices, base_throughput, offload_throughput)
         except ValueError as exc:
-            _fail(str(exc).replace("the throughput", "a throughput"))
+            _fail(str(exc))
         out.print(f"cost per 1M generated tokens at {gpu_price:g} USD per GPU-hour: {w['base_usd_per_million']:,.2f} "
                   f"→ {w['offload_usd_per_million']:,.2f} USD ({w['saving_pct']:.1f}% saving; "
                   f"{base_throughput:g} → {offload_throughput:g} tokens/s)", highlight=False, markup=False)
@@ -557,7 +562,14 @@ def cost(
             out.print("offload raises cost here: its throughput is lower than without it", highlight=False)
         return
     if not results:
-        _fail("give result directories, or --base-throughput and --offload-throughput for a what-if")
+        from kvbench.newest_run import newest_run
+
+        found = newest_run("results")
+        if found is None:
+            _fail("no results given and no run under results/: give result directories, or --base-throughput and "
+                  "--offload-throughput for a what-if")
+        out.print(f"costing the newest run under results/: {found}", highlight=False, markup=False)
+        results = [found]
     from kvbench.analysis import point_table
     from kvbench.cost import cost_table, verdicts
     from kvbench.reuse_cost import reuse_cost, reuse_verdicts

@@ -20,10 +20,14 @@ import pandas as pd
 
 from kvbench.analysis import MEASURED, qualifies
 from kvbench.intervals import bootstrap_intervals, judge, pair_load, pair_with_reference, pct_interval
-from kvbench.plan import cost_per_million
+from kvbench.plan import MAX_USD_PER_HOUR, cost_per_million
 from kvbench.results import refuse_symlink_dir
 
 GIB = 2**30
+#: Bounds of the user's figures (past them costs overflow to inf, savings to NaN): USD per GPU-hour or GiB-hour is
+#: :data:`kvbench.plan.MAX_USD_PER_HOUR`; tokens per month, engineering USD, and a what-if's tokens/s range.
+MAX_TOKENS_PER_MONTH, MAX_ENGINEERING_USD = 1e18, 1e12
+WHAT_IF_TOKENS_PER_S = (1e-6, 1e12)
 
 
 @dataclass(frozen=True)
@@ -36,6 +40,11 @@ class Prices:
         tokens_per_month: generated tokens per month, for the monthly saving (optional).
         engineering_cost: USD to build and run offload, for the payback time (optional).
         disk_per_gib_hour: USD per GiB-hour of disk held by KV (≥ 0; default 0), priced apart from host memory.
+
+    Raises:
+        ValueError: a figure that is not finite, below its least or above its bound (prices
+            :data:`~kvbench.plan.MAX_USD_PER_HOUR`, :data:`MAX_TOKENS_PER_MONTH`, :data:`MAX_ENGINEERING_USD`),
+            naming its flag and the bound.
     """
 
     gpu_per_hour: float
@@ -45,19 +54,17 @@ class Prices:
     disk_per_gib_hour: float = 0.0
 
     def __post_init__(self) -> None:
-        def bad(v: float | None, low: float, strict: bool) -> bool:
-            return v is not None and not (math.isfinite(v) and (v > low if strict else v >= low))
+        def check(flag: str, v: float | None, strict: bool, most: float, unit: str) -> None:
+            low_ok = v is None or (v > 0 if strict else v >= 0)
+            if v is not None and not (math.isfinite(v) and low_ok and v <= most):
+                least = "above 0" if strict else "0 or more"
+                raise ValueError(f"{flag} must be a finite number {least} and at most {most:,.0f}{unit}, not {v:g}")
 
-        if bad(self.gpu_per_hour, 0, True):
-            raise ValueError(f"--gpu-price must be a finite number above 0 USD per hour, not {self.gpu_per_hour}")
-        if bad(self.host_per_gib_hour, 0, False):
-            raise ValueError(f"--host-price must be 0 or more USD per GiB-hour (finite), not {self.host_per_gib_hour}")
-        if bad(self.disk_per_gib_hour, 0, False):
-            raise ValueError(f"--disk-price must be 0 or more USD per GiB-hour (finite), not {self.disk_per_gib_hour}")
-        if bad(self.tokens_per_month, 0, True):
-            raise ValueError(f"--tokens-per-month must be a finite number above 0, not {self.tokens_per_month}")
-        if bad(self.engineering_cost, 0, False):
-            raise ValueError(f"--engineering-cost must be 0 or more USD (finite), not {self.engineering_cost}")
+        check("--gpu-price", self.gpu_per_hour, True, MAX_USD_PER_HOUR, " USD per hour")
+        check("--host-price", self.host_per_gib_hour, False, MAX_USD_PER_HOUR, " USD per GiB-hour")
+        check("--disk-price", self.disk_per_gib_hour, False, MAX_USD_PER_HOUR, " USD per GiB-hour")
+        check("--tokens-per-month", self.tokens_per_month, True, MAX_TOKENS_PER_MONTH, "")
+        check("--engineering-cost", self.engineering_cost, False, MAX_ENGINEERING_USD, " USD")
         if self.engineering_cost is not None and self.tokens_per_month is None:
             raise ValueError("--engineering-cost needs --tokens-per-month: the payback is cost ÷ saving per month")
 
@@ -85,8 +92,12 @@ def what_if(prices: Prices, base_tokens_per_s: float, offload_tokens_per_s: floa
     with the optional prices, per month and the payback time.
 
     Raises:
-        ValueError: a throughput that is not more than 0.
+        ValueError: a throughput outside :data:`WHAT_IF_TOKENS_PER_S` (the message gives the range).
     """
+    low, high = WHAT_IF_TOKENS_PER_S
+    for v in (base_tokens_per_s, offload_tokens_per_s):
+        if not (math.isfinite(v) and low <= v <= high):
+            raise ValueError(f"a throughput must be a finite number from {low:g} to {high:,.0f} tokens/s, not {v:g}")
     base, off = prices.per_million(base_tokens_per_s), prices.per_million(offload_tokens_per_s)
     monthly = prices.monthly_saving(base, off)
     return {"base_usd_per_million": base, "offload_usd_per_million": off, "saving_pct": 100 * (1 - off / base),
@@ -366,4 +377,4 @@ def write_costs(costs: pd.DataFrame, out_dir: str | Path, prices: Prices,
     return paths + ([png] if png is not None else [])
 
 
-__all__ = ["HOST_HELD_COLUMNS", "Prices", "cost_table", "held_bytes", "verdicts", "what_if", "write_costs"]
+__all__ = ["HOST_HELD_COLUMNS", "MAX_ENGINEERING_USD", "MAX_TOKENS_PER_MONTH", "WHAT_IF_TOKENS_PER_S", "Prices", "cost_table", "held_bytes", "verdicts", "what_if", "write_costs"]

@@ -142,6 +142,15 @@ class Architecture(KVLayout):
 
 
 _NEEDED = ("num_hidden_layers", "num_attention_heads", "hidden_size", "intermediate_size", "vocab_size")
+#: The largest config sizes plan accepts (far above any published model; past them the counts overflow).
+CONFIG_LIMITS = {"num_hidden_layers": 100_000, "num_attention_heads": 65_536, "num_key_value_heads": 65_536,
+                 "head_dim": 65_536, "hidden_size": 2**24, "intermediate_size": 2**26, "vocab_size": 2**26,
+                 "sliding_window": 2**32}
+#: The largest context (tokens), batch and window plan_modes takes; memories in bytes, bandwidths in bytes/s.
+MAX_TOKENS, MAX_BATCH = 2**32, 2**24
+MAX_MEMORY_BYTES, MAX_BYTES_PER_S = 2**60, 1e15
+#: The largest price per GPU-hour (USD) costs are computed for.
+MAX_USD_PER_HOUR = 1e6
 
 
 def read_config(path: str | Path) -> Any:
@@ -149,7 +158,8 @@ def read_config(path: str | Path) -> Any:
     (transformers would fill them with its defaults, silently planning for another model).
 
     Raises:
-        ValueError: not JSON, or missing fields (named).
+        ValueError: not JSON, or missing fields (named), or sizes that are not whole numbers from 1 to their
+            :data:`CONFIG_LIMITS` bound (named, with the bound).
     """
     path = Path(path)
     try:
@@ -164,12 +174,13 @@ def read_config(path: str | Path) -> Any:
     def positive_int(v: Any) -> bool:
         return isinstance(v, int) and not isinstance(v, bool) and v > 0
 
-    wrong = [k for k in _NEEDED + ("num_key_value_heads", "head_dim")
-             if k in text and text[k] is not None and not positive_int(text[k])]
-    if text.get("sliding_window") is not None and not positive_int(text["sliding_window"]):
-        wrong.append("sliding_window")
+    wrong = [k for k in CONFIG_LIMITS if text.get(k) is not None and not positive_int(text[k])]
     if wrong:
         raise ValueError(f"{path}: {', '.join(f'{k} = {text[k]!r}' for k in wrong)}: must be whole numbers above 0")
+    big = [k for k, most in CONFIG_LIMITS.items() if text.get(k) is not None and text[k] > most]
+    if big:
+        raise ValueError(f"{path}: " + ", ".join(f"{k} = {text[k]:,} is above {CONFIG_LIMITS[k]:,}" for k in big)
+                         + ": plan takes sizes up to these")
     from transformers import AutoConfig
 
     try:
@@ -300,12 +311,19 @@ def plan_modes(arch: Architecture, tokens: int, batch: int, dtype_bytes: int, gp
     not even one sequence fits.
 
     Raises:
-        ValueError: a non-positive context, batch, bandwidth or memory.
+        ValueError: a context, batch, bandwidth or memory that is not above 0 and at most its bound
+            (:data:`MAX_TOKENS`, :data:`MAX_BATCH`, :data:`MAX_BYTES_PER_S`, :data:`MAX_MEMORY_BYTES`), or a
+            window above :data:`MAX_TOKENS` (the message names the bound).
     """
-    for what, v in (("context tokens", tokens), ("batch", batch), ("link bandwidth", link_bytes_per_s),
-                    ("HBM bandwidth", hbm_bytes_per_s), ("GPU memory", gpu_bytes), ("host memory", host_bytes)):
-        if not (v > 0 and math.isfinite(v)):
-            raise ValueError(f"{what} must be a finite number above 0, not {v}")
+    for what, v, most in (("context tokens", tokens, MAX_TOKENS), ("batch", batch, MAX_BATCH),
+                          ("link bandwidth (bytes/s)", link_bytes_per_s, MAX_BYTES_PER_S),
+                          ("HBM bandwidth (bytes/s)", hbm_bytes_per_s, MAX_BYTES_PER_S),
+                          ("GPU memory (bytes)", gpu_bytes, MAX_MEMORY_BYTES),
+                          ("host memory (bytes)", host_bytes, MAX_MEMORY_BYTES)):
+        if not (v > 0 and math.isfinite(v) and v <= most):
+            raise ValueError(f"{what} must be a finite number above 0 and at most {most:,.0f}, not {v:,}")
+    if not 0 <= window <= MAX_TOKENS:
+        raise ValueError(f"the window must be 0 to {MAX_TOKENS:,} tokens, not {window:,}")
     weights = arch.parameters * dtype_bytes
     room = gpu_bytes * (1 - reserve) - weights
     total = arch.kv_bytes(tokens, dtype_bytes)
@@ -329,14 +347,17 @@ def cost_per_million(price_per_hour: float, tokens_per_s: float) -> float:
     """USD per 1M generated tokens = price per hour ÷ (tokens/s × 3600) × 10^6.
 
     Raises:
-        ValueError: a non-positive price or throughput.
+        ValueError: a price not above 0 and at most :data:`MAX_USD_PER_HOUR`, or a throughput not above 0 (and
+            finite).
     """
-    if not (price_per_hour > 0 and math.isfinite(price_per_hour)):
-        raise ValueError(f"the price must be more than 0 USD per hour (and finite), not {price_per_hour}")
+    if not (price_per_hour > 0 and math.isfinite(price_per_hour) and price_per_hour <= MAX_USD_PER_HOUR):
+        raise ValueError(f"the price must be more than 0 and at most {MAX_USD_PER_HOUR:,.0f} USD per hour, "
+                         f"not {price_per_hour:g}")
     if not (tokens_per_s > 0 and math.isfinite(tokens_per_s)):
         raise ValueError(f"the throughput must be more than 0 tokens/s (and finite), not {tokens_per_s}")
     return price_per_hour / (tokens_per_s * 3600) * 1e6
 
 
-__all__ = ["KV_PASSES", "Architecture", "DTYPE_BYTES", "KVLayout", "ModePlan", "architecture", "cost_per_million", "decode_step", "mean_decode_step", "placement",
+__all__ = ["CONFIG_LIMITS", "KV_PASSES", "MAX_BATCH", "MAX_BYTES_PER_S", "MAX_MEMORY_BYTES", "MAX_TOKENS",
+           "MAX_USD_PER_HOUR", "Architecture", "DTYPE_BYTES", "KVLayout", "ModePlan", "architecture", "cost_per_million", "decode_step", "mean_decode_step", "placement",
            "plan_modes", "read_config", "step_time"]

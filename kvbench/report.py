@@ -8,30 +8,26 @@ import base64
 import contextlib
 import html
 import math
-import multiprocessing as mp
 import os
 import re
 import shutil
-import signal
-import tempfile
-from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from kvbench import charts
+from kvbench import charts, scratch_dir
 from kvbench.analysis import KV_CHECK_TOLERANCE, Results, point_table, qualifies
+from kvbench.chart_pool import chart_pool
 from kvbench.intervals import pct_interval
+from kvbench.md_text import md_escape, md_line
 from kvbench.results import refuse_symlink_dir
 from kvbench.reuse import reuse_later_turns, reuse_table, reuse_trials
 
 MIB, GIB = 2**20, 2**30
 #: KV smaller than this fraction of the weights makes offload's savings invisible in device memory.
 KV_SMALL_FRACTION = 0.10
-#: At most this many chart worker processes.
-CHART_WORKERS = 4
 #: Panels per memory-timeline figure.
 TIMELINE_PANELS = 8
 #: A decode step moving more than this fraction of the measured link bandwidth is link-bound.
@@ -604,48 +600,13 @@ def _load_samples(results: Results, trial_ids: list[str]) -> dict[str, tuple[pd.
     return out
 
 
-class _InProcess:
-    """A stand-in for a process pool that runs each job at once, in this process."""
-
-    def submit(self, fn: Any, *args: Any) -> Future:
-        future: Future = Future()
-        future.set_result(fn(*args))
-        return future
-
-    def __enter__(self) -> "_InProcess":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-
-def _ignore_sigint() -> None:
-    """Chart workers leave Ctrl-C to the main process, which stops the report and shuts them down."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
-def chart_pool() -> Any:
-    """Where the report's charts are drawn: with more than one CPU, forked worker processes (the charts are
-    independent, and matplotlib cannot draw in threads), started now and warmed up (:func:`charts.warm_up`), so
-    that they import matplotlib while the caller loads results; on one CPU, this process. Use as a context manager
-    and pass to :func:`write_report`."""
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    workers = min(cpus, CHART_WORKERS)
-    if workers < 2 or "fork" not in mp.get_all_start_methods():
-        return _InProcess()
-    pool = ProcessPoolExecutor(workers, mp_context=mp.get_context("fork"), initializer=_ignore_sigint)
-    for _ in range(workers):  # workers start on demand: one warm-up job each starts them all now
-        pool.submit(charts.warm_up)
-    return pool
-
-
 def _md_table(frame: pd.DataFrame) -> str:
-    """A Markdown (GFM) table of a frame of text cells; ``|`` in cells escaped."""
+    """A Markdown (GFM) table of a frame of text cells, every cell through :func:`~kvbench.md_text.md_escape`."""
     if not len(frame):
         return "(no trials)"
 
     def line(cells: Any) -> str:
-        return "| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |"
+        return "| " + " | ".join(md_escape(c) for c in cells) + " |"
 
     rule = "|" + "|".join(":---" if i < 4 else "---:" for i in range(len(frame.columns))) + "|"
     return "\n".join([line(frame.columns), rule, *map(line, _cells(frame))])
@@ -675,7 +636,8 @@ def write_report(results: Results, out_dir: str | Path, timelines: list[str] | N
         out_dir: where to write.
         timelines: trial ids whose memory timeline is drawn; default: at each group's longest prompt and largest
             batch, the first measured trial of every mode.
-        pool: from :func:`chart_pool` (default: one made here).
+        pool: from :func:`chart_pool` (default: one made here); stopped (its workers killed) when the report
+            fails or is interrupted.
 
     Raises:
         ValueError: a trial id in ``timelines`` that is not in the results.
@@ -688,16 +650,21 @@ def write_report(results: Results, out_dir: str | Path, timelines: list[str] | N
     final = Path(out_dir)
     refuse_symlink_dir(final)  # e.g. a report/ link inside a run directory from someone's tarball
     created = not final.exists()
-    final.mkdir(parents=True, exist_ok=True)
     # everything is written into a private folder inside, then moved into place: an interrupted or failed report
-    # leaves no half of itself behind
-    out = Path(tempfile.mkdtemp(dir=final, prefix=".kvbench-report-"))
+    # leaves no half of itself behind; one left by a killed report (its owner provably dead) is removed first
+    out: Path | None = None
     try:
+        final.mkdir(parents=True, exist_ok=True)
+        scratch_dir.sweep(final)
+        out = scratch_dir.make(final)
         rep = _write(results, out, timelines, pool)
         for f in out.iterdir():
             os.replace(f, final / f.name)
     except BaseException:
-        shutil.rmtree(out, ignore_errors=True)
+        if pool is not None:  # its workers may still be drawing into the folder
+            pool.stop()
+        if out is not None:
+            shutil.rmtree(out, ignore_errors=True)
         if created:
             shutil.rmtree(final, ignore_errors=True)
         raise
@@ -849,23 +816,25 @@ def _of_group(shown: pd.DataFrame, group: str) -> pd.DataFrame | None:
 def _markdown(results: Results, rep: Report, shown: pd.DataFrame) -> str:
     lines = ["# kvbench report", ""]
     for g in rep.recommendations:
-        lines += [f"## {g}", "", f"**Recommendation:** {rep.recommendations[g]}", "", "Findings:", ""]
-        lines += [f"- {f}" for f in rep.findings[g]] + [""]
+        lines += [f"## {md_escape(g)}", "", f"**Recommendation:** {md_line(rep.recommendations[g])}", "",
+                  "Findings:", ""]
+        lines += [f"- {md_line(f)}" for f in rep.findings[g]] + [""]
         if rep.diagnoses[g]:
-            lines += ["Diagnoses:", ""] + [f"- {d}" for d in rep.diagnoses[g]] + [""]
+            lines += ["Diagnoses:", ""] + [f"- {md_line(d)}" for d in rep.diagnoses[g]] + [""]
         lines += ["Runs:", ""]
         for run in (r for r in results.runs if r.get("group") == g):
-            lines += [f"- {x}" for x in _env_lines(run)] + [""]
+            lines += [f"- {md_line(x)}" for x in _env_lines(run)] + [""]
         if (mine := _of_group(shown, g)) is not None:
             lines += [_md_table(mine), ""]
         for title, frame in _extra_tables(rep, g):
             lines += [f"### {title}", "", _md_table(frame), ""]
-        lines += [f"![{title}]({path.name})" for title, path in rep.charts if title.startswith(f"{g}: ")] + [""]
+        lines += [f"![{md_escape(title)}]({path.name})" for title, path in rep.charts
+                  if title.startswith(f"{g}: ")] + [""]
     timelines = [(t, p) for t, p in rep.charts if t.startswith("memory timelines")]
     if timelines:
-        lines += ["## Memory timelines", ""] + [f"![{t}]({p.name})" for t, p in timelines] + [""]
+        lines += ["## Memory timelines", ""] + [f"![{md_escape(t)}]({p.name})" for t, p in timelines] + [""]
     if results.problems:
-        lines += ["## Skipped or unknown", ""] + [f"- {p}" for p in results.problems] + [""]
+        lines += ["## Skipped or unknown", ""] + [f"- {md_escape(p)}" for p in results.problems] + [""]
     lines += [_GLOSSARY]
     return "\n".join(lines)
 

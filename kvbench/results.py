@@ -19,6 +19,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from kvbench.run_record import RecordError, check_rows, check_run_meta
+
 SCHEMA_VERSION = 1
 
 
@@ -113,7 +115,9 @@ class RunDir:
         Raises:
             SymlinkRefused: one of the files kvbench writes there (run.json, trials.jsonl, samples.csv, .lock) is a
                 symbolic link: resuming would write, truncate or lock its target.
-            RunDirError: run.json is missing, unreadable or of another schema.
+            RunDirError: run.json is missing, unreadable or of another schema, or run.json or a row of
+                trials.jsonl does not hold what kvbench writes (:mod:`kvbench.run_record`; naming the file, the
+                line and the key).
         """
         p = Path(path)
         for name in ("run.json", "trials.jsonl", "samples.csv", ".lock"):
@@ -131,6 +135,12 @@ class RunDir:
         version = meta.get("schema_version")
         if version != SCHEMA_VERSION:
             raise RunDirError(f"{rj}: schema_version {version!r}; this kvbench reads {SCHEMA_VERSION}")
+        try:
+            check_run_meta(meta, rj)
+            if (p / "trials.jsonl").is_file():
+                _checked_rows(p / "trials.jsonl")
+        except RecordError as exc:
+            raise RunDirError(str(exc)) from None
         return cls(p, meta)
 
     @contextlib.contextmanager
@@ -234,15 +244,35 @@ def _cut_partial_line(path: Path) -> int:
     return len(data) - keep
 
 
-def read_trials(path: str | Path) -> list[dict[str, Any]]:
-    """The rows of a ``trials.jsonl``. Lines that are not valid JSON are skipped with a warning naming file and line."""
-    rows = []
-    with Path(path).open() as f:
+def _checked_rows(path: Path) -> tuple[list[dict[str, Any]], list[int]]:
+    """The rows of a ``trials.jsonl`` and the numbers of its lines that are not valid JSON (a run killed mid-write).
+
+    Raises:
+        RecordError: a valid JSON line that is not a trial row (:func:`kvbench.run_record.check_rows`).
+    """
+    rows, lines, bad = [], [], []
+    with path.open() as f:
         for i, line in enumerate(f, start=1):
             if not line.strip():
                 continue
             try:
                 rows.append(json.loads(line))
+                lines.append(i)
             except ValueError:
-                warnings.warn(f"{path}:{i}: not a valid JSON line; skipped", stacklevel=2)
+                bad.append(i)
+    return check_rows(rows, lines, path), bad
+
+
+def read_trials(path: str | Path) -> list[dict[str, Any]]:
+    """The rows of a ``trials.jsonl``. Lines that are not valid JSON are skipped with a warning naming file and line.
+
+    Raises:
+        RunDirError: a line that is not a trial row (naming the file, the line and the key).
+    """
+    try:
+        rows, bad = _checked_rows(Path(path))
+    except RecordError as exc:
+        raise RunDirError(str(exc)) from None
+    for i in bad:
+        warnings.warn(f"{path}:{i}: not a valid JSON line; skipped", stacklevel=2)
     return rows

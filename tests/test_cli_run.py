@@ -112,7 +112,7 @@ def test_prompts_shorter_than_the_chat_template_are_refused_before_any_trial(wri
 def test_a_second_writer_on_the_same_run_is_refused(tmp_path):
     from kvbench.results import RunDir, RunDirError
 
-    run = RunDir.create(tmp_path, {"name": "x"}, {})
+    run = RunDir.create(tmp_path, tiny_scenario(), {})  # RunDir.open checks run.json's scenario
     with run.lock():
         with pytest.raises(RunDirError, match="another kvbench run is writing to this directory"):
             with RunDir.open(run.path).lock():

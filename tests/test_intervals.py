@@ -229,7 +229,8 @@ def test_cost_charges_the_host_memory_held_and_prices_disk_apart():
     full = cost_table(point_table(trials), prices, trials).set_index("mode").loc["full"]
     assert full["usd_per_million"] == pytest.approx((1 + 4 + 6) / tput * 1e6) and full["host_basis"] == (
         "pinned by torch")
-    with pytest.raises(ValueError, match="--disk-price must be 0 or more USD per GiB-hour"):
+    with pytest.raises(ValueError, match="--disk-price must be a finite number 0 or more and at most 1,000,000 USD "
+                                         "per GiB-hour, not -1"):
         Prices(1.0, disk_per_gib_hour=-1)
 
 

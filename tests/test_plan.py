@@ -76,7 +76,7 @@ def test_capacity_and_roofline_by_hand():
 def test_cost_per_million_tokens_is_the_articles_what_if():
     assert cost_per_million(2.0, 10) == pytest.approx(55.56, abs=0.005)
     assert cost_per_million(2.0, 15) == pytest.approx(37.04, abs=0.005)
-    with pytest.raises(ValueError, match=r"the price must be more than 0 USD per hour \(and finite\), not -1"):
+    with pytest.raises(ValueError, match=r"the price must be more than 0 and at most 1,000,000 USD per hour, not -1"):
         cost_per_million(-1, 10)
     with pytest.raises(ValueError, match=r"the throughput must be more than 0 tokens/s \(and finite\), not 0"):
         cost_per_million(2.0, 0)
@@ -100,18 +100,37 @@ def test_plan_command_output_and_errors(tmp_path):
         bad.write_text(json.dumps(cfg))
         r = cli.invoke(app, ["plan", str(bad)])
         assert r.exit_code == 2 and msg in r.output, r.output
+    for field, value in (("num_hidden_layers", 10**30), ("vocab_size", 2**26 + 1), ("head_dim", 10**6)):
+        cfg = json.loads(preset_path("llama-3.1-8b").read_text()) | {field: value}
+        bad.write_text(json.dumps(cfg))
+        r = cli.invoke(app, ["plan", str(bad)])
+        limit = {"num_hidden_layers": "100,000", "vocab_size": "67,108,864", "head_dim": "65,536"}[field]
+        assert r.exit_code == 2 and f"{bad}: {field} = {value:,} is above {limit}: plan takes sizes up to " \
+            "these" in r.output, r.output
+    for args, msg in ((["--prompt-tokens", str(10**23)], "context tokens must be a finite number above 0 and at "
+                       "most 4,294,967,296, not 100,000,000,000,000,000,000,000"),
+                      (["--batch", str(2**40)], "batch must be a finite number above 0 and at most 16,777,216"),
+                      (["--hbm-gbps", "1e300"], "HBM bandwidth (bytes/s) must be a finite number above 0 and at "
+                       "most 1,000,000,000,000,000"),
+                      (["--gpu-mem", "1000000EiB"], "GPU memory (bytes) must be a finite number above 0 and at "
+                       "most 1,152,921,504,606,846,976")):
+        r = cli.invoke(app, ["plan", "llama-3.1-8b", *args])
+        assert r.exit_code == 2 and msg in r.output and "Traceback" not in r.output, (args, r.output)
     bad.write_text(json.dumps(json.loads(preset_path("llama-3.1-8b").read_text()) | {"model_type": "foo"}))
     r = cli.invoke(app, ["plan", str(bad)])
     assert r.exit_code == 2 and f"{bad}: transformers cannot read this config: " in r.output
     r = cli.invoke(app, ["plan", "llama-2-70b", "--dtype", "fp16"])
     assert r.exit_code == 0 and "the weights (128.48 GiB) do not fit in 72.00 GiB of the GPU" in r.output
     r = cli.invoke(app, ["plan", "llama-3.1-8b", "--gpu-price", "0"])
-    assert r.exit_code == 2 and "the price must be more than 0 USD per hour" in r.output
+    assert r.exit_code == 2 and "the price must be more than 0 and at most 1,000,000 USD per hour, not 0" in r.output
+    r = cli.invoke(app, ["plan", "llama-3.1-8b", "--gpu-price", "1e308"])
+    assert r.exit_code == 2 and "at most 1,000,000 USD per hour, not 1e+308" in r.output
     r = cli.invoke(app, ["plan", "llama-3.1-8b", "--gpu-mem", "lots"])
     assert r.exit_code == 2 and "--gpu-mem 'lots': give bytes or a size such as 80GiB" in r.output
 
 
-def test_cost_what_if_and_bad_prices():
+def test_cost_what_if_and_bad_prices(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no results/ here
     cli = CliRunner()
     r = cli.invoke(app, ["cost", "--gpu-price", "2.0", "--base-throughput", "10", "--offload-throughput", "15"])
     assert r.exit_code == 0, r.output
@@ -119,18 +138,27 @@ def test_cost_what_if_and_bad_prices():
     r = cli.invoke(app, ["cost", "--gpu-price", "2.0", "--base-throughput", "10", "--offload-throughput", "15",
                          "--tokens-per-month", "1e9", "--engineering-cost", "5000"])
     assert "18,518.52 USD per month" in r.output and "payback of 5,000 USD: 0.3 months" in r.output
-    for args, msg in ((["--gpu-price", "0"], "--gpu-price must be a finite number above 0 USD per hour, not 0.0"),
-                      (["--gpu-price", "-2"], "--gpu-price must be a finite number above 0 USD per hour, not -2.0"),
-                      (["--gpu-price", "inf"], "--gpu-price must be a finite number above 0 USD per hour, not inf"),
-                      (["--gpu-price", "2", "--base-throughput", "0", "--offload-throughput", "5"],
-                       "a throughput must be more than 0 tokens/s (and finite), not 0.0"),
-                      (["--gpu-price", "2", "--base-throughput", "10", "--offload-throughput", "inf"],
-                       "a throughput must be more than 0 tokens/s (and finite), not inf"),
+    price = "--gpu-price must be a finite number above 0 and at most 1,000,000 USD per hour, not "
+    tput = "a throughput must be a finite number from 1e-06 to 1,000,000,000,000 tokens/s, not "
+    for args, msg in ((["--gpu-price", "0"], price + "0"),
+                      (["--gpu-price", "-2"], price + "-2"),
+                      (["--gpu-price", "inf"], price + "inf"),
+                      (["--gpu-price", "1e308", "--base-throughput", "1", "--offload-throughput", "2"],
+                       price + "1e+308"),
+                      (["--gpu-price", "2", "--host-price", "1e300"], "--host-price must be a finite number 0 or "
+                       "more and at most 1,000,000 USD per GiB-hour, not 1e+300"),
+                      (["--gpu-price", "2", "--tokens-per-month", "1e300"], "--tokens-per-month must be a finite "
+                       "number above 0 and at most 1,000,000,000,000,000,000, not 1e+300"),
+                      (["--gpu-price", "2", "--base-throughput", "0", "--offload-throughput", "5"], tput + "0"),
+                      (["--gpu-price", "2", "--base-throughput", "1e-300", "--offload-throughput", "5"],
+                       tput + "1e-300"),
+                      (["--gpu-price", "2", "--base-throughput", "10", "--offload-throughput", "inf"], tput + "inf"),
                       (["--gpu-price", "2", "--engineering-cost", "5000", "--base-throughput", "1",
                         "--offload-throughput", "2"], "--engineering-cost needs --tokens-per-month"),
                       (["--gpu-price", "2", "--max-tpot-ms", "-5"], "--max-tpot-ms must be a finite number"),
                       (["--gpu-price", "2", "--base-throughput", "10"], "go together"),
-                      (["--gpu-price", "2"], "give result directories")):
+                      (["--gpu-price", "2"], "no results given and no run under results/: give result "
+                       "directories")):
         r = cli.invoke(app, ["cost", *args])
         assert r.exit_code == 2 and msg in r.output, (args, r.output)
 
@@ -334,3 +362,24 @@ def test_mean_decode_step_compares_like_with_like():
     import math
 
     assert all(math.isnan(v) for v in mean_decode_step(a, "full", 1000, 1, 2, w, 2, 2000e9, 50e9))  # no decode step
+
+
+def test_cost_without_results_costs_the_newest_run_under_results(tmp_path, monkeypatch):
+    import os
+    import shutil
+    from pathlib import Path
+
+    golden = next(p for p in sorted((Path(__file__).parent / "data" / "golden").iterdir()) if p.is_dir())
+    monkeypatch.chdir(tmp_path)
+    for name, started in (("old", "2026-01-01T00:00:00Z"), ("new", "2026-12-01T00:00:00Z"), ("mid", None)):
+        dst = tmp_path / "results" / name
+        shutil.copytree(golden, dst)
+        meta = json.loads((dst / "run.json").read_text())
+        meta["started_at"] = started
+        (dst / "run.json").write_text(json.dumps(meta))  # mid: no started_at, its trials file's time (now) counts
+    os.utime(tmp_path / "results" / "mid" / "trials.jsonl", (1.6e9, 1.6e9))  # 2020
+    r = CliRunner().invoke(app, ["cost", "--gpu-price", "2.0"])
+    assert r.exit_code == 0, r.output
+    assert r.output.startswith("costing the newest run under results/: results/new\n")
+    assert (tmp_path / "results" / "new" / "report" / "cost.json").is_file()
+    assert not (tmp_path / "results" / "old" / "report").exists()

@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 from kvbench.analysis import ResultsError, load_results, point_table
 from kvbench.cli import app
 from kvbench.compare import compare_points, parse_threshold, violations
+from kvbench.md_text import md_line
 from kvbench.report import diagnoses, findings, recommendation, write_report
 
 GOLDEN = Path(__file__).parent / "data" / "golden"
@@ -137,7 +138,7 @@ def test_report_files_charts_and_diagnoses(golden, tmp_path):
     summary = pd.read_csv(tmp_path / "summary.csv")
     assert len(summary) == 24 and "memory_saving_pct" in summary
     md = (tmp_path / "report.md").read_text()
-    assert f"**Recommendation:** {rep.recommendations['golden']}" in md and "![" in md
+    assert f"**Recommendation:** {md_line(rep.recommendations['golden'])}" in md and "![" in md
     assert re.search(r"\| golden +\| +96 \| +2 \| full +\| 5 ok +\|", (tmp_path / "summary.md").read_text())
     page = (tmp_path / "report.html").read_text()
     assert page.count('src="data:image/png;base64,') == len(rep.charts) and "http" not in page.replace(
@@ -184,20 +185,18 @@ def test_corrupt_lines_are_reported_and_skipped(tmp_path):
     run = copy_run(tmp_path)
     lines = (run / "trials.jsonl").read_text().splitlines(keepends=True)
     lines.insert(3, '{"trial_id": "p32-b1-full-r0", "sta\n')
-    lines.insert(5, '{"trial_id": "x", "status": "ok", "prompt_tokens": "32", "batch_size": 1, "mode": "none"}\n')
     lines.append(lines[0])  # the first trial written twice
     (run / "trials.jsonl").write_text("".join(lines) + '{"trial_id": "cut')
     results = load_results([run])
     assert len(results.trials) == 120
     f = run / "trials.jsonl"
     p = results.problems  # the JSON parser's own reason sits between the prefix and "; skipped"
-    assert len(p) == 4 and p[0].startswith(f"{f}:4: not valid JSON: ") and p[0].endswith("; skipped")
-    assert p[1] == f"{f}:6: not a trial row (prompt_tokens of the wrong type); skipped"
-    assert p[2].startswith(f"{f}:124: not valid JSON (cut off: a run killed mid-write?): ")
-    assert p[3] == f"{f}: 1 trial id(s) appear more than once (p32-b1-none-r0, ...); the last of each is kept"
+    assert len(p) == 3 and p[0].startswith(f"{f}:4: not valid JSON: ") and p[0].endswith("; skipped")
+    assert p[1].startswith(f"{f}:123: not valid JSON (cut off: a run killed mid-write?): ")
+    assert p[2] == f"{f}: 1 trial id(s) appear more than once (p32-b1-none-r0, ...); the last of each is kept"
     r = CliRunner().invoke(app, ["report", str(run), "--out", str(tmp_path / "rep")])
     assert r.exit_code == 0, r.output
-    assert "4 problems while loading" in r.output and ":124: not valid JSON (cut off" in r.output
+    assert "3 problems while loading" in r.output and ":123: not valid JSON (cut off" in r.output
 
 
 def test_bad_paths_and_schema_versions_are_clear_errors(tmp_path):
@@ -372,3 +371,24 @@ def test_a_disk_tier_kept_in_the_page_cache_is_diagnosed(golden):
                      "trial(s) (scenario disk: {page_cache: true}, or posix_fadvise missing): its disk reads came "
                      "from memory, not the device"]
     assert not [d for d in diagnoses(results, table, "golden") if d.startswith("disk timings")]
+
+
+EVIL = "<img src=https://evil/x.png> ![x](https://evil/y.png) [a](javascript:alert(1)) www.evil.example"
+
+
+def test_report_md_carries_no_html_links_or_images_from_files(tmp_path):
+    from markdown_it import MarkdownIt
+
+    def edit(r):
+        return dict(r, mode_label=f"full {EVIL}", message=EVIL) if r["mode_label"] == FULL else r
+
+    run = copy_run(tmp_path, edit=edit, edit_meta=lambda m: m["scenario"].update(description=EVIL))
+    rep = write_report(load_results([run]), tmp_path / "rep")
+    md = (tmp_path / "rep" / "report.md").read_text()
+    assert "\\<img src=https\\://evil/x.png\\> !\\[x\\](https\\://evil/y.png) \\[a\\](javascript:alert(1)) " \
+           "www\\.evil.example" in md
+    page = MarkdownIt("commonmark").enable("table").render(md)  # raw HTML on, as GitHub and most viewers
+    images = re.findall(r"<img [^>]*>", page)
+    assert len(images) == len(rep.charts) and all('src="https://' not in i for i in images)
+    assert "<a " not in page and "evil/y.png" in page
+    assert "&lt;img src=https://evil/x.png&gt; ![x](https://evil/y.png) [a](javascript:alert(1))" in page

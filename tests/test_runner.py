@@ -210,13 +210,14 @@ def test_sweep_writes_every_trial_and_ctrl_c_keeps_finished_ones(tiny_model, tmp
 
 
 def test_resume_drops_a_half_written_last_line(tmp_path):
-    run = RunDir.create(tmp_path, {"name": "x"}, {})
-    run.append({"trial_id": "a"})
+    run = RunDir.create(tmp_path, tiny_scenario(), {})  # RunDir.open checks run.json and the rows
+    row = {"trial_id": "a", "status": "ok", "mode": "none", "prompt_tokens": 8, "batch_size": 1}
+    run.append(row)
     with run.trials_path.open("a") as f:
         f.write('{"trial_id": "b", "stat')
     with pytest.warns(UserWarning, match=r"dropped an incomplete last line \(23 bytes\)"):
-        assert RunDir.open(run.path).finished_trials() == [{"trial_id": "a"}]
-    assert run.trials_path.read_text() == '{"trial_id": "a"}\n'
+        assert RunDir.open(run.path).finished_trials() == [row]
+    assert run.trials_path.read_text() == json.dumps(row) + "\n"
 
 
 def test_open_refuses_other_schema_versions(tmp_path):

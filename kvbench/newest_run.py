@@ -1,0 +1,34 @@
+"""The newest run under a results root, for commands given no results (``kvbench cost --gpu-price 2.0``)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from pathlib import Path
+
+
+def _started(run: Path) -> str:
+    """run.json's ``started_at`` (ISO 8601, UTC), else the trials file's modification time in the same form."""
+    try:
+        meta = json.loads((run / "run.json").read_text())
+        started = meta.get("started_at") if isinstance(meta, dict) else None
+        if isinstance(started, str) and started:
+            return started
+    except (OSError, ValueError):
+        pass
+    stamp = dt.datetime.fromtimestamp((run / "trials.jsonl").stat().st_mtime, dt.timezone.utc)
+    return stamp.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def newest_run(root: str | Path) -> Path | None:
+    """The run directory (one holding ``trials.jsonl``) at or below ``root`` that started last (run.json
+    ``started_at``, else its trials file's time; ties go to the later path); None when there is none or ``root`` is
+    not a directory."""
+    root = Path(root)
+    if not root.is_dir():
+        return None
+    runs = [f.parent for f in root.rglob("trials.jsonl") if f.is_file()]
+    return max(runs, key=lambda r: (_started(r), str(r)), default=None)
+
+
+__all__ = ["newest_run"]
