@@ -934,7 +934,11 @@ def list_(
 
         files = sorted(directory.glob("*.yaml")) + sorted(directory.glob("*.yml"))
         if not files:
-            _fail(f"no scenario files (*.yaml) in {directory}")
+            import kvbench
+
+            shipped = Path(kvbench.__file__).resolve().parent.parent / "scenarios"
+            hint = f"; kvbench's own are in {shipped}" if shipped.is_dir() and shipped != directory.resolve() else ""
+            _fail(f"no scenario files (*.yaml) in {directory.resolve()}: pass --dir DIR{hint}")
         t.add_column("file")
         t.add_column("name")
         t.add_column("description")

@@ -332,3 +332,11 @@ def test_version_option_shows_no_metavar():
     r = subprocess.run([*kvbench_cmd(), "--help"], capture_output=True, text=True, env={**os.environ, "COLUMNS": "100"})
     line = next(x for x in r.stdout.splitlines() if "--version" in x)
     assert line.split() == ["│", "--version", "Print", "the", "version.", "│"]
+
+
+def test_list_scenarios_elsewhere_points_to_dir_and_the_shipped_ones(tmp_path):
+    r = subprocess.run([*kvbench_cmd(), "list", "scenarios"], capture_output=True, text=True, cwd=tmp_path,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 2
+    assert " ".join(r.stderr.split()) == (f"error: no scenario files (*.yaml) in {tmp_path.resolve() / 'scenarios'}: "
+                                          f"pass --dir DIR; kvbench's own are in {ROOT / 'scenarios'}")
