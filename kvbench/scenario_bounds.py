@@ -39,7 +39,9 @@ MAX_DESCRIPTION = 500
 
 
 def _int(lo: int, hi: int) -> Any:
-    return Annotated[int, Field(strict=True, ge=lo, le=hi)]
+    """A strict whole number from ``lo`` to ``hi`` (a lower bound of 1 reads "greater than 0", as before)."""
+    low = {"gt": 0} if lo == 1 else {"ge": lo}
+    return Annotated[int, Field(strict=True, le=hi, **low)]
 
 
 Tokens = _int(1, MAX_TOKENS)

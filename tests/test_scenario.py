@@ -246,7 +246,7 @@ def test_not_a_mapping_and_missing_file(tmp_path, write_yaml):
 
 
 def test_shipped_scenarios_are_valid():
-    for name in ("smoke", "dialogue", "mid_doc", "long_doc"):
+    for name in ("smoke", "quick", "dialogue", "mid_doc", "long_doc"):
         s = load_scenario(ROOT / "scenarios" / f"{name}.yaml")
         assert s.name == name and s.model.name == "smollm2-135m"
     assert parse_scenario(tiny_scenario()).repeats == 2
