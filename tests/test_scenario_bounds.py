@@ -1,0 +1,83 @@
+"""Every value `validate` accepts is one `run` can use: booleans are not numbers, whole numbers are bounded (the
+bound in the message), byte sizes finite, names safe for the run directory, paths without NUL bytes."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import tiny_scenario
+from kvbench.scenario import ScenarioError, load_scenario
+
+CASES = [
+    # the issue's values
+    ({"budget": True}, "budget", "must be a number of bytes or a size such as 512MiB, not a boolean (got True)"),
+    ({"seed": True}, "seed", "Input should be a valid integer (got True)"),
+    ({"repeats": 10**12}, "repeats", "Input should be less than or equal to 1000 (got 1000000000000)"),
+    ({"seed": 1e30}, "seed", "Input should be a valid integer (got 1e+30)"),
+    ({"seed": 10**30}, "seed", "Input should be less than 4294967296 (got 1000000000000000000000000000000)"),
+    ({"name": "a" * 300}, "name", "must be at most 100 characters (it names the run directory; got 300) (got "
+                                  f"'{'a' * 79}… (302 characters))"),
+    # the rest of the schema
+    ({"name": ".hidden"}, "name", "must be letters, digits, '_', '.' and '-', starting with a letter, digit or '_' "
+                                  "(it names the run directory) (got '.hidden')"),
+    ({"seed": -1}, "seed", "Input should be greater than or equal to 0 (got -1)"),
+    ({"warmup": 101}, "warmup", "Input should be less than or equal to 100 (got 101)"),
+    ({"max_new_tokens": 2**24 + 1}, "max_new_tokens", "Input should be less than or equal to 16777216 (got 16777217)"),
+    ({"prompt_tokens": [8, 2**30]}, "prompt_tokens[1]", "Input should be less than or equal to 16777216 (got "
+                                                        "1073741824)"),
+    ({"batch_sizes": [1, 10**8]}, "batch_sizes[1]", "Input should be less than or equal to 4096 (got 100000000)"),
+    ({"budget": float("inf")}, "budget", "must be a finite number of bytes or a size such as 512MiB (got inf)"),
+    ({"budget": float("nan")}, "budget", "must be a finite number of bytes or a size such as 512MiB (got nan)"),
+    ({"budget": 2**61}, "budget", "must be at most 1,152,921,504,606,846,976 bytes (1 EiB) (got 2305843009213693952)"),
+    ({"description": "two\nlines"}, "description", "must be one line without control characters (it is printed by "
+                                                   "`kvbench list scenarios`) (got 'two\\nlines')"),
+    ({"disk_dir": "a\0b"}, "disk_dir", "a path cannot hold a NUL byte (got 'a\\x00b')"),
+    ({"monitor": {"interval_ms": 10**9}}, "monitor.interval_ms", "Input should be less than or equal to 60000 (got "
+                                                                 "1000000000)"),
+    ({"monitor": {"alert_device_bytes": False}}, "monitor.alert_device_bytes",
+     "must be a number of bytes or a size such as 512MiB, not a boolean (got False)"),
+    ({"workload": {"source": "synthetic", "n_prompts": 10**8}}, "workload.n_prompts",
+     "Input should be less than or equal to 10000 (got 100000000)"),
+    ({"workload": {"source": "synthetic", "seed": True}}, "workload.seed", "Input should be a valid integer (got True)"),
+    ({"model": {"preset": "tiny-llama", "weights": "random", "trust_remote_code": "yes"}}, "model.trust_remote_code",
+     "Input should be a valid boolean (got 'yes')"),
+    ({"modes": [{"kind": "hierarchical", "window": True}]}, "modes[0].window", "Input should be a valid integer (got "
+                                                                              "True)"),
+    ({"modes": [{"kind": "full", "host_max_tokens": 2**40}]}, "modes[0].host_max_tokens",
+     "Input should be less than or equal to 4294967296 (got 1099511627776)"),
+    ({"batch_sizes": "auto", "budget": "1MiB", "capacity": {"max": 10**6}}, "capacity",
+     "max 1000000 is more than the largest batch, 4096"),
+    ({"prompt_tokens": list(range(1, 101)), "batch_sizes": list(range(1, 101)), "repeats": 20}, "repeats",
+     "100 prompt lengths × 100 batch sizes × 1 modes × 20 repeats is 200,000 trials, more than 100,000"),
+]
+
+
+@pytest.mark.parametrize("over,path,msg", CASES, ids=[c[1] + "-" + repr(next(iter(c[0].values())))[:20] for c in CASES])
+def test_values_run_cannot_use_are_refused_naming_key_and_bound(write_yaml, over, path, msg):
+    with pytest.raises(ScenarioError) as info:
+        load_scenario(write_yaml(tiny_scenario(**over)))
+    assert (path, msg) in info.value.problems
+
+
+def test_doc_qa_ratio_is_bounded(write_yaml):
+    wl = {"source": "files", "files": "*.txt", "doc_qa": {"hit_miss_ratio": "1:100000000"}}
+    with pytest.raises(ScenarioError) as info:
+        load_scenario(write_yaml(tiny_scenario(workload=wl, prompt_tokens=None, batch_sizes=None)))
+    assert ("workload.doc_qa.hit_miss_ratio",
+            "must be 'H:M' with whole numbers from 0 to 999, H ≥ 1, e.g. '3:1' (got '1:100000000')") in info.value.problems
+
+
+def test_files_matching_only_a_device_are_refused(write_yaml):
+    wl = {"source": "files", "files": "/dev/null"}
+    with pytest.raises(ScenarioError) as info:
+        load_scenario(write_yaml(tiny_scenario(workload=wl, model={"preset": "tiny-llama", "weights": "random",
+                                                                    "tokenizer": "smollm2-135m"})))
+    assert info.value.problems == [("workload.files", "the pattern '/dev/null' matches no regular file (only "
+                                                      "/dev/null: give text files)")]
+
+
+def test_the_bounds_themselves_are_accepted(write_yaml):
+    s = load_scenario(write_yaml(tiny_scenario(seed=2**32 - 1, repeats=1000, warmup=100, name="a" * 100,
+                                               budget=2**60, workload={"source": "synthetic", "n_prompts": 4,
+                                                                       "seed": 0})))
+    assert (s.seed, s.repeats, s.warmup, len(s.name), int(s.budget)) == (2**32 - 1, 1000, 100, 100, 2**60)
