@@ -176,7 +176,7 @@ def _terminated(signum: int, frame: object) -> None:
 @app.command()
 def run(
     scenario: Optional[Path] = typer.Argument(None, help="Scenario YAML file (optional with --resume)."),
-    out_root: Optional[Path] = typer.Option(None, "--out", help="Results root (default results/); the run goes in a new folder."),
+    out_root: Optional[str] = typer.Option(None, "--out", help="Results root (default results/); the run goes in a new folder."),
     resume: Optional[Path] = typer.Option(None, "--resume", help="Continue this run directory, skipping finished trials."),
 ) -> None:
     """Run a scenario's sweep and print its summary."""
@@ -191,6 +191,8 @@ def run(
         _fail("give a scenario file, or --resume DIR")
     if resume is not None and out_root is not None:
         _fail(f"--out does not apply with --resume: the run stays in {resume}")
+    if out_root is not None and not out_root.strip():
+        _fail("--out is empty: give a directory")
     try:
         if resume is not None:
             rundir = RunDir.open(resume)
@@ -211,6 +213,7 @@ def run(
 
     from kvbench.models import ModelNotFound, resolve_device
     from kvbench.capacity import device_problem
+    from kvbench.load_errors import one_line
     from kvbench.runner import plan_trials, prepare
     from kvbench.workloads.sessions import NotEnoughRequests
 
@@ -239,7 +242,7 @@ def run(
     created = rundir is None
     if rundir is None:
         try:
-            rundir = RunDir.create(out_root or Path("results"), sc.model_dump(mode="json"), env)
+            rundir = RunDir.create(Path(out_root or "results"), sc.model_dump(mode="json"), env)
         except OSError as exc:
             _fail(f"cannot create the run directory under {out_root or 'results'}: {exc.strerror or exc}")
     try:
@@ -253,6 +256,8 @@ def run(
                     _fail(f"{where}: workload.{sc.workload.reuse}: {exc}")
                 except (ModelNotFound, ValueError, ImportError, OSError) as exc:
                     _fail(str(exc))
+                except Exception as exc:  # noqa: BLE001 - anything else before the first trial refuses in one line
+                    _fail(f"{where}: cannot prepare the run of model {sc.model.label}: {one_line(exc)}")
             if problems:
                 _fail(f"{where}: cannot run:\n" + "\n".join(problems))
             watched = "device memory" if runner.m.device.type == "cuda" else "process RSS (CPU run)"
@@ -279,7 +284,7 @@ def run(
                       f"--resume {rundir.path}", 1)
     except RunDirError as exc:
         _fail(str(exc))
-    except typer.Exit:
+    except Exception:  # a refusal (typer.Exit) or a bug: a run this command made stays only with a trial in it
         if created and not rundir.finished_trials():
             shutil.rmtree(rundir.path, ignore_errors=True)  # nothing ran: leave no empty run behind
         raise

@@ -753,13 +753,14 @@ def prepare(scenario: Scenario, environment: dict[str, Any] | None = None) -> Tr
     run's, with its measured bandwidths) lets each trial carry plan's predicted step time.
 
     Raises:
-        kvbench.models.ModelNotFound, ValueError (bad device; a reuse workload's source with too few texts:
-        :class:`~kvbench.workloads.sessions.NotEnoughRequests`), ModuleNotFoundError (data package missing).
+        kvbench.models.ModelNotFound, kvbench.load_errors.ModelLoadError (anything else that stops the model
+        loading, e.g. a pickled checkpoint torch refuses), ValueError (a reuse workload's source with too few
+        texts: :class:`~kvbench.workloads.sessions.NotEnoughRequests`), ModuleNotFoundError (data package missing).
     """
-    from kvbench.models import load
+    from kvbench.load_errors import load_model
     from kvbench.workloads import make_source, make_stream
 
-    loaded = load(scenario.model, scenario.device, scenario.seed)
+    loaded = load_model(scenario.model, scenario.device, scenario.seed)
     if scenario.workload.reuse:
         source = make_stream(scenario.workload, loaded.tokenizer,
                              loaded.shape.max_positions - scenario.max_new_tokens)

@@ -356,3 +356,57 @@ def test_report_and_cost_refuse_a_report_directory_that_is_a_symlink(tmp_path):
         assert r.returncode == 2, (cmd, r.stdout + r.stderr)
         assert f"{run / 'report'} is a symbolic link" in r.stderr
     assert list(elsewhere.iterdir()) == []
+
+
+def test_a_pickled_checkpoint_is_refused_in_one_line_and_leaves_no_run_dir(write_yaml, tmp_path):
+    """Issue 17 item 14: a pickled pytorch_model.bin (tests/data/hostile/pickled-model: a tiny Llama config and a
+    dict holding an argparse.Namespace) was refused by torch as an UnpicklingError traceback that left an empty run
+    dir marked `running`. Now: exit 2, one line naming the model path, nothing written."""
+    model = ROOT / "tests" / "data" / "hostile" / "pickled-model"
+    scenario = write_yaml(tiny_scenario(model={"name": str(model), "tokenizer": "smollm2-135m"},
+                                        prompt_tokens=[8], batch_sizes=[1], repeats=1))
+    r = subprocess.run([*kvbench_cmd(), "run", str(scenario), "--out", str(tmp_path / "res")], capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 2, r.stdout + r.stderr
+    errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+    assert errors == [f"error: model {model}: cannot load it: UnpicklingError: a pickled checkpoint torch's "
+                      "weights-only loader refused (it holds argparse.Namespace); kvbench never unpickles code: give "
+                      "the weights as safetensors"], r.stderr
+    assert "Traceback" not in r.stderr
+    assert list((tmp_path / "res").iterdir()) == []
+
+
+def test_any_error_before_the_first_trial_refuses_in_one_line_and_leaves_no_run_dir(write_yaml, tmp_path,
+                                                                                    monkeypatch):
+    """Issue 17 item 14: not only the model's loaders: whatever the preparation raises refuses with exit 2."""
+    from typer.testing import CliRunner
+
+    from kvbench.cli import app
+    from kvbench.runner import TrialRunner
+
+    def broken(self):
+        raise KeyError("a tokenizer\nthat breaks")
+
+    monkeypatch.setattr(TrialRunner, "preflight", broken)
+    scenario = write_yaml(tiny_scenario(prompt_tokens=[8], batch_sizes=[1], repeats=1))
+    r = CliRunner().invoke(app, ["run", str(scenario), "--out", str(tmp_path / "res")])
+    assert r.exit_code == 2, r.output
+    assert (f"error: {scenario}: cannot prepare the run of model tiny-llama (random weights): KeyError: 'a "
+            "tokenizer") in r.output
+    assert r.exception is None or isinstance(r.exception, SystemExit)
+    assert list((tmp_path / "res").iterdir()) == []
+
+
+def test_run_refuses_an_empty_out(write_yaml, tmp_path, monkeypatch):
+    """Issue 17 item 17: `run --out ''` wrote its run into the current directory; `report --out ''` refused."""
+    from typer.testing import CliRunner
+
+    from kvbench.cli import app
+
+    scenario = write_yaml(tiny_scenario(prompt_tokens=[8], batch_sizes=[1], repeats=1))
+    monkeypatch.chdir(tmp_path)
+    for empty in ("", " "):
+        r = CliRunner().invoke(app, ["run", str(scenario), "--out", empty])
+        assert r.exit_code == 2, r.output
+        assert "error: --out is empty: give a directory" in r.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["scenario.yaml"]
