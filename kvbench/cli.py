@@ -202,6 +202,8 @@ def run(
             problems = check_scenario(sc)
             if problems:
                 raise ScenarioError(resume / "run.json", problems)
+            with rundir.lock():  # before anything reads the trials: a refused resume cuts nothing
+                finished = rundir.finished_trials()
         else:
             sc = load_scenario(scenario)
             rundir = None
@@ -214,12 +216,13 @@ def run(
     from kvbench.models import ModelNotFound, resolve_device
     from kvbench.capacity import device_problem
     from kvbench.load_errors import one_line
+    from kvbench.run_files import ResultsNotWritten
     from kvbench.runner import plan_trials, prepare
     from kvbench.workloads.sessions import NotEnoughRequests
 
     if (rundir is not None and sc.searched is None and not sc.workload.reuse
-            and {t.trial_id for t in plan_trials(sc)} <= {r["trial_id"] for r in rundir.finished_trials()}):
-        rows = rundir.finished_trials()
+            and {t.trial_id for t in plan_trials(sc)} <= {r["trial_id"] for r in finished}):
+        rows = finished
         out.print(_summary_table(_run_summary(rows, sc), f"{sc.name}: {sc.model.label}"))
         for line in _failures(rows):
             out.print(line, highlight=False, markup=False)
@@ -268,15 +271,17 @@ def run(
             err.print(f"model {sc.model.label}: {m.shape.layers} layers, {m.shape.kv_heads} kv heads × "
                       f"{m.shape.head_dim}, {str(m.dtype).removeprefix('torch.')} on {m.device}; loaded in "
                       f"{time.perf_counter() - t0:.1f} s", highlight=False, markup=False)
-            rundir.update(weights_bytes=m.weights_bytes, status="running")
             err.print(f"results: {rundir.path}", highlight=False, markup=False)
             planned = _planned(sc, runner)
             try:
+                rundir.update(weights_bytes=m.weights_bytes, status="running")
                 result = _sweep(sc, rundir, runner, planned)
             except OSError as exc:  # writing the results: disk full, quota, removed directory
-                with contextlib.suppress(OSError):
-                    rundir.update(status="interrupted")
-                why = f"cannot write the results in {rundir.path}: {exc.strerror or exc}"
+                why = str(exc)  # the sweep's ResultsNotWritten says what it lost and what run.json says
+                if not isinstance(exc, ResultsNotWritten):  # run.json, before the sweep
+                    with contextlib.suppress(OSError):
+                        rundir.update(status="interrupted")
+                    why = f"cannot write the results in {rundir.path}: {exc.strerror or exc}"
                 kept = len(rundir.finished_trials())
                 if created and not kept:
                     _fail(f"{why}; no trial had finished: nothing was kept", 1)  # the directory is removed below

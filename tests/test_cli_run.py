@@ -281,8 +281,9 @@ def test_a_full_results_disk_keeps_the_finished_trials_and_says_how_to_resume(wr
     r = CliRunner().invoke(app, ["run", str(scenario), "--out", str(tmp_path / "out")])
     assert r.exit_code == 1, r.output
     run = the_run_dir(tmp_path / "out")
-    assert "No space left on device; 2 finished trials are kept: make room, then continue with: kvbench run " \
-           f"--resume {run}" in " ".join(r.output.split())
+    assert "No space left on device; trial p8-b1-none-r2 was measured but not kept (neither its row nor its " \
+           "samples); run.json says interrupted (disk full: No space left on device); 2 finished trials are kept: " \
+           f"make room, then continue with: kvbench run --resume {run}" in " ".join(r.output.split())
     lines = (run / "trials.jsonl").read_text().splitlines()
     assert [json.loads(x)["trial_id"] for x in lines] == calls[:2]  # the third line was cut back out
     assert json.loads((run / "run.json").read_text())["status"] == "interrupted"
@@ -356,6 +357,89 @@ def test_report_and_cost_refuse_a_report_directory_that_is_a_symlink(tmp_path):
         assert r.returncode == 2, (cmd, r.stdout + r.stderr)
         assert f"{run / 'report'} is a symbolic link" in r.stderr
     assert list(elsewhere.iterdir()) == []
+
+
+def test_a_refused_second_resume_cuts_nothing(write_yaml, tmp_path):
+    """Issue 17 item 6: a second `run --resume` while a run was writing cut the writer's partial last lines before
+    the lock refused it. Now it takes the lock before it reads the trials: refused, exit 2, every byte as it was."""
+    from typer.testing import CliRunner
+
+    from kvbench.cli import app
+    from kvbench.results import RunDir
+    from kvbench.scenario import load_scenario
+
+    scenario = write_yaml(tiny_scenario(prompt_tokens=[8], batch_sizes=[1], repeats=2, warmup=0))
+    run = RunDir.create(tmp_path / "res", load_scenario(scenario).model_dump(mode="json"), {})
+    run.append({"trial_id": "p8-b1-none-r0", "status": "ok"})
+    run.append_samples([{"trial_id": "p8-b1-none-r0", "phase": "x"}])
+    with RunDir.open(run.path).lock():  # the writer, halfway through its next trial's files
+        with run.samples_path.open("a") as f:
+            f.write("p8-b1-none-r1,pref")
+        with run.trials_path.open("a") as f:
+            f.write('{"trial_id": "p8-b1-none-r1", "st')
+        files = {p.name: p.read_bytes() for p in run.path.iterdir()}
+        r = CliRunner().invoke(app, ["run", "--resume", str(run.path)])
+        assert r.exit_code == 2, r.output
+        assert f"{run.path}: another kvbench run is writing to this directory" in " ".join(r.output.split())
+        assert {p.name: p.read_bytes() for p in run.path.iterdir()} == files
+
+
+def full_disk_on_the_third_trial(monkeypatch, run_json_too: bool) -> None:
+    """From the third trial on, samples.csv gets half its bytes and then ENOSPC; run.json too if asked."""
+    import errno
+
+    from kvbench.results import RunDir
+
+    real_samples, real_update, calls = RunDir.append_samples, RunDir.update, []
+
+    def append_samples(self, samples):
+        calls.append(samples[0]["trial_id"])
+        if len(calls) < 3:
+            return real_samples(self, samples)
+        real_samples(self, samples[: len(samples) // 2])  # what reached the disk before it filled
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    def update(self, **fields):
+        if run_json_too and len(calls) >= 3:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_update(self, **fields)
+
+    monkeypatch.setattr(RunDir, "append_samples", append_samples)
+    monkeypatch.setattr(RunDir, "update", update)
+
+
+@pytest.mark.parametrize("run_json_too", [False, True])
+def test_a_full_disk_mid_run_keeps_whole_trials_and_says_what_run_json_says(write_yaml, tmp_path, monkeypatch,
+                                                                          run_json_too):
+    """Issue 17 item 7: with the disk full, the last trial's row was kept with part of its samples (119 of 124,
+    no notice) and run.json stayed `running`. Now the trial is dropped whole and said so, run.json says
+    `interrupted` with the reason, or the error says it could not be written."""
+    from typer.testing import CliRunner
+
+    from kvbench.cli import app
+
+    full_disk_on_the_third_trial(monkeypatch, run_json_too)
+    scenario = write_yaml(tiny_scenario(prompt_tokens=[8], batch_sizes=[1], repeats=4, warmup=0,
+                                        monitor={"interval_ms": 5}))
+    r = CliRunner().invoke(app, ["run", str(scenario), "--out", str(tmp_path / "out")])
+    assert r.exit_code == 1, r.output
+    run = the_run_dir(tmp_path / "out")
+    rows = read_trials(run / "trials.jsonl")
+    assert [row["trial_id"] for row in rows] == ["p8-b1-none-r0", "p8-b1-none-r1"]
+    samples = pd.read_csv(run / "samples.csv")
+    assert samples.groupby("trial_id").size().to_dict() == {row["trial_id"]: row["n_samples"] for row in rows}
+    text = " ".join(r.output.split())
+    assert (f"cannot write the results in {run}: No space left on device; trial p8-b1-none-r2 was measured but not "
+            "kept (neither its row nor its samples)") in text
+    meta = json.loads((run / "run.json").read_text())
+    if run_json_too:
+        assert "run.json could not be marked interrupted either (No space left on device): it still says running" \
+            in text
+        assert meta["status"] == "running"
+    else:
+        assert "run.json says interrupted (disk full: No space left on device)" in text
+        assert (meta["status"], meta["reason"]) == ("interrupted", "disk full: No space left on device")
+    assert f"2 finished trials are kept: make room, then continue with: kvbench run --resume {run}" in text
 
 
 def test_a_pickled_checkpoint_is_refused_in_one_line_and_leaves_no_run_dir(write_yaml, tmp_path):
