@@ -200,12 +200,16 @@ class RunDir:
 
     def record_trial(self, row: dict[str, Any], samples: list[dict[str, Any]]) -> None:
         """Write one trial: its samples (:meth:`append_samples`), then its row (:meth:`append`), the commit point:
-        a trial is in the run when its row is.
+        a trial is in the run when its row is. The row gets (in place) ``scenario_digest``, the digest of
+        run.json's scenario (:func:`kvbench.row_identity.scenario_digest`) that ``--resume`` checks.
 
         Raises:
             OSError: either write failed (disk full, quota); neither file keeps any of this trial (samples.csv
                 is cut back to its size before it; were that cut to fail too, the next :meth:`lock` makes it).
         """
+        from kvbench.row_identity import scenario_digest
+
+        row["scenario_digest"] = scenario_digest(self.meta.get("scenario") or {})
         before = self.samples_path.lstat().st_size if self.samples_path.exists() else 0
         try:
             self.append_samples(samples)
@@ -250,9 +254,17 @@ class RunDir:
 
     def finished_trials(self) -> list[dict[str, Any]]:
         """The trials already written; reading them changes no file (a partial last line, which :meth:`lock`
-        cuts, is skipped with a warning by :func:`read_trials`)."""
+        cuts, is skipped with a warning by :func:`read_trials`).
+
+        Raises:
+            kvbench.row_identity.ForeignRow: a row was written under another scenario than run.json's.
+        """
         if not self.trials_path.exists():
             return []
+        from kvbench.row_identity import check_rows
+
+        if isinstance(self.meta.get("scenario"), dict):
+            check_rows(self.trials_path, self.meta["scenario"])
         return read_trials(self.trials_path)
 
 

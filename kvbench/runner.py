@@ -736,7 +736,8 @@ def run_sweep(
     Raises:
         ResultsNotWritten: the run's files could not be written (disk full...): run.json is marked
             ``interrupted`` with a ``reason`` where it can be; the trials written before are kept.
-        RunDirError: another process holds the run's lock.
+        RunDirError: another process holds the run's lock; kvbench.row_identity.ForeignRow: a row there was
+            written under another scenario.
     """
     with run.lock():
         return _sweep_locked(scenario, run, runner, on_trial, on_status)

@@ -442,6 +442,30 @@ def test_a_full_disk_mid_run_keeps_whole_trials_and_says_what_run_json_says(writ
     assert f"2 finished trials are kept: make room, then continue with: kvbench run --resume {run}" in text
 
 
+def test_resume_refuses_rows_of_another_scenario(write_yaml, tmp_path):
+    """Issue 17 item 8: rows of another scenario (another name and max_new_tokens) under a run's run.json: resume
+    said "nothing to run" and kept them. Now it refuses, naming the file, the line and the mismatch."""
+    from typer.testing import CliRunner
+
+    from kvbench.cli import app
+
+    scenario = write_yaml(tiny_scenario(prompt_tokens=[8], batch_sizes=[1], repeats=1, warmup=0))
+    r = CliRunner().invoke(app, ["run", str(scenario), "--out", str(tmp_path / "res")])
+    assert r.exit_code == 0, r.output
+    run = the_run_dir(tmp_path / "res")
+    row = read_trials(run / "trials.jsonl")[0]
+    other = {**row, "scenario": "other", "max_new_tokens": 4, "scenario_digest": "0123456789abcdef"}
+    (run / "trials.jsonl").write_text(json.dumps(other) + "\n")
+    before = (run / "trials.jsonl").read_bytes()
+    r = CliRunner().invoke(app, ["run", "--resume", str(run)])
+    assert r.exit_code == 2, r.output
+    assert (f"error: {run}/trials.jsonl:1: trial 'p8-b1-none-r0' was written under another scenario: scenario "
+            "'other' (run.json: 'tiny'); max_new_tokens 4 (run.json: 3); scenario_digest '0123456789abcdef' "
+            f"(run.json's scenario: '{row['scenario_digest']}')") in " ".join(r.output.split())
+    assert "nothing to run" not in r.output and "Traceback" not in r.output
+    assert (run / "trials.jsonl").read_bytes() == before
+
+
 def test_a_pickled_checkpoint_is_refused_in_one_line_and_leaves_no_run_dir(write_yaml, tmp_path):
     """Issue 17 item 14: a pickled pytorch_model.bin (tests/data/hostile/pickled-model: a tiny Llama config and a
     dict holding an argparse.Namespace) was refused by torch as an UnpicklingError traceback that left an empty run

@@ -323,6 +323,36 @@ def test_a_full_disk_stops_the_sweep_and_marks_run_json_with_the_reason(tiny_mod
     assert meta["status"] == "complete" and "reason" not in meta
 
 
+def test_rows_carry_the_scenario_digest_and_foreign_rows_are_refused(tiny_model, tmp_path):
+    """Issue 17 item 8: rows of another scenario (another name, another max_new_tokens) under a run's run.json were
+    taken as its finished trials. Rows now carry ``scenario_digest``; reading them refuses another scenario's."""
+    from kvbench.row_identity import ForeignRow, scenario_digest
+
+    s, runner = make_runner(tiny_model, prompt_tokens=[8], batch_sizes=[1], repeats=1, warmup=0)
+    run = RunDir.create(tmp_path, s.model_dump(mode="json"), {})
+    run_sweep(s, run, runner)
+    row = read_trials(run.trials_path)[0]
+    digest = scenario_digest(s.model_dump(mode="json"))
+    assert (row["scenario"], row["scenario_digest"], len(digest)) == ("tiny", digest, 16)
+    assert scenario_digest({**s.model_dump(mode="json"), "repeats": 9, "description": "d"}) == digest
+    assert scenario_digest({**s.model_dump(mode="json"), "seed": 1}) != digest
+    legacy = {k: v for k, v in row.items() if k != "scenario_digest"}  # an older kvbench's row: same scenario
+    run.append({**legacy, "trial_id": "legacy"})
+    assert len(RunDir.open(run.path).finished_trials()) == 2
+    for foreign, why in (
+            ({**row, "scenario": "other"}, "scenario 'other' (run.json: 'tiny')"),
+            ({**legacy, "max_new_tokens": 5}, "max_new_tokens 5 (run.json: 3)"),
+            ({**row, "scenario_digest": "0" * 16}, f"scenario_digest '{'0' * 16}' (run.json's scenario: '{digest}')")):
+        lines = run.trials_path.read_text()
+        run.append(foreign)
+        with pytest.raises(ForeignRow) as caught:
+            RunDir.open(run.path).finished_trials()
+        assert str(caught.value) == (f"{run.trials_path}:3: trial 'p8-b1-none-r0' was written under another "
+                                     f"scenario: {why}; a run keeps only rows of its own scenario: move that line "
+                                     "out, or run the other scenario in a new run")
+        run.trials_path.write_text(lines)
+
+
 def test_open_refuses_other_schema_versions(tmp_path):
     run = RunDir.create(tmp_path, {"name": "x"}, {})
     run.update(schema_version=99)
