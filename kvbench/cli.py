@@ -177,7 +177,7 @@ def _terminated(signum: int, frame: object) -> None:
 @app.command()
 def run(
     scenario: Optional[Path] = typer.Argument(None, help="Scenario YAML file (optional with --resume)."),
-    out_root: Optional[Path] = typer.Option(None, "--out", help="Results root (default results/); the run goes in a new folder."),
+    out_root: Optional[str] = typer.Option(None, "--out", help="Results root (default results/); the run goes in a new folder."),
     resume: Optional[Path] = typer.Option(None, "--resume", help="Continue this run directory, skipping finished trials."),
     trust_remote_code: bool = typer.Option(
         False, "--trust-remote-code", metavar="",
@@ -195,6 +195,8 @@ def run(
         _fail("give a scenario file, or --resume DIR")
     if resume is not None and out_root is not None:
         _fail(f"--out does not apply with --resume: the run stays in {resume}")
+    if out_root is not None and not out_root.strip():
+        _fail("--out is empty: give a directory")
     try:
         if resume is not None:
             rundir = RunDir.open(resume)
@@ -204,6 +206,8 @@ def run(
             problems = check_scenario(sc)
             if problems:
                 raise ScenarioError(resume / "run.json", problems)
+            with rundir.lock():  # before anything reads the trials: a refused resume cuts nothing
+                finished = rundir.finished_trials()
         else:
             sc = load_scenario(scenario)
             rundir = None
@@ -217,12 +221,14 @@ def run(
 
     from kvbench.models import ModelNotFound, resolve_device
     from kvbench.capacity import device_problem
+    from kvbench.load_errors import one_line
+    from kvbench.run_files import ResultsNotWritten
     from kvbench.runner import plan_trials, prepare
     from kvbench.workloads.sessions import NotEnoughRequests
 
     if (rundir is not None and sc.searched is None and not sc.workload.reuse
-            and {t.trial_id for t in plan_trials(sc)} <= {r["trial_id"] for r in rundir.finished_trials()}):
-        rows = rundir.finished_trials()
+            and {t.trial_id for t in plan_trials(sc)} <= {r["trial_id"] for r in finished}):
+        rows = finished
         out.print(_summary_table(_run_summary(rows, sc), f"{sc.name}: {sc.model.label}"))
         for line in _failures(rows):
             out.print(line, highlight=False, markup=False)
@@ -245,7 +251,7 @@ def run(
     created = rundir is None
     if rundir is None:
         try:
-            rundir = RunDir.create(out_root or Path("results"), sc.model_dump(mode="json"), env)
+            rundir = RunDir.create(Path(out_root or "results"), sc.model_dump(mode="json"), env)
         except OSError as exc:
             _fail(f"cannot create the run directory under {out_root or 'results'}: {exc.strerror or exc}")
     try:
@@ -259,6 +265,8 @@ def run(
                     _fail(f"{where}: workload.{sc.workload.reuse}: {exc}")
                 except (ModelNotFound, ValueError, ImportError, OSError) as exc:
                     _fail(str(exc))
+                except Exception as exc:  # noqa: BLE001 - anything else before the first trial refuses in one line
+                    _fail(f"{where}: cannot prepare the run of model {sc.model.label}: {one_line(exc)}")
             if problems:
                 _fail(f"{where}: cannot run:\n" + "\n".join(problems))
             watched = "device memory" if runner.m.device.type == "cuda" else "process RSS (CPU run)"
@@ -269,15 +277,17 @@ def run(
             err.print(f"model {sc.model.label}: {m.shape.layers} layers, {m.shape.kv_heads} kv heads × "
                       f"{m.shape.head_dim}, {str(m.dtype).removeprefix('torch.')} on {m.device}; loaded in "
                       f"{time.perf_counter() - t0:.1f} s", highlight=False, markup=False)
-            rundir.update(weights_bytes=m.weights_bytes, status="running")
             err.print(f"results: {rundir.path}", highlight=False, markup=False)
             planned = _planned(sc, runner)
             try:
+                rundir.update(weights_bytes=m.weights_bytes, status="running")
                 result = _sweep(sc, rundir, runner, planned)
             except OSError as exc:  # writing the results: disk full, quota, removed directory
-                with contextlib.suppress(OSError):
-                    rundir.update(status="interrupted")
-                why = f"cannot write the results in {rundir.path}: {exc.strerror or exc}"
+                why = str(exc)  # the sweep's ResultsNotWritten says what it lost and what run.json says
+                if not isinstance(exc, ResultsNotWritten):  # run.json, before the sweep
+                    with contextlib.suppress(OSError):
+                        rundir.update(status="interrupted")
+                    why = f"cannot write the results in {rundir.path}: {exc.strerror or exc}"
                 kept = len(rundir.finished_trials())
                 if created and not kept:
                     _fail(f"{why}; no trial had finished: nothing was kept", 1)  # the directory is removed below
@@ -285,7 +295,7 @@ def run(
                       f"--resume {rundir.path}", 1)
     except RunDirError as exc:
         _fail(str(exc))
-    except typer.Exit:
+    except Exception:  # a refusal (typer.Exit) or a bug: a run this command made stays only with a trial in it
         if created and not rundir.finished_trials():
             shutil.rmtree(rundir.path, ignore_errors=True)  # nothing ran: leave no empty run behind
         raise

@@ -8,17 +8,19 @@ from __future__ import annotations
 
 import contextlib
 import csv
-import errno
 import datetime as dt
+import errno
 import fcntl
+import io
 import json
 import os
 import tempfile
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from kvbench.run_files import append_all, samples_end
 from kvbench.run_record import RecordError, check_rows, check_run_meta
 
 SCHEMA_VERSION = 1
@@ -83,6 +85,7 @@ class RunDir:
     def __init__(self, path: Path, meta: dict[str, Any]):
         self.path = path
         self.meta = meta
+        self._locked = False
 
     @property
     def trials_path(self) -> Path:
@@ -145,23 +148,45 @@ class RunDir:
 
     @contextlib.contextmanager
     def lock(self) -> Iterator[None]:
-        """Hold an exclusive lock on the run directory while writing trials (a second writer would duplicate them).
+        """Hold an exclusive lock on the run directory while writing trials (a second writer would duplicate them);
+        a nested ``lock()`` of the same RunDir holds it once. On taking it, what a killed writer left is cut off,
+        the only cuts kvbench makes, always under the lock: a last line without its newline in ``trials.jsonl``
+        (with a warning: that trial runs again) and in ``samples.csv``, and the samples of a trial whose row was
+        never written (see :meth:`record_trial`).
 
         Raises:
-            RunDirError: another process holds it.
+            RunDirError: another process holds it (nothing was cut).
+            SymlinkRefused: ``.lock``, ``trials.jsonl`` or ``samples.csv`` is a symbolic link.
         """
+        if self._locked:
+            yield
+            return
         fd = open_nofollow(self.path / ".lock", os.O_WRONLY | os.O_CREAT)  # never truncated: nothing is in it
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 raise RunDirError(f"{self.path}: another kvbench run is writing to this directory") from None
+            self._locked = True
             try:
+                self._cut_what_a_killed_writer_left()
                 yield
             finally:
+                self._locked = False
                 fcntl.flock(fd, fcntl.LOCK_UN)
         finally:
             os.close(fd)
+
+    def _cut_what_a_killed_writer_left(self) -> None:
+        committed: set[str] = set()
+        if self.trials_path.exists():
+            cut = _cut_tail(self.trials_path, lambda data: data.rfind(b"\n") + 1)
+            if cut:
+                warnings.warn(f"{self.trials_path}: dropped an incomplete last line ({cut} bytes); that trial runs "
+                              "again", stacklevel=2)
+            committed = _trial_ids(self.trials_path)
+        if self.samples_path.exists():
+            _cut_tail(self.samples_path, lambda data: samples_end(data, committed))
 
     def update(self, **fields: Any) -> None:
         """Set fields of run.json and rewrite it atomically."""
@@ -178,18 +203,30 @@ class RunDir:
         data = (json.dumps(row, default=str, allow_nan=False) + "\n").encode()
         fd = open_nofollow(self.trials_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
         try:
-            start = os.fstat(fd).st_size
-            try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view):]
-                os.fsync(fd)
-            except OSError:
-                with contextlib.suppress(OSError):
-                    os.ftruncate(fd, start)
-                raise
+            append_all(fd, data)
         finally:
             os.close(fd)
+
+    def record_trial(self, row: dict[str, Any], samples: list[dict[str, Any]]) -> None:
+        """Write one trial: its samples (:meth:`append_samples`), then its row (:meth:`append`), the commit point:
+        a trial is in the run when its row is. The row gets (in place) ``scenario_digest``, the digest of
+        run.json's scenario (:func:`kvbench.row_identity.scenario_digest`) that ``--resume`` checks.
+
+        Raises:
+            OSError: either write failed (disk full, quota); neither file keeps any of this trial (samples.csv
+                is cut back to its size before it; were that cut to fail too, the next :meth:`lock` makes it).
+        """
+        from kvbench.row_identity import scenario_digest
+
+        row["scenario_digest"] = scenario_digest(self.meta.get("scenario") or {})
+        before = self.samples_path.lstat().st_size if self.samples_path.exists() else 0
+        try:
+            self.append_samples(samples)
+            self.append(row)
+        except OSError:
+            with contextlib.suppress(OSError):
+                _cut_tail(self.samples_path, lambda data: min(before, len(data)))
+            raise
 
     @property
     def samples_path(self) -> Path:
@@ -197,8 +234,13 @@ class RunDir:
         return self.path / "samples.csv"
 
     def append_samples(self, samples: list[dict[str, Any]]) -> None:
-        """Append one trial's samples (dicts with :data:`kvbench.monitor.SAMPLE_COLUMNS`) to ``samples.csv``,
-        writing the header when the file is new; missing values are empty cells."""
+        """Append one trial's samples (dicts with :data:`kvbench.monitor.SAMPLE_COLUMNS`) to ``samples.csv`` in
+        one fsynced write, with the header when the file is new; missing values are empty cells.
+
+        Raises:
+            OSError: the samples cannot be written (disk full, quota); the file is cut back to its earlier
+                length, so no part of them is left.
+        """
         if not samples:
             return
         from kvbench.monitor import SAMPLE_COLUMNS
@@ -208,29 +250,35 @@ class RunDir:
         if not new:  # a resumed run keeps its file's columns (an older kvbench may have written fewer)
             with self.samples_path.open(newline="") as f:
                 columns = next(csv.reader(f), columns)
+        text = io.StringIO()
+        w = csv.DictWriter(text, fieldnames=columns, extrasaction="ignore")
+        if new:
+            w.writeheader()
+        w.writerows(samples)
         fd = open_nofollow(self.samples_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
-        with os.fdopen(fd, "a", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
-            if new:
-                w.writeheader()
-            w.writerows(samples)
+        try:
+            append_all(fd, text.getvalue().encode())
+        finally:
+            os.close(fd)
 
     def finished_trials(self) -> list[dict[str, Any]]:
-        """The trials already written. A partial last line (a run killed mid-write) is cut off the file with a
-        warning, so that trial runs again and appended lines stay valid; the same for ``samples.csv``."""
+        """The trials already written; reading them changes no file (a partial last line, which :meth:`lock`
+        cuts, is skipped with a warning by :func:`read_trials`).
+
+        Raises:
+            kvbench.row_identity.ForeignRow: a row was written under another scenario than run.json's.
+        """
         if not self.trials_path.exists():
             return []
-        cut = _cut_partial_line(self.trials_path)
-        if cut:
-            warnings.warn(f"{self.trials_path}: dropped an incomplete last line ({cut} bytes); that trial runs again",
-                          stacklevel=2)
-        if self.samples_path.exists():
-            _cut_partial_line(self.samples_path)
+        from kvbench.row_identity import check_rows
+
+        if isinstance(self.meta.get("scenario"), dict):
+            check_rows(self.trials_path, self.meta["scenario"])
         return read_trials(self.trials_path)
 
 
-def _cut_partial_line(path: Path) -> int:
-    """Cut a last line without its newline off ``path``; returns the bytes removed.
+def _cut_tail(path: Path, keep: Callable[[bytes], int]) -> int:
+    """Cut ``path`` to its first ``keep(content)`` bytes; returns the bytes removed.
 
     Raises:
         SymlinkRefused: ``path`` is a symbolic link (its target is never cut).
@@ -238,10 +286,22 @@ def _cut_partial_line(path: Path) -> int:
     fd = open_nofollow(path, os.O_RDWR)
     with os.fdopen(fd, "r+b") as f:
         data = f.read()
-        keep = data.rfind(b"\n") + 1
-        if keep < len(data):
-            f.truncate(keep)
-    return len(data) - keep
+        n = keep(data)
+        if n < len(data):
+            f.truncate(n)
+    return len(data) - n
+
+
+def _trial_ids(path: Path) -> set[str]:
+    """The ``trial_id`` of every JSON-object line of a trials file (other lines are left to :func:`read_trials`)."""
+    ids = set()
+    with path.open(encoding="utf-8", errors="replace") as f:
+        for line in f:
+            with contextlib.suppress(ValueError):
+                row = json.loads(line)
+                if isinstance(row, dict) and isinstance(row.get("trial_id"), str):
+                    ids.add(row["trial_id"])
+    return ids
 
 
 def _checked_rows(path: Path) -> tuple[list[dict[str, Any]], list[int]]:

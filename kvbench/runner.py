@@ -27,6 +27,7 @@ from kvbench.offload.registry import MODES
 from kvbench.offload.store import restore, sequence_kv
 from kvbench.offload.tiers import grown_capacity
 from kvbench.results import RunDir, utc_now
+from kvbench.run_files import ResultsNotWritten, failure_reason
 from kvbench.scenario import Scenario
 from kvbench.workloads import PromptSource, TooLittleText
 
@@ -680,10 +681,16 @@ class Recorder:
         self.rows: dict[str, dict[str, Any]] = {r["trial_id"]: r for r in finished}
         self.already = len(self.rows)
         self.written = 0
+        self.not_kept: str | None = None  # the trial whose files could not be written
         self._warmed: set[tuple] = set()
 
     def __call__(self, t: TrialSpec) -> dict[str, Any]:
-        """The row of trial ``t``: the one already written, or a new one (run, appended and fsynced)."""
+        """The row of trial ``t``: the one already written, or a new one (run, then its samples and row written
+        and fsynced: :meth:`RunDir.record_trial`).
+
+        Raises:
+            OSError: the trial's files could not be written; :attr:`not_kept` is its id.
+        """
         if t.trial_id in self.rows:
             return self.rows[t.trial_id]
         key = t.shape_key
@@ -699,8 +706,11 @@ class Recorder:
         if self.on_status:
             self.on_status(t.trial_id)
         row = self.runner.run(t)
-        self.run.append(row)
-        self.run.append_samples(self.runner.last_samples)
+        try:
+            self.run.record_trial(row, self.runner.last_samples)
+        except OSError:
+            self.not_kept = t.trial_id
+            raise
         self.rows[t.trial_id] = row
         self.written += 1
         if self.on_trial:
@@ -720,10 +730,24 @@ def run_sweep(
     results go into run.json as ``capacity``; for a reuse workload its requests warm and cold
     (:mod:`kvbench.reuse`).
 
-    Each row is appended (and fsynced) as soon as its trial ends. Ctrl-C stops after writing what finished and
-    marks run.json ``interrupted``; a finished sweep marks it ``complete``.
+    Each row is appended (and fsynced) as soon as its trial ends, under :meth:`RunDir.lock`. Ctrl-C stops after
+    writing what finished and marks run.json ``interrupted``; a finished sweep marks it ``complete``.
+
+    Raises:
+        ResultsNotWritten: the run's files could not be written (disk full...): run.json is marked
+            ``interrupted`` with a ``reason`` where it can be; the trials written before are kept.
+        RunDirError: another process holds the run's lock; kvbench.row_identity.ForeignRow: a row there was
+            written under another scenario.
     """
+    with run.lock():
+        return _sweep_locked(scenario, run, runner, on_trial, on_status)
+
+
+def _sweep_locked(scenario: Scenario, run: RunDir, runner: TrialRunner,
+                  on_trial: Callable[[dict[str, Any]], None] | None,
+                  on_status: Callable[[str], None] | None) -> SweepResult:
     record = Recorder(scenario, run, runner, on_trial, on_status)
+    run.meta.pop("reason", None)  # an earlier stop's: this sweep's end writes its own status
     try:
         if scenario.workload.reuse:
             from kvbench.reuse import reuse_sweep
@@ -741,10 +765,17 @@ def run_sweep(
 
             search_sweep(scenario, record, TrialSpec, runner.longest_prompt,
                          on_capacity=lambda found: run.update(capacity=found))
+        run.update(status="complete", finished_at=utc_now())
     except KeyboardInterrupt:
         run.update(status="interrupted", interrupted_at=utc_now())
         return SweepResult(record.written, record.already, interrupted=True)
-    run.update(status="complete", finished_at=utc_now())
+    except OSError as exc:  # writing the results: disk full, quota, a removed directory
+        try:
+            run.update(status="interrupted", reason=failure_reason(exc), interrupted_at=utc_now())
+            status_error = None
+        except OSError as again:
+            status_error = again.strerror or str(again)
+        raise ResultsNotWritten(exc, run.path, record.not_kept, status_error) from exc
     return SweepResult(record.written, record.already, interrupted=False)
 
 
@@ -753,13 +784,14 @@ def prepare(scenario: Scenario, environment: dict[str, Any] | None = None) -> Tr
     run's, with its measured bandwidths) lets each trial carry plan's predicted step time.
 
     Raises:
-        kvbench.models.ModelNotFound, ValueError (bad device; a reuse workload's source with too few texts:
-        :class:`~kvbench.workloads.sessions.NotEnoughRequests`), ModuleNotFoundError (data package missing).
+        kvbench.models.ModelNotFound, kvbench.load_errors.ModelLoadError (anything else that stops the model
+        loading, e.g. a pickled checkpoint torch refuses), ValueError (a reuse workload's source with too few
+        texts: :class:`~kvbench.workloads.sessions.NotEnoughRequests`), ModuleNotFoundError (data package missing).
     """
-    from kvbench.models import load
+    from kvbench.load_errors import load_model
     from kvbench.workloads import make_source, make_stream
 
-    loaded = load(scenario.model, scenario.device, scenario.seed)
+    loaded = load_model(scenario.model, scenario.device, scenario.seed)
     if scenario.workload.reuse:
         source = make_stream(scenario.workload, loaded.tokenizer,
                              loaded.shape.max_positions - scenario.max_new_tokens)

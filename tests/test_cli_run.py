@@ -281,8 +281,9 @@ def test_a_full_results_disk_keeps_the_finished_trials_and_says_how_to_resume(wr
     r = CliRunner().invoke(app, ["run", str(scenario), "--out", str(tmp_path / "out")])
     assert r.exit_code == 1, r.output
     run = the_run_dir(tmp_path / "out")
-    assert "No space left on device; 2 finished trials are kept: make room, then continue with: kvbench run " \
-           f"--resume {run}" in " ".join(r.output.split())
+    assert "No space left on device; trial p8-b1-none-r2 was measured but not kept (neither its row nor its " \
+           "samples); run.json says interrupted (disk full: No space left on device); 2 finished trials are kept: " \
+           f"make room, then continue with: kvbench run --resume {run}" in " ".join(r.output.split())
     lines = (run / "trials.jsonl").read_text().splitlines()
     assert [json.loads(x)["trial_id"] for x in lines] == calls[:2]  # the third line was cut back out
     assert json.loads((run / "run.json").read_text())["status"] == "interrupted"
@@ -356,3 +357,164 @@ def test_report_and_cost_refuse_a_report_directory_that_is_a_symlink(tmp_path):
         assert r.returncode == 2, (cmd, r.stdout + r.stderr)
         assert f"{run / 'report'} is a symbolic link" in r.stderr
     assert list(elsewhere.iterdir()) == []
+
+
+def test_a_refused_second_resume_cuts_nothing(write_yaml, tmp_path):
+    """Issue 17 item 6: a second `run --resume` while a run was writing cut the writer's partial last lines before
+    the lock refused it. Now it takes the lock before it reads the trials: refused, exit 2, every byte as it was."""
+    from typer.testing import CliRunner
+
+    from kvbench.cli import app
+    from kvbench.results import RunDir
+    from kvbench.scenario import load_scenario
+
+    scenario = write_yaml(tiny_scenario(prompt_tokens=[8], batch_sizes=[1], repeats=2, warmup=0))
+    run = RunDir.create(tmp_path / "res", load_scenario(scenario).model_dump(mode="json"), {})
+    run.append({"trial_id": "p8-b1-none-r0", "status": "ok"})
+    run.append_samples([{"trial_id": "p8-b1-none-r0", "phase": "x"}])
+    with RunDir.open(run.path).lock():  # the writer, halfway through its next trial's files
+        with run.samples_path.open("a") as f:
+            f.write("p8-b1-none-r1,pref")
+        with run.trials_path.open("a") as f:
+            f.write('{"trial_id": "p8-b1-none-r1", "st')
+        files = {p.name: p.read_bytes() for p in run.path.iterdir()}
+        r = CliRunner().invoke(app, ["run", "--resume", str(run.path)])
+        assert r.exit_code == 2, r.output
+        assert f"{run.path}: another kvbench run is writing to this directory" in " ".join(r.output.split())
+        assert {p.name: p.read_bytes() for p in run.path.iterdir()} == files
+
+
+def full_disk_on_the_third_trial(monkeypatch, run_json_too: bool) -> None:
+    """From the third trial on, samples.csv gets half its bytes and then ENOSPC; run.json too if asked."""
+    import errno
+
+    from kvbench.results import RunDir
+
+    real_samples, real_update, calls = RunDir.append_samples, RunDir.update, []
+
+    def append_samples(self, samples):
+        calls.append(samples[0]["trial_id"])
+        if len(calls) < 3:
+            return real_samples(self, samples)
+        real_samples(self, samples[: len(samples) // 2])  # what reached the disk before it filled
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    def update(self, **fields):
+        if run_json_too and len(calls) >= 3:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_update(self, **fields)
+
+    monkeypatch.setattr(RunDir, "append_samples", append_samples)
+    monkeypatch.setattr(RunDir, "update", update)
+
+
+@pytest.mark.parametrize("run_json_too", [False, True])
+def test_a_full_disk_mid_run_keeps_whole_trials_and_says_what_run_json_says(write_yaml, tmp_path, monkeypatch,
+                                                                          run_json_too):
+    """Issue 17 item 7: with the disk full, the last trial's row was kept with part of its samples (119 of 124,
+    no notice) and run.json stayed `running`. Now the trial is dropped whole and said so, run.json says
+    `interrupted` with the reason, or the error says it could not be written."""
+    from typer.testing import CliRunner
+
+    from kvbench.cli import app
+
+    full_disk_on_the_third_trial(monkeypatch, run_json_too)
+    scenario = write_yaml(tiny_scenario(prompt_tokens=[8], batch_sizes=[1], repeats=4, warmup=0,
+                                        monitor={"interval_ms": 5}))
+    r = CliRunner().invoke(app, ["run", str(scenario), "--out", str(tmp_path / "out")])
+    assert r.exit_code == 1, r.output
+    run = the_run_dir(tmp_path / "out")
+    rows = read_trials(run / "trials.jsonl")
+    assert [row["trial_id"] for row in rows] == ["p8-b1-none-r0", "p8-b1-none-r1"]
+    samples = pd.read_csv(run / "samples.csv")
+    assert samples.groupby("trial_id").size().to_dict() == {row["trial_id"]: row["n_samples"] for row in rows}
+    text = " ".join(r.output.split())
+    assert (f"cannot write the results in {run}: No space left on device; trial p8-b1-none-r2 was measured but not "
+            "kept (neither its row nor its samples)") in text
+    meta = json.loads((run / "run.json").read_text())
+    if run_json_too:
+        assert "run.json could not be marked interrupted either (No space left on device): it still says running" \
+            in text
+        assert meta["status"] == "running"
+    else:
+        assert "run.json says interrupted (disk full: No space left on device)" in text
+        assert (meta["status"], meta["reason"]) == ("interrupted", "disk full: No space left on device")
+    assert f"2 finished trials are kept: make room, then continue with: kvbench run --resume {run}" in text
+
+
+def test_resume_refuses_rows_of_another_scenario(write_yaml, tmp_path):
+    """Issue 17 item 8: rows of another scenario (another name and max_new_tokens) under a run's run.json: resume
+    said "nothing to run" and kept them. Now it refuses, naming the file, the line and the mismatch."""
+    from typer.testing import CliRunner
+
+    from kvbench.cli import app
+
+    scenario = write_yaml(tiny_scenario(prompt_tokens=[8], batch_sizes=[1], repeats=1, warmup=0))
+    r = CliRunner().invoke(app, ["run", str(scenario), "--out", str(tmp_path / "res")])
+    assert r.exit_code == 0, r.output
+    run = the_run_dir(tmp_path / "res")
+    row = read_trials(run / "trials.jsonl")[0]
+    other = {**row, "scenario": "other", "max_new_tokens": 4, "scenario_digest": "0123456789abcdef"}
+    (run / "trials.jsonl").write_text(json.dumps(other) + "\n")
+    before = (run / "trials.jsonl").read_bytes()
+    r = CliRunner().invoke(app, ["run", "--resume", str(run)])
+    assert r.exit_code == 2, r.output
+    assert (f"error: {run}/trials.jsonl:1: trial 'p8-b1-none-r0' was written under another scenario: scenario "
+            "'other' (run.json: 'tiny'); max_new_tokens 4 (run.json: 3); scenario_digest '0123456789abcdef' "
+            f"(run.json's scenario: '{row['scenario_digest']}')") in " ".join(r.output.split())
+    assert "nothing to run" not in r.output and "Traceback" not in r.output
+    assert (run / "trials.jsonl").read_bytes() == before
+
+
+def test_a_pickled_checkpoint_is_refused_in_one_line_and_leaves_no_run_dir(write_yaml, tmp_path):
+    """Issue 17 item 14: a pickled pytorch_model.bin (tests/data/hostile/pickled-model: a tiny Llama config and a
+    dict holding an argparse.Namespace) was refused by torch as an UnpicklingError traceback that left an empty run
+    dir marked `running`. Now: exit 2, one line naming the model path, nothing written."""
+    model = ROOT / "tests" / "data" / "hostile" / "pickled-model"
+    scenario = write_yaml(tiny_scenario(model={"name": str(model), "tokenizer": "smollm2-135m"},
+                                        prompt_tokens=[8], batch_sizes=[1], repeats=1))
+    r = subprocess.run([*kvbench_cmd(), "run", str(scenario), "--out", str(tmp_path / "res")], capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 2, r.stdout + r.stderr
+    errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+    assert errors == [f"error: model {model}: cannot load it: UnpicklingError: a pickled checkpoint torch's "
+                      "weights-only loader refused (it holds argparse.Namespace); kvbench never unpickles code: give "
+                      "the weights as safetensors"], r.stderr
+    assert "Traceback" not in r.stderr
+    assert list((tmp_path / "res").iterdir()) == []
+
+
+def test_any_error_before_the_first_trial_refuses_in_one_line_and_leaves_no_run_dir(write_yaml, tmp_path,
+                                                                                    monkeypatch):
+    """Issue 17 item 14: not only the model's loaders: whatever the preparation raises refuses with exit 2."""
+    from typer.testing import CliRunner
+
+    from kvbench.cli import app
+    from kvbench.runner import TrialRunner
+
+    def broken(self):
+        raise KeyError("a tokenizer\nthat breaks")
+
+    monkeypatch.setattr(TrialRunner, "preflight", broken)
+    scenario = write_yaml(tiny_scenario(prompt_tokens=[8], batch_sizes=[1], repeats=1))
+    r = CliRunner().invoke(app, ["run", str(scenario), "--out", str(tmp_path / "res")])
+    assert r.exit_code == 2, r.output
+    assert (f"error: {scenario}: cannot prepare the run of model tiny-llama (random weights): KeyError: 'a "
+            "tokenizer") in r.output
+    assert r.exception is None or isinstance(r.exception, SystemExit)
+    assert list((tmp_path / "res").iterdir()) == []
+
+
+def test_run_refuses_an_empty_out(write_yaml, tmp_path, monkeypatch):
+    """Issue 17 item 17: `run --out ''` wrote its run into the current directory; `report --out ''` refused."""
+    from typer.testing import CliRunner
+
+    from kvbench.cli import app
+
+    scenario = write_yaml(tiny_scenario(prompt_tokens=[8], batch_sizes=[1], repeats=1))
+    monkeypatch.chdir(tmp_path)
+    for empty in ("", " "):
+        r = CliRunner().invoke(app, ["run", str(scenario), "--out", empty])
+        assert r.exit_code == 2, r.output
+        assert "error: --out is empty: give a directory" in r.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["scenario.yaml"]

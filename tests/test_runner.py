@@ -209,15 +209,149 @@ def test_sweep_writes_every_trial_and_ctrl_c_keeps_finished_ones(tiny_model, tmp
     assert json.loads((run.path / "run.json").read_text())["status"] == "complete"
 
 
-def test_resume_drops_a_half_written_last_line(tmp_path):
+def test_reading_trials_never_cuts_and_the_lock_cuts_what_a_killed_writer_left(tmp_path):
+    """Issue 17 item 6: reading a run's trials cut a partial last line even when another process was writing it
+    (a refused second --resume cost the writer's trial 5 samples rows). Now only :meth:`RunDir.lock` cuts, as it
+    takes the lock: a partial last line of either file, and the samples of a trial whose row was never written
+    (samples go first, the row commits them: item 7)."""
     run = RunDir.create(tmp_path, tiny_scenario(), {})  # RunDir.open checks run.json and the rows
-    row = {"trial_id": "a", "status": "ok", "mode": "none", "prompt_tokens": 8, "batch_size": 1}
+    kept = "p8-b1-full(window=4,host_max_tokens=16)-r0"  # a comma inside: a quoted csv cell
+    row = {"trial_id": kept, "status": "ok", "mode": "full", "prompt_tokens": 8, "batch_size": 1}
     run.append(row)
+    run.append_samples([{"trial_id": kept, "phase": "prefill", "t_s": 0.0}, {"trial_id": kept, "phase": "decode"}])
+    whole_samples = run.samples_path.read_bytes()
+    run.append_samples([{"trial_id": "b", "phase": "prefill", "t_s": 0.0}])  # b's samples, then killed: no row
+    with run.samples_path.open("a") as f:
+        f.write("b,deco")
     with run.trials_path.open("a") as f:
         f.write('{"trial_id": "b", "stat')
-    with pytest.warns(UserWarning, match=r"dropped an incomplete last line \(23 bytes\)"):
+    trials, samples = run.trials_path.read_bytes(), run.samples_path.read_bytes()
+    with pytest.warns(UserWarning, match=r"trials.jsonl:2: not a valid JSON line; skipped"):
         assert RunDir.open(run.path).finished_trials() == [row]
+    assert (run.trials_path.read_bytes(), run.samples_path.read_bytes()) == (trials, samples)  # nothing cut
+    with pytest.warns(UserWarning, match=r"dropped an incomplete last line \(23 bytes\)"):
+        with RunDir.open(run.path).lock():
+            pass
     assert run.trials_path.read_text() == json.dumps(row) + "\n"
+    assert run.samples_path.read_bytes() == whole_samples
+    assert len(whole_samples.splitlines()) == 3  # the header and both samples of the kept trial
+
+
+def test_a_trial_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
+    """Issue 17 item 7: a full disk cut the last trial's samples (119 of 124 rows kept, no notice). Now samples are
+    one write cut back when it fails, and a row that cannot be written takes its samples back out."""
+    import errno
+    import os
+
+    run = RunDir.create(tmp_path, {"name": "x", "max_new_tokens": 3}, {})
+    sample = {"trial_id": "a", "phase": "decode", "t_s": 0.5}
+    run.append({"trial_id": "a"})
+    run.append_samples([sample] * 3)
+    trials, samples = run.trials_path.read_bytes(), run.samples_path.read_bytes()
+    real_write = os.write
+
+    def half_then_full(fd, data):  # writes half of what it is given, then the disk is full
+        if os.readlink(f"/proc/self/fd/{fd}").endswith("samples.csv"):
+            if len(data) > 1:
+                return real_write(fd, bytes(data[: len(data) // 2]))
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", half_then_full)
+    with pytest.raises(OSError, match="No space left on device"):
+        run.append_samples([{**sample, "trial_id": "b"}] * 40)
+    assert run.samples_path.read_bytes() == samples
+    with pytest.raises(OSError, match="No space left on device"):
+        run.record_trial({"trial_id": "b"}, [{**sample, "trial_id": "b"}] * 40)
+    assert (run.trials_path.read_bytes(), run.samples_path.read_bytes()) == (trials, samples)
+    monkeypatch.undo()
+
+    real_fsync = os.fsync
+
+    def full_for_trials(fd):
+        if os.readlink(f"/proc/self/fd/{fd}").endswith("trials.jsonl"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", full_for_trials)
+    with pytest.raises(OSError, match="No space left on device"):
+        run.record_trial({"trial_id": "c"}, [{**sample, "trial_id": "c"}] * 40)
+    assert (run.trials_path.read_bytes(), run.samples_path.read_bytes()) == (trials, samples)
+
+
+def test_a_full_disk_stops_the_sweep_and_marks_run_json_with_the_reason(tiny_model, tmp_path, monkeypatch):
+    """Issue 17 item 7: run.json stayed ``running`` after a full disk stopped the run. Now it says ``interrupted``
+    with the reason, or the error says it could not."""
+    import errno
+
+    from kvbench.run_files import ResultsNotWritten
+
+    s, runner = make_runner(tiny_model, prompt_tokens=[8], batch_sizes=[1], repeats=3, warmup=0)
+    run = RunDir.create(tmp_path, s.model_dump(mode="json"), {})
+    real, calls = RunDir.append, []
+
+    def append(self, row):
+        calls.append(row["trial_id"])
+        if len(calls) == 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(self, row)
+
+    monkeypatch.setattr(RunDir, "append", append)
+    with pytest.raises(ResultsNotWritten) as caught:
+        run_sweep(s, run, runner)
+    assert (caught.value.trial_id, caught.value.status_error) == ("p8-b1-none-r1", None)
+    assert str(caught.value) == (f"cannot write the results in {run.path}: No space left on device; trial "
+                                 "p8-b1-none-r1 was measured but not kept (neither its row nor its samples); "
+                                 "run.json says interrupted (disk full: No space left on device)")
+    meta = json.loads((run.path / "run.json").read_text())
+    assert (meta["status"], meta["reason"]) == ("interrupted", "disk full: No space left on device")
+    assert [r["trial_id"] for r in read_trials(run.trials_path)] == ["p8-b1-none-r0"]
+
+    def no_update(self, **fields):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(RunDir, "update", no_update)
+    calls.clear()
+    with pytest.raises(ResultsNotWritten) as caught:
+        run_sweep(s, RunDir.open(run.path), runner)
+    assert (caught.value.trial_id, caught.value.status_error) == ("p8-b1-none-r2", "No space left on device")
+    assert str(caught.value).endswith("run.json could not be marked interrupted either (No space left on device): "
+                                      "it still says running")
+    monkeypatch.undo()
+    assert run_sweep(s, RunDir.open(run.path), runner).written == 1  # made room: the rest runs
+    assert [r["trial_id"] for r in read_trials(run.trials_path)] == [f"p8-b1-none-r{i}" for i in range(3)]
+    meta = json.loads((run.path / "run.json").read_text())
+    assert meta["status"] == "complete" and "reason" not in meta
+
+
+def test_rows_carry_the_scenario_digest_and_foreign_rows_are_refused(tiny_model, tmp_path):
+    """Issue 17 item 8: rows of another scenario (another name, another max_new_tokens) under a run's run.json were
+    taken as its finished trials. Rows now carry ``scenario_digest``; reading them refuses another scenario's."""
+    from kvbench.row_identity import ForeignRow, scenario_digest
+
+    s, runner = make_runner(tiny_model, prompt_tokens=[8], batch_sizes=[1], repeats=1, warmup=0)
+    run = RunDir.create(tmp_path, s.model_dump(mode="json"), {})
+    run_sweep(s, run, runner)
+    row = read_trials(run.trials_path)[0]
+    digest = scenario_digest(s.model_dump(mode="json"))
+    assert (row["scenario"], row["scenario_digest"], len(digest)) == ("tiny", digest, 16)
+    assert scenario_digest({**s.model_dump(mode="json"), "repeats": 9, "description": "d"}) == digest
+    assert scenario_digest({**s.model_dump(mode="json"), "seed": 1}) != digest
+    legacy = {k: v for k, v in row.items() if k != "scenario_digest"}  # an older kvbench's row: same scenario
+    run.append({**legacy, "trial_id": "legacy"})
+    assert len(RunDir.open(run.path).finished_trials()) == 2
+    for foreign, why in (
+            ({**row, "scenario": "other"}, "scenario 'other' (run.json: 'tiny')"),
+            ({**legacy, "max_new_tokens": 5}, "max_new_tokens 5 (run.json: 3)"),
+            ({**row, "scenario_digest": "0" * 16}, f"scenario_digest '{'0' * 16}' (run.json's scenario: '{digest}')")):
+        lines = run.trials_path.read_text()
+        run.append(foreign)
+        with pytest.raises(ForeignRow) as caught:
+            RunDir.open(run.path).finished_trials()
+        assert str(caught.value) == (f"{run.trials_path}:3: trial 'p8-b1-none-r0' was written under another "
+                                     f"scenario: {why}; a run keeps only rows of its own scenario: move that line "
+                                     "out, or run the other scenario in a new run")
+        run.trials_path.write_text(lines)
 
 
 def test_open_refuses_other_schema_versions(tmp_path):
@@ -320,11 +454,8 @@ class _LogRun:
     def finished_trials(self):
         return []
 
-    def append(self, row):
+    def record_trial(self, row, samples):
         self.log.append(("write", row["trial_id"]))
-
-    def append_samples(self, samples):
-        pass
 
 
 def test_device_memory_is_released_once_per_shape_before_its_warmup():
