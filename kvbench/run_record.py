@@ -10,7 +10,7 @@ the file, the line (rows), the key path and what is allowed.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal, Optional
+from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from typing_extensions import NotRequired, Required, TypedDict
@@ -119,7 +119,9 @@ class _Capacity(_Open):
     batch_size: _Count = None
     capacity: _Count = None
     first_failure: _Count = None
-    probes: list[tuple[Annotated[int, Field(ge=0)], str]] = []
+    # [value, status] pairs; JSON has no tuples and strict models take none from a list
+    probes: list[Annotated[list[Union[Annotated[int, Field(strict=True, ge=0)], str]],
+                           Field(min_length=2, max_length=2)]] = []
     stopped: _Text = None
     trial_ids: list[str] = []
 

@@ -370,7 +370,7 @@ def test_a_refused_second_resume_cuts_nothing(write_yaml, tmp_path):
 
     scenario = write_yaml(tiny_scenario(prompt_tokens=[8], batch_sizes=[1], repeats=2, warmup=0))
     run = RunDir.create(tmp_path / "res", load_scenario(scenario).model_dump(mode="json"), {})
-    run.append({"trial_id": "p8-b1-none-r0", "status": "ok"})
+    run.append({"trial_id": "p8-b1-none-r0", "status": "ok", "mode": "none", "prompt_tokens": 8, "batch_size": 1})
     run.append_samples([{"trial_id": "p8-b1-none-r0", "phase": "x"}])
     with RunDir.open(run.path).lock():  # the writer, halfway through its next trial's files
         with run.samples_path.open("a") as f:

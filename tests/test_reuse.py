@@ -423,12 +423,13 @@ def test_reuse_table_and_cost_from_known_rows():
     assert c["saving_pct"] == pytest.approx(100 * (1 - 1.31 / 2.2))
     assert c["prefill_saved_pct"] == pytest.approx(100 * 1024 / 1400)
     assert c["ttft_saved_s"] == pytest.approx((1.3 - 0.41) / 3) and c["store_bytes"] == 1024
-    charged = reuse_cost(trials, Prices(3600.0, host_per_gib_hour=3600.0 * 2**30 / 1024)).iloc[0]
-    # the store's 1000 host bytes at 1 USD per second per 1024 bytes; its 24 disk bytes at the disk price (0)
-    assert charged["restore_usd_per_million"] == pytest.approx((1 + 1000 / 1024) * 1e6 / c["restore_tokens_per_s"])
-    charged = reuse_cost(trials, Prices(3600.0, host_per_gib_hour=3600.0 * 2**30 / 1024,
-                                        disk_per_gib_hour=3600.0 * 2**30 / 1024)).iloc[0]
-    assert charged["restore_usd_per_million"] == pytest.approx(2e6 / c["restore_tokens_per_s"])
+    charged = reuse_cost(trials, Prices(3600.0, host_per_gib_hour=3600.0)).iloc[0]
+    # the store's 1000 host bytes at 1 USD per second per GiB; its 24 disk bytes at the disk price (0)
+    assert charged["restore_usd_per_million"] == pytest.approx((1 + 1000 / 2**30) * 1e6 / c["restore_tokens_per_s"],
+                                                               rel=1e-12)
+    charged = reuse_cost(trials, Prices(3600.0, host_per_gib_hour=3600.0, disk_per_gib_hour=3600.0)).iloc[0]
+    assert charged["restore_usd_per_million"] == pytest.approx((1 + 1024 / 2**30) * 1e6 / c["restore_tokens_per_s"],
+                                                               rel=1e-12)
     # 3 request pairs: no interval, no verdict
     assert c["pairs"] == 3 and c["saving_verdict"] == "inconclusive: 3 pairs, need 5"
     assert reuse_verdicts(reuse_cost(trials, Prices(3600.0)))[0].startswith(
