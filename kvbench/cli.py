@@ -603,15 +603,21 @@ def cost(
     from kvbench.reuse_cost import reuse_cost, reuse_verdicts
     from kvbench.intervals import pct_interval
 
+    if out_dir is not None and not out_dir.strip():
+        _fail("--out is empty: give a directory")
+    first = results[0]
+    target = Path(out_dir) if out_dir else (first if first.is_dir() else first.parent) / "report"
+    from kvbench.results import RunDirError, refuse_symlink_dir
+
+    try:
+        refuse_symlink_dir(target)  # before any output: a refused run prints no table
+    except RunDirError as exc:
+        _fail(str(exc))
     loaded = _load(results)
     points = point_table(loaded.trials)
     table = cost_table(points, prices, loaded.trials, None if max_ttft_ms is None else max_ttft_ms / 1e3,
                        None if max_tpot_ms is None else max_tpot_ms / 1e3) if len(points) else points
     reuse = reuse_cost(loaded.trials, prices)
-    if out_dir is not None and not out_dir.strip():
-        _fail("--out is empty: give a directory")
-    first = results[0]
-    target = Path(out_dir) if out_dir else (first if first.is_dir() else first.parent) / "report"
     monthly = tokens_per_month is not None
     t = Table(title=f"cost per 1M generated tokens at {gpu_price:g} USD per GPU-hour, host {host_price:g} and disk "
                     f"{disk_price:g} USD per GiB-hour",
@@ -655,7 +661,6 @@ def cost(
               + (f"; host memory held: {', '.join(bases)}" if bases else ""), highlight=False, markup=False)
     _problems(loaded)
     from kvbench.cost import write_costs
-    from kvbench.results import RunDirError
 
     try:
         files = write_costs(table, target, prices, reuse)

@@ -8,9 +8,12 @@ Memory turns into money only through throughput or a price the user gives: no in
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
+import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -351,11 +354,36 @@ def verdicts(costs: pd.DataFrame) -> dict[str, list[str]]:
     return out
 
 
+def _replacing(path: Path, write: Any) -> Path | None:
+    """Call ``write(tmp)`` on a new private file beside ``path`` and move it onto ``path`` (``os.replace``): a
+    symbolic link or any other file already at ``path`` is replaced, never written through. Returns ``path``, or
+    None (nothing left behind) when ``write`` returned None."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".kvbench-cost-", suffix=path.suffix)
+    os.fchmod(fd, 0o644)  # what a plain write would leave, not mkstemp's 0600
+    os.close(fd)
+    try:
+        if write(Path(tmp)) is None:
+            os.unlink(tmp)
+            return None
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return path
+
+
 def write_costs(costs: pd.DataFrame, out_dir: str | Path, prices: Prices,
                 reuse: pd.DataFrame | None = None) -> list[Path]:
     """``cost.csv``, ``cost.json`` (the table, the prices, the verdicts and, for reuse workloads, the
     :func:`kvbench.reuse_cost.reuse_cost` rows) and ``cost.png`` (USD per 1M tokens per mode and prompt length)
-    in ``out_dir`` (created), plus ``reuse_cost.csv`` when ``reuse`` has rows; returns their paths."""
+    in ``out_dir`` (created), plus ``reuse_cost.csv`` when ``reuse`` has rows; returns their paths. Each file is
+    written beside its place and moved onto it, so a symbolic link there is replaced, never followed.
+
+    Raises:
+        SymlinkRefused: ``out_dir`` is a symbolic link.
+        OSError: a file cannot be written.
+    """
     from kvbench import charts
 
     out = Path(out_dir)
@@ -364,16 +392,13 @@ def write_costs(costs: pd.DataFrame, out_dir: str | Path, prices: Prices,
     paths = []
     doc: dict[str, Any] = {"prices": dataclasses.asdict(prices)}
     if len(costs):
-        costs.to_csv(out / "cost.csv", index=False)
-        paths.append(out / "cost.csv")
+        paths.append(_replacing(out / "cost.csv", lambda tmp: costs.to_csv(tmp, index=False) or tmp))
         doc.update(verdicts=verdicts(costs), rows=json.loads(costs.to_json(orient="records")))
     if reuse is not None and len(reuse):
-        reuse.to_csv(out / "reuse_cost.csv", index=False)
-        paths.append(out / "reuse_cost.csv")
+        paths.append(_replacing(out / "reuse_cost.csv", lambda tmp: reuse.to_csv(tmp, index=False) or tmp))
         doc["reuse"] = json.loads(reuse.to_json(orient="records"))
-    (out / "cost.json").write_text(json.dumps(doc, indent=2) + "\n")
-    paths.append(out / "cost.json")
-    png = charts.cost_bars(costs, out / "cost.png") if len(costs) else None
+    paths.append(_replacing(out / "cost.json", lambda tmp: tmp.write_text(json.dumps(doc, indent=2) + "\n")))
+    png = _replacing(out / "cost.png", lambda tmp: charts.cost_bars(costs, tmp)) if len(costs) else None
     return paths + ([png] if png is not None else [])
 
 

@@ -356,7 +356,35 @@ def test_report_and_cost_refuse_a_report_directory_that_is_a_symlink(tmp_path):
         r = subprocess.run([*kvbench_cmd(), *cmd], capture_output=True, text=True, timeout=300)
         assert r.returncode == 2, (cmd, r.stdout + r.stderr)
         assert f"{run / 'report'} is a symbolic link" in r.stderr
+        assert "cost per 1M" not in r.stdout  # refused before any table
     assert list(elsewhere.iterdir()) == []
+
+
+def test_cost_replaces_links_in_the_report_directory_and_never_writes_through_them(tmp_path):
+    """From the re-attack: `cost` wrote cost.json, cost.csv and cost.png through links placed in report/ (a file
+    outside the run changed). Each file is now written beside its place and moved onto it: the link is replaced."""
+    import shutil
+
+    golden = next(p for p in sorted((ROOT / "tests" / "data" / "golden").iterdir()) if p.is_dir())
+    run = tmp_path / "run"
+    shutil.copytree(golden, run)
+    (run / "report").mkdir(exist_ok=True)
+    canaries = {}
+    for name in ("cost.json", "cost.csv", "cost.png"):
+        canary = tmp_path / f"canary-{name}"
+        canary.write_text("CANARY\n")
+        (run / "report" / name).unlink(missing_ok=True)
+        (run / "report" / name).symlink_to(canary)
+        canaries[name] = canary
+    r = subprocess.run([*kvbench_cmd(), "cost", "--gpu-price", "2", str(run)], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    for name, canary in canaries.items():
+        assert canary.read_text() == "CANARY\n"
+        assert (run / "report" / name).is_file() and not (run / "report" / name).is_symlink()
+    assert json.loads((run / "report" / "cost.json").read_text())["prices"]["gpu_per_hour"] == 2.0
+    assert oct((run / "report" / "cost.json").stat().st_mode & 0o777) == oct(0o644)
+    assert not [p for p in (run / "report").iterdir() if p.name.startswith(".kvbench-cost-")]
 
 
 def test_a_refused_second_resume_cuts_nothing(write_yaml, tmp_path):
