@@ -166,6 +166,8 @@ def read_config(path: str | Path) -> Any:
         raw = json.loads(path.read_text())
     except ValueError as exc:
         raise ValueError(f"{path}: not valid JSON ({exc})") from None
+    except RecursionError:
+        raise ValueError(f"{path}: not a config: nested too deeply") from None
     text = raw.get("text_config", raw) if isinstance(raw, dict) else {}
     missing = [k for k in _NEEDED if k not in text]
     if missing:
@@ -182,9 +184,17 @@ def read_config(path: str | Path) -> Any:
         raise ValueError(f"{path}: " + ", ".join(f"{k} = {text[k]:,} is above {CONFIG_LIMITS[k]:,}" for k in big)
                          + ": plan takes sizes up to these")
     from transformers import AutoConfig
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
 
-    try:
-        return AutoConfig.from_pretrained(path)
+    if isinstance(raw, dict) and raw.get("auto_map"):
+        code = sorted({str(v).split(".")[0] + ".py" for v in raw["auto_map"].values()} if isinstance(
+            raw["auto_map"], dict) else {"?"})
+        hint = "" if text.get("model_type") in CONFIG_MAPPING_NAMES else f" (model_type {text.get('model_type')!r})"
+        if hint:
+            raise ValueError(f"{path}: the config's auto_map names the model's own code ({', '.join(code)}){hint}; "
+                             "plan never runs model code: give a config of an architecture transformers ships")
+    try:  # never remote code: transformers would otherwise ask on the terminal whether to run it
+        return AutoConfig.from_pretrained(path, trust_remote_code=False)
     except Exception as exc:  # transformers raises many kinds (ValueError, KeyError, OSError) for a bad config
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ValueError(f"{path}: transformers cannot read this config: {first}") from None

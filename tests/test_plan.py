@@ -383,3 +383,27 @@ def test_cost_without_results_costs_the_newest_run_under_results(tmp_path, monke
     assert r.output.startswith("costing the newest run under results/: results/new\n")
     assert (tmp_path / "results" / "new" / "report" / "cost.json").is_file()
     assert not (tmp_path / "results" / "old" / "report").exists()
+
+
+def test_plan_never_runs_or_offers_to_run_a_models_own_code(tmp_path):
+    """From the re-attack: `plan DIR` on a config whose auto_map names the directory's own code made transformers
+    ask on the terminal whether to run it (and with `y` it imported it). Plan refuses an architecture transformers
+    does not ship, naming the code; a shipped one with an auto_map is read without it."""
+    marker = tmp_path / "CANARY"
+    (tmp_path / "pkg_cfg.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
+    config = {"model_type": "evilarch", "auto_map": {"AutoConfig": "pkg_cfg.EvilConfig"}, "hidden_size": 64,
+              "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 100,
+              "max_position_embeddings": 128, "intermediate_size": 128}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    r = CliRunner().invoke(app, ["plan", str(tmp_path)], input="y\n")
+    assert r.exit_code == 2, r.output
+    assert "the config's auto_map names the model's own code (pkg_cfg.py) (model_type 'evilarch'); plan never " \
+           "runs model code" in " ".join(r.output.split())
+    assert "[y/N]" not in r.output and not marker.exists()
+    (tmp_path / "config.json").write_text(json.dumps({**config, "model_type": "llama"}))
+    r = CliRunner().invoke(app, ["plan", str(tmp_path)], input="y\n")
+    assert r.exit_code == 0, r.output
+    assert "2 layers" in r.output and "[y/N]" not in r.output and not marker.exists()
+    (tmp_path / "config.json").write_text("[" * 100_000 + "]" * 100_000)
+    r = CliRunner().invoke(app, ["plan", str(tmp_path)])
+    assert r.exit_code == 2 and "not a config: nested too deeply" in r.output, r.output
