@@ -702,10 +702,12 @@ def _reuse_cost_table(reuse: Any, gpu_price: float) -> Table:
 
 
 def _bytes_option(value: str, option: str) -> int:
-    from pydantic import ByteSize, TypeAdapter, ValidationError
+    from pydantic import TypeAdapter, ValidationError
+
+    from kvbench.scenario_bounds import Bytes
 
     try:
-        n = TypeAdapter(ByteSize).validate_python(value)
+        n = TypeAdapter(Bytes).validate_python(value)
     except ValidationError:
         _fail(f"{option} {value!r}: give bytes or a size such as 80GiB, 512GB")
     if n <= 0:

@@ -56,12 +56,20 @@ Seed = Annotated[int, Field(strict=True, ge=0, lt=SEED_LIMIT)]
 StrictBool = Annotated[bool, Field(strict=True)]
 
 
+#: A size as text: a number (digits, at most one decimal point) and an optional unit, nothing else. pydantic's
+#: ByteSize reads only a prefix of what it is given ('5.GiB' as 5 bytes, '1,5GiB' as 1), so text is checked first.
+_SIZE_TEXT = re.compile(r"\s*(\d+(\.\d+)?|\.\d+)\s*([A-Za-z]{1,3})?\s*")
+
+
 def _bytes_input(v: Any) -> Any:
-    """Refuse what ByteSize would take as a number of bytes but is not one: a boolean, NaN or infinity."""
+    """Refuse what ByteSize would take as a number of bytes but is not one: a boolean, NaN or infinity, or text that
+    is not a whole size such as ``512MiB`` or ``1.5GB``."""
     if isinstance(v, bool):
         raise ValueError("must be a number of bytes or a size such as 512MiB, not a boolean")
     if isinstance(v, float) and not math.isfinite(v):
         raise ValueError("must be a finite number of bytes or a size such as 512MiB")
+    if isinstance(v, str) and not _SIZE_TEXT.fullmatch(v):
+        raise ValueError(f"{v[:40]!r} is not a size: give bytes or a number and a unit, such as 512MiB or 1.5GB")
     return v
 
 

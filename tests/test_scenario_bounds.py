@@ -28,6 +28,13 @@ CASES = [
     ({"batch_sizes": [1, 10**8]}, "batch_sizes[1]", "Input should be less than or equal to 4096 (got 100000000)"),
     ({"budget": float("inf")}, "budget", "must be a finite number of bytes or a size such as 512MiB (got inf)"),
     ({"budget": float("nan")}, "budget", "must be a finite number of bytes or a size such as 512MiB (got nan)"),
+    # from the re-attack: pydantic's ByteSize read only a prefix ('5.GiB' was 5 bytes, '1,5GiB' 1)
+    ({"budget": "5.GiB"}, "budget", "'5.GiB' is not a size: give bytes or a number and a unit, such as 512MiB or "
+                                    "1.5GB (got '5.GiB')"),
+    ({"budget": "1,5GiB"}, "budget", "'1,5GiB' is not a size: give bytes or a number and a unit, such as 512MiB or "
+                                     "1.5GB (got '1,5GiB')"),
+    ({"budget": "1.5.5GiB"}, "budget", "'1.5.5GiB' is not a size: give bytes or a number and a unit, such as 512MiB "
+                                       "or 1.5GB (got '1.5.5GiB')"),
     ({"budget": 2**61}, "budget", "must be at most 1,152,921,504,606,846,976 bytes (1 EiB) (got 2305843009213693952)"),
     ({"description": "two\nlines"}, "description", "must be one line without control characters (it is printed by "
                                                    "`kvbench list scenarios`) (got 'two\\nlines')"),
@@ -81,3 +88,15 @@ def test_the_bounds_themselves_are_accepted(write_yaml):
                                                budget=2**60, workload={"source": "synthetic", "n_prompts": 4,
                                                                        "seed": 0})))
     assert (s.seed, s.repeats, s.warmup, len(s.name), int(s.budget)) == (2**32 - 1, 1000, 100, 100, 2**60)
+
+
+def test_plan_refuses_a_size_it_would_read_only_in_part():
+    """`plan --gpu-mem 5.GiB` planned for a 5-byte GPU ('GPU 0.00 MiB', exit 0)."""
+    from typer.testing import CliRunner
+
+    from kvbench.cli import app
+
+    r = CliRunner().invoke(app, ["plan", "llama-3.1-8b", "--gpu-mem", "5.GiB"])
+    assert r.exit_code == 2 and "--gpu-mem '5.GiB': give bytes or a size such as 80GiB, 512GB" in r.output, r.output
+    r = CliRunner().invoke(app, ["plan", "llama-3.1-8b", "--gpu-mem", "1.5GiB"])
+    assert r.exit_code == 0 and "GPU 1.50 GiB" in r.output, r.output
