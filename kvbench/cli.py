@@ -840,7 +840,7 @@ def plan(
 @app.command()
 def validate(files: list[Path] = typer.Argument(..., help="Scenario YAML files.")) -> None:
     """Check scenario files without loading any model weights (reads the model's config for its context limit);
-    warn about configurations that run but mislead."""
+    warn about configurations that run but mislead. Exit 2 when a file is invalid (each is reported), as `run`."""
     from kvbench.scenario import ScenarioError, load_scenario
 
     bad = 0
@@ -874,7 +874,7 @@ def validate(files: list[Path] = typer.Argument(..., help="Scenario YAML files."
                       f"{_count(len(s.batch_sizes), 'batch size')} × {_count(len(s.modes), 'mode')} × "
                       f"{_count(s.repeats, 'repeat')})", highlight=False, markup=False)
     if bad:
-        raise typer.Exit(1)
+        raise typer.Exit(2)  # bad input, as `run` says of the same file
 
 
 @app.command("env")

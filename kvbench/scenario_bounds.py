@@ -58,7 +58,7 @@ StrictBool = Annotated[bool, Field(strict=True)]
 
 #: A size as text: a number (digits, at most one decimal point) and an optional unit, nothing else. pydantic's
 #: ByteSize reads only a prefix of what it is given ('5.GiB' as 5 bytes, '1,5GiB' as 1), so text is checked first.
-_SIZE_TEXT = re.compile(r"\s*(\d+(\.\d+)?|\.\d+)\s*([A-Za-z]{1,3})?\s*")
+_SIZE_TEXT = re.compile(r"\s*(\d+(\.\d+)?|\.\d+)\s*([A-Za-z]+)?\s*")
 
 
 def _bytes_input(v: Any) -> Any:
