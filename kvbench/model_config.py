@@ -52,14 +52,12 @@ def config_path(spec: "ModelSpec") -> Path | None:
     Raises:
         kvbench.models.ModelNotFound: the model cannot be found.
     """
-    from kvbench.models import ModelNotFound, locate, preset_path
+    from kvbench.models import config_file, locate, preset_path
 
     if spec.preset:
         return preset_path(spec.preset)
     if spec.config:
-        if not Path(spec.config).is_file():
-            raise ModelNotFound(f"{spec.config} does not exist")
-        return Path(spec.config)
+        return config_file(spec.config)
     loc = locate(spec.name or "")
     if loc.gguf_file:
         return None

@@ -118,6 +118,23 @@ def locate(name: str) -> _Located:
     )
 
 
+def config_file(path: str | Path) -> Path:
+    """``model.config``'s path, when it is a regular file.
+
+    Raises:
+        ModelNotFound: it does not exist, or is a directory or another kind of file (saying which).
+    """
+    p = Path(path)
+    if not p.exists():
+        raise ModelNotFound(f"{path} does not exist")
+    if p.is_dir():
+        raise ModelNotFound(f"{path} is a directory: model.config is the config.json file (or give the directory "
+                            "as model.name)")
+    if not p.is_file():
+        raise ModelNotFound(f"{path} is not a regular file: model.config is a config.json file")
+    return p
+
+
 def load_config(spec: "ModelSpec") -> Any:
     """The transformers config of a model spec, read without weights. Raises ModelNotFound."""
     from transformers import AutoConfig
@@ -125,9 +142,7 @@ def load_config(spec: "ModelSpec") -> Any:
     if spec.preset:
         return AutoConfig.from_pretrained(preset_path(spec.preset))
     if spec.config:
-        p = Path(spec.config)
-        if not p.is_file():
-            raise ModelNotFound(f"{spec.config} does not exist")
+        p = config_file(spec.config)
         try:
             json.loads(p.read_text())
         except ValueError as exc:

@@ -100,3 +100,16 @@ def test_plan_refuses_a_size_it_would_read_only_in_part():
     assert r.exit_code == 2 and "--gpu-mem '5.GiB': give bytes or a size such as 80GiB, 512GB" in r.output, r.output
     r = CliRunner().invoke(app, ["plan", "llama-3.1-8b", "--gpu-mem", "1.5GiB"])
     assert r.exit_code == 0 and "GPU 1.50 GiB" in r.output, r.output
+
+
+def test_a_model_config_that_is_not_a_file_says_what_it_is(write_yaml, tmp_path):
+    """From the re-attack: `model.config: '.'` (or '/', '/dev/zero') said '<dir>/. does not exist'."""
+    for config, says in ((".", "is a directory: model.config is the config.json file (or give the directory as "
+                               "model.name)"),
+                         ("/dev/zero", "is not a regular file: model.config is a config.json file"),
+                         ("nope.json", "does not exist")):
+        path = write_yaml(tiny_scenario(model={"config": config, "weights": "random"}))
+        with pytest.raises(ScenarioError) as caught:
+            load_scenario(path)
+        assert [k for k, _ in caught.value.problems] == ["model.config"], caught.value.problems
+        assert says in caught.value.problems[0][1], caught.value.problems
