@@ -106,6 +106,9 @@ class ModelSpec(_Strict):
             raise ValueError(f"a {given[0]} has no weights: set weights: random")
         if given[0] == "name" and self.weights == "random":
             raise ValueError("weights: random needs a preset or config, not a name")
+        if given[0] != "name" and self.trust_remote_code:
+            raise ValueError(f"trust_remote_code: a {given[0]} brings no code of its own (transformers loads a "
+                             "model's code from its directory): give the directory as model.name, or set it false")
         if self.preset is not None:
             from kvbench.models import preset_names
 

@@ -113,3 +113,16 @@ def test_a_model_config_that_is_not_a_file_says_what_it_is(write_yaml, tmp_path)
             load_scenario(path)
         assert [k for k, _ in caught.value.problems] == ["model.config"], caught.value.problems
         assert says in caught.value.problems[0][1], caught.value.problems
+
+
+def test_remote_code_needs_a_model_directory(write_yaml, tmp_path):
+    """From the re-attack: `model: {config: DIR/config.json, weights: random, trust_remote_code: true}` passed
+    validate, then `run --trust-remote-code` failed in transformers (HFValidationError about a repo id)."""
+    config = tmp_path / "config.json"
+    config.write_text("{}")
+    path = write_yaml(tiny_scenario(model={"config": str(config), "weights": "random", "trust_remote_code": True}))
+    with pytest.raises(ScenarioError) as caught:
+        load_scenario(path)
+    assert caught.value.problems == [("model", "trust_remote_code: a config brings no code of its own (transformers "
+                                               "loads a model's code from its directory): give the directory as "
+                                               "model.name, or set it false")]
