@@ -71,6 +71,26 @@ def test_trials_linked_to_dev_zero_is_refused(tmp_path, reader):
     _refused(_args(reader, run), f"{run / 'trials.jsonl'}: not a regular file")
 
 
+def test_a_fifo_scenario_is_refused(tmp_path):
+    f = tmp_path / "a.yaml"
+    os.mkfifo(f)
+    _refused(["validate", str(f)], f"{f}: not a regular file", code=1)
+    _refused(["run", str(f)], f"{f}: not a regular file")
+    with pytest.raises(ScenarioError, match="not a regular file"):
+        read_yaml("/dev/zero")
+
+
+def test_list_scenarios_shows_each_bad_file_and_lists_the_others(tmp_path):
+    shutil.copy(Path(__file__).parent.parent / "scenarios" / "quick.yaml", tmp_path / "quick.yaml")
+    os.mkfifo(tmp_path / "fifo.yaml")
+    (tmp_path / "nul.yaml").write_bytes(b"name: a\x00\n")
+    (tmp_path / "deep.yaml").write_text("[" * 100_000 + "]" * 100_000)
+    r = CliRunner().invoke(app, ["list", "scenarios", "--dir", str(tmp_path)])
+    assert r.exit_code == 0 and "Traceback" not in r.output, r.output
+    text = " ".join(r.output.split())
+    assert "quick" in text and "not a regular file" in text and "#x0000" in text and "100 levels" in text
+
+
 def test_an_overlong_row_is_skipped_without_reading_it_whole(tmp_path, monkeypatch):
     monkeypatch.setattr(safe_read, "MAX_ROW_BYTES", 10_000)  # the golden rows are shorter
     run = _copy(tmp_path)
@@ -82,6 +102,34 @@ def test_an_overlong_row_is_skipped_without_reading_it_whole(tmp_path, monkeypat
     assert any(p.startswith(f"{run / 'trials.jsonl'}:3: a line over 10,000 bytes; skipped") for p in results.problems)
     with pytest.warns(UserWarning, match=r"trials.jsonl:3: a line over 10,000 bytes; skipped"):
         assert len(RunDir.open(run).finished_trials()) == len(lines)
+
+
+# B. tracebacks on bad input
+
+@pytest.mark.parametrize("content, fragment", [
+    (b"name: a\x00\n", "character #x0000"),
+    ("name: x\nmodel: tiny\n".encode("utf-16-le"), "character #x0000"),  # UTF-16LE without a BOM
+    (("[" * 100_000 + "]" * 100_000).encode(), "nested more than 100 levels deep"),
+    (("{a: " * 5000 + "1" + "}" * 5000).encode(), "nested more than 100 levels deep"),
+])
+def test_unreadable_yaml_is_a_scenario_error(tmp_path, content, fragment):
+    f = tmp_path / "s.yaml"
+    f.write_bytes(content)
+    _refused(["validate", str(f)], fragment, code=1)
+    _refused(["run", str(f)], f"{f}: ")
+    with pytest.raises(ScenarioError, match=fragment):
+        read_yaml(f)
+
+
+def test_proc_environ_is_a_scenario_error():
+    with pytest.raises(ScenarioError, match="character #x0000"):
+        read_yaml("/proc/self/environ")
+
+
+def test_yaml_at_the_depth_bound_is_read(tmp_path):
+    f = tmp_path / "s.yaml"
+    f.write_text("[" * 100 + "]" * 100)
+    assert read_yaml(f) is not None
 
 
 @pytest.mark.parametrize("reader", READERS)
