@@ -194,6 +194,29 @@ def test_a_bom_before_run_json_is_ignored(tmp_path):
     assert len(load_results([run]).trials) == len(_lines(run))
 
 
+# C. rows of another scenario
+
+@pytest.mark.parametrize("edit, fragment", [
+    ({"scenario": "other"}, "scenario 'other' (run.json: 'golden')"),
+    ({"scenario_digest": "0123456789abcdef"}, "scenario_digest '0123456789abcdef' (run.json's scenario: "),
+])
+@pytest.mark.parametrize("reader", READERS)
+def test_rows_of_another_scenario_are_refused_by_every_reader(tmp_path, reader, edit, fragment):
+    run = _copy(tmp_path)
+    lines = _lines(run)
+    lines[3] = json.dumps({**json.loads(lines[3]), **edit})
+    _write_lines(run, lines)
+    out = _refused(_args(reader, run), f"{run / 'trials.jsonl'}:4: trial ")
+    assert fragment in out.replace("\n", " ") and "was written under another scenario" in out.replace("\n", " ")
+
+
+def test_rows_of_the_run_s_own_scenario_are_read(tmp_path):
+    run = _copy(tmp_path)
+    digest = scenario_digest(json.loads((run / "run.json").read_text())["scenario"])
+    _write_lines(run, [json.dumps({**json.loads(x), "scenario_digest": digest}) for x in _lines(run)])
+    assert len(load_results([run]).trials) == len(_lines(run))
+
+
 def test_library_reader_names_a_fifo(tmp_path):
     os.mkfifo(tmp_path / "t.jsonl")
     with pytest.raises(safe_read.BadFile, match="t.jsonl: not a regular file"):
