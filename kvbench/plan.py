@@ -164,7 +164,7 @@ def read_config(path: str | Path) -> Any:
     path = Path(path)
     try:
         raw = json.loads(path.read_text())
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         raise ValueError(f"{path}: not valid JSON ({exc})") from None
     text = raw.get("text_config", raw) if isinstance(raw, dict) else {}
     missing = [k for k in _NEEDED if k not in text]

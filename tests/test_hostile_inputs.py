@@ -224,3 +224,12 @@ def test_library_reader_names_a_fifo(tmp_path):
     with pytest.raises(RunDirError, match="not a regular file"):
         from kvbench.results import read_trials
         read_trials(tmp_path / "t.jsonl")
+
+
+def test_a_deeply_nested_plan_config_is_a_value_error(tmp_path):
+    from kvbench.plan import read_config
+
+    f = tmp_path / "config.json"
+    f.write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(ValueError, match=f"^{f}: not valid JSON"):
+        read_config(f)
