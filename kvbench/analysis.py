@@ -18,12 +18,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import orjson
 import pandas as pd
 
 from kvbench.intervals import (BOOTSTRAP_MIN_REPEATS, add_comparisons, bootstrap_intervals, busy_flags, median_ci,
                                paired_point_stats)
 from kvbench.results import SCHEMA_VERSION
+from kvbench.row_identity import ForeignRow, check_parsed
+from kvbench.safe_read import BadFile, read_json_file, scan_rows, skipped_message
 from kvbench.run_record import RecordError, check_rows, check_run_meta
 from kvbench.latency import ITL_PERCENTILES
 
@@ -93,13 +94,13 @@ def _trial_files(paths: list[str | Path]) -> list[Path]:
 
 def _run_meta(trials_file: Path, problems: list[str]) -> dict[str, Any]:
     rj = trials_file.parent / "run.json"
-    if not rj.is_file():
+    if not (rj.exists() or rj.is_symlink()):
         problems.append(f"{trials_file}: no run.json beside it: machine and scenario unknown")
         return {}
     try:
-        meta = json.loads(rj.read_text())
-    except ValueError as exc:
-        raise ResultsError(f"{rj}: not valid JSON ({exc})") from None
+        meta = read_json_file(rj)
+    except BadFile as exc:
+        raise ResultsError(str(exc)) from None
     version = meta.get("schema_version") if isinstance(meta, dict) else None
     if version is None:
         raise ResultsError(f"{rj}: no schema_version; not a kvbench run.json")
@@ -116,26 +117,26 @@ def _run_meta(trials_file: Path, problems: list[str]) -> dict[str, Any]:
         raise ResultsError(str(exc)) from None
 
 
-def _read_rows(path: Path, problems: list[str]) -> list[dict[str, Any]]:
-    """The trial rows of ``path``; lines that are not JSON (a run killed mid-write) are skipped as problems.
+def _read_rows(path: Path, problems: list[str], scenario: Any = None) -> list[dict[str, Any]]:
+    """The trial rows of ``path``; lines kvbench cannot read (not JSON, e.g. a run killed mid-write, not UTF-8, too
+    long or too deep: :func:`kvbench.safe_read.scan_rows`) are skipped as problems, with the warning of
+    :func:`kvbench.results.read_trials`.
 
     Raises:
-        ResultsError: a JSON line that is not a trial row (:func:`kvbench.run_record.check_rows`).
+        ResultsError: not a regular file; a JSON line that is not a trial row (:func:`kvbench.run_record.check_rows`);
+            with ``scenario`` (run.json's), a row written under another scenario
+            (:func:`kvbench.row_identity.check_parsed`, as ``run --resume`` refuses it).
     """
-    rows, lines = [], []
-    loads = orjson.loads
-    with path.open("rb") as f:
-        for i, line in enumerate(f, start=1):
-            try:
-                rows.append(loads(line))
-                lines.append(i)
-            except ValueError as exc:  # orjson.JSONDecodeError is a ValueError
-                if line.strip():
-                    cut = "" if line.endswith(b"\n") else " (cut off: a run killed mid-write?)"
-                    problems.append(f"{path}:{i}: not valid JSON{cut}: {str(exc).splitlines()[0]}; skipped")
+    try:
+        rows, lines, skipped = scan_rows(path)
+    except BadFile as exc:
+        raise ResultsError(str(exc)) from None
+    problems.extend(skipped_message(path, i, why) for i, why in skipped)
     try:
         check_rows(rows, lines, path)
-    except RecordError as exc:
+        if isinstance(scenario, dict):  # as run --resume: rows of another scenario are refused, never merged
+            check_parsed(path, rows, lines, scenario)
+    except (RecordError, ForeignRow) as exc:
         raise ResultsError(str(exc)) from None
     ids = [row["trial_id"] for row in rows]
     if len(set(ids)) < len(ids):  # e.g. two writers on one run before kvbench locked it: keep the last of each
@@ -185,7 +186,7 @@ def _load(paths: list[str | Path]) -> Results:
     frames_by_run: list[pd.DataFrame | None] = []
     for tf in _trial_files(paths):
         meta = _run_meta(tf, problems)
-        rows = _read_rows(tf, problems)
+        rows = _read_rows(tf, problems, meta.get("scenario"))
         run = {"path": str(tf.parent), "name": tf.parent.name, "status": meta.get("status"),
                "started_at": meta.get("started_at"), "environment": meta.get("environment") or {},
                "scenario": meta.get("scenario") or {}, "weights_bytes": meta.get("weights_bytes"),

@@ -3,18 +3,19 @@
 from __future__ import annotations
 
 import datetime as dt
-import json
 from pathlib import Path
+
+from kvbench.safe_read import read_json_file
 
 
 def _started(run: Path) -> str:
     """run.json's ``started_at`` (ISO 8601, UTC), else the trials file's modification time in the same form."""
     try:
-        meta = json.loads((run / "run.json").read_text())
+        meta = read_json_file(run / "run.json")
         started = meta.get("started_at") if isinstance(meta, dict) else None
         if isinstance(started, str) and started:
             return started
-    except (OSError, ValueError):
+    except (OSError, ValueError):  # BadFile (a FIFO, a device, not JSON...) is a ValueError
         pass
     stamp = dt.datetime.fromtimestamp((run / "trials.jsonl").stat().st_mtime, dt.timezone.utc)
     return stamp.strftime("%Y-%m-%dT%H:%M:%SZ")

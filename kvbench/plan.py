@@ -164,7 +164,7 @@ def read_config(path: str | Path) -> Any:
     path = Path(path)
     try:
         raw = json.loads(path.read_text())
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         raise ValueError(f"{path}: not valid JSON ({exc})") from None
     except RecursionError:
         raise ValueError(f"{path}: not a config: nested too deeply") from None

@@ -22,6 +22,7 @@ from typing import Any
 
 from kvbench.run_files import append_all, samples_end
 from kvbench.run_record import RecordError, check_rows, check_run_meta
+from kvbench.safe_read import BadFile, read_json_file, scan_rows, skipped_message
 
 SCHEMA_VERSION = 1
 
@@ -127,12 +128,12 @@ class RunDir:
             if (p / name).is_symlink():
                 raise SymlinkRefused(p / name)
         rj = p / "run.json"
-        if not rj.is_file():
+        if not rj.exists():
             raise RunDirError(f"{p}: no run.json here; is this a kvbench run directory?")
         try:
-            meta = json.loads(rj.read_text())
-        except ValueError as exc:
-            raise RunDirError(f"{rj}: not valid JSON ({exc})") from None
+            meta = read_json_file(rj)
+        except BadFile as exc:
+            raise RunDirError(str(exc)) from None
         if not isinstance(meta, dict):
             raise RunDirError(f"{rj}: not a kvbench run.json (a JSON object was expected)")
         version = meta.get("schema_version")
@@ -140,9 +141,9 @@ class RunDir:
             raise RunDirError(f"{rj}: schema_version {version!r}; this kvbench reads {SCHEMA_VERSION}")
         try:
             check_run_meta(meta, rj)
-            if (p / "trials.jsonl").is_file():
+            if (p / "trials.jsonl").exists():  # a FIFO or device is refused there, not skipped
                 _checked_rows(p / "trials.jsonl")
-        except RecordError as exc:
+        except (RecordError, BadFile) as exc:
             raise RunDirError(str(exc)) from None
         return cls(p, meta)
 
@@ -294,45 +295,34 @@ def _cut_tail(path: Path, keep: Callable[[bytes], int]) -> int:
 
 def _trial_ids(path: Path) -> set[str]:
     """The ``trial_id`` of every JSON-object line of a trials file (other lines are left to :func:`read_trials`)."""
-    ids = set()
-    with path.open(encoding="utf-8", errors="replace") as f:
-        for line in f:
-            with contextlib.suppress(ValueError):
-                row = json.loads(line)
-                if isinstance(row, dict) and isinstance(row.get("trial_id"), str):
-                    ids.add(row["trial_id"])
-    return ids
+    values, _, _ = scan_rows(path)
+    return {row["trial_id"] for row in values if isinstance(row, dict) and isinstance(row.get("trial_id"), str)}
 
 
-def _checked_rows(path: Path) -> tuple[list[dict[str, Any]], list[int]]:
-    """The rows of a ``trials.jsonl`` and the numbers of its lines that are not valid JSON (a run killed mid-write).
+def _checked_rows(path: Path) -> tuple[list[dict[str, Any]], list[tuple[int, str]]]:
+    """The rows of a ``trials.jsonl`` and the lines skipped, with why (:func:`kvbench.safe_read.scan_rows`: not
+    valid JSON, e.g. a run killed mid-write, not UTF-8, too long or nested too deeply).
 
     Raises:
         RecordError: a valid JSON line that is not a trial row (:func:`kvbench.run_record.check_rows`).
+        BadFile: the file is not a regular file or cannot be read.
     """
-    rows, lines, bad = [], [], []
-    with path.open() as f:
-        for i, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                rows.append(json.loads(line))
-                lines.append(i)
-            except ValueError:
-                bad.append(i)
-    return check_rows(rows, lines, path), bad
+    rows, lines, skipped = scan_rows(path)
+    return check_rows(rows, lines, path), skipped
 
 
 def read_trials(path: str | Path) -> list[dict[str, Any]]:
-    """The rows of a ``trials.jsonl``. Lines that are not valid JSON are skipped with a warning naming file and line.
+    """The rows of a ``trials.jsonl``. Lines kvbench cannot read (:func:`kvbench.safe_read.scan_rows`) are skipped
+    with a warning naming file and line, the same warning ``report`` gives.
 
     Raises:
-        RunDirError: a line that is not a trial row (naming the file, the line and the key).
+        RunDirError: the file is not a regular file, or a line is not a trial row (naming the file, the line and
+            the key).
     """
     try:
-        rows, bad = _checked_rows(Path(path))
-    except RecordError as exc:
+        rows, skipped = _checked_rows(Path(path))
+    except (RecordError, BadFile) as exc:
         raise RunDirError(str(exc)) from None
-    for i in bad:
-        warnings.warn(f"{path}:{i}: not a valid JSON line; skipped", stacklevel=2)
+    for i, why in skipped:
+        warnings.warn(skipped_message(path, i, why), stacklevel=2)
     return rows

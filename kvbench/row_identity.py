@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from kvbench.results import RunDirError
+from kvbench.safe_read import BadFile, scan_rows
 
 #: Scenario keys left out of the digest: those that name it and those that only choose which trials run (a
 #: trial's id says its prompt length, batch, mode with its options and repeat). Every other key (model, device,
@@ -41,23 +42,33 @@ def _mismatches(row: dict[str, Any], scenario: dict[str, Any], digest: str) -> l
     return out
 
 
-def check_rows(path: Path, scenario: dict[str, Any]) -> None:
-    """Refuse the rows of ``trials.jsonl`` at ``path`` written under a scenario other than ``scenario`` (run.json's):
-    another ``scenario`` name, ``max_new_tokens`` or ``scenario_digest``. A row from before the digest (an older
-    kvbench) is checked by the name and ``max_new_tokens`` it carries. Lines that are not JSON objects are left to
-    :func:`kvbench.results.read_trials`.
+def check_parsed(path: Path, rows: list[Any], lines: list[int], scenario: dict[str, Any]) -> None:
+    """Refuse the parsed rows of ``trials.jsonl`` at ``path`` (``lines`` their line numbers) written under a
+    scenario other than ``scenario`` (run.json's): another ``scenario`` name, ``max_new_tokens`` or
+    ``scenario_digest``. A row from before the digest (an older kvbench) is checked by the name and
+    ``max_new_tokens`` it carries. Values that are not objects are left to :func:`kvbench.run_record.check_rows`.
 
     Raises:
         ForeignRow: naming the file, the line, the trial and each mismatch.
     """
     digest = scenario_digest(scenario)
-    with path.open(encoding="utf-8", errors="replace") as f:
-        for number, line in enumerate(f, start=1):
-            try:
-                row = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(row, dict) and (why := _mismatches(row, scenario, digest)):
-                raise ForeignRow(f"{path}:{number}: trial {row.get('trial_id')!r} was written under another "
-                                 f"scenario: {'; '.join(why)}; a run keeps only rows of its own scenario: move "
-                                 "that line out, or run the other scenario in a new run")
+    for row, number in zip(rows, lines):
+        if isinstance(row, dict) and (why := _mismatches(row, scenario, digest)):
+            raise ForeignRow(f"{path}:{number}: trial {row.get('trial_id')!r} was written under another "
+                             f"scenario: {'; '.join(why)}; a run keeps only rows of its own scenario: move "
+                             "that line out, or run the other scenario in a new run")
+
+
+def check_rows(path: Path, scenario: dict[str, Any]) -> None:
+    """:func:`check_parsed` on the rows of ``trials.jsonl`` at ``path``, read by :func:`kvbench.safe_read.scan_rows`
+    (the lines it skips are left to :func:`kvbench.results.read_trials`).
+
+    Raises:
+        ForeignRow: naming the file, the line, the trial and each mismatch.
+        RunDirError: the file is not a regular file or cannot be read.
+    """
+    try:
+        rows, lines, _ = scan_rows(path)
+    except BadFile as exc:
+        raise RunDirError(str(exc)) from None
+    check_parsed(path, rows, lines, scenario)

@@ -20,8 +20,10 @@ ROW_STATUSES = ("ok", "over_budget", "skipped", "error", "oom")
 #: run.json statuses: a sweep in progress (or killed), stopped by Ctrl-C/SIGTERM, or finished.
 RUN_STATUSES = ("running", "interrupted", "complete")
 
-_Count = Optional[Annotated[int, Field(strict=True, ge=0)]]
-_Positive = Annotated[int, Field(strict=True, gt=0)]
+#: Largest whole number a run directory may hold (a 64-bit signed integer: what the tables hold).
+MAX_INT = 2**63 - 1
+_Count = Optional[Annotated[int, Field(strict=True, ge=0, le=MAX_INT)]]
+_Positive = Annotated[int, Field(strict=True, gt=0, le=MAX_INT)]
 _Number = Optional[Annotated[float, Field(allow_inf_nan=False)]]
 _Text = Optional[Annotated[str, Field(strict=True)]]
 _Flag = Optional[Annotated[bool, Field(strict=True)]]
@@ -120,7 +122,7 @@ class _Capacity(_Open):
     capacity: _Count = None
     first_failure: _Count = None
     # [value, status] pairs; JSON has no tuples and strict models take none from a list
-    probes: list[Annotated[list[Union[Annotated[int, Field(strict=True, ge=0)], str]],
+    probes: list[Annotated[list[Union[Annotated[int, Field(strict=True, ge=0, le=MAX_INT)], str]],
                            Field(min_length=2, max_length=2)]] = []
     stopped: _Text = None
     trial_ids: list[str] = []
@@ -162,6 +164,8 @@ def _why(err: dict[str, Any]) -> str:
         what = f"one of {ctx.get('expected', '')}"
     elif kind in ("greater_than", "greater_than_equal"):
         what = f"a whole number {'above' if kind == 'greater_than' else 'of at least'} {ctx.get('gt', ctx.get('ge'))}"
+    elif kind == "less_than_equal":
+        what = f"a whole number of at most {ctx.get('le')} (2**63 - 1)"
     else:
         what = allowed.get(kind, err["msg"])
     if kind == "missing":

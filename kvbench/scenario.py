@@ -673,12 +673,28 @@ class _UniqueKeyLoader(yaml.SafeLoader):
             seen.add(key)
         return super().construct_mapping(node, deep=deep)
 
+    _depth = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        """Compose one node, refusing lists and mappings nested over :data:`MAX_YAML_DEPTH` levels before the
+        recursion goes deeper (100,000 ``[`` would otherwise end in a RecursionError)."""
+        self._depth += 1
+        try:
+            if self._depth > MAX_YAML_DEPTH:
+                raise yaml.composer.ComposerError(None, None, f"nested more than {MAX_YAML_DEPTH} levels deep: "
+                                                  "not a scenario", self.peek_event().start_mark)
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
 
 #: A scenario file larger than this (bytes) is refused before parsing.
 MAX_YAML_BYTES = 1 << 20
 #: Values a scenario may hold once its aliases (``*name``) are expanded; a "billion laughs" file of 1 KB expands
 #: to billions, which validation would walk.
 MAX_YAML_VALUES = 100_000
+#: Deepest nesting of lists and mappings a scenario file may have.
+MAX_YAML_DEPTH = 100
 #: Longest echo of a bad value in an error message (characters).
 MAX_ECHO = 80
 
@@ -720,12 +736,12 @@ def read_yaml(file: str | Path) -> Any:
             BOM) text, has a syntax error or a duplicate key (with its line and column), expands to more than
             :data:`MAX_YAML_VALUES` values through aliases, or is empty.
     """
-    p = Path(file)
-    try:
-        with p.open("rb") as f:
-            raw = f.read(MAX_YAML_BYTES + 1)
-    except OSError as exc:
-        raise ScenarioError(file, [("", f"cannot read the file: {exc.strerror or exc}")]) from None
+    from kvbench.safe_read import BadFile, read_regular
+
+    try:  # a FIFO or a device (/dev/zero) is refused before anything is read
+        raw = read_regular(file, MAX_YAML_BYTES)
+    except BadFile as exc:
+        raise ScenarioError(file, [("", str(exc).removeprefix(f"{file}: "))]) from None
     if len(raw) > MAX_YAML_BYTES:
         raise ScenarioError(file, [("", f"the file is over {MAX_YAML_BYTES:,} bytes: not a scenario")])
     try:
@@ -733,7 +749,12 @@ def read_yaml(file: str | Path) -> Any:
     except UnicodeDecodeError as exc:
         raise ScenarioError(file, [("", f"not UTF-8 text (byte {exc.start}: {raw[exc.start:exc.start + 1]!r}): "
                                         "save the file as UTF-8")]) from None
-    loader = _UniqueKeyLoader(text)
+    try:
+        loader = _UniqueKeyLoader(text)  # its reader refuses a NUL or other unprintable character here
+    except yaml.reader.ReaderError as exc:
+        raise ScenarioError(file, [("", f"invalid YAML: character #x{exc.character:04x} at character "
+                                        f"{exc.position + 1}: control characters such as NUL are not allowed (is "
+                                        "it a text file, saved as UTF-8?)")]) from None
     try:
         node = loader.get_single_node()
         if node is not None and _expanded_size(node, {}) > MAX_YAML_VALUES:

@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 from kvbench.analysis import ResultsError, load_results
 from kvbench.cli import app
 from kvbench.results import RunDir, RunDirError
+from kvbench.row_identity import scenario_digest
 from kvbench.run_record import RecordError, check_rows
 
 GOLDEN = Path(__file__).parent / "data" / "golden"
@@ -93,10 +94,11 @@ def test_rows_of_a_newer_kvbench_keep_their_extra_keys(tmp_path):
     run = tmp_path / "run"
     shutil.copytree(RUN, run)
     rows = [json.loads(x) for x in (run / "trials.jsonl").read_text().splitlines()]
-    rows = [dict(r, scenario="golden", scenario_digest="ab12", new_column=[{"x": 1}]) for r in rows]
+    digest = scenario_digest(json.loads((run / "run.json").read_text())["scenario"])  # another one is refused
+    rows = [dict(r, scenario="golden", scenario_digest=digest, new_column=[{"x": 1}]) for r in rows]
     (run / "trials.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     trials = load_results([run]).trials
-    assert len(trials) == 120 and set(trials["scenario_digest"]) == {"ab12"}
+    assert len(trials) == 120 and set(trials["scenario_digest"]) == {digest}
     assert trials["new_column"].iloc[0] == [{"x": 1}]
 
 
