@@ -164,10 +164,10 @@ def read_config(path: str | Path) -> Any:
     path = Path(path)
     try:
         raw = json.loads(path.read_text())
-    except (ValueError, RecursionError) as exc:
+    except ValueError as exc:
         raise ValueError(f"{path}: not valid JSON ({exc})") from None
     except RecursionError:
-        raise ValueError(f"{path}: not a config: nested too deeply") from None
+        raise ValueError(f"{path}: not valid JSON (nested too deeply)") from None
     text = raw.get("text_config", raw) if isinstance(raw, dict) else {}
     missing = [k for k in _NEEDED if k not in text]
     if missing:
