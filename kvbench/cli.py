@@ -702,13 +702,13 @@ def _reuse_cost_table(reuse: Any, gpu_price: float) -> Table:
 
 
 def _bytes_option(value: str, option: str) -> int:
-    from pydantic import TypeAdapter, ValidationError
+    from pydantic import ByteSize, TypeAdapter
 
-    from kvbench.scenario_bounds import Bytes
+    from kvbench.scenario_bounds import check_size_input
 
     try:
-        n = TypeAdapter(Bytes).validate_python(value)
-    except ValidationError:
+        n = TypeAdapter(ByteSize).validate_python(check_size_input(value))
+    except ValueError:  # pydantic.ValidationError is one
         _fail(f"{option} {value!r}: give bytes or a size such as 80GiB, 512GB")
     if n <= 0:
         _fail(f"{option} {value!r}: must be more than 0 bytes")

@@ -61,7 +61,7 @@ StrictBool = Annotated[bool, Field(strict=True)]
 _SIZE_TEXT = re.compile(r"\s*(\d+(\.\d+)?|\.\d+)\s*([A-Za-z]+)?\s*")
 
 
-def _bytes_input(v: Any) -> Any:
+def check_size_input(v: Any) -> Any:
     """Refuse what ByteSize would take as a number of bytes but is not one: a boolean, NaN or infinity, or text that
     is not a whole size such as ``512MiB`` or ``1.5GB``."""
     if isinstance(v, bool):
@@ -79,7 +79,7 @@ def _bytes_bound(v: ByteSize) -> ByteSize:
     return v
 
 
-Bytes = Annotated[ByteSize, BeforeValidator(_bytes_input), AfterValidator(_bytes_bound)]
+Bytes = Annotated[ByteSize, BeforeValidator(check_size_input), AfterValidator(_bytes_bound)]
 
 
 def _path_text(v: str) -> str:

@@ -242,7 +242,8 @@ def test_runs_of_different_scenarios_are_grouped_not_pooled(tmp_path):
         meta["scenario"]["name"] = "other"
 
     other = copy_run(tmp_path, "other", edit=lambda r: dict(r, scenario="other"), edit_meta=rename)
-    changed = copy_run(tmp_path, "changed", edit_meta=lambda m: m["scenario"].update(max_new_tokens=7))
+    changed = copy_run(tmp_path, "changed", edit=lambda r: dict(r, max_new_tokens=7),
+                       edit_meta=lambda m: m["scenario"].update(max_new_tokens=7))
     mixed = load_results([RUN, other, changed])
     table = point_table(mixed.trials)
     assert set(table["group"]) == {f"golden @ {RUN.name}", "other", "golden @ changed"}
