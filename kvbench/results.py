@@ -14,6 +14,7 @@ import fcntl
 import io
 import json
 import os
+import stat
 import tempfile
 import warnings
 from collections.abc import Callable, Iterator
@@ -22,7 +23,7 @@ from typing import Any
 
 from kvbench.run_files import append_all, samples_end
 from kvbench.run_record import RecordError, check_rows, check_run_meta
-from kvbench.safe_read import BadFile, read_json_file, scan_rows, skipped_message
+from kvbench.safe_read import MAX_ROW_BYTES, BadFile, read_json_file, scan_rows, skipped_message
 
 SCHEMA_VERSION = 1
 
@@ -41,19 +42,36 @@ class SymlinkRefused(RunDirError):
         self.path = Path(path)
 
 
+class NotRegular(RunDirError):
+    """A file kvbench would write, truncate or lock is a directory, a FIFO or a device (not a file it made)."""
+
+    def __init__(self, path: str | Path):
+        super().__init__(f"{path}: not a regular file: kvbench writes, truncates and locks only files it made; "
+                         "move it away")
+        self.path = Path(path)
+
+
 def open_nofollow(path: str | Path, flags: int, mode: int = 0o644) -> int:
-    """``os.open`` that refuses a symbolic link as the last component (``O_NOFOLLOW``).
+    """``os.open`` of a regular file that refuses a symbolic link as the last component (``O_NOFOLLOW``) and
+    anything but a regular file (a FIFO is opened without blocking, then refused).
 
     Raises:
         SymlinkRefused: ``path`` is a symbolic link.
+        NotRegular: ``path`` is a directory, a FIFO, a device or a socket.
         OSError: any other failure.
     """
     try:
-        return os.open(path, flags | os.O_NOFOLLOW, mode)
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK, mode)  # a FIFO must not block the open
     except OSError as exc:
         if exc.errno == errno.ELOOP or Path(path).is_symlink():
             raise SymlinkRefused(path) from None
+        if exc.errno in (errno.EISDIR, errno.ENXIO):  # a directory; a FIFO with no reader
+            raise NotRegular(path) from None
         raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise NotRegular(path)
+    return fd
 
 
 def refuse_symlink_dir(path: str | Path) -> None:
@@ -187,7 +205,7 @@ class RunDir:
                               "again", stacklevel=2)
             committed = _trial_ids(self.trials_path)
         if self.samples_path.exists():
-            _cut_tail(self.samples_path, lambda data: samples_end(data, committed))
+            _cut_tail(self.samples_path, lambda data: samples_end(data, committed), header=True)
 
     def update(self, **fields: Any) -> None:
         """Set fields of run.json and rewrite it atomically."""
@@ -226,7 +244,7 @@ class RunDir:
             self.append(row)
         except OSError:
             with contextlib.suppress(OSError):
-                _cut_tail(self.samples_path, lambda data: min(before, len(data)))
+                _truncate_to(self.samples_path, before)
             raise
 
     @property
@@ -278,19 +296,50 @@ class RunDir:
         return read_trials(self.trials_path)
 
 
-def _cut_tail(path: Path, keep: Callable[[bytes], int]) -> int:
-    """Cut ``path`` to its first ``keep(content)`` bytes; returns the bytes removed.
+def _truncate_to(path: Path, size: int) -> None:
+    """Cut ``path`` back to ``size`` bytes when it is longer (never through a link, never a non-regular file)."""
+    fd = open_nofollow(path, os.O_WRONLY)
+    try:
+        if os.fstat(fd).st_size > size:
+            os.ftruncate(fd, size)
+    finally:
+        os.close(fd)
+
+
+#: How much of a file's end :func:`_cut_tail` reads: a killed writer leaves at most one trial's line or samples
+#: unfinished, far less than this.
+CUT_WINDOW_BYTES = 64 << 20
+
+
+def _cut_tail(path: Path, keep: Callable[[bytes], int], header: bool = False) -> int:
+    """Cut ``path`` to its first ``keep(content)`` bytes; returns the bytes removed. Only the last
+    :data:`CUT_WINDOW_BYTES` are read (after the header line when ``header``, which is passed first): ``keep`` sees
+    the header and that window from its first line end, and what it keeps of them maps back onto the file.
 
     Raises:
         SymlinkRefused: ``path`` is a symbolic link (its target is never cut).
+        NotRegular: ``path`` is not a regular file.
+        RunDirError: the last line would be cut but is longer than a row can be
+            (:data:`kvbench.safe_read.MAX_ROW_BYTES`): not a file kvbench wrote; nothing is cut.
     """
     fd = open_nofollow(path, os.O_RDWR)
     with os.fdopen(fd, "r+b") as f:
-        data = f.read()
-        n = keep(data)
-        if n < len(data):
+        size = os.fstat(fd).st_size
+        head = f.readline(MAX_ROW_BYTES) if header else b""
+        start = max(len(head), size - CUT_WINDOW_BYTES)
+        f.seek(start)
+        tail = f.read(size - start)
+        if start > len(head):  # the window starts mid-line: keep sees whole lines only
+            first_end = tail.find(b"\n") + 1
+            start, tail = start + first_end, tail[first_end:]
+        k = keep(head + tail)
+        n = k if k <= len(head) else start + k - len(head)
+        if size - n > MAX_ROW_BYTES and b"\n" not in tail[max(0, n - start):]:
+            raise RunDirError(f"{path}: its last line, {size - n:,} bytes without a line end, is longer than kvbench "
+                              "writes: not a file it made; nothing was cut: move it away")
+        if n < size:
             f.truncate(n)
-    return len(data) - n
+    return size - n
 
 
 def _trial_ids(path: Path) -> set[str]:

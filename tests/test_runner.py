@@ -542,3 +542,58 @@ def test_run_dir_writes_refuse_a_symlink_made_after_it_was_opened(tmp_path):
             write()
         (run.path / name).unlink()
     assert target.read_text() == "keep me\npartial"
+
+
+def _row(trial_id: str) -> dict:
+    return {"trial_id": trial_id, "status": "ok", "mode": "none", "prompt_tokens": 8, "batch_size": 1}
+
+
+def test_the_lock_cuts_reading_only_the_end_of_the_files(tmp_path, monkeypatch):
+    """From the second re-attack: taking the lock read trials.jsonl and samples.csv whole (a 20 GB sparse
+    trials.jsonl took 21 GB of memory, and was then cut to 0 bytes). Only the last CUT_WINDOW_BYTES are read now,
+    with the same cuts as a whole read, and a last line longer than any row is refused, not cut."""
+    import os
+
+    import kvbench.results as results
+
+    run = RunDir.create(tmp_path, tiny_scenario(), {})
+    for i in range(30):
+        run.record_trial(_row(f"t{i}"), [{"trial_id": f"t{i}", "phase": "decode", "t_s": 0.01 * j} for j in range(3)])
+    whole_trials, whole_samples = run.trials_path.read_bytes(), run.samples_path.read_bytes()
+    run.append_samples([{"trial_id": "t30", "phase": "decode", "t_s": 0.5}] * 4)  # killed before its row
+    with run.samples_path.open("a") as f:
+        f.write("t30,deco")
+    with run.trials_path.open("a") as f:
+        f.write('{"trial_id": "t30", "st')
+    monkeypatch.setattr(results, "CUT_WINDOW_BYTES", 200)  # a few lines of each file
+    with pytest.warns(UserWarning, match="dropped an incomplete last line"):
+        with RunDir.open(run.path).lock():
+            pass
+    assert run.trials_path.read_bytes() == whole_trials and run.samples_path.read_bytes() == whole_samples
+    monkeypatch.undo()
+
+    with open(run.trials_path, "ab") as f:  # a last "line" of 40 MiB without a line end (sparse)
+        f.truncate(len(whole_trials) + (40 << 20))
+    with pytest.raises(results.RunDirError, match=r"trials.jsonl: its last line, 41,943,040 bytes without a line "
+                                                  r"end, is longer than kvbench writes: .*nothing was cut"):
+        with run.lock():
+            pass
+    assert os.path.getsize(run.trials_path) == len(whole_trials) + (40 << 20)
+
+
+@pytest.mark.parametrize("name", [".lock", "samples.csv", "trials.jsonl"])
+@pytest.mark.parametrize("kind", ["fifo", "directory"])
+def test_the_lock_refuses_a_fifo_or_a_directory_in_place_of_its_files(tmp_path, name, kind):
+    """From the second re-attack: a FIFO as .lock hung `run --resume`; a directory there, or a FIFO or directory as
+    samples.csv, gave tracebacks."""
+    import os
+
+    from kvbench.results import NotRegular
+
+    run = RunDir.create(tmp_path, tiny_scenario(), {})
+    run.record_trial(_row("a"), [{"trial_id": "a", "phase": "decode", "t_s": 0.0}])
+    (run.path / name).unlink(missing_ok=True)
+    os.mkfifo(run.path / name) if kind == "fifo" else (run.path / name).mkdir()
+    with pytest.raises(NotRegular, match=f"{run.path / name}: not a regular file"):
+        with run.lock():
+            pass
