@@ -8,10 +8,12 @@ are left to transformers' ``AutoConfig``, still without remote code.
 
 from __future__ import annotations
 
-import json
+import os
 from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
+
+from kvbench.safe_read import read_json_file
 
 if TYPE_CHECKING:
     from kvbench.scenario import ModelSpec
@@ -29,18 +31,20 @@ _GGUF_KEYS = {"block_count": "num_hidden_layers", "attention.head_count": "num_a
               "vocab_size": "vocab_size"}
 
 
+#: The largest config.json (or tokenizer_config.json) read, in bytes: real ones are a few KiB.
+MAX_CONFIG_BYTES = 16 << 20
+
+
 def _json_file(path: Path) -> dict[str, Any] | None:
     """The JSON object in ``path``, or None when there is no such file.
 
     Raises:
-        ValueError: the file is not a JSON object.
+        ValueError: the file is not a regular file, is over :data:`MAX_CONFIG_BYTES`, or is not a JSON object
+            (nested at most :data:`kvbench.safe_read.MAX_JSON_DEPTH` levels).
     """
-    if not path.is_file():
+    if not os.path.lexists(path):
         return None
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{path} is not valid JSON: {exc}") from None
+    data = read_json_file(path, MAX_CONFIG_BYTES)  # a FIFO, a huge or deeply nested file: BadFile, a ValueError
     if not isinstance(data, dict):
         raise ValueError(f"{path} holds {type(data).__name__}, not a JSON object")
     return data

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -143,10 +142,13 @@ def load_config(spec: "ModelSpec") -> Any:
         return AutoConfig.from_pretrained(preset_path(spec.preset))
     if spec.config:
         p = config_file(spec.config)
+        from kvbench.model_config import MAX_CONFIG_BYTES
+        from kvbench.safe_read import read_json_file
+
         try:
-            json.loads(p.read_text())
+            read_json_file(p, MAX_CONFIG_BYTES)
         except ValueError as exc:
-            raise ModelNotFound(f"{spec.config} is not valid JSON: {exc}") from None
+            raise ModelNotFound(str(exc)) from None
         return AutoConfig.from_pretrained(p, trust_remote_code=spec.trust_remote_code)
     loc = locate(spec.name or "")
     kw: dict[str, Any] = {"trust_remote_code": spec.trust_remote_code, "local_files_only": True}

@@ -30,7 +30,6 @@ Formulas (bytes, seconds, tokens):
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -162,12 +161,10 @@ def read_config(path: str | Path) -> Any:
             :data:`CONFIG_LIMITS` bound (named, with the bound).
     """
     path = Path(path)
-    try:
-        raw = json.loads(path.read_text())
-    except ValueError as exc:
-        raise ValueError(f"{path}: not valid JSON ({exc})") from None
-    except RecursionError:
-        raise ValueError(f"{path}: not valid JSON (nested too deeply)") from None
+    from kvbench.model_config import MAX_CONFIG_BYTES
+    from kvbench.safe_read import read_json_file
+
+    raw = read_json_file(path, MAX_CONFIG_BYTES)  # BadFile (a ValueError): a FIFO, too large, invalid, too deep
     text = raw.get("text_config", raw) if isinstance(raw, dict) else {}
     missing = [k for k in _NEEDED if k not in text]
     if missing:

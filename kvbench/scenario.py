@@ -766,6 +766,11 @@ def read_yaml(file: str | Path) -> Any:
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
         problem = getattr(exc, "problem", None) or str(exc)
         raise ScenarioError(file, [("", f"{where}invalid YAML: {problem}")]) from None
+    except ScenarioError:
+        raise
+    except ValueError as exc:  # e.g. Python's limit on int() of more than 4,300 digits
+        raise ScenarioError(file, [("", f"invalid YAML: a value kvbench cannot read ({_echo(str(exc))[1:-1]})")]) \
+            from None
     finally:
         loader.dispose()
     if data is None:

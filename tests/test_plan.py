@@ -406,4 +406,4 @@ def test_plan_never_runs_or_offers_to_run_a_models_own_code(tmp_path):
     assert "2 layers" in r.output and "[y/N]" not in r.output and not marker.exists()
     (tmp_path / "config.json").write_text("[" * 100_000 + "]" * 100_000)
     r = CliRunner().invoke(app, ["plan", str(tmp_path)])
-    assert r.exit_code == 2 and "not valid JSON (nested too deeply)" in r.output, r.output
+    assert r.exit_code == 2 and "not valid JSON (nested more than 100 levels deep)" in r.output, r.output

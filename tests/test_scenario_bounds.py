@@ -126,3 +126,27 @@ def test_remote_code_needs_a_model_directory(write_yaml, tmp_path):
     assert caught.value.problems == [("model", "trust_remote_code: a config brings no code of its own (transformers "
                                                "loads a model's code from its directory): give the directory as "
                                                "model.name, or set it false")]
+
+
+def test_yaml_numbers_python_cannot_read_and_hostile_model_configs_are_scenario_errors(write_yaml, tmp_path):
+    """From the second re-attack: a YAML integer of 4,400 digits (Python's int() limit) and a config.json nested
+    100,000 deep gave tracebacks in validate and run; a 2 GB sparse config.json was read whole (4.2 GB)."""
+    text = (tmp_path / "s.yaml")
+    import yaml as _yaml
+
+    text.write_text(_yaml.safe_dump(tiny_scenario()) + "description: 1" + "0" * 4400 + "\n")
+    with pytest.raises(ScenarioError) as caught:
+        load_scenario(text)
+    assert caught.value.problems[0][0] == "" and "invalid YAML: a value kvbench cannot read (Exceeds the limit " \
+        "(4300 digits)" in caught.value.problems[0][1], caught.value.problems
+    deep, big = tmp_path / "deep.json", tmp_path / "big.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    with open(big, "wb") as f:
+        f.truncate(2 << 30)
+    for config, says in ((deep, "not valid JSON (nested more than 100 levels deep)"),
+                         (big, "the file is over 16,777,216 bytes")):
+        path = write_yaml(tiny_scenario(model={"config": str(config), "weights": "random"}))
+        with pytest.raises(ScenarioError) as caught:
+            load_scenario(path)
+        assert caught.value.problems == [("model.config", f"cannot read the model's config: {config}: {says}")], \
+            caught.value.problems
