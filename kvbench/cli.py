@@ -555,8 +555,12 @@ def cost(
     out_dir: Optional[str] = typer.Option(None, "--out", help="Where cost.csv, cost.json and cost.png go "
                                            "(default: <first path>/report)."),
 ) -> None:
-    """Cost per 1M generated tokens per mode from measured throughput (or what-if figures), saving vs none."""
+    """Cost per 1M generated tokens per mode from measured throughput (or what-if figures), saving vs none.
+    Ctrl-C or SIGTERM while it writes its files stops it with exit 130, leaving none half-written."""
     from kvbench.cost import Prices, what_if
+
+    signal.signal(signal.SIGTERM, _terminated)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
     try:
         prices = Prices(gpu_price, host_price, tokens_per_month, engineering_cost, disk_price)
@@ -613,6 +617,8 @@ def cost(
         refuse_symlink_dir(target)  # before any output: a refused run prints no table
     except RunDirError as exc:
         _fail(str(exc))
+    if target.exists() and not target.is_dir():
+        _fail(f"{target} is not a directory: the cost files go in a directory (give another with --out)")
     loaded = _load(results)
     points = point_table(loaded.trials)
     table = cost_table(points, prices, loaded.trials, None if max_ttft_ms is None else max_ttft_ms / 1e3,
@@ -667,7 +673,11 @@ def cost(
     except RunDirError as exc:  # a symbolic link where the files would go
         _fail(str(exc))
     except OSError as exc:
-        _fail(f"cannot write to {target}: {exc.strerror or exc}")
+        _fail(f"cannot write {exc.filename or target}: {exc.strerror or exc}")
+    except KeyboardInterrupt:
+        err.print(f"interrupted while writing the cost files in {target}: each is whole, new or from before",
+                  highlight=False, markup=False)
+        raise typer.Exit(130) from None
     out.print(f"cost: {', '.join(str(f) for f in files)}", highlight=False, markup=False)
 
 

@@ -366,9 +366,11 @@ def _replacing(path: Path, write: Any) -> Path | None:
             os.unlink(tmp)
             return None
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
+        if isinstance(exc, OSError):  # named for the file it was to be, not the private one
+            raise OSError(exc.errno, exc.strerror, str(path)) from None
         raise
     return path
 

@@ -652,7 +652,6 @@ def write_report(results: Results, out_dir: str | Path, timelines: list[str] | N
     created = not final.exists()
     # everything is written into a private folder inside, then moved into place: an interrupted or failed report
     # leaves no half of itself behind; one left by a killed report (its owner provably dead) is removed first
-    out: Path | None = None
     try:
         final.mkdir(parents=True, exist_ok=True)
         scratch_dir.sweep(final)
@@ -661,12 +660,13 @@ def write_report(results: Results, out_dir: str | Path, timelines: list[str] | N
         for f in out.iterdir():
             os.replace(f, final / f.name)
     except BaseException:
-        if pool is not None:  # its workers may still be drawing into the folder
-            pool.stop()
-        if out is not None:
-            shutil.rmtree(out, ignore_errors=True)
-        if created:
-            shutil.rmtree(final, ignore_errors=True)
+        try:
+            if pool is not None:  # its workers may still be drawing into the folder
+                pool.stop()
+        finally:  # even when stopping them failed, or the interrupt came as the folder was made
+            scratch_dir.remove_own(final)
+            if created:
+                shutil.rmtree(final, ignore_errors=True)
         raise
     out.rmdir()
     rep.charts = [(title, final / p.name) for title, p in rep.charts]

@@ -54,6 +54,14 @@ def sweep(parent: Path) -> list[Path]:
     return gone
 
 
+def remove_own(parent: Path) -> None:
+    """Remove this process's scratch folders in ``parent`` (also one made just as an interrupt arrived, before its
+    caller knew its name)."""
+    for d in parent.glob(owner_prefix() + "*"):
+        if d.is_dir() and not d.is_symlink():
+            shutil.rmtree(d, ignore_errors=True)
+
+
 def make(parent: Path) -> Path:
     """A new scratch folder in ``parent``, named for this process.
 
@@ -63,4 +71,4 @@ def make(parent: Path) -> Path:
     return Path(tempfile.mkdtemp(dir=parent, prefix=owner_prefix()))
 
 
-__all__ = ["PREFIX", "make", "owner_prefix", "sweep"]
+__all__ = ["PREFIX", "make", "owner_prefix", "remove_own", "sweep"]

@@ -546,3 +546,24 @@ def test_run_refuses_an_empty_out(write_yaml, tmp_path, monkeypatch):
         assert r.exit_code == 2, r.output
         assert "error: --out is empty: give a directory" in r.output
     assert sorted(p.name for p in tmp_path.iterdir()) == ["scenario.yaml"]
+
+
+def test_cost_refuses_a_report_path_that_is_a_file_before_any_table_and_names_the_file_it_cannot_write(tmp_path):
+    """From the second re-attack: with report/ a plain file, cost printed its whole table, then 'File exists'; with
+    report/cost.json a directory, the error named report/, not cost.json."""
+    import shutil
+
+    golden = next(p for p in sorted((ROOT / "tests" / "data" / "golden").iterdir()) if p.is_dir())
+    run = tmp_path / "run"
+    shutil.copytree(golden, run)
+    shutil.rmtree(run / "report", ignore_errors=True)
+    (run / "report").write_text("not a directory")
+    r = subprocess.run([*kvbench_cmd(), "cost", "--gpu-price", "2", str(run)], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 2 and f"{run / 'report'} is not a directory" in r.stderr and r.stdout == "", r.stderr
+    (run / "report").unlink()
+    (run / "report" / "cost.json" / "x").mkdir(parents=True)
+    r = subprocess.run([*kvbench_cmd(), "cost", "--gpu-price", "2", str(run)], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 2 and f"cannot write {run / 'report' / 'cost.json'}: " in " ".join(r.stderr.split())
+    assert not [p for p in (run / "report").iterdir() if p.name.startswith(".kvbench-cost-")]
