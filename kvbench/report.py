@@ -23,6 +23,7 @@ from kvbench.chart_pool import chart_pool
 from kvbench.intervals import pct_interval
 from kvbench.md_text import md_escape, md_line
 from kvbench.results import refuse_symlink_dir
+from kvbench.safe_read import open_regular
 from kvbench.reuse import reuse_later_turns, reuse_table, reuse_trials
 
 MIB, GIB = 2**20, 2**30
@@ -581,6 +582,30 @@ def _default_timelines(results: Results) -> dict[str, list[str]]:
     return picks
 
 
+#: The largest samples.csv a report reads (bytes): a sample is about 150 bytes, so hours of 10 ms samples.
+MAX_SAMPLES_BYTES = 2 << 30
+
+
+def _read_samples(path: Path) -> pd.DataFrame:
+    """A run's ``samples.csv``: a regular file of at most :data:`MAX_SAMPLES_BYTES`, with ``trial_id``, ``phase``
+    and ``t_s``; numeric columns that hold text become NaN (that sample draws nothing).
+
+    Raises:
+        ValueError: not a regular file, too large, or without those columns (the message says which).
+    """
+    with open_regular(path) as f:
+        size = os.fstat(f.fileno()).st_size
+        if size > MAX_SAMPLES_BYTES:
+            raise ValueError(f"{size:,} bytes, over the {MAX_SAMPLES_BYTES:,} a report reads")
+        samples = pd.read_csv(f, dtype={"trial_id": str, "phase": str}, low_memory=False)
+    missing = [c for c in ("trial_id", "phase", "t_s") if c not in samples]
+    if missing:
+        raise ValueError(f"no {', '.join(missing)} column: not a kvbench samples file")
+    for c in samples.columns.difference(["trial_id", "phase"]):
+        samples[c] = pd.to_numeric(samples[c], errors="coerce")
+    return samples.dropna(subset=["t_s"])
+
+
 def _load_samples(results: Results, trial_ids: list[str]) -> dict[str, tuple[pd.DataFrame, str]]:
     """Samples of the selected trials, read from each run's ``samples.csv``: trial id → (samples, mode)."""
     out: dict[str, tuple[pd.DataFrame, str]] = {}
@@ -590,9 +615,10 @@ def _load_samples(results: Results, trial_ids: list[str]) -> dict[str, tuple[pd.
         if not path.is_file() or not wanted - set(out):
             continue
         try:
-            samples = pd.read_csv(path)
-        except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
-            results.problems.append(f"{path}: unreadable ({exc}); no timelines from it")
+            samples = _read_samples(path)
+        except (ValueError, pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
+            results.problems.append(f"{path}: unreadable ({str(exc).removeprefix(f'{path}: ')}); no timelines "
+                                    "from it")
             continue
         rows = results.trials[results.trials["run_path"] == run["path"]].set_index("trial_id")["mode_label"]
         for tid, part in samples[samples["trial_id"].isin(wanted - set(out))].groupby("trial_id"):

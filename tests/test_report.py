@@ -393,3 +393,27 @@ def test_report_md_carries_no_html_links_or_images_from_files(tmp_path):
     assert len(images) == len(rep.charts) and all('src="https://' not in i for i in images)
     assert "<a " not in page and "evil/y.png" in page
     assert "&lt;img src=https://evil/x.png&gt; ![x](https://evil/y.png) [a](javascript:alert(1))" in page
+
+
+def test_a_samples_file_that_is_not_kvbenchs_costs_the_timelines_only(tmp_path):
+    """From the second re-attack: a samples.csv without trial_id gave a KeyError traceback, and one whose values
+    were text a TypeError in the chart. Now the report is written without timelines from that file, and says why;
+    text in a numeric column draws nothing."""
+    from typer.testing import CliRunner
+
+    from kvbench.cli import app
+
+    run = copy_run(tmp_path, "nocols")
+    (run / "samples.csv").write_text("a,b\n1,2\n")
+    r = CliRunner().invoke(app, ["report", str(run)])
+    assert r.exit_code == 0, r.output
+    assert f"{run / 'samples.csv'}: unreadable (no trial_id, phase, t_s column: not a kvbench samples file); no " \
+           "timelines from it" in " ".join(r.output.split())
+    run = copy_run(tmp_path, "text")
+    lines = (run / "samples.csv").read_text().splitlines()
+    header = lines[0].split(",")
+    keep = {header.index(c) for c in ("trial_id", "phase", "t_s")}
+    (run / "samples.csv").write_text("\n".join([lines[0]] + [",".join(v if i in keep else "x" for i, v in
+                                                                  enumerate(x.split(","))) for x in lines[1:]]))
+    r = CliRunner().invoke(app, ["report", str(run)])
+    assert r.exit_code == 0 and "Traceback" not in r.output, r.output
