@@ -28,16 +28,23 @@ class Threshold:
     pct: float
 
 
+#: The largest --fail-on percentage: B a million times worse than A.
+MAX_FAIL_ON_PCT = 1e8
+
+
 def parse_threshold(spec: str) -> Threshold:
     """Parse ``METRIC:PCT`` (e.g. ``tpot_s:10``, ``throughput_tokens_per_s:5%``).
 
     Raises:
-        ValueError: not of that form, an unknown metric (the message lists the known ones), or a negative PCT.
+        ValueError: not of that form, an unknown metric (the message lists the known ones), or a PCT over
+            :data:`MAX_FAIL_ON_PCT`.
     """
     m = re.fullmatch(r"\s*([A-Za-z0-9_]+)\s*:\s*([0-9]*\.?[0-9]+)\s*%?\s*", spec)
     if not m:
         raise ValueError(f"--fail-on {spec!r}: expected METRIC:PCT, e.g. tpot_s:10")
     metric, pct = m.group(1), float(m.group(2))
+    if pct > MAX_FAIL_ON_PCT:  # '1' and 5,000 zeros is inf as a float: a gate that can never fail
+        raise ValueError(f"--fail-on {spec!r}: PCT must be at most {MAX_FAIL_ON_PCT:,.0f}")
     if metric not in COMPARE_METRICS:
         raise ValueError(f"--fail-on {spec!r}: unknown metric {metric!r}; known: {', '.join(COMPARE_METRICS)}")
     return Threshold(metric, pct)

@@ -68,8 +68,10 @@ def check_size_input(v: Any) -> Any:
         raise ValueError("must be a number of bytes or a size such as 512MiB, not a boolean")
     if isinstance(v, float) and not math.isfinite(v):
         raise ValueError("must be a finite number of bytes or a size such as 512MiB")
-    if isinstance(v, str) and not _SIZE_TEXT.fullmatch(v):
+    if isinstance(v, str) and not (m := _SIZE_TEXT.fullmatch(v)):
         raise ValueError(f"{v[:40]!r} is not a size: give bytes or a number and a unit, such as 512MiB or 1.5GB")
+    if (isinstance(v, float) and not v.is_integer()) or (isinstance(v, str) and "." in m[1] and not m[3]):
+        raise ValueError(f"{v!r}: a number of bytes is whole; give a unit for a fraction, such as 1.5GiB")
     return v
 
 

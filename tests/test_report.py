@@ -288,6 +288,8 @@ def test_compare_errors(tmp_path):
     assert r.exit_code == 2 and "unknown metric 'tpot'; known: ttft_s, tpot_s" in r.output
     r = cli.invoke(app, ["compare", str(RUN), str(RUN), "--fail-on", "tpot_s=10"])
     assert r.exit_code == 2 and "expected METRIC:PCT" in r.output
+    r = cli.invoke(app, ["compare", str(RUN), str(RUN), "--fail-on", "tpot_s:1" + "0" * 5000])  # inf: never fails
+    assert r.exit_code == 2 and "PCT must be at most 100,000,000" in r.output, r.output
     other = copy_run(tmp_path, "other", edit=lambda r: dict(r, batch_size=r["batch_size"] + 10))
     r = cli.invoke(app, ["compare", str(RUN), str(other)])
     assert r.exit_code == 2 and "no point measured in both" in r.output

@@ -35,6 +35,8 @@ CASES = [
                                      "1.5GB (got '1,5GiB')"),
     ({"budget": "1.5.5GiB"}, "budget", "'1.5.5GiB' is not a size: give bytes or a number and a unit, such as 512MiB "
                                        "or 1.5GB (got '1.5.5GiB')"),
+    ({"budget": 1.5}, "budget", "1.5: a number of bytes is whole; give a unit for a fraction, such as 1.5GiB "
+                                "(got 1.5)"),
     ({"budget": 2**61}, "budget", "must be at most 1,152,921,504,606,846,976 bytes (1 EiB) (got 2305843009213693952)"),
     ({"description": "two\nlines"}, "description", "must be one line without control characters (it is printed by "
                                                    "`kvbench list scenarios`) (got 'two\\nlines')"),
@@ -98,6 +100,8 @@ def test_plan_refuses_a_size_it_would_read_only_in_part():
 
     r = CliRunner().invoke(app, ["plan", "llama-3.1-8b", "--gpu-mem", "5.GiB"])
     assert r.exit_code == 2 and "--gpu-mem '5.GiB': give bytes or a size such as 80GiB, 512GB" in r.output, r.output
+    r = CliRunner().invoke(app, ["plan", "llama-3.1-8b", "--gpu-mem", "1.5"])  # 1 byte, it was
+    assert r.exit_code == 2 and "--gpu-mem '1.5': give bytes" in r.output, r.output
     r = CliRunner().invoke(app, ["plan", "llama-3.1-8b", "--gpu-mem", "1.5GiB"])
     assert r.exit_code == 0 and "GPU 1.50 GiB" in r.output, r.output
 
