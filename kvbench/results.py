@@ -312,9 +312,10 @@ CUT_WINDOW_BYTES = 64 << 20
 
 
 def _cut_tail(path: Path, keep: Callable[[bytes], int], header: bool = False) -> int:
-    """Cut ``path`` to its first ``keep(content)`` bytes; returns the bytes removed. Only the last
-    :data:`CUT_WINDOW_BYTES` are read (after the header line when ``header``, which is passed first): ``keep`` sees
-    the header and that window from its first line end, and what it keeps of them maps back onto the file.
+    """Cut ``path`` to its first ``keep(content)`` bytes; returns the bytes removed. At most
+    :data:`CUT_WINDOW_BYTES` are read at a time, from the end (after the header line when ``header``, which is passed
+    first): ``keep`` sees the header and a window of whole lines, and what it keeps maps back onto the file. When it
+    keeps nothing of a window, that window goes and the one before it is read, until ``keep`` stops in one.
 
     Raises:
         SymlinkRefused: ``path`` is a symbolic link (its target is never cut).
@@ -324,19 +325,23 @@ def _cut_tail(path: Path, keep: Callable[[bytes], int], header: bool = False) ->
     """
     fd = open_nofollow(path, os.O_RDWR)
     with os.fdopen(fd, "r+b") as f:
-        size = os.fstat(fd).st_size
+        size = end = os.fstat(fd).st_size
         head = f.readline(MAX_ROW_BYTES) if header else b""
-        start = max(len(head), size - CUT_WINDOW_BYTES)
-        f.seek(start)
-        tail = f.read(size - start)
-        if start > len(head):  # the window starts mid-line: keep sees whole lines only
-            first_end = tail.find(b"\n") + 1
-            start, tail = start + first_end, tail[first_end:]
-        k = keep(head + tail)
-        n = k if k <= len(head) else start + k - len(head)
-        if size - n > MAX_ROW_BYTES and b"\n" not in tail[max(0, n - start):]:
-            raise RunDirError(f"{path}: its last line, {size - n:,} bytes without a line end, is longer than kvbench "
-                              "writes: not a file it made; nothing was cut: move it away")
+        while True:
+            start = max(len(head), end - CUT_WINDOW_BYTES)
+            f.seek(start)
+            tail = f.read(end - start)
+            if start > len(head):  # the window starts mid-line: keep sees whole lines only
+                first_end = tail.find(b"\n") + 1
+                start, tail = start + first_end, tail[first_end:]
+            k = keep(head + tail)
+            n = k if k < len(head) else start + k - len(head)
+            if end - n > MAX_ROW_BYTES and b"\n" not in tail[max(0, n - start):]:
+                raise RunDirError(f"{path}: its last line, {end - n:,} bytes without a line end, is longer than "
+                                  "kvbench writes: not a file it made; nothing was cut: move it away")
+            if n > start or start <= len(head) or n < len(head):  # keep stopped inside what it saw
+                break
+            end = n  # the whole window goes: look before it
         if n < size:
             f.truncate(n)
     return size - n

@@ -570,6 +570,11 @@ def test_the_lock_cuts_reading_only_the_end_of_the_files(tmp_path, monkeypatch):
         with RunDir.open(run.path).lock():
             pass
     assert run.trials_path.read_bytes() == whole_trials and run.samples_path.read_bytes() == whole_samples
+    # a killed trial's samples larger than the window (the third re-attack: every committed sample was cut)
+    run.append_samples([{"trial_id": "t30", "phase": "decode", "t_s": 0.5}] * 100)
+    with RunDir.open(run.path).lock():
+        pass
+    assert run.samples_path.read_bytes() == whole_samples
     monkeypatch.undo()
 
     with open(run.trials_path, "ab") as f:  # a last "line" of 40 MiB without a line end (sparse)
