@@ -780,8 +780,12 @@ def read_yaml(file: str | Path) -> Any:
 
 
 def _echo(value: Any) -> str:
-    """``repr(value)``, cut to :data:`MAX_ECHO` characters."""
-    text = repr(value)
+    """``repr(value)``, cut to :data:`MAX_ECHO` characters (an integer past Python's 4,300-digit limit of
+    ``repr`` is described by its size)."""
+    try:
+        text = repr(value)
+    except ValueError:
+        return f"<an integer of about {int(value.bit_length() * 0.30103):,} digits>"
     return text if len(text) <= MAX_ECHO else f"{text[:MAX_ECHO]}… ({len(text):,} characters)"
 
 

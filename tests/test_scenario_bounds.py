@@ -4,6 +4,7 @@ bound in the message), byte sizes finite, names safe for the run directory, path
 from __future__ import annotations
 
 import pytest
+import yaml
 
 from conftest import tiny_scenario
 from kvbench.scenario import ScenarioError, load_scenario
@@ -154,3 +155,14 @@ def test_yaml_numbers_python_cannot_read_and_hostile_model_configs_are_scenario_
             load_scenario(path)
         assert caught.value.problems == [("model.config", f"cannot read the model's config: {config}: {says}")], \
             caught.value.problems
+
+
+@pytest.mark.parametrize("over", [{"repeats": "HEX"}, {"prompt_tokens": [32, "HEX"]}, {"budget": "HEX"}])
+def test_a_huge_hex_integer_is_echoed_by_its_size(write_yaml, over):
+    """From the third re-attack: 0x followed by 5,000 digits is read by YAML, then repr() of it (more than 4,300
+    decimal digits) raised a ValueError traceback while echoing the bad value."""
+    text = yaml.safe_dump(tiny_scenario(**over)).replace("HEX", "0x" + "9" * 5000)
+    path = write_yaml(text)
+    with pytest.raises(ScenarioError) as caught:
+        load_scenario(path)
+    assert "<an integer of about 6,0" in str(caught.value), str(caught.value)
