@@ -289,11 +289,7 @@ class RunDir:
         """
         if not self.trials_path.exists():
             return []
-        from kvbench.row_identity import check_rows
-
-        if isinstance(self.meta.get("scenario"), dict):
-            check_rows(self.trials_path, self.meta["scenario"])
-        return read_trials(self.trials_path)
+        return read_trials(self.trials_path, self.meta.get("scenario"))
 
 
 def _truncate_to(path: Path, size: int) -> None:
@@ -353,28 +349,36 @@ def _trial_ids(path: Path) -> set[str]:
     return {row["trial_id"] for row in values if isinstance(row, dict) and isinstance(row.get("trial_id"), str)}
 
 
-def _checked_rows(path: Path) -> tuple[list[dict[str, Any]], list[tuple[int, str]]]:
+def _checked_rows(path: Path, scenario: Any = None) -> tuple[list[dict[str, Any]], list[tuple[int, str]]]:
     """The rows of a ``trials.jsonl`` and the lines skipped, with why (:func:`kvbench.safe_read.scan_rows`: not
-    valid JSON, e.g. a run killed mid-write, not UTF-8, too long or nested too deeply).
+    valid JSON, e.g. a run killed mid-write, not UTF-8, too long or nested too deeply), in one read of the file.
 
     Raises:
         RecordError: a valid JSON line that is not a trial row (:func:`kvbench.run_record.check_rows`).
+        kvbench.row_identity.ForeignRow: with ``scenario`` (run.json's), a row written under another scenario.
         BadFile: the file is not a regular file or cannot be read.
     """
     rows, lines, skipped = scan_rows(path)
-    return check_rows(rows, lines, path), skipped
+    checked = check_rows(rows, lines, path)
+    if isinstance(scenario, dict):
+        from kvbench.row_identity import check_parsed
+
+        check_parsed(path, rows, lines, scenario)
+    return checked, skipped
 
 
-def read_trials(path: str | Path) -> list[dict[str, Any]]:
+def read_trials(path: str | Path, scenario: Any = None) -> list[dict[str, Any]]:
     """The rows of a ``trials.jsonl``. Lines kvbench cannot read (:func:`kvbench.safe_read.scan_rows`) are skipped
-    with a warning naming file and line, the same warning ``report`` gives.
+    with a warning naming file and line, the same warning ``report`` gives. With ``scenario`` (run.json's), rows
+    written under another scenario are refused.
 
     Raises:
         RunDirError: the file is not a regular file, or a line is not a trial row (naming the file, the line and
             the key).
+        kvbench.row_identity.ForeignRow: a row of another scenario (a RunDirError).
     """
     try:
-        rows, skipped = _checked_rows(Path(path))
+        rows, skipped = _checked_rows(Path(path), scenario)
     except (RecordError, BadFile) as exc:
         raise RunDirError(str(exc)) from None
     for i, why in skipped:

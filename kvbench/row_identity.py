@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 from kvbench.results import RunDirError
-from kvbench.safe_read import BadFile, scan_rows
 
 #: Scenario keys left out of the digest: those that name it and those that only choose which trials run (a
 #: trial's id says its prompt length, batch, mode with its options and repeat). Every other key (model, device,
@@ -57,18 +56,3 @@ def check_parsed(path: Path, rows: list[Any], lines: list[int], scenario: dict[s
             raise ForeignRow(f"{path}:{number}: trial {row.get('trial_id')!r} was written under another "
                              f"scenario: {'; '.join(why)}; a run keeps only rows of its own scenario: move "
                              "that line out, or run the other scenario in a new run")
-
-
-def check_rows(path: Path, scenario: dict[str, Any]) -> None:
-    """:func:`check_parsed` on the rows of ``trials.jsonl`` at ``path``, read by :func:`kvbench.safe_read.scan_rows`
-    (the lines it skips are left to :func:`kvbench.results.read_trials`).
-
-    Raises:
-        ForeignRow: naming the file, the line, the trial and each mismatch.
-        RunDirError: the file is not a regular file or cannot be read.
-    """
-    try:
-        rows, lines, _ = scan_rows(path)
-    except BadFile as exc:
-        raise RunDirError(str(exc)) from None
-    check_parsed(path, rows, lines, scenario)
