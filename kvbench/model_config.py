@@ -144,15 +144,20 @@ def remote_code_modules(spec: "ModelSpec") -> list[str]:
         return []
     modules: list[str] = []
     for file in (path, path.parent / "tokenizer_config.json"):
-        data = _json_file(file) or {}
-        auto_map = data.get("auto_map")
-        refs = auto_map.values() if isinstance(auto_map, dict) else []
-        for ref in refs:
-            for r in ref if isinstance(ref, list) else [ref]:
-                if isinstance(r, str) and "." in r:
-                    module = r.split("--")[-1].rsplit(".", 1)[0]
-                    modules.append(f"{module.replace('.', '/')}.py")
+        modules += auto_map_modules(_json_file(file) or {})
     return sorted(set(modules))
+
+
+def auto_map_modules(config: dict[str, Any]) -> list[str]:
+    """The Python files the ``auto_map`` of one parsed config names (``"repo--pkg.mod.Class"`` → ``pkg/mod.py``),
+    sorted; empty when there is none."""
+    auto_map = config.get("auto_map")
+    modules = set()
+    for ref in auto_map.values() if isinstance(auto_map, dict) else []:
+        for r in ref if isinstance(ref, list) else [ref]:
+            if isinstance(r, str) and "." in r:
+                modules.add(r.split("--")[-1].rsplit(".", 1)[0].replace(".", "/") + ".py")
+    return sorted(modules)
 
 
 class RemoteCodeRefused(ValueError):

@@ -161,7 +161,7 @@ def read_config(path: str | Path) -> Any:
             :data:`CONFIG_LIMITS` bound (named, with the bound).
     """
     path = Path(path)
-    from kvbench.model_config import MAX_CONFIG_BYTES
+    from kvbench.model_config import MAX_CONFIG_BYTES, auto_map_modules
     from kvbench.safe_read import read_json_file
 
     raw = read_json_file(path, MAX_CONFIG_BYTES)  # BadFile (a ValueError): a FIFO, too large, invalid, too deep
@@ -183,13 +183,11 @@ def read_config(path: str | Path) -> Any:
     from transformers import AutoConfig
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
 
-    if isinstance(raw, dict) and raw.get("auto_map"):
-        code = sorted({str(v).split(".")[0] + ".py" for v in raw["auto_map"].values()} if isinstance(
-            raw["auto_map"], dict) else {"?"})
-        hint = "" if text.get("model_type") in CONFIG_MAPPING_NAMES else f" (model_type {text.get('model_type')!r})"
-        if hint:
-            raise ValueError(f"{path}: the config's auto_map names the model's own code ({', '.join(code)}){hint}; "
-                             "plan never runs model code: give a config of an architecture transformers ships")
+    if isinstance(raw, dict) and raw.get("auto_map") and text.get("model_type") not in CONFIG_MAPPING_NAMES:
+        code = ", ".join(auto_map_modules(raw)) or "?"
+        raise ValueError(f"{path}: the config's auto_map names the model's own code ({code}) (model_type "
+                         f"{text.get('model_type')!r}); plan never runs model code: give a config of an architecture "
+                         "transformers ships")
     try:  # never remote code: transformers would otherwise ask on the terminal whether to run it
         return AutoConfig.from_pretrained(path, trust_remote_code=False)
     except Exception as exc:  # transformers raises many kinds (ValueError, KeyError, OSError) for a bad config
