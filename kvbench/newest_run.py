@@ -2,23 +2,21 @@
 
 from __future__ import annotations
 
-import datetime as dt
+import contextlib
 from pathlib import Path
 
+from kvbench.results import utc_now
 from kvbench.safe_read import read_json_file
 
 
 def _started(run: Path) -> str:
     """run.json's ``started_at`` (ISO 8601, UTC), else the trials file's modification time in the same form."""
-    try:
+    with contextlib.suppress(OSError, ValueError):  # BadFile (a FIFO, a device, not JSON...) is a ValueError
         meta = read_json_file(run / "run.json")
         started = meta.get("started_at") if isinstance(meta, dict) else None
         if isinstance(started, str) and started:
             return started
-    except (OSError, ValueError):  # BadFile (a FIFO, a device, not JSON...) is a ValueError
-        pass
-    stamp = dt.datetime.fromtimestamp((run / "trials.jsonl").stat().st_mtime, dt.timezone.utc)
-    return stamp.strftime("%Y-%m-%dT%H:%M:%SZ")
+    return utc_now((run / "trials.jsonl").stat().st_mtime)
 
 
 def newest_run(root: str | Path) -> Path | None:

@@ -80,9 +80,12 @@ def refuse_symlink_dir(path: str | Path) -> None:
         raise SymlinkRefused(path)
 
 
-def utc_now() -> str:
-    """Current UTC time, ISO 8601 with a Z."""
-    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+def utc_now(timestamp: float | None = None) -> str:
+    """The UTC time of ``timestamp`` (seconds since the epoch; default now), ISO 8601 with a Z, as run.json's
+    ``started_at``."""
+    when = dt.datetime.now(dt.timezone.utc) if timestamp is None else dt.datetime.fromtimestamp(timestamp,
+                                                                                                 dt.timezone.utc)
+    return when.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
