@@ -104,7 +104,7 @@ def scan_rows(path: str | Path) -> tuple[list[Any], list[int], list[tuple[int, s
     ``(line, why)`` for each line that is not a row kvbench can read: not valid JSON (a run killed mid-write), not
     UTF-8, nested more than :data:`MAX_JSON_DEPTH` levels, or longer than :data:`MAX_ROW_BYTES` (never read whole).
     A UTF-8 BOM before the first line is ignored; blank lines are left out. Whether each value is a trial row is
-    :func:`kvbench.run_record.check_rows`'s to say.
+    :func:`kvbench.results.record.check_rows`'s to say.
 
     Raises:
         BadFile: ``path`` is not a regular file or cannot be read.

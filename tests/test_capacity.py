@@ -8,11 +8,12 @@ import pytest
 import torch
 
 from conftest import tiny_scenario
-from kvbench.analysis import load_results, point_table
-from kvbench.capacity import bounds, capacity_frame, device_problem, search
+from kvbench.analysis.points import load_results, point_table
+from kvbench.bench.capacity import bounds, device_problem, search
+from kvbench.analysis.capacity import capacity_frame
 from kvbench.report import capacity_findings, capacity_recommendation, write_report
-from kvbench.results import RunDir, read_trials
-from kvbench.runner import TrialRunner, plan_trials, run_sweep
+from kvbench.results.run_dir import RunDir, read_trials
+from kvbench.bench.runner import TrialRunner, plan_trials, run_sweep
 from kvbench.scenario import ScenarioError, check_scenario, parse_scenario
 from kvbench.workloads import SyntheticSource
 
@@ -185,7 +186,7 @@ def test_prompt_search_and_plan_predictions_in_rows(tiny_model, tmp_path):
 def test_plan_prediction_uses_the_runs_measured_bandwidths(tiny_model):
     import torch
 
-    from kvbench.runner import TrialSpec, roofline_bandwidths
+    from kvbench.bench.runner import TrialSpec, roofline_bandwidths
 
     env = {"memory_bandwidth": {"memory_gbps": 20.0, "copy_gbps": 10.0},
            "link_bandwidth": {"h2d_pinned_gbps": 50.0}}

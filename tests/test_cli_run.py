@@ -14,8 +14,8 @@ import pandas as pd
 import pytest
 
 from conftest import ROOT, kvbench_cmd, tiny_scenario
-from kvbench.monitor import SAMPLE_COLUMNS
-from kvbench.results import read_trials
+from kvbench.bench.monitor import SAMPLE_COLUMNS
+from kvbench.results.run_dir import read_trials
 
 
 def the_run_dir(root: Path) -> Path:
@@ -110,7 +110,7 @@ def test_prompts_shorter_than_the_chat_template_are_refused_before_any_trial(wri
 
 
 def test_a_second_writer_on_the_same_run_is_refused(tmp_path):
-    from kvbench.results import RunDir, RunDirError
+    from kvbench.results.run_dir import RunDir, RunDirError
 
     run = RunDir.create(tmp_path, tiny_scenario(), {})  # RunDir.open checks run.json's scenario
     with run.lock():
@@ -260,7 +260,7 @@ def test_a_full_results_disk_keeps_the_finished_trials_and_says_how_to_resume(wr
     from typer.testing import CliRunner
 
     from kvbench.cli import app
-    from kvbench.results import RunDir
+    from kvbench.results.run_dir import RunDir
 
     real_append, calls = RunDir.append, []
 
@@ -393,7 +393,7 @@ def test_a_refused_second_resume_cuts_nothing(write_yaml, tmp_path):
     from typer.testing import CliRunner
 
     from kvbench.cli import app
-    from kvbench.results import RunDir
+    from kvbench.results.run_dir import RunDir
     from kvbench.scenario import load_scenario
 
     scenario = write_yaml(tiny_scenario(prompt_tokens=[8], batch_sizes=[1], repeats=2, warmup=0))
@@ -416,7 +416,7 @@ def full_disk_on_the_third_trial(monkeypatch, run_json_too: bool) -> None:
     """From the third trial on, samples.csv gets half its bytes and then ENOSPC; run.json too if asked."""
     import errno
 
-    from kvbench.results import RunDir
+    from kvbench.results.run_dir import RunDir
 
     real_samples, real_update, calls = RunDir.append_samples, RunDir.update, []
 
@@ -518,7 +518,7 @@ def test_any_error_before_the_first_trial_refuses_in_one_line_and_leaves_no_run_
     from typer.testing import CliRunner
 
     from kvbench.cli import app
-    from kvbench.runner import TrialRunner
+    from kvbench.bench.runner import TrialRunner
 
     def broken(self):
         raise KeyError("a tokenizer\nthat breaks")

@@ -15,10 +15,10 @@ import pytest
 from typer.testing import CliRunner
 
 from kvbench import safe_read
-from kvbench.analysis import load_results
+from kvbench.analysis.points import load_results
 from kvbench.cli import app
-from kvbench.results import RunDir, RunDirError
-from kvbench.row_identity import scenario_digest
+from kvbench.results.run_dir import RunDir, RunDirError
+from kvbench.results.identity import scenario_digest
 from kvbench.scenario import ScenarioError, read_yaml
 
 GOLDEN = Path(__file__).parent / "data" / "golden"
@@ -222,12 +222,12 @@ def test_library_reader_names_a_fifo(tmp_path):
     with pytest.raises(safe_read.BadFile, match="t.jsonl: not a regular file"):
         safe_read.scan_rows(tmp_path / "t.jsonl")
     with pytest.raises(RunDirError, match="not a regular file"):
-        from kvbench.results import read_trials
+        from kvbench.results.run_dir import read_trials
         read_trials(tmp_path / "t.jsonl")
 
 
 def test_a_deeply_nested_plan_config_is_a_value_error(tmp_path):
-    from kvbench.plan import read_config
+    from kvbench.analysis.plan import read_config
 
     f = tmp_path / "config.json"
     f.write_text("[" * 100_000 + "]" * 100_000)

@@ -7,11 +7,11 @@ import time
 
 import pytest
 
-from kvbench.analysis import point_table, trials_frame
-from kvbench.cost import Prices, cost_table, verdicts
-from kvbench.intervals import judge
-from kvbench.latency import itl_percentiles
-from kvbench.machine_load import LoadWindow, busy_threshold_percent, other_gpu_processes
+from kvbench.analysis.points import point_table, trials_frame
+from kvbench.analysis.cost import Prices, cost_table, verdicts
+from kvbench.analysis.intervals import judge
+from kvbench.analysis.latency import itl_percentiles
+from kvbench.bench.machine_load import LoadWindow, busy_threshold_percent, other_gpu_processes
 
 
 def rows(tpots: dict[tuple[str, int], list[float]], busy: set[tuple[str, int, int]] = frozenset(),
@@ -142,7 +142,7 @@ def test_itl_percentiles_per_trial_and_pooled_per_point():
 def test_load_window_arithmetic(monkeypatch):
     """others = Δ machine busy − Δ own CPU over Δ wall, in percent of one CPU; steal apart; the counters' 10 ms
     ticks give a resolution of ± CPUs × tick ÷ wall, and a window that cannot tell is neither busy nor quiet."""
-    import kvbench.machine_load as ml
+    import kvbench.bench.machine_load as ml
 
     monkeypatch.setattr(ml, "_tick_s", lambda: 0.01)
     monkeypatch.setattr(ml, "_recent", ml.deque(maxlen=256))

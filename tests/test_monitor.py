@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from kvbench.monitor import (
+from kvbench.bench.monitor import (
     SAMPLE_COLUMNS,
     SAMPLER_NICE,
     LatencyWatch,
@@ -176,7 +176,7 @@ def test_a_long_interval_does_not_hold_the_trial_end():
 
 
 def test_cuda_device_without_nvml_gives_nulls_and_one_warning(monkeypatch):
-    import kvbench.monitor as monitor
+    import kvbench.bench.monitor as monitor
 
     def refuse(device):
         raise monitor.NvmlUnavailable("NVML unavailable: NVML Shared Library Not Found")
@@ -216,7 +216,7 @@ def test_latency_watch_flags_requests_slower_than_the_rolling_p90():
 def test_host_reader_matches_psutil_without_opening_files():
     import psutil
 
-    from kvbench.monitor import HostReader
+    from kvbench.bench.monitor import HostReader
 
     reader = HostReader(cuda=False)
     first = reader.read()
@@ -343,7 +343,7 @@ class FakeHostAllocator:
 
 
 def test_pinned_peaks_are_the_trials_own(monkeypatch):
-    import kvbench.monitor as monitor
+    import kvbench.bench.monitor as monitor
 
     fake = FakeHostAllocator()
     fake.free(fake.alloc(512 * MiB))  # an earlier trial's block, cached
@@ -397,7 +397,7 @@ def test_the_kernel_peak_catches_a_spike_no_sample_sees():
 
 
 def test_a_mapped_file_read_through_is_file_backed_not_anonymous(tmp_path):
-    from kvbench.host_memory import HostReader, read_status
+    from kvbench.bench.host_memory import HostReader, read_status
 
     path = tmp_path / "history.bin"
     with path.open("wb") as f:
@@ -421,7 +421,7 @@ def test_a_mapped_file_read_through_is_file_backed_not_anonymous(tmp_path):
 
 
 def test_without_clear_refs_the_peak_is_sampled_and_says_so(monkeypatch, tmp_path):
-    import kvbench.host_memory as host_memory
+    import kvbench.bench.host_memory as host_memory
 
     monkeypatch.setattr(host_memory, "CLEAR_REFS", str(tmp_path / "no-clear_refs"))
     for interval, source in ((20, "sampled every 20 ms"), (0, "sampled at the trial's start and end (interval_ms 0)")):

@@ -11,7 +11,7 @@ from kvbench.offload.caches import (DynamicOffloadCache, FullOffloadCache, Hiera
                                     make_cache)
 from kvbench.offload.tiers import DiskTier, DiskTierError, History
 from kvbench.offload.transfer import Transfers
-from kvbench.runner import greedy_decode, left_pad
+from kvbench.bench.runner import greedy_decode, left_pad
 
 CPU = torch.device("cpu")
 NEW = 6
@@ -267,13 +267,11 @@ def test_beam_search_crop_and_reuse_match_dynamic_cache(tiny_model, tmp_path, la
 def tiny_mha_model(tmp_path_factory):
     """tiny-llama with as many kv heads as query heads: attention gets the offloaded K/V as they are (no GQA copy)."""
     import json
-    from pathlib import Path
 
-    import kvbench
-    from kvbench.models import load
+    from kvbench.models import load, preset_path
     from kvbench.scenario import ModelSpec
 
-    config = json.loads((Path(kvbench.__file__).parent / "presets" / "tiny-llama.json").read_text())
+    config = json.loads(preset_path("tiny-llama").read_text())
     config["num_key_value_heads"] = config["num_attention_heads"]
     path = tmp_path_factory.mktemp("mha") / "config.json"
     path.write_text(json.dumps(config))

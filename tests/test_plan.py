@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from kvbench.cli import app
 from kvbench.models import preset_path
-from kvbench.plan import architecture, cost_per_million, plan_modes
+from kvbench.analysis.plan import architecture, cost_per_million, plan_modes
 
 
 def arch(name: str):
@@ -166,8 +166,8 @@ def test_cost_what_if_and_bad_prices(tmp_path, monkeypatch):
 def test_cost_from_results_where_none_never_fits(tmp_path):
     from pathlib import Path
 
-    from kvbench.analysis import load_results, point_table
-    from kvbench.cost import Prices, cost_table, verdicts
+    from kvbench.analysis.points import load_results, point_table
+    from kvbench.analysis.cost import Prices, cost_table, verdicts
 
     golden = next(p for p in sorted((Path(__file__).parent / "data" / "golden").iterdir()) if p.is_dir())
     trials = load_results([golden]).trials
@@ -210,7 +210,7 @@ def test_cost_from_results_where_none_never_fits(tmp_path):
 
 
 def test_link_default_comes_from_the_last_env_probe(tmp_path, monkeypatch):
-    from kvbench.machine import LAST_PROBE, last_link_probe, save_link_probe
+    from kvbench.bench.machine import LAST_PROBE, last_link_probe, save_link_probe
 
     monkeypatch.setenv("KVBENCH_CACHE_DIR", str(tmp_path / "cache"))
     cli = CliRunner()
@@ -241,7 +241,7 @@ def test_link_default_comes_from_the_last_env_probe(tmp_path, monkeypatch):
 def test_cost_verdicts_claim_only_what_the_pairs_decide():
     import pandas as pd
 
-    from kvbench.cost import verdicts
+    from kvbench.analysis.cost import verdicts
 
     def row(mode, usd, prompt=256, batch=2, verdict="", pct=0.0, lo=0.0, hi=0.0, pairs=5):
         return {"group": "g", "prompt_tokens": prompt, "mode_label": mode, "mode": mode, "batch_size": batch,
@@ -345,7 +345,7 @@ def test_cached_kv_bytes_count_window_minus_one_in_sliding_layers():
 def test_mean_decode_step_compares_like_with_like():
     """A measured TPOT averages the decode steps of a growing context: the roofline is averaged the same way; on
     CUDA copies overlap (max), on a CPU there is no link and nothing overlaps."""
-    from kvbench.plan import mean_decode_step, step_time
+    from kvbench.analysis.plan import mean_decode_step, step_time
 
     a = arch("llama-3.1-8b")
     layer = 2 * 8 * 128 * 2  # bytes per token and layer (bf16)

@@ -13,10 +13,10 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from kvbench.analysis import ResultsError, load_results, point_table
+from kvbench.analysis.points import ResultsError, load_results, point_table
 from kvbench.cli import app
-from kvbench.compare import compare_points, parse_threshold, violations
-from kvbench.md_text import md_line
+from kvbench.analysis.compare import compare_points, parse_threshold, violations
+from kvbench.report.md_text import md_line
 from kvbench.report import diagnoses, findings, recommendation, write_report
 
 GOLDEN = Path(__file__).parent / "data" / "golden"
@@ -301,7 +301,7 @@ def test_compare_errors(tmp_path):
 def test_median_ci_equals_the_brute_force_bootstrap(n):
     import numpy as np
 
-    from kvbench.analysis import median_ci
+    from kvbench.analysis.points import median_ci
 
     rng = np.random.default_rng(1)
     values = np.sort(rng.lognormal(size=(40, n)), axis=1)

@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from conftest import kvbench_cmd
 from kvbench.cli import app
-from kvbench.scratch_dir import owner_prefix
+from kvbench.report.scratch_dir import owner_prefix
 
 GOLDEN = Path(__file__).parent / "data" / "golden"
 RUN = next(p for p in sorted(GOLDEN.iterdir()) if (p / "run.json").is_file())
@@ -104,8 +104,8 @@ def test_an_interrupt_as_the_scratch_folder_is_made_or_a_failing_stop_leaves_no_
     tries. The folder is now removed by its owner's name, also when the interrupt came as it was made (before its
     caller knew it) or when stopping the workers failed."""
     import kvbench.report as report
-    from kvbench import scratch_dir
-    from kvbench.analysis import load_results
+    from kvbench.report import scratch_dir
+    from kvbench.analysis.points import load_results
 
     results = load_results([RUN])
     real_make = scratch_dir.make

@@ -13,13 +13,13 @@ import pytest
 import torch
 
 from conftest import tiny_scenario
-from kvbench.analysis import load_results, trials_frame
-from kvbench.cost import Prices
+from kvbench.analysis.points import load_results, trials_frame
+from kvbench.analysis.cost import Prices
 from kvbench.offload.store import StoreWarning
-from kvbench.results import RunDir, read_trials
-from kvbench.reuse import ids_verdict, length_bin, reuse_table
-from kvbench.reuse_cost import reuse_cost, reuse_verdicts
-from kvbench.runner import TrialRunner, plan_trials, run_sweep
+from kvbench.results.run_dir import RunDir, read_trials
+from kvbench.analysis.reuse import ids_verdict, length_bin, reuse_table
+from kvbench.analysis.reuse_cost import reuse_cost, reuse_verdicts
+from kvbench.bench.runner import TrialRunner, plan_trials, run_sweep
 from kvbench.scenario import ScenarioError, check_scenario, load_scenario, parse_scenario
 from kvbench.workloads.documents import Document
 from kvbench.workloads.sessions import QUESTIONS, NotEnoughRequests, conversation_turns, doc_qa, multi_turn
@@ -512,7 +512,7 @@ def test_cli_runs_and_resumes_a_reuse_scenario(write_yaml, tmp_path):
 
 def test_reuse_recommendation_follows_the_paired_verdict():
     from kvbench.report import reuse_recommendation
-    from kvbench.reuse import reuse_later_turns
+    from kvbench.analysis.reuse import reuse_later_turns
 
     def run(warm_e2e):
         rows = []

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from conftest import tiny_scenario
-from kvbench.results import RunDir, read_trials
-from kvbench.runner import (
+from kvbench.results.run_dir import RunDir, read_trials
+from kvbench.bench.runner import (
     TrialRunner,
     TrialSpec,
     greedy_decode,
@@ -173,7 +173,7 @@ def test_host_tier_that_cannot_fit_is_refused_before_the_trial(tiny_model, monke
     # the host tier of 18 tokens grows to one 256-token capacity: 256 × 512 B × batch 2
     assert runner.host_tier_bytes(TrialSpec(16, 2, s.modes[0], 0)) == 262_144
     assert runner.host_tier_bytes(TrialSpec(16, 2, s.modes[1], 0)) == 0  # all 18 tokens fit the window
-    monkeypatch.setattr("kvbench.runner.host_memory_available", lambda: (100_000, "container memory limit (test)"))
+    monkeypatch.setattr("kvbench.bench.runner.host_memory_available", lambda: (100_000, "container memory limit (test)"))
     row = runner.run(TrialSpec(16, 2, s.modes[0], 0))
     assert row["status"] == "skipped"
     assert row["message"] == ("refused before the trial: the host tier needs up to 262144 bytes (0.00 GiB) but "
@@ -285,7 +285,7 @@ def test_a_full_disk_stops_the_sweep_and_marks_run_json_with_the_reason(tiny_mod
     with the reason, or the error says it could not."""
     import errno
 
-    from kvbench.run_files import ResultsNotWritten
+    from kvbench.results.files import ResultsNotWritten
 
     s, runner = make_runner(tiny_model, prompt_tokens=[8], batch_sizes=[1], repeats=3, warmup=0)
     run = RunDir.create(tmp_path, s.model_dump(mode="json"), {})
@@ -328,7 +328,7 @@ def test_a_full_disk_stops_the_sweep_and_marks_run_json_with_the_reason(tiny_mod
 def test_rows_carry_the_scenario_digest_and_foreign_rows_are_refused(tiny_model, tmp_path):
     """Issue 17 item 8: rows of another scenario (another name, another max_new_tokens) under a run's run.json were
     taken as its finished trials. Rows now carry ``scenario_digest``; reading them refuses another scenario's."""
-    from kvbench.row_identity import ForeignRow, scenario_digest
+    from kvbench.results.identity import ForeignRow, scenario_digest
 
     s, runner = make_runner(tiny_model, prompt_tokens=[8], batch_sizes=[1], repeats=1, warmup=0)
     run = RunDir.create(tmp_path, s.model_dump(mode="json"), {})
@@ -365,7 +365,7 @@ def test_open_refuses_other_schema_versions(tmp_path):
 
 
 def test_summary_keeps_over_budget_measurements_and_counts_only_ok():
-    from kvbench.analysis import point_table, trials_frame
+    from kvbench.analysis.points import point_table, trials_frame
 
     base = {"trial_id": "t", "mode": "none", "prompt_tokens": 8, "batch_size": 1, "mode_label": "none",
             "message": "", "tokens_match": True, "tpot_s": 0.1, "ttft_s": 0.5, "decode_tokens_per_s": 10.0,
@@ -400,7 +400,7 @@ def test_kv_prediction_and_host_tier_of_sliding_window_models_past_the_window(sl
     # 300 + 3 - 1 = 302 tokens → a 512-token capacity × 2 full layers × 256 B × batch 1
     assert gemma.host_tier_bytes(TrialSpec(300, 1, s.modes[1], 0)) == 512 * 2 * 256 == 262_144
     # a host with almost no memory left refuses gemma's host tier, never mistral's (it has none)
-    monkeypatch.setattr("kvbench.runner.host_memory_available", lambda: (1_000, "container memory limit (test)"))
+    monkeypatch.setattr("kvbench.bench.runner.host_memory_available", lambda: (1_000, "container memory limit (test)"))
     assert mistral.run(TrialSpec(16, 2, s.modes[1], 0))["status"] == "ok"
     assert gemma.run(TrialSpec(16, 2, s.modes[1], 0))["status"] == "skipped"
     # the reuse store keeps every layer's whole sequence: 4 layers × 256 B
@@ -460,7 +460,7 @@ class _LogRun:
 
 
 def test_device_memory_is_released_once_per_shape_before_its_warmup():
-    from kvbench.runner import Recorder
+    from kvbench.bench.runner import Recorder
 
     s = parse_scenario(tiny_scenario(prompt_tokens=[8, 16], batch_sizes=[1], repeats=2, warmup=2,
                                      modes=[{"kind": "none"}, {"kind": "full"}]))
@@ -481,8 +481,8 @@ def test_device_memory_is_released_once_per_shape_before_its_warmup():
 
 
 def test_capacity_search_releases_before_each_new_shape_only():
-    from kvbench.capacity import search_sweep
-    from kvbench.runner import Recorder
+    from kvbench.bench.capacity import search_sweep
+    from kvbench.bench.runner import Recorder
 
     s = parse_scenario(tiny_scenario(prompt_tokens=[8], batch_sizes="auto", repeats=2, warmup=1, budget="1MiB",
                                      modes=[{"kind": "none"}, {"kind": "full"}], capacity={"max": 8}))
@@ -508,7 +508,7 @@ def test_capacity_search_releases_before_each_new_shape_only():
 
 
 def test_trials_do_not_release_device_memory_and_release_empties_the_cuda_cache(tiny_model, monkeypatch):
-    from kvbench import runner as runner_module
+    from kvbench.bench import runner as runner_module
 
     calls = []
     monkeypatch.setattr(runner_module, "release_device_memory", lambda dev: calls.append(str(dev)))
@@ -528,7 +528,7 @@ def test_trials_do_not_release_device_memory_and_release_empties_the_cuda_cache(
 
 
 def test_run_dir_writes_refuse_a_symlink_made_after_it_was_opened(tmp_path):
-    from kvbench.results import RunDir, SymlinkRefused
+    from kvbench.results.run_dir import RunDir, SymlinkRefused
 
     run = RunDir.create(tmp_path / "res", {"name": "x"}, {})
     target = tmp_path / "precious.txt"
@@ -554,7 +554,7 @@ def test_the_lock_cuts_reading_only_the_end_of_the_files(tmp_path, monkeypatch):
     with the same cuts as a whole read, and a last line longer than any row is refused, not cut."""
     import os
 
-    import kvbench.results as results
+    import kvbench.results.run_dir as results
 
     run = RunDir.create(tmp_path, tiny_scenario(), {})
     for i in range(30):
@@ -593,7 +593,7 @@ def test_the_lock_refuses_a_fifo_or_a_directory_in_place_of_its_files(tmp_path, 
     samples.csv, gave tracebacks."""
     import os
 
-    from kvbench.results import NotRegular
+    from kvbench.results.run_dir import NotRegular
 
     run = RunDir.create(tmp_path, tiny_scenario(), {})
     run.record_trial(_row("a"), [{"trial_id": "a", "phase": "decode", "t_s": 0.0}])

@@ -1,81 +1,18 @@
-"""Reuse workloads: every request of a multi-turn or document-QA stream, per mode, recomputed from scratch (cold)
-and restored from the mode's KV store (warm), side by side; and the table ``kvbench report`` and ``kvbench cost``
-read from those trials.
-
-Per repeat each mode gets a fresh :class:`~kvbench.offload.store.KVStore` (``store:`` settings, disk tier under the
-scenario's ``disk_dir``). Requests arrive in the workload's order; per request, ``none`` runs cold first (the
-reference every trial's ids are compared with), then warm; the other modes alternate warm-first and cold-first
-from request to request, so neither side always runs right after the other. After a warm trial, what the server
-holds (the prompt and, in a conversation, the reply it goes on with) goes into that mode's store.
-"""
+"""Reuse workloads' tables: per request of a multi-turn or document-QA stream, recompute (cold) against restore
+(warm) per mode, paired, from the trials :mod:`kvbench.bench.reuse` records; ``kvbench report`` and ``kvbench cost``
+read them."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from kvbench.analysis import MEASURED
-from kvbench.intervals import bootstrap_intervals, judge, pair_load, pair_with_reference
-
-if TYPE_CHECKING:  # torch-bound: imported where used, so that `kvbench report` reads tables without torch
-    from kvbench.offload.store import KVStore
-    from kvbench.runner import Recorder, TrialRunner
-    from kvbench.scenario import Scenario
+from kvbench.analysis.points import MEASURED
+from kvbench.analysis.intervals import bootstrap_intervals, judge, pair_load, pair_with_reference
 
 
-def make_stores(s: "Scenario", modes: list[Any], token_bytes: int) -> dict[str, "KVStore"]:
-    """A fresh store per mode label, as ``s.store_spec`` says.
-
-    Raises:
-        ValueError: a cap smaller than one chunk of ``token_bytes`` × ``chunk_tokens``.
-        kvbench.offload.tiers.DiskTierError: the disk tier's directory cannot be made.
-    """
-    from kvbench.offload.store import KVStore
-
-    spec = s.store_spec
-    stores: dict[str, KVStore] = {}
-    try:
-        for m in modes:
-            stores[m.label] = KVStore(spec.chunk_tokens, int(spec.host_max_bytes), int(spec.disk_max_bytes),
-                                      s.disk_dir, token_bytes=token_bytes, page_cache=s.disk.page_cache)
-    except Exception:
-        for st in stores.values():
-            st.close()
-        raise
-    return stores
-
-
-def reuse_sweep(s: "Scenario", record: "Recorder", runner: "TrialRunner") -> None:
-    """Run (or, resuming, look up) every trial of a reuse workload; ``runner.source`` is its
-    :class:`~kvbench.workloads.sessions.Stream`. A warm trial already recorded is not rerun, but what it left in
-    the store is rebuilt (:meth:`~kvbench.runner.TrialRunner.refill`), so later turns see the same store. Stores
-    are closed (disk files removed) on every exit path."""
-    from kvbench.runner import ReuseTrial
-
-    modes = sorted(s.modes, key=lambda m: m.kind != "none")
-    requests = runner.source.requests
-    for r in range(s.repeats):
-        runner.stores = make_stores(s, modes, runner.store_token_bytes)
-        try:
-            for i, req in enumerate(requests):
-                for m in modes:
-                    cold, warm = ReuseTrial.of(req, m, r, False), ReuseTrial.of(req, m, r, True)
-                    for t in [cold, warm] if m.kind == "none" or (i + r) % 2 == 0 else [warm, cold]:
-                        done = record.rows.get(t.trial_id)
-                        if done is not None:
-                            if t.warm and done.get("status") in MEASURED:
-                                runner.refill(t)
-                            continue
-                        record(t)
-        finally:
-            for st in runner.stores.values():
-                st.close()
-            runner.stores = {}
-
-
-#: Bootstrap resamples of the restore ÷ recompute interval.
 BOOT = 2000
 #: Prompt-length bins of the per-length table (tokens): [lower, upper).
 LENGTH_BINS = (0, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
@@ -166,7 +103,7 @@ def reuse_later_turns(trials: pd.DataFrame, from_turn: int = 2) -> pd.DataFrame:
 def _paired_ttft(warm: pd.DataFrame, cold: pd.DataFrame) -> dict[str, Any]:
     """Restore ÷ recompute TTFT paired by request (the warm and cold run of one request in one repeat ran back to
     back): ``ttft_ratio`` (median of the pair ratios), ``ttft_ratio_ci_low``/``_high`` (95% bootstrap over pairs,
-    with ≥ 5), ``pairs``, ``pairs_busy_trials`` and ``ttft_verdict`` (:func:`kvbench.intervals.judge`; "" when the
+    with ≥ 5), ``pairs``, ``pairs_busy_trials`` and ``ttft_verdict`` (:func:`kvbench.analysis.intervals.judge`; "" when the
     pairs decide that restore is faster or slower)."""
     pairs = pair_with_reference(warm, cold, on=["request_id"])
     ratio = (pd.to_numeric(pairs["ttft_s"], errors="coerce")
@@ -182,7 +119,7 @@ def _paired_ttft(warm: pd.DataFrame, cold: pd.DataFrame) -> dict[str, Any]:
 def ids_verdict(ok: pd.DataFrame) -> Any:
     """Of measured reuse trials: True when every trial's ids equal the reference (``none`` recomputing the
     request); "near tie" when the only divergences are acceptable ones (see
-    :data:`kvbench.runner.ACCEPTABLE_GAP`); False for any other divergence; None when nothing was compared."""
+    :data:`kvbench.bench.runner.ACCEPTABLE_GAP`); False for any other divergence; None when nothing was compared."""
     m = ok["tokens_match"]
     if m.isna().all():
         return None

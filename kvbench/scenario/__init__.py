@@ -30,7 +30,7 @@ from pydantic import (
 )
 
 from kvbench.offload import registry
-from kvbench.scenario_bounds import (
+from kvbench.scenario.bounds import (
     MAX_BATCH,
     MAX_COUNT,
     Batch,

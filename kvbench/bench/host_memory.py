@@ -1,4 +1,4 @@
-"""This process's host memory and CPU, read for the sampler (:mod:`kvbench.monitor`).
+"""This process's host memory and CPU, read for the sampler (:mod:`kvbench.bench.monitor`).
 
 - :class:`HostReader`: the host fields of one sample (cheap: it runs on the sampler's hot path), and the peaks of a
   trial that the kernel and torch keep themselves (:meth:`HostReader.start`, :meth:`HostReader.trial_peaks`).

@@ -177,7 +177,7 @@ def judge(pairs: int, busy_trials: int, load_unknown: int, low: float, high: flo
     """Whether a paired comparison may carry a verdict: ``""`` when it may, else why not, the first that applies:
 
     - fewer than :data:`MIN_PAIRS` pairs: ``"inconclusive: 2 pairs, need 5"``;
-    - a trial of its pairs ran while the machine was busy (:mod:`kvbench.machine_load`): ``"inconclusive: the
+    - a trial of its pairs ran while the machine was busy (:mod:`kvbench.bench.machine_load`): ``"inconclusive: the
       machine was busy during 7 of 10 trials"``; or its load is unknown (older runs, a window too short to tell);
     - no interval (not computed): ``"inconclusive: no interval"``;
     - the interval ``[low, high]`` contains ``no_change`` (1 for a ratio, 0 for a percentage):
@@ -203,11 +203,11 @@ def judge(pairs: int, busy_trials: int, load_unknown: int, low: float, high: flo
 
 
 def add_comparisons(table: pd.DataFrame) -> None:
-    """The paired comparisons of a point table (:func:`kvbench.analysis.point_table`, with the columns of
+    """The paired comparisons of a point table (:func:`kvbench.analysis.points.point_table`, with the columns of
     :func:`paired_point_stats` joined) as percentages and ratios, and their verdicts (in place):
     ``time_overhead_pct`` = 100 × (paired TPOT ratio − 1) with ``time_overhead_ci_low``/``_high``;
     ``throughput_ratio`` (paired) with its ``_ci_low``/``_high``; ``ttft_ratio``; ``tpot_verdict`` (see
-    :func:`kvbench.intervals.judge`; an offload mode faster than ``none`` at the same batch beyond its interval is
+    :func:`kvbench.analysis.intervals.judge`; an offload mode faster than ``none`` at the same batch beyond its interval is
     implausible: the decode-step roofline puts it at or above ``none``); None for ``none`` itself."""
     for c in ("tpot_s_ratio", "tpot_s_ratio_ci_low", "tpot_s_ratio_ci_high", "throughput_tokens_per_s_ratio",
               "throughput_tokens_per_s_ratio_ci_low", "throughput_tokens_per_s_ratio_ci_high", "ttft_s_ratio"):

@@ -98,7 +98,7 @@ def _summary_table(frame: Any, title: str) -> Table:
 
 def _capacity_table(found: list[dict[str, Any]], points: Any) -> Table:
     """The capacity search's results: per fixed value and mode, the capacity, the probes and the figures there."""
-    from kvbench.capacity import capacity_frame
+    from kvbench.analysis.capacity import capacity_frame
     from kvbench.report import capacity_display
 
     what = "batch" if found[0]["searched"] == "batch_size" else "prompt (tokens)"
@@ -127,9 +127,9 @@ def _failures(rows: list[dict[str, Any]]) -> list[str]:
 
 def _reuse_summary(rows: list[dict[str, Any]], name: str, title: str) -> Table:
     """Per turn index and mode: TTFT recompute vs restore, tokens restored, hit rate, ids."""
-    from kvbench.analysis import trials_frame
+    from kvbench.analysis.points import trials_frame
     from kvbench.report import reuse_display, reuse_terminal
-    from kvbench.reuse import reuse_table
+    from kvbench.analysis.reuse import reuse_table
 
     return _table(reuse_terminal(reuse_display(reuse_table(trials_frame(rows, name)))), title,
                   "cold = recompute the whole prompt, warm = restore the stored prefix then prefill the rest; "
@@ -139,7 +139,7 @@ def _reuse_summary(rows: list[dict[str, Any]], name: str, title: str) -> Table:
 
 def _run_summary(rows: list[dict[str, Any]], sc: Any) -> Any:
     """The per-point table of a run's trials (no bootstrap: the run summary shows medians and ranges)."""
-    from kvbench.analysis import point_table, trials_frame
+    from kvbench.analysis.points import point_table, trials_frame
 
     if not rows:
         import pandas as pd
@@ -156,7 +156,7 @@ def _sweep(sc: Any, rundir: Any, runner: Any, total: int) -> Any:
     from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
                                TimeRemainingColumn)
 
-    from kvbench.runner import run_sweep
+    from kvbench.bench.runner import run_sweep
 
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   TextColumn("ETA"), TimeRemainingColumn(), console=err) as progress:
@@ -184,8 +184,8 @@ def run(
         help="Let the model's own code run, when the scenario also sets model.trust_remote_code: true."),
 ) -> None:
     """Run a scenario's sweep and print its summary."""
-    from kvbench.machine import environment
-    from kvbench.results import RunDir, RunDirError
+    from kvbench.bench.machine import environment
+    from kvbench.results.run_dir import RunDir, RunDirError
     from kvbench.scenario import ScenarioError, check_scenario, load_scenario, parse_scenario
 
     warnings.showwarning = _show_warning
@@ -220,10 +220,10 @@ def run(
     import psutil
 
     from kvbench.models import ModelNotFound, resolve_device
-    from kvbench.capacity import device_problem
-    from kvbench.load_errors import one_line
-    from kvbench.run_files import ResultsNotWritten
-    from kvbench.runner import plan_trials, prepare
+    from kvbench.bench.capacity import device_problem
+    from kvbench.models.load_errors import one_line
+    from kvbench.results.files import ResultsNotWritten
+    from kvbench.bench.runner import plan_trials, prepare
     from kvbench.workloads.sessions import NotEnoughRequests
 
     if (rundir is not None and sc.searched is None and not sc.workload.reuse
@@ -335,7 +335,7 @@ def run(
 
 def _remote_code(sc: Any, where: Path, allowed: bool) -> None:
     """Refuse a scenario asking for model code unless --trust-remote-code allowed it; warn naming the modules."""
-    from kvbench.model_config import allowed_remote_code
+    from kvbench.models.config import allowed_remote_code
 
     try:
         modules = ", ".join(allowed_remote_code(sc.model, allowed)) or "its auto_map names none"
@@ -347,7 +347,7 @@ def _remote_code(sc: Any, where: Path, allowed: bool) -> None:
 
 def _planned(sc: Any, runner: Any) -> int | None:
     """How many trials the sweep records (None for a capacity search: decided as it runs)."""
-    from kvbench.runner import plan_trials
+    from kvbench.bench.runner import plan_trials
 
     if sc.workload.reuse:
         return len(runner.source.requests) * len(sc.modes) * 2 * sc.repeats
@@ -393,7 +393,7 @@ def _table(frame: Any, title: str, caption: str = "") -> Table:
 
 
 def _load(paths: list[Path]) -> Any:
-    from kvbench.analysis import ResultsError, load_results
+    from kvbench.analysis.points import ResultsError, load_results
 
     try:
         with warnings.catch_warnings():
@@ -480,7 +480,7 @@ def compare(
                                       "than PCT percent on METRIC at any matched point (repeatable)."),
 ) -> None:
     """Matched points of two runs side by side with the ratio B/A per metric; a CI gate with --fail-on."""
-    from kvbench.compare import COMPARE_METRICS, compare_points, parse_threshold, regressions, violations
+    from kvbench.analysis.compare import COMPARE_METRICS, compare_points, parse_threshold, regressions, violations
 
     try:
         thresholds = [parse_threshold(x) for x in fail_on]
@@ -489,7 +489,7 @@ def compare(
     a, b = _load([run_a]), _load([run_b])
     frame, only_a, only_b = compare_points(a, b)
     if frame.empty:
-        from kvbench.reuse import reuse_trials
+        from kvbench.analysis.reuse import reuse_trials
 
         reuse = "" if reuse_trials(a.trials).empty and reuse_trials(b.trials).empty else (
             "; reuse runs (multi_turn, doc_qa) have no such points: compare their restore vs recompute tables in "
@@ -557,7 +557,7 @@ def cost(
 ) -> None:
     """Cost per 1M generated tokens per mode from measured throughput (or what-if figures), saving vs none.
     Ctrl-C or SIGTERM while it writes its files stops it with exit 130, leaving none half-written."""
-    from kvbench.cost import Prices, what_if
+    from kvbench.analysis.cost import Prices, what_if
 
     signal.signal(signal.SIGTERM, _terminated)
     signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -594,7 +594,7 @@ def cost(
             out.print("offload raises cost here: its throughput is lower than without it", highlight=False)
         return
     if not results:
-        from kvbench.newest_run import newest_run
+        from kvbench.results.newest import newest_run
 
         found = newest_run("results")
         if found is None:
@@ -602,16 +602,16 @@ def cost(
                   "--offload-throughput for a what-if")
         out.print(f"costing the newest run under results/: {found}", highlight=False, markup=False)
         results = [found]
-    from kvbench.analysis import point_table
-    from kvbench.cost import cost_table, verdicts
-    from kvbench.reuse_cost import reuse_cost, reuse_verdicts
-    from kvbench.intervals import pct_interval
+    from kvbench.analysis.points import point_table
+    from kvbench.analysis.cost import cost_table, verdicts
+    from kvbench.analysis.reuse_cost import reuse_cost, reuse_verdicts
+    from kvbench.analysis.intervals import pct_interval
 
     if out_dir is not None and not out_dir.strip():
         _fail("--out is empty: give a directory")
     first = results[0]
     target = Path(out_dir) if out_dir else (first if first.is_dir() else first.parent) / "report"
-    from kvbench.results import RunDirError, refuse_symlink_dir
+    from kvbench.results.run_dir import RunDirError, refuse_symlink_dir
 
     try:
         refuse_symlink_dir(target)  # before any output: a refused run prints no table
@@ -666,7 +666,7 @@ def cost(
               + (" (pass --host-price and --disk-price to charge them)" if host_price == 0 == disk_price else "")
               + (f"; host memory held: {', '.join(bases)}" if bases else ""), highlight=False, markup=False)
     _problems(loaded)
-    from kvbench.cost import write_costs
+    from kvbench.analysis.cost import write_costs
 
     try:
         files = write_costs(table, target, prices, reuse)
@@ -683,7 +683,7 @@ def cost(
 
 def _reuse_cost_table(reuse: Any, gpu_price: float) -> Table:
     """Per reuse scenario and mode: throughput and cost recomputing every prompt vs restoring stored prefixes."""
-    from kvbench.intervals import pct_interval
+    from kvbench.analysis.intervals import pct_interval
 
     t = Table(title=f"reuse: cost per 1M generated tokens at {gpu_price:g} USD per GPU-hour, recompute vs restore",
               caption="the same requests one at a time; cold = recompute every prompt, warm = restore stored "
@@ -714,7 +714,7 @@ def _reuse_cost_table(reuse: Any, gpu_price: float) -> Table:
 def _bytes_option(value: str, option: str) -> int:
     from pydantic import ByteSize, TypeAdapter
 
-    from kvbench.scenario_bounds import check_size_input
+    from kvbench.scenario.bounds import check_size_input
 
     try:
         n = TypeAdapter(ByteSize).validate_python(check_size_input(value))
@@ -750,11 +750,11 @@ def plan(
 
     import psutil
 
-    from kvbench.machine import last_link_probe
+    from kvbench.bench.machine import last_link_probe
 
     warnings.showwarning = _show_warning
     from kvbench.models import preset_names, preset_path
-    from kvbench.plan import DTYPE_BYTES, architecture, cost_per_million, plan_modes, read_config
+    from kvbench.analysis.plan import DTYPE_BYTES, architecture, cost_per_million, plan_modes, read_config
 
     if dtype not in DTYPE_BYTES:
         _fail(f"--dtype {dtype!r}: one of {', '.join(DTYPE_BYTES)}")
@@ -898,7 +898,7 @@ def env_(
 
     import re
 
-    from kvbench.machine import environment, save_link_probe
+    from kvbench.bench.machine import environment, save_link_probe
     from kvbench.models import resolve_device
 
     if not re.fullmatch(r"auto|cpu|cuda|cuda:\d+", device):
@@ -989,6 +989,3 @@ def list_(
                 t.add_row(escape(str(f)), "[red]invalid[/]", escape(str(exc).splitlines()[0]))
     out.print(t)
 
-
-if __name__ == "__main__":
-    app()

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from kvbench.results import RunDirError
+from kvbench.results.run_dir import RunDirError
 
 #: Scenario keys left out of the digest: those that name it and those that only choose which trials run (a
 #: trial's id says its prompt length, batch, mode with its options and repeat). Every other key (model, device,
@@ -45,7 +45,7 @@ def check_parsed(path: Path, rows: list[Any], lines: list[int], scenario: dict[s
     """Refuse the parsed rows of ``trials.jsonl`` at ``path`` (``lines`` their line numbers) written under a
     scenario other than ``scenario`` (run.json's): another ``scenario`` name, ``max_new_tokens`` or
     ``scenario_digest``. A row from before the digest (an older kvbench) is checked by the name and
-    ``max_new_tokens`` it carries. Values that are not objects are left to :func:`kvbench.run_record.check_rows`.
+    ``max_new_tokens`` it carries. Values that are not objects are left to :func:`kvbench.results.record.check_rows`.
 
     Raises:
         ForeignRow: naming the file, the line, the trial and each mismatch.

@@ -1,6 +1,6 @@
 """Writes to a run directory's files that leave no partial record behind: appends cut back when they fail, the
 cut of what a killed writer left at the end of ``samples.csv``, and the error a sweep stops with when its files
-cannot be written. :class:`kvbench.results.RunDir` uses them; they work on open descriptors and bytes."""
+cannot be written. :class:`kvbench.results.run_dir.RunDir` uses them; they work on open descriptors and bytes."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The charts of ``kvbench report`` (matplotlib, Agg backend, PNG; every figure is closed after saving).
 
-Every chart takes the per-point table of :func:`kvbench.analysis.point_table` (or samples) and a colour map from
+Every chart takes the per-point table of :func:`kvbench.analysis.points.point_table` (or samples) and a colour map from
 :func:`mode_colours`, so a mode has the same colour in every chart of a report. matplotlib is imported on first
 use (:func:`warm_up`), so that a report's chart workers can import it while the results are being loaded.
 """
@@ -194,7 +194,7 @@ def bytes_per_token(table: pd.DataFrame, group: str, colours: dict[str, Any], pa
 def reuse_ttft(turns: pd.DataFrame, trials: pd.DataFrame, group: str, colours: dict[str, Any],
                path: Path) -> Path | None:
     """TTFT of recompute (cold, dashed) vs restore (warm, solid) for one reuse group: median per turn index, one
-    line per mode (from :func:`kvbench.reuse.reuse_table`), and every measured trial against its prompt length
+    line per mode (from :func:`kvbench.analysis.reuse.reuse_table`), and every measured trial against its prompt length
     (cold ○, warm ●). None when nothing was measured."""
     t = turns[turns["group"] == group]
     pts = trials[(trials["group"] == group) & trials["status"].isin(["ok", "over_budget"])]

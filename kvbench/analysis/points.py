@@ -20,13 +20,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from kvbench.intervals import (BOOTSTRAP_MIN_REPEATS, add_comparisons, bootstrap_intervals, busy_flags, median_ci,
+from kvbench.analysis.intervals import (BOOTSTRAP_MIN_REPEATS, add_comparisons, bootstrap_intervals, busy_flags, median_ci,
                                paired_point_stats)
-from kvbench.results import SCHEMA_VERSION
-from kvbench.row_identity import ForeignRow, check_parsed
+from kvbench.results.run_dir import SCHEMA_VERSION
+from kvbench.results.identity import ForeignRow, check_parsed
 from kvbench.safe_read import BadFile, read_json_file, scan_rows, skipped_message
-from kvbench.run_record import RecordError, check_rows, check_run_meta
-from kvbench.latency import ITL_PERCENTILES
+from kvbench.results.record import RecordError, check_rows, check_run_meta
+from kvbench.analysis.latency import ITL_PERCENTILES
 
 #: Statuses of trials that ran to the end (an over-budget trial is measured, it just does not fit).
 MEASURED = ("ok", "over_budget")
@@ -58,7 +58,7 @@ class Results:
             ``kv_stored_peak_bytes``) and
             ``kv_check_error`` (``kv_measured_bytes / kv_bytes_predicted − 1``).
         runs: per run: ``path``, ``name``, ``group``, ``status``, ``started_at``, ``environment``, ``scenario``,
-            ``weights_bytes``, ``capacity`` (the capacity search's results, see :mod:`kvbench.capacity`)
+            ``weights_bytes``, ``capacity`` (the capacity search's results, see :mod:`kvbench.bench.capacity`)
             (``{}``/None/``[]`` where run.json is missing).
         problems: what was skipped or is unknown, each naming its file (and line).
     """
@@ -120,12 +120,12 @@ def _run_meta(trials_file: Path, problems: list[str]) -> dict[str, Any]:
 def _read_rows(path: Path, problems: list[str], scenario: Any = None) -> list[dict[str, Any]]:
     """The trial rows of ``path``; lines kvbench cannot read (not JSON, e.g. a run killed mid-write, not UTF-8, too
     long or too deep: :func:`kvbench.safe_read.scan_rows`) are skipped as problems, with the warning of
-    :func:`kvbench.results.read_trials`.
+    :func:`kvbench.results.run_dir.read_trials`.
 
     Raises:
-        ResultsError: not a regular file; a JSON line that is not a trial row (:func:`kvbench.run_record.check_rows`);
+        ResultsError: not a regular file; a JSON line that is not a trial row (:func:`kvbench.results.record.check_rows`);
             with ``scenario`` (run.json's), a row written under another scenario
-            (:func:`kvbench.row_identity.check_parsed`, as ``run --resume`` refuses it).
+            (:func:`kvbench.results.identity.check_parsed`, as ``run --resume`` refuses it).
     """
     try:
         rows, lines, skipped = scan_rows(path)
@@ -173,7 +173,7 @@ def load_results(paths: list[str | Path]) -> Results:
     Raises:
         ResultsError: a path that does not exist, a folder with no run in it, a run.json of an unknown or newer
             schema version (naming the file), a run.json or JSON line that does not hold what kvbench writes
-            (:mod:`kvbench.run_record`: naming the file, the line and the key), or no trial rows at all.
+            (:mod:`kvbench.results.record`: naming the file, the line and the key), or no trial rows at all.
     """
     with _no_gc():
         return _load(paths)
@@ -309,8 +309,8 @@ def point_table(trials: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> pd.D
     (trial fields ``plan_*``): ``kv_device_vs_plan`` (device KV peak), ``link_vs_plan`` (host→device bytes per
     decode step, ``h2d_bytes_per_step``) and ``tpot_vs_plan`` (TPOT vs the roofline's step time) — NaN where the
     trials carry no prediction (older runs, modes plan does not model, bandwidths not measured).
-    Reuse trials (:mod:`kvbench.reuse`: cold and warm runs of one request share a prompt length and batch) are
-    left out; :func:`kvbench.reuse.reuse_table` is their table.
+    Reuse trials (:mod:`kvbench.bench.reuse`: cold and warm runs of one request share a prompt length and batch) are
+    left out; :func:`kvbench.analysis.reuse.reuse_table` is their table.
     """
     df = trials[trials["warm"].isna()] if "warm" in trials else trials
     keys = POINT_KEYS
@@ -381,12 +381,12 @@ def point_table(trials: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> pd.D
     ref_cols = {"kv_device_peak_bytes_median": "ref_kv", "peak_device_allocated_bytes_median": "ref_alloc"}
     ref = table[table["mode"] == "none"].drop_duplicates(keys[:3])[keys[:3] + list(ref_cols)].rename(columns=ref_cols)
     table = table.merge(ref, on=keys[:3], how="left")
-    # bytes are the same in every repeat: a ratio of medians; times are paired (kvbench.intervals)
+    # bytes are the same in every repeat: a ratio of medians; times are paired (kvbench.analysis.intervals)
     table["memory_saving_pct"] = 100 * (1 - table["kv_device_peak_bytes_median"] / table["ref_kv"])
     table["measured_saving_pct"] = 100 * (1 - table["peak_device_allocated_bytes_median"] / table["ref_alloc"])
     table = table.drop(columns=list(ref_cols.values()))
     add_comparisons(table)
-    # measured ÷ kvbench plan's prediction (kvbench.plan: placement and decode-step roofline)
+    # measured ÷ kvbench plan's prediction (kvbench.analysis.plan: placement and decode-step roofline)
     table["kv_device_vs_plan"] = table["kv_device_peak_bytes_median"] / table["plan_kv_device_bytes_median"]
     table["link_vs_plan"] = table["h2d_bytes_per_step_median"] / table["plan_link_bytes_per_step_median"]
     table["tpot_vs_plan"] = table["tpot_s_median"] / table["plan_tpot_s_median"]

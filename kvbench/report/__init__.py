@@ -17,14 +17,14 @@ from typing import Any
 
 import pandas as pd
 
-from kvbench import charts, scratch_dir
-from kvbench.analysis import KV_CHECK_TOLERANCE, Results, point_table, qualifies
-from kvbench.chart_pool import chart_pool
-from kvbench.intervals import pct_interval
-from kvbench.md_text import md_escape, md_line
-from kvbench.results import refuse_symlink_dir
+from kvbench.report import charts, scratch_dir
+from kvbench.analysis.points import KV_CHECK_TOLERANCE, Results, point_table, qualifies
+from kvbench.report.chart_pool import chart_pool
+from kvbench.analysis.intervals import pct_interval
+from kvbench.report.md_text import md_escape, md_line
+from kvbench.results.run_dir import refuse_symlink_dir
 from kvbench.safe_read import open_regular
-from kvbench.reuse import reuse_later_turns, reuse_table, reuse_trials
+from kvbench.analysis.reuse import reuse_later_turns, reuse_table, reuse_trials
 
 MIB, GIB = 2**20, 2**30
 #: KV smaller than this fraction of the weights makes offload's savings invisible in device memory.
@@ -159,7 +159,7 @@ def terminal_frame(shown: pd.DataFrame, table: pd.DataFrame) -> pd.DataFrame:
 
 
 def reuse_display(table: pd.DataFrame) -> pd.DataFrame:
-    """:func:`kvbench.reuse.reuse_table` formatted for people: TTFT of recompute (cold) and restore (warm) in ms
+    """:func:`kvbench.analysis.reuse.reuse_table` formatted for people: TTFT of recompute (cold) and restore (warm) in ms
     as ``median [min–max]``, their ratio, tokens restored (median), hit rate and bytes restored per tier (totals)."""
     if table.empty:
         return pd.DataFrame()
@@ -201,7 +201,7 @@ def reuse_terminal(shown: pd.DataFrame) -> pd.DataFrame:
 
 def reuse_findings(turns: pd.DataFrame, group: str, later: pd.DataFrame | None = None) -> list[str]:
     """Per mode: restore's TTFT against recompute's from the second turn on (pooled and paired by request, with its
-    interval, pair count and verdict, from ``later`` = :func:`kvbench.reuse.reuse_later_turns`; and turn by turn),
+    interval, pair count and verdict, from ``later`` = :func:`kvbench.analysis.reuse.reuse_later_turns`; and turn by turn),
     the prefill it saved and the store's hit rate; and whether restored runs generated ``none``'s ids."""
     t = turns[turns["group"] == group]
     pooled = {} if later is None or later.empty else {
@@ -236,7 +236,7 @@ def reuse_findings(turns: pd.DataFrame, group: str, later: pd.DataFrame | None =
 
 def reuse_recommendation(turns: pd.DataFrame, group: str, later: pd.DataFrame | None = None) -> str:
     """The mode whose restore gives the lowest median TTFT from turn 2 on, among those whose ids match; restoring is
-    recommended only where ``later`` (:func:`kvbench.reuse.reuse_later_turns`: restore ÷ recompute from turn 2,
+    recommended only where ``later`` (:func:`kvbench.analysis.reuse.reuse_later_turns`: restore ÷ recompute from turn 2,
     paired by request) decides that restore is faster; otherwise the line says why not."""
     t = turns[(turns["group"] == group) & (turns["turn_index"] >= 2)]
     t = t[t["tokens_match"].isin([True, "near tie"])]
@@ -292,7 +292,7 @@ def plan_frame(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def capacity_display(frame: pd.DataFrame) -> pd.DataFrame:
-    """:func:`kvbench.capacity.capacity_frame`'s table as text cells: the fixed value, mode, capacity, the probes
+    """:func:`kvbench.analysis.capacity.capacity_frame`'s table as text cells: the fixed value, mode, capacity, the probes
     (✗ = did not fit), tokens/s and device KV at the capacity, whether its ids matched ``none``, and why the
     search stopped there."""
     rows = []
@@ -310,11 +310,11 @@ def capacity_display(frame: pd.DataFrame) -> pd.DataFrame:
 
 def capacity_frames(results: Results, table: pd.DataFrame) -> dict[str, pd.DataFrame]:
     """Per group, the capacity search results of its runs (run.json ``capacity``) with the measured figures at
-    each capacity (:func:`kvbench.capacity.capacity_frame`); groups without a search are left out."""
+    each capacity (:func:`kvbench.analysis.capacity.capacity_frame`); groups without a search are left out."""
     out = {}
     for run in results.runs:
         if run.get("capacity"):
-            from kvbench.capacity import capacity_frame  # only here: it imports the scenario models (pydantic)
+            from kvbench.analysis.capacity import capacity_frame
 
             g = run["group"]
             frame = capacity_frame(run["capacity"], table[table["group"] == g])
@@ -557,7 +557,7 @@ def _busy_threshold(results: Results, group: str) -> str:
 @dataclass
 class Report:
     """What :func:`write_report` made: the per-point table, per-group texts, the reuse tables per group
-    (``{"turn": ..., "length": ...}``, see :func:`kvbench.reuse.reuse_table`), and the files written."""
+    (``{"turn": ..., "length": ...}``, see :func:`kvbench.analysis.reuse.reuse_table`), and the files written."""
 
     table: pd.DataFrame
     shown: pd.DataFrame
@@ -627,7 +627,7 @@ def _load_samples(results: Results, trial_ids: list[str]) -> dict[str, tuple[pd.
 
 
 def _md_table(frame: pd.DataFrame) -> str:
-    """A Markdown (GFM) table of a frame of text cells, every cell through :func:`~kvbench.md_text.md_escape`."""
+    """A Markdown (GFM) table of a frame of text cells, every cell through :func:`~kvbench.report.md_text.md_escape`."""
     if not len(frame):
         return "(no trials)"
 
@@ -654,11 +654,11 @@ def _html_table(frame: pd.DataFrame) -> str:
 def write_report(results: Results, out_dir: str | Path, timelines: list[str] | None = None,
                  pool: Any = None) -> Report:
     """Write the report of ``results`` into ``out_dir`` (created): ``summary.csv`` (the per-point table, raw
-    numbers), ``summary.md``, ``reuse.csv`` (reuse workloads: :func:`kvbench.reuse.reuse_table` per turn and per
+    numbers), ``summary.md``, ``reuse.csv`` (reuse workloads: :func:`kvbench.analysis.reuse.reuse_table` per turn and per
     prompt length), the charts (PNG), ``report.md`` and ``report.html``.
 
     Args:
-        results: from :func:`kvbench.analysis.load_results`.
+        results: from :func:`kvbench.analysis.points.load_results`.
         out_dir: where to write.
         timelines: trial ids whose memory timeline is drawn; default: at each group's longest prompt and largest
             batch, the first measured trial of every mode.
@@ -667,7 +667,7 @@ def write_report(results: Results, out_dir: str | Path, timelines: list[str] | N
 
     Raises:
         ValueError: a trial id in ``timelines`` that is not in the results.
-        kvbench.results.SymlinkRefused: ``out_dir`` is a symbolic link.
+        kvbench.results.run_dir.SymlinkRefused: ``out_dir`` is a symbolic link.
     """
     if timelines:
         unknown = sorted(set(timelines) - set(results.trials["trial_id"]))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 from pathlib import Path
 
-from kvbench.results import utc_now
+from kvbench.results.run_dir import utc_now
 from kvbench.safe_read import read_json_file
 
 

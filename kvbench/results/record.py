@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from typing_extensions import NotRequired, Required, TypedDict
 
-#: Trial statuses kvbench writes (kvbench.runner; over_budget: measured, but the device KV exceeded the budget).
+#: Trial statuses kvbench writes (kvbench.bench.runner; over_budget: measured, but the device KV exceeded the budget).
 ROW_STATUSES = ("ok", "over_budget", "skipped", "error", "oom")
 #: run.json statuses: a sweep in progress (or killed), stopped by Ctrl-C/SIGTERM, or finished.
 RUN_STATUSES = ("running", "interrupted", "complete")

@@ -1,7 +1,7 @@
 """``kvbench cost``: USD per million generated tokens from measured throughput (or what-if figures), the saving
 against ``none``, and what it is worth per month.
 
-Cost per 1M generated tokens = GPU price per hour ÷ (tokens/s × 3600) × 10^6 (:func:`kvbench.plan.cost_per_million`),
+Cost per 1M generated tokens = GPU price per hour ÷ (tokens/s × 3600) × 10^6 (:func:`kvbench.analysis.plan.cost_per_million`),
 plus, with a host price, the host and disk KV a mode held: host price per GiB-hour × GiB ÷ (tokens/s × 3600) × 10^6.
 Memory turns into money only through throughput or a price the user gives: no invented USD per GB.
 """
@@ -21,14 +21,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from kvbench.analysis import MEASURED, qualifies
-from kvbench.intervals import bootstrap_intervals, judge, pair_load, pair_with_reference, pct_interval
-from kvbench.plan import MAX_USD_PER_HOUR, cost_per_million
-from kvbench.results import refuse_symlink_dir
+from kvbench.analysis.points import MEASURED, qualifies
+from kvbench.analysis.intervals import bootstrap_intervals, judge, pair_load, pair_with_reference, pct_interval
+from kvbench.analysis.plan import MAX_USD_PER_HOUR, cost_per_million
+from kvbench.results.run_dir import refuse_symlink_dir
 
 GIB = 2**30
 #: Bounds of the user's figures (past them costs overflow to inf, savings to NaN): USD per GPU-hour or GiB-hour is
-#: :data:`kvbench.plan.MAX_USD_PER_HOUR`; tokens per month, engineering USD, and a what-if's tokens/s range.
+#: :data:`kvbench.analysis.plan.MAX_USD_PER_HOUR`; tokens per month, engineering USD, and a what-if's tokens/s range.
 MAX_TOKENS_PER_MONTH, MAX_ENGINEERING_USD = 1e18, 1e12
 WHAT_IF_TOKENS_PER_S = (1e-6, 1e12)
 
@@ -46,7 +46,7 @@ class Prices:
 
     Raises:
         ValueError: a figure that is not finite, below its least or above its bound (prices
-            :data:`~kvbench.plan.MAX_USD_PER_HOUR`, :data:`MAX_TOKENS_PER_MONTH`, :data:`MAX_ENGINEERING_USD`),
+            :data:`~kvbench.analysis.plan.MAX_USD_PER_HOUR`, :data:`MAX_TOKENS_PER_MONTH`, :data:`MAX_ENGINEERING_USD`),
             naming its flag and the bound.
     """
 
@@ -145,17 +145,17 @@ def cost_table(table: pd.DataFrame, prices: Prices, trials: pd.DataFrame | None 
     """Per group × prompt length × mode, the best measured point, its cost and, for offload modes, the paired
     saving against ``none``.
 
-    A point qualifies when it passes :func:`kvbench.analysis.qualifies` (every trial ``ok`` within the budget, ids
+    A point qualifies when it passes :func:`kvbench.analysis.points.qualifies` (every trial ``ok`` within the budget, ids
     equal to ``none``'s, measured ``repeats`` times) and its median TTFT and TPOT meet the optional SLOs; of those,
-    the batch with the highest median throughput is taken. The saving is paired (:mod:`kvbench.intervals`): repeat
+    the batch with the highest median throughput is taken. The saving is paired (:mod:`kvbench.analysis.intervals`): repeat
     r of the mode at its best batch against repeat r of ``none`` at ``none``'s best batch in the same run, each
     trial costed from its own throughput and held memory; the median of the pairs' savings with a 95% bootstrap
-    interval over pairs, and a verdict (:func:`kvbench.intervals.judge`; a saving at ``none``'s own batch is
+    interval over pairs, and a verdict (:func:`kvbench.analysis.intervals.judge`; a saving at ``none``'s own batch is
     implausible: the roofline puts an offload mode's throughput at or below ``none``'s there).
 
     Args:
-        table: :func:`kvbench.analysis.point_table`.
-        trials: the trial rows behind it (:attr:`kvbench.analysis.Results.trials`); without them no pairs.
+        table: :func:`kvbench.analysis.points.point_table`.
+        trials: the trial rows behind it (:attr:`kvbench.analysis.points.Results.trials`); without them no pairs.
 
     Returns:
         Columns ``group``, ``prompt_tokens``, ``mode_label``, ``mode``, ``batch_size`` (the best; NaN if none
@@ -315,7 +315,7 @@ def _why_not(part: pd.DataFrame, max_ttft_s: float | None, max_tpot_s: float | N
 def verdicts(costs: pd.DataFrame) -> dict[str, list[str]]:
     """Plain-language lines per group: at each prompt length, the cheapest qualifying mode and, for the cheapest
     offload mode against ``none``, the paired saving with its interval and pair count: "lowers cost" or "raises
-    cost" only when :func:`kvbench.intervals.judge` decides (≥ 5 pairs, a quiet machine, an interval that excludes
+    cost" only when :func:`kvbench.analysis.intervals.judge` decides (≥ 5 pairs, a quiet machine, an interval that excludes
     no change, plausible against the plan); otherwise why the measurements do not decide."""
     out: dict[str, list[str]] = {}
     for (group, prompt), part in costs.groupby(["group", "prompt_tokens"], sort=False):
@@ -378,7 +378,7 @@ def _replacing(path: Path, write: Any) -> Path | None:
 def write_costs(costs: pd.DataFrame, out_dir: str | Path, prices: Prices,
                 reuse: pd.DataFrame | None = None) -> list[Path]:
     """``cost.csv``, ``cost.json`` (the table, the prices, the verdicts and, for reuse workloads, the
-    :func:`kvbench.reuse_cost.reuse_cost` rows) and ``cost.png`` (USD per 1M tokens per mode and prompt length)
+    :func:`kvbench.analysis.reuse_cost.reuse_cost` rows) and ``cost.png`` (USD per 1M tokens per mode and prompt length)
     in ``out_dir`` (created), plus ``reuse_cost.csv`` when ``reuse`` has rows; returns their paths. Each file is
     written beside its place and moved onto it, so a symbolic link there is replaced, never followed.
 
@@ -386,7 +386,7 @@ def write_costs(costs: pd.DataFrame, out_dir: str | Path, prices: Prices,
         SymlinkRefused: ``out_dir`` is a symbolic link.
         OSError: a file cannot be written.
     """
-    from kvbench import charts
+    from kvbench.report import charts
 
     out = Path(out_dir)
     refuse_symlink_dir(out)

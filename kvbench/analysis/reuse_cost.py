@@ -1,9 +1,9 @@
-"""What reuse saves, with its interval: the requests of a reuse workload (:mod:`kvbench.reuse`) served by recomputing
-every prompt (cold) and by restoring stored prefixes (warm), priced per 1M generated tokens (:mod:`kvbench.cost`).
+"""What reuse saves, with its interval: the requests of a reuse workload (:mod:`kvbench.bench.reuse`) served by recomputing
+every prompt (cold) and by restoring stored prefixes (warm), priced per 1M generated tokens (:mod:`kvbench.analysis.cost`).
 
 The saving is the workload's: Σ generated tokens ÷ Σ e2e seconds on each side, one request at a time. Its 95%
 interval is a percentile bootstrap over request pairs (the warm and the cold run of one request in one repeat ran
-back to back), recomputing that ratio of sums on each resample; the verdict is :func:`kvbench.intervals.judge`'s.
+back to back), recomputing that ratio of sums on each resample; the verdict is :func:`kvbench.analysis.intervals.judge`'s.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from kvbench.analysis import MEASURED
-from kvbench.cost import GIB, Prices
-from kvbench.intervals import judge, pair_load, pair_with_reference
-from kvbench.reuse import ids_verdict, reuse_trials
+from kvbench.analysis.points import MEASURED
+from kvbench.analysis.cost import GIB, Prices
+from kvbench.analysis.intervals import judge, pair_load, pair_with_reference
+from kvbench.analysis.reuse import ids_verdict, reuse_trials
 
 #: Bootstrap resamples of the saving's interval.
 N_BOOT = 2000
@@ -46,13 +46,13 @@ def reuse_cost(trials: pd.DataFrame, prices: Prices, n_boot: int = N_BOOT, seed:
     """Per group × mode of a reuse workload: throughput and cost recomputing vs restoring, and the saving.
 
     Throughput = Σ generated tokens ÷ Σ e2e seconds over the measured trials of each side; USD per 1M generated
-    tokens from it (:meth:`kvbench.cost.Prices.per_million`; restore is also charged for what its store held
+    tokens from it (:meth:`kvbench.analysis.cost.Prices.per_million`; restore is also charged for what its store held
     after a request, the medians of ``store_host_bytes`` at the host price and ``store_disk_bytes`` at the disk
     price; ``store_bytes`` is their sum); ``saving_pct`` = 1 − restore's ÷ recompute's with ``saving_ci_low`` /
     ``saving_ci_high`` (see the module docstring), ``pairs``, ``pairs_busy_trials`` and ``saving_verdict`` ("" =
     decided); ``prefill_saved_pct`` = Σ tokens restored ÷ Σ prompt tokens of the warm trials (the prefill
     compute not done); ``ttft_saved_s`` = Σ (recompute − restore) TTFT ÷ requests; ``tokens_match`` as in
-    :func:`kvbench.reuse.reuse_table`.
+    :func:`kvbench.analysis.reuse.reuse_table`.
     """
     rows = reuse_trials(trials)
     rows = rows[rows["status"].isin(MEASURED)]
@@ -90,7 +90,7 @@ def reuse_cost(trials: pd.DataFrame, prices: Prices, n_boot: int = N_BOOT, seed:
 def reuse_verdicts(reuse: pd.DataFrame) -> list[str]:
     """One line per group × mode of :func:`reuse_cost`: restore lowers or raises the cost per 1M tokens against
     recompute, with the saving's interval and pair count, or why the pairs do not decide."""
-    from kvbench.intervals import pct_interval
+    from kvbench.analysis.intervals import pct_interval
 
     lines = []
     for r in reuse.to_dict("records"):

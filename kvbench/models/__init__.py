@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kvbench.offload.layer_types import layer_windows
-from kvbench.plan import KVLayout
+from kvbench.analysis.plan import KVLayout
 
 if TYPE_CHECKING:
     import torch
@@ -34,7 +34,7 @@ class ModelNotFound(LookupError):
 @dataclass(frozen=True)
 class ModelShape(KVLayout):
     """What kvbench needs to know of an architecture, read from its config (no weights): its
-    :class:`~kvbench.plan.KVLayout` (``windows`` per layer, ``kv_heads``, ``head_dim``; ``layers``,
+    :class:`~kvbench.analysis.plan.KVLayout` (``windows`` per layer, ``kv_heads``, ``head_dim``; ``layers``,
     ``full_layers`` and the KV bytes formulas) and the sizes below.
 
     Attributes:
@@ -142,7 +142,7 @@ def load_config(spec: "ModelSpec") -> Any:
         return AutoConfig.from_pretrained(preset_path(spec.preset))
     if spec.config:
         p = config_file(spec.config)
-        from kvbench.model_config import MAX_CONFIG_BYTES
+        from kvbench.models.config import MAX_CONFIG_BYTES
         from kvbench.safe_read import read_json_file
 
         try:
@@ -179,9 +179,9 @@ def shape_of(config: Any) -> ModelShape:
 @functools.lru_cache(maxsize=32)
 def read_shape(spec: "ModelSpec") -> ModelShape:
     """The model's shape from its config alone (no weights loaded, no model code run, no torch import for
-    config.json and GGUF files kvbench reads itself: see :func:`kvbench.model_config.read_config`; cached per spec).
+    config.json and GGUF files kvbench reads itself: see :func:`kvbench.models.config.read_config`; cached per spec).
     Raises ModelNotFound."""
-    from kvbench.model_config import read_config
+    from kvbench.models.config import read_config
 
     try:
         return shape_of(read_config(spec))

@@ -13,7 +13,7 @@ import sys
 from concurrent.futures import Future, ProcessPoolExecutor
 from typing import Any
 
-from kvbench import charts
+from kvbench.report import charts
 
 #: At most this many chart worker processes.
 CHART_WORKERS = 4

@@ -1,14 +1,14 @@
 """Background samplers and host measurements.
 
 - :class:`Sampler`: a timeline per trial on a daemon thread: the process's RSS (all, anonymous, file-backed) and
-  CPU %, the host's available memory and (CUDA) pinned host bytes (:class:`~kvbench.host_memory.HostReader`);
+  CPU %, the host's available memory and (CUDA) pinned host bytes (:class:`~kvbench.bench.host_memory.HostReader`);
   device memory (total and this process's, by PID), utilisation, PCIe TX/RX and power through NVML for the device
   the model is on. Every sample carries the trial id and the phase (``prefill``/``decode``) the runner marks. At
   the trial's end it reads the peaks the kernel and torch kept (peak RSS, pinned blocks). Fields that cannot be
   read are ``None`` (never 0) with one warning naming the reason.
 - :func:`summarise`: per-trial peaks and means of a timeline.
 - :class:`LatencyWatch`: rolling p50/p90/p99 of request latencies for a user's own service.
-- :func:`host_memory_available` (from :mod:`kvbench.host_memory`): the host memory this process can still take
+- :func:`host_memory_available` (from :mod:`kvbench.bench.host_memory`): the host memory this process can still take
   (cgroup limits included).
 """
 
@@ -29,7 +29,7 @@ from typing import Any
 
 import psutil
 
-from kvbench.host_memory import HOST_FIELDS, KERNEL_PEAK_SOURCE, HostReader, host_memory_available
+from kvbench.bench.host_memory import HOST_FIELDS, KERNEL_PEAK_SOURCE, HostReader, host_memory_available
 
 __all__ = ["GPU_FIELDS", "HOST_FIELDS", "KV_FIELDS", "SAMPLE_COLUMNS", "SAMPLER_NICE", "STOP_CHECK_S", "HostReader",
            "LatencyWatch", "MonitorWarning", "NvmlReader", "NvmlUnavailable", "Sampler", "TrialTimeline", "gpu_fields",
@@ -283,7 +283,7 @@ class Sampler:
         at most :data:`STOP_CHECK_S` at a time, so that join waits no longer than that.
 
         At the start the kernel's peak RSS and torch's host allocator peaks are reset; after the last sample the
-        trial's ``peaks`` are read (:meth:`~kvbench.host_memory.HostReader.trial_peaks`): ``rss_peak_bytes`` (the
+        trial's ``peaks`` are read (:meth:`~kvbench.bench.host_memory.HostReader.trial_peaks`): ``rss_peak_bytes`` (the
         kernel's ``VmHWM``, None where it cannot be reset: the reason in ``notes["rss_peak_bytes"]``),
         ``rss_peak_source``, ``pinned_host_allocated_peak_bytes`` and ``pinned_host_requested_peak_bytes``.
 

@@ -21,8 +21,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from kvbench.run_files import append_all, samples_end
-from kvbench.run_record import RecordError, check_rows, check_run_meta
+from kvbench.results.files import append_all, samples_end
+from kvbench.results.record import RecordError, check_rows, check_run_meta
 from kvbench.safe_read import MAX_ROW_BYTES, BadFile, read_json_file, scan_rows, skipped_message
 
 SCHEMA_VERSION = 1
@@ -141,7 +141,7 @@ class RunDir:
             SymlinkRefused: one of the files kvbench writes there (run.json, trials.jsonl, samples.csv, .lock) is a
                 symbolic link: resuming would write, truncate or lock its target.
             RunDirError: run.json is missing, unreadable or of another schema, or run.json or a row of
-                trials.jsonl does not hold what kvbench writes (:mod:`kvbench.run_record`; naming the file, the
+                trials.jsonl does not hold what kvbench writes (:mod:`kvbench.results.record`; naming the file, the
                 line and the key).
         """
         p = Path(path)
@@ -232,13 +232,13 @@ class RunDir:
     def record_trial(self, row: dict[str, Any], samples: list[dict[str, Any]]) -> None:
         """Write one trial: its samples (:meth:`append_samples`), then its row (:meth:`append`), the commit point:
         a trial is in the run when its row is. The row gets (in place) ``scenario_digest``, the digest of
-        run.json's scenario (:func:`kvbench.row_identity.scenario_digest`) that ``--resume`` checks.
+        run.json's scenario (:func:`kvbench.results.identity.scenario_digest`) that ``--resume`` checks.
 
         Raises:
             OSError: either write failed (disk full, quota); neither file keeps any of this trial (samples.csv
                 is cut back to its size before it; were that cut to fail too, the next :meth:`lock` makes it).
         """
-        from kvbench.row_identity import scenario_digest
+        from kvbench.results.identity import scenario_digest
 
         row["scenario_digest"] = scenario_digest(self.meta.get("scenario") or {})
         before = self.samples_path.lstat().st_size if self.samples_path.exists() else 0
@@ -256,7 +256,7 @@ class RunDir:
         return self.path / "samples.csv"
 
     def append_samples(self, samples: list[dict[str, Any]]) -> None:
-        """Append one trial's samples (dicts with :data:`kvbench.monitor.SAMPLE_COLUMNS`) to ``samples.csv`` in
+        """Append one trial's samples (dicts with :data:`kvbench.bench.monitor.SAMPLE_COLUMNS`) to ``samples.csv`` in
         one fsynced write, with the header when the file is new; missing values are empty cells.
 
         Raises:
@@ -265,7 +265,7 @@ class RunDir:
         """
         if not samples:
             return
-        from kvbench.monitor import SAMPLE_COLUMNS
+        from kvbench.bench.monitor import SAMPLE_COLUMNS
 
         new = not self.samples_path.exists() or self.samples_path.stat().st_size == 0
         columns = list(SAMPLE_COLUMNS)
@@ -288,7 +288,7 @@ class RunDir:
         cuts, is skipped with a warning by :func:`read_trials`).
 
         Raises:
-            kvbench.row_identity.ForeignRow: a row was written under another scenario than run.json's.
+            kvbench.results.identity.ForeignRow: a row was written under another scenario than run.json's.
         """
         if not self.trials_path.exists():
             return []
@@ -357,14 +357,14 @@ def _checked_rows(path: Path, scenario: Any = None) -> tuple[list[dict[str, Any]
     valid JSON, e.g. a run killed mid-write, not UTF-8, too long or nested too deeply), in one read of the file.
 
     Raises:
-        RecordError: a valid JSON line that is not a trial row (:func:`kvbench.run_record.check_rows`).
-        kvbench.row_identity.ForeignRow: with ``scenario`` (run.json's), a row written under another scenario.
+        RecordError: a valid JSON line that is not a trial row (:func:`kvbench.results.record.check_rows`).
+        kvbench.results.identity.ForeignRow: with ``scenario`` (run.json's), a row written under another scenario.
         BadFile: the file is not a regular file or cannot be read.
     """
     rows, lines, skipped = scan_rows(path)
     checked = check_rows(rows, lines, path)
     if isinstance(scenario, dict):
-        from kvbench.row_identity import check_parsed
+        from kvbench.results.identity import check_parsed
 
         check_parsed(path, rows, lines, scenario)
     return checked, skipped
@@ -378,7 +378,7 @@ def read_trials(path: str | Path, scenario: Any = None) -> list[dict[str, Any]]:
     Raises:
         RunDirError: the file is not a regular file, or a line is not a trial row (naming the file, the line and
             the key).
-        kvbench.row_identity.ForeignRow: a row of another scenario (a RunDirError).
+        kvbench.results.identity.ForeignRow: a row of another scenario (a RunDirError).
     """
     try:
         rows, skipped = _checked_rows(Path(path), scenario)

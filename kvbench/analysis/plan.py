@@ -161,7 +161,7 @@ def read_config(path: str | Path) -> Any:
             :data:`CONFIG_LIMITS` bound (named, with the bound).
     """
     path = Path(path)
-    from kvbench.model_config import MAX_CONFIG_BYTES, auto_map_modules
+    from kvbench.models.config import MAX_CONFIG_BYTES, auto_map_modules
     from kvbench.safe_read import read_json_file
 
     raw = read_json_file(path, MAX_CONFIG_BYTES)  # BadFile (a ValueError): a FIFO, too large, invalid, too deep

@@ -17,17 +17,17 @@ from typing import Any
 
 import torch
 
-from kvbench.latency import itl_percentiles, latency_metrics, throughputs
-from kvbench.machine_load import LoadWindow, other_gpu_processes
+from kvbench.analysis.latency import itl_percentiles, latency_metrics, throughputs
+from kvbench.bench.machine_load import LoadWindow, other_gpu_processes
 from kvbench.models import LoadedModel
-from kvbench.monitor import Sampler, host_memory_available, summarise
+from kvbench.bench.monitor import Sampler, host_memory_available, summarise
 from kvbench.offload.caches import DynamicOffloadCache, ModeUnavailable, OffloadedCache, kv_bytes, make_cache
 from kvbench.offload.disk import NO_DROP_REASON
 from kvbench.offload.registry import MODES
 from kvbench.offload.store import restore, sequence_kv
 from kvbench.offload.tiers import grown_capacity
-from kvbench.results import RunDir, utc_now
-from kvbench.run_files import ResultsNotWritten, failure_reason
+from kvbench.results.run_dir import RunDir, utc_now
+from kvbench.results.files import ResultsNotWritten, failure_reason
 from kvbench.scenario import Scenario
 from kvbench.workloads import PromptSource, TooLittleText
 
@@ -116,7 +116,7 @@ def plan_trials(s: Scenario) -> list[TrialSpec]:
 
 def roofline_bandwidths(environment: dict[str, Any], device: torch.device) -> tuple[float, float] | None:
     """``(memory, link)`` bandwidths in bytes/s for the decode-step roofline, from a run's environment
-    (:func:`kvbench.machine.environment`): device memory = ``memory_bandwidth.memory_gbps``; the link = the
+    (:func:`kvbench.bench.machine.environment`): device memory = ``memory_bandwidth.memory_gbps``; the link = the
     pinned host→device rate on CUDA (``link_bandwidth.h2d_pinned_gbps``), on CPU the copy rate between host
     buffers (``memory_bandwidth.copy_gbps``). None when a figure was not measured."""
     mem = environment.get("memory_bandwidth") or {}
@@ -279,7 +279,7 @@ class TrialRunner:
         #: bytes of one token in the reuse workloads' KV store: it keeps every layer's whole sequence
         self.store_token_bytes = loaded.shape.sequence_bytes_per_token(loaded.dtype.itemsize)
         self.bandwidths = roofline_bandwidths(environment or {}, loaded.device)
-        from kvbench.plan import architecture
+        from kvbench.analysis.plan import architecture
 
         try:  # the numbers plan_prediction needs, read once from the config
             self.arch = architecture(loaded.model.config, scenario.model.label)
@@ -288,14 +288,14 @@ class TrialRunner:
         self.baseline_sha: dict[str, str] = {}  # prompt hash → output hash of the `none` trial
         self.baseline_ids: dict[str, torch.Tensor] = {}
         self.baseline_gaps: dict[str, list[float]] = {}  # prompt hash → top-2 logit gaps of `none` (reuse only)
-        #: reuse workloads: the KV store of each mode (by label), set by :func:`kvbench.reuse.reuse_sweep`
+        #: reuse workloads: the KV store of each mode (by label), set by :func:`kvbench.bench.reuse.reuse_sweep`
         self.stores: dict[str, Any] = {}
 
     def kv_bytes_predicted(self, t: TrialSpec) -> int:
         """KV bytes the trial's cache holds at its end, over all tiers (each token once): Σ over layers of
         2 × kv_heads × head_dim × dtype bytes × tokens held × batch, tokens held = tokens cached in a
         full-attention layer, min(tokens cached, window − 1) in a sliding-window one
-        (:meth:`kvbench.plan.KVLayout.cached_kv_bytes`); tokens cached = prompt + new − 1 (the last generated
+        (:meth:`kvbench.analysis.plan.KVLayout.cached_kv_bytes`); tokens cached = prompt + new − 1 (the last generated
         token is never fed back)."""
         return self.m.shape.cached_kv_bytes(t.prompt_tokens + self.s.max_new_tokens - 1,
                                             self.m.dtype.itemsize) * t.batch_size
@@ -306,14 +306,14 @@ class TrialRunner:
         return self.m.shape.max_positions - self.s.max_new_tokens
 
     def plan_prediction(self, t: TrialSpec) -> dict[str, Any]:
-        """What ``kvbench plan`` predicts for this trial (:mod:`kvbench.plan`): ``plan_kv_device_bytes`` (device
+        """What ``kvbench plan`` predicts for this trial (:mod:`kvbench.analysis.plan`): ``plan_kv_device_bytes`` (device
         KV of the batch under the mode's placement at the tokens cached at the end, as the measured peak),
         ``plan_link_bytes_per_step`` (host KV the batch copies to the device per decode step, the mean over the
         trial's steps, as the measured ``h2d_bytes`` ÷ steps) and, where the run measured the bandwidths (see
         :func:`roofline_bandwidths`), ``plan_tpot_s``: the roofline's step time averaged over the same decode
-        steps TPOT averages (:func:`kvbench.plan.mean_decode_step`; copies overlapped on CUDA, none on a CPU).
+        steps TPOT averages (:func:`kvbench.analysis.plan.mean_decode_step`; copies overlapped on CUDA, none on a CPU).
         None for modes plan does not model (``dynamic``, ``hf-offloaded``, a disk tier)."""
-        from kvbench.plan import mean_decode_step, placement
+        from kvbench.analysis.plan import mean_decode_step, placement
 
         keys = ("plan_kv_device_bytes", "plan_link_bytes_per_step", "plan_tpot_s")
         kind, opts, arch = t.mode.kind, t.mode.options, self.arch
@@ -344,7 +344,7 @@ class TrialRunner:
         problems: list[str] = []
         if self.s.workload.reuse:  # its requests were built by prepare; its stores must be possible
             from kvbench.offload.tiers import DiskTierError
-            from kvbench.reuse import make_stores
+            from kvbench.bench.reuse import make_stores
 
             try:
                 for st in make_stores(self.s, self.s.modes[:1], self.store_token_bytes).values():
@@ -354,7 +354,7 @@ class TrialRunner:
             return problems
         prompts, batches = self.s.prompt_tokens, self.s.batch_sizes
         if self.s.searched is not None:
-            from kvbench.capacity import bounds
+            from kvbench.bench.capacity import bounds
 
             limit = bounds(self.s, self.longest_prompt)[1]
             prompts, batches = (prompts, [limit]) if self.s.searched == "batch_size" else ([limit], batches)
@@ -458,7 +458,7 @@ class TrialRunner:
         """Host memory the trial's host tier may allocate (bytes): per full-attention layer, the tokens it can hold
         (all cached tokens less the window, at most ``host_max_tokens``) rounded up to the buffers' geometric
         capacity (:func:`~kvbench.offload.tiers.grown_capacity`), × full layers × 2 × kv_heads × head_dim × dtype
-        bytes × batch (:meth:`kvbench.plan.KVLayout.host_bytes_per_token`: sliding-window layers never leave the
+        bytes × batch (:meth:`kvbench.analysis.plan.KVLayout.host_bytes_per_token`: sliding-window layers never leave the
         device). 0 for modes without a host tier or models without a full-attention layer."""
         if not MODES[t.mode.kind].host_tier:
             return 0
@@ -726,9 +726,9 @@ def run_sweep(
     on_status: Callable[[str], None] | None = None,
 ) -> SweepResult:
     """Run every trial not yet in ``run``'s trials file: the planned sweep (:func:`plan_trials`); for a scenario
-    with ``batch_sizes: auto`` / ``prompt_tokens: auto`` the capacity search (:mod:`kvbench.capacity`), whose
+    with ``batch_sizes: auto`` / ``prompt_tokens: auto`` the capacity search (:mod:`kvbench.bench.capacity`), whose
     results go into run.json as ``capacity``; for a reuse workload its requests warm and cold
-    (:mod:`kvbench.reuse`).
+    (:mod:`kvbench.bench.reuse`).
 
     Each row is appended (and fsynced) as soon as its trial ends, under :meth:`RunDir.lock`. Ctrl-C stops after
     writing what finished and marks run.json ``interrupted``; a finished sweep marks it ``complete``.
@@ -736,7 +736,7 @@ def run_sweep(
     Raises:
         ResultsNotWritten: the run's files could not be written (disk full...): run.json is marked
             ``interrupted`` with a ``reason`` where it can be; the trials written before are kept.
-        RunDirError: another process holds the run's lock; kvbench.row_identity.ForeignRow: a row there was
+        RunDirError: another process holds the run's lock; kvbench.results.identity.ForeignRow: a row there was
             written under another scenario.
     """
     with run.lock():
@@ -750,7 +750,7 @@ def _sweep_locked(scenario: Scenario, run: RunDir, runner: TrialRunner,
     run.meta.pop("reason", None)  # an earlier stop's: this sweep's end writes its own status
     try:
         if scenario.workload.reuse:
-            from kvbench.reuse import reuse_sweep
+            from kvbench.bench.reuse import reuse_sweep
 
             stream = runner.source
             run.update(workload_notes=stream.notes, requests=[
@@ -761,7 +761,7 @@ def _sweep_locked(scenario: Scenario, run: RunDir, runner: TrialRunner,
             for t in plan_trials(scenario):
                 record(t)
         else:
-            from kvbench.capacity import search_sweep
+            from kvbench.bench.capacity import search_sweep
 
             search_sweep(scenario, record, TrialSpec, runner.longest_prompt,
                          on_capacity=lambda found: run.update(capacity=found))
@@ -784,11 +784,11 @@ def prepare(scenario: Scenario, environment: dict[str, Any] | None = None) -> Tr
     run's, with its measured bandwidths) lets each trial carry plan's predicted step time.
 
     Raises:
-        kvbench.models.ModelNotFound, kvbench.load_errors.ModelLoadError (anything else that stops the model
+        kvbench.models.ModelNotFound, kvbench.models.load_errors.ModelLoadError (anything else that stops the model
         loading, e.g. a pickled checkpoint torch refuses), ValueError (a reuse workload's source with too few
         texts: :class:`~kvbench.workloads.sessions.NotEnoughRequests`), ModuleNotFoundError (data package missing).
     """
-    from kvbench.load_errors import load_model
+    from kvbench.models.load_errors import load_model
     from kvbench.workloads import make_source, make_stream
 
     loaded = load_model(scenario.model, scenario.device, scenario.seed)
