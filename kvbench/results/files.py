@@ -9,6 +9,8 @@ import csv
 import errno
 import os
 
+from kvbench.errors import UserError
+
 #: errno values that mean the results' file system is full (run.json's reason then starts ``disk full:``)
 DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
 
@@ -62,7 +64,7 @@ def failure_reason(exc: OSError) -> str:
     return f"disk full: {text}" if exc.errno in DISK_FULL else text
 
 
-class ResultsNotWritten(OSError):
+class ResultsNotWritten(UserError, OSError):
     """A sweep stopped because its run directory could not be written (disk full, quota, a removed directory).
     Its message is one line: the directory, the cause, the trial lost and what run.json says.
 

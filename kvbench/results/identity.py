@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from kvbench.results.run_dir import RunDirError
+from kvbench.errors import ForeignRow
 
 #: Scenario keys left out of the digest: those that name it and those that only choose which trials run (a
 #: trial's id says its prompt length, batch, mode with its options and repeat). Every other key (model, device,
@@ -24,10 +24,6 @@ def scenario_digest(scenario: dict[str, Any]) -> str:
     shaping = {k: v for k, v in scenario.items() if k not in NOT_IN_DIGEST}
     text = json.dumps(shaping, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-class ForeignRow(RunDirError):
-    """A row of ``trials.jsonl`` written under another scenario than the run's ``run.json``."""
 
 
 def _mismatches(row: dict[str, Any], scenario: dict[str, Any], digest: str) -> list[str]:

@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from typing_extensions import NotRequired, Required, TypedDict
+from kvbench.errors import RecordError
 
 #: Trial statuses kvbench writes (kvbench.bench.runner; over_budget: measured, but the device KV exceeded the budget).
 ROW_STATUSES = ("ok", "over_budget", "skipped", "error", "oom")
@@ -68,17 +69,6 @@ _Row.__pydantic_config__ = ConfigDict(extra="allow")  # type: ignore[attr-define
 _ROWS = TypeAdapter(list[_Row])
 #: The keys whose types a row is checked for (any other key is kept as it is).
 ROW_KEYS = tuple(_ROW_FIELDS)
-
-
-class RecordError(ValueError):
-    """A ``run.json`` or trial row that does not hold what kvbench writes: the message names the file (and line),
-    the key path and what is allowed. ``path`` is the file, ``line`` the row's line (None for run.json), ``key``
-    the key path."""
-
-    def __init__(self, path: str | Path, line: int | None, key: str, why: str):
-        where = f"{path}:{line}" if line is not None else str(path)
-        super().__init__(f"{where}: {key}: {why}" if key else f"{where}: {why}")
-        self.path, self.line, self.key = Path(path), line, key
 
 
 class _Open(BaseModel):

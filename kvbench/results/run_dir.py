@@ -24,31 +24,9 @@ from typing import Any
 from kvbench.results.files import append_all, samples_end
 from kvbench.results.record import RecordError, check_rows, check_run_meta
 from kvbench.safe_read import MAX_ROW_BYTES, BadFile, read_json_file, scan_rows, skipped_message
+from kvbench.errors import NotRegular, RunDirError, SymlinkRefused
 
 SCHEMA_VERSION = 1
-
-
-class RunDirError(ValueError):
-    """A run directory that cannot be opened or resumed (missing files, other schema version)."""
-
-
-class SymlinkRefused(RunDirError):
-    """A file or directory kvbench would write, truncate or lock is a symbolic link it did not make (e.g. a run
-    directory unpacked from someone's tarball): writing through it would change the link's target."""
-
-    def __init__(self, path: str | Path):
-        super().__init__(f"{path} is a symbolic link: kvbench writes, truncates and locks only files it made; "
-                         "remove the link (or copy what it points to in its place)")
-        self.path = Path(path)
-
-
-class NotRegular(RunDirError):
-    """A file kvbench would write, truncate or lock is a directory, a FIFO or a device (not a file it made)."""
-
-    def __init__(self, path: str | Path):
-        super().__init__(f"{path}: not a regular file: kvbench writes, truncates and locks only files it made; "
-                         "move it away")
-        self.path = Path(path)
 
 
 def open_nofollow(path: str | Path, flags: int, mode: int = 0o644) -> int:

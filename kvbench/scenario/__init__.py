@@ -49,18 +49,9 @@ from kvbench.scenario.bounds import (
     check_name,
     sweep_problem,
 )
+from kvbench.errors import ScenarioError
 
 DType = Literal["auto", "float32", "bfloat16", "float16"]
-
-
-class ScenarioError(ValueError):
-    """A scenario file that cannot be run. ``problems`` holds one ``(key path, message)`` per fault."""
-
-    def __init__(self, file: str | Path, problems: list[tuple[str, str]]):
-        self.file = str(file)
-        self.problems = problems
-        lines = [f"{self.file}: {path}: {msg}" if path else f"{self.file}: {msg}" for path, msg in problems]
-        super().__init__("\n".join(lines))
 
 
 class _Strict(BaseModel):

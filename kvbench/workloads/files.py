@@ -17,6 +17,7 @@ import warnings
 from collections.abc import Iterator
 
 from kvbench.workloads.documents import Document
+from kvbench.errors import NoFilesError, TooManyFiles
 
 #: The most paths a ``files:`` glob may match.
 MAX_MATCHES = 10_000
@@ -26,14 +27,6 @@ MAX_FILE_BYTES = 8 * 2**20
 BYTES_PER_TOKEN = 64
 _MAGIC = re.compile(r"[*?[]")
 _SHOWN = 5  # paths named in one warning
-
-
-class NoFilesError(FileNotFoundError):
-    """A glob that matches no readable text file."""
-
-
-class TooManyFiles(ValueError):
-    """A glob that matches more than :data:`MAX_MATCHES` paths."""
 
 
 class FilesWarning(UserWarning):

@@ -13,14 +13,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from kvbench.workloads.documents import Document
+from kvbench.errors import TooLittleText
 
 _SENTINEL = "\ue000kvbench-content\ue001"
 #: Tokens a chat template may add per turn (role markers, system prompt) when bounding a document's length.
 _FRAME_ALLOWANCE = 64
-
-
-class TooLittleText(ValueError):
-    """The source has too few texts long enough for a prompt length."""
 
 
 def _encode(tokenizer: Any, text: str) -> list[int]:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvbench.workloads.documents import Document
+from kvbench.errors import NotEnoughRequests
 
 #: The questions of ``doc_qa``, asked of each document in this order (generic questions, as in long-document QA
 #: benchmarks; the documents are real texts).
@@ -27,11 +28,6 @@ QUESTIONS = (
     "What does the author of the text above want to achieve?",
     "Give three follow-up questions about the text above.",
 )
-
-
-class NotEnoughRequests(ValueError):
-    """The source holds fewer conversations or documents than the workload asks for (the message says how many
-    qualified and why others did not)."""
 
 
 @dataclass(frozen=True)
