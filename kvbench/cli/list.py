@@ -1,0 +1,60 @@
+"""``kvbench list``: presets, modes and scenarios."""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from kvbench.cli.common import _fail, out
+
+
+class ListWhat(str, Enum):
+    scenarios = "scenarios"
+    modes = "modes"
+    presets = "presets"
+
+
+def list_(
+    what: ListWhat = typer.Argument(..., help="scenarios, modes or presets"),
+    directory: Path = typer.Option(Path("scenarios"), "--dir", help="Where to look for scenarios."),
+) -> None:
+    """List the scenario files in a folder, the offload modes, or the architecture presets."""
+    t = Table()
+    if what is ListWhat.modes:
+        from kvbench.offload.registry import MODES
+
+        t.add_column("mode")
+        t.add_column("what stays on the device")
+        t.add_column("needs")
+        for m in MODES.values():
+            t.add_row(m.kind, m.summary, "CUDA" if m.needs_cuda else "-")
+    elif what is ListWhat.presets:
+        from kvbench.models import preset_names
+
+        t.add_column("preset")
+        for name in preset_names():
+            t.add_row(name)
+    else:
+        from kvbench.scenario import ScenarioError, parse_scenario, read_yaml
+
+        files = sorted(directory.glob("*.yaml")) + sorted(directory.glob("*.yml"))
+        if not files:
+            import kvbench
+
+            shipped = Path(kvbench.__file__).resolve().parent.parent / "scenarios"
+            hint = f"; kvbench's own are in {shipped}" if shipped.is_dir() and shipped != directory.resolve() else ""
+            _fail(f"no scenario files (*.yaml) in {directory.resolve()}: pass --dir DIR{hint}")
+        t.add_column("file")
+        t.add_column("name")
+        t.add_column("description")
+        for f in files:
+            try:
+                s = parse_scenario(read_yaml(f), f)
+                t.add_row(escape(str(f)), s.name, escape(s.description))
+            except ScenarioError as exc:
+                t.add_row(escape(str(f)), "[red]invalid[/]", escape(str(exc).splitlines()[0]))
+    out.print(t)

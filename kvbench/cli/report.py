@@ -1,0 +1,73 @@
+"""``kvbench report``: tables, charts, Markdown and HTML from result directories."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.markup import escape
+
+from kvbench.cli.common import _count, _fail, _load, _problems, _table, _terminated, err, out
+
+
+#: Points per scenario that `kvbench report` prints; summary.md and report.html have them all.
+REPORT_TERMINAL_ROWS = 60
+
+
+def report(
+    paths: list[Path] = typer.Argument(..., help="Run directories, trials.jsonl files or folders of runs."),
+    out_dir: Optional[str] = typer.Option(None, "--out", help="Where to write (default: <first path>/report)."),
+    timeline: list[str] = typer.Option([], "--timeline", help="A trial id whose memory timeline to draw "
+                                       "(repeatable; default: every mode at each scenario's largest point)."),
+) -> None:
+    """Tables, charts and a Markdown/HTML report of one or many runs: memory saved and time it cost per mode.
+    Ctrl-C or SIGTERM stops it with exit 130, its chart workers killed and nothing written."""
+    from kvbench.report import (capacity_display, chart_pool, reuse_display, reuse_terminal, terminal_frame,
+                                write_report)
+
+    signal.signal(signal.SIGTERM, _terminated)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    if out_dir is not None and not out_dir.strip():
+        _fail("--out is empty: give a directory")
+    first = paths[0]
+    target = Path(out_dir) if out_dir else (first if first.is_dir() else first.parent) / "report"
+    try:
+        with chart_pool() as pool:  # its workers get ready while the results load
+            results = _load(paths)
+            try:
+                rep = write_report(results, target, timelines=timeline or None, pool=pool)
+            except ValueError as exc:
+                _fail(str(exc))
+            except OSError as exc:
+                _fail(f"cannot write the report to {target}: {exc.strerror or exc}")
+    except KeyboardInterrupt:
+        err.print(f"interrupted: no report written to {target}", highlight=False, markup=False)
+        raise typer.Exit(130) from None
+    shown = terminal_frame(rep.shown, rep.table) if len(rep.table) else None
+    for g in rep.recommendations:
+        part = shown[rep.table["group"] == g] if shown is not None else []
+        if len(part):
+            out.print(_table(part.head(REPORT_TERMINAL_ROWS), g, "medians over measured trials (TPOT: median "
+                             "[min–max]); saving of device KV and TPOT overhead against `none` at the same point"))
+        if len(part) > REPORT_TERMINAL_ROWS:
+            out.print(f"... and {len(part) - REPORT_TERMINAL_ROWS} more points: see summary.md",
+                      highlight=False, markup=False)
+        if g in rep.reuse:
+            out.print(_table(reuse_terminal(reuse_display(rep.reuse[g]["turn"])),
+                             f"{g}: restore vs recompute per turn", "TTFT median [min–max] over the requests of "
+                             "that turn and the repeats; restore includes the lookup and the copy; ÷: restore ÷ "
+                             "recompute paired by request, median [95% interval over the pairs]"))
+        if g in rep.capacity:
+            out.print(_table(capacity_display(rep.capacity[g]), f"{g}: capacity within the budget",
+                             "probes in order, ✗ = did not fit; figures at the capacity"))
+        out.print(f"[bold]recommendation:[/] {escape(rep.recommendations[g])}", highlight=False)
+        for f in rep.findings[g]:
+            out.print(f"  - {escape(f)}", highlight=False)
+        for d in rep.diagnoses[g]:
+            out.print(f"  [yellow]![/] {escape(d)}", highlight=False)
+    _problems(results)
+    out.print(f"report: {rep.files['report.html']} (and report.md, summary.csv, {_count(len(rep.charts), 'chart')}) "
+              f"in {target}", highlight=False, markup=False)
