@@ -1,3 +1,5 @@
 """kvbench: measure what KV-cache offload really does for a model, a machine and a workload."""
 
-__version__ = "0.1.0"
+from kvbench.version import __version__
+
+__all__ = ["__version__"]

@@ -212,10 +212,10 @@ def environment(device: Any = None) -> dict[str, Any]:
     import torch
     import transformers
 
-    import kvbench
+    from kvbench.version import __version__
 
     env = {
-        "kvbench": kvbench.__version__,
+        "kvbench": __version__,
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "python": sys.version.split()[0],

@@ -19,9 +19,9 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, help="Measure what
 
 def _version(value: bool) -> None:
     if value:
-        import kvbench
+        from kvbench.version import __version__
 
-        out.print(f"kvbench {kvbench.__version__}", markup=False)
+        out.print(f"kvbench {__version__}", markup=False)
         raise typer.Exit()
 
 
