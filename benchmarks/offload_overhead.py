@@ -29,7 +29,7 @@ from transformers import DynamicCache  # noqa: E402
 
 from kvbench.models import load  # noqa: E402
 from kvbench.offload.caches import ModeUnavailable, OffloadedCache, kv_bytes, make_cache  # noqa: E402
-from kvbench.offload.registry import DISK_BLOCK_TOKENS, MODES, unknown_mode_message  # noqa: E402
+from kvbench.offload.modes import DISK_BLOCK_TOKENS, MODES  # noqa: E402
 from kvbench.bench.runner import Clock, cache_keyword  # noqa: E402
 from kvbench.scenario import ModelSpec  # noqa: E402
 
@@ -96,7 +96,7 @@ def main() -> None:
     args = ap.parse_args()
     for name in args.modes:
         if name not in MODES:
-            ap.error(f"--modes: {unknown_mode_message(name)}")
+            ap.error(f"--modes: {MODES.unknown(name)}")
     for flag, values, least in (("--contexts", args.contexts, 1), ("--steps", [args.steps], 1),
                                 ("--rounds", [args.rounds], 1), ("--batch", [args.batch], 1),
                                 ("--window", [args.window], 0)):

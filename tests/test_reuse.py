@@ -200,7 +200,7 @@ def test_reuse_scenario_round_trips_and_yaml_slips(tmp_path):
 
 
 def test_extra_documents_for_a_hit_miss_ratio():
-    from kvbench.workloads.sessions import extra_documents
+    from kvbench.scenario.workload import extra_documents
 
     assert extra_documents(3, 3, None) == 0
     assert extra_documents(3, 3, (3, 2)) == 1  # 6 hits → 4 misses: 3 first questions + 1

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from kvbench.scenario import WorkloadSpec
+from kvbench.errors import NoFilesError
+from kvbench.scenario import WorkloadSpec, paths
 from kvbench.workloads import files, make_source
-from kvbench.workloads.files import FilesWarning, NoFilesError, TooManyFiles
+from kvbench.workloads.files import FilesWarning
 
 HOSTILE = Path(__file__).parent / "data" / "hostile"
 
@@ -39,24 +40,13 @@ def test_a_glob_through_a_symlink_loop_finishes_with_each_file_once(tmp_path, de
     (d / "l2").symlink_to(".")
     (d / "sub" / "up").symlink_to("..")
     t0 = time.perf_counter()
-    got = files.match(f"{d}/**/*.txt")
+    got = paths.match(f"{d}/**/*.txt")
     assert got == [f"{d}/a.txt", f"{d}/b.txt", f"{d}/sub/c.txt"]  # no l1/l2/... paths, no hidden file
     assert [doc.id for doc in files.load(f"{d}/**/*.txt")] == got
     assert time.perf_counter() - t0 < 2
-    assert files.match(f"{d}/l1/*.txt") == [f"{d}/l1/a.txt", f"{d}/l1/b.txt"]  # a link named in the pattern
-    assert files.match(f"{d}/.*.txt") == [f"{d}/.hidden.txt"]
-    assert files.match(f"{d}/a.txt") == [f"{d}/a.txt"] and files.match(f"{d}/none.txt") == []
-
-
-def test_a_glob_matching_more_than_the_limit_is_refused_naming_pattern_and_limit(tmp_path):
-    for i in range(6):
-        (tmp_path / f"{i}.txt").write_text("x")
-    assert len(files.match(f"{tmp_path}/*.txt", limit=6)) == 6
-    with pytest.raises(TooManyFiles) as info:
-        files.match(f"{tmp_path}/*.txt", limit=5)
-    assert str(info.value) == (f"workload.files: the pattern '{tmp_path}/*.txt' matches more than 5 paths (the "
-                               "limit): narrow it")
-    assert files.MAX_MATCHES == 10_000
+    assert paths.match(f"{d}/l1/*.txt") == [f"{d}/l1/a.txt", f"{d}/l1/b.txt"]  # a link named in the pattern
+    assert paths.match(f"{d}/.*.txt") == [f"{d}/.hidden.txt"]
+    assert paths.match(f"{d}/a.txt") == [f"{d}/a.txt"] and paths.match(f"{d}/none.txt") == []
 
 
 def test_validate_names_a_glob_with_too_many_matches(write_yaml, tmp_path):
@@ -65,7 +55,7 @@ def test_validate_names_a_glob_with_too_many_matches(write_yaml, tmp_path):
 
     d = tmp_path / "many"
     d.mkdir()
-    for i in range(files.MAX_MATCHES + 1):
+    for i in range(paths.MAX_MATCHES + 1):
         os.close(os.open(d / f"{i}.txt", os.O_CREAT | os.O_WRONLY, 0o600))
     scenario = tiny_scenario(workload={"source": "files", "files": "many/*.txt"},
                              model={"preset": "tiny-llama", "weights": "random", "tokenizer": "smollm2-135m"})

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kvbench.offload import modes
 from kvbench.offload.layer_types import layer_windows, tokens_held
 
 #: Bytes per element of the dtypes plan accepts.
@@ -238,23 +239,13 @@ class ModePlan:
 
 def placement(arch: Architecture, mode: str, tokens: int, dtype_bytes: int, window: int = 0) -> tuple[int, int]:
     """``(device bytes, host bytes)`` of one sequence's KV at ``tokens`` under kvbench's ``none``, ``full`` or
-    ``hierarchical`` (last ``window`` tokens of each layer on the device) placement (see the module docstring).
+    ``hierarchical`` (last ``window`` tokens of each layer on the device) placement (see the module docstring):
+    the mode's rule in :data:`kvbench.offload.modes.MODES`.
 
     Raises:
         ValueError: another mode (``dynamic`` moves its window, ``hf-offloaded`` is transformers' own).
     """
-    per_layer = arch.token_layer_bytes(dtype_bytes)
-    sliding = arch.sliding_kv_bytes(tokens, dtype_bytes)
-    n_full = arch.full_layers
-    if mode == "none":
-        return arch.kv_bytes(tokens, dtype_bytes), 0
-    if mode == "full":
-        return sliding + min(2, n_full) * per_layer * tokens, n_full * per_layer * tokens
-    if mode == "hierarchical":
-        w = min(window, tokens)
-        return (sliding + n_full * per_layer * w + min(2, n_full) * per_layer * (tokens - w),
-                n_full * per_layer * (tokens - w))
-    raise ValueError(f"no placement model for mode {mode!r} (only none, full, hierarchical)")
+    return modes.placement(arch, mode, tokens, dtype_bytes, window)
 
 
 #: Passes over the cached K/V one decode step makes in device memory (see the module docstring).

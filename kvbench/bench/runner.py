@@ -23,7 +23,7 @@ from kvbench.models import LoadedModel
 from kvbench.bench.monitor import Sampler, host_memory_available, summarise
 from kvbench.offload.caches import DynamicOffloadCache, ModeUnavailable, OffloadedCache, kv_bytes, make_cache
 from kvbench.offload.disk import NO_DROP_REASON
-from kvbench.offload.registry import MODES
+from kvbench.offload.modes import MODES
 from kvbench.offload.store import restore, sequence_kv
 from kvbench.offload.tiers import grown_capacity
 from kvbench.results.run_dir import RunDir, utc_now

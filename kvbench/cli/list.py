@@ -25,7 +25,7 @@ def list_(
     """List the scenario files in a folder, the offload modes, or the architecture presets."""
     t = Table()
     if what is ListWhat.modes:
-        from kvbench.offload.registry import MODES
+        from kvbench.offload.modes import MODES
 
         t.add_column("mode")
         t.add_column("what stays on the device")
@@ -39,22 +39,19 @@ def list_(
         for name in preset_names():
             t.add_row(name)
     else:
-        from kvbench.scenario import ScenarioError, parse_scenario, read_yaml
+        from kvbench.scenario import ScenarioError, read_folder, shipped_elsewhere
 
-        files = sorted(directory.glob("*.yaml")) + sorted(directory.glob("*.yml"))
-        if not files:
-            import kvbench
-
-            shipped = Path(kvbench.__file__).resolve().parent.parent / "scenarios"
-            hint = f"; kvbench's own are in {shipped}" if shipped.is_dir() and shipped != directory.resolve() else ""
+        found = read_folder(directory)
+        if not found:
+            shipped = shipped_elsewhere(directory)
+            hint = f"; kvbench's own are in {shipped}" if shipped else ""
             _fail(f"no scenario files (*.yaml) in {directory.resolve()}: pass --dir DIR{hint}")
         t.add_column("file")
         t.add_column("name")
         t.add_column("description")
-        for f in files:
-            try:
-                s = parse_scenario(read_yaml(f), f)
+        for f, s in found:
+            if isinstance(s, ScenarioError):
+                t.add_row(escape(str(f)), "[red]invalid[/]", escape(str(s).splitlines()[0]))
+            else:
                 t.add_row(escape(str(f)), s.name, escape(s.description))
-            except ScenarioError as exc:
-                t.add_row(escape(str(f)), "[red]invalid[/]", escape(str(exc).splitlines()[0]))
     out.print(t)

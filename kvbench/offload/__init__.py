@@ -1,19 +1,19 @@
-"""The offload engine: KV caches for transformers, registered by mode name.
+"""The offload engine: KV caches for transformers, registered by mode name (:mod:`kvbench.offload.modes`).
 
 Knows nothing of scenarios or files: a cache is built from a model config, a device and the mode's options.
 ``from kvbench.offload import FullOffloadCache, HierarchicalCache, DynamicOffloadCache`` works, and ``KVStore`` (the
-reuse store, :mod:`kvbench.offload.store`); the classes (and torch) are imported on first use so that the registry
-stays cheap to import.
+reuse store, :mod:`kvbench.offload.store`); the classes (and torch) are imported on first use so that the mode
+registry stays cheap to import.
 """
 
-from kvbench.offload.registry import MODES, ModeInfo, available
+from kvbench.offload.modes import MODES, ModeInfo
 
 _CACHES = ("DynamicOffloadCache", "FullOffloadCache", "HierarchicalCache", "OffloadedCache", "make_cache", "kv_bytes",
            "ModeUnavailable")
 
 _STORE = ("KVStore", "Prefix", "StoreWarning")
 
-__all__ = ["MODES", "ModeInfo", "available", *_CACHES, *_STORE]
+__all__ = ["MODES", "ModeInfo", *_CACHES, *_STORE]
 
 
 def __getattr__(name: str):

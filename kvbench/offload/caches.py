@@ -6,13 +6,12 @@ from typing import Any
 
 import psutil
 import torch
-from transformers import DynamicCache
 from transformers.cache_utils import Cache, DynamicSlidingWindowLayer
 
 from kvbench.offload.layer_types import layer_windows
 from kvbench.offload.layers import OffloadedLayer
-from kvbench.offload.policy import WindowPolicy
-from kvbench.offload.registry import DISK_BLOCK_TOKENS, MODES
+from kvbench.offload.modes import DISK_BLOCK_TOKENS, MODES
+from kvbench.offload.policy import MIN_WINDOW, WindowPolicy
 from kvbench.offload.tiers import DiskTier, DiskTierError
 from kvbench.offload.transfer import Transfers
 
@@ -239,7 +238,7 @@ class DynamicOffloadCache(OffloadedCache):
         ValueError: budget_bytes <= 0, reserve_bytes < 0, bad policy bounds (see WindowPolicy), as OffloadedCache.
     """
 
-    def __init__(self, config: Any, device: torch.device, min_window: int = 512, max_window: int | None = None,
+    def __init__(self, config: Any, device: torch.device, min_window: int = MIN_WINDOW, max_window: int | None = None,
                  budget_bytes: int | None = None, reserve_bytes: int | None = None, pin: bool | None = None,
                  host_max_tokens: int | None = None, disk_dir: str | None = None, disk_page_cache: bool = False):
         if budget_bytes is not None and budget_bytes <= 0:
@@ -310,10 +309,11 @@ class DynamicOffloadCache(OffloadedCache):
 
 def make_cache(kind: str, config: Any, device: torch.device, *, budget_bytes: int | None = None,
                disk_dir: str | None = None, disk_page_cache: bool = False, **options: Any) -> Any:
-    """A fresh, empty cache for one generation.
+    """A fresh, empty cache for one generation, built by the mode's factory (:attr:`ModeInfo.factory
+    <kvbench.offload.modes.ModeInfo>`) from its options over their defaults.
 
     Args:
-        kind: a registered mode name (see :data:`kvbench.offload.registry.MODES`).
+        kind: a registered mode name (see :data:`kvbench.offload.modes.MODES`).
         config: the model's transformers config (gives layer types, e.g. sliding-window layers).
         device: the device the model runs on.
         budget_bytes: the device KV budget (used by ``dynamic``).
@@ -322,26 +322,14 @@ def make_cache(kind: str, config: Any, device: torch.device, *, budget_bytes: in
         **options: the mode's options (``window``, ``min_window``, ``max_window``, ``host_max_tokens``).
 
     Raises:
-        KeyError: unknown mode. ModeUnavailable: the mode needs CUDA and ``device`` is not CUDA.
-        ValueError, DiskTierError: see the cache classes.
+        KeyError: unknown mode, or a required option (``window``) missing. ModeUnavailable: the mode needs CUDA and
+            ``device`` is not CUDA. ValueError, DiskTierError: see the cache classes.
     """
     info = MODES[kind]
     if info.needs_cuda and device.type != "cuda":
         raise ModeUnavailable(info.skip_reason)
-    host = {"host_max_tokens": options.get("host_max_tokens"), "disk_dir": disk_dir,
-            "disk_page_cache": disk_page_cache}
-    if kind == "none":
-        return DynamicCache(config=config)
-    if kind == "hf-offloaded":
-        return DynamicCache(config=config, offloading=True)
-    if kind == "full":
-        return FullOffloadCache(config, device, **host)
-    if kind == "hierarchical":
-        return HierarchicalCache(config, device, window=options["window"], **host)
-    if kind == "dynamic":
-        return DynamicOffloadCache(config, device, min_window=options.get("min_window", 512),
-                                   max_window=options.get("max_window"), budget_bytes=budget_bytes, **host)
-    raise KeyError(kind)
+    return info.factory(config, device, {**info.defaults, **options}, budget_bytes,
+                        {"disk_dir": disk_dir, "disk_page_cache": disk_page_cache})
 
 
 def kv_bytes(cache: Any, device: torch.device) -> tuple[int, int]:

@@ -8,6 +8,10 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import asdict, dataclass
 
+#: The smallest window (tokens per layer) the policy keeps while the budget allows it, unless told otherwise: the
+#: article's 512.
+MIN_WINDOW = 512
+
 
 @dataclass(frozen=True)
 class WindowEvent:
@@ -41,7 +45,7 @@ class WindowPolicy:
       once the cooldown has passed, stall or not.
 
     Args:
-        min_window: the smallest window the policy chooses while the budget allows it (tokens; the article's 512).
+        min_window: the smallest window the policy chooses while the budget allows it (tokens; :data:`MIN_WINDOW`).
         max_window: the largest window (tokens); None = no cap but the budget.
         headroom: fraction of the limit left free after a change (0 ≤ headroom < 1).
         cooldown_steps: steps after a change before the window may grow again.
@@ -50,7 +54,7 @@ class WindowPolicy:
         ValueError: negative windows, ``min_window > max_window``, headroom outside [0, 1), negative cooldown.
     """
 
-    def __init__(self, min_window: int = 512, max_window: int | None = None, headroom: float = 0.125,
+    def __init__(self, min_window: int = MIN_WINDOW, max_window: int | None = None, headroom: float = 0.125,
                  cooldown_steps: int = 8):
         if min_window < 0 or (max_window is not None and max_window < 0):
             raise ValueError("windows must be >= 0 tokens")

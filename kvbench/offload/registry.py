@@ -1,70 +1,56 @@
-"""The offload modes kvbench can run, by name.
+"""A registry: named entries in the order they were registered, and the error text for a name that is none of them.
 
-Plain data (no torch import) so that `kvbench validate` and `kvbench list modes` stay fast.
-The caches themselves are built by :func:`kvbench.offload.caches.make_cache`.
+One kind for every set of names kvbench looks up by what a person typed: offload modes
+(:data:`kvbench.offload.modes.MODES`), architecture presets, engines, scenarios. It lives in ``offload`` because
+``offload`` imports nothing else of kvbench and every other package may import it.
 """
 
 from __future__ import annotations
 
 import difflib
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Mapping
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
-#: Tokens per block of the disk tier: the host tier spills its oldest tokens to disk in whole blocks, so a host
-#: cap (``host_max_tokens``) must hold at least one block.
-DISK_BLOCK_TOKENS = 16
+class Registry(Mapping[str, T]):
+    """Entries by name (a read-only mapping, in registration order) that can word an unknown name.
 
-#: Windows under this many tokens make ``kvbench validate`` warn: every step moves most of the history (churn).
-SMALL_WINDOW_TOKENS = 256
-
-
-@dataclass(frozen=True)
-class ModeInfo:
-    """One registered offload mode.
-
-    Attributes:
-        kind: the name used in a scenario's ``modes: [{kind: ...}]``.
-        summary: one line on what stays on the device.
-        needs_cuda: the mode cannot run without a CUDA device; elsewhere its trials are recorded as
-            ``skipped`` with ``skip_reason``.
-        host_tier: the mode is one of kvbench's offload caches (a host tier, optional disk tier, own accounting).
-        skip_reason: why the mode is skipped without CUDA (the error it would raise).
+    Args:
+        noun: what an entry is, for messages (``"mode"``, ``"preset"``).
+        entries: ``(name, entry)`` pairs or a mapping; a name given twice keeps its last entry.
     """
 
-    kind: str
-    summary: str
-    needs_cuda: bool = False
-    skip_reason: str = ""
-    host_tier: bool = False
+    def __init__(self, noun: str, entries: Mapping[str, T] | Iterable[tuple[str, T]]):
+        self.noun = noun
+        self._entries: dict[str, T] = dict(entries)
 
+    def __getitem__(self, name: str) -> T:
+        """The entry called ``name``. Raises KeyError for a name that is not registered."""
+        return self._entries[name]
 
-MODES: dict[str, ModeInfo] = {
-    m.kind: m
-    for m in (
-        ModeInfo("none", "everything on the device: transformers DynamicCache, the baseline for every ratio"),
-        ModeInfo(
-            "hf-offloaded",
-            "transformers' own DynamicCache(offloading=True): ~1-2 layers on the device",
-            needs_cuda=True,
-            skip_reason="hf-offloaded needs a CUDA device: on CPU-only torch DynamicCache(offloading=True) "
-            "raises AssertionError: Torch not compiled with CUDA enabled",
-        ),
-        ModeInfo("full", "the layer being computed + the one being prefetched; all history on the host",
-                 host_tier=True),
-        ModeInfo("hierarchical", "the last `window` tokens of every layer; older tokens on the host", host_tier=True),
-        ModeInfo("dynamic", "a window chosen each step from the budget, grown while transfers stall compute",
-                 host_tier=True),
-    )
-}
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._entries)
 
+    def __len__(self) -> int:
+        return len(self._entries)
 
-def available() -> list[str]:
-    """Names of the modes this version can run, in registry order."""
-    return list(MODES)
+    def names(self) -> list[str]:
+        """The registered names, in registration order."""
+        return list(self._entries)
 
+    def close(self, name: str, n: int = 1) -> list[str]:
+        """Up to ``n`` registered names closest to ``name`` (difflib's ratio ≥ 0.6), best first."""
+        return difflib.get_close_matches(name, self.names(), n=n)
 
-def unknown_mode_message(kind: str) -> str:
-    """The error text for a mode name that is not registered: a did-you-mean and the available names."""
-    close = difflib.get_close_matches(kind, available(), n=1)
-    hint = f"did you mean '{close[0]}'? " if close else ""
-    return f"unknown mode '{kind}'; {hint}available: {', '.join(available())}"
+    def did_you_mean(self, name: str, n: int = 1, quote: bool = True) -> str:
+        """``"did you mean 'x'? "`` for the :meth:`close` names of ``name`` (comma-separated; unquoted with
+        ``quote=False``), or ``""`` when none is close."""
+        close = [f"'{c}'" if quote else c for c in self.close(name, n)]
+        return f"did you mean {', '.join(close)}? " if close else ""
+
+    def unknown(self, name: str) -> str:
+        """The error text for a name that is not registered: ``unknown mode 'nonee'; did you mean 'none'?
+        available: none, full, ...``."""
+        return f"unknown {self.noun} '{name}'; {self.did_you_mean(name)}available: {', '.join(self.names())}"

@@ -3,7 +3,8 @@
 Booleans are never numbers, numbers are whole and bounded (a sweep of 10^12 repeats, a batch of 10^8 prompts or a
 seed of 10^30 would hang or overflow before the first trial), byte sizes are finite, names are safe as the start
 of a file name (the run directory is named after the scenario), paths hold no NUL byte. Every bound is named in
-the error message.
+the error message. The bounded token counts (``Tokens``, ``TokensOrZero``, ``HostTokens``) are the offload modes'
+own, in :mod:`kvbench.offload.modes`; the schema uses them for prompts and new tokens too.
 """
 
 from __future__ import annotations
@@ -12,12 +13,10 @@ import math
 import re
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BeforeValidator, ByteSize, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ByteSize, ConfigDict, Field
 
-#: Tokens of a prompt, a window or of new tokens: 16,777,216 (2^24), above any model's context.
-MAX_TOKENS = 2**24
-#: Tokens of a host-memory cap (a batch's worth of histories): 2^32.
-MAX_HOST_TOKENS = 2**32
+from kvbench.offload.modes import whole_number
+
 #: Sequences in one batch.
 MAX_BATCH = 4096
 #: Distinct prompts, conversations, documents or turns of a workload.
@@ -38,20 +37,17 @@ MAX_NAME, MAX_PATH = 100, 4096
 MAX_DESCRIPTION = 500
 
 
-def _int(lo: int, hi: int) -> Any:
-    """A strict whole number from ``lo`` to ``hi`` (a lower bound of 1 reads "greater than 0", as before)."""
-    low = {"gt": 0} if lo == 1 else {"ge": lo}
-    return Annotated[int, Field(strict=True, le=hi, **low)]
+class Strict(BaseModel):
+    """The base of every scenario model: unknown keys are errors, and a loaded scenario cannot change."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-Tokens = _int(1, MAX_TOKENS)
-TokensOrZero = _int(0, MAX_TOKENS)
-HostTokens = _int(1, MAX_HOST_TOKENS)
-Batch = _int(1, MAX_BATCH)
-Count = _int(1, MAX_COUNT)
-Repeats = _int(1, MAX_REPEATS)
-Warmup = _int(0, MAX_WARMUP)
-IntervalMs = _int(0, MAX_INTERVAL_MS)
+Batch = whole_number(1, MAX_BATCH)
+Count = whole_number(1, MAX_COUNT)
+Repeats = whole_number(1, MAX_REPEATS)
+Warmup = whole_number(0, MAX_WARMUP)
+IntervalMs = whole_number(0, MAX_INTERVAL_MS)
 Seed = Annotated[int, Field(strict=True, ge=0, lt=SEED_LIMIT)]
 StrictBool = Annotated[bool, Field(strict=True)]
 
@@ -126,3 +122,4 @@ def sweep_problem(prompt_lengths: int, batch_sizes: int, modes: int, repeats: in
         return (f"repeats: {prompt_lengths} prompt lengths × {batch_sizes} batch sizes × {modes} modes × {repeats} "
                 f"repeats is {n:,} trials, more than {MAX_TRIALS:,}")
     return None
+

@@ -1,7 +1,7 @@
 """Local text files as documents: each file is one user turn.
 
-:func:`match` expands a ``files:`` glob without ever descending through a symbolic link to a directory in ``**``
-(a link loop cannot make it explode) and refuses more than :data:`MAX_MATCHES` paths. :func:`load` reads at most
+:func:`load` expands a ``files:`` glob with :func:`kvbench.scenario.paths.match` (never through a symbolic link
+to a directory in ``**``, at most :data:`~kvbench.scenario.paths.MAX_MATCHES` paths), reads at most
 a bounded prefix of each regular file, never opens anything else (opening a FIFO would block), and skips, with a
 warning naming them, files it cannot use.
 """
@@ -9,23 +9,18 @@ warning naming them, files it cannot use.
 from __future__ import annotations
 
 import codecs
-import fnmatch
 import os
-import re
 import stat
 import warnings
-from collections.abc import Iterator
 
+from kvbench.errors import NoFilesError
+from kvbench.scenario.paths import match
 from kvbench.workloads.documents import Document
-from kvbench.errors import NoFilesError, TooManyFiles
 
-#: The most paths a ``files:`` glob may match.
-MAX_MATCHES = 10_000
 #: The most bytes read from one file.
 MAX_FILE_BYTES = 8 * 2**20
 #: Bytes read per token of the longest prompt: generous (English text averages about 4 bytes a token).
 BYTES_PER_TOKEN = 64
-_MAGIC = re.compile(r"[*?[]")
 _SHOWN = 5  # paths named in one warning
 
 
@@ -39,72 +34,6 @@ def read_limit(longest_prompt: int | None) -> int:
     if longest_prompt is None:
         return MAX_FILE_BYTES
     return min(MAX_FILE_BYTES, max(1, longest_prompt) * BYTES_PER_TOKEN)
-
-
-def _hidden(name: str, part: str) -> bool:
-    return name.startswith(".") and not part.startswith(".")  # as glob: only a pattern with a dot matches one
-
-
-def _entries(d: str) -> list[os.DirEntry]:
-    try:
-        with os.scandir(d or ".") as it:
-            return list(it)
-    except OSError:  # not a directory, gone, not readable: nothing matches below it, as with glob
-        return []
-
-
-def _real_dirs(d: str) -> Iterator[str]:
-    """``d`` and every directory below it that is not hidden, never through a symbolic link."""
-    stack = [d]
-    while stack:
-        here = stack.pop()
-        yield here
-        stack.extend(os.path.join(here, e.name) for e in _entries(here)
-                     if not e.name.startswith(".") and e.is_dir(follow_symlinks=False))
-
-
-def _select(d: str, parts: tuple[str, ...]) -> Iterator[str]:
-    head, rest = parts[0], parts[1:]
-    if head == "**":
-        for sub in _real_dirs(d):
-            yield from _select(sub, rest or ("*",))
-    elif not _MAGIC.search(head):
-        path = os.path.join(d, head)
-        if rest:
-            if os.path.isdir(path):
-                yield from _select(path, rest)
-        elif os.path.lexists(path):
-            yield path
-    else:
-        for e in _entries(d):
-            if fnmatch.fnmatchcase(e.name, head) and not _hidden(e.name, head):
-                path = os.path.join(d, e.name)
-                if not rest:
-                    yield path
-                elif e.is_dir():  # a link to a directory is followed here: one level, bounded by the pattern
-                    yield from _select(path, rest)
-
-
-def match(pattern: str, limit: int = MAX_MATCHES) -> list[str]:
-    """The paths glob ``pattern`` matches (``**`` = any depth of directories), sorted: as :func:`glob.glob` with
-    ``recursive=True``, except that ``**`` never descends through a symbolic link to a directory.
-
-    Raises:
-        TooManyFiles: more than ``limit`` paths match (the message names the pattern and the limit).
-    """
-    root = "/" if pattern.startswith("/") else ""
-    parts = tuple(p for p in pattern.split("/") if p)
-    lit = next((i for i, p in enumerate(parts) if _MAGIC.search(p)), len(parts))
-    base = root + "/".join(parts[:lit])
-    if lit == len(parts):
-        return [base] if base and os.path.lexists(base) else []
-    found: set[str] = set()
-    for path in _select(base, parts[lit:]):
-        found.add(path)
-        if len(found) > limit:
-            raise TooManyFiles(f"workload.files: the pattern {pattern!r} matches more than {limit:,} paths (the "
-                               "limit): narrow it")
-    return sorted(found)
 
 
 def _kind(mode: int) -> str:

@@ -15,6 +15,7 @@ from typing import Any
 
 from kvbench.workloads.documents import Document
 from kvbench.errors import NotEnoughRequests
+from kvbench.scenario.workload import extra_documents
 
 #: The questions of ``doc_qa``, asked of each document in this order (generic questions, as in long-document QA
 #: benchmarks; the documents are real texts).
@@ -160,14 +161,6 @@ def _cut_documents(docs: Iterable[Document], tokenizer: Any, n: int, doc_tokens:
         if len(out) == n:
             break
     return out
-
-
-def extra_documents(documents: int, questions: int, ratio: tuple[int, int] | None) -> int:
-    """Single-question documents :func:`doc_qa` adds for a hit:miss ``ratio`` (H, M): the misses wanted,
-    round(hits × M / H) with hits = documents × (questions − 1), less the documents' own first questions."""
-    if ratio is None:
-        return 0
-    return max(0, round(documents * (questions - 1) * ratio[1] / ratio[0]) - documents)
 
 
 def doc_qa(docs: Sequence[Document], tokenizer: Any, *, documents: int, questions: int, doc_tokens: int,

@@ -1,0 +1,45 @@
+"""What a valid scenario will run, in one line: the trials of its sweep, or the shape of its search or reuse
+workload (what ``kvbench validate`` says of a file that is ok)."""
+
+from __future__ import annotations
+
+from kvbench.scenario.schema import Scenario
+from kvbench.scenario.workload import extra_documents
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
+def _reuse_shape(s: Scenario) -> tuple[str, int]:
+    """(``multi_turn: 3 conversations × 4 turns`` or ``doc_qa: 3 documents × 4 questions ...``, requests)."""
+    mt, dq = s.workload.multi_turn, s.workload.doc_qa
+    if mt is not None:
+        return (f"multi_turn: {_count(mt.conversations, 'conversation')} × {_count(mt.turns, 'turn')}",
+                mt.conversations * mt.turns)
+    extra = extra_documents(dq.documents, dq.questions, dq.ratio)
+    more = f" + {_count(extra, 'single-question document')} for hit:miss {dq.hit_miss_ratio}" if extra else ""
+    return (f"doc_qa: {_count(dq.documents, 'document')} × {_count(dq.questions, 'question')}{more}",
+            dq.documents * dq.questions + extra)
+
+
+def sweep_summary(s: Scenario) -> str:
+    """The trials ``s`` plans, e.g. ``12 trials: 2 prompt lengths × 1 batch size × 2 modes × 3 repeats``; for a
+    capacity search the searched field, its bound and what it varies, for a reuse workload its requests."""
+    if s.searched is not None:
+        cap = s.capacity
+        fixed = s.prompt_tokens if s.searched == "batch_size" else s.batch_sizes
+        noun = "prompt length" if s.searched == "batch_size" else "batch size"
+        limit = cap.max if cap and cap.max else (s.largest_batch if s.searched == "batch_size"
+                                                 else "the model's longest prompt")
+        return (f"capacity search of {s.searched} up to {limit}: {_count(len(fixed), noun)} × "
+                f"{_count(len(s.modes), 'mode')}; trials are decided as it runs")
+    if s.workload.reuse:
+        shape, requests = _reuse_shape(s)
+        n = requests * len(s.modes) * 2 * s.repeats
+        return (f"{n} trials: {shape} = {_count(requests, 'request')} × {_count(len(s.modes), 'mode')} × cold and "
+                f"warm × {_count(s.repeats, 'repeat')}; prompts are built from the data as it runs")
+    n = len(s.prompt_tokens) * len(s.batch_sizes) * len(s.modes) * s.repeats
+    return (f"{n} trials: {_count(len(s.prompt_tokens), 'prompt length')} × "
+            f"{_count(len(s.batch_sizes), 'batch size')} × {_count(len(s.modes), 'mode')} × "
+            f"{_count(s.repeats, 'repeat')}")

