@@ -43,6 +43,22 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+def optional(description: str) -> Any:
+    """A key that may be left out: None unless given."""
+    return Field(None, description=description)
+
+
+def whole_text(pattern: str, message: str) -> Any:
+    """Text that ``pattern`` matches whole; anything else is refused with ``message`` (a ValueError)."""
+
+    def check(v: str) -> str:
+        if not re.fullmatch(pattern, v):
+            raise ValueError(message)
+        return v
+
+    return Annotated[str, AfterValidator(check)]
+
+
 Batch = whole_number(1, MAX_BATCH)
 Count = whole_number(1, MAX_COUNT)
 Repeats = whole_number(1, MAX_REPEATS)

