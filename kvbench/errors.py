@@ -58,7 +58,7 @@ class TooLittleText(WorkloadError):
 
 
 class TooManyFiles(WorkloadError):
-    """A glob that matches more than :data:`kvbench.workloads.files.MAX_MATCHES` paths."""
+    """A glob that matches more than :data:`kvbench.scenario.paths.MAX_MATCHES` paths."""
 
 
 class NoFilesError(UserError, FileNotFoundError):
