@@ -147,6 +147,7 @@ def plan_modes(arch: Architecture, tokens: int, batch: int, dtype_bytes: int, gp
         BadValue: a context, batch, bandwidth or memory that is not above 0 and at most its bound
             (:data:`MAX_TOKENS`, :data:`MAX_BATCH`, :data:`MAX_BYTES_PER_S`, :data:`MAX_MEMORY_BYTES`), or a
             window above :data:`MAX_TOKENS` (the message names the bound).
+        ValueError: an architecture whose config gave no intermediate size (its parameters cannot be counted).
     """
     for what, v, most in (("context tokens", tokens, MAX_TOKENS), ("batch", batch, MAX_BATCH),
                           ("link bandwidth (bytes/s)", link_bytes_per_s, MAX_BYTES_PER_S),
