@@ -227,9 +227,9 @@ def test_library_reader_names_a_fifo(tmp_path):
 
 
 def test_a_deeply_nested_plan_config_is_a_value_error(tmp_path):
-    from kvbench.analysis.plan import read_config
+    from kvbench.models.config import read_config_file
 
     f = tmp_path / "config.json"
     f.write_text("[" * 100_000 + "]" * 100_000)
     with pytest.raises(ValueError, match=f"^{f}: not valid JSON"):
-        read_config(f)
+        read_config_file(f)

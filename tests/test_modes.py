@@ -32,9 +32,11 @@ def test_every_mode_is_in_the_scenario_union_with_its_defaults_once():
 
 
 def test_placement_rules_and_the_modes_without_one():
-    from kvbench.analysis.plan import KVLayout
+    from kvbench.offload.architecture import Architecture
 
-    kv = KVLayout(windows=(None, None, None, 8), kv_heads=2, head_dim=4)  # 3 full layers, 1 sliding; 32 B/token
+    kv = Architecture(windows=(None, None, None, 8), kv_heads=2, head_dim=4, heads=2, hidden=8, intermediate=16,
+                      vocab_size=32, max_positions=128, model_type="llama", tied=False, qkv_bias=False,
+                      norms_per_layer=2)  # 3 full layers, 1 sliding; 32 B/token
     per = 2 * 2 * 4 * 2
     assert placement(kv, "none", 100, 2) == (kv.kv_bytes(100, 2), 0)
     assert placement(kv, "full", 100, 2) == (8 * per + 2 * per * 100, 3 * per * 100)

@@ -1,4 +1,5 @@
-"""kvbench plan: KV bytes, weights, capacity and the roofline, against hand-computed values."""
+"""kvbench plan: capacity and the roofline, against hand-computed values (the architecture's KV bytes, windows and
+parameter counts: test_architecture.py)."""
 
 from __future__ import annotations
 
@@ -6,46 +7,17 @@ import json
 import statistics
 
 import pytest
-import torch
 from transformers import AutoConfig
 from typer.testing import CliRunner
 
 from kvbench.cli import app
+from kvbench.analysis.plan import cost_per_million, plan_modes
 from kvbench.models import preset_path
-from kvbench.analysis.plan import architecture, cost_per_million, plan_modes
+from kvbench.offload.architecture import architecture_of
 
 
 def arch(name: str):
-    return architecture(AutoConfig.from_pretrained(preset_path(name)), name)
-
-
-@pytest.mark.parametrize("name, dtype_bytes, per_token", [
-    ("llama-2-7b", 2, 2 * 32 * 32 * 128 * 2),     # 524,288: the article's "0.5 MB per token", for the 7B
-    ("llama-2-70b", 2, 2 * 80 * 8 * 128 * 2),     # 327,680: grouped-query attention, 8 kv heads
-    ("llama-3.1-8b", 2, 2 * 32 * 8 * 128 * 2),    # 131,072
-    ("qwen2.5-7b", 2, 2 * 28 * 4 * 128 * 2),      # 57,344
-    ("smollm2-135m", 2, 2 * 30 * 3 * 64 * 2),     # 23,040
-    ("smollm2-135m", 4, 2 * 30 * 3 * 64 * 4),     # 46,080: float32, as the CPU runs use
-])
-def test_kv_bytes_per_token_of_full_attention_presets(name, dtype_bytes, per_token):
-    assert arch(name).kv_bytes(4096, dtype_bytes) == 4096 * per_token
-
-
-def test_sliding_window_layers_are_capped_at_their_window():
-    gemma = arch("gemma-2-9b")  # 42 layers, every other one slides over 4,096 tokens
-    per = 2 * 8 * 256 * 2
-    assert gemma.kv_bytes(4096, 2) == 42 * per * 4096
-    assert gemma.kv_bytes(8192, 2) == 21 * per * 8192 + 21 * per * 4096  # 258,048 B per token at 8K
-    mistral = arch("mistral-7b")  # v0.1: every layer slides over 4,096
-    assert mistral.kv_bytes(32768, 2) == mistral.kv_bytes(4096, 2) == 32 * 2 * 8 * 128 * 2 * 4096
-    assert mistral.full_layers == 0
-
-
-@pytest.mark.parametrize("name, parameters", [
-    ("llama-2-7b", 6_738_415_616), ("llama-3.1-8b", 8_030_261_248), ("qwen2.5-7b", 7_615_616_512),
-    ("gemma-2-9b", 9_241_705_984), ("smollm2-135m", 134_515_008)])
-def test_parameter_counts_equal_the_published_ones(name, parameters):
-    assert arch(name).parameters == parameters
+    return architecture_of(AutoConfig.from_pretrained(preset_path(name)))
 
 
 def test_capacity_and_roofline_by_hand():
@@ -264,82 +236,6 @@ def test_cost_verdicts_claim_only_what_the_pairs_decide():
         "paired saving +64% [+55%, +70%] (2 pairs, batch 1 vs none's 1)",
         "at 4096 tokens `full` lowers cost to 60.00 USD per 1M tokens from none's 90.00 (paired saving +33% "
         "[+30%, +36%]; 5 pairs, batch 4 vs none's 1)"]
-
-
-@pytest.mark.parametrize("name, windows", [
-    ("mistral-7b", (4096,) * 32),  # v0.1: sliding_window 4096 and no layer_types: every layer slides
-    ("gemma-2-9b", (4096, None) * 21),  # Gemma2Config alternates from layer 0: sliding, full, ...
-    ("llama-3.1-8b", (None,) * 32),
-])
-def test_layer_windows_of_the_presets_are_transformers_layer_types(name, windows):
-    from transformers.cache_utils import get_layer_types_and_kwargs
-
-    from kvbench.offload.layer_types import layer_windows
-
-    config = AutoConfig.from_pretrained(preset_path(name))
-    assert layer_windows(config) == windows == arch(name).windows
-    # the layer classes DynamicCache(config=...) builds, and their windows
-    types, kwargs = get_layer_types_and_kwargs(config.get_text_config(decoder=True))
-    assert tuple(kw.get("sliding_window") for kw in kwargs) == windows
-    assert {t for t, w in zip(types, windows) if w is None} <= {"full_attention"}
-
-
-@pytest.mark.parametrize("use_sliding_window, windows", [
-    (False, (None,) * 6),  # Qwen2Config sets sliding_window None unless use_sliding_window
-    (True, (None,) * 4 + (8, 8)),  # then layers i >= max_window_layers (4) slide
-])
-def test_layer_windows_of_qwen2_follow_use_sliding_window_and_max_window_layers(use_sliding_window, windows):
-    from transformers import Qwen2Config
-
-    from kvbench.offload.layer_types import layer_windows
-
-    config = Qwen2Config(num_hidden_layers=6, hidden_size=64, intermediate_size=128, num_attention_heads=4,
-                         num_key_value_heads=2, vocab_size=256, use_sliding_window=use_sliding_window,
-                         sliding_window=8, max_window_layers=4)
-    assert layer_windows(config) == windows
-    assert architecture(config, "qwen2").windows == windows
-
-
-def test_layer_windows_refuse_layers_without_a_token_cache():
-    from types import SimpleNamespace
-
-    from kvbench.offload.layer_types import layer_windows
-
-    hybrid = SimpleNamespace(num_hidden_layers=2, layer_types=["full_attention", "linear_attention"])
-    with pytest.raises(ValueError, match="layer 1 is 'linear_attention': kvbench models the K/V of full-attention"):
-        layer_windows(hybrid)
-    no_window = SimpleNamespace(num_hidden_layers=1, layer_types=["sliding_attention"], sliding_window=None)
-    with pytest.raises(ValueError, match="layer 0 is sliding_attention but the config's sliding_window is None"):
-        layer_windows(no_window)
-    chunked = SimpleNamespace(num_hidden_layers=2, sliding_window=None, attention_chunk_size=16)
-    assert layer_windows(chunked) == (16, 16)  # DynamicCache gives chunked layers a DynamicSlidingWindowLayer
-
-
-@pytest.mark.parametrize("window", [None, 1, 2, 8])
-def test_tokens_held_is_what_transformers_sliding_layer_keeps(window):
-    from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
-
-    from kvbench.offload.layer_types import tokens_held
-
-    layer = DynamicLayer() if window is None else DynamicSlidingWindowLayer(sliding_window=window)
-    fed = 0
-    for n in (12, 1, 1, 3, 1):  # a prefill, then decode steps (and a step of 3, as a restored prefix's rest)
-        layer.update(torch.zeros(1, 1, n, 2), torch.zeros(1, 1, n, 2))
-        fed += n
-        assert layer.keys.shape[-2] == tokens_held(fed, window)
-    # 18 tokens fed: every one (full), the last window - 1 (1 when the window is 2, 7 for 8); a window of 1
-    # keeps them all (transformers slices from -1 + 1 = 0)
-    assert tokens_held(18, window) == {None: 18, 1: 18, 2: 1, 8: 7}[window]
-
-
-def test_cached_kv_bytes_count_window_minus_one_in_sliding_layers():
-    gemma, mistral = arch("gemma-2-9b"), arch("mistral-7b")
-    per = 2 * 8 * 256 * 2  # 8,192 B per token and layer (bf16)
-    assert gemma.cached_kv_bytes(8192, 2) == 21 * per * 8192 + 21 * per * 4095
-    assert mistral.cached_kv_bytes(32768, 2) == 32 * 2 * 8 * 128 * 2 * 4095
-    assert gemma.cached_kv_bytes(100, 2) == gemma.kv_bytes(100, 2) == 42 * per * 100  # short of every window
-    assert gemma.host_bytes_per_token(2) == 21 * per and mistral.host_bytes_per_token(2) == 0
-    assert gemma.sequence_bytes_per_token(2) == 42 * per
 
 
 def test_mean_decode_step_compares_like_with_like():

@@ -7,7 +7,7 @@ Formulas (bytes, seconds, tokens):
   min(T, window), window = the layer's sliding window (Mistral, Gemma-2's alternate layers; resolved as
   transformers does, :func:`kvbench.offload.layer_types.layer_windows`) or T. That is what a decode step's attention
   reads; the cache itself holds ``window - 1`` tokens of a sliding layer between steps
-  (:meth:`KVLayout.cached_kv_bytes`, the run-time prediction).
+  (:meth:`~kvbench.offload.architecture.Architecture.cached_kv_bytes`, the run-time prediction).
 - Weights bytes = parameters × dtype bytes, parameters counted from the config (embeddings, untied LM head,
   attention with its biases, gated MLP, norms): within a fraction of a percent of the published counts.
 - Placement per mode (kvbench's caches; sliding-window layers always stay on the device): ``none`` keeps all KV
@@ -32,191 +32,19 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
+from kvbench.errors import BadValue
 from kvbench.offload import modes
-from kvbench.offload.layer_types import layer_windows, tokens_held
+from kvbench.offload.architecture import Architecture
 
 #: Bytes per element of the dtypes plan accepts.
 DTYPE_BYTES = {"fp32": 4, "float32": 4, "fp16": 2, "float16": 2, "bf16": 2, "bfloat16": 2, "fp8": 1, "int8": 1}
 
-
-@dataclass(frozen=True)
-class KVLayout:
-    """How a decoder's K/V cache spreads over its layers: the one model of KV bytes that ``kvbench plan``, the
-    run-time prediction (``kv_bytes_predicted``), the host preflight and the KV store's caps use.
-
-    Attributes:
-        windows: per layer, its sliding window in tokens, or None for full attention
-            (:func:`kvbench.offload.layer_types.layer_windows`).
-        kv_heads: key/value heads per layer; head_dim: elements per head.
-    """
-
-    windows: tuple[int | None, ...]
-    kv_heads: int
-    head_dim: int
-
-    @property
-    def layers(self) -> int:
-        """Decoder layers holding a K/V cache."""
-        return len(self.windows)
-
-    @property
-    def full_layers(self) -> int:
-        """Layers with full attention (the ones an offload mode moves to the host)."""
-        return sum(w is None for w in self.windows)
-
-    def token_layer_bytes(self, dtype_bytes: int) -> int:
-        """K and V bytes of one token in one layer: 2 × kv_heads × head_dim × dtype bytes."""
-        return 2 * self.kv_heads * self.head_dim * dtype_bytes
-
-    def kv_bytes(self, tokens: int, dtype_bytes: int) -> int:
-        """KV bytes one sequence's attention reads at a step with ``tokens`` tokens (the new one included):
-        Σ over layers of 2 × kv_heads × head_dim × dtype bytes × min(tokens, window), window = the layer's sliding
-        window or ``tokens`` (a sliding layer's cache keeps ``window - 1`` and the step's query adds one)."""
-        per = self.token_layer_bytes(dtype_bytes)
-        return sum(per * (tokens if w is None else min(tokens, w)) for w in self.windows)
-
-    def sliding_kv_bytes(self, tokens: int, dtype_bytes: int) -> int:
-        """:meth:`kv_bytes` of the sliding-window layers only (they stay on the device)."""
-        per = self.token_layer_bytes(dtype_bytes)
-        return sum(per * min(tokens, w) for w in self.windows if w is not None)
-
-    def cached_kv_bytes(self, tokens: int, dtype_bytes: int) -> int:
-        """KV bytes a cache holds for one sequence after ``tokens`` tokens went through it: Σ over layers of
-        2 × kv_heads × head_dim × dtype bytes × :func:`~kvbench.offload.layer_types.tokens_held` (every token in
-        a full-attention layer; the last ``window - 1`` in a sliding one, as transformers'
-        ``DynamicSlidingWindowLayer`` keeps).
-
-        Raises:
-            ValueError: negative ``tokens``.
-        """
-        per = self.token_layer_bytes(dtype_bytes)
-        return sum(per * tokens_held(tokens, w) for w in self.windows)
-
-    def host_bytes_per_token(self, dtype_bytes: int) -> int:
-        """K and V bytes one token takes in the host (and disk) tier: full-attention layers only, since
-        sliding-window layers never leave the device: full_layers × 2 × kv_heads × head_dim × dtype bytes."""
-        return self.full_layers * self.token_layer_bytes(dtype_bytes)
-
-    def sequence_bytes_per_token(self, dtype_bytes: int) -> int:
-        """K and V bytes of one token in every layer: layers × 2 × kv_heads × head_dim × dtype bytes. What the
-        KV store keeps per token: it stores each layer's whole sequence (and refuses sliding-window layers,
-        :func:`kvbench.offload.store.sequence_kv`)."""
-        return self.layers * self.token_layer_bytes(dtype_bytes)
-
-
-@dataclass(frozen=True)
-class Architecture(KVLayout):
-    """The numbers of a decoder-only transformer that set its KV and weights bytes: its :class:`KVLayout`
-    (``windows``, ``kv_heads``, ``head_dim``) and the sizes below.
-
-    Attributes:
-        name: a label (preset name or path).
-        hidden, intermediate, heads, vocab: the config's sizes; tied: the LM head shares the embeddings;
-        qkv_bias: q/k/v projections have biases (Qwen2); norms_per_layer: RMSNorms per decoder layer.
-        max_positions: max_position_embeddings (tokens).
-    """
-
-    name: str
-    hidden: int
-    intermediate: int
-    heads: int
-    vocab: int
-    tied: bool
-    qkv_bias: bool
-    norms_per_layer: int
-    max_positions: int
-
-    @property
-    def parameters(self) -> int:
-        """Parameter count from the config: embeddings (+ LM head unless tied), per layer q/k/v/o projections
-        (+ q/k/v biases), a gated MLP (gate, up, down) and its norms, and the final norm."""
-        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
-        attn = self.hidden * q + 2 * self.hidden * kv + q * self.hidden + ((q + 2 * kv) if self.qkv_bias else 0)
-        mlp = 3 * self.hidden * self.intermediate
-        per_layer = attn + mlp + self.norms_per_layer * self.hidden
-        embed = self.vocab * self.hidden * (1 if self.tied else 2)
-        return embed + self.layers * per_layer + self.hidden
-
-
-_NEEDED = ("num_hidden_layers", "num_attention_heads", "hidden_size", "intermediate_size", "vocab_size")
-#: The largest config sizes plan accepts (far above any published model; past them the counts overflow).
-CONFIG_LIMITS = {"num_hidden_layers": 100_000, "num_attention_heads": 65_536, "num_key_value_heads": 65_536,
-                 "head_dim": 65_536, "hidden_size": 2**24, "intermediate_size": 2**26, "vocab_size": 2**26,
-                 "sliding_window": 2**32}
 #: The largest context (tokens), batch and window plan_modes takes; memories in bytes, bandwidths in bytes/s.
 MAX_TOKENS, MAX_BATCH = 2**32, 2**24
 MAX_MEMORY_BYTES, MAX_BYTES_PER_S = 2**60, 1e15
 #: The largest price per GPU-hour (USD) costs are computed for.
 MAX_USD_PER_HOUR = 1e6
-
-
-def read_config(path: str | Path) -> Any:
-    """A model's transformers config from its ``config.json``, refusing one that lacks the sizes plan needs
-    (transformers would fill them with its defaults, silently planning for another model).
-
-    Raises:
-        ValueError: not JSON, or missing fields (named), or sizes that are not whole numbers from 1 to their
-            :data:`CONFIG_LIMITS` bound (named, with the bound).
-    """
-    path = Path(path)
-    from kvbench.models.config import MAX_CONFIG_BYTES, auto_map_modules
-    from kvbench.safe_read import read_json_file
-
-    raw = read_json_file(path, MAX_CONFIG_BYTES)  # BadFile (a ValueError): a FIFO, too large, invalid, too deep
-    text = raw.get("text_config", raw) if isinstance(raw, dict) else {}
-    missing = [k for k in _NEEDED if k not in text]
-    if missing:
-        raise ValueError(f"{path}: the config has no {', '.join(missing)}")
-
-    def positive_int(v: Any) -> bool:
-        return isinstance(v, int) and not isinstance(v, bool) and v > 0
-
-    wrong = [k for k in CONFIG_LIMITS if text.get(k) is not None and not positive_int(text[k])]
-    if wrong:
-        raise ValueError(f"{path}: {', '.join(f'{k} = {text[k]!r}' for k in wrong)}: must be whole numbers above 0")
-    big = [k for k, most in CONFIG_LIMITS.items() if text.get(k) is not None and text[k] > most]
-    if big:
-        raise ValueError(f"{path}: " + ", ".join(f"{k} = {text[k]:,} is above {CONFIG_LIMITS[k]:,}" for k in big)
-                         + ": plan takes sizes up to these")
-    from transformers import AutoConfig
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
-
-    if isinstance(raw, dict) and raw.get("auto_map") and text.get("model_type") not in CONFIG_MAPPING_NAMES:
-        code = ", ".join(auto_map_modules(raw)) or "?"
-        raise ValueError(f"{path}: the config's auto_map names the model's own code ({code}) (model_type "
-                         f"{text.get('model_type')!r}); plan never runs model code: give a config of an architecture "
-                         "transformers ships")
-    try:  # never remote code: transformers would otherwise ask on the terminal whether to run it
-        return AutoConfig.from_pretrained(path, trust_remote_code=False)
-    except Exception as exc:  # transformers raises many kinds (ValueError, KeyError, OSError) for a bad config
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ValueError(f"{path}: transformers cannot read this config: {first}") from None
-
-
-def architecture(config: Any, name: str) -> Architecture:
-    """:class:`Architecture` from a transformers config.
-
-    Raises:
-        ValueError: a config without the fields plan needs (naming them), or with layer types kvbench cannot model
-            (see :func:`~kvbench.offload.layer_types.layer_windows`).
-    """
-    c = config.get_text_config() if hasattr(config, "get_text_config") else config
-    missing = [k for k in _NEEDED if getattr(c, k, None) is None]
-    if missing:
-        raise ValueError(f"{name}: the config has no {', '.join(missing)}")
-    windows = layer_windows(c)  # as transformers' DynamicCache reads them (Mistral v0.1: every layer slides)
-    heads = c.num_attention_heads
-    return Architecture(
-        name=name, windows=windows, kv_heads=getattr(c, "num_key_value_heads", None) or heads,
-        head_dim=getattr(c, "head_dim", None) or c.hidden_size // heads, hidden=c.hidden_size,
-        intermediate=c.intermediate_size, heads=heads, vocab=c.vocab_size,
-        tied=bool(getattr(c, "tie_word_embeddings", False)),
-        qkv_bias=c.model_type.startswith("qwen2") or bool(getattr(c, "attention_bias", False)),
-        norms_per_layer=4 if c.model_type.startswith("gemma2") or c.model_type.startswith("gemma3") else 2,
-        max_positions=getattr(c, "max_position_embeddings", 0) or 0)
 
 
 @dataclass(frozen=True)
@@ -307,9 +135,10 @@ def plan_modes(arch: Architecture, tokens: int, batch: int, dtype_bytes: int, gp
     not even one sequence fits.
 
     Raises:
-        ValueError: a context, batch, bandwidth or memory that is not above 0 and at most its bound
+        BadValue: a context, batch, bandwidth or memory that is not above 0 and at most its bound
             (:data:`MAX_TOKENS`, :data:`MAX_BATCH`, :data:`MAX_BYTES_PER_S`, :data:`MAX_MEMORY_BYTES`), or a
             window above :data:`MAX_TOKENS` (the message names the bound).
+        ValueError: an architecture whose config gave no intermediate size (its parameters cannot be counted).
     """
     for what, v, most in (("context tokens", tokens, MAX_TOKENS), ("batch", batch, MAX_BATCH),
                           ("link bandwidth (bytes/s)", link_bytes_per_s, MAX_BYTES_PER_S),
@@ -317,9 +146,9 @@ def plan_modes(arch: Architecture, tokens: int, batch: int, dtype_bytes: int, gp
                           ("GPU memory (bytes)", gpu_bytes, MAX_MEMORY_BYTES),
                           ("host memory (bytes)", host_bytes, MAX_MEMORY_BYTES)):
         if not (v > 0 and math.isfinite(v) and v <= most):
-            raise ValueError(f"{what} must be a finite number above 0 and at most {most:,.0f}, not {v:,}")
+            raise BadValue(f"{what} must be a finite number above 0 and at most {most:,.0f}, not {v:,}")
     if not 0 <= window <= MAX_TOKENS:
-        raise ValueError(f"the window must be 0 to {MAX_TOKENS:,} tokens, not {window:,}")
+        raise BadValue(f"the window must be 0 to {MAX_TOKENS:,} tokens, not {window:,}")
     weights = arch.parameters * dtype_bytes
     room = gpu_bytes * (1 - reserve) - weights
     total = arch.kv_bytes(tokens, dtype_bytes)
@@ -343,17 +172,17 @@ def cost_per_million(price_per_hour: float, tokens_per_s: float) -> float:
     """USD per 1M generated tokens = price per hour ÷ (tokens/s × 3600) × 10^6.
 
     Raises:
-        ValueError: a price not above 0 and at most :data:`MAX_USD_PER_HOUR`, or a throughput not above 0 (and
+        BadValue: a price not above 0 and at most :data:`MAX_USD_PER_HOUR`, or a throughput not above 0 (and
             finite).
     """
     if not (price_per_hour > 0 and math.isfinite(price_per_hour) and price_per_hour <= MAX_USD_PER_HOUR):
-        raise ValueError(f"the price must be more than 0 and at most {MAX_USD_PER_HOUR:,.0f} USD per hour, "
+        raise BadValue(f"the price must be more than 0 and at most {MAX_USD_PER_HOUR:,.0f} USD per hour, "
                          f"not {price_per_hour:g}")
     if not (tokens_per_s > 0 and math.isfinite(tokens_per_s)):
-        raise ValueError(f"the throughput must be more than 0 tokens/s (and finite), not {tokens_per_s}")
+        raise BadValue(f"the throughput must be more than 0 tokens/s (and finite), not {tokens_per_s}")
     return price_per_hour / (tokens_per_s * 3600) * 1e6
 
 
-__all__ = ["CONFIG_LIMITS", "KV_PASSES", "MAX_BATCH", "MAX_BYTES_PER_S", "MAX_MEMORY_BYTES", "MAX_TOKENS",
-           "MAX_USD_PER_HOUR", "Architecture", "DTYPE_BYTES", "KVLayout", "ModePlan", "architecture", "cost_per_million", "decode_step", "mean_decode_step", "placement",
-           "plan_modes", "read_config", "step_time"]
+__all__ = ["DTYPE_BYTES", "KV_PASSES", "MAX_BATCH", "MAX_BYTES_PER_S", "MAX_MEMORY_BYTES", "MAX_TOKENS",
+           "MAX_USD_PER_HOUR", "ModePlan", "cost_per_million", "decode_step", "mean_decode_step", "placement",
+           "plan_modes", "step_time"]

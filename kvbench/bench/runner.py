@@ -279,12 +279,8 @@ class TrialRunner:
         #: bytes of one token in the reuse workloads' KV store: it keeps every layer's whole sequence
         self.store_token_bytes = loaded.shape.sequence_bytes_per_token(loaded.dtype.itemsize)
         self.bandwidths = roofline_bandwidths(environment or {}, loaded.device)
-        from kvbench.analysis.plan import architecture
-
-        try:  # the numbers plan_prediction needs, read once from the config
-            self.arch = architecture(loaded.model.config, scenario.model.label)
-        except ValueError:
-            self.arch = None
+        #: plan_prediction's architecture: None where plan refuses the config (it gives no intermediate_size)
+        self.arch = loaded.shape if loaded.shape.intermediate is not None else None
         self.baseline_sha: dict[str, str] = {}  # prompt hash → output hash of the `none` trial
         self.baseline_ids: dict[str, torch.Tensor] = {}
         self.baseline_gaps: dict[str, list[float]] = {}  # prompt hash → top-2 logit gaps of `none` (reuse only)
@@ -295,7 +291,7 @@ class TrialRunner:
         """KV bytes the trial's cache holds at its end, over all tiers (each token once): Σ over layers of
         2 × kv_heads × head_dim × dtype bytes × tokens held × batch, tokens held = tokens cached in a
         full-attention layer, min(tokens cached, window − 1) in a sliding-window one
-        (:meth:`kvbench.analysis.plan.KVLayout.cached_kv_bytes`); tokens cached = prompt + new − 1 (the last generated
+        (:meth:`kvbench.offload.architecture.Architecture.cached_kv_bytes`); tokens cached = prompt + new − 1 (the last generated
         token is never fed back)."""
         return self.m.shape.cached_kv_bytes(t.prompt_tokens + self.s.max_new_tokens - 1,
                                             self.m.dtype.itemsize) * t.batch_size
@@ -458,7 +454,7 @@ class TrialRunner:
         """Host memory the trial's host tier may allocate (bytes): per full-attention layer, the tokens it can hold
         (all cached tokens less the window, at most ``host_max_tokens``) rounded up to the buffers' geometric
         capacity (:func:`~kvbench.offload.tiers.grown_capacity`), × full layers × 2 × kv_heads × head_dim × dtype
-        bytes × batch (:meth:`kvbench.analysis.plan.KVLayout.host_bytes_per_token`: sliding-window layers never leave the
+        bytes × batch (:meth:`kvbench.offload.architecture.Architecture.host_bytes_per_token`: sliding-window layers never leave the
         device). 0 for modes without a host tier or models without a full-attention layer."""
         if not MODES[t.mode.kind].host_tier:
             return 0
@@ -784,11 +780,11 @@ def prepare(scenario: Scenario, environment: dict[str, Any] | None = None) -> Tr
     run's, with its measured bandwidths) lets each trial carry plan's predicted step time.
 
     Raises:
-        kvbench.models.ModelNotFound, kvbench.models.load_errors.ModelLoadError (anything else that stops the model
+        kvbench.errors.ModelNotFound, kvbench.errors.ModelLoadError (anything else that stops the model
         loading, e.g. a pickled checkpoint torch refuses), ValueError (a reuse workload's source with too few
         texts: :class:`~kvbench.workloads.sessions.NotEnoughRequests`), ModuleNotFoundError (data package missing).
     """
-    from kvbench.models.load_errors import load_model
+    from kvbench.models.load import load_model
     from kvbench.workloads import make_source, make_stream
 
     loaded = load_model(scenario.model, scenario.device, scenario.seed)

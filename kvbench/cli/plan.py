@@ -54,7 +54,9 @@ def plan(
 
     warnings.showwarning = _show_warning
     from kvbench.models import preset_names, preset_path
-    from kvbench.analysis.plan import DTYPE_BYTES, architecture, cost_per_million, plan_modes, read_config
+    from kvbench.analysis.plan import DTYPE_BYTES, cost_per_million, plan_modes
+    from kvbench.models.config import read_config_file
+    from kvbench.offload.architecture import architecture_of
 
     if dtype not in DTYPE_BYTES:
         _fail(f"--dtype {dtype!r}: one of {', '.join(DTYPE_BYTES)}")
@@ -75,7 +77,7 @@ def plan(
         hint = f"did you mean {', '.join(close)}? " if close else ""
         _fail(f"unknown model {model!r}: {hint}presets: {', '.join(preset_names())}; or give a config.json path")
     try:
-        arch = architecture(read_config(path), model)
+        arch = architecture_of(read_config_file(path))
     except ValueError as exc:
         _fail(str(exc))
     except (OSError, KeyError) as exc:

@@ -155,9 +155,10 @@ def run(
 
     import psutil
 
-    from kvbench.models import ModelNotFound, resolve_device
+    from kvbench.errors import ModelNotFound
+    from kvbench.models import resolve_device
     from kvbench.bench.capacity import device_problem
-    from kvbench.models.load_errors import one_line
+    from kvbench.models.load import one_line
     from kvbench.results.files import ResultsNotWritten
     from kvbench.bench.runner import plan_trials, prepare
     from kvbench.workloads.sessions import NotEnoughRequests
@@ -271,10 +272,13 @@ def run(
 
 def _remote_code(sc: Any, where: Path, allowed: bool) -> None:
     """Refuse a scenario asking for model code unless --trust-remote-code allowed it; warn naming the modules."""
-    from kvbench.models.config import allowed_remote_code
+    from kvbench.errors import RemoteCodeRefused
+    from kvbench.models.remote_code import allowed_remote_code
 
     try:
         modules = ", ".join(allowed_remote_code(sc.model, allowed)) or "its auto_map names none"
+    except RemoteCodeRefused as exc:
+        _fail(f"{where}: {exc}; pass --trust-remote-code to allow it, or set it to false")
     except (ValueError, LookupError) as exc:
         _fail(f"{where}: {exc}")
     line = f"{where}: model.trust_remote_code: {sc.model.label} runs its own code: {modules}"

@@ -1,20 +1,24 @@
-"""A model's architecture fields read from its config.json or GGUF header without importing torch or transformers,
-and the model code (``auto_map`` modules) a config asks to run.
+"""A model's config, read without its weights: the light read of config.json fields or a GGUF header (no torch
+or transformers import), transformers' ``AutoConfig`` for loading, the config.json ``kvbench plan`` reads, and the
+model's :class:`~kvbench.offload.architecture.Architecture` built from it.
 
-Validation reads shapes through here: it never imports a model's own code and stays fast (no torch import).
-Configs whose fields transformers derives in code (sliding layers of Gemma-2 or Qwen2, multimodal text configs)
-are left to transformers' ``AutoConfig``, still without remote code.
+Validation reads architectures through here: it never imports a model's own code and stays fast (no torch
+import). Configs whose fields transformers derives in code (sliding layers of Gemma-2 or Qwen2, multimodal text
+configs) are left to transformers' ``AutoConfig``, still without remote code.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
+from kvbench.errors import BadFile, ModelNotFound
+from kvbench.models.locate import config_file, locate, preset_path
+from kvbench.offload.architecture import Architecture, architecture_of
 from kvbench.safe_read import read_json_file
-from kvbench.errors import RemoteCodeRefused
 
 if TYPE_CHECKING:
     from kvbench.scenario import ModelSpec
@@ -36,18 +40,18 @@ _GGUF_KEYS = {"block_count": "num_hidden_layers", "attention.head_count": "num_a
 MAX_CONFIG_BYTES = 16 << 20
 
 
-def _json_file(path: Path) -> dict[str, Any] | None:
+def json_object(path: Path) -> dict[str, Any] | None:
     """The JSON object in ``path``, or None when there is no such file.
 
     Raises:
-        ValueError: the file is not a regular file, is over :data:`MAX_CONFIG_BYTES`, or is not a JSON object
+        BadFile: the file is not a regular file, is over :data:`MAX_CONFIG_BYTES`, or is not a JSON object
             (nested at most :data:`kvbench.safe_read.MAX_JSON_DEPTH` levels).
     """
     if not os.path.lexists(path):
         return None
     data = read_json_file(path, MAX_CONFIG_BYTES)  # a FIFO, a huge or deeply nested file: BadFile, a ValueError
     if not isinstance(data, dict):
-        raise ValueError(f"{path} holds {type(data).__name__}, not a JSON object")
+        raise BadFile(f"{path} holds {type(data).__name__}, not a JSON object")
     return data
 
 
@@ -55,10 +59,8 @@ def config_path(spec: "ModelSpec") -> Path | None:
     """The config.json a spec reads (a preset's, ``config``, or a located model's), None for a GGUF file.
 
     Raises:
-        kvbench.models.ModelNotFound: the model cannot be found.
+        ModelNotFound: the model cannot be found.
     """
-    from kvbench.models import config_file, locate, preset_path
-
     if spec.preset:
         return preset_path(spec.preset)
     if spec.config:
@@ -72,6 +74,18 @@ def config_path(spec: "ModelSpec") -> Path | None:
 
     cached = try_to_load_from_cache(loc.path, "config.json")
     return Path(cached) if isinstance(cached, str) else None
+
+
+def auto_map_modules(config: dict[str, Any]) -> list[str]:
+    """The Python files the ``auto_map`` of one parsed config names (``"repo--pkg.mod.Class"`` → ``pkg/mod.py``),
+    sorted; empty when there is none."""
+    auto_map = config.get("auto_map")
+    modules = set()
+    for ref in auto_map.values() if isinstance(auto_map, dict) else []:
+        for r in ref if isinstance(ref, list) else [ref]:
+            if isinstance(r, str) and "." in r:
+                modules.add(r.split("--")[-1].rsplit(".", 1)[0].replace(".", "/") + ".py")
+    return sorted(modules)
 
 
 def _gguf_fields(path: Path) -> dict[str, Any] | None:
@@ -94,88 +108,125 @@ def _gguf_fields(path: Path) -> dict[str, Any] | None:
 
 
 def _light(data: dict[str, Any], where: str) -> SimpleNamespace:
-    """A config object with the fields :func:`kvbench.models.shape_of` reads.
+    """A config object with the fields :func:`~kvbench.offload.architecture.architecture_of` reads.
 
     Raises:
-        ValueError: a required field is missing or not a positive whole number.
+        BadFile: a required field is missing or not a positive whole number.
     """
     for key in REQUIRED:
         v = data.get(key)
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-            raise ValueError(f"{where}: {key} must be a positive whole number (got {v!r})")
+            raise BadFile(f"{where}: {key} must be a positive whole number (got {v!r})")
     fields = {"num_key_value_heads": None, "head_dim": None, "layer_types": None, "sliding_window": None,
               "attention_chunk_size": None, "model_type": None, **data}
     return SimpleNamespace(**fields)
 
 
 def read_config(spec: "ModelSpec") -> Any:
-    """The model's config for its shape, read without running any model code: config.json fields directly for
+    """The model's config for its architecture, read without running any model code: config.json fields directly for
     :data:`PLAIN_TYPES` and for configs with an ``auto_map`` (custom code, never imported), the GGUF header for
     :data:`GGUF_ARCHS`, else transformers' ``AutoConfig`` with ``trust_remote_code=False``.
 
     Raises:
-        kvbench.models.ModelNotFound: the model cannot be found.
-        ValueError: the config is not valid JSON or lacks a field kvbench needs.
-        OSError: the file cannot be read.
+        ModelNotFound: the model cannot be found.
+        BadFile: the config is not valid JSON or lacks a field kvbench needs.
+        ValueError, OSError, KeyError: transformers cannot read the config.
     """
-    from kvbench.models import load_config, locate
-
     loc = locate(spec.name) if spec.name else None
     if loc is not None and loc.gguf_file:
         fields = _gguf_fields(Path(loc.path) / loc.gguf_file)
         if fields is not None:
             return _light(fields, loc.gguf_file)
     path = config_path(spec)
-    data = _json_file(path) if path is not None else None
+    data = json_object(path) if path is not None else None
     if data is not None and (data.get("model_type") in PLAIN_TYPES or "auto_map" in data):
         return _light(data, str(path))
     return load_config(spec.model_copy(update={"trust_remote_code": False}))
 
 
-def remote_code_modules(spec: "ModelSpec") -> list[str]:
-    """The Python files a model's ``auto_map`` entries (config.json, and tokenizer_config.json beside it) name:
-    the code ``trust_remote_code`` would import, e.g. ``['modeling_x.py']``; empty when there is none.
+def load_config(spec: "ModelSpec") -> Any:
+    """The transformers config of a model spec, read without weights (running the model's own code when the spec
+    trusts it). Raises ModelNotFound."""
+    from transformers import AutoConfig
+
+    if spec.preset:
+        return AutoConfig.from_pretrained(preset_path(spec.preset))
+    if spec.config:
+        p = config_file(spec.config)
+        try:
+            read_json_file(p, MAX_CONFIG_BYTES)
+        except ValueError as exc:
+            raise ModelNotFound(str(exc)) from None
+        return AutoConfig.from_pretrained(p, trust_remote_code=spec.trust_remote_code)
+    loc = locate(spec.name or "")
+    kw: dict[str, Any] = {"trust_remote_code": spec.trust_remote_code, "local_files_only": True}
+    if loc.gguf_file:
+        kw["gguf_file"] = loc.gguf_file
+    return AutoConfig.from_pretrained(loc.path, **kw)
+
+
+@functools.lru_cache(maxsize=32)
+def read_architecture(spec: "ModelSpec") -> Architecture:
+    """The model's architecture from its config alone (no weights loaded, no model code run, no torch import for
+    config.json and GGUF files kvbench reads itself: see :func:`read_config`; cached per spec).
 
     Raises:
-        kvbench.models.ModelNotFound: the model cannot be found.
-        ValueError: a config file is not a JSON object.
+        ModelNotFound: the model cannot be found, or its config cannot be read or modelled (saying why).
     """
-    path = config_path(spec)
-    if path is None:
-        return []
-    modules: list[str] = []
-    for file in (path, path.parent / "tokenizer_config.json"):
-        modules += auto_map_modules(_json_file(file) or {})
-    return sorted(set(modules))
+    try:
+        return architecture_of(read_config(spec))
+    except ModelNotFound:
+        raise
+    except (OSError, ValueError, KeyError) as exc:
+        raise ModelNotFound(f"cannot read the model's config: {exc}") from None
 
 
-def auto_map_modules(config: dict[str, Any]) -> list[str]:
-    """The Python files the ``auto_map`` of one parsed config names (``"repo--pkg.mod.Class"`` → ``pkg/mod.py``),
-    sorted; empty when there is none."""
-    auto_map = config.get("auto_map")
-    modules = set()
-    for ref in auto_map.values() if isinstance(auto_map, dict) else []:
-        for r in ref if isinstance(ref, list) else [ref]:
-            if isinstance(r, str) and "." in r:
-                modules.add(r.split("--")[-1].rsplit(".", 1)[0].replace(".", "/") + ".py")
-    return sorted(modules)
+#: Config fields :func:`read_config_file` needs: plan counts parameters from them.
+PLAN_FIELDS = ("num_hidden_layers", "num_attention_heads", "hidden_size", "intermediate_size", "vocab_size")
+#: The largest config sizes :func:`read_config_file` accepts (far above any published model; past them plan's
+#: counts overflow).
+CONFIG_LIMITS = {"num_hidden_layers": 100_000, "num_attention_heads": 65_536, "num_key_value_heads": 65_536,
+                 "head_dim": 65_536, "hidden_size": 2**24, "intermediate_size": 2**26, "vocab_size": 2**26,
+                 "sliding_window": 2**32}
 
 
-def allowed_remote_code(spec: "ModelSpec", allowed: bool) -> list[str]:
-    """The model files a run may import (:func:`remote_code_modules`) when the scenario sets
-    ``model.trust_remote_code: true`` and the run ``allowed`` it (``kvbench run --trust-remote-code``); empty when
-    the scenario does not ask for model code or its auto_map names none.
+def read_config_file(path: str | Path) -> Any:
+    """The transformers config in a ``config.json`` file, for ``kvbench plan``: it refuses one that lacks a size of
+    :data:`PLAN_FIELDS` (transformers would fill them with its defaults, silently planning for another model), and
+    never runs model code.
 
     Raises:
-        RemoteCodeRefused: the scenario asks for model code and ``allowed`` is false (the message names the files).
-        kvbench.models.ModelNotFound: the model cannot be found.
-        ValueError: a config file is not a JSON object.
+        BadFile: not JSON, or missing (or null) fields (named), or sizes that are not whole numbers from 1 to their
+            :data:`CONFIG_LIMITS` bound (named, with the bound), or an ``auto_map`` naming model code for an
+            architecture transformers does not ship, or a config transformers cannot read (its first line).
     """
-    if not spec.trust_remote_code:
-        return []
-    modules = remote_code_modules(spec)
-    if not allowed:
-        named = ", ".join(modules) if modules else "its auto_map names no module"
-        raise RemoteCodeRefused(f"model.trust_remote_code: true runs the model's own code ({named}); pass "
-                                "--trust-remote-code to allow it, or set it to false")
-    return modules
+    path = Path(path)
+    raw = read_json_file(path, MAX_CONFIG_BYTES)  # BadFile: a FIFO, too large, invalid, too deep
+    text = raw.get("text_config", raw) if isinstance(raw, dict) else {}
+    missing = [k for k in PLAN_FIELDS if k not in text or text[k] is None]
+    if missing:
+        raise BadFile(f"{path}: the config has no {', '.join(missing)}")
+
+    def positive_int(v: Any) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool) and v > 0
+
+    wrong = [k for k in CONFIG_LIMITS if text.get(k) is not None and not positive_int(text[k])]
+    if wrong:
+        raise BadFile(f"{path}: {', '.join(f'{k} = {text[k]!r}' for k in wrong)}: must be whole numbers above 0")
+    big = [k for k, most in CONFIG_LIMITS.items() if text.get(k) is not None and text[k] > most]
+    if big:
+        raise BadFile(f"{path}: " + ", ".join(f"{k} = {text[k]:,} is above {CONFIG_LIMITS[k]:,}" for k in big)
+                         + ": plan takes sizes up to these")
+    from transformers import AutoConfig
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    if isinstance(raw, dict) and raw.get("auto_map") and text.get("model_type") not in CONFIG_MAPPING_NAMES:
+        code = ", ".join(auto_map_modules(raw)) or "?"
+        raise BadFile(f"{path}: the config's auto_map names the model's own code ({code}) (model_type "
+                         f"{text.get('model_type')!r}); plan never runs model code: give a config of an architecture "
+                         "transformers ships")
+    try:  # never remote code: transformers would otherwise ask on the terminal whether to run it
+        return AutoConfig.from_pretrained(path, trust_remote_code=False)
+    except Exception as exc:  # transformers raises many kinds (ValueError, KeyError, OSError) for a bad config
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise BadFile(f"{path}: transformers cannot read this config: {first}") from None

@@ -39,7 +39,7 @@ class OffloadedCache(Cache):
     counts the windows, prefetched history and the K/V handed to the layer being computed); ``stored_bytes`` /
     ``stored_peak_bytes``: the KV held over all tiers with each token counted once (windows + history: the figure
     that equals Σ over layers of 2 × kv_heads × head_dim × dtype bytes × tokens held × batch, tokens held = all
-    cached tokens, or the last ``window - 1`` of a sliding layer: :meth:`kvbench.analysis.plan.KVLayout.cached_kv_bytes`,
+    cached tokens, or the last ``window - 1`` of a sliding layer: :meth:`kvbench.offload.architecture.Architecture.cached_kv_bytes`,
     which does not import this module); and the copy engine's ``stats`` (H2D/D2H/disk bytes and counts).
     ``host_allocated_bytes`` / ``host_allocated_peak_bytes``: the capacity of the host buffers (allocated, not
     just filled: they grow by doubling) after each update, now and at peak; ``pinned_host_bytes`` /

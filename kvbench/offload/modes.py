@@ -13,10 +13,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal, Protocol
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from kvbench.offload.architecture import Architecture
 from kvbench.offload.policy import MIN_WINDOW
 from kvbench.offload.registry import Registry
 
@@ -109,28 +110,17 @@ class DynamicMode(ModeOptions):
         return self
 
 
-class KVShape(Protocol):
-    """What a placement rule reads of a model (:class:`kvbench.analysis.plan.KVLayout` is one)."""
-
-    @property
-    def full_layers(self) -> int: ...
-
-    def token_layer_bytes(self, dtype_bytes: int) -> int: ...
-
-    def kv_bytes(self, tokens: int, dtype_bytes: int) -> int: ...
-
-    def sliding_kv_bytes(self, tokens: int, dtype_bytes: int) -> int: ...
 
 
 #: ``rule(shape, tokens, dtype_bytes, window) -> (device bytes, host bytes)`` of one sequence's KV at ``tokens``.
-Placement = Callable[[KVShape, int, int, int], tuple[int, int]]
+Placement = Callable[[Architecture, int, int, int], tuple[int, int]]
 
 
-def _all_on_device(shape: KVShape, tokens: int, dtype_bytes: int, window: int) -> tuple[int, int]:
+def _all_on_device(shape: Architecture, tokens: int, dtype_bytes: int, window: int) -> tuple[int, int]:
     return shape.kv_bytes(tokens, dtype_bytes), 0
 
 
-def _history_on_host(shape: KVShape, tokens: int, dtype_bytes: int, window: int) -> tuple[int, int]:
+def _history_on_host(shape: Architecture, tokens: int, dtype_bytes: int, window: int) -> tuple[int, int]:
     """The last ``window`` tokens of each full-attention layer on the device, plus two layers' older history
     (the one computing, the one prefetched); that older history in host memory; sliding layers on the device."""
     per_layer, n_full = shape.token_layer_bytes(dtype_bytes), shape.full_layers
@@ -139,7 +129,7 @@ def _history_on_host(shape: KVShape, tokens: int, dtype_bytes: int, window: int)
             + min(2, n_full) * per_layer * (tokens - w), n_full * per_layer * (tokens - w))
 
 
-def _no_window(shape: KVShape, tokens: int, dtype_bytes: int, window: int) -> tuple[int, int]:
+def _no_window(shape: Architecture, tokens: int, dtype_bytes: int, window: int) -> tuple[int, int]:
     return _history_on_host(shape, tokens, dtype_bytes, 0)
 
 
@@ -235,7 +225,7 @@ MODES: Registry[ModeInfo] = Registry("mode", (
 ))
 
 
-def placement(shape: KVShape, kind: str, tokens: int, dtype_bytes: int, window: int = 0) -> tuple[int, int]:
+def placement(shape: Architecture, kind: str, tokens: int, dtype_bytes: int, window: int = 0) -> tuple[int, int]:
     """``(device bytes, host bytes)`` of one sequence's KV at ``tokens`` under mode ``kind``'s placement rule
     (``window``: the ``hierarchical`` mode's, tokens per layer kept on the device).
 

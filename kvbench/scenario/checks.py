@@ -101,10 +101,11 @@ def check_scenario(s: Scenario, *, check_model: bool = True) -> list[tuple[str, 
             )
         )
     if check_model:
-        from kvbench.models import ModelNotFound, read_shape
+        from kvbench.errors import ModelNotFound
+        from kvbench.models import read_architecture
 
         try:
-            shape = read_shape(s.model)
+            shape = read_architecture(s.model)
         except ModelNotFound as exc:
             key = "model.name" if s.model.name else ("model.preset" if s.model.preset else "model.config")
             problems.append((key, str(exc)))
@@ -197,10 +198,11 @@ def scenario_warnings(s: Scenario) -> list[tuple[str, str]]:
     caps = [(i, m.host_max_tokens) for i, m in enumerate(s.modes) if getattr(m, "host_max_tokens", None)]
     offload = [i for i, m in enumerate(s.modes) if m.kind in MODES and MODES[m.kind].host_tier]
     if caps or (s.budget is not None and offload):
-        from kvbench.models import ModelNotFound, read_shape
+        from kvbench.errors import ModelNotFound
+        from kvbench.models import read_architecture
 
         try:
-            shape = read_shape(s.model)
+            shape = read_architecture(s.model)
         except ModelNotFound:
             return warns  # reported by check_scenario
         itemsize = _itemsize(s)
