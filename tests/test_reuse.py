@@ -13,10 +13,12 @@ import pytest
 import torch
 
 from conftest import tiny_scenario
-from kvbench.analysis.points import load_results, trials_frame
 from kvbench.analysis.cost import Prices
 from kvbench.offload.store import StoreWarning
-from kvbench.results.run_dir import RunDir, read_trials
+from kvbench.results.frame import trials_frame
+from kvbench.results.load import load_results
+from kvbench.results.read import read_trials
+from kvbench.results.run_dir import RunDir
 from kvbench.analysis.reuse import ids_verdict, length_bin, reuse_table
 from kvbench.analysis.reuse_cost import reuse_cost, reuse_verdicts
 from kvbench.bench.runner import TrialRunner, plan_trials, run_sweep
