@@ -60,7 +60,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT))
-    from kvbench.analysis.points import load_results, point_table
+    from kvbench.analysis.points import point_table
+    from kvbench.results.load import load_results
 
     with tempfile.TemporaryDirectory(prefix="kvbench-report-speed-") as tmp:
         run = synthesise(Path(tmp), args.trials)

@@ -8,11 +8,13 @@ import pytest
 import torch
 
 from conftest import tiny_scenario
-from kvbench.analysis.points import load_results, point_table
+from kvbench.analysis.points import point_table
 from kvbench.bench.capacity import bounds, device_problem, search
 from kvbench.analysis.capacity import capacity_frame
 from kvbench.report import capacity_findings, capacity_recommendation, write_report
-from kvbench.results.run_dir import RunDir, read_trials
+from kvbench.results.load import load_results
+from kvbench.results.read import read_trials
+from kvbench.results.run_dir import RunDir
 from kvbench.bench.runner import TrialRunner, plan_trials, run_sweep
 from kvbench.scenario import ScenarioError, check_scenario, parse_scenario
 from kvbench.workloads import SyntheticSource

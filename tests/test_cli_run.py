@@ -14,8 +14,8 @@ import pandas as pd
 import pytest
 
 from conftest import ROOT, kvbench_cmd, tiny_scenario
-from kvbench.bench.monitor import SAMPLE_COLUMNS
-from kvbench.results.run_dir import read_trials
+from kvbench.results.read import read_trials
+from kvbench.results.samples import SAMPLE_COLUMNS
 
 
 def the_run_dir(root: Path) -> Path:

@@ -15,8 +15,8 @@ import pytest
 from typer.testing import CliRunner
 
 from kvbench import safe_read
-from kvbench.analysis.points import load_results
 from kvbench.cli import app
+from kvbench.results.load import load_results
 from kvbench.results.run_dir import RunDir, RunDirError
 from kvbench.results.identity import scenario_digest
 from kvbench.scenario import ScenarioError, read_yaml
@@ -222,7 +222,7 @@ def test_library_reader_names_a_fifo(tmp_path):
     with pytest.raises(safe_read.BadFile, match="t.jsonl: not a regular file"):
         safe_read.scan_rows(tmp_path / "t.jsonl")
     with pytest.raises(RunDirError, match="not a regular file"):
-        from kvbench.results.run_dir import read_trials
+        from kvbench.results.read import read_trials
         read_trials(tmp_path / "t.jsonl")
 
 

@@ -7,11 +7,12 @@ import time
 
 import pytest
 
-from kvbench.analysis.points import point_table, trials_frame
+from kvbench.analysis.points import point_table
 from kvbench.analysis.cost import Prices, cost_table, verdicts
 from kvbench.analysis.intervals import judge
 from kvbench.analysis.latency import itl_percentiles
 from kvbench.bench.machine_load import LoadWindow, busy_threshold_percent, other_gpu_processes
+from kvbench.results.frame import trials_frame
 
 
 def rows(tpots: dict[tuple[str, int], list[float]], busy: set[tuple[str, int, int]] = frozenset(),

@@ -13,7 +13,6 @@ import pytest
 import torch
 
 from kvbench.bench.monitor import (
-    SAMPLE_COLUMNS,
     SAMPLER_NICE,
     LatencyWatch,
     MonitorWarning,
@@ -21,6 +20,7 @@ from kvbench.bench.monitor import (
     gpu_fields,
     summarise,
 )
+from kvbench.results.samples import SAMPLE_COLUMNS
 
 MiB = 2**20
 

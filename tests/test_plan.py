@@ -138,7 +138,8 @@ def test_cost_what_if_and_bad_prices(tmp_path, monkeypatch):
 def test_cost_from_results_where_none_never_fits(tmp_path):
     from pathlib import Path
 
-    from kvbench.analysis.points import load_results, point_table
+    from kvbench.analysis.points import point_table
+    from kvbench.results.load import load_results
     from kvbench.analysis.cost import Prices, cost_table, verdicts
 
     golden = next(p for p in sorted((Path(__file__).parent / "data" / "golden").iterdir()) if p.is_dir())

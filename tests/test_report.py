@@ -13,7 +13,9 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from kvbench.analysis.points import ResultsError, load_results, point_table
+from kvbench.analysis.points import point_table
+from kvbench.errors import ResultsError
+from kvbench.results.load import load_results
 from kvbench.cli import app
 from kvbench.analysis.compare import compare_points, parse_threshold, violations
 from kvbench.report.md_text import md_line

@@ -105,7 +105,7 @@ def test_an_interrupt_as_the_scratch_folder_is_made_or_a_failing_stop_leaves_no_
     caller knew it) or when stopping the workers failed."""
     import kvbench.report as report
     from kvbench.report import scratch_dir
-    from kvbench.analysis.points import load_results
+    from kvbench.results.load import load_results
 
     results = load_results([RUN])
     real_make = scratch_dir.make

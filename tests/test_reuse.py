@@ -13,10 +13,13 @@ import pytest
 import torch
 
 from conftest import tiny_scenario
-from kvbench.analysis.points import load_results, trials_frame
 from kvbench.analysis.cost import Prices
 from kvbench.offload.store import StoreWarning
-from kvbench.results.run_dir import RunDir, read_trials
+from kvbench.results.frame import trials_frame
+from kvbench.results.load import load_results
+from kvbench.results.read import read_trials
+from kvbench.results.rows import BY_NAME
+from kvbench.results.run_dir import RunDir
 from kvbench.analysis.reuse import ids_verdict, length_bin, reuse_table
 from kvbench.analysis.reuse_cost import reuse_cost, reuse_verdicts
 from kvbench.bench.runner import TrialRunner, plan_trials, run_sweep
@@ -264,6 +267,7 @@ def test_multi_turn_warm_trials_restore_exactly_in_every_mode(tiny_model, smol_t
     res = run_sweep(s, run, runner)
     rows = read_trials(run.trials_path)
     assert not res.interrupted and len(rows) == 6 * len(MODES) * 2
+    assert sorted({k for r in rows for k in r} - set(BY_NAME)) == []  # every column declared (kvbench.results.rows)
     assert all(r["status"] == "ok" for r in rows), [r["message"] for r in rows if r["status"] != "ok"]
     assert all(r["tokens_match"] is True for r in rows)
     want = expected_restored(stream.requests, 32)

@@ -10,11 +10,12 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from kvbench.analysis.points import ResultsError, load_results
 from kvbench.cli import app
+from kvbench.errors import RecordError, ResultsError
 from kvbench.results.run_dir import RunDir, RunDirError
 from kvbench.results.identity import scenario_digest
-from kvbench.results.record import RecordError, check_rows
+from kvbench.results.load import load_results
+from kvbench.results.record import check_rows
 
 GOLDEN = Path(__file__).parent / "data" / "golden"
 RUN = next(p for p in sorted(GOLDEN.iterdir()) if (p / "run.json").is_file())

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from conftest import tiny_scenario
-from kvbench.results.run_dir import RunDir, read_trials
+from kvbench.results.read import read_trials
+from kvbench.results.run_dir import RunDir
 from kvbench.bench.runner import (
     TrialRunner,
     TrialSpec,
@@ -365,7 +366,8 @@ def test_open_refuses_other_schema_versions(tmp_path):
 
 
 def test_summary_keeps_over_budget_measurements_and_counts_only_ok():
-    from kvbench.analysis.points import point_table, trials_frame
+    from kvbench.analysis.points import point_table
+    from kvbench.results.frame import trials_frame
 
     base = {"trial_id": "t", "mode": "none", "prompt_tokens": 8, "batch_size": 1, "mode_label": "none",
             "message": "", "tokens_match": True, "tpot_s": 0.1, "ttft_s": 0.5, "decode_tokens_per_s": 10.0,

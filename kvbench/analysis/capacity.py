@@ -5,13 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
-#: Statuses of a probe that mean "does not fit"; ``ok`` fits, anything else stops the search.
-NO_FIT = ("over_budget", "oom")
+from kvbench.results.rows import NO_FIT, Status, agg
 
 
 def _probe_text(probes: list[list[Any]]) -> str:
     """``1 2 4 8✗ 6 7✗``: the values probed in order, ✗ where they did not fit (or the status if another)."""
-    marks = {"ok": ""}
+    marks = {Status.OK: ""}
     return " ".join(f"{v}{marks.get(st, '✗' if st in NO_FIT else f'({st})')}" for v, st in probes)
 
 
@@ -38,7 +37,7 @@ def capacity_frame(found: list[dict[str, Any]], points: Any) -> Any:
                      "searched": searched, "capacity": f["capacity"], "probes": _probe_text(f["probes"]),
                      "stopped": f["stopped"]})
     frame = pd.DataFrame(rows, columns=[*keys, "searched", "capacity", "probes", "stopped"])
-    measured = ["n_ok", "tokens_match", "throughput_tokens_per_s_median", "kv_device_peak_bytes_median"]
+    measured = ["n_ok", "tokens_match", agg("throughput_tokens_per_s", "median"), agg("kv_device_peak_bytes", "median")]
     if len(points):
         have = points[keys + [c for c in measured if c in points]].copy()
         frame = frame.astype({"prompt_tokens": "float64", "batch_size": "float64"}).merge(

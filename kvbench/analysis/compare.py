@@ -9,7 +9,8 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from kvbench.analysis.points import POINT_KEYS, Results, point_table
+from kvbench.analysis.points import POINT_KEYS, point_table
+from kvbench.results.load import Results
 
 #: Metrics compare knows (their per-point medians), and whether higher is better.
 COMPARE_METRICS: dict[str, bool] = {

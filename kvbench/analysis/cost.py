@@ -21,9 +21,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from kvbench.analysis.points import MEASURED, qualifies
+from kvbench.analysis.points import qualifies
 from kvbench.analysis.intervals import bootstrap_intervals, judge, pair_load, pair_with_reference, pct_interval
 from kvbench.analysis.plan import MAX_USD_PER_HOUR, cost_per_million
+from kvbench.results.rows import MEASURED
 from kvbench.results.run_dir import refuse_symlink_dir
 
 GIB = 2**30
@@ -155,7 +156,7 @@ def cost_table(table: pd.DataFrame, prices: Prices, trials: pd.DataFrame | None 
 
     Args:
         table: :func:`kvbench.analysis.points.point_table`.
-        trials: the trial rows behind it (:attr:`kvbench.analysis.points.Results.trials`); without them no pairs.
+        trials: the trial rows behind it (:attr:`kvbench.results.load.Results.trials`); without them no pairs.
 
     Returns:
         Columns ``group``, ``prompt_tokens``, ``mode_label``, ``mode``, ``batch_size`` (the best; NaN if none

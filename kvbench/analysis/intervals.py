@@ -19,6 +19,8 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
+from kvbench.results.rows import agg
+
 #: Bootstrap intervals need this many values (repeats of a point, or pairs of a comparison).
 BOOTSTRAP_MIN_REPEATS = 5
 #: A comparison needs at least this many pairs to carry a verdict.
@@ -167,8 +169,8 @@ def paired_point_stats(measured: pd.DataFrame, pid: pd.Series, n_boot: int = 200
         ratio = ratio.replace([np.inf, -np.inf], np.nan)
         out[f"{m}_ratio"] = ratio.groupby(ids).median()
         ci = bootstrap_intervals(ratio, ids, n_boot, seed)
-        out[f"{m}_ratio_ci_low"] = ci["low"]
-        out[f"{m}_ratio_ci_high"] = ci["high"]
+        out[agg(f"{m}_ratio", "ci_low")] = ci["low"]
+        out[agg(f"{m}_ratio", "ci_high")] = ci["high"]
     return out
 
 
@@ -207,8 +209,8 @@ def add_comparisons(table: pd.DataFrame) -> None:
     :func:`paired_point_stats` joined) as percentages and ratios, and their verdicts (in place):
     ``time_overhead_pct`` = 100 × (paired TPOT ratio − 1) with ``time_overhead_ci_low``/``_high``;
     ``throughput_ratio`` (paired) with its ``_ci_low``/``_high``; ``ttft_ratio``; ``tpot_verdict`` (see
-    :func:`kvbench.analysis.intervals.judge`; an offload mode faster than ``none`` at the same batch beyond its interval is
-    implausible: the decode-step roofline puts it at or above ``none``); None for ``none`` itself."""
+    :func:`judge`; an offload mode faster than ``none`` at the same batch beyond its interval is implausible: the
+    decode-step roofline puts it at or above ``none``); None for ``none`` itself."""
     for c in ("tpot_s_ratio", "tpot_s_ratio_ci_low", "tpot_s_ratio_ci_high", "throughput_tokens_per_s_ratio",
               "throughput_tokens_per_s_ratio_ci_low", "throughput_tokens_per_s_ratio_ci_high", "ttft_s_ratio"):
         if c not in table:
@@ -248,6 +250,6 @@ def pct_interval(median: float, low: float, high: float, digits: int = 0) -> str
     return f"{one(median)} [{one(low)}, {one(high)}]"
 
 
-__all__ = ["BOOTSTRAP_MIN_REPEATS", "MIN_PAIRS", "PAIRED_METRICS", "PAIR_KEYS", "add_comparisons", "bootstrap_intervals",
-           "busy_flags", "judge", "load_known", "median_ci", "pair_load", "pair_with_reference", "paired_point_stats",
-           "pct_interval"]
+__all__ = ["BOOTSTRAP_MIN_REPEATS", "MIN_PAIRS", "PAIRED_METRICS", "PAIR_KEYS", "add_comparisons",
+           "bootstrap_intervals", "busy_flags", "judge", "load_known", "median_ci", "pair_load", "pair_with_reference",
+           "paired_point_stats", "pct_interval"]

@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from kvbench.analysis.points import MEASURED
 from kvbench.analysis.intervals import bootstrap_intervals, judge, pair_load, pair_with_reference
+from kvbench.results.rows import MEASURED, agg
 
 
 BOOT = 2000
@@ -60,8 +60,8 @@ def reuse_table(trials: pd.DataFrame, by: str = "turn_index") -> pd.DataFrame:
         for side, frame in (("cold", cold), ("warm", warm)):
             v = frame["ttft_s"].astype(float)
             rec[f"{side}_ttft_s"] = v.median() if len(v) else np.nan
-            rec[f"{side}_ttft_s_min"] = v.min() if len(v) else np.nan
-            rec[f"{side}_ttft_s_max"] = v.max() if len(v) else np.nan
+            rec[agg(f"{side}_ttft_s", "min")] = v.min() if len(v) else np.nan
+            rec[agg(f"{side}_ttft_s", "max")] = v.max() if len(v) else np.nan
         rec.update(_paired_ttft(warm, cold))
         rec["tokens_restored"] = float(warm["tokens_restored"].median()) if len(warm) else np.nan
         hit = warm["store_hit_rate"].dropna().astype(float) if "store_hit_rate" in warm else pd.Series(dtype=float)
@@ -103,8 +103,8 @@ def reuse_later_turns(trials: pd.DataFrame, from_turn: int = 2) -> pd.DataFrame:
 def _paired_ttft(warm: pd.DataFrame, cold: pd.DataFrame) -> dict[str, Any]:
     """Restore ÷ recompute TTFT paired by request (the warm and cold run of one request in one repeat ran back to
     back): ``ttft_ratio`` (median of the pair ratios), ``ttft_ratio_ci_low``/``_high`` (95% bootstrap over pairs,
-    with ≥ 5), ``pairs``, ``pairs_busy_trials`` and ``ttft_verdict`` (:func:`kvbench.analysis.intervals.judge`; "" when the
-    pairs decide that restore is faster or slower)."""
+    with ≥ 5), ``pairs``, ``pairs_busy_trials`` and ``ttft_verdict`` (:func:`kvbench.analysis.intervals.judge`; ""
+    when the pairs decide that restore is faster or slower)."""
     pairs = pair_with_reference(warm, cold, on=["request_id"])
     ratio = (pd.to_numeric(pairs["ttft_s"], errors="coerce")
              / pd.to_numeric(pairs["ttft_s_ref"], errors="coerce")).replace([np.inf, -np.inf], np.nan)

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from kvbench.analysis.points import MEASURED
+from kvbench.results.rows import MEASURED
 from kvbench.analysis.cost import GIB, Prices
 from kvbench.analysis.intervals import judge, pair_load, pair_with_reference
 from kvbench.analysis.reuse import ids_verdict, reuse_trials

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvbench.analysis.capacity import NO_FIT
+from kvbench.results.rows import NO_FIT
 from kvbench.scenario import CAPACITY_DEFAULTS, CapacitySpec, Scenario
 
 

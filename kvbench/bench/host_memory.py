@@ -16,8 +16,6 @@ from typing import Any
 
 import psutil
 
-HOST_FIELDS = ("rss_bytes", "rss_anon_bytes", "rss_file_bytes", "cpu_percent", "host_available_bytes",
-               "pinned_host_bytes")
 #: Writing ``5`` here resets the kernel's peak RSS (``VmHWM``) to the current RSS (Linux ≥ 4.0).
 CLEAR_REFS = "/proc/self/clear_refs"
 #: Where ``VmHWM``, ``RssAnon``, ``RssFile`` and ``RssShmem`` are read at a trial's end.
@@ -193,8 +191,8 @@ class HostReader:
         return {"rss_hwm_bytes": hwm, "pinned_host_allocated_peak_bytes": pinned}
 
     def read(self, final: bool = False) -> dict[str, Any]:
-        """One reading of :data:`HOST_FIELDS` (bytes; CPU in %); ``final`` (a trial's last reading) refreshes CPU %
-        whatever the window's length, so a trial shorter than ``cpu_every_s`` still gets one.
+        """One reading of :data:`kvbench.results.samples.HOST_FIELDS` (bytes; CPU in %); ``final`` (a trial's last
+        reading) refreshes CPU % whatever the window's length, so a trial shorter than ``cpu_every_s`` still gets one.
 
         Raises:
             psutil.Error, OSError: the process cannot be read.

@@ -29,17 +29,13 @@ from typing import Any
 
 import psutil
 
-from kvbench.bench.host_memory import HOST_FIELDS, KERNEL_PEAK_SOURCE, HostReader, host_memory_available
+from kvbench.bench.host_memory import KERNEL_PEAK_SOURCE, HostReader, host_memory_available
 from kvbench.errors import NvmlUnavailable
+from kvbench.results.samples import GPU_FIELDS, HOST_FIELDS, KV_FIELDS
 
-__all__ = ["GPU_FIELDS", "HOST_FIELDS", "KV_FIELDS", "SAMPLE_COLUMNS", "SAMPLER_NICE", "STOP_CHECK_S", "HostReader",
-           "LatencyWatch", "MonitorWarning", "NvmlReader", "NvmlUnavailable", "Sampler", "TrialTimeline", "gpu_fields",
-           "host_memory_available", "summarise"]
+__all__ = ["SAMPLER_NICE", "STOP_CHECK_S", "HostReader", "LatencyWatch", "MonitorWarning", "NvmlReader",
+           "NvmlUnavailable", "Sampler", "TrialTimeline", "gpu_fields", "host_memory_available", "summarise"]
 
-GPU_FIELDS = ("gpu_used_bytes", "gpu_total_bytes", "gpu_process_bytes", "gpu_util_percent",
-              "pcie_tx_bytes_per_s", "pcie_rx_bytes_per_s", "power_w")
-#: The cache's own accounting of KV bytes per tier (see ``Sampler.trial``'s ``kv_probe``).
-KV_FIELDS = ("kv_device_bytes", "kv_host_bytes", "kv_disk_bytes")
 #: Longest sleep of the sampler thread (seconds): a trial's end waits at most this long for the thread to stop.
 STOP_CHECK_S = 0.1
 #: Niceness of the sampler thread (Linux: per thread). A waking sampler then seldom preempts the trial's threads
@@ -48,8 +44,6 @@ STOP_CHECK_S = 0.1
 #: in ``benchmarks/sampler_overhead.py``), with samples 11.4 ms apart at the median and 16 ms at p99 (10.2 and 14.4
 #: at nice 0). Nice 19 cut the cost as far but spread samples to 36 ms at p90. With a core to spare nothing changes.
 SAMPLER_NICE = 10
-#: Columns of ``samples.csv``: ``t_s`` is seconds since the trial's sampler started.
-SAMPLE_COLUMNS = ("trial_id", "phase", "t_s", *HOST_FIELDS, *GPU_FIELDS, *KV_FIELDS)
 
 
 class MonitorWarning(UserWarning):
@@ -158,7 +152,8 @@ def _lower_priority(nice: int) -> None:
 
 @dataclass
 class TrialTimeline:
-    """The samples of one trial (dicts with :data:`SAMPLE_COLUMNS`) and the alerts raised during it.
+    """The samples of one trial (dicts with :data:`kvbench.results.samples.SAMPLE_COLUMNS`) and the alerts raised
+    during it.
 
     ``sampler_cpu_s``: CPU seconds the sampler thread used during the trial (``time.thread_time``: its reads and
     wake-ups, not its sleep); None when no thread ran (``interval_ms`` 0). ``peaks``: what the trial's end read

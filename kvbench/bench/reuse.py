@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from kvbench.analysis.points import MEASURED
+from kvbench.results.rows import MEASURED
 
 if TYPE_CHECKING:  # torch-bound: imported where used, so that `kvbench report` reads tables without torch
     from kvbench.offload.store import KVStore

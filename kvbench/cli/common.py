@@ -72,7 +72,8 @@ def _table(frame: Any, title: str, caption: str = "") -> Table:
 
 
 def _load(paths: list[Path]) -> Any:
-    from kvbench.analysis.points import ResultsError, load_results
+    from kvbench.errors import ResultsError
+    from kvbench.results.load import load_results
 
     try:
         with warnings.catch_warnings():

@@ -70,7 +70,7 @@ def _failures(rows: list[dict[str, Any]]) -> list[str]:
 
 def _reuse_summary(rows: list[dict[str, Any]], name: str, title: str) -> Table:
     """Per turn index and mode: TTFT recompute vs restore, tokens restored, hit rate, ids."""
-    from kvbench.analysis.points import trials_frame
+    from kvbench.results.frame import trials_frame
     from kvbench.report import reuse_display, reuse_terminal
     from kvbench.analysis.reuse import reuse_table
 
@@ -82,7 +82,8 @@ def _reuse_summary(rows: list[dict[str, Any]], name: str, title: str) -> Table:
 
 def _run_summary(rows: list[dict[str, Any]], sc: Any) -> Any:
     """The per-point table of a run's trials (no bootstrap: the run summary shows medians and ranges)."""
-    from kvbench.analysis.points import point_table, trials_frame
+    from kvbench.analysis.points import point_table
+    from kvbench.results.frame import trials_frame
 
     if not rows:
         import pandas as pd

@@ -18,7 +18,8 @@ from typing import Any
 import pandas as pd
 
 from kvbench.report import charts, scratch_dir
-from kvbench.analysis.points import KV_CHECK_TOLERANCE, Results, point_table, qualifies
+from kvbench.analysis.points import KV_CHECK_TOLERANCE, point_table, qualifies
+from kvbench.results.load import Results
 from kvbench.report.chart_pool import chart_pool
 from kvbench.analysis.intervals import pct_interval
 from kvbench.report.md_text import md_escape, md_line
@@ -658,7 +659,7 @@ def write_report(results: Results, out_dir: str | Path, timelines: list[str] | N
     prompt length), the charts (PNG), ``report.md`` and ``report.html``.
 
     Args:
-        results: from :func:`kvbench.analysis.points.load_results`.
+        results: from :func:`kvbench.results.load.load_results`.
         out_dir: where to write.
         timelines: trial ids whose memory timeline is drawn; default: at each group's longest prompt and largest
             batch, the first measured trial of every mode.

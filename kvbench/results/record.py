@@ -1,6 +1,6 @@
-"""What a run directory may hold, checked before anything reads it: the top level of ``run.json`` and the known
-keys of a trial row, as strict pydantic models (the scenario inside ``run.json`` by :class:`kvbench.scenario.Scenario`
-itself).
+"""What a run directory may hold, checked before anything reads it: the top level of ``run.json`` and the columns
+of a trial row (declared in :mod:`kvbench.results.rows`), as strict pydantic models (the scenario inside ``run.json``
+by :class:`kvbench.scenario.Scenario` itself).
 
 Unknown keys are accepted (a newer kvbench may add columns); known keys must have their types: whole numbers are
 JSON integers (not ``true``, not ``"32"``), numbers are finite, statuses are the ones kvbench writes. An error names
@@ -14,12 +14,16 @@ from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from typing_extensions import NotRequired, Required, TypedDict
-from kvbench.errors import RecordError
 
-#: Trial statuses kvbench writes (kvbench.bench.runner; over_budget: measured, but the device KV exceeded the budget).
-ROW_STATUSES = ("ok", "over_budget", "skipped", "error", "oom")
+from kvbench.errors import RecordError
+from kvbench.results.rows import COLUMNS, Kind, Status
+
+#: Trial statuses kvbench writes (:class:`kvbench.results.rows.Status`, in its order).
+ROW_STATUSES = tuple(s.value for s in Status)
 #: run.json statuses: a sweep in progress (or killed), stopped by Ctrl-C/SIGTERM, or finished.
 RUN_STATUSES = ("running", "interrupted", "complete")
+#: The run directory's format version (run.json ``schema_version``): what this kvbench writes and reads.
+SCHEMA_VERSION = 1
 
 #: Largest whole number a run directory may hold (a 64-bit signed integer: what the tables hold).
 MAX_INT = 2**63 - 1
@@ -31,39 +35,21 @@ _Flag = Optional[Annotated[bool, Field(strict=True)]]
 _Object = Optional[dict[str, Any]]
 _List = Optional[list[Any]]
 
-_COUNTS = ("repeat", "max_new_tokens", "n_output_tokens", "first_divergence_step", "n_samples", "window_final",
-           "turn_index", "tokens_restored", "tokens_prefilled", "h2d_count", "d2h_count", "transfer_stalls",
-           "gpu_other_processes", "kv_bytes_predicted", "budget_bytes", "kv_device_peak_bytes", "kv_host_peak_bytes",
-           "kv_stored_peak_bytes", "kv_disk_peak_bytes", "kv_host_allocated_peak_bytes", "rss_peak_bytes",
-           "rss_anon_peak_bytes", "rss_file_peak_bytes", "host_available_min_bytes",
-           "pinned_host_requested_peak_bytes", "pinned_host_allocated_peak_bytes", "nvml_device_peak_bytes",
-           "nvml_process_peak_bytes", "weights_baseline_bytes", "peak_device_allocated_bytes",
-           "peak_device_reserved_bytes", "h2d_bytes", "d2h_bytes", "disk_read_bytes", "disk_write_bytes",
-           "restore_host_bytes", "restore_disk_bytes")
-_NUMBERS = ("ttft_s", "e2e_s", "tpot_s", "prefill_tokens_per_s", "decode_tokens_per_s", "throughput_tokens_per_s",
-            "rss_mean_bytes", "cpu_percent_mean", "gpu_util_mean_percent", "pcie_tx_mean_bytes_per_s",
-            "pcie_rx_mean_bytes_per_s", "power_mean_w", "h2d_bytes_per_s", "others_cpu_percent",
-            "steal_cpu_percent", "load_resolution_percent", "load_window_s", "busy_threshold_percent",
-            "sampler_cpu_s", "store_hit_rate", "top2_logit_gap", "itl_p50_s", "itl_p90_s", "itl_p99_s", "itl_max_s",
-            "plan_kv_device_bytes", "plan_link_bytes_per_step", "plan_tpot_s")
-_TEXTS = ("scenario", "scenario_digest", "mode_label", "message", "device", "dtype", "started_at", "prompt_sha256",
-          "output_sha256", "rss_peak_source", "request_id", "document")
-_FLAGS = ("tokens_match", "warm", "pinned", "divergence_acceptable", "machine_busy")
-_OBJECTS = ("mode_options", "notes")
-_LISTS = ("alerts", "window_events", "output_ids_head")
-
-_ROW_FIELDS: dict[str, Any] = {
-    "trial_id": Required[Annotated[str, Field(strict=True, min_length=1)]],
-    "status": Required[Literal[ROW_STATUSES]],  # type: ignore[valid-type]
-    "mode": Required[Annotated[str, Field(strict=True, min_length=1)]],
-    "prompt_tokens": Required[_Positive],
-    "batch_size": Required[_Positive],
-    "itl_s": NotRequired[Optional[list[Annotated[float, Field(allow_inf_nan=False)]]]],
-    "top2_logit_gaps": NotRequired[Optional[list[Annotated[float, Field(allow_inf_nan=False)]]]],
-    **{k: NotRequired[_Count] for k in _COUNTS}, **{k: NotRequired[_Number] for k in _NUMBERS},
-    **{k: NotRequired[_Text] for k in _TEXTS}, **{k: NotRequired[_Flag] for k in _FLAGS},
-    **{k: NotRequired[_Object] for k in _OBJECTS}, **{k: NotRequired[_List] for k in _LISTS},
+#: The type a row's value of each kind of column must have.
+_TYPES: dict[Kind, Any] = {
+    Kind.NAME: Required[Annotated[str, Field(strict=True, min_length=1)]],
+    Kind.STATUS: Required[Literal[ROW_STATUSES]],  # type: ignore[valid-type]
+    Kind.SIZE: Required[_Positive],
+    Kind.COUNT: NotRequired[_Count],
+    Kind.NUMBER: NotRequired[_Number],
+    Kind.NUMBERS: NotRequired[Optional[list[Annotated[float, Field(allow_inf_nan=False)]]]],
+    Kind.TEXT: NotRequired[_Text],
+    Kind.FLAG: NotRequired[_Flag],
+    Kind.OBJECT: NotRequired[_Object],
+    Kind.LIST: NotRequired[_List],
 }
+# the required columns first: a row's first fault is named in this order
+_ROW_FIELDS: dict[str, Any] = {c.name: _TYPES[c.kind] for c in sorted(COLUMNS, key=lambda c: not c.required)}
 _Row = TypedDict("_Row", _ROW_FIELDS)  # type: ignore[misc]
 _Row.__pydantic_config__ = ConfigDict(extra="allow")  # type: ignore[attr-defined]
 _ROWS = TypeAdapter(list[_Row])
@@ -193,9 +179,10 @@ def check_run_meta(meta: Any, path: str | Path) -> dict[str, Any]:
 
 def check_rows(rows: list[Any], lines: list[int], path: str | Path) -> list[dict[str, Any]]:
     """``rows`` (parsed lines of a ``trials.jsonl``, ``lines`` their line numbers) when every one is a trial row:
-    an object with ``trial_id``, ``status`` (one of :data:`ROW_STATUSES`), ``mode``, ``prompt_tokens`` and
-    ``batch_size`` (whole numbers above 0), and the other keys of :data:`ROW_KEYS` of their types (byte counts and
-    counts whole numbers ≥ 0, times and rates finite numbers, each or null). Other keys are kept as they are.
+    an object with the required columns of :data:`kvbench.results.rows.COLUMNS` (``trial_id``, ``mode``: text;
+    ``prompt_tokens``, ``batch_size``: whole numbers above 0; ``status``: one of :data:`ROW_STATUSES`), and its other
+    columns of their kinds (byte counts and counts whole numbers ≥ 0, times and rates finite numbers, each or null).
+    Other keys are kept as they are.
 
     Raises:
         RecordError: the first fault, naming ``path``, the line and the key.
@@ -212,4 +199,4 @@ def check_rows(rows: list[Any], lines: list[int], path: str | Path) -> list[dict
     return rows
 
 
-__all__ = ["ROW_KEYS", "ROW_STATUSES", "RUN_STATUSES", "RecordError", "check_rows", "check_run_meta"]
+__all__ = ["ROW_KEYS", "ROW_STATUSES", "RUN_STATUSES", "SCHEMA_VERSION", "check_rows", "check_run_meta"]

@@ -21,12 +21,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from kvbench.errors import BadFile, NotRegular, RecordError, RunDirError, SymlinkRefused
 from kvbench.results.files import append_all, samples_end
-from kvbench.results.record import RecordError, check_rows, check_run_meta
-from kvbench.safe_read import MAX_ROW_BYTES, BadFile, read_json_file, scan_rows, skipped_message
-from kvbench.errors import NotRegular, RunDirError, SymlinkRefused
-
-SCHEMA_VERSION = 1
+from kvbench.results.read import read_rows, read_trials
+from kvbench.results.record import SCHEMA_VERSION, check_run_meta
+from kvbench.results.samples import SAMPLE_COLUMNS
+from kvbench.safe_read import MAX_ROW_BYTES, read_json_file, scan_rows
 
 
 def open_nofollow(path: str | Path, flags: int, mode: int = 0o644) -> int:
@@ -141,7 +141,7 @@ class RunDir:
         try:
             check_run_meta(meta, rj)
             if (p / "trials.jsonl").exists():  # a FIFO or device is refused there, not skipped
-                _checked_rows(p / "trials.jsonl")
+                read_rows(p / "trials.jsonl")
         except (RecordError, BadFile) as exc:
             raise RunDirError(str(exc)) from None
         return cls(p, meta)
@@ -234,7 +234,7 @@ class RunDir:
         return self.path / "samples.csv"
 
     def append_samples(self, samples: list[dict[str, Any]]) -> None:
-        """Append one trial's samples (dicts with :data:`kvbench.bench.monitor.SAMPLE_COLUMNS`) to ``samples.csv`` in
+        """Append one trial's samples (dicts with :data:`kvbench.results.samples.SAMPLE_COLUMNS`) to ``samples.csv`` in
         one fsynced write, with the header when the file is new; missing values are empty cells.
 
         Raises:
@@ -243,8 +243,6 @@ class RunDir:
         """
         if not samples:
             return
-        from kvbench.bench.monitor import SAMPLE_COLUMNS
-
         new = not self.samples_path.exists() or self.samples_path.stat().st_size == 0
         columns = list(SAMPLE_COLUMNS)
         if not new:  # a resumed run keeps its file's columns (an older kvbench may have written fewer)
@@ -263,10 +261,10 @@ class RunDir:
 
     def finished_trials(self) -> list[dict[str, Any]]:
         """The trials already written; reading them changes no file (a partial last line, which :meth:`lock`
-        cuts, is skipped with a warning by :func:`read_trials`).
+        cuts, is skipped with a warning by :func:`kvbench.results.read.read_trials`).
 
         Raises:
-            kvbench.results.identity.ForeignRow: a row was written under another scenario than run.json's.
+            kvbench.errors.ForeignRow: a row was written under another scenario than run.json's.
         """
         if not self.trials_path.exists():
             return []
@@ -325,43 +323,7 @@ def _cut_tail(path: Path, keep: Callable[[bytes], int], header: bool = False) ->
 
 
 def _trial_ids(path: Path) -> set[str]:
-    """The ``trial_id`` of every JSON-object line of a trials file (other lines are left to :func:`read_trials`)."""
+    """The ``trial_id`` of every JSON-object line of a trials file (other lines are left to
+    :func:`kvbench.results.read.read_rows`)."""
     values, _, _ = scan_rows(path)
     return {row["trial_id"] for row in values if isinstance(row, dict) and isinstance(row.get("trial_id"), str)}
-
-
-def _checked_rows(path: Path, scenario: Any = None) -> tuple[list[dict[str, Any]], list[tuple[int, str]]]:
-    """The rows of a ``trials.jsonl`` and the lines skipped, with why (:func:`kvbench.safe_read.scan_rows`: not
-    valid JSON, e.g. a run killed mid-write, not UTF-8, too long or nested too deeply), in one read of the file.
-
-    Raises:
-        RecordError: a valid JSON line that is not a trial row (:func:`kvbench.results.record.check_rows`).
-        kvbench.results.identity.ForeignRow: with ``scenario`` (run.json's), a row written under another scenario.
-        BadFile: the file is not a regular file or cannot be read.
-    """
-    rows, lines, skipped = scan_rows(path)
-    checked = check_rows(rows, lines, path)
-    if isinstance(scenario, dict):
-        from kvbench.results.identity import check_parsed
-
-        check_parsed(path, rows, lines, scenario)
-    return checked, skipped
-
-
-def read_trials(path: str | Path, scenario: Any = None) -> list[dict[str, Any]]:
-    """The rows of a ``trials.jsonl``. Lines kvbench cannot read (:func:`kvbench.safe_read.scan_rows`) are skipped
-    with a warning naming file and line, the same warning ``report`` gives. With ``scenario`` (run.json's), rows
-    written under another scenario are refused.
-
-    Raises:
-        RunDirError: the file is not a regular file, or a line is not a trial row (naming the file, the line and
-            the key).
-        kvbench.results.identity.ForeignRow: a row of another scenario (a RunDirError).
-    """
-    try:
-        rows, skipped = _checked_rows(Path(path), scenario)
-    except (RecordError, BadFile) as exc:
-        raise RunDirError(str(exc)) from None
-    for i, why in skipped:
-        warnings.warn(skipped_message(path, i, why), stacklevel=2)
-    return rows
