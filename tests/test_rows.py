@@ -20,9 +20,6 @@ README = (ROOT / "README.md").read_text()
 UNIT_WORDS = {"seconds": "seconds", "bytes": "bytes", "percent": "percent"}
 #: Columns whose unit is not in their name.
 UNIT_NOT_IN_NAME = {"window_final": "tokens", "tokens_restored": "tokens", "tokens_prefilled": "tokens"}
-#: Declared columns the README does not name: the `none` reference's gap at every step, kept in its rows only so
-#: that a resumed reuse run can judge warm trials against it.
-NOT_IN_README = {"top2_logit_gaps"}
 
 
 def field_table() -> list[tuple[list[str], str]]:
@@ -66,7 +63,7 @@ def test_the_readme_field_table_names_the_trial_columns_in_their_order():
 
 def test_the_readme_names_every_other_column():
     missing = [c.name for c in PLAN_COLUMNS + REUSE_COLUMNS if f"`{c.name}`" not in README]
-    assert missing == sorted(NOT_IN_README)
+    assert missing == []
 
 
 def test_the_readme_samples_paragraph_names_every_samples_column():
