@@ -32,7 +32,7 @@ import statistics  # noqa: E402
 
 from kvbench.models import LoadedModel, load  # noqa: E402
 from kvbench.bench.monitor import Sampler  # noqa: E402
-from kvbench.offload.caches import make_cache  # noqa: E402
+from kvbench.offload.modes import make_cache  # noqa: E402
 from kvbench.bench.runner import Clock, TrialRunner, TrialSpec, greedy_decode, left_pad  # noqa: E402
 from kvbench.scenario import ScenarioError, parse_scenario  # noqa: E402
 from kvbench.workloads import SyntheticSource  # noqa: E402

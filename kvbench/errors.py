@@ -8,7 +8,7 @@ report". Each class also derives from the builtin a caller would expect (``Value
 ``OSError``) so that ``except ValueError`` keeps working.
 
 The offload engine (:mod:`kvbench.offload`) imports nothing else of kvbench; its two errors,
-:class:`~kvbench.offload.caches.ModeUnavailable` (a trial is ``skipped``) and
+:class:`~kvbench.offload.modes.ModeUnavailable` (a trial is ``skipped``) and
 :class:`~kvbench.offload.disk.DiskTierError` (a trial is an ``error``), are caught by the sweep and recorded.
 """
 

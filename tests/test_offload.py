@@ -7,8 +7,8 @@ import torch
 from transformers import DynamicCache
 
 from kvbench.offload import layers
-from kvbench.offload.caches import (DynamicOffloadCache, FullOffloadCache, HierarchicalCache, OffloadedCache,
-                                    make_cache)
+from kvbench.offload.caches import DynamicOffloadCache, FullOffloadCache, HierarchicalCache, OffloadedCache
+from kvbench.offload.modes import make_cache
 from kvbench.offload.tiers import DiskTier, DiskTierError, History
 from kvbench.offload.transfer import Transfers
 from kvbench.bench.runner import greedy_decode, left_pad

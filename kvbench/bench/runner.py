@@ -21,7 +21,8 @@ from kvbench.analysis.latency import itl_percentiles, latency_metrics, throughpu
 from kvbench.bench.machine_load import LoadWindow, other_gpu_processes
 from kvbench.models import LoadedModel
 from kvbench.bench.monitor import Sampler, host_memory_available, summarise
-from kvbench.offload.caches import DynamicOffloadCache, ModeUnavailable, OffloadedCache, kv_bytes, make_cache
+from kvbench.offload.caches import DynamicOffloadCache, OffloadedCache, kv_bytes
+from kvbench.offload.modes import ModeUnavailable, make_cache
 from kvbench.offload.disk import NO_DROP_REASON
 from kvbench.offload.modes import MODES
 from kvbench.offload.store import restore, sequence_kv

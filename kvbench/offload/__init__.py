@@ -6,14 +6,13 @@ reuse store, :mod:`kvbench.offload.store`); the classes (and torch) are imported
 registry stays cheap to import.
 """
 
-from kvbench.offload.modes import MODES, ModeInfo
+from kvbench.offload.modes import MODES, ModeInfo, ModeUnavailable, make_cache
 
-_CACHES = ("DynamicOffloadCache", "FullOffloadCache", "HierarchicalCache", "OffloadedCache", "make_cache", "kv_bytes",
-           "ModeUnavailable")
+_CACHES = ("DynamicOffloadCache", "FullOffloadCache", "HierarchicalCache", "OffloadedCache", "kv_bytes")
 
 _STORE = ("KVStore", "Prefix", "StoreWarning")
 
-__all__ = ["MODES", "ModeInfo", *_CACHES, *_STORE]
+__all__ = ["MODES", "ModeInfo", "ModeUnavailable", "make_cache", *_CACHES, *_STORE]
 
 
 def __getattr__(name: str):

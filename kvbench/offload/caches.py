@@ -10,14 +10,10 @@ from transformers.cache_utils import Cache, DynamicSlidingWindowLayer
 
 from kvbench.offload.layer_types import layer_windows
 from kvbench.offload.layers import OffloadedLayer
-from kvbench.offload.modes import DISK_BLOCK_TOKENS, MODES
 from kvbench.offload.policy import MIN_WINDOW, WindowPolicy
+from kvbench.offload.disk import DISK_BLOCK_TOKENS
 from kvbench.offload.tiers import DiskTier, DiskTierError
 from kvbench.offload.transfer import Transfers
-
-
-class ModeUnavailable(RuntimeError):
-    """The mode cannot run here (e.g. it needs CUDA); the trial is recorded as ``skipped`` with this reason."""
 
 
 class OffloadedCache(Cache):
@@ -307,30 +303,6 @@ class DynamicOffloadCache(OffloadedCache):
         return super().update(key_states, value_states, layer_idx, *args, **kwargs)
 
 
-def make_cache(kind: str, config: Any, device: torch.device, *, budget_bytes: int | None = None,
-               disk_dir: str | None = None, disk_page_cache: bool = False, **options: Any) -> Any:
-    """A fresh, empty cache for one generation, built by the mode's factory (:attr:`ModeInfo.factory
-    <kvbench.offload.modes.ModeInfo>`) from its options over their defaults.
-
-    Args:
-        kind: a registered mode name (see :data:`kvbench.offload.modes.MODES`).
-        config: the model's transformers config (gives layer types, e.g. sliding-window layers).
-        device: the device the model runs on.
-        budget_bytes: the device KV budget (used by ``dynamic``).
-        disk_dir: where a disk tier goes (modes given ``host_max_tokens``).
-        disk_page_cache: keep the disk tier in the page cache (see :class:`OffloadedCache`).
-        **options: the mode's options (``window``, ``min_window``, ``max_window``, ``host_max_tokens``).
-
-    Raises:
-        KeyError: unknown mode, or a required option (``window``) missing. ModeUnavailable: the mode needs CUDA and
-            ``device`` is not CUDA. ValueError, DiskTierError: see the cache classes.
-    """
-    info = MODES[kind]
-    if info.needs_cuda and device.type != "cuda":
-        raise ModeUnavailable(info.skip_reason)
-    return info.factory(config, device, {**info.defaults, **options}, budget_bytes,
-                        {"disk_dir": disk_dir, "disk_page_cache": disk_page_cache})
-
 
 def kv_bytes(cache: Any, device: torch.device) -> tuple[int, int]:
     """Bytes of key and value tensors a cache holds now, split into (on ``device``, elsewhere).
@@ -352,5 +324,4 @@ def kv_bytes(cache: Any, device: torch.device) -> tuple[int, int]:
     return on_device, elsewhere
 
 
-__all__ = ["DynamicOffloadCache", "FullOffloadCache", "HierarchicalCache", "ModeUnavailable", "OffloadedCache",
-           "kv_bytes", "make_cache"]
+__all__ = ["DynamicOffloadCache", "FullOffloadCache", "HierarchicalCache", "OffloadedCache", "kv_bytes"]

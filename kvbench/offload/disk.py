@@ -29,6 +29,10 @@ from pathlib import Path
 
 import torch
 
+#: Tokens per block of the disk tier: the host tier spills its oldest tokens to disk in whole blocks, so a host
+#: cap (``host_max_tokens``) must hold at least one block.
+DISK_BLOCK_TOKENS = 16
+
 #: Whether the page cache can be told to drop a file's pages here (Linux, most BSDs; not macOS or Windows).
 CAN_DROP = hasattr(os, "posix_fadvise") and hasattr(os, "POSIX_FADV_DONTNEED")
 

@@ -6,14 +6,14 @@ model), what it needs (CUDA, a host tier), the placement ``kvbench plan`` predic
 cache. Adding a mode is adding its entry here (and its tests).
 
 Plain data and pydantic (no torch import) so that `kvbench validate` and `kvbench list modes` stay fast; the
-factories import the caches (and torch) when called, through :func:`kvbench.offload.caches.make_cache`.
+factories import the caches (and torch) when called, through :func:`make_cache`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -21,9 +21,8 @@ from kvbench.offload.architecture import Architecture
 from kvbench.offload.policy import MIN_WINDOW
 from kvbench.offload.registry import Registry
 
-#: Tokens per block of the disk tier: the host tier spills its oldest tokens to disk in whole blocks, so a host
-#: cap (``host_max_tokens``) must hold at least one block.
-DISK_BLOCK_TOKENS = 16
+if TYPE_CHECKING:
+    import torch
 
 #: Windows under this many tokens make ``kvbench validate`` warn: every step moves most of the history (churn).
 SMALL_WINDOW_TOKENS = 256
@@ -183,7 +182,7 @@ class ModeInfo:
         kind: the name used in a scenario's ``modes: [{kind: ...}]``.
         summary: one line on what stays on the device.
         options: the mode's options model (``kind`` and the options, with their defaults and bounds).
-        factory: builds a fresh cache (see :data:`Factory`); called by :func:`kvbench.offload.caches.make_cache`.
+        factory: builds a fresh cache (see :data:`Factory`); called by :func:`make_cache`.
         needs_cuda: the mode cannot run without a CUDA device; elsewhere its trials are recorded as
             ``skipped`` with ``skip_reason``.
         skip_reason: why the mode is skipped without CUDA (the error it would raise).
@@ -237,3 +236,32 @@ def placement(shape: Architecture, kind: str, tokens: int, dtype_bytes: int, win
         modeled = ", ".join(k for k, m in MODES.items() if m.placement is not None)
         raise ValueError(f"no placement model for mode {kind!r} (only {modeled})")
     return rule(shape, tokens, dtype_bytes, window)
+
+
+class ModeUnavailable(RuntimeError):
+    """The mode cannot run here (e.g. it needs CUDA); the trial is recorded as ``skipped`` with this reason."""
+
+
+def make_cache(kind: str, config: Any, device: "torch.device", *, budget_bytes: int | None = None,
+               disk_dir: str | None = None, disk_page_cache: bool = False, **options: Any) -> Any:
+    """A fresh, empty cache for one generation, built by the mode's factory (:attr:`ModeInfo.factory`) from its options over their defaults.
+
+    Args:
+        kind: a registered mode name (see :data:`MODES`).
+        config: the model's transformers config (gives layer types, e.g. sliding-window layers).
+        device: the device the model runs on.
+        budget_bytes: the device KV budget (used by ``dynamic``).
+        disk_dir: where a disk tier goes (modes given ``host_max_tokens``).
+        disk_page_cache: keep the disk tier in the page cache (see :class:`OffloadedCache`).
+        **options: the mode's options (``window``, ``min_window``, ``max_window``, ``host_max_tokens``).
+
+    Raises:
+        KeyError: unknown mode, or a required option (``window``) missing. ModeUnavailable: the mode needs CUDA and
+            ``device`` is not CUDA. ValueError, DiskTierError: see the cache classes.
+    """
+    info = MODES[kind]
+    if info.needs_cuda and device.type != "cuda":
+        raise ModeUnavailable(info.skip_reason)
+    return info.factory(config, device, {**info.defaults, **options}, budget_bytes,
+                        {"disk_dir": disk_dir, "disk_page_cache": disk_page_cache})
+

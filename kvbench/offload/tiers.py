@@ -6,7 +6,7 @@
   written and read with explicit I/O that, by default, syncs writes and keeps neither from the page cache (see
   :mod:`kvbench.offload.disk`).
 - :class:`History`: the two together, oldest tokens on disk; beyond ``host_max_tokens`` the host tier spills its
-  oldest tokens to disk in whole blocks of :data:`~kvbench.offload.modes.DISK_BLOCK_TOKENS`.
+  oldest tokens to disk in whole blocks of :data:`~kvbench.offload.disk.DISK_BLOCK_TOKENS`.
 
 Every method takes and gives the transformers layout ``[batch, kv_heads, seq, head_dim]`` (often a view). How a
 host buffer stores it depends on where the model computes:
@@ -25,8 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from kvbench.offload.disk import DiskTier, DiskTierError
-from kvbench.offload.modes import DISK_BLOCK_TOKENS
+from kvbench.offload.disk import DISK_BLOCK_TOKENS, DiskTier, DiskTierError
 from kvbench.offload.transfer import Transfers
 
 __all__ = ["DiskBuffer", "DiskTier", "DiskTierError", "History", "HostBuffer", "MIN_CAPACITY", "grown_capacity"]

@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from kvbench.errors import TooManyFiles
-from kvbench.offload.modes import DISK_BLOCK_TOKENS, MODES, SMALL_WINDOW_TOKENS
+from kvbench.offload.disk import DISK_BLOCK_TOKENS
+from kvbench.offload.modes import MODES, SMALL_WINDOW_TOKENS
 from kvbench.scenario.messages import echo
 from kvbench.scenario.paths import match
 from kvbench.scenario.schema import Scenario
