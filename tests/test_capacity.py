@@ -11,7 +11,8 @@ from conftest import tiny_scenario
 from kvbench.analysis.points import load_results, point_table
 from kvbench.bench.capacity import bounds, device_problem, search
 from kvbench.analysis.capacity import capacity_frame
-from kvbench.report import capacity_findings, capacity_recommendation, write_report
+from kvbench.report.advice import capacity_findings, capacity_recommendation
+from kvbench.report.write import write_report
 from kvbench.results.run_dir import RunDir, read_trials
 from kvbench.bench.runner import TrialRunner, plan_trials, run_sweep
 from kvbench.scenario import ScenarioError, check_scenario, parse_scenario

@@ -17,7 +17,8 @@ from kvbench.analysis.points import ResultsError, load_results, point_table
 from kvbench.cli import app
 from kvbench.analysis.compare import compare_points, parse_threshold, violations
 from kvbench.report.md_text import md_line
-from kvbench.report import diagnoses, findings, recommendation, write_report
+from kvbench.report.advice import diagnoses, findings, recommendation
+from kvbench.report.write import write_report
 
 GOLDEN = Path(__file__).parent / "data" / "golden"
 RUN = next(p for p in sorted(GOLDEN.iterdir()) if (p / "run.json").is_file())
