@@ -8,7 +8,8 @@ import time
 import pytest
 
 from kvbench.analysis.points import point_table, trials_frame
-from kvbench.analysis.cost import Prices, cost_table, verdicts
+from kvbench.analysis.cost import Prices, cost_table
+from kvbench.report.cost import verdicts
 from kvbench.analysis.intervals import judge
 from kvbench.analysis.latency import itl_percentiles
 from kvbench.bench.machine_load import LoadWindow, busy_threshold_percent, other_gpu_processes
