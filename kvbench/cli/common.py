@@ -60,7 +60,7 @@ def handle_errors(flags: Mapping[str, str] | None = None) -> Iterator[None]:
 
     try:
         yield
-    except (click.exceptions.Exit, click.exceptions.ClickException, click.exceptions.Abort):
+    except (typer.Exit, click.exceptions.Exit, click.exceptions.ClickException, click.exceptions.Abort):
         raise
     except UserError as exc:
         _fail(exc.worded(dict(flags or {})) if isinstance(exc, BadParameter) else str(exc))

@@ -20,7 +20,7 @@ from kvbench.report.tables import capacity_display, reuse_display
 
 @dataclass
 class Report:
-    """What :func:`write_report` made: the per-point table, per-group texts, the reuse tables per group
+    """What :func:`~kvbench.report.write.write_report` made: the per-point table, per-group texts, the reuse tables per group
     (``{"turn": ..., "length": ...}``, see :func:`kvbench.analysis.reuse.reuse_table`), and the files written."""
 
     table: pd.DataFrame
@@ -115,6 +115,8 @@ def _of_group(shown: pd.DataFrame, group: str) -> pd.DataFrame | None:
 
 
 def markdown(results: Results, rep: Report, shown: pd.DataFrame) -> str:
+    """``report.md``: per group its recommendation, findings, diagnoses, runs, tables and charts; the memory
+    timelines; what was skipped; the glossary. ``shown`` is :func:`~kvbench.report.tables.display_frame`'s."""
     lines = ["# kvbench report", ""]
     for g in rep.recommendations:
         lines += [f"## {md_escape(g)}", "", f"**Recommendation:** {md_line(rep.recommendations[g])}", "",
@@ -188,6 +190,7 @@ def _text(text: str) -> str:
 
 
 def html_document(results: Results, rep: Report, shown: pd.DataFrame) -> str:
+    """``report.html``: what :func:`markdown` holds, as one self-contained page (charts embedded as data URIs)."""
     e = html.escape
     parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">', "<title>kvbench report</title>",
              f"<style>{CSS}</style></head><body>", "<h1>kvbench report</h1>"]
