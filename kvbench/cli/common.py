@@ -48,7 +48,8 @@ def _mib(v: Any) -> str:
 
 
 #: The message that ends the traceback of an error kvbench did not expect.
-BUG_LINE = "this is a bug in kvbench, not in what you gave it: please report it with the command and the traceback above"
+BUG_LINE = ("this is a bug in kvbench, not in what you gave it: please report it with the command and the traceback "
+            "above")
 
 
 @contextlib.contextmanager

@@ -162,8 +162,8 @@ def summary_lines(p: Plan) -> list[str]:
     """The model, the KV per token and per sequence, and what was assumed."""
     a, n = p.arch, p.dtype_bytes
     per_seq = a.kv_bytes(p.prompt_tokens, n)
-    return [f"{p.model}: {a.layers} layers ({a.layers - a.full_layers} with a sliding window), {a.kv_heads} kv heads × "
-            f"{a.head_dim}, {p.dtype}; {count_units(a.parameters)} parameters = weights "
+    return [f"{p.model}: {a.layers} layers ({a.layers - a.full_layers} with a sliding window), {a.kv_heads} kv "
+            f"heads × {a.head_dim}, {p.dtype}; {count_units(a.parameters)} parameters = weights "
             f"{gib_or_mib(a.parameters * n)}",
             f"KV: {per_seq / p.prompt_tokens:,.0f} bytes per token at {p.prompt_tokens:,} tokens "
             f"({2 * a.kv_heads * a.head_dim * n * a.layers:,} for full attention in every layer); "
@@ -193,8 +193,8 @@ def roofline_cells(p: Plan) -> pd.DataFrame:
     for i, m in enumerate(p.modes):
         cross = ("-" if m.link_bound_batch is None else "batch 1" if m.link_bound_batch < 1
                  else f"batch {math.floor(m.link_bound_batch) + 1:,}")
-        rows.append([m.mode, f"{m.link_bytes_per_step / unit:,.2f}", f"{m.link_s * 1e3:,.1f}", f"{m.memory_s * 1e3:,.1f}",
-                     f"{m.step_s * 1e3:,.1f}", f"{m.tokens_per_s:,.1f}", "link" if m.bound == "link" else "memory",
+        rows.append([m.mode, f"{m.link_bytes_per_step / unit:,.2f}", f"{m.link_s * 1e3:,.1f}",
+                     f"{m.memory_s * 1e3:,.1f}", f"{m.step_s * 1e3:,.1f}", f"{m.tokens_per_s:,.1f}", "link" if m.bound == "link" else "memory",
                      cross, *([f"{p.costs[i]:,.2f}"] if p.costs else [])])
     cols = ["mode", f"link {name}", "link ms", "memory ms", "TPOT ms", "tok/s", "bound", "link-bound from"]
     return pd.DataFrame(rows, columns=cols + (["USD/1M tok"] if p.costs else []), dtype=object)
@@ -207,11 +207,12 @@ def plan_warnings(p: Plan) -> dict[str, str]:
     weights, room = p.arch.parameters * p.dtype_bytes, p.gpu_bytes * (1 - RESERVE)
     if weights > room:
         out["weights"] = (f"the weights ({gib_or_mib(weights)}) do not fit in {gib_or_mib(room)} of the GPU "
-                          f"({RESERVE:.0%} reserved): no batch fits in any mode; the decode step above assumes they did")
+                          f"({RESERVE:.0%} reserved): no batch fits in any mode; the decode step above assumes they "
+                          "did")
     over = [f"{m.mode} ({m.max_batch})" for m in p.modes if 0 < m.max_batch < p.batch]
     if over and weights <= room:
-        out["batch"] = (f"batch {p.batch} does not fit every mode (max batch: {', '.join(over)}); the decode step above "
-                        f"is for batch {p.batch} anyway")
+        out["batch"] = (f"batch {p.batch} does not fit every mode (max batch: {', '.join(over)}); the decode step "
+                        f"above is for batch {p.batch} anyway")
     if p.arch.max_positions and p.prompt_tokens > p.arch.max_positions:
         out["positions"] = (f"{p.prompt_tokens:,} tokens is beyond the model's max_position_embeddings "
                             f"({p.arch.max_positions:,})")

@@ -39,8 +39,8 @@ def write_report(results: Results, out_dir: str | Path, timelines: list[str] | N
         out_dir: where to write.
         timelines: trial ids whose memory timeline is drawn; default: at each group's longest prompt and largest
             batch, the first measured trial of every mode.
-        pool: from :func:`~kvbench.report.chart_pool.chart_pool` (default: one made here); stopped (its workers killed) when the report
-            fails or is interrupted.
+        pool: from :func:`~kvbench.report.chart_pool.chart_pool` (default: one made here); stopped (its workers
+            killed) when the report fails or is interrupted.
 
     Returns:
         The :class:`~kvbench.report.documents.Report`, its chart and file paths inside ``out_dir``.
