@@ -123,3 +123,32 @@ class ResultsError(UserError, ValueError):
 
 class NvmlUnavailable(KvbenchError, RuntimeError):
     """NVML cannot be used (no library, no driver, no such device); the samplers record ``None`` instead."""
+
+
+class BadParameter(BadValue):
+    """An argument of a library function out of its allowed range (or missing its partner). ``params`` are the
+    names of the arguments the message speaks of, ``param`` the first (the one at fault); ``template`` is the
+    message with each of them written ``{name}``: ``str()`` reads the argument names there, :meth:`worded` the
+    caller's own names for them (``kvbench.cli``: its flags). Other text, braces included, is left as it is."""
+
+    def __init__(self, template: str, *params: str):
+        self.template, self.params, self.param = template, params, params[0]
+        super().__init__(self.worded({}))
+
+    def worded(self, names: dict[str, str]) -> str:
+        """The message with each ``{argument}`` of :attr:`params` replaced by ``names[argument]`` (by the
+        argument's own name where ``names`` has none)."""
+        text = self.template
+        for p in self.params:
+            text = text.replace(f"{{{p}}}", names.get(p, p))
+        return text
+
+
+class UnwritableOutput(UserError, OSError):
+    """Output kvbench was asked to write cannot be written (no such directory, a directory in its place, a full
+    disk, no permission): ``cannot write [<what> to ]<path>: <reason>``. ``path`` is the file or directory,
+    ``reason`` the system's words (e.g. ``Is a directory``), ``what`` what was being written (may be empty)."""
+
+    def __init__(self, path: str | Path, reason: str, what: str = ""):
+        super().__init__(f"cannot write {f'{what} to ' if what else ''}{path}: {reason}")
+        self.path, self.reason, self.what = Path(path), reason, what

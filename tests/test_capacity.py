@@ -11,7 +11,8 @@ from conftest import tiny_scenario
 from kvbench.analysis.points import point_table
 from kvbench.bench.capacity import bounds, device_problem, search
 from kvbench.analysis.capacity import capacity_frame
-from kvbench.report import capacity_findings, capacity_recommendation, write_report
+from kvbench.report.advice import capacity_findings, capacity_recommendation
+from kvbench.report.write import write_report
 from kvbench.results.load import load_results
 from kvbench.results.read import read_trials
 from kvbench.results.run_dir import RunDir

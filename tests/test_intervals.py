@@ -8,7 +8,8 @@ import time
 import pytest
 
 from kvbench.analysis.points import point_table
-from kvbench.analysis.cost import Prices, cost_table, verdicts
+from kvbench.analysis.cost import Prices, cost_table
+from kvbench.report.cost import verdicts
 from kvbench.analysis.intervals import judge
 from kvbench.analysis.latency import itl_percentiles
 from kvbench.bench.machine_load import LoadWindow, busy_threshold_percent, other_gpu_processes
@@ -230,9 +231,12 @@ def test_cost_charges_the_host_memory_held_and_prices_disk_apart():
     full = cost_table(point_table(trials), prices, trials).set_index("mode").loc["full"]
     assert full["usd_per_million"] == pytest.approx((1 + 4 + 6) / tput * 1e6) and full["host_basis"] == (
         "pinned by torch")
-    with pytest.raises(ValueError, match="--disk-price must be a finite number 0 or more and at most 1,000,000 USD "
-                                         "per GiB-hour, not -1"):
+    from kvbench.cli.cost import FLAGS  # the library names its argument; `kvbench cost` words it with its flag
+
+    with pytest.raises(ValueError, match="disk_per_gib_hour must be a finite number") as exc:
         Prices(1.0, disk_per_gib_hour=-1)
+    assert exc.value.worded(FLAGS) == ("--disk-price must be a finite number 0 or more and at most 1,000,000 USD "
+                                       "per GiB-hour, not -1")
 
 
 def test_rows_with_a_null_repeat_pair_with_nothing():

@@ -140,7 +140,8 @@ def test_cost_from_results_where_none_never_fits(tmp_path):
 
     from kvbench.analysis.points import point_table
     from kvbench.results.load import load_results
-    from kvbench.analysis.cost import Prices, cost_table, verdicts
+    from kvbench.analysis.cost import Prices, cost_table
+    from kvbench.report.cost import verdicts
 
     golden = next(p for p in sorted((Path(__file__).parent / "data" / "golden").iterdir()) if p.is_dir())
     trials = load_results([golden]).trials
@@ -214,7 +215,7 @@ def test_link_default_comes_from_the_last_env_probe(tmp_path, monkeypatch):
 def test_cost_verdicts_claim_only_what_the_pairs_decide():
     import pandas as pd
 
-    from kvbench.analysis.cost import verdicts
+    from kvbench.report.cost import verdicts
 
     def row(mode, usd, prompt=256, batch=2, verdict="", pct=0.0, lo=0.0, hi=0.0, pairs=5):
         return {"group": "g", "prompt_tokens": prompt, "mode_label": mode, "mode": mode, "batch_size": batch,

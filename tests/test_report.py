@@ -1,49 +1,24 @@
-"""kvbench report and compare on the committed golden run (a real `kvbench run tests/data/golden.yaml`)."""
+"""kvbench report on the committed golden run (a real `kvbench run tests/data/golden.yaml`)."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
 import statistics
-from pathlib import Path
 
 import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
+from golden_run import DISK, DYN, FULL, PER_TOKEN, RUN, copy_run, rows_of
 from kvbench.analysis.points import point_table
 from kvbench.errors import ResultsError
 from kvbench.results.load import load_results
 from kvbench.cli import app
-from kvbench.analysis.compare import compare_points, parse_threshold, violations
 from kvbench.report.md_text import md_line
-from kvbench.report import diagnoses, findings, recommendation, write_report
-
-GOLDEN = Path(__file__).parent / "data" / "golden"
-RUN = next(p for p in sorted(GOLDEN.iterdir()) if (p / "run.json").is_file())
-PER_TOKEN = 2 * 30 * 3 * 64 * 4  # SmolLM2-135M, float32: K and V × layers × kv heads × head_dim × bytes
-FULL, HIER, DISK = "full", "hierarchical(window=16)", "hierarchical(window=16,host_max_tokens=16)"
-DYN = "dynamic(min_window=16,max_window=48)"
-
-
-def rows_of(run: Path = RUN) -> list[dict]:
-    return [json.loads(line) for line in (run / "trials.jsonl").read_text().splitlines()]
-
-
-def copy_run(tmp_path: Path, name: str = "b", edit=None, edit_meta=None) -> Path:
-    """A copy of the golden run, its rows (and run.json) passed through the edit functions."""
-    dst = tmp_path / name
-    shutil.copytree(RUN, dst)
-    if edit is not None:
-        rows = [r for r in map(edit, rows_of(dst)) if r is not None]
-        (dst / "trials.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    if edit_meta is not None:
-        meta = json.loads((dst / "run.json").read_text())
-        edit_meta(meta)
-        (dst / "run.json").write_text(json.dumps(meta))
-    return dst
+from kvbench.report.advice import diagnoses, findings, recommendation
+from kvbench.report.write import write_report
 
 
 @pytest.fixture(scope="module")
@@ -252,53 +227,6 @@ def test_runs_of_different_scenarios_are_grouped_not_pooled(tmp_path):
     assert set(table["trials"]) == {5}
 
 
-def scaled(col: str, factor: float, mode: str = FULL):
-    def edit(r):
-        if r["mode_label"] == mode and isinstance(r.get(col), (int, float)):
-            r = dict(r, **{col: r[col] * factor})
-        return r
-    return edit
-
-
-def test_compare_ratios_and_fail_on(tmp_path):
-    slower = copy_run(tmp_path, "slower", edit=scaled("tpot_s", 1.3))
-    frame, only_a, only_b = compare_points(load_results([RUN]), load_results([slower]))
-    assert len(frame) == 20 and only_a == only_b == []  # hf-offloaded was never measured
-    full = frame[frame.mode_label == FULL]
-    assert full["tpot_s_ratio"].to_numpy() == pytest.approx([1.3] * 4)
-    assert (frame[frame.mode_label != FULL]["tpot_s_ratio"] == 1).all()
-    lines = violations(frame, [parse_threshold("tpot_s:20")])
-    assert len(lines) == 4 and lines[0].startswith("tpot_s worse by 30.0% (limit 20%) at golden p")
-
-    cli = CliRunner()
-    r = cli.invoke(app, ["compare", str(RUN), str(slower), "--fail-on", "tpot_s:20"])
-    assert r.exit_code == 1
-    assert "fail: tpot_s worse by 30.0% (limit 20%) at golden p" in r.output and "(and 3 more)" in r.output
-    r = cli.invoke(app, ["compare", str(RUN), str(slower), "--fail-on", "tpot_s:31", "--fail-on", "ttft_s:0"])
-    assert r.exit_code == 0 and "pass: no matched point worse than tpot_s 31%, ttft_s 0%" in r.output
-
-    halved = copy_run(tmp_path, "halved", edit=scaled("throughput_tokens_per_s", 0.5))
-    r = cli.invoke(app, ["compare", str(RUN), str(halved), "--fail-on", "throughput_tokens_per_s:40"])
-    assert r.exit_code == 1 and "fail: throughput_tokens_per_s worse by 50.0% (limit 40%)" in r.output
-    r = cli.invoke(app, ["compare", str(halved), str(RUN), "--fail-on", "throughput_tokens_per_s:40"])
-    assert r.exit_code == 0  # higher is better: B doubled
-
-
-def test_compare_errors(tmp_path):
-    cli = CliRunner()
-    r = cli.invoke(app, ["compare", str(RUN), str(RUN), "--fail-on", "tpot:10"])
-    assert r.exit_code == 2 and "unknown metric 'tpot'; known: ttft_s, tpot_s" in r.output
-    r = cli.invoke(app, ["compare", str(RUN), str(RUN), "--fail-on", "tpot_s=10"])
-    assert r.exit_code == 2 and "expected METRIC:PCT" in r.output
-    r = cli.invoke(app, ["compare", str(RUN), str(RUN), "--fail-on", "tpot_s:1" + "0" * 5000])  # inf: never fails
-    assert r.exit_code == 2 and "PCT must be at most 100,000,000" in r.output, r.output
-    other = copy_run(tmp_path, "other", edit=lambda r: dict(r, batch_size=r["batch_size"] + 10))
-    r = cli.invoke(app, ["compare", str(RUN), str(other)])
-    assert r.exit_code == 2 and "no point measured in both" in r.output
-    r = cli.invoke(app, ["compare", str(RUN), str(tmp_path / "missing")])
-    assert r.exit_code == 2 and "missing: no such file or directory" in r.output
-
-
 @pytest.mark.parametrize("n", [5, 6, 7])
 def test_median_ci_equals_the_brute_force_bootstrap(n):
     import numpy as np
@@ -338,30 +266,6 @@ def test_link_diagnoses_use_the_measured_bandwidth(tmp_path):
     assert len(lines) == len(expected) > 0  # every offload point more than 1 ms per token slower than none
     assert all("transfers are not overlapped with compute, or the host side is slow" in d for d in lines)
     assert not any(d.startswith("no host↔device link") for d in diagnoses(fast, table, "golden"))
-
-
-def test_compare_gate_fails_on_lost_or_broken_points(tmp_path):
-    def broken(r):
-        if r["mode_label"] == FULL:
-            return dict(r, status="error", message="RuntimeError: boom")
-        if r["mode_label"] == HIER:
-            return dict(r, tokens_match=False, first_divergence_step=2)
-        if r["mode_label"] == DYN and r["prompt_tokens"] == 32:
-            return dict(r, status="over_budget")
-        return r
-
-    b = copy_run(tmp_path, "broken", edit=broken)
-    r = CliRunner().invoke(app, ["compare", str(RUN), str(b), "--fail-on", "tpot_s:50"])
-    assert r.exit_code == 1
-    assert "regression: golden p32 b1 full: measured in A, not in B" in r.output
-    assert "regression: golden p32 b1 hierarchical(window=16): generated ids no longer match none's" in r.output
-    assert ("regression: golden p32 b1 dynamic(min_window=16,max_window=48): 5 of 5 trials no longer end ok"
-            in r.output)
-    assert "fail: golden p32 b1 full: measured in A, not in B (and 9 more)" in r.output  # 4 + 4 + 2
-    r = CliRunner().invoke(app, ["compare", str(RUN), str(b)])
-    assert r.exit_code == 0 and "regression:" in r.output  # without a gate: shown, not failed
-    r = CliRunner().invoke(app, ["compare", str(RUN), str(RUN), "--fail-on", "peak_device_allocated_bytes:10"])
-    assert r.exit_code == 2 and "no matched point has peak_device_allocated_bytes in both runs" in r.output
 
 
 def test_a_disk_tier_kept_in_the_page_cache_is_diagnosed(golden):

@@ -103,7 +103,7 @@ def test_an_interrupt_as_the_scratch_folder_is_made_or_a_failing_stop_leaves_no_
     """From the second re-attack: Ctrl-C about 1 s into a report left its `.kvbench-report-*` folder in 13 of 18
     tries. The folder is now removed by its owner's name, also when the interrupt came as it was made (before its
     caller knew it) or when stopping the workers failed."""
-    import kvbench.report as report
+    import kvbench.report.write as report
     from kvbench.report import scratch_dir
     from kvbench.results.load import load_results
 

@@ -21,7 +21,8 @@ from kvbench.results.read import read_trials
 from kvbench.results.rows import BY_NAME
 from kvbench.results.run_dir import RunDir
 from kvbench.analysis.reuse import ids_verdict, length_bin, reuse_table
-from kvbench.analysis.reuse_cost import reuse_cost, reuse_verdicts
+from kvbench.analysis.reuse_cost import reuse_cost
+from kvbench.report.cost import reuse_verdicts
 from kvbench.bench.runner import TrialRunner, plan_trials, run_sweep
 from kvbench.scenario import ScenarioError, check_scenario, load_scenario, parse_scenario
 from kvbench.workloads.documents import Document
@@ -465,7 +466,7 @@ def test_reuse_saving_interval_is_a_bootstrap_over_request_pairs():
 
 
 def test_report_and_cost_of_a_reuse_run(tiny_model, smol_tokenizer, tmp_path):
-    from kvbench.report import write_report
+    from kvbench.report.write import write_report
 
     stream = doc_qa(documents(2), smol_tokenizer, documents=1, questions=2, doc_tokens=100, repeat_mode="tile")
     s, runner = make_runner(tiny_model, smol_tokenizer, [{"kind": "none"}, {"kind": "full"}], stream.requests,
@@ -515,7 +516,7 @@ def test_cli_runs_and_resumes_a_reuse_scenario(write_yaml, tmp_path):
 
 
 def test_reuse_recommendation_follows_the_paired_verdict():
-    from kvbench.report import reuse_recommendation
+    from kvbench.report.advice import reuse_recommendation
     from kvbench.analysis.reuse import reuse_later_turns
 
     def run(warm_e2e):

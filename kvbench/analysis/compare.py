@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from kvbench.analysis.points import POINT_KEYS, point_table
+from kvbench.errors import BadParameter
 from kvbench.results.load import Results
 
 #: Metrics compare knows (their per-point medians), and whether higher is better.
@@ -23,13 +24,13 @@ COMPARE_METRICS: dict[str, bool] = {
 
 @dataclass(frozen=True)
 class Threshold:
-    """``--fail-on METRIC:PCT``: fail when B is worse than A by more than ``pct`` percent on ``metric``."""
+    """A gate ``METRIC:PCT``: fail when B is worse than A by more than ``pct`` percent on ``metric``."""
 
     metric: str
     pct: float
 
 
-#: The largest --fail-on percentage: B a million times worse than A.
+#: The largest threshold percentage: B a million times worse than A.
 MAX_FAIL_ON_PCT = 1e8
 
 
@@ -37,17 +38,18 @@ def parse_threshold(spec: str) -> Threshold:
     """Parse ``METRIC:PCT`` (e.g. ``tpot_s:10``, ``throughput_tokens_per_s:5%``).
 
     Raises:
-        ValueError: not of that form, an unknown metric (the message lists the known ones), or a PCT over
-            :data:`MAX_FAIL_ON_PCT`.
+        kvbench.errors.BadParameter: (``param`` ``"threshold"``) not of that form, an unknown metric (the message
+            lists the known ones), or a PCT over :data:`MAX_FAIL_ON_PCT`.
     """
     m = re.fullmatch(r"\s*([A-Za-z0-9_]+)\s*:\s*([0-9]*\.?[0-9]+)\s*%?\s*", spec)
     if not m:
-        raise ValueError(f"--fail-on {spec!r}: expected METRIC:PCT, e.g. tpot_s:10")
+        raise BadParameter(f"{{threshold}} {spec!r}: expected METRIC:PCT, e.g. tpot_s:10", "threshold")
     metric, pct = m.group(1), float(m.group(2))
     if pct > MAX_FAIL_ON_PCT:  # '1' and 5,000 zeros is inf as a float: a gate that can never fail
-        raise ValueError(f"--fail-on {spec!r}: PCT must be at most {MAX_FAIL_ON_PCT:,.0f}")
+        raise BadParameter(f"{{threshold}} {spec!r}: PCT must be at most {MAX_FAIL_ON_PCT:,.0f}", "threshold")
     if metric not in COMPARE_METRICS:
-        raise ValueError(f"--fail-on {spec!r}: unknown metric {metric!r}; known: {', '.join(COMPARE_METRICS)}")
+        raise BadParameter(f"{{threshold}} {spec!r}: unknown metric {metric!r}; known: "
+                           f"{', '.join(COMPARE_METRICS)}", "threshold")
     return Threshold(metric, pct)
 
 

@@ -8,24 +8,18 @@ Memory turns into money only through throughput or a price the user gives: no in
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
-import json
 import math
-import os
-import tempfile
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from kvbench.analysis.points import qualifies
-from kvbench.analysis.intervals import bootstrap_intervals, judge, pair_load, pair_with_reference, pct_interval
+from kvbench.analysis.intervals import bootstrap_intervals, judge, pair_load, pair_with_reference
 from kvbench.analysis.plan import MAX_USD_PER_HOUR, cost_per_million
+from kvbench.errors import BadParameter, BadValue
 from kvbench.results.rows import MEASURED
-from kvbench.results.run_dir import refuse_symlink_dir
 
 GIB = 2**30
 #: Bounds of the user's figures (past them costs overflow to inf, savings to NaN): USD per GPU-hour or GiB-hour is
@@ -46,9 +40,9 @@ class Prices:
         disk_per_gib_hour: USD per GiB-hour of disk held by KV (≥ 0; default 0), priced apart from host memory.
 
     Raises:
-        ValueError: a figure that is not finite, below its least or above its bound (prices
+        kvbench.errors.BadParameter: a figure that is not finite, below its least or above its bound (prices
             :data:`~kvbench.analysis.plan.MAX_USD_PER_HOUR`, :data:`MAX_TOKENS_PER_MONTH`, :data:`MAX_ENGINEERING_USD`),
-            naming its flag and the bound.
+            naming the attribute (``param``) and the bound; ``engineering_cost`` without ``tokens_per_month``.
     """
 
     gpu_per_hour: float
@@ -58,19 +52,21 @@ class Prices:
     disk_per_gib_hour: float = 0.0
 
     def __post_init__(self) -> None:
-        def check(flag: str, v: float | None, strict: bool, most: float, unit: str) -> None:
+        def check(name: str, v: float | None, strict: bool, most: float, unit: str) -> None:
             low_ok = v is None or (v > 0 if strict else v >= 0)
             if v is not None and not (math.isfinite(v) and low_ok and v <= most):
                 least = "above 0" if strict else "0 or more"
-                raise ValueError(f"{flag} must be a finite number {least} and at most {most:,.0f}{unit}, not {v:g}")
+                raise BadParameter(f"{{{name}}} must be a finite number {least} and at most {most:,.0f}{unit}, "
+                                   f"not {v:g}", name)
 
-        check("--gpu-price", self.gpu_per_hour, True, MAX_USD_PER_HOUR, " USD per hour")
-        check("--host-price", self.host_per_gib_hour, False, MAX_USD_PER_HOUR, " USD per GiB-hour")
-        check("--disk-price", self.disk_per_gib_hour, False, MAX_USD_PER_HOUR, " USD per GiB-hour")
-        check("--tokens-per-month", self.tokens_per_month, True, MAX_TOKENS_PER_MONTH, "")
-        check("--engineering-cost", self.engineering_cost, False, MAX_ENGINEERING_USD, " USD")
+        check("gpu_per_hour", self.gpu_per_hour, True, MAX_USD_PER_HOUR, " USD per hour")
+        check("host_per_gib_hour", self.host_per_gib_hour, False, MAX_USD_PER_HOUR, " USD per GiB-hour")
+        check("disk_per_gib_hour", self.disk_per_gib_hour, False, MAX_USD_PER_HOUR, " USD per GiB-hour")
+        check("tokens_per_month", self.tokens_per_month, True, MAX_TOKENS_PER_MONTH, "")
+        check("engineering_cost", self.engineering_cost, False, MAX_ENGINEERING_USD, " USD")
         if self.engineering_cost is not None and self.tokens_per_month is None:
-            raise ValueError("--engineering-cost needs --tokens-per-month: the payback is cost ÷ saving per month")
+            raise BadParameter("{engineering_cost} needs {tokens_per_month}: the payback is cost ÷ saving per month",
+                               "engineering_cost", "tokens_per_month")
 
     def per_million(self, tokens_per_s: float, host_bytes: float = 0.0, disk_bytes: float = 0.0) -> float:
         """USD per 1M generated tokens at ``tokens_per_s``, with ``host_bytes`` of host memory and ``disk_bytes`` of
@@ -96,12 +92,12 @@ def what_if(prices: Prices, base_tokens_per_s: float, offload_tokens_per_s: floa
     with the optional prices, per month and the payback time.
 
     Raises:
-        ValueError: a throughput outside :data:`WHAT_IF_TOKENS_PER_S` (the message gives the range).
+        kvbench.errors.BadValue: a throughput outside :data:`WHAT_IF_TOKENS_PER_S` (the message gives the range).
     """
     low, high = WHAT_IF_TOKENS_PER_S
     for v in (base_tokens_per_s, offload_tokens_per_s):
         if not (math.isfinite(v) and low <= v <= high):
-            raise ValueError(f"a throughput must be a finite number from {low:g} to {high:,.0f} tokens/s, not {v:g}")
+            raise BadValue(f"a throughput must be a finite number from {low:g} to {high:,.0f} tokens/s, not {v:g}")
     base, off = prices.per_million(base_tokens_per_s), prices.per_million(offload_tokens_per_s)
     monthly = prices.monthly_saving(base, off)
     return {"base_usd_per_million": base, "offload_usd_per_million": off, "saving_pct": 100 * (1 - off / base),
@@ -313,96 +309,4 @@ def _why_not(part: pd.DataFrame, max_ttft_s: float | None, max_tpot_s: float | N
     return "no batch size qualified (over budget, failed or above an SLO)"
 
 
-def verdicts(costs: pd.DataFrame) -> dict[str, list[str]]:
-    """Plain-language lines per group: at each prompt length, the cheapest qualifying mode and, for the cheapest
-    offload mode against ``none``, the paired saving with its interval and pair count: "lowers cost" or "raises
-    cost" only when :func:`kvbench.analysis.intervals.judge` decides (≥ 5 pairs, a quiet machine, an interval that excludes
-    no change, plausible against the plan); otherwise why the measurements do not decide."""
-    out: dict[str, list[str]] = {}
-    for (group, prompt), part in costs.groupby(["group", "prompt_tokens"], sort=False):
-        lines = out.setdefault(group, [])
-        ok = part.dropna(subset=["usd_per_million"])
-        none = part[part["mode"] == "none"]
-        if ok.empty:
-            lines.append(f"at {prompt} tokens no mode qualified")
-            continue
-        best = ok.loc[ok["usd_per_million"].idxmin()]
-        if none.empty or none["usd_per_million"].isna().all():
-            why = none["why"].iloc[0] if len(none) else "not run"
-            lines.append(f"at {prompt} tokens `none` has no cost ({why}); `{best['mode_label']}` costs "
-                         f"{best['usd_per_million']:,.2f} USD per 1M tokens at batch {int(best['batch_size'])}")
-            continue
-        base, nb = none["usd_per_million"].iloc[0], int(none["batch_size"].iloc[0])
-        offload = ok[ok["mode"] != "none"]
-        if offload.empty:
-            lines.append(f"at {prompt} tokens only `none` qualified: {base:,.2f} USD per 1M tokens")
-            continue
-        c = offload.loc[offload["usd_per_million"].idxmin()]
-        saving = pct_interval(c["saving_pct"], c["saving_ci_low"], c["saving_ci_high"])
-        raised = pct_interval(-c["saving_pct"], -c["saving_ci_high"], -c["saving_ci_low"])
-        n = f"{int(c['pairs'])} pairs, batch {int(c['batch_size'])} vs none's {nb}"
-        if c["cost_verdict"]:
-            lines.append(f"at {prompt} tokens {c['cost_verdict']}: `{c['mode_label']}` "
-                         f"{c['usd_per_million']:,.2f} vs `none` {base:,.2f} USD per 1M tokens, paired saving "
-                         f"{saving} ({n})")
-        elif c["saving_pct"] > 0:
-            lines.append(f"at {prompt} tokens `{c['mode_label']}` lowers cost to {c['usd_per_million']:,.2f} "
-                         f"USD per 1M tokens from none's {base:,.2f} (paired saving {saving}; {n})")
-        else:
-            lines.append(f"at {prompt} tokens offload raises cost here: `none` {base:,.2f} USD per 1M tokens, the "
-                         f"cheapest offload mode `{c['mode_label']}` {c['usd_per_million']:,.2f} (paired cost "
-                         f"{raised}; {n})")
-    return out
-
-
-def _replacing(path: Path, write: Any) -> Path | None:
-    """Call ``write(tmp)`` on a new private file beside ``path`` and move it onto ``path`` (``os.replace``): a
-    symbolic link or any other file already at ``path`` is replaced, never written through. Returns ``path``, or
-    None (nothing left behind) when ``write`` returned None."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".kvbench-cost-", suffix=path.suffix)
-    os.fchmod(fd, 0o644)  # what a plain write would leave, not mkstemp's 0600
-    os.close(fd)
-    try:
-        if write(Path(tmp)) is None:
-            os.unlink(tmp)
-            return None
-        os.replace(tmp, path)
-    except BaseException as exc:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        if isinstance(exc, OSError):  # named for the file it was to be, not the private one
-            raise OSError(exc.errno, exc.strerror, str(path)) from None
-        raise
-    return path
-
-
-def write_costs(costs: pd.DataFrame, out_dir: str | Path, prices: Prices,
-                reuse: pd.DataFrame | None = None) -> list[Path]:
-    """``cost.csv``, ``cost.json`` (the table, the prices, the verdicts and, for reuse workloads, the
-    :func:`kvbench.analysis.reuse_cost.reuse_cost` rows) and ``cost.png`` (USD per 1M tokens per mode and prompt length)
-    in ``out_dir`` (created), plus ``reuse_cost.csv`` when ``reuse`` has rows; returns their paths. Each file is
-    written beside its place and moved onto it, so a symbolic link there is replaced, never followed.
-
-    Raises:
-        SymlinkRefused: ``out_dir`` is a symbolic link.
-        OSError: a file cannot be written.
-    """
-    from kvbench.report import charts
-
-    out = Path(out_dir)
-    refuse_symlink_dir(out)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = []
-    doc: dict[str, Any] = {"prices": dataclasses.asdict(prices)}
-    if len(costs):
-        paths.append(_replacing(out / "cost.csv", lambda tmp: costs.to_csv(tmp, index=False) or tmp))
-        doc.update(verdicts=verdicts(costs), rows=json.loads(costs.to_json(orient="records")))
-    if reuse is not None and len(reuse):
-        paths.append(_replacing(out / "reuse_cost.csv", lambda tmp: reuse.to_csv(tmp, index=False) or tmp))
-        doc["reuse"] = json.loads(reuse.to_json(orient="records"))
-    paths.append(_replacing(out / "cost.json", lambda tmp: tmp.write_text(json.dumps(doc, indent=2) + "\n")))
-    png = _replacing(out / "cost.png", lambda tmp: charts.cost_bars(costs, tmp)) if len(costs) else None
-    return paths + ([png] if png is not None else [])
-
-
-__all__ = ["HOST_HELD_COLUMNS", "MAX_ENGINEERING_USD", "MAX_TOKENS_PER_MONTH", "WHAT_IF_TOKENS_PER_S", "Prices", "cost_table", "held_bytes", "verdicts", "what_if", "write_costs"]
+__all__ = ["HOST_HELD_COLUMNS", "MAX_ENGINEERING_USD", "MAX_TOKENS_PER_MONTH", "WHAT_IF_TOKENS_PER_S", "Prices", "cost_table", "held_bytes", "what_if"]

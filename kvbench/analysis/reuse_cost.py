@@ -87,25 +87,4 @@ def reuse_cost(trials: pd.DataFrame, prices: Prices, n_boot: int = N_BOOT, seed:
     return pd.DataFrame(out)
 
 
-def reuse_verdicts(reuse: pd.DataFrame) -> list[str]:
-    """One line per group × mode of :func:`reuse_cost`: restore lowers or raises the cost per 1M tokens against
-    recompute, with the saving's interval and pair count, or why the pairs do not decide."""
-    from kvbench.analysis.intervals import pct_interval
-
-    lines = []
-    for r in reuse.to_dict("records"):
-        saving = pct_interval(r["saving_pct"], r["saving_ci_low"], r["saving_ci_high"])
-        n = f"{r['pairs']} request pairs"
-        if r["saving_verdict"]:
-            lines.append(f"{r['group']}: `{r['mode_label']}` {r['saving_verdict']}: restore "
-                         f"{r['restore_usd_per_million']:,.2f} vs recompute {r['recompute_usd_per_million']:,.2f} USD "
-                         f"per 1M tokens, saving {saving} ({n})")
-        else:
-            what = "lowers" if r["saving_pct"] > 0 else "raises"
-            lines.append(f"{r['group']}: `{r['mode_label']}` restoring stored KV {what} the cost to "
-                         f"{r['restore_usd_per_million']:,.2f} USD per 1M tokens from recomputing's "
-                         f"{r['recompute_usd_per_million']:,.2f} (saving {saving}; {n})")
-    return lines
-
-
-__all__ = ["N_BOOT", "reuse_cost", "reuse_verdicts"]
+__all__ = ["N_BOOT", "reuse_cost"]

@@ -1,13 +1,17 @@
-"""What every command shares: the consoles, the one way of failing (``error: …`` and an exit status), warnings, and
-the table renderer."""
+"""What every command shares: the consoles, the one way of failing (``error: …`` and an exit status), the one
+mapping of errors to exit statuses (:func:`handle_errors`), warnings, and the table renderer (:func:`_table`)."""
 
 from __future__ import annotations
 
+import contextlib
 import sys
+import traceback
 import warnings
+from collections.abc import Collection, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import click
 import typer
 from rich.console import Console
 from rich.markup import escape
@@ -28,24 +32,43 @@ def _fail(msg: str, code: int = 2) -> None:
     raise typer.Exit(code)
 
 
-def _count_units(n: float) -> str:
-    """A count in B (10^9), M (10^6) or K (10^3), two decimals."""
-    for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
-        if n >= size:
-            return f"{n / size:,.2f} {unit}"
-    return f"{n:,.0f}"
+def _ms(med: Any, lo: Any, hi: Any) -> str:
+    """``kvbench run``'s range: seconds as ``median (min–max)`` in milliseconds, every figure at the median's
+    precision."""
+    from kvbench.report.format import ms_range
+
+    return ms_range(med, lo, hi, "()", median_precision=True, collapse=False)
 
 
 def _mib(v: Any) -> str:
-    return "-" if v is None or v != v else f"{v / 2**20:,.1f}"
+    """Bytes in MiB (``kvbench run``'s tables)."""
+    from kvbench.report.format import mib
+
+    return mib(v)
 
 
-def _ms(med: Any, lo: Any, hi: Any) -> str:
-    """Seconds as ``median (min–max)`` in milliseconds; whole milliseconds from 100 ms up."""
-    if med is None or med != med:
-        return "-"
-    fmt = "{:,.0f}" if med >= 0.1 else "{:,.1f}"
-    return f"{fmt.format(med * 1e3)} ({fmt.format(lo * 1e3)}–{fmt.format(hi * 1e3)})"
+#: The message that ends the traceback of an error kvbench did not expect.
+BUG_LINE = ("this is a bug in kvbench, not in what you gave it: please report it with the command and the traceback "
+            "above")
+
+
+@contextlib.contextmanager
+def handle_errors(flags: Mapping[str, str] | None = None) -> Iterator[None]:
+    """The one mapping of errors to exit statuses: a :class:`kvbench.errors.UserError` prints ``error: <message>``
+    and exits 2 (a :class:`~kvbench.errors.BadParameter` worded with ``flags``: library argument name → flag);
+    any other exception is a bug: its traceback, then :data:`BUG_LINE`, exit 1. Exits and Ctrl-C pass through."""
+    from kvbench.errors import BadParameter, UserError
+
+    try:
+        yield
+    except (typer.Exit, click.exceptions.Exit, click.exceptions.ClickException, click.exceptions.Abort):
+        raise
+    except UserError as exc:
+        _fail(exc.worded(dict(flags or {})) if isinstance(exc, BadParameter) else str(exc))
+    except Exception:
+        traceback.print_exc(file=sys.stderr)
+        err.print(f"[red]error:[/] {escape(BUG_LINE)}", highlight=False)
+        raise typer.Exit(1) from None
 
 
 def _terminated(signum: int, frame: object) -> None:
@@ -58,20 +81,47 @@ def _count(n: int, noun: str) -> str:
     return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
-def _table(frame: Any, title: str, caption: str = "") -> Table:
-    """A Rich table of a formatted DataFrame (first columns left-aligned, the rest right-aligned)."""
+#: Columns of :func:`_table` that wrap by default (the others do not), and their least widths.
+WRAPPING = ("mode", "trials", "probes", "why it stops there")
+#: How :func:`_table` styles a marked cell.
+MARK_STYLES = {"worse": "red", "better": "green"}
+
+
+def _table(frame: Any, title: str, caption: str = "", *, left: int | Collection[str] = 4,
+           wrap: bool | Collection[str] = WRAPPING, min_width: Mapping[str, int] | None = None,
+           overflow: str = "fold", marks: Any = None) -> Table:
+    """The one renderer: a Rich table of a DataFrame of text cells (cells, title and caption never read as markup).
+
+    Args:
+        left: the first so many columns, or the columns named, are left-aligned; the rest right-aligned.
+        wrap: the columns whose cells may wrap (True: all, False: none).
+        min_width: least widths per column; default: ``mode`` as wide as its widest cell (12 to 28), ``trials``
+            9, ``probes`` 12, ``why it stops there`` 16.
+        overflow: Rich's overflow of a cell wider than its column (``fold``, ``ellipsis``).
+        marks: a frame of the same shape whose cells name a :data:`MARK_STYLES` key (or ``""``).
+    """
     t = Table(title=escape(title), caption=escape(caption) if caption else None)
     for i, col in enumerate(frame.columns):
-        t.add_column(escape(str(col)), justify="left" if i < 4 else "right", overflow="fold",
-                     no_wrap=col not in ("mode", "trials", "probes", "why it stops there"),
-                     min_width={"mode": min(28, max([12, *(len(str(v)) for v in frame[col])])), "trials": 9,
-                                "probes": 12, "why it stops there": 16}.get(col) if col in frame else None)
-    for row in frame.itertuples(index=False):
-        t.add_row(*(escape(str(v)) for v in row))
+        if min_width is None:
+            least = {"mode": min(28, max([12, *(len(str(v)) for v in frame[col])])), "trials": 9, "probes": 12,
+                     "why it stops there": 16}.get(col)
+        else:
+            least = min_width.get(col)
+        t.add_column(escape(str(col)), justify="left" if (i < left if isinstance(left, int) else col in left)
+                     else "right", overflow=overflow, min_width=least,
+                     no_wrap=not wrap if isinstance(wrap, bool) else col not in wrap)
+    styles = marks.to_numpy(dtype=object).tolist() if marks is not None else None
+    for r, row in enumerate(frame.itertuples(index=False)):
+        cells = [escape(str(v)) for v in row]
+        if styles:
+            cells = [f"[{MARK_STYLES[m]}]{c}[/]" if m else c for c, m in zip(cells, styles[r])]
+        t.add_row(*cells)
     return t
 
 
 def _load(paths: list[Path]) -> Any:
+    """:func:`kvbench.results.load.load_results` of ``paths``, its warnings held back (:func:`_problems` shows
+    them once); results that cannot be loaded fail the command."""
     from kvbench.errors import ResultsError
     from kvbench.results.load import load_results
 
@@ -84,6 +134,7 @@ def _load(paths: list[Path]) -> Any:
 
 
 def _problems(results: Any) -> None:
+    """The problems met while loading ``results``, one line each, on stderr."""
     if results.problems:
         err.print(f"[yellow]warning:[/] {_count(len(results.problems), 'problem')} while loading:", highlight=False)
         for p in results.problems:

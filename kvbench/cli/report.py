@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 from rich.markup import escape
 
-from kvbench.cli.common import _count, _fail, _load, _problems, _table, _terminated, err, out
+from kvbench.cli.common import _count, _fail, _load, _problems, _table, _terminated, err, handle_errors, out
 
 
 #: Points per scenario that `kvbench report` prints; summary.md and report.html have them all.
@@ -24,8 +24,9 @@ def report(
 ) -> None:
     """Tables, charts and a Markdown/HTML report of one or many runs: memory saved and time it cost per mode.
     Ctrl-C or SIGTERM stops it with exit 130, its chart workers killed and nothing written."""
-    from kvbench.report import (capacity_display, chart_pool, reuse_display, reuse_terminal, terminal_frame,
-                                write_report)
+    from kvbench.report.chart_pool import chart_pool
+    from kvbench.report.tables import capacity_display, reuse_display, reuse_terminal, terminal_frame
+    from kvbench.report.write import write_report
 
     signal.signal(signal.SIGTERM, _terminated)
     signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -35,14 +36,9 @@ def report(
     first = paths[0]
     target = Path(out_dir) if out_dir else (first if first.is_dir() else first.parent) / "report"
     try:
-        with chart_pool() as pool:  # its workers get ready while the results load
+        with handle_errors({"timelines": "--timeline"}), chart_pool() as pool:  # its workers start as results load
             results = _load(paths)
-            try:
-                rep = write_report(results, target, timelines=timeline or None, pool=pool)
-            except ValueError as exc:
-                _fail(str(exc))
-            except OSError as exc:
-                _fail(f"cannot write the report to {target}: {exc.strerror or exc}")
+            rep = write_report(results, target, timelines=timeline or None, pool=pool)
     except KeyboardInterrupt:
         err.print(f"interrupted: no report written to {target}", highlight=False, markup=False)
         raise typer.Exit(130) from None

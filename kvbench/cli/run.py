@@ -42,7 +42,7 @@ def _summary_table(frame: Any, title: str) -> Table:
 def _capacity_table(found: list[dict[str, Any]], points: Any) -> Table:
     """The capacity search's results: per fixed value and mode, the capacity, the probes and the figures there."""
     from kvbench.analysis.capacity import capacity_frame
-    from kvbench.report import capacity_display
+    from kvbench.report.tables import capacity_display
 
     what = "batch" if found[0]["searched"] == "batch_size" else "prompt (tokens)"
     return _table(capacity_display(capacity_frame(found, points)), f"capacity: the largest {what} within the budget",
@@ -71,7 +71,7 @@ def _failures(rows: list[dict[str, Any]]) -> list[str]:
 def _reuse_summary(rows: list[dict[str, Any]], name: str, title: str) -> Table:
     """Per turn index and mode: TTFT recompute vs restore, tokens restored, hit rate, ids."""
     from kvbench.results.frame import trials_frame
-    from kvbench.report import reuse_display, reuse_terminal
+    from kvbench.report.tables import reuse_display, reuse_terminal
     from kvbench.analysis.reuse import reuse_table
 
     return _table(reuse_terminal(reuse_display(reuse_table(trials_frame(rows, name)))), title,

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvbench.errors import ModelNotFound
+from kvbench.offload.registry import Registry
 
 #: The shipped presets: one config.json per architecture, named after it.
 PRESET_DIR = Path(__file__).parent / "presets"
@@ -29,7 +30,12 @@ class Located:
 
 def preset_names() -> list[str]:
     """Names of the shipped architecture presets (their config.json files), sorted."""
-    return sorted(p.stem for p in PRESET_DIR.glob("*.json"))
+    return presets().names()
+
+
+def presets() -> Registry[Path]:
+    """The shipped presets by name (their config.json paths), sorted, with did-you-mean for a wrong name."""
+    return Registry("preset", ((p.stem, p) for p in sorted(PRESET_DIR.glob("*.json"))))
 
 
 def preset_path(name: str) -> Path:

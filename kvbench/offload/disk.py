@@ -26,8 +26,10 @@ import stat
 import tempfile
 import weakref
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # torch is imported where a tensor's bytes are read: kvbench validate reads the block size
+    import torch
 
 #: Tokens per block of the disk tier: the host tier spills its oldest tokens to disk in whole blocks, so a host
 #: cap (``host_max_tokens``) must hold at least one block.
@@ -163,6 +165,8 @@ def _bytes_of(t: torch.Tensor) -> memoryview:
     """
     if not t.is_contiguous():
         raise ValueError(f"disk tier: I/O needs a contiguous tensor, got strides {t.stride()}")
+    import torch
+
     return memoryview(t.reshape(-1).view(torch.uint8).numpy())
 
 

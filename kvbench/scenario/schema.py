@@ -11,7 +11,6 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import AfterValidator, ByteSize, Field, field_validator, model_validator
 
 from kvbench.offload.modes import MODES, Tokens
-from kvbench.offload.registry import Registry
 from kvbench.scenario.bounds import (
     MAX_BATCH,
     Batch,
@@ -73,11 +72,10 @@ class ModelSpec(Strict):
             raise ValueError(f"trust_remote_code: a {given[0]} brings no code of its own (transformers loads a "
                              "model's code from its directory): give the directory as model.name, or set it false")
         if self.preset is not None:
-            from kvbench.models import preset_names, preset_path
+            from kvbench.models.locate import presets
 
-            presets = Registry("preset", ((name, preset_path(name)) for name in preset_names()))
-            if self.preset not in presets:
-                raise ValueError(presets.unknown(self.preset))
+            if self.preset not in (shipped := presets()):
+                raise ValueError(shipped.unknown(self.preset))
         return self
 
     @property

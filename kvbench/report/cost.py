@@ -1,0 +1,260 @@
+"""``kvbench cost`` as a library: the cost tables as text cells, the verdict lines, and the files (``cost.csv``,
+``cost.json``, ``cost.png``, ``reuse_cost.csv``); :func:`cost_report` computes and writes them all."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from kvbench.analysis.cost import Prices, cost_table
+from kvbench.analysis.intervals import pct_interval
+from kvbench.analysis.points import point_table
+from kvbench.results.load import Results
+from kvbench.analysis.reuse_cost import reuse_cost
+from kvbench.errors import UnwritableOutput, UserError
+from kvbench.report import charts
+from kvbench.report.format import number
+from kvbench.results.run_dir import refuse_symlink_dir
+
+
+@dataclass
+class CostReport:
+    """What :func:`cost_report` computed (and wrote).
+
+    Attributes:
+        prices: the prices and plans it costed at.
+        table: :func:`kvbench.analysis.cost.cost_table` of the results (empty without points).
+        reuse: :func:`kvbench.analysis.reuse_cost.reuse_cost` of their reuse workloads (empty without).
+        files: the files written (empty until written).
+    """
+
+    prices: Prices
+    table: pd.DataFrame
+    reuse: pd.DataFrame
+    files: list[Path] = field(default_factory=list)
+
+    def verdicts(self) -> dict[str, list[str]]:
+        """:func:`verdicts` of the table (empty without rows)."""
+        return verdicts(self.table) if len(self.table) else {}
+
+    def host_bases(self) -> list[str]:
+        """What the host memory charged was (:data:`kvbench.analysis.cost.HOST_HELD_COLUMNS`), each once, sorted."""
+        return sorted(set(self.table["host_basis"]) - {""}) if "host_basis" in self.table else []
+
+
+def compute_costs(results: Results, prices: Prices, max_ttft_s: float | None = None,
+                  max_tpot_s: float | None = None) -> CostReport:
+    """The cost of every measured point of ``results`` and of their reuse workloads at ``prices``, with the
+    optional SLOs (median TTFT and TPOT at most so many seconds); nothing written."""
+    points = point_table(results.trials)
+    table = cost_table(points, prices, results.trials, max_ttft_s, max_tpot_s) if len(points) else points
+    return CostReport(prices, table, reuse_cost(results.trials, prices))
+
+
+def cost_report(results: Results, out_dir: str | Path, prices: Prices, max_ttft_s: float | None = None,
+                max_tpot_s: float | None = None) -> CostReport:
+    """:func:`compute_costs`, then :func:`write_costs` into ``out_dir``; the report's ``files`` are those written.
+
+    Raises:
+        kvbench.errors.SymlinkRefused: ``out_dir`` is a symbolic link.
+        kvbench.errors.UnwritableOutput: a file cannot be written.
+    """
+    rep = compute_costs(results, prices, max_ttft_s, max_tpot_s)
+    rep.files = write_costs(rep.table, out_dir, prices, rep.reuse)
+    return rep
+
+
+def cost_display(table: pd.DataFrame, monthly: bool = False, payback: bool = False) -> pd.DataFrame:
+    """:func:`kvbench.analysis.cost.cost_table` as text cells: scenario, prompt, mode, batch, tokens/s, USD/1M (with
+    the interval of its throughput), saving % (paired, with its interval; ``ref`` for ``none``; why nothing
+    qualified where nothing did), pairs, and with ``monthly`` USD/month, with ``payback`` payback months."""
+    cols = ["scenario", "prompt", "mode", "batch", "tokens/s", "USD/1M", "saving %", "pairs"] + \
+        (["USD/month"] if monthly else []) + (["payback months"] if payback else [])
+    rows = []
+    for r in table.to_dict("records"):
+        if r["usd_per_million"] != r["usd_per_million"]:
+            cells = ["-", "-", "-", r["why"], "-"] + (["-"] if monthly else []) + (["-"] if payback else [])
+        else:
+            usd = f"{r['usd_per_million']:,.2f}" + ("" if r["usd_ci_low"] != r["usd_ci_low"] else
+                                                    f" [{r['usd_ci_low']:,.2f}–{r['usd_ci_high']:,.2f}]")
+            cells = [str(int(r["batch_size"])), f"{r['throughput_tokens_per_s']:,.2f}", usd,
+                     "ref" if r["mode"] == "none" else
+                     pct_interval(r["saving_pct"], r["saving_ci_low"], r["saving_ci_high"], 1).replace("%", ""),
+                     "-" if r["mode"] == "none" else str(int(r["pairs"]))]
+            if monthly:
+                m = r["monthly_saving_usd"]
+                cells.append("-" if m is None or m != m else f"{m:,.0f}")
+            if payback:
+                pb = r["payback_months"]
+                cells.append("-" if pb is None or pb != pb else f"{pb:.1f}")
+        rows.append([r["group"], str(int(r["prompt_tokens"])), r["mode_label"], *cells])
+    return pd.DataFrame(rows, columns=cols, dtype=object)
+
+
+def reuse_cost_display(reuse: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """:func:`kvbench.analysis.reuse_cost.reuse_cost` as text cells per scenario and mode: throughput and cost
+    recomputing (cold) vs restoring (warm), the saving with its interval, pairs, prefill and TTFT saved, and whether
+    the ids matched ``none``'s. Returns (cells, marks): marks has ``worse`` where restored ids differ, else ``""``."""
+    cols = ["scenario", "mode", "requests", "tok/s cold", "tok/s warm", "USD/1M cold", "USD/1M warm", "saving %",
+            "pairs", "prefill saved %", "TTFT saved ms", "= none"]
+    rows = []
+    for r in reuse.to_dict("records"):
+        rows.append([r["group"], r["mode_label"], str(r["requests"]), number(r["recompute_tokens_per_s"], ",.2f"),
+                     number(r["restore_tokens_per_s"], ",.2f"), number(r["recompute_usd_per_million"], ",.2f"),
+                     number(r["restore_usd_per_million"], ",.2f"),
+                     pct_interval(r["saving_pct"], r["saving_ci_low"], r["saving_ci_high"], 1).replace("%", ""),
+                     str(r["pairs"]), number(r["prefill_saved_pct"], ".1f"), number(r["ttft_saved_s"] * 1e3, ",.0f"),
+                     {True: "yes", False: "NO", "near tie": "near tie"}.get(r["tokens_match"], "-")])
+    cells = pd.DataFrame(rows, columns=cols, dtype=object)
+    marks = pd.DataFrame("", index=cells.index, columns=cols, dtype=object)
+    marks["= none"] = ["worse" if v == "NO" else "" for v in cells["= none"]]
+    return cells, marks
+
+
+def what_if_lines(prices: Prices, w: dict[str, Any], base_tokens_per_s: float,
+                  offload_tokens_per_s: float) -> list[str]:
+    """The lines of a what-if (``w`` = :func:`kvbench.analysis.cost.what_if`): the cost per 1M tokens before and
+    after, the saving per month and the payback where the prices plan them."""
+    lines = [f"cost per 1M generated tokens at {prices.gpu_per_hour:g} USD per GPU-hour: "
+             f"{w['base_usd_per_million']:,.2f} → {w['offload_usd_per_million']:,.2f} USD ({w['saving_pct']:.1f}% "
+             f"saving; {base_tokens_per_s:g} → {offload_tokens_per_s:g} tokens/s)"]
+    if w["monthly_saving_usd"] is not None:
+        lines.append(f"at {prices.tokens_per_month:,.0f} tokens per month: {w['monthly_saving_usd']:,.2f} USD per "
+                     "month")
+    if w["payback_months"] is not None:
+        lines.append(f"payback of {prices.engineering_cost:,.0f} USD: {w['payback_months']:.1f} months")
+    elif prices.engineering_cost is not None:
+        lines.append(f"no payback of {prices.engineering_cost:,.0f} USD: offload saves nothing here")
+    if w["saving_pct"] < 0:
+        lines.append("offload raises cost here: its throughput is lower than without it")
+    return lines
+
+
+def verdicts(costs: pd.DataFrame) -> dict[str, list[str]]:
+    """Plain-language lines per group: at each prompt length, the cheapest qualifying mode and, for the cheapest
+    offload mode against ``none``, the paired saving with its interval and pair count: "lowers cost" or "raises
+    cost" only when :func:`kvbench.analysis.intervals.judge` decides (≥ 5 pairs, a quiet machine, an interval that excludes
+    no change, plausible against the plan); otherwise why the measurements do not decide."""
+    out: dict[str, list[str]] = {}
+    for (group, prompt), part in costs.groupby(["group", "prompt_tokens"], sort=False):
+        lines = out.setdefault(group, [])
+        ok = part.dropna(subset=["usd_per_million"])
+        none = part[part["mode"] == "none"]
+        if ok.empty:
+            lines.append(f"at {prompt} tokens no mode qualified")
+            continue
+        best = ok.loc[ok["usd_per_million"].idxmin()]
+        if none.empty or none["usd_per_million"].isna().all():
+            why = none["why"].iloc[0] if len(none) else "not run"
+            lines.append(f"at {prompt} tokens `none` has no cost ({why}); `{best['mode_label']}` costs "
+                         f"{best['usd_per_million']:,.2f} USD per 1M tokens at batch {int(best['batch_size'])}")
+            continue
+        base, nb = none["usd_per_million"].iloc[0], int(none["batch_size"].iloc[0])
+        offload = ok[ok["mode"] != "none"]
+        if offload.empty:
+            lines.append(f"at {prompt} tokens only `none` qualified: {base:,.2f} USD per 1M tokens")
+            continue
+        c = offload.loc[offload["usd_per_million"].idxmin()]
+        saving = pct_interval(c["saving_pct"], c["saving_ci_low"], c["saving_ci_high"])
+        raised = pct_interval(-c["saving_pct"], -c["saving_ci_high"], -c["saving_ci_low"])
+        n = f"{int(c['pairs'])} pairs, batch {int(c['batch_size'])} vs none's {nb}"
+        if c["cost_verdict"]:
+            lines.append(f"at {prompt} tokens {c['cost_verdict']}: `{c['mode_label']}` "
+                         f"{c['usd_per_million']:,.2f} vs `none` {base:,.2f} USD per 1M tokens, paired saving "
+                         f"{saving} ({n})")
+        elif c["saving_pct"] > 0:
+            lines.append(f"at {prompt} tokens `{c['mode_label']}` lowers cost to {c['usd_per_million']:,.2f} "
+                         f"USD per 1M tokens from none's {base:,.2f} (paired saving {saving}; {n})")
+        else:
+            lines.append(f"at {prompt} tokens offload raises cost here: `none` {base:,.2f} USD per 1M tokens, the "
+                         f"cheapest offload mode `{c['mode_label']}` {c['usd_per_million']:,.2f} (paired cost "
+                         f"{raised}; {n})")
+    return out
+
+
+def reuse_verdicts(reuse: pd.DataFrame) -> list[str]:
+    """One line per group × mode of :func:`reuse_cost`: restore lowers or raises the cost per 1M tokens against
+    recompute, with the saving's interval and pair count, or why the pairs do not decide."""
+    lines = []
+    for r in reuse.to_dict("records"):
+        saving = pct_interval(r["saving_pct"], r["saving_ci_low"], r["saving_ci_high"])
+        n = f"{r['pairs']} request pairs"
+        if r["saving_verdict"]:
+            lines.append(f"{r['group']}: `{r['mode_label']}` {r['saving_verdict']}: restore "
+                         f"{r['restore_usd_per_million']:,.2f} vs recompute {r['recompute_usd_per_million']:,.2f} USD "
+                         f"per 1M tokens, saving {saving} ({n})")
+        else:
+            what = "lowers" if r["saving_pct"] > 0 else "raises"
+            lines.append(f"{r['group']}: `{r['mode_label']}` restoring stored KV {what} the cost to "
+                         f"{r['restore_usd_per_million']:,.2f} USD per 1M tokens from recomputing's "
+                         f"{r['recompute_usd_per_million']:,.2f} (saving {saving}; {n})")
+    return lines
+
+
+def _replacing(path: Path, write: Any) -> Path | None:
+    """Call ``write(tmp)`` on a new private file beside ``path`` and move it onto ``path`` (``os.replace``): a
+    symbolic link or any other file already at ``path`` is replaced, never written through. Returns ``path``, or
+    None (nothing left behind) when ``write`` returned None."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".kvbench-cost-", suffix=path.suffix)
+    os.fchmod(fd, 0o644)  # what a plain write would leave, not mkstemp's 0600
+    os.close(fd)
+    try:
+        if write(Path(tmp)) is None:
+            os.unlink(tmp)
+            return None
+        os.replace(tmp, path)
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        if isinstance(exc, OSError):  # named for the file it was to be, not the private one
+            raise OSError(exc.errno, exc.strerror, str(path)) from None
+        raise
+    return path
+
+
+def write_costs(costs: pd.DataFrame, out_dir: str | Path, prices: Prices,
+                reuse: pd.DataFrame | None = None) -> list[Path]:
+    """``cost.csv``, ``cost.json`` (the table, the prices, the verdicts and, for reuse workloads, the
+    :func:`kvbench.analysis.reuse_cost.reuse_cost` rows) and ``cost.png`` (USD per 1M tokens per mode and prompt length)
+    in ``out_dir`` (created), plus ``reuse_cost.csv`` when ``reuse`` has rows; returns their paths. Each file is
+    written beside its place and moved onto it, so a symbolic link there is replaced, never followed.
+
+    Raises:
+        kvbench.errors.SymlinkRefused: ``out_dir`` is a symbolic link.
+        kvbench.errors.UnwritableOutput: a file cannot be written (naming it; an ``OSError``).
+    """
+    out = Path(out_dir)
+    refuse_symlink_dir(out)
+    try:
+        return _write_costs(costs, out, prices, reuse)
+    except OSError as exc:
+        if isinstance(exc, UserError):
+            raise
+        raise UnwritableOutput(exc.filename or out, exc.strerror or str(exc)) from exc
+
+
+def _write_costs(costs: pd.DataFrame, out: Path, prices: Prices, reuse: pd.DataFrame | None) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    doc: dict[str, Any] = {"prices": dataclasses.asdict(prices)}
+    if len(costs):
+        paths.append(_replacing(out / "cost.csv", lambda tmp: costs.to_csv(tmp, index=False) or tmp))
+        doc.update(verdicts=verdicts(costs), rows=json.loads(costs.to_json(orient="records")))
+    if reuse is not None and len(reuse):
+        paths.append(_replacing(out / "reuse_cost.csv", lambda tmp: reuse.to_csv(tmp, index=False) or tmp))
+        doc["reuse"] = json.loads(reuse.to_json(orient="records"))
+    paths.append(_replacing(out / "cost.json", lambda tmp: tmp.write_text(json.dumps(doc, indent=2) + "\n")))
+    png = _replacing(out / "cost.png", lambda tmp: charts.cost_bars(costs, tmp)) if len(costs) else None
+    return paths + ([png] if png is not None else [])
+
+
+__all__ = ["CostReport", "compute_costs", "cost_display", "cost_report", "reuse_cost_display", "reuse_verdicts",
+           "verdicts", "what_if_lines", "write_costs"]

@@ -1,0 +1,223 @@
+"""What a report holds (:class:`Report`) and its two documents: ``report.md`` (GitHub-flavoured Markdown, every cell
+and line from files escaped) and ``report.html`` (self-contained: images as data URIs, no scripts, no network)."""
+
+from __future__ import annotations
+
+import base64
+import html
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from kvbench.results.load import Results
+from kvbench.report.format import GIB, MIB
+from kvbench.report.md_text import md_escape, md_line
+from kvbench.report.tables import capacity_display, reuse_display
+
+
+@dataclass
+class Report:
+    """What :func:`~kvbench.report.write.write_report` made: the per-point table, per-group texts, the reuse tables per group
+    (``{"turn": ..., "length": ...}``, see :func:`kvbench.analysis.reuse.reuse_table`), and the files written."""
+
+    table: pd.DataFrame
+    shown: pd.DataFrame
+    findings: dict[str, list[str]]
+    recommendations: dict[str, str]
+    diagnoses: dict[str, list[str]]
+    capacity: dict[str, pd.DataFrame] = field(default_factory=dict)
+    plan: pd.DataFrame | None = None
+    reuse: dict[str, dict[str, pd.DataFrame]] = field(default_factory=dict)
+    charts: list[tuple[str, Path]] = field(default_factory=list)
+    files: dict[str, Path] = field(default_factory=dict)
+
+
+def md_table(frame: pd.DataFrame) -> str:
+    """A Markdown (GFM) table of a frame of text cells, every cell through :func:`~kvbench.report.md_text.md_escape`."""
+    if not len(frame):
+        return "(no trials)"
+
+    def line(cells: Any) -> str:
+        return "| " + " | ".join(md_escape(c) for c in cells) + " |"
+
+    rule = "|" + "|".join(":---" if i < 4 else "---:" for i in range(len(frame.columns))) + "|"
+    return "\n".join([line(frame.columns), rule, *map(line, _cells(frame))])
+
+
+def _cells(frame: pd.DataFrame) -> list[list[Any]]:
+    """The rows of a frame as plain lists (iterating pandas' string arrays item by item is slow)."""
+    return frame.to_numpy(dtype=object).tolist()
+
+
+def html_table(frame: pd.DataFrame) -> str:
+    """An HTML table of a frame of text cells (pandas' ``to_html`` takes seconds on thousands of rows)."""
+    e = html.escape
+    head = "".join(f"<th>{e(str(c))}</th>" for c in frame.columns)
+    body = "\n".join("<tr>" + "".join(f"<td>{e(str(v))}</td>" for v in row) + "</tr>" for row in _cells(frame))
+    return f"<table>\n<thead><tr>{head}</tr></thead>\n<tbody>\n{body}\n</tbody>\n</table>"
+
+
+def _env_lines(run: dict[str, Any]) -> list[str]:
+    env = run["environment"]
+    gpus = ", ".join(g.get("name", "?") for g in env.get("gpus") or []) or "none"
+    link = env.get("link_bandwidth")
+    link_s = (f"H2D {link.get('h2d_pinned_gbps', 0):.1f} GB/s pinned, {link.get('h2d_pageable_gbps', 0):.1f} pageable"
+              if link else env.get("link_bandwidth_note", "not measured"))
+    sc = run["scenario"]
+    git = env.get("git") or {}
+    return [f"run `{run['name']}` ({run['status'] or 'unknown status'}, started {run['started_at'] or '?'}, "
+            f"{run['n_trials']} trials)",
+            f"machine: {env.get('cpu', '?')}, {env.get('cpu_count', '?')} CPUs, "
+            f"{(env.get('memory_total_bytes') or 0) / GIB:.0f} GiB RAM; GPU: {gpus}; link: {link_s}",
+            f"versions: kvbench {env.get('kvbench', '?')}, torch {env.get('torch', '?')}, transformers "
+            f"{env.get('transformers', '?')}, Python {env.get('python', '?')}; git "
+            f"{(git.get('commit') or '?')[:12]}{' (dirty)' if git.get('dirty') else ''}",
+            f"scenario: {sc.get('name', '?')} — {sc.get('description', '')}; model {_model(sc)}; budget "
+            f"{_budget(sc)}"]
+
+
+def _model(sc: dict[str, Any]) -> str:
+    m = sc.get("model")
+    if isinstance(m, dict):
+        return str(m.get("name") or m.get("preset") or m.get("config") or "?")
+    return str(m or "?")
+
+
+def _budget(sc: dict[str, Any]) -> str:
+    b = sc.get("budget")
+    return "none" if b is None else f"{b / MIB:,.0f} MiB" if isinstance(b, (int, float)) else str(b)
+
+
+def _extra_tables(rep: Report, group: str) -> list[tuple[str, pd.DataFrame]]:
+    """The reuse, capacity and plan-vs-measured tables of a group, where it has them."""
+    out = []
+    if group in rep.reuse:
+        for key, title in (("turn", "Restore vs recompute per turn"),
+                           ("length", "Restore vs recompute per prompt length")):
+            out.append((title, reuse_display(rep.reuse[group][key]).drop(columns=["scenario"])))
+    if group in rep.capacity:
+        out.append(("Capacity within the budget (probes in order, ✗ = did not fit)", capacity_display(rep.capacity[group])))
+    if rep.plan is not None and (rep.plan["scenario"] == group).any():
+        out.append(("Measured vs kvbench plan's prediction (× = measured ÷ predicted)",
+                    rep.plan[rep.plan["scenario"] == group].drop(columns=["scenario"])))
+    return out
+
+
+def _of_group(shown: pd.DataFrame, group: str) -> pd.DataFrame | None:
+    """The rows of the per-point table of one group, without the scenario column (None when it has none, e.g. a
+    reuse workload's group)."""
+    if "scenario" not in shown or not (shown["scenario"] == group).any():
+        return None
+    return shown[shown["scenario"] == group].drop(columns=["scenario"])
+
+
+def markdown(results: Results, rep: Report, shown: pd.DataFrame) -> str:
+    """``report.md``: per group its recommendation, findings, diagnoses, runs, tables and charts; the memory
+    timelines; what was skipped; the glossary. ``shown`` is :func:`~kvbench.report.tables.display_frame`'s."""
+    lines = ["# kvbench report", ""]
+    for g in rep.recommendations:
+        lines += [f"## {md_escape(g)}", "", f"**Recommendation:** {md_line(rep.recommendations[g])}", "",
+                  "Findings:", ""]
+        lines += [f"- {md_line(f)}" for f in rep.findings[g]] + [""]
+        if rep.diagnoses[g]:
+            lines += ["Diagnoses:", ""] + [f"- {md_line(d)}" for d in rep.diagnoses[g]] + [""]
+        lines += ["Runs:", ""]
+        for run in (r for r in results.runs if r.get("group") == g):
+            lines += [f"- {md_line(x)}" for x in _env_lines(run)] + [""]
+        if (mine := _of_group(shown, g)) is not None:
+            lines += [md_table(mine), ""]
+        for title, frame in _extra_tables(rep, g):
+            lines += [f"### {title}", "", md_table(frame), ""]
+        lines += [f"![{md_escape(title)}]({path.name})" for title, path in rep.charts
+                  if title.startswith(f"{g}: ")] + [""]
+    timelines = [(t, p) for t, p in rep.charts if t.startswith("memory timelines")]
+    if timelines:
+        lines += ["## Memory timelines", ""] + [f"![{md_escape(t)}]({p.name})" for t, p in timelines] + [""]
+    if results.problems:
+        lines += ["## Skipped or unknown", ""] + [f"- {md_escape(p)}" for p in results.problems] + [""]
+    lines += [GLOSSARY]
+    return "\n".join(lines)
+
+
+GLOSSARY = """## Columns
+
+- TTFT: time to first token (prefill + first token); TPOT: time per output token after the first; e2e: whole
+  request. Medians over measured trials, [min–max]; 95% CI: percentile bootstrap of the median (≥ 5 repeats).
+- KV device peak: the cache's own accounting of key/value bytes on the compute device at peak; device peak: the
+  torch allocator's peak minus the weights (CUDA only).
+- memory saving: 1 − KV device peak ÷ none's at the same point (exact bytes, the same in every repeat). time
+  overhead and throughput (× none) are **paired**: repeat r of a mode next to repeat r of `none` at the same point
+  (they ran back to back), the median of the pair ratios with a 95% bootstrap interval over pairs; pairs: how
+  many. verdict: `decided` only with at least 5 pairs, no trial measured while the machine was busy (other
+  processes' CPU at or above the threshold, or another process on the GPU), and an interval that excludes no
+  change; an offload mode faster than `none` at the same batch beyond its interval is implausible against the
+  plan (the decode-step roofline puts it at or above `none`). n/a: no measured `none` trial there.
+- ITL p99: the 99th percentile of every inter-token gap of the point's trials, pooled (stalls a median hides).
+- busy trials: measured trials during which other processes used at least the busy threshold of CPU.
+- ids match none: the greedy token ids equal those of `none` on the same prompts.
+- capacity: the largest batch (or longest prompt) whose trial ended ok within the budget, found by doubling then
+  bisection; each probe is a recorded trial.
+- reuse (multi_turn, doc_qa): each request runs twice per mode: recompute (cold, the whole prompt prefilled) and
+  restore (warm: the longest stored prefix, in whole chunks, loaded from the mode's KV store, then the rest
+  prefilled); TTFT of restore includes the lookup and the copy. hit rate: stored chunks found ÷ whole chunks of
+  the prompt; prefill saved: tokens restored ÷ prompt tokens. near tie: ids differ only where recompute's top-2
+  logits were within 1e-3.
+- plan: `kvbench plan`'s prediction for the trial (device KV under the mode's placement, host KV copied per decode
+  step, and the decode-step roofline max(t_mem, t_link) from the run's measured memory and link bandwidths); ×:
+  measured ÷ predicted.
+"""
+
+
+def _img(path: Path) -> str:
+    data = base64.b64encode(path.read_bytes()).decode()
+    return f'<img alt="{html.escape(path.stem)}" src="data:image/png;base64,{data}">'
+
+
+CSS = """body{font-family:system-ui,sans-serif;margin:2em;max-width:1400px;color:#222}
+.table{overflow-x:auto}table{border-collapse:collapse;font-size:13px;margin:1em 0}
+th,td{border:1px solid #ccc;padding:3px 6px;text-align:right;white-space:nowrap}th{background:#f3f3f3}
+th:nth-child(-n+4),td:nth-child(-n+4){text-align:left}img{max-width:100%;display:block;margin:1em 0}
+.rec{background:#eef6ee;padding:.6em;border-left:4px solid #4a4}.diag li{color:#8a3b00}
+.meta{color:#555;font-size:13px}code{background:#f3f3f3;padding:0 .2em}"""
+
+
+def _text(text: str) -> str:
+    """HTML of a plain-language line: escaped, with `code` spans."""
+    return re.sub(r"`([^`]+)`", r"<code>\1</code>", html.escape(text))
+
+
+def html_document(results: Results, rep: Report, shown: pd.DataFrame) -> str:
+    """``report.html``: what :func:`markdown` holds, as one self-contained page (charts embedded as data URIs)."""
+    e = html.escape
+    parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">', "<title>kvbench report</title>",
+             f"<style>{CSS}</style></head><body>", "<h1>kvbench report</h1>"]
+    for g in rep.recommendations:
+        parts += [f"<h2>{e(g)}</h2>", f'<p class="rec"><b>Recommendation:</b> {_text(rep.recommendations[g])}</p>',
+                  "<h3>Findings</h3><ul>"] + [f"<li>{_text(f)}</li>" for f in rep.findings[g]] + ["</ul>"]
+        if rep.diagnoses[g]:
+            parts += ['<h3>Diagnoses</h3><ul class="diag">'] + [f"<li>{_text(d)}</li>" for d in rep.diagnoses[g]]
+            parts += ["</ul>"]
+        parts += ['<div class="meta"><ul>']
+        for run in (r for r in results.runs if r.get("group") == g):
+            parts += [f"<li>{_text(x)}</li>" for x in _env_lines(run)]
+        parts += ["</ul></div>"]
+        if (mine := _of_group(shown, g)) is not None:
+            parts += ['<div class="table">', html_table(mine), "</div>"]
+        for title, frame in _extra_tables(rep, g):
+            parts += [f"<h3>{e(title)}</h3>", '<div class="table">', html_table(frame), "</div>"]
+        parts += [_img(p) for t, p in rep.charts if t.startswith(f"{g}: ")]
+    timelines = [p for t, p in rep.charts if t.startswith("memory timelines")]
+    if timelines:
+        parts += ["<h2>Memory timelines</h2>"] + [_img(p) for p in timelines]
+    if results.problems:
+        parts += ["<h2>Skipped or unknown</h2><ul>"] + [f"<li>{e(p)}</li>" for p in results.problems] + ["</ul>"]
+    parts += ["<h2>Columns</h2><ul>"]
+    parts += [f"<li>{e(x.strip('- ').replace(chr(10) + '  ', ' '))}</li>" for x in GLOSSARY.split("\n- ")[1:]]
+    parts += ["</ul></body></html>"]
+    return "\n".join(parts) + "\n"
+
+
+__all__ = ["CSS", "GLOSSARY", "Report", "html_document", "html_table", "markdown", "md_table"]

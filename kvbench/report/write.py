@@ -1,0 +1,181 @@
+"""``kvbench report``'s files: :func:`write_report` computes the tables and texts while a pool of processes draws
+the charts, and writes ``summary.csv``, ``summary.md``, ``reuse.csv``, the PNG charts, ``report.md`` and
+``report.html`` into a private folder that is moved into place whole."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from kvbench.analysis.points import point_table
+from kvbench.results.load import Results
+from kvbench.analysis.reuse import reuse_later_turns, reuse_table, reuse_trials
+from kvbench.errors import BadParameter, UnwritableOutput, UserError
+from kvbench.report import charts, scratch_dir
+from kvbench.report.advice import (capacity_findings, capacity_recommendation, diagnoses, findings, recommendation,
+                                   reuse_findings, reuse_recommendation)
+from kvbench.report.chart_pool import chart_pool
+from kvbench.report.documents import Report, html_document, markdown, md_table
+from kvbench.report.samples import default_timelines, load_samples
+from kvbench.report.tables import capacity_frames, display_frame, plan_frame
+from kvbench.results.run_dir import refuse_symlink_dir
+
+#: Panels per memory-timeline figure.
+TIMELINE_PANELS = 8
+
+
+def write_report(results: Results, out_dir: str | Path, timelines: list[str] | None = None,
+                 pool: Any = None) -> Report:
+    """Write the report of ``results`` into ``out_dir`` (created): ``summary.csv`` (the per-point table, raw
+    numbers), ``summary.md``, ``reuse.csv`` (reuse workloads: :func:`kvbench.analysis.reuse.reuse_table` per turn and per
+    prompt length), the charts (PNG), ``report.md`` and ``report.html``.
+
+    Args:
+        results: from :func:`kvbench.analysis.points.load_results`.
+        out_dir: where to write.
+        timelines: trial ids whose memory timeline is drawn; default: at each group's longest prompt and largest
+            batch, the first measured trial of every mode.
+        pool: from :func:`~kvbench.report.chart_pool.chart_pool` (default: one made here); stopped (its workers
+            killed) when the report fails or is interrupted.
+
+    Returns:
+        The :class:`~kvbench.report.documents.Report`, its chart and file paths inside ``out_dir``.
+
+    Raises:
+        kvbench.errors.BadParameter: a trial id in ``timelines`` that is not in the results (``param`` =
+            ``"timelines"``).
+        kvbench.errors.SymlinkRefused: ``out_dir`` is a symbolic link.
+        kvbench.errors.UnwritableOutput: a file or folder cannot be written (an ``OSError``).
+    """
+    if timelines:
+        unknown = sorted(set(timelines) - set(results.trials["trial_id"]))
+        if unknown:
+            raise BadParameter(f"no trial {', '.join(map(repr, unknown))} in these results", "timelines")
+    final = Path(out_dir)
+    refuse_symlink_dir(final)  # e.g. a report/ link inside a run directory from someone's tarball
+    try:
+        return _write_in_place(results, final, timelines, pool)
+    except OSError as exc:
+        if isinstance(exc, UserError):
+            raise
+        raise UnwritableOutput(final, exc.strerror or str(exc), "the report") from exc
+
+
+def _write_in_place(results: Results, final: Path, timelines: list[str] | None, pool: Any) -> Report:
+    """:func:`write_report` after its checks: everything is written into a private folder inside ``final``, then
+    moved into place, so an interrupted or failed report leaves no half of itself behind; one left by a killed
+    report (its owner provably dead) is removed first."""
+    created = not final.exists()
+    try:
+        final.mkdir(parents=True, exist_ok=True)
+        scratch_dir.sweep(final)
+        out = scratch_dir.make(final)
+        rep = _write(results, out, timelines, pool)
+        for f in out.iterdir():
+            os.replace(f, final / f.name)
+    except BaseException:
+        try:
+            if pool is not None:  # its workers may still be drawing into the folder
+                pool.stop()
+        finally:  # even when stopping them failed, or the interrupt came as the folder was made
+            scratch_dir.remove_own(final)
+            if created:
+                shutil.rmtree(final, ignore_errors=True)
+        raise
+    out.rmdir()
+    rep.charts = [(title, final / p.name) for title, p in rep.charts]
+    rep.files = {k: final / p.name for k, p in rep.files.items()}
+    return rep
+
+
+def _write_csv(table: pd.DataFrame, path: Path) -> Path:
+    table.to_csv(path, index=False)
+    return path
+
+
+def _write(results: Results, out: Path, timelines: list[str] | None, pool: Any) -> Report:
+    table = point_table(results.trials)
+    if any(r.get("capacity") for r in results.runs):  # a search's probes come in search order: show them by size
+        rank = {g: i for i, g in enumerate(dict.fromkeys(table["group"]))}
+        table = (table.assign(_rank=table["group"].map(rank))
+                 .sort_values(["_rank", "prompt_tokens", "batch_size"], kind="stable", ignore_index=True)
+                 .drop(columns="_rank"))
+    groups = list(dict.fromkeys(table["group"]))
+    reuse_rows = reuse_trials(results.trials)
+    reuse = {g: {"turn": reuse_table(part, "turn_index"), "length": reuse_table(part, "length_bin")}
+             for g, part in reuse_rows.groupby("group", sort=False)}
+    colours = charts.mode_colours(list(table["mode_label"]) + list(reuse_rows["mode_label"]))
+    jobs: list[tuple[str, Any, tuple]] = []
+    for g, frames in reuse.items():
+        jobs.append((f"{g}: TTFT restore vs recompute", charts.reuse_ttft,
+                     (frames["turn"], reuse_rows, g, colours, out / f"reuse_ttft_{charts.slug(g)}.png")))
+    for g in groups:
+        s = charts.slug(g)
+        for title, fn, name in (("memory saving and time overhead vs prompt length", charts.saving_and_overhead,
+                                 f"saving_overhead_{s}.png"),
+                                ("throughput and device KV vs batch size", charts.throughput_vs_batch,
+                                 f"throughput_batch_{s}.png"),
+                                ("bytes moved per generated token", charts.bytes_per_token,
+                                 f"bytes_per_token_{s}.png")):
+            jobs.append((f"{g}: {title}", fn, (table[table["group"] == g], g, colours, out / name)))
+    picks = {"selected trials": list(timelines)} if timelines else default_timelines(results)
+    samples = load_samples(results, [t for ids in picks.values() for t in ids])
+    for name, ids in picks.items():
+        panels = []
+        for tid in ids:
+            if tid not in samples:
+                results.problems.append(f"{tid}: no samples in samples.csv; no timeline")
+                continue
+            part, mode = samples[tid]
+            panels.append((tid, part, colours.get(mode, "C0")))
+        for k in range(0, len(panels), TIMELINE_PANELS):
+            n = k // TIMELINE_PANELS + 1
+            suffix = f"_{n}" if len(panels) > TIMELINE_PANELS else ""
+            jobs.append((f"memory timelines: {name}{suffix.replace('_', ' part ')}", charts.memory_timelines,
+                         (panels[k:k + TIMELINE_PANELS], f"{name}: memory over time",
+                          out / f"timelines_{charts.slug(name)}{suffix}.png")))
+    with contextlib.ExitStack() as stack:
+        if pool is None:
+            pool = stack.enter_context(chart_pool())
+        # the timelines (several panels each) are the slowest to draw: they start first
+        order = sorted(range(len(jobs)), key=lambda i: jobs[i][1] is not charts.memory_timelines)
+        started = {i: pool.submit(jobs[i][1], *jobs[i][2]) for i in order}
+        futures = [started[i] for i in range(len(jobs))]
+        # the tables and texts are made while the charts render
+        shown = display_frame(table)
+        rep = Report(table, shown, {g: findings(table, g) for g in groups},
+                     {g: recommendation(table, g) for g in groups},
+                     {g: diagnoses(results, table, g) for g in groups},
+                     capacity_frames(results, table), plan_frame(table))
+        for g, frame in rep.capacity.items():  # a search's points are probes: its findings are the capacities
+            rep.findings[g] = capacity_findings(frame)
+            rep.recommendations[g] = capacity_recommendation(frame)
+        rep.reuse = reuse
+        for g, frames in reuse.items():
+            if g not in rep.recommendations:
+                rep.recommendations[g], rep.findings[g], rep.diagnoses[g] = "", [], []
+            later = reuse_later_turns(results.trials)
+            rep.findings[g] += reuse_findings(frames["turn"], g, later)
+            rec = reuse_recommendation(frames["turn"], g, later)
+            rep.recommendations[g] = f"{rep.recommendations[g]} {rec}".strip()
+        if reuse:  # both tables of every reuse group, raw numbers: by turn_index, then by length_bin
+            pd.concat([f for frames in reuse.values() for f in frames.values()], ignore_index=True).to_csv(
+                out / "reuse.csv", index=False)
+            rep.files["reuse.csv"] = out / "reuse.csv"
+        csv_job = pool.submit(_write_csv, table, out / "summary.csv")  # 0.5 s for thousands of points
+        (out / "summary.md").write_text(md_table(shown) + "\n")
+        rep.files.update({"summary.csv": out / "summary.csv", "summary.md": out / "summary.md"})
+        rep.charts = [(title, path) for (title, _, _), f in zip(jobs, futures) if (path := f.result()) is not None]
+        csv_job.result()
+    (out / "report.md").write_text(markdown(results, rep, shown))
+    (out / "report.html").write_text(html_document(results, rep, shown))
+    rep.files.update({"report.md": out / "report.md", "report.html": out / "report.html"})
+    return rep
+
+
+__all__ = ["TIMELINE_PANELS", "write_report"]
