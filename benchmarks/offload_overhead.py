@@ -30,7 +30,7 @@ from transformers import DynamicCache  # noqa: E402
 from kvbench.models import load  # noqa: E402
 from kvbench.offload.caches import ModeUnavailable, OffloadedCache, kv_bytes, make_cache  # noqa: E402
 from kvbench.offload.registry import DISK_BLOCK_TOKENS, MODES, unknown_mode_message  # noqa: E402
-from kvbench.bench.runner import Clock, cache_keyword  # noqa: E402
+from kvbench.bench.decode import Clock, cache_keyword  # noqa: E402
 from kvbench.scenario import ModelSpec  # noqa: E402
 
 
