@@ -292,8 +292,8 @@ def test_preflight_makes_a_store_with_the_loaded_model(tiny_model, smol_tokenize
     # parsed without check_scenario: the preflight on the loaded model still catches the cap
     _, runner = make_runner(tiny_model, smol_tokenizer, [{"kind": "none"}], stream.requests,
                             {"chunk_tokens": 32, "host_max_bytes": 1000})
-    assert runner.engine.preflight() == ["store: host_max_bytes 1,000 is smaller than one chunk: 32 tokens × 512 bytes = "
-                                  "16,384 bytes"]
+    assert runner.engine.preflight() == ["store: host_max_bytes 1,000 is smaller than one chunk: 32 tokens × 512 "
+                                         "bytes = 16,384 bytes"]
 
 
 def test_store_partly_on_disk_damaged_files_and_resume(tiny_model, smol_tokenizer, tmp_path):

@@ -48,7 +48,7 @@ def test_the_smoke_scenario_runs_in_process(tmp_path):
     assert rows == res.rows and len({r["trial_id"] for r in rows}) == 48
     statuses = {r["mode_label"]: {x["status"] for x in rows if x["mode_label"] == r["mode_label"]} for r in rows}
     assert statuses.pop("hf-offloaded") == {"skipped"}  # CPU: hf-offloaded needs CUDA
-    assert set(statuses.values()) == {frozenset({"ok"})} and len(statuses) == 5
+    assert list(statuses.values()) == [{"ok"}] * 5
     assert all(r["tokens_match"] is True for r in rows if r["status"] == "ok")
     assert (res.n_ok, res.n_errors) == (40, 0)
     assert len(res.summary) == 2 * 2 * 6 and res.reuse is None and res.capacity is None
@@ -83,6 +83,6 @@ def test_a_tiny_run_then_its_resume(write_yaml, tmp_path):
     res = run_scenario(scenario, out=tmp_path / "res")
     assert (res.swept, res.written, res.n_ok, res.n_errors) == (True, 1, 1, 0)
     assert [r["trial_id"] for r in res.rows] == ["p8-b1-none-r0"] and res.rows[0]["tokens_match"] is True
-    assert all(line.startswith("busy machine: ") for line in res.failures)  # nothing failed; a shared machine may be busy
+    assert all(line.startswith("busy machine: ") for line in res.failures)  # nothing failed; a machine may be busy
     again = run_scenario(scenario, resume=res.run_dir)
     assert (again.swept, again.already, again.rows) == (False, 1, res.rows)

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from kvbench.bench.capacity import bounds
 from kvbench.bench.decode import Clock, greedy_decode, left_pad, release_device_memory
 from kvbench.bench.engines.base import TrialOutput, Watch
 from kvbench.bench.host_memory import host_memory_available
@@ -115,8 +116,6 @@ class TransformersEngine:
             return problems
         prompts, batches = self.s.prompt_tokens, self.s.batch_sizes
         if self.s.searched is not None:
-            from kvbench.bench.capacity import bounds
-
             limit = bounds(self.s, self.longest_prompt)[1]
             prompts, batches = (prompts, [limit]) if self.s.searched == "batch_size" else ([limit], batches)
         for n in prompts:
