@@ -1,5 +1,5 @@
 # The README's commands. `make quick` is the first run (about 35 s), `make demo` runs the main job on real input;
-# `make test` runs the tests.
+# `make test` checks the layering (import-linter) and runs the tests.
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
@@ -29,6 +29,7 @@ demo: setup
 	$(VENV)/bin/kvbench cost --gpu-price 2.0 "$$(ls -dt results/dialogue-*/ | head -n 1)"
 
 test: setup
+	$(VENV)/bin/lint-imports
 	$(VENV)/bin/python -m pytest -q
 
 clean:

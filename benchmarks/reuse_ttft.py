@@ -44,7 +44,7 @@ def main() -> None:
     from kvbench.models import load
     from kvbench.offload import make_cache
     from kvbench.offload.store import KVStore, restore, sequence_kv
-    from kvbench.bench.runner import Clock, greedy_decode
+    from kvbench.bench.decode import Clock, greedy_decode
     from kvbench.scenario import ModelSpec
     from kvbench.workloads import sharegpt
     from kvbench.workloads.sessions import conversation_turns

@@ -33,7 +33,10 @@ import statistics  # noqa: E402
 from kvbench.models import LoadedModel, load  # noqa: E402
 from kvbench.bench.monitor import Sampler  # noqa: E402
 from kvbench.offload.modes import make_cache  # noqa: E402
-from kvbench.bench.runner import Clock, TrialRunner, TrialSpec, greedy_decode, left_pad  # noqa: E402
+from kvbench.bench.decode import Clock, greedy_decode, left_pad  # noqa: E402
+from kvbench.bench.engines.transformers import TransformersEngine  # noqa: E402
+from kvbench.bench.executor import LocalExecutor  # noqa: E402
+from kvbench.bench.trial import TrialSpec  # noqa: E402
 from kvbench.scenario import ScenarioError, parse_scenario  # noqa: E402
 from kvbench.workloads import SyntheticSource  # noqa: E402
 
@@ -72,7 +75,7 @@ def positive_int(text: str) -> int:
     return value
 
 
-def interleaved_trials(runners: dict[str, TrialRunner], trial: TrialSpec, rounds: int) -> dict[str, list[dict]]:
+def interleaved_trials(runners: dict[str, LocalExecutor], trial: TrialSpec, rounds: int) -> dict[str, list[dict]]:
     """Rows of ``rounds`` interleaved trials per runner ("on", "off"), the order alternating each round."""
     runners["off"].run(trial)  # warm-up, not counted
     rows: dict[str, list[dict]] = {"off": [], "on": []}
@@ -144,7 +147,7 @@ def main() -> None:
                  f"beyond {s.model.label}'s {m.shape.max_positions} positions")
     source = SyntheticSource(m.shape.vocab_size, seed=0, n_prompts=1)
     samplers = {"off": Sampler(m.device, 0), "on": Sampler(m.device, args.interval_ms)}
-    runners = {k: TrialRunner(s, m, source, sampler=v) for k, v in samplers.items()}
+    runners = {k: LocalExecutor(s, TransformersEngine(s, m, source), sampler=v) for k, v in samplers.items()}
     rows = interleaved_trials(runners, TrialSpec(args.prompt_tokens, 1, s.modes[0], 0), args.rounds)
     steps = step_ratios(m, source, samplers["on"], args.prompt_tokens, args.step_tokens, args.step_trials)
 

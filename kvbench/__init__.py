@@ -1,5 +1,66 @@
-"""kvbench: measure what KV-cache offload really does for a model, a machine and a workload."""
+"""kvbench: measure what KV-cache offload really does for a model, a machine and a workload.
+
+The library does everything the ``kvbench`` command does, minus parsing flags and printing::
+
+    import kvbench
+
+    run = kvbench.run_scenario("scenarios/smoke.yaml", out="results")      # the sweep: trials.jsonl, run.json
+    results = kvbench.load_results([run.run_dir])                          # one pandas frame of every trial
+    kvbench.write_report(results, run.run_dir / "report")                  # tables, charts, Markdown, HTML
+    costs = kvbench.cost_report(results, "costs", kvbench.Prices(gpu_per_hour=2.0))
+    p = kvbench.plan("llama-3.1-8b", prompt_tokens=32768, batch=8)         # analytic: no GPU, no weights
+
+Each name is imported on first use, so ``import kvbench`` (and ``kvbench validate``) loads neither torch nor
+pandas. Errors a user can cause are :class:`kvbench.errors.UserError`; see :mod:`kvbench.errors`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 from kvbench.version import __version__
 
-__all__ = ["__version__"]
+#: Public name → the module that defines it.
+_ENTRYPOINTS = {
+    "run_scenario": "kvbench.bench.run",
+    "RunResult": "kvbench.bench.run",
+    "RunProgress": "kvbench.bench.run",
+    "load_scenario": "kvbench.scenario",
+    "Scenario": "kvbench.scenario",
+    "load_results": "kvbench.results.load",
+    "Results": "kvbench.results.load",
+    "write_report": "kvbench.report.write",
+    "cost_report": "kvbench.report.cost",
+    "Prices": "kvbench.analysis.cost",
+}
+
+__all__ = ["__version__", "plan", *_ENTRYPOINTS]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _ENTRYPOINTS:
+        return getattr(importlib.import_module(_ENTRYPOINTS[name]), name)
+    raise AttributeError(f"module 'kvbench' has no attribute {name!r}")
+
+
+def plan(model: str, **options: Any) -> Any:
+    """What ``kvbench plan`` computes (:func:`kvbench.report.plan.plan`: KV per sequence, the largest batch per
+    mode, a decode-step roofline) with this machine's last measured host→device bandwidth
+    (:func:`kvbench.bench.machine.last_link_probe`, saved by ``kvbench env``) unless ``link_gbps`` is given.
+
+    Args:
+        model: a preset (``kvbench list presets``), a config.json or a model directory.
+        **options: the other arguments of :func:`kvbench.report.plan.plan` (``prompt_tokens``, ``batch``,
+            ``dtype``, ``gpu_mem``, ``host_mem``, ``window``, ``link_gbps``, ``hbm_gbps``, ``gpu_price``).
+
+    Returns:
+        A :class:`kvbench.report.plan.Plan`.
+
+    Raises:
+        kvbench.errors.UserError: a model that cannot be found or read, or a figure out of range.
+    """
+    from kvbench.bench.machine import last_link_probe
+    from kvbench.report.plan import plan as plan_model
+
+    return plan_model(model, **{"link_probe": last_link_probe, **options})

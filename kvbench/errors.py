@@ -152,3 +152,18 @@ class UnwritableOutput(UserError, OSError):
     def __init__(self, path: str | Path, reason: str, what: str = ""):
         super().__init__(f"cannot write {f'{what} to ' if what else ''}{path}: {reason}")
         self.path, self.reason, self.what = Path(path), reason, what
+class PrepareError(UserError, RuntimeError):
+    """A run that cannot start: its device, model, workload or stores cannot be prepared, or the preflight found
+    trials that cannot be built; the message names the scenario file (or the run's run.json)."""
+
+
+class RunStopped(UserError, OSError):
+    """A run stopped because its results could not be written (disk full, quota, a removed directory).
+    ``reason`` says what happened and what run.json says; ``kept`` is how many finished trials the run keeps;
+    ``path`` is its directory, None when it was removed (it had been made by this run and no trial had
+    finished)."""
+
+    def __init__(self, reason: str, kept: int, path: Path | None):
+        super().__init__(f"{reason}; no trial had finished: nothing was kept" if path is None
+                         else f"{reason}; {kept} finished trials are kept in {path}")
+        self.reason, self.kept, self.path = reason, kept, path

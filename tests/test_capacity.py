@@ -16,7 +16,10 @@ from kvbench.report.write import write_report
 from kvbench.results.load import load_results
 from kvbench.results.read import read_trials
 from kvbench.results.run_dir import RunDir
-from kvbench.bench.runner import TrialRunner, plan_trials, run_sweep
+from kvbench.bench.engines.transformers import TransformersEngine
+from kvbench.bench.executor import LocalExecutor
+from kvbench.bench.sweep import run_sweep
+from kvbench.bench.trial import plan_trials
 from kvbench.scenario import ScenarioError, check_scenario, parse_scenario
 from kvbench.workloads import SyntheticSource
 
@@ -114,8 +117,9 @@ def test_scenario_auto_fields_and_their_errors():
 
 def _run(tiny_model, tmp_path, **over):
     s = parse_scenario(tiny_scenario(**over))
-    runner = TrialRunner(s, tiny_model, SyntheticSource(tiny_model.shape.vocab_size, seed=0, n_prompts=32))
-    assert runner.preflight() == []
+    runner = LocalExecutor(s, TransformersEngine(s, tiny_model,
+                                                 SyntheticSource(tiny_model.shape.vocab_size, seed=0, n_prompts=32)))
+    assert runner.engine.preflight() == []
     run = RunDir.create(tmp_path, s.model_dump(mode="json"), {"test": True})
     res = run_sweep(s, run, runner)
     assert not res.interrupted
@@ -189,7 +193,8 @@ def test_prompt_search_and_plan_predictions_in_rows(tiny_model, tmp_path):
 def test_plan_prediction_uses_the_runs_measured_bandwidths(tiny_model):
     import torch
 
-    from kvbench.bench.runner import TrialSpec, roofline_bandwidths
+    from kvbench.bench.predict import roofline_bandwidths
+    from kvbench.bench.trial import TrialSpec
 
     env = {"memory_bandwidth": {"memory_gbps": 20.0, "copy_gbps": 10.0},
            "link_bandwidth": {"h2d_pinned_gbps": 50.0}}
@@ -198,8 +203,8 @@ def test_plan_prediction_uses_the_runs_measured_bandwidths(tiny_model):
     assert roofline_bandwidths({"memory_bandwidth": None}, torch.device("cpu")) is None
     s = parse_scenario(tiny_scenario(modes=[{"kind": "full"}, {"kind": "hierarchical", "window": 4},
                                             {"kind": "dynamic"}]))
-    runner = TrialRunner(s, tiny_model, SyntheticSource(tiny_model.shape.vocab_size, seed=0, n_prompts=4),
-                         environment=env)
+    runner = TransformersEngine(s, tiny_model, SyntheticSource(tiny_model.shape.vocab_size, seed=0, n_prompts=4),
+                                environment=env).predict
     full = runner.plan_prediction(TrialSpec(16, 2, s.modes[0], 0))
     tokens = 16 + 3 - 1
     # full: two layers' history on the device (all of tiny-llama's 2), every layer's history copied each step

@@ -491,12 +491,12 @@ def test_any_error_before_the_first_trial_refuses_in_one_line_and_leaves_no_run_
     from typer.testing import CliRunner
 
     from kvbench.cli import app
-    from kvbench.bench.runner import TrialRunner
+    from kvbench.bench.engines.transformers import TransformersEngine
 
     def broken(self):
         raise KeyError("a tokenizer\nthat breaks")
 
-    monkeypatch.setattr(TrialRunner, "preflight", broken)
+    monkeypatch.setattr(TransformersEngine, "preflight", broken)
     scenario = write_yaml(tiny_scenario(prompt_tokens=[8], batch_sizes=[1], repeats=1))
     r = CliRunner().invoke(app, ["run", str(scenario), "--out", str(tmp_path / "res")])
     assert r.exit_code == 2, r.output

@@ -17,10 +17,10 @@ from kvbench.bench.monitor import (
     LatencyWatch,
     MonitorWarning,
     Sampler,
-    gpu_fields,
     summarise,
 )
 from kvbench.results.samples import SAMPLE_COLUMNS
+from kvbench.bench.nvml import gpu_fields
 
 MiB = 2**20
 
@@ -216,7 +216,7 @@ def test_latency_watch_flags_requests_slower_than_the_rolling_p90():
 def test_host_reader_matches_psutil_without_opening_files():
     import psutil
 
-    from kvbench.bench.monitor import HostReader
+    from kvbench.bench.host_memory import HostReader
 
     reader = HostReader(cuda=False)
     first = reader.read()

@@ -11,7 +11,7 @@ from kvbench.offload.caches import DynamicOffloadCache, FullOffloadCache, Hierar
 from kvbench.offload.modes import make_cache
 from kvbench.offload.tiers import DiskTier, DiskTierError, History
 from kvbench.offload.transfer import Transfers
-from kvbench.bench.runner import greedy_decode, left_pad
+from kvbench.bench.decode import greedy_decode, left_pad
 
 CPU = torch.device("cpu")
 NEW = 6

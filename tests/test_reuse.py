@@ -23,7 +23,10 @@ from kvbench.results.run_dir import RunDir
 from kvbench.analysis.reuse import ids_verdict, length_bin, reuse_table
 from kvbench.analysis.reuse_cost import reuse_cost
 from kvbench.report.cost import reuse_verdicts
-from kvbench.bench.runner import TrialRunner, plan_trials, run_sweep
+from kvbench.bench.engines.transformers import TransformersEngine
+from kvbench.bench.executor import LocalExecutor
+from kvbench.bench.sweep import run_sweep
+from kvbench.bench.trial import plan_trials
 from kvbench.scenario import ScenarioError, check_scenario, load_scenario, parse_scenario
 from kvbench.workloads.documents import Document
 from kvbench.workloads.sessions import QUESTIONS, NotEnoughRequests, conversation_turns, doc_qa, multi_turn
@@ -234,7 +237,7 @@ def make_runner(tiny_model, smol_tokenizer, modes, requests, store, repeats=1, *
     s = parse_scenario(data)
     from kvbench.workloads.sessions import Stream
 
-    return s, TrialRunner(s, tiny_model, Stream(requests))
+    return s, LocalExecutor(s, TransformersEngine(s, tiny_model, Stream(requests)))
 
 
 MODES = [{"kind": "none"}, {"kind": "full"}, {"kind": "hierarchical", "window": 16},
@@ -294,8 +297,8 @@ def test_preflight_makes_a_store_with_the_loaded_model(tiny_model, smol_tokenize
     # parsed without check_scenario: the preflight on the loaded model still catches the cap
     _, runner = make_runner(tiny_model, smol_tokenizer, [{"kind": "none"}], stream.requests,
                             {"chunk_tokens": 32, "host_max_bytes": 1000})
-    assert runner.preflight() == ["store: host_max_bytes 1,000 is smaller than one chunk: 32 tokens × 512 bytes = "
-                                  "16,384 bytes"]
+    assert runner.engine.preflight() == ["store: host_max_bytes 1,000 is smaller than one chunk: 32 tokens × 512 "
+                                         "bytes = 16,384 bytes"]
 
 
 def test_store_partly_on_disk_damaged_files_and_resume(tiny_model, smol_tokenizer, tmp_path):
@@ -308,7 +311,7 @@ def test_store_partly_on_disk_damaged_files_and_resume(tiny_model, smol_tokenize
 
     def damage(row):  # after d1-q1 (the second request), break every chunk file of none's store
         if row["trial_id"] == "d1-q1-full-cold-r0" or (row["trial_id"] == "d1-q1-full-warm-r0" and not damaged):
-            for f in runner.stores["none"].tier.path.glob("*.kv"):
+            for f in runner.engine.stores["none"].tier.path.glob("*.kv"):
                 f.write_bytes(f.read_bytes()[:-7])
                 damaged.append(f.name)
 
@@ -373,7 +376,7 @@ def test_a_wrong_restore_is_caught_with_the_top2_gap(tiny_model, smol_tokenizer,
     assert bad["tokens_restored"] > 0 and bad["tokens_match"] is False
     step = bad["first_divergence_step"]
     assert step is not None
-    gaps = runner.baseline_gaps[rows["d0-q2-none-cold-r0"]["prompt_sha256"]]
+    gaps = runner.reference.baseline_gaps[rows["d0-q2-none-cold-r0"]["prompt_sha256"]]
     assert len(gaps) == 4 and bad["top2_logit_gap"] == gaps[step]
     assert bad["divergence_acceptable"] is (gaps[step] <= 1e-3)
     verdict = ids_verdict(pd.DataFrame([rows["d0-q2-none-cold-r0"], bad]))
@@ -384,8 +387,8 @@ def test_a_wrong_restore_is_caught_with_the_top2_gap(tiny_model, smol_tokenizer,
     _, again = make_runner(tiny_model, smol_tokenizer, [{"kind": "none"}], stream.requests,
                            {"chunk_tokens": 32, "host_max_bytes": "1MiB"})
     again.remember(list(rows.values()))
-    assert again.baseline_sha[cold["prompt_sha256"]] == cold["output_sha256"] != bad["output_sha256"]
-    assert again.baseline_gaps[cold["prompt_sha256"]] == gaps
+    assert again.reference.baseline_sha[cold["prompt_sha256"]] == cold["output_sha256"] != bad["output_sha256"]
+    assert again.reference.baseline_gaps[cold["prompt_sha256"]] == gaps
 
 
 # --------------------------------------------------------------------------- tables

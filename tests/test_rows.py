@@ -124,14 +124,17 @@ def test_the_schema_check_covers_every_declared_column(column):
 
 
 def test_the_runner_writes_only_declared_columns(tiny_model, tmp_path):
-    from kvbench.bench.runner import TrialRunner, TrialSpec
+    from kvbench.bench.engines.transformers import TransformersEngine
+    from kvbench.bench.executor import LocalExecutor
+    from kvbench.bench.trial import TrialSpec
     from kvbench.scenario import parse_scenario
     from kvbench.workloads import SyntheticSource
 
     modes = [{"kind": "none"}, {"kind": "full", "host_max_tokens": 16}, {"kind": "hierarchical", "window": 8},
              {"kind": "dynamic", "min_window": 8}, {"kind": "hf-offloaded"}]
     s = parse_scenario(tiny_scenario(modes=modes, disk_dir=str(tmp_path), budget="12KiB"))
-    runner = TrialRunner(s, tiny_model, SyntheticSource(tiny_model.shape.vocab_size, seed=0, n_prompts=4))
+    runner = LocalExecutor(s, TransformersEngine(s, tiny_model,
+                                                 SyntheticSource(tiny_model.shape.vocab_size, seed=0, n_prompts=4)))
     rows = [runner.run(TrialSpec(16, 2, m, 0)) for m in s.modes]
     assert {r["status"] for r in rows} == {"ok", "over_budget", "skipped"}, [r["message"] for r in rows]
     assert sorted({k for r in rows for k in r} - set(BY_NAME)) == []

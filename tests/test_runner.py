@@ -11,16 +11,12 @@ import torch
 from conftest import tiny_scenario
 from kvbench.results.read import read_trials
 from kvbench.results.run_dir import RunDir
-from kvbench.bench.runner import (
-    TrialRunner,
-    TrialSpec,
-    greedy_decode,
-    latency_metrics,
-    left_pad,
-    plan_trials,
-    run_sweep,
-    throughputs,
-)
+from kvbench.analysis.latency import latency_metrics, throughputs
+from kvbench.bench.decode import greedy_decode, left_pad
+from kvbench.bench.engines.transformers import TransformersEngine
+from kvbench.bench.executor import LocalExecutor
+from kvbench.bench.sweep import run_sweep
+from kvbench.bench.trial import TrialSpec, plan_trials
 from kvbench.scenario import parse_scenario
 from kvbench.workloads import SyntheticSource
 
@@ -89,7 +85,8 @@ def test_plan_orders_and_names_trials():
 
 def make_runner(tiny_model, **over):
     s = parse_scenario(tiny_scenario(**over))
-    return s, TrialRunner(s, tiny_model, SyntheticSource(tiny_model.shape.vocab_size, seed=0, n_prompts=4))
+    return s, LocalExecutor(s, TransformersEngine(s, tiny_model,
+                                                  SyntheticSource(tiny_model.shape.vocab_size, seed=0, n_prompts=4)))
 
 
 def test_ok_trial_row_and_kv_bytes_equal_the_prediction(tiny_model):
@@ -137,7 +134,7 @@ def test_budget_hf_offloaded_on_cpu_and_failures_are_recorded(tiny_model):
                 raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
             raise ValueError("broken source")
 
-    runner.source = Failing()
+    runner.engine.source = Failing()
     oom = runner.run(TrialSpec(8, 1, s.modes[0], 0))
     assert (oom["status"], oom["message"]) == ("oom", "OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB")
     err = runner.run(TrialSpec(16, 1, s.modes[0], 0))
@@ -172,9 +169,10 @@ def test_offload_modes_keep_device_kv_within_the_budget(tiny_model, tmp_path):
 def test_host_tier_that_cannot_fit_is_refused_before_the_trial(tiny_model, monkeypatch):
     s, runner = make_runner(tiny_model, modes=[{"kind": "full"}, {"kind": "hierarchical", "window": 100}])
     # the host tier of 18 tokens grows to one 256-token capacity: 256 × 512 B × batch 2
-    assert runner.host_tier_bytes(TrialSpec(16, 2, s.modes[0], 0)) == 262_144
-    assert runner.host_tier_bytes(TrialSpec(16, 2, s.modes[1], 0)) == 0  # all 18 tokens fit the window
-    monkeypatch.setattr("kvbench.bench.runner.host_memory_available", lambda: (100_000, "container memory limit (test)"))
+    assert runner.engine.predict.host_tier_bytes(TrialSpec(16, 2, s.modes[0], 0)) == 262_144
+    assert runner.engine.predict.host_tier_bytes(TrialSpec(16, 2, s.modes[1], 0)) == 0  # all 18 tokens fit the window
+    monkeypatch.setattr("kvbench.bench.engines.transformers.host_memory_available",
+                        lambda: (100_000, "container memory limit (test)"))
     row = runner.run(TrialSpec(16, 2, s.modes[0], 0))
     assert row["status"] == "skipped"
     assert row["message"] == ("refused before the trial: the host tier needs up to 262144 bytes (0.00 GiB) but "
@@ -385,7 +383,7 @@ def test_kv_prediction_and_host_tier_of_sliding_window_models_past_the_window(sl
     so 18 tokens cached per layer, past the window: a sliding layer holds the last 7."""
     modes = [{"kind": "none"}, {"kind": "full"}, {"kind": "hierarchical", "window": 4}]
     s = parse_scenario(tiny_scenario(modes=modes))
-    mistral, gemma = (TrialRunner(s, m, SyntheticSource(256, seed=0, n_prompts=4))
+    mistral, gemma = (LocalExecutor(s, TransformersEngine(s, m, SyntheticSource(256, seed=0, n_prompts=4)))
                       for m in (sliding_models["mistral"], sliding_models["gemma2"]))
     # mistral: 2 sliding layers × 7 tokens × 256 B × batch 2 = 7,168 (not 2 × 18 × 256 × 2 = 18,432)
     # gemma2: that + 2 full layers × 18 tokens × 256 B × batch 2 = 7,168 + 18,432 = 25,600
@@ -396,17 +394,18 @@ def test_kv_prediction_and_host_tier_of_sliding_window_models_past_the_window(sl
             assert row["kv_bytes_predicted"] == predicted == row["kv_stored_peak_bytes"]
             assert row["tokens_match"] is True
     # host tier: full-attention layers only; 18 tokens (14 past a window of 4) grow to one 256-token capacity
-    assert mistral.host_tier_bytes(TrialSpec(16, 2, s.modes[1], 0)) == 0  # no layer leaves the device
-    assert gemma.host_tier_bytes(TrialSpec(16, 2, s.modes[1], 0)) == 256 * 2 * 256 * 2 == 262_144
-    assert gemma.host_tier_bytes(TrialSpec(16, 2, s.modes[2], 0)) == 262_144
+    assert mistral.engine.predict.host_tier_bytes(TrialSpec(16, 2, s.modes[1], 0)) == 0  # no layer leaves the device
+    assert gemma.engine.predict.host_tier_bytes(TrialSpec(16, 2, s.modes[1], 0)) == 256 * 2 * 256 * 2 == 262_144
+    assert gemma.engine.predict.host_tier_bytes(TrialSpec(16, 2, s.modes[2], 0)) == 262_144
     # 300 + 3 - 1 = 302 tokens → a 512-token capacity × 2 full layers × 256 B × batch 1
-    assert gemma.host_tier_bytes(TrialSpec(300, 1, s.modes[1], 0)) == 512 * 2 * 256 == 262_144
+    assert gemma.engine.predict.host_tier_bytes(TrialSpec(300, 1, s.modes[1], 0)) == 512 * 2 * 256 == 262_144
     # a host with almost no memory left refuses gemma's host tier, never mistral's (it has none)
-    monkeypatch.setattr("kvbench.bench.runner.host_memory_available", lambda: (1_000, "container memory limit (test)"))
+    monkeypatch.setattr("kvbench.bench.engines.transformers.host_memory_available",
+                        lambda: (1_000, "container memory limit (test)"))
     assert mistral.run(TrialSpec(16, 2, s.modes[1], 0))["status"] == "ok"
     assert gemma.run(TrialSpec(16, 2, s.modes[1], 0))["status"] == "skipped"
     # the reuse store keeps every layer's whole sequence: 4 layers × 256 B
-    assert gemma.store_token_bytes == 4 * 256
+    assert gemma.engine.store_token_bytes == 4 * 256
 
 
 def test_disk_fields_say_whether_the_disk_tier_was_synced_and_dropped(tiny_model, tmp_path):
@@ -432,7 +431,7 @@ def test_disk_fields_say_whether_the_disk_tier_was_synced_and_dropped(tiny_model
 
 
 class _OrderRunner:
-    """A fake TrialRunner that logs every release and run: ``("release",)``, ``("run", trial_id)``."""
+    """A fake executor that logs every release and run: ``("release",)``, ``("run", trial_id)``."""
 
     def __init__(self, status=lambda t: "ok"):
         self.log, self.status, self.last_samples = [], status, []
@@ -462,7 +461,7 @@ class _LogRun:
 
 
 def test_device_memory_is_released_once_per_shape_before_its_warmup():
-    from kvbench.bench.runner import Recorder
+    from kvbench.bench.sweep import Recorder
 
     s = parse_scenario(tiny_scenario(prompt_tokens=[8, 16], batch_sizes=[1], repeats=2, warmup=2,
                                      modes=[{"kind": "none"}, {"kind": "full"}]))
@@ -484,7 +483,7 @@ def test_device_memory_is_released_once_per_shape_before_its_warmup():
 
 def test_capacity_search_releases_before_each_new_shape_only():
     from kvbench.bench.capacity import search_sweep
-    from kvbench.bench.runner import Recorder
+    from kvbench.bench.sweep import Recorder
 
     s = parse_scenario(tiny_scenario(prompt_tokens=[8], batch_sizes="auto", repeats=2, warmup=1, budget="1MiB",
                                      modes=[{"kind": "none"}, {"kind": "full"}], capacity={"max": 8}))
@@ -510,10 +509,11 @@ def test_capacity_search_releases_before_each_new_shape_only():
 
 
 def test_trials_do_not_release_device_memory_and_release_empties_the_cuda_cache(tiny_model, monkeypatch):
-    from kvbench.bench import runner as runner_module
+    from kvbench.bench import decode as decode_module
+    from kvbench.bench.engines import transformers as engine_module
 
     calls = []
-    monkeypatch.setattr(runner_module, "release_device_memory", lambda dev: calls.append(str(dev)))
+    monkeypatch.setattr(engine_module, "release_device_memory", lambda dev: calls.append(str(dev)))
     s, runner = make_runner(tiny_model)
     assert runner.run(TrialSpec(8, 1, s.modes[0], 0))["status"] == "ok"
     assert calls == []  # nothing between a warm-up and the trial after it
@@ -522,10 +522,10 @@ def test_trials_do_not_release_device_memory_and_release_empties_the_cuda_cache(
     monkeypatch.undo()
     emptied, collected = [], []
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(True))
-    monkeypatch.setattr(runner_module.gc, "collect", lambda: collected.append(True))
-    runner_module.release_device_memory(torch.device("cpu"))
+    monkeypatch.setattr(decode_module.gc, "collect", lambda: collected.append(True))
+    decode_module.release_device_memory(torch.device("cpu"))
     assert (emptied, collected) == ([], [True])
-    runner_module.release_device_memory(torch.device("cuda"))
+    decode_module.release_device_memory(torch.device("cuda"))
     assert (emptied, collected) == ([True], [True, True])
 
 

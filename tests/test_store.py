@@ -147,7 +147,7 @@ def test_bad_caps_and_directories():
 def test_a_restored_prefix_generates_the_ids_of_recompute(tiny_model, tmp_path, kind, options):
     from kvbench.offload import make_cache
     from kvbench.offload.store import restore, sequence_kv
-    from kvbench.bench.runner import Clock, greedy_decode
+    from kvbench.bench.decode import Clock, greedy_decode
 
     m, dev = tiny_model, tiny_model.device
     clock = Clock(dev)

@@ -119,7 +119,7 @@ def _paired_ttft(warm: pd.DataFrame, cold: pd.DataFrame) -> dict[str, Any]:
 def ids_verdict(ok: pd.DataFrame) -> Any:
     """Of measured reuse trials: True when every trial's ids equal the reference (``none`` recomputing the
     request); "near tie" when the only divergences are acceptable ones (see
-    :data:`kvbench.bench.runner.ACCEPTABLE_GAP`); False for any other divergence; None when nothing was compared."""
+    :data:`kvbench.bench.reference.ACCEPTABLE_GAP`); False for any other divergence; None when nothing was compared."""
     m = ok["tokens_match"]
     if m.isna().all():
         return None

@@ -16,9 +16,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvbench.bench.trial import reference_first
 from kvbench.results.rows import NO_FIT
 from kvbench.scenario import CAPACITY_DEFAULTS, CapacitySpec, Scenario
-
 
 
 @dataclass
@@ -138,7 +138,7 @@ def search_sweep(s: Scenario, record: Callable[[Any], dict[str, Any]], spec: Cal
     field_name = s.searched
     start, limit, resolution = bounds(s, longest_prompt)
     fixed_values = s.prompt_tokens if field_name == "batch_size" else s.batch_sizes
-    modes = sorted(s.modes, key=lambda m: m.kind != "none")
+    modes = reference_first(s.modes)
     reference = next((m for m in modes if m.kind == "none"), None)
     results: list[dict[str, Any]] = []
     for fixed in fixed_values:

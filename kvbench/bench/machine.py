@@ -244,3 +244,20 @@ def environment(device: Any = None) -> dict[str, Any]:
     else:
         env["link_bandwidth_note"] = "no CUDA device: host↔device bandwidth not measured"
     return env
+
+
+def probe_machine(device: str = "auto") -> dict[str, Any]:
+    """This machine as a run on ``device`` (``auto``, ``cpu``, ``cuda``, ``cuda:N``) would record it
+    (:func:`environment`).
+
+    Raises:
+        BadValue: ``device`` is a CUDA device this machine does not have.
+    """
+    from kvbench.errors import BadValue
+    from kvbench.models import resolve_device
+
+    try:
+        dev = resolve_device(device)
+    except ValueError as exc:
+        raise BadValue(str(exc)) from exc
+    return environment(dev)

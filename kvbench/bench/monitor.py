@@ -3,13 +3,13 @@
 - :class:`Sampler`: a timeline per trial on a daemon thread: the process's RSS (all, anonymous, file-backed) and
   CPU %, the host's available memory and (CUDA) pinned host bytes (:class:`~kvbench.bench.host_memory.HostReader`);
   device memory (total and this process's, by PID), utilisation, PCIe TX/RX and power through NVML for the device
-  the model is on. Every sample carries the trial id and the phase (``prefill``/``decode``) the runner marks. At
+  the model is on. Every sample carries the trial id and the phase (``prefill``/``decode``) the engine marks. At
   the trial's end it reads the peaks the kernel and torch kept (peak RSS, pinned blocks). Fields that cannot be
   read are ``None`` (never 0) with one warning naming the reason.
 - :func:`summarise`: per-trial peaks and means of a timeline.
 - :class:`LatencyWatch`: rolling p50/p90/p99 of request latencies for a user's own service.
-- :func:`host_memory_available` (from :mod:`kvbench.bench.host_memory`): the host memory this process can still take
-  (cgroup limits included).
+
+NVML is read by :mod:`kvbench.bench.nvml`, this process's memory and CPU by :mod:`kvbench.bench.host_memory`.
 """
 
 from __future__ import annotations
@@ -29,12 +29,10 @@ from typing import Any
 
 import psutil
 
-from kvbench.bench.host_memory import KERNEL_PEAK_SOURCE, HostReader, host_memory_available
+from kvbench.bench.host_memory import KERNEL_PEAK_SOURCE, HostReader
+from kvbench.bench.nvml import NvmlReader, gpu_fields
 from kvbench.errors import NvmlUnavailable
 from kvbench.results.samples import GPU_FIELDS, HOST_FIELDS, KV_FIELDS
-
-__all__ = ["SAMPLER_NICE", "STOP_CHECK_S", "HostReader", "LatencyWatch", "MonitorWarning", "NvmlReader",
-           "NvmlUnavailable", "Sampler", "TrialTimeline", "gpu_fields", "host_memory_available", "summarise"]
 
 #: Longest sleep of the sampler thread (seconds): a trial's end waits at most this long for the thread to stop.
 STOP_CHECK_S = 0.1
@@ -48,97 +46,6 @@ SAMPLER_NICE = 10
 
 class MonitorWarning(UserWarning):
     """A measurement that cannot be taken here (its fields are recorded as null)."""
-
-
-def gpu_fields(raw: dict[str, Any], pid: int) -> dict[str, Any]:
-    """Sample fields from one raw NVML reading, as :meth:`NvmlReader.raw` returns it.
-
-    ``raw`` keys (each may be None when NVML could not read it): ``memory`` = (used, total) bytes, ``processes`` =
-    [(pid, used bytes or None)], ``util`` = GPU utilisation %, ``pcie_kbps`` = (TX, RX) in KB/s, ``power_mw``.
-    ``gpu_process_bytes`` sums this ``pid``'s entries; None when the pid is not listed (e.g. a container's PID
-    namespace hides it, or NVML does not report per-process memory).
-    """
-    mem = raw.get("memory")
-    procs = raw.get("processes")
-    mine = [used for p, used in procs or () if p == pid and used is not None]
-    pcie = raw.get("pcie_kbps")
-    power = raw.get("power_mw")
-    return {
-        "gpu_used_bytes": mem[0] if mem else None,
-        "gpu_total_bytes": mem[1] if mem else None,
-        "gpu_process_bytes": sum(mine) if mine else None,
-        "gpu_util_percent": raw.get("util"),
-        "pcie_tx_bytes_per_s": pcie[0] * 1000 if pcie and pcie[0] is not None else None,
-        "pcie_rx_bytes_per_s": pcie[1] * 1000 if pcie and pcie[1] is not None else None,
-        "power_w": power / 1000 if power is not None else None,
-    }
-
-
-class NvmlReader:
-    """Raw readings of one GPU through NVML (``nvidia-ml-py``).
-
-    Args:
-        device: the torch CUDA device the model is on; found in NVML by its PCI bus id (so ``CUDA_VISIBLE_DEVICES``
-            renumbering does not pick the wrong GPU), else by index.
-
-    Raises:
-        NvmlUnavailable: with the reason.
-    """
-
-    def __init__(self, device: Any):
-        try:
-            import pynvml
-
-            pynvml.nvmlInit()
-        except Exception as exc:  # noqa: BLE001 - library missing, no driver: one reason to report
-            raise NvmlUnavailable(f"NVML unavailable: {exc}") from None
-        self.nvml = pynvml
-        try:
-            self.handle = self._handle(device)
-        except Exception as exc:  # noqa: BLE001
-            pynvml.nvmlShutdown()
-            raise NvmlUnavailable(f"NVML has no handle for {device}: {exc}") from None
-        self.failed: dict[str, str] = {}  # raw key → first NVML error
-
-    def _handle(self, device: Any) -> Any:
-        import torch
-
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        p = torch.cuda.get_device_properties(index)
-        if hasattr(p, "pci_bus_id"):
-            bus = f"{p.pci_domain_id:08x}:{p.pci_bus_id:02x}:{p.pci_device_id:02x}.0"
-            with contextlib.suppress(Exception):  # not found by bus id: fall back to the index
-                return self.nvml.nvmlDeviceGetHandleByPciBusId(bus)
-        return self.nvml.nvmlDeviceGetHandleByIndex(index)
-
-    def _try(self, key: str, fn: Callable[[], Any]) -> Any:
-        try:
-            return fn()
-        except Exception as exc:  # noqa: BLE001 - one field unreadable is a null, not a failed run
-            self.failed.setdefault(key, str(exc))
-            return None
-
-    def raw(self) -> dict[str, Any]:
-        """One reading: see :func:`gpu_fields` for the keys."""
-        n, h = self.nvml, self.handle
-
-        def memory() -> tuple[int, int]:
-            m = n.nvmlDeviceGetMemoryInfo(h)
-            return m.used, m.total
-
-        return {
-            "memory": self._try("memory", memory),
-            "processes": self._try("processes", lambda: [(p.pid, p.usedGpuMemory)
-                                                        for p in n.nvmlDeviceGetComputeRunningProcesses(h)]),
-            "util": self._try("util", lambda: n.nvmlDeviceGetUtilizationRates(h).gpu),
-            "pcie_kbps": self._try("pcie", lambda: (n.nvmlDeviceGetPcieThroughput(h, n.NVML_PCIE_UTIL_TX_BYTES),
-                                                    n.nvmlDeviceGetPcieThroughput(h, n.NVML_PCIE_UTIL_RX_BYTES))),
-            "power_mw": self._try("power", lambda: n.nvmlDeviceGetPowerUsage(h)),
-        }
-
-    def close(self) -> None:
-        """Release NVML."""
-        self.nvml.nvmlShutdown()
 
 
 def _lower_priority(nice: int) -> None:
@@ -181,20 +88,23 @@ class Sampler:
             process RSS) crosses it upwards, an alert event is recorded and ``on_alert`` called with it.
         on_alert: e.g. print a warning.
         nvml_reader: a reader to use instead of opening NVML (tests feed recorded readings this way).
+        pid: the process whose GPU memory ``gpu_process_bytes`` is (the engine's; default this process). Host
+            figures (RSS, CPU, pinned bytes) are this process's.
 
     Unavailable fields (no GPU, no NVML, an NVML error, no ``/proc``) are None, each with one
     :class:`MonitorWarning` naming the reason; the run goes on.
     """
 
     def __init__(self, device: Any, interval_ms: int = 50, alert_device_bytes: int | None = None,
-                 on_alert: Callable[[dict[str, Any]], None] | None = None, nvml_reader: Any = None):
+                 on_alert: Callable[[dict[str, Any]], None] | None = None, nvml_reader: Any = None,
+                 pid: int | None = None):
         self.interval_s = interval_ms / 1000
         self._current: tuple[TrialTimeline, float] | None = None
         self._sampling = threading.Event()  # cleared by pause(): the thread then blocks without waking
         self._read_lock = threading.Lock()
         self.alert_device_bytes = alert_device_bytes
         self.on_alert = on_alert
-        self.pid = os.getpid()
+        self.pid = os.getpid() if pid is None else pid
         cuda = getattr(device, "type", str(device)) == "cuda"
         self.notes: dict[str, str] = {}
         self.nvml = nvml_reader

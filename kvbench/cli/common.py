@@ -32,21 +32,6 @@ def _fail(msg: str, code: int = 2) -> None:
     raise typer.Exit(code)
 
 
-def _ms(med: Any, lo: Any, hi: Any) -> str:
-    """``kvbench run``'s range: seconds as ``median (min–max)`` in milliseconds, every figure at the median's
-    precision."""
-    from kvbench.report.format import ms_range
-
-    return ms_range(med, lo, hi, "()", median_precision=True, collapse=False)
-
-
-def _mib(v: Any) -> str:
-    """Bytes in MiB (``kvbench run``'s tables)."""
-    from kvbench.report.format import mib
-
-    return mib(v)
-
-
 #: The message that ends the traceback of an error kvbench did not expect.
 BUG_LINE = ("this is a bug in kvbench, not in what you gave it: please report it with the command and the traceback "
             "above")

@@ -20,14 +20,14 @@ def env_(
 
     import re
 
-    from kvbench.bench.machine import environment, save_link_probe
-    from kvbench.models import resolve_device
+    from kvbench.bench.machine import probe_machine, save_link_probe
+    from kvbench.errors import UserError
 
     if not re.fullmatch(r"auto|cpu|cuda|cuda:\d+", device):
         _fail(f"--device: must be auto, cpu, cuda or cuda:N (got {device!r})")
     try:
-        e = environment(resolve_device(device))
-    except ValueError as exc:
+        e = probe_machine(device)
+    except UserError as exc:
         _fail(str(exc))
     warnings.showwarning = _show_warning
     kept = save_link_probe(e)

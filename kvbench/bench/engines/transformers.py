@@ -1,0 +1,316 @@
+"""The in-process engine: a transformers model in this process, kvbench's own offload caches (one per trial, as
+the mode says), an explicit greedy decode loop (:mod:`kvbench.bench.decode`) and, for reuse workloads, a KV store
+per mode (:class:`~kvbench.offload.store.KVStore`) that warm trials restore from."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+from kvbench.bench.capacity import bounds
+from kvbench.bench.decode import Clock, greedy_decode, left_pad, release_device_memory
+from kvbench.bench.engines.base import TrialOutput, Watch
+from kvbench.bench.host_memory import host_memory_available
+from kvbench.bench.predict import Predictor
+from kvbench.bench.trial import ReuseTrial, TrialSpec
+from kvbench.models import LoadedModel
+from kvbench.offload.caches import DynamicOffloadCache, OffloadedCache, kv_bytes
+from kvbench.offload.modes import ModeUnavailable, make_cache
+from kvbench.offload.disk import NO_DROP_REASON
+from kvbench.offload.store import KVStore, restore, sequence_kv
+from kvbench.scenario import Scenario
+from kvbench.workloads import PromptSource, TooLittleText
+
+
+def is_oom(exc: BaseException) -> bool:
+    """Whether ``exc`` is torch (or the host allocator) running out of memory."""
+    if isinstance(exc, torch.OutOfMemoryError):
+        return True
+    return isinstance(exc, RuntimeError) and ("out of memory" in str(exc) or "can't allocate memory" in str(exc))
+
+
+def disk_fields(cache: Any) -> tuple[dict[str, Any], dict[str, str]]:
+    """The row fields on how honest a trial's disk tier was, and notes for them: ``disk_synced`` (every write
+    synced to the device), ``disk_page_cache_dropped`` (writes and reads dropped from the page cache, so reads come
+    from the device), ``disk_synced_bytes`` (bytes synced); all None for a cache without a disk tier."""
+    tier = cache.disk if isinstance(cache, OffloadedCache) else None
+    if tier is None:
+        return dict.fromkeys(("disk_synced", "disk_page_cache_dropped", "disk_synced_bytes")), {}
+    notes = {}
+    if tier.page_cache:
+        notes["disk_page_cache_dropped"] = ("scenario disk.page_cache: true: writes are not synced and reads come "
+                                            "from the page cache (disk timings measure RAM)")
+    elif not tier.drops:
+        notes["disk_page_cache_dropped"] = NO_DROP_REASON
+    return {"disk_synced": tier.syncs, "disk_page_cache_dropped": tier.drops,
+            "disk_synced_bytes": tier.synced_bytes}, notes
+
+
+def make_stores(s: Scenario, modes: Sequence[Any], token_bytes: int) -> dict[str, KVStore]:
+    """A fresh KV store per mode label, as ``s.store_spec`` says; ``token_bytes``: one token's KV, every layer.
+
+    Raises:
+        ValueError: a cap smaller than one chunk of ``token_bytes`` × ``chunk_tokens``.
+        kvbench.offload.tiers.DiskTierError: the disk tier's directory cannot be made.
+    """
+    spec = s.store_spec
+    stores: dict[str, KVStore] = {}
+    try:
+        for m in modes:
+            stores[m.label] = KVStore(spec.chunk_tokens, int(spec.host_max_bytes), int(spec.disk_max_bytes),
+                                      s.disk_dir, token_bytes=token_bytes, page_cache=s.disk.page_cache)
+    except Exception:
+        for st in stores.values():
+            st.close()
+        raise
+    return stores
+
+
+class TransformersEngine:
+    """Runs trials of one scenario on a loaded model and prompt source, in this process (see
+    :class:`~kvbench.bench.engines.base.Engine`). ``environment``: the run's, with its measured bandwidths, so
+    that each row carries plan's predicted step time."""
+
+    def __init__(self, scenario: Scenario, loaded: LoadedModel, source: PromptSource,
+                 environment: dict[str, Any] | None = None):
+        self.s, self.m, self.source = scenario, loaded, source
+        self.device = loaded.device
+        self.pid = os.getpid()
+        self.longest_prompt = loaded.shape.max_positions - scenario.max_new_tokens
+        self.clock = Clock(loaded.device)
+        tok = loaded.tokenizer
+        pad = getattr(tok, "pad_token_id", None) if tok is not None else None
+        if pad is None and tok is not None:
+            pad = tok.eos_token_id
+        self.pad_id = int(pad) if pad is not None else 0
+        #: bytes of one token in the reuse workloads' KV store: it keeps every layer's whole sequence
+        self.store_token_bytes = loaded.shape.sequence_bytes_per_token(loaded.dtype.itemsize)
+        self.predict = Predictor(scenario, loaded.shape, loaded.dtype.itemsize, loaded.weights_bytes, loaded.device,
+                                 environment)
+        #: reuse workloads: the KV store of each mode (by label), for the current :meth:`reuse_round`
+        self.stores: dict[str, KVStore] = {}
+
+    def describe(self, t: TrialSpec) -> dict[str, Any]:
+        """``device``, ``dtype``, ``kv_bytes_predicted`` and the plan predictions of ``t``."""
+        return {"device": str(self.device), "dtype": str(self.m.dtype).removeprefix("torch."),
+                "kv_bytes_predicted": self.predict.kv_bytes_predicted(t), **self.predict.plan_prediction(t)}
+
+    def preflight(self) -> list[str]:
+        """Build every batch the sweep will use (they are cached for the trials); the reasons any cannot be built,
+        e.g. a source with too little text for a length. A capacity search checks its largest value (a source
+        with enough text for it has enough for every smaller one). A reuse workload makes and closes one store
+        (its caps against this model's chunk bytes, its disk directory)."""
+        problems: list[str] = []
+        if self.s.workload.reuse:  # its requests were built by prepare; its stores must be possible
+            from kvbench.offload.tiers import DiskTierError
+
+            try:
+                for st in make_stores(self.s, self.s.modes[:1], self.store_token_bytes).values():
+                    st.close()
+            except (ValueError, DiskTierError) as exc:
+                problems.append(f"store: {exc}")
+            return problems
+        prompts, batches = self.s.prompt_tokens, self.s.batch_sizes
+        if self.s.searched is not None:
+            limit = bounds(self.s, self.longest_prompt)[1]
+            prompts, batches = (prompts, [limit]) if self.s.searched == "batch_size" else ([limit], batches)
+        for n in prompts:
+            for b in batches:
+                try:
+                    for r in range(self.s.repeats):
+                        self.source.batch(n, b, r)
+                except TooLittleText as exc:
+                    problems.append(f"prompt_tokens {n}, batch {b}: {exc}")
+        return problems
+
+    def is_oom(self, exc: BaseException) -> bool:
+        """See :func:`is_oom`."""
+        return is_oom(exc)
+
+    def release(self) -> None:
+        """Release device memory before a new shape (:func:`~kvbench.bench.decode.release_device_memory`)."""
+        release_device_memory(self.device)
+
+    @contextmanager
+    def reuse_round(self, modes: Sequence[Any]) -> Iterator[None]:
+        """A fresh KV store per mode (:func:`make_stores`) for one repeat; closed (disk files removed) on every
+        exit path."""
+        self.stores = make_stores(self.s, modes, self.store_token_bytes)
+        try:
+            yield
+        finally:
+            for st in self.stores.values():
+                st.close()
+            self.stores = {}
+
+    def refill(self, t: ReuseTrial) -> None:
+        """Rebuild what a finished warm trial left in the store (a resumed run): prefill ``request.held`` in a
+        fresh ``none`` cache and store it (not recorded)."""
+        self._store_held(t, make_cache("none", self.m.model.config, self.device), 0)
+
+    def run_trial(self, t: TrialSpec, watch: Watch, keep_gaps: bool) -> TrialOutput:
+        """Refuse a host tier that cannot fit, make the mode's cache, run the trial, close the cache.
+
+        Raises:
+            ModeUnavailable: the host memory left cannot hold the host tier, or the mode cannot run here.
+        """
+        self._host_preflight(t)
+        cache = make_cache(t.mode.kind, self.m.model.config, self.device,
+                           budget_bytes=int(self.s.budget) if self.s.budget is not None else None,
+                           disk_dir=self.s.disk_dir, disk_page_cache=self.s.disk.page_cache, **t.mode.options)
+        try:
+            return self._generate(t, cache, watch, keep_gaps)
+        finally:
+            if isinstance(cache, OffloadedCache):
+                cache.close()
+
+    def _host_preflight(self, t: TrialSpec) -> None:
+        """Refuse (ModeUnavailable → ``skipped``) a trial whose host tier cannot fit in the host memory left."""
+        need = self.predict.host_tier_bytes(t)
+        if not need:
+            return
+        avail, source = host_memory_available()
+        if need > avail:
+            raise ModeUnavailable(f"refused before the trial: the host tier needs up to {need} bytes "
+                                  f"({need / 2**30:.2f} GiB) but {avail} bytes ({avail / 2**30:.2f} GiB) are left "
+                                  f"({source})")
+
+    def _restore(self, t: ReuseTrial, cache: Any) -> dict[str, Any]:
+        """Load the longest stored prefix of a warm trial's prompt (at most all but its last token, whose forward
+        gives the first token) from the mode's store into ``cache``; the reuse fields of its row."""
+        store = self.stores[t.mode.label]
+        ids = list(t.request.ids)
+        prefix = store.get(ids, max_tokens=len(ids) - 1)
+        restore(cache, prefix, self.device, self.m.dtype)
+        chunks = (len(ids) - 1) // store.chunk_tokens
+        return {"tokens_restored": prefix.tokens, "tokens_prefilled": len(ids) - prefix.tokens,
+                "store_hit_rate": prefix.tokens / store.chunk_tokens / chunks if chunks else None,
+                "restore_host_bytes": prefix.host_bytes, "restore_disk_bytes": prefix.disk_bytes}
+
+    def _hold(self, t: ReuseTrial, cache: Any, n_generated: int) -> None:
+        """After a warm trial (not timed): what the server holds afterwards goes into the mode's store. The
+        generated tokens are cropped and the rest of ``request.held`` (a conversation's reply as the dataset has
+        it) is fed through the model with this cache, as decoding it would have."""
+        cache.crop(-(n_generated - 1))  # the last generated token was never fed
+        self._store_held(t, cache, len(t.request.ids))
+
+    def _store_held(self, t: ReuseTrial, cache: Any, cached: int) -> None:
+        """Feed ``request.held`` after its first ``cached`` tokens (already in ``cache``) through the model, then
+        put the whole of it into the mode's store."""
+        held = list(t.request.held)
+        if held[cached:]:
+            dev = self.device
+            greedy_decode(self.m.model, torch.tensor([held[cached:]], device=dev),
+                          torch.ones((1, len(held)), dtype=torch.long, device=dev), cache, 1, self.clock)
+        self.stores[t.mode.label].put(held, *sequence_kv(cache))
+
+    def _store_state(self, label: str) -> dict[str, Any]:
+        st = self.stores[label]
+        return {"store_chunks": len(st), "store_host_bytes": st.host_bytes, "store_disk_bytes": st.disk_bytes,
+                "store_evicted": st.evicted, "store_corrupt": st.corrupt}
+
+    def _generate(self, t: TrialSpec, cache: Any, watch: Watch, keep_gaps: bool) -> TrialOutput:
+        dev = self.device
+        reuse = isinstance(t, ReuseTrial)
+        prompts = [list(t.request.ids)] if reuse else self.source.batch(t.prompt_tokens, t.batch_size, t.repeat)
+        input_ids, mask = left_pad(prompts, self.pad_id)
+        input_ids, mask = input_ids.to(dev), mask.to(dev)
+        prompt_digest = hashlib.sha256(input_ids.cpu().numpy().tobytes()).hexdigest()
+        gaps: list[float] | None = [] if keep_gaps else None
+        restored: dict[str, Any] | None = None
+        kv_peak = {"device": 0, "host": 0, "stored": 0}
+        kv_last = (0, 0, 0)  # transformers' caches: (device, host, disk) bytes after the last step
+
+        def read_kv() -> None:
+            nonlocal kv_last
+            d, h = kv_bytes(cache, dev)
+            kv_last = (d, h, 0)
+            kv_peak["device"] = max(kv_peak["device"], d)
+            kv_peak["host"] = max(kv_peak["host"], h)
+            kv_peak["stored"] = max(kv_peak["stored"], d + h)
+
+        cuda = dev.type == "cuda"
+        if cuda:
+            torch.cuda.synchronize(dev)
+            torch.cuda.reset_peak_memory_stats(dev)
+            base_alloc = torch.cuda.memory_allocated(dev)
+            base_reserved = torch.cuda.memory_reserved(dev)
+        own_accounting = isinstance(cache, OffloadedCache)
+
+        def kv_now() -> tuple[int, int, int]:
+            # read on the sampler thread, so it must be cheap: summing a 30-layer cache's tensors took 12 µs of
+            # GIL-held time a sample; transformers' caches are read once a step (read_kv) and that reading repeated
+            if own_accounting:
+                return cache.device_bytes, cache.host_bytes, cache.disk_bytes
+            return kv_last
+
+        pinned_now = (lambda: cache.pinned_host_peak_bytes) if own_accounting else None
+        with watch.window(t.trial_id, kv_probe=kv_now, pinned_probe=pinned_now):
+            if reuse and t.warm:  # TTFT counts the lookup and the restore
+                t_restore = self.clock()
+                restored = self._restore(t, cache)
+                input_ids = input_ids[:, restored["tokens_restored"]:]
+            ids, t0, times = greedy_decode(self.m.model, input_ids, mask, cache, self.s.max_new_tokens, self.clock,
+                                           after_step=None if own_accounting else read_kv,
+                                           on_phase=watch.mark, top2_gaps=gaps)
+        memory = {"kv_device_peak_bytes": kv_peak["device"], "kv_host_peak_bytes": kv_peak["host"],
+                  "kv_stored_peak_bytes": kv_peak["stored"]}
+        fields, notes = disk_fields(cache)
+        if own_accounting:
+            # the cache's own accounting also sees the transient K/V inside a forward, which per-step reads miss
+            stats = cache.engine.stats
+            memory.update(kv_device_peak_bytes=cache.device_peak_bytes, kv_host_peak_bytes=cache.host_peak_bytes,
+                          kv_stored_peak_bytes=cache.stored_peak_bytes)
+            start = t_restore if restored else t0
+            decode_s = (times[-1] - start) - (times[0] - start)  # e2e − TTFT, as the row's latencies
+            fields.update(kv_disk_peak_bytes=cache.disk_peak_bytes,
+                          kv_host_allocated_peak_bytes=cache.host_allocated_peak_bytes, h2d_bytes=stats.h2d_bytes,
+                          d2h_bytes=stats.d2h_bytes, h2d_count=stats.h2d_count, d2h_count=stats.d2h_count,
+                          disk_read_bytes=stats.disk_read_bytes, disk_write_bytes=stats.disk_write_bytes,
+                          transfer_stalls=stats.stalls, pinned=cache.pinned,
+                          # the decode steps' copy rate, to set against the link bandwidth in run.json
+                          h2d_bytes_per_s=stats.h2d_bytes / decode_s if decode_s > 0 else None)
+            if isinstance(cache, DynamicOffloadCache):
+                fields.update(window_events=cache.events, window_final=cache.window)
+        if cuda:
+            fields["weights_baseline_bytes"] = base_alloc
+            fields["peak_device_allocated_bytes"] = torch.cuda.max_memory_allocated(dev) - base_alloc
+            fields["peak_device_reserved_bytes"] = torch.cuda.max_memory_reserved(dev) - base_reserved
+        else:
+            reason = f"no allocator peak on a {dev.type} device (CUDA only)"
+            for key in ("weights_baseline_bytes", "peak_device_allocated_bytes", "peak_device_reserved_bytes"):
+                fields[key] = None
+            notes.update(peak_device_allocated_bytes=reason, peak_device_reserved_bytes=reason,
+                         weights_baseline_bytes=reason)
+        if reuse and t.warm:  # after every figure is read: feeding the reply changes the cache's peaks
+            self._hold(t, cache, ids.shape[1])
+            fields.update(self._store_state(t.mode.label))
+        return TrialOutput(t_restore if restored else t0, times, ids.cpu().tolist(), prompt_digest, memory,
+                           reuse=restored, top2_gaps=gaps, fields=fields, notes=notes)
+
+
+def load_engine(scenario: Scenario, environment: dict[str, Any] | None = None) -> TransformersEngine:
+    """Load the scenario's model and prompt source and return the engine for its trials; ``environment`` (the
+    run's, with its measured bandwidths) lets each trial carry plan's predicted step time.
+
+    Raises:
+        kvbench.errors.ModelNotFound, kvbench.errors.ModelLoadError (anything else that stops the model loading,
+        e.g. a pickled checkpoint torch refuses), kvbench.errors.NotEnoughRequests (a reuse workload's source with
+        too few texts), ModuleNotFoundError (a data package missing).
+    """
+    from kvbench.models.load import load_model
+    from kvbench.workloads import make_source, make_stream
+
+    loaded = load_model(scenario.model, scenario.device, scenario.seed)
+    if scenario.workload.reuse:
+        source = make_stream(scenario.workload, loaded.tokenizer,
+                             loaded.shape.max_positions - scenario.max_new_tokens)
+    else:
+        source = make_source(scenario.workload, loaded.tokenizer, loaded.shape.vocab_size,
+                             loaded.shape.max_positions - scenario.max_new_tokens)
+    return TransformersEngine(scenario, loaded, source, environment=environment)

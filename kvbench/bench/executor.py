@@ -1,0 +1,131 @@
+"""The executor seam between the sweep and the engines: the sweep hands an executor one trial at a time and gets
+its row back. :class:`LocalExecutor` runs each trial on an engine in this process's reach (the in-process
+transformers engine, or a server it started); a distributed executor would run them on other machines' engines
+behind the same :class:`Executor` protocol."""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, Protocol
+
+from kvbench.bench.engines.base import Engine
+from kvbench.bench.machine_load import LoadWindow, other_gpu_processes
+from kvbench.bench.monitor import Sampler, TrialTimeline
+from kvbench.bench.reference import Reference
+from kvbench.bench.row import base_row, measured_fields
+from kvbench.bench.trial import TrialSpec
+from kvbench.offload.modes import ModeUnavailable
+from kvbench.scenario import Scenario
+from kvbench.workloads import TooLittleText
+
+
+class Executor(Protocol):
+    """What the sweep (:mod:`kvbench.bench.sweep`) drives.
+
+    Attributes:
+        engine: the engine (or a stand-in for remote ones) whose ``source``, ``longest_prompt``,
+            ``reuse_round`` and ``refill`` the sweep's pieces use.
+        last_samples: the samples of the last trial :meth:`run` ran (dicts with
+            :data:`kvbench.results.samples.SAMPLE_COLUMNS`), for ``samples.csv``.
+    """
+
+    engine: Engine
+    last_samples: list[dict[str, Any]]
+
+    def run(self, t: TrialSpec) -> dict[str, Any]:
+        """Run trial ``t`` and return its row; a failure is a row with its ``status`` and ``message``.
+        KeyboardInterrupt is not caught."""
+        ...
+
+    def release(self) -> None:
+        """Give back memory earlier trials left (before a new shape's warm-up)."""
+        ...
+
+    def remember(self, rows: Sequence[dict[str, Any]]) -> None:
+        """Take earlier rows (a resumed run) as the ``none`` reference where they are."""
+        ...
+
+
+class TrialWatch:
+    """The samplers and the machine's load around an engine's timed window (see
+    :class:`~kvbench.bench.engines.base.Watch`): after the window, :attr:`timeline` holds its samples and
+    :attr:`machine_load` the other processes' load during it (:class:`~kvbench.bench.machine_load.LoadWindow`)."""
+
+    def __init__(self, sampler: Sampler, cpu_count: int | None):
+        self.sampler, self.cpu_count = sampler, cpu_count
+        self.timeline: TrialTimeline | None = None
+        self.machine_load: dict[str, Any] = {}
+
+    def reset(self) -> None:
+        """Forget the last trial's readings."""
+        self.timeline, self.machine_load = None, {}
+
+    @contextmanager
+    def window(self, trial_id: str, kv_probe: Callable[[], tuple[int, int, int]] | None = None,
+               pinned_probe: Callable[[], int] | None = None) -> Iterator[TrialTimeline]:
+        """Sample (:meth:`Sampler.trial`) and measure the machine's load while the block runs; yields the
+        timeline."""
+        load = LoadWindow(self.cpu_count)
+        with self.sampler.trial(trial_id, kv_probe=kv_probe, pinned_probe=pinned_probe) as timeline:
+            self.timeline = timeline
+            yield timeline
+        nvml = self.sampler.nvml
+        self.machine_load = load.stop(other_gpu_processes(nvml.raw().get("processes"), self.sampler.pid)
+                                      if nvml is not None else None)
+
+    def mark(self, phase: str) -> None:
+        """The trial entered ``phase``: the sampler takes a sample soon."""
+        self.sampler.mark(phase)
+
+
+class LocalExecutor:
+    """Runs trials one after the other on ``engine`` and turns what it hands back into rows
+    (:mod:`kvbench.bench.row`), comparing every trial's ids with the ``none`` reference.
+
+    Args:
+        environment: the run's (its ``cpu_count`` sets the busy threshold of the machine-load window).
+        sampler: the samplers to use (default: one for the engine's device and process, as the scenario's
+            ``monitor`` section says).
+    """
+
+    def __init__(self, scenario: Scenario, engine: Engine, environment: dict[str, Any] | None = None,
+                 sampler: Sampler | None = None):
+        self.s, self.engine = scenario, engine
+        mon = scenario.monitor
+        self.sampler = sampler or Sampler(
+            engine.device, mon.interval_ms,
+            int(mon.alert_device_bytes) if mon.alert_device_bytes is not None else None, pid=engine.pid)
+        self.watch = TrialWatch(self.sampler, (environment or {}).get("cpu_count"))
+        self.reference = Reference()
+        self.last_samples: list[dict[str, Any]] = []
+
+    def run(self, t: TrialSpec) -> dict[str, Any]:
+        """Run one trial and return its row; failures become a row with ``status`` (``skipped``: the mode cannot
+        run here; ``oom``; ``error``) and ``message``. Afterwards (outside the timed window) ``gc.collect()``;
+        device memory is released by the sweep, not here (see :meth:`release`). KeyboardInterrupt is not caught."""
+        row = base_row(self.s, t, self.engine.describe(t))
+        self.watch.reset()
+        try:
+            out = self.engine.run_trial(t, self.watch, self.reference.wants_gaps(t))
+            row.update(measured_fields(self.s, t, out, self.watch.timeline, self.watch.machine_load,
+                                       self.sampler.notes, self.reference))
+        except ModeUnavailable as exc:
+            row.update(status="skipped", message=str(exc))
+        except TooLittleText as exc:
+            row.update(status="error", message=str(exc))
+        except Exception as exc:  # noqa: BLE001 - every failure is recorded and the sweep goes on
+            row.update(status="oom" if self.engine.is_oom(exc) else "error", message=f"{type(exc).__name__}: {exc}")
+        finally:
+            self.last_samples = self.watch.timeline.samples if self.watch.timeline is not None else []
+            gc.collect()
+        return row
+
+    def release(self) -> None:
+        """Release the engine's memory before a new shape."""
+        self.engine.release()
+
+    def remember(self, rows: Sequence[dict[str, Any]]) -> None:
+        """See :meth:`Reference.remember`."""
+        self.reference.remember(rows)

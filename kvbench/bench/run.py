@@ -1,0 +1,284 @@
+"""The library entrypoint for running: :func:`run_scenario` runs a scenario's sweep (or the rest of an interrupted
+run) end to end, from the scenario file to the summary, calling back a :class:`RunProgress` as it goes."""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kvbench.bench.summary import capacity_summary, failure_lines, point_summary, reuse_summary
+from kvbench.bench.trial import planned_count, plan_trials
+from kvbench.errors import (BadValue, NotEnoughRequests, PrepareError, RemoteCodeRefused, RunDirError, RunStopped,
+                            ScenarioError, UserError)
+from kvbench.results.files import ResultsNotWritten
+from kvbench.results.run_dir import RunDir
+from kvbench.scenario import Scenario
+
+#: System-wide CPU percent (others' load, sampled for 0.5 s before the run) above which timings will be noisy.
+BUSY_PERCENT = 50
+
+
+class RunProgress:
+    """What :func:`run_scenario` reports as it goes; every method does nothing here (a CLI or notebook overrides
+    the ones it shows)."""
+
+    def warning(self, text: str) -> None:
+        """A warning (a scenario's, the remote code that will run, a busy machine), one line."""
+
+    def info(self, text: str) -> None:
+        """A line on what happens (the model loaded, where the results go)."""
+
+    def alert(self, text: str) -> None:
+        """Device memory crossed the scenario's ``monitor.alert_device_bytes`` during a trial."""
+
+    @contextlib.contextmanager
+    def loading(self, text: str) -> Iterator[None]:
+        """While the model and the workload load (``text`` says which)."""
+        yield
+
+    @contextlib.contextmanager
+    def sweep(self, name: str, total: int | None, done: int) -> Iterator[None]:
+        """While the sweep runs: ``total`` trials planned (None: a capacity search), ``done`` already there."""
+        yield
+
+    def trial_done(self, row: dict[str, Any]) -> None:
+        """A trial's row was written."""
+
+    def status(self, text: str) -> None:
+        """What runs now: a trial id, or a warm-up."""
+
+
+@dataclass
+class RunResult:
+    """What a run did.
+
+    Attributes:
+        scenario: the scenario run.
+        run_dir: the run directory; None when this call made it and removed it (interrupted before any trial).
+        rows: the run's finished trials (those of earlier calls included).
+        swept: whether the sweep ran (False: nothing left to run, or interrupted before the first trial).
+        interrupted: Ctrl-C (or SIGTERM, where the caller maps it to KeyboardInterrupt) stopped the run.
+        written, already: trials written by this call; trials already in the run.
+        planned: trials the sweep records (None for a capacity search).
+        device: where the model ran (None when it did not load).
+        summary: the per-point frame (:func:`~kvbench.bench.summary.point_summary`; None for a reuse workload).
+        reuse: a reuse workload's frame (:func:`~kvbench.bench.summary.reuse_summary`), None otherwise or without
+            rows.
+        capacity: the capacity search's frame (:func:`~kvbench.bench.summary.capacity_summary`), else None.
+        failures: :func:`~kvbench.bench.summary.failure_lines` of the rows.
+    """
+
+    scenario: Scenario
+    run_dir: Path | None
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    swept: bool = False
+    interrupted: bool = False
+    written: int = 0
+    already: int = 0
+    planned: int | None = None
+    device: str | None = None
+    summary: Any = None
+    reuse: Any = None
+    capacity: Any = None
+    failures: list[str] = field(default_factory=list)
+
+    @property
+    def n_ok(self) -> int:
+        """Trials that ended ``ok``."""
+        return sum(r["status"] == "ok" for r in self.rows)
+
+    @property
+    def n_errors(self) -> int:
+        """Trials that failed with status ``error`` (a bug or a broken mode: the run's exit status is 1)."""
+        return sum(r["status"] == "error" for r in self.rows)
+
+
+def run_scenario(scenario: str | Path | None = None, *, out: str | Path | None = None,
+                 resume: str | Path | None = None, trust_remote_code: bool = False,
+                 progress: RunProgress | None = None) -> RunResult:
+    """Run a scenario file's sweep in a new run directory under ``out`` (default ``results``), or continue the
+    run in ``resume`` (skipping its finished trials; ``scenario``, if given, must equal the one stored there).
+
+    Args:
+        trust_remote_code: let the model's own code run, when the scenario also sets
+            ``model.trust_remote_code: true``.
+        progress: called back as the run goes (default: silent).
+
+    Returns:
+        A :class:`RunResult`; trials that failed are rows with their status (see :attr:`RunResult.n_errors`).
+
+    Raises:
+        BadValue: neither ``scenario`` nor ``resume`` given, or both ``out`` and ``resume``.
+        ScenarioError, RunDirError: the scenario or the run cannot be read, differ, or cannot run here.
+        RemoteCodeRefused: the scenario asks for the model's own code and ``trust_remote_code`` is false.
+        ModelNotFound, ModelLoadError, PrepareError, NotEnoughRequests: the run cannot be prepared.
+        RunStopped: the results could not be written (disk full...).
+    """
+    progress = progress or RunProgress()
+    if scenario is None and resume is None:
+        raise BadValue("give a scenario file, or a run directory to resume")
+    if resume is not None and out is not None:
+        raise BadValue(f"a resumed run stays in {resume}: no results root applies")
+    rundir, sc, where, finished = _open(Path(scenario) if scenario is not None else None,
+                              Path(resume) if resume is not None else None, progress)
+    if sc.model.trust_remote_code:
+        _remote_code(sc, where, trust_remote_code, progress)
+    if (rundir is not None and sc.searched is None and not sc.workload.reuse
+            and {t.trial_id for t in plan_trials(sc)} <= {r["trial_id"] for r in finished}):
+        return RunResult(sc, rundir.path, finished, already=len(finished), summary=point_summary(finished, sc),
+                         failures=failure_lines(finished))
+    return _run(sc, rundir, where, Path(out if out is not None else "results"), progress)
+
+
+def _open(scenario: Path | None, resume: Path | None,
+          progress: RunProgress) -> tuple[RunDir | None, Scenario, Path, list[dict[str, Any]]]:
+    """The run to continue (None: a new one), its scenario, the file to name in messages, and the run's
+    finished trials."""
+    from kvbench.scenario import check_scenario, load_scenario, parse_scenario, scenario_warnings
+
+    if resume is None:
+        sc = load_scenario(scenario)
+        for path, msg in scenario_warnings(sc):
+            progress.warning(f"{scenario}: {path}: {msg}")
+        return None, sc, scenario, []
+    rundir = RunDir.open(resume)
+    sc = parse_scenario(rundir.meta["scenario"], resume / "run.json")
+    if scenario is not None and load_scenario(scenario).model_dump(mode="json") != sc.model_dump(mode="json"):
+        raise RunDirError(f"{scenario} differs from the scenario stored in {resume}/run.json; resume without the "
+                          "file")
+    problems = check_scenario(sc)
+    if problems:
+        raise ScenarioError(resume / "run.json", problems)
+    with rundir.lock():  # before anything reads the trials: a refused resume cuts nothing
+        finished = rundir.finished_trials()
+    return rundir, sc, rundir.path / "run.json", finished
+
+
+def _remote_code(sc: Scenario, where: Path, allowed: bool, progress: RunProgress) -> None:
+    """Refuse a scenario asking for model code unless the run allowed it; warn naming the modules."""
+    from kvbench.models.remote_code import remote_code_modules
+
+    try:
+        modules = remote_code_modules(sc.model)
+    except (ValueError, LookupError) as exc:  # the model cannot be found, its config is no JSON object
+        raise PrepareError(f"{where}: {exc}") from exc
+    if not allowed:
+        raise RemoteCodeRefused(f"{where}: model.trust_remote_code: true runs the model's own code "
+                                f"({', '.join(modules) if modules else 'its auto_map names no module'})")
+    progress.warning(f"{where}: model.trust_remote_code: {sc.model.label} runs its own code: "
+                     f"{', '.join(modules) or 'its auto_map names none'}")
+
+
+def _run(sc: Scenario, rundir: RunDir | None, where: Path, out: Path, progress: RunProgress) -> RunResult:
+    """Probe the machine, make (or lock) the run directory, load the model, sweep, summarise."""
+    import psutil
+
+    from kvbench.bench.capacity import device_problem
+    from kvbench.bench.machine import environment
+    from kvbench.models import resolve_device
+
+    try:
+        device = resolve_device(sc.device)
+        env = environment(device)
+    except ValueError as exc:
+        raise PrepareError(str(exc)) from exc
+    if (why := device_problem(sc, device.type)) is not None:
+        raise ScenarioError(where, [("budget", why)])
+    busy = psutil.cpu_percent(interval=0.5)  # system-wide, while this process waits: the others' load
+    if busy > BUSY_PERCENT:
+        progress.warning(f"the machine is busy ({busy:.0f}% of {env['cpu_count']} CPUs in use by other processes): "
+                         "timings will be noisy")
+    created = rundir is None
+    if rundir is None:
+        try:
+            rundir = RunDir.create(out, sc.model_dump(mode="json"), env)
+        except OSError as exc:
+            raise RunDirError(f"cannot create the run directory under {out}: {exc.strerror or exc}") from exc
+    try:
+        with rundir.lock():
+            executor, weights_bytes = _prepare(sc, rundir, where, progress)
+            result = _sweep(sc, rundir, executor, weights_bytes, created, progress)
+    except RunDirError:
+        raise
+    except Exception:  # a refusal or a bug: a run this call made stays only with a trial in it
+        if created and not rundir.finished_trials():
+            shutil.rmtree(rundir.path, ignore_errors=True)  # nothing ran: leave no empty run behind
+        raise
+    except KeyboardInterrupt:  # before the sweep (model loading, preflight): the sweep handles it after
+        if created and not rundir.finished_trials():
+            shutil.rmtree(rundir.path, ignore_errors=True)
+            return RunResult(sc, None, interrupted=True)
+        rundir.update(status="interrupted")
+        return RunResult(sc, rundir.path, rundir.finished_trials(), interrupted=True)
+    rows = rundir.finished_trials()
+    result.rows, result.failures = rows, failure_lines(rows)
+    if sc.workload.reuse:
+        result.reuse = reuse_summary(rows, sc) if rows else None
+    else:
+        result.summary = point_summary(rows, sc)
+        if rundir.meta.get("capacity"):
+            result.capacity = capacity_summary(rundir.meta["capacity"], result.summary)
+    return result
+
+
+def _prepare(sc: Scenario, rundir: RunDir, where: Path, progress: RunProgress) -> tuple[Any, int]:
+    """Load the model and the workload, check every trial can be built; the executor and the weights' bytes."""
+    from kvbench.bench.engines.transformers import load_engine
+    from kvbench.bench.executor import LocalExecutor
+    from kvbench.models.load import one_line
+
+    t0 = time.perf_counter()
+    with progress.loading(f"loading {sc.model.label} and the {sc.workload.source} workload"):
+        try:
+            engine = load_engine(sc, rundir.meta.get("environment"))
+            problems = engine.preflight()
+        except NotEnoughRequests as exc:
+            raise NotEnoughRequests(f"{where}: workload.{sc.workload.reuse}: {exc}") from exc
+        except UserError:
+            raise
+        except (ValueError, ImportError, OSError) as exc:
+            raise PrepareError(str(exc)) from exc
+        except Exception as exc:  # noqa: BLE001 - anything else before the first trial refuses in one line
+            raise PrepareError(f"{where}: cannot prepare the run of model {sc.model.label}: {one_line(exc)}") from exc
+    if problems:
+        raise PrepareError(f"{where}: cannot run:\n" + "\n".join(problems))
+    executor = LocalExecutor(sc, engine, rundir.meta.get("environment"))
+    watched = "device memory" if engine.device.type == "cuda" else "process RSS (CPU run)"
+    executor.sampler.on_alert = lambda e: progress.alert(
+        f"{e['trial_id']} ({e['phase']}): {watched} {e['device_bytes'] / 2**20:,.1f} MiB crossed "
+        f"monitor.alert_device_bytes {e['threshold_bytes'] / 2**20:,.1f} MiB")
+    m = engine.m
+    progress.info(f"model {sc.model.label}: {m.shape.layers} layers, {m.shape.kv_heads} kv heads × "
+                  f"{m.shape.head_dim}, {str(m.dtype).removeprefix('torch.')} on {m.device}; loaded in "
+                  f"{time.perf_counter() - t0:.1f} s")
+    progress.info(f"results: {rundir.path}")
+    return executor, m.weights_bytes
+
+
+def _sweep(sc: Scenario, rundir: RunDir, executor: Any, weights_bytes: int, created: bool,
+           progress: RunProgress) -> RunResult:
+    """Run the sweep; a results file that cannot be written stops the run (:class:`RunStopped`)."""
+    from kvbench.bench.sweep import run_sweep
+
+    source = executor.engine.source
+    planned = planned_count(sc, len(source.requests) if sc.workload.reuse else 0)
+    try:
+        rundir.update(weights_bytes=weights_bytes, status="running")
+        with progress.sweep(sc.name, planned, len(rundir.finished_trials())):
+            res = run_sweep(sc, rundir, executor, on_trial=progress.trial_done, on_status=progress.status)
+    except OSError as exc:  # writing the results: disk full, quota, removed directory
+        why = str(exc)  # the sweep's ResultsNotWritten says what it lost and what run.json says
+        if not isinstance(exc, ResultsNotWritten):  # run.json, before the sweep
+            with contextlib.suppress(OSError):
+                rundir.update(status="interrupted")
+            why = f"cannot write the results in {rundir.path}: {exc.strerror or exc}"
+        kept = len(rundir.finished_trials())
+        raise RunStopped(why, kept, None if created and not kept else rundir.path) from exc
+    return RunResult(sc, rundir.path, swept=True, interrupted=res.interrupted, written=res.written,
+                     already=res.skipped_done, planned=planned, device=str(executor.engine.device))
+
