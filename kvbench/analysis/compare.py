@@ -12,6 +12,7 @@ import pandas as pd
 from kvbench.analysis.points import POINT_KEYS, point_table
 from kvbench.errors import BadParameter
 from kvbench.results.load import Results
+from kvbench.results.rows import agg
 
 #: Metrics compare knows (their per-point medians), and whether higher is better.
 COMPARE_METRICS: dict[str, bool] = {
@@ -62,7 +63,7 @@ def compare_points(a: Results, b: Results) -> tuple[pd.DataFrame, list[str], lis
         either side is missing or A is 0); the other two list the points (``scenario p<N> b<B> mode``) that only
         one side measured.
     """
-    cols = [f"{m}_median" for m in COMPARE_METRICS]
+    cols = [agg(m, "median") for m in COMPARE_METRICS]
     ta = point_table(a.trials, n_boot=0)
     tb = point_table(b.trials, n_boot=0)
     ta, tb = ta[ta["measured"] > 0], tb[tb["measured"] > 0]

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvbench.bench.trial import reference_first
-from kvbench.results.rows import NO_FIT
+from kvbench.results.rows import NO_FIT, Status
 from kvbench.scenario import CAPACITY_DEFAULTS, CapacitySpec, Scenario
 
 
@@ -70,7 +70,7 @@ def search(probe: Callable[[int], str], start: int, limit: int, resolution: int 
     v = start
     while True:
         status = run(v)
-        if status == "ok":
+        if status == Status.OK:
             lo = v
             if v >= limit:
                 return SearchResult(lo, None, probes, f"reached capacity.max {limit}: it may fit more")
@@ -84,7 +84,7 @@ def search(probe: Callable[[int], str], start: int, limit: int, resolution: int 
     while lo is not None and hi - lo > resolution:
         mid = (lo + hi) // 2
         status = run(mid)
-        if status == "ok":
+        if status == Status.OK:
             lo = mid
         elif status in NO_FIT:
             hi, fail_status = mid, status

@@ -19,6 +19,7 @@ from kvbench.bench.trial import TrialSpec
 from kvbench.offload.modes import ModeUnavailable
 from kvbench.scenario import Scenario
 from kvbench.workloads import TooLittleText
+from kvbench.results.rows import Status
 
 
 class Executor(Protocol):
@@ -112,11 +113,11 @@ class LocalExecutor:
             row.update(measured_fields(self.s, t, out, self.watch.timeline, self.watch.machine_load,
                                        self.sampler.notes, self.reference))
         except ModeUnavailable as exc:
-            row.update(status="skipped", message=str(exc))
+            row.update(status=Status.SKIPPED, message=str(exc))
         except TooLittleText as exc:
-            row.update(status="error", message=str(exc))
+            row.update(status=Status.ERROR, message=str(exc))
         except Exception as exc:  # noqa: BLE001 - every failure is recorded and the sweep goes on
-            row.update(status="oom" if self.engine.is_oom(exc) else "error", message=f"{type(exc).__name__}: {exc}")
+            row.update(status=Status.OOM if self.engine.is_oom(exc) else Status.ERROR, message=f"{type(exc).__name__}: {exc}")
         finally:
             self.last_samples = self.watch.timeline.samples if self.watch.timeline is not None else []
             gc.collect()

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from kvbench.bench.trial import ReuseTrial, TrialSpec
+from kvbench.results.rows import MEASURED
 
 #: A restored (warm) run may pick another token than recompute only where recompute's top-2 logits are this close.
 ACCEPTABLE_GAP = 1e-3
@@ -45,7 +46,7 @@ class Reference:
         workload, those of cold trials, with their top-2 logit gaps)."""
         for r in rows:
             # ok and over budget both ran to the end; a warm (restored) run is never the reference
-            if r.get("mode") == "none" and r.get("status") in ("ok", "over_budget") and not r.get("warm"):
+            if r.get("mode") == "none" and r.get("status") in MEASURED and not r.get("warm"):
                 self.baseline_sha[r["prompt_sha256"]] = r["output_sha256"]
                 if r.get("top2_logit_gaps") is not None:
                     self.baseline_gaps[r["prompt_sha256"]] = r["top2_logit_gaps"]

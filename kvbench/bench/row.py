@@ -15,6 +15,7 @@ from kvbench.bench.reference import Reference
 from kvbench.bench.trial import ReuseTrial, TrialSpec
 from kvbench.results.run_dir import utc_now
 from kvbench.scenario import Scenario
+from kvbench.results.rows import Status
 
 #: How many generated ids per sequence a trial row keeps (the full sequence is hashed).
 IDS_KEPT = 16
@@ -38,7 +39,7 @@ def base_row(s: Scenario, t: TrialSpec, described: dict[str, Any]) -> dict[str, 
         "batch_size": t.batch_size,
         "max_new_tokens": s.max_new_tokens,
         "repeat": t.repeat,
-        "status": "ok",
+        "status": Status.OK,
         "message": "",
         **described,
         "budget_bytes": int(s.budget) if s.budget is not None else None,
@@ -85,7 +86,7 @@ def measured_fields(s: Scenario, t: TrialSpec, out: TrialOutput, timeline: Trial
             row["top2_logit_gaps"] = out.top2_gaps
     row.update(out.fields)
     if s.budget is not None and row["kv_device_peak_bytes"] > s.budget:
-        row["status"] = "over_budget"
+        row["status"] = Status.OVER_BUDGET
         row["message"] = f"device KV peak {row['kv_device_peak_bytes']} bytes > budget {int(s.budget)} bytes"
     row["notes"] = {**{f"{k}_samples": v for k, v in sampler_notes.items()}, **out.notes}
     return row

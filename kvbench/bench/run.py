@@ -18,6 +18,7 @@ from kvbench.errors import (BadValue, NotEnoughRequests, PrepareError, RemoteCod
 from kvbench.results.files import ResultsNotWritten
 from kvbench.results.run_dir import RunDir
 from kvbench.scenario import Scenario
+from kvbench.results.rows import Status
 
 #: System-wide CPU percent (others' load, sampled for 0.5 s before the run) above which timings will be noisy.
 BUSY_PERCENT = 50
@@ -90,12 +91,12 @@ class RunResult:
     @property
     def n_ok(self) -> int:
         """Trials that ended ``ok``."""
-        return sum(r["status"] == "ok" for r in self.rows)
+        return sum(r["status"] == Status.OK for r in self.rows)
 
     @property
     def n_errors(self) -> int:
         """Trials that failed with status ``error`` (a bug or a broken mode: the run's exit status is 1)."""
-        return sum(r["status"] == "error" for r in self.rows)
+        return sum(r["status"] == Status.ERROR for r in self.rows)
 
 
 def run_scenario(scenario: str | Path | None = None, *, out: str | Path | None = None,

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvbench.scenario import Scenario
+from kvbench.results.rows import MEASURED, Status
 
 
 def point_summary(rows: list[dict[str, Any]], s: Scenario) -> Any:
@@ -46,13 +47,13 @@ def failure_lines(rows: list[dict[str, Any]]) -> list[str]:
     while the machine was busy."""
     seen: dict[tuple[str, str, str], int] = {}
     for r in rows:
-        if r["status"] != "ok":
+        if r["status"] != Status.OK:
             # over budget: one line per mode (the table marks the points and shows their KV)
-            msg = "device KV peak above the budget" if r["status"] == "over_budget" else r["message"]
+            msg = "device KV peak above the budget" if r["status"] == Status.OVER_BUDGET else r["message"]
             key = (r["mode_label"], r["status"], msg)
             seen[key] = seen.get(key, 0) + 1
     lines = [f"{mode}: {status} ({n} trials): {msg}" for (mode, status, msg), n in seen.items()]
-    measured = [r for r in rows if r["status"] in ("ok", "over_budget")]
+    measured = [r for r in rows if r["status"] in MEASURED]
     busy = [r for r in measured if r.get("machine_busy") is True]
     if busy:
         lines.append(f"busy machine: {len(busy)} of {len(measured)} measured trials ran while other processes used "

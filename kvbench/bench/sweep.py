@@ -15,6 +15,7 @@ from kvbench.bench.trial import TrialSpec, plan_trials
 from kvbench.results.files import ResultsNotWritten, failure_reason
 from kvbench.results.run_dir import RunDir, utc_now
 from kvbench.scenario import Scenario
+from kvbench.results.rows import Status
 
 
 @dataclass
@@ -63,7 +64,7 @@ class Recorder:
                 if self.on_status:
                     self.on_status(f"warm-up {w + 1}/{self.s.warmup}: {t.mode.label} p{t.prompt_tokens} "
                                    f"b{t.batch_size}")
-                if self.executor.run(t.warmup_spec())["status"] != "ok":
+                if self.executor.run(t.warmup_spec())["status"] != Status.OK:
                     break
         if self.on_status:
             self.on_status(t.trial_id)

@@ -18,12 +18,10 @@ from kvbench.cli.common import _fail, _show_warning, _table, _terminated, err, h
 
 
 def _summary_table(frame: Any, title: str) -> Table:
-    from kvbench.report.format import mib, ms_range
-    from kvbench.results.rows import agg
+    from kvbench.report.format import mib, spread
 
     def ms(r: dict[str, Any], col: str) -> str:  # run's range: every figure at the median's precision, in ()
-        return ms_range(*(r[agg(col, s)] for s in ("median", "min", "max")), "()", median_precision=True,
-                        collapse=False)
+        return spread(r, col, "()", median_precision=True, collapse=False)
 
     t = Table(title=escape(title), caption="median (min–max) over the measured repeats (ok, and over budget: *); "
                                            "same ids: greedy ids equal to `none`'s; KV MiB: device KV peak")

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+from kvbench.results.rows import MEASURED
 
 MIB = 2**20
 #: matplotlib's "tab10" colours, in order; modes beyond ten reuse them.
@@ -197,7 +198,7 @@ def reuse_ttft(turns: pd.DataFrame, trials: pd.DataFrame, group: str, colours: d
     line per mode (from :func:`kvbench.analysis.reuse.reuse_table`), and every measured trial against its prompt length
     (cold ○, warm ●). None when nothing was measured."""
     t = turns[turns["group"] == group]
-    pts = trials[(trials["group"] == group) & trials["status"].isin(["ok", "over_budget"])]
+    pts = trials[(trials["group"] == group) & trials["status"].isin(MEASURED)]
     if t.empty or pts.empty:
         return None
     plt = _pyplot()

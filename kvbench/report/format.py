@@ -8,11 +8,12 @@ import math
 from typing import Any
 
 import pandas as pd
+from kvbench.results.rows import Status, agg
 
 MIB, GIB = 2**20, 2**30
 
 #: Trial statuses in the order the ``trials`` cell counts them (statuses kvbench does not know: ``other``).
-STATUSES = ("ok", "over_budget", "skipped", "error", "oom", "other")
+STATUSES = (*Status, "other")
 
 
 def missing(v: Any) -> bool:
@@ -82,14 +83,15 @@ def ms_range(median: Any, low: Any, high: Any, brackets: str = "[]", *, median_p
     return f"{mid} {brackets[0]}{lo}–{hi}{brackets[1]}"
 
 
-def spread(row: Any, col: str) -> str:
-    """A point's ``<col>_median [<col>_min–<col>_max]`` in milliseconds."""
-    return ms_range(row[f"{col}_median"], row[f"{col}_min"], row[f"{col}_max"])
+def spread(row: Any, col: str, brackets: str = "[]", **style: bool) -> str:
+    """A point's ``<col>_median [<col>_min–<col>_max]`` in milliseconds (``brackets`` and ``style``: as
+    :func:`ms_range`)."""
+    return ms_range(*(row[agg(col, s)] for s in ("median", "min", "max")), brackets, **style)
 
 
 def ci(row: Any, col: str) -> str:
     """A point's ``<col>_ci_low–<col>_ci_high`` in milliseconds (``-`` without an interval)."""
-    lo, hi = row[f"{col}_ci_low"], row[f"{col}_ci_high"]
+    lo, hi = row[agg(col, "ci_low")], row[agg(col, "ci_high")]
     return "-" if missing(lo) else f"{ms(lo)}–{ms(hi)}"
 
 

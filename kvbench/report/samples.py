@@ -11,12 +11,13 @@ import pandas as pd
 from kvbench.results.load import Results
 from kvbench.errors import BadFile
 from kvbench.safe_read import open_regular
+from kvbench.results.rows import MEASURED
 
 
 def default_timelines(results: Results) -> dict[str, list[str]]:
     """Per group: the first measured trial of every mode at its longest prompt and largest batch."""
     picks = {}
-    measured = results.trials[results.trials["status"].isin(["ok", "over_budget"])]
+    measured = results.trials[results.trials["status"].isin(MEASURED)]
     for group, t in measured.groupby("group", sort=False):
         top = t[t["prompt_tokens"] == t["prompt_tokens"].max()]
         top = top[top["batch_size"] == top["batch_size"].max()]
