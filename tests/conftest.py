@@ -102,3 +102,19 @@ def sliding_models(tmp_path_factory):
         path.write_text(json.dumps({**config, **SLIDING_SIZES}))
         out[name] = load(ModelSpec(config=str(path), weights="random"), "cpu", seed=0)
     return out
+
+
+def paired_rows(tpots: dict[tuple[str, int], list[float]], busy: set[tuple[str, int, int]] = frozenset(),
+         prompt: int = 2048) -> list[dict]:
+    """Trial rows of one run (the paired-interval and cost tests' input): per (mode, batch) the TPOT of each repeat; 16 tokens, throughput from TPOT."""
+    out = []
+    for (mode, batch), values in tpots.items():
+        for r, tpot in enumerate(values):
+            e2e = 1.0 + 15 * tpot
+            out.append({"trial_id": f"p{prompt}-b{batch}-{mode}-r{r}", "status": "ok", "prompt_tokens": prompt,
+                        "batch_size": batch, "mode": mode, "mode_label": mode, "repeat": r, "ttft_s": 1.0,
+                        "tpot_s": tpot, "e2e_s": e2e, "n_output_tokens": 16,
+                        "throughput_tokens_per_s": 16 * batch / e2e, "kv_device_peak_bytes": 1000 * batch,
+                        "tokens_match": True, "machine_busy": (mode, batch, r) in busy,
+                        "itl_s": [tpot] * 15})
+    return out

@@ -14,22 +14,7 @@ from kvbench.analysis.intervals import judge
 from kvbench.analysis.latency import itl_percentiles
 from kvbench.bench.machine_load import LoadWindow, busy_threshold_percent, other_gpu_processes
 from kvbench.results.frame import trials_frame
-
-
-def rows(tpots: dict[tuple[str, int], list[float]], busy: set[tuple[str, int, int]] = frozenset(),
-         prompt: int = 2048) -> list[dict]:
-    """Trial rows of one run: per (mode, batch) the TPOT of each repeat; 16 tokens, throughput from TPOT."""
-    out = []
-    for (mode, batch), values in tpots.items():
-        for r, tpot in enumerate(values):
-            e2e = 1.0 + 15 * tpot
-            out.append({"trial_id": f"p{prompt}-b{batch}-{mode}-r{r}", "status": "ok", "prompt_tokens": prompt,
-                        "batch_size": batch, "mode": mode, "mode_label": mode, "repeat": r, "ttft_s": 1.0,
-                        "tpot_s": tpot, "e2e_s": e2e, "n_output_tokens": 16,
-                        "throughput_tokens_per_s": 16 * batch / e2e, "kv_device_peak_bytes": 1000 * batch,
-                        "tokens_match": True, "machine_busy": (mode, batch, r) in busy,
-                        "itl_s": [tpot] * 15})
-    return out
+from conftest import paired_rows
 
 
 def point(table, mode, batch=1):
@@ -39,7 +24,7 @@ def point(table, mode, batch=1):
 def test_tpot_overhead_is_paired_by_repeat_with_an_interval_over_pairs():
     none = [0.100, 0.200, 0.100, 0.150, 0.100]  # the machine's speed drifts between repeats...
     full = [0.110, 0.230, 0.105, 0.180, 0.103]  # ...and `full` drifts with it: every pair is slower
-    t = point_table(trials_frame(rows({("none", 1): none, ("full", 1): full}), "g"))
+    t = point_table(trials_frame(paired_rows({("none", 1): none, ("full", 1): full}), "g"))
     ratios = [f / n for f, n in zip(full, none)]
     r = point(t, "full")
     assert r["pairs"] == 5 and r["time_overhead_pct"] == pytest.approx(100 * (statistics.median(ratios) - 1))
@@ -52,16 +37,16 @@ def test_tpot_overhead_is_paired_by_repeat_with_an_interval_over_pairs():
 
 def test_a_busy_machine_or_too_few_pairs_give_inconclusive():
     none, full = [0.1] * 5, [0.12] * 5
-    t = point_table(trials_frame(rows({("none", 1): none, ("full", 1): full},
+    t = point_table(trials_frame(paired_rows({("none", 1): none, ("full", 1): full},
                                       busy={("none", 1, 0), ("full", 1, 3), ("none", 1, 3)}), "g"))
     assert point(t, "full")["tpot_verdict"] == "inconclusive: the machine was busy during 3 of 10 trials"
     assert point(t, "full")["n_busy"] == 1 and point(t, "none")["n_busy"] == 2
-    t = point_table(trials_frame(rows({("none", 1): none[:2], ("full", 1): full[:2]}), "g"))
+    t = point_table(trials_frame(paired_rows({("none", 1): none[:2], ("full", 1): full[:2]}), "g"))
     assert point(t, "full")["tpot_verdict"] == "inconclusive: 2 pairs, need 5"
 
 
 def test_an_offload_mode_faster_than_none_is_implausible():
-    t = point_table(trials_frame(rows({("none", 1): [0.2] * 5, ("hierarchical", 1): [0.1, 0.11, 0.09, 0.1, 0.12]}),
+    t = point_table(trials_frame(paired_rows({("none", 1): [0.2] * 5, ("hierarchical", 1): [0.1, 0.11, 0.09, 0.1, 0.12]}),
                                  "g"))
     assert point(t, "hierarchical")["tpot_verdict"] == "implausible against the plan: check for noise"
 
@@ -83,7 +68,7 @@ def test_the_seed_headline_cannot_come_from_noise():
     """The issue's case: batch 1 on a CPU, `hierarchical` 64% cheaper than `none` on a busy machine."""
     none = [0.40, 0.45, 0.38, 0.50, 0.42]
     hier = [0.14, 0.15, 0.16, 0.13, 0.14]  # noise: a competing process slowed every `none` trial
-    trials = trials_frame(rows({("none", 1): none, ("hierarchical", 1): hier}, busy={("none", 1, r) for r in range(5)}),
+    trials = trials_frame(paired_rows({("none", 1): none, ("hierarchical", 1): hier}, busy={("none", 1, r) for r in range(5)}),
                           "dialogue")
     costs = cost_table(point_table(trials), Prices(2.0), trials)
     h = costs[costs["mode"] == "hierarchical"].iloc[0]
@@ -92,7 +77,7 @@ def test_the_seed_headline_cannot_come_from_noise():
     assert line.startswith("at 2048 tokens inconclusive: the machine was busy during 5 of 10 trials: "
                            "`hierarchical` ") and "lowers" not in line
     # quiet, the same figures at the same batch are implausible against the plan, not a saving
-    trials = trials_frame(rows({("none", 1): none, ("hierarchical", 1): hier}), "dialogue")
+    trials = trials_frame(paired_rows({("none", 1): none, ("hierarchical", 1): hier}), "dialogue")
     costs = cost_table(point_table(trials), Prices(2.0), trials)
     assert costs[costs["mode"] == "hierarchical"]["cost_verdict"].iloc[0] == (
         "implausible against the plan: check for noise")
@@ -100,7 +85,7 @@ def test_the_seed_headline_cannot_come_from_noise():
 
 def test_a_saving_at_a_larger_batch_is_decided():
     """`none` fits batch 1 only (batch 4 over budget); `full` runs batch 4: more tokens/s per GPU-hour."""
-    data = rows({("none", 1): [0.10, 0.11, 0.10, 0.12, 0.10], ("none", 4): [0.2] * 5,
+    data = paired_rows({("none", 1): [0.10, 0.11, 0.10, 0.12, 0.10], ("none", 4): [0.2] * 5,
                  ("full", 4): [0.13, 0.14, 0.13, 0.15, 0.13]})
     for r in data:
         if r["mode"] == "none" and r["batch_size"] == 4:
@@ -116,26 +101,13 @@ def test_a_saving_at_a_larger_batch_is_decided():
     assert "5 pairs, batch 4 vs none's 1" in verdicts(costs)["g"][0]
 
 
-def test_points_never_compared_with_none_or_probed_once_are_not_cost_points():
-    data = rows({("none", 1): [0.1] * 5, ("full", 1): [0.1] * 5})
-    for r in data:
-        if r["mode"] == "full":
-            r["tokens_match"] = None  # no `none` ran on its prompts
-    trials = trials_frame(data, "g")
-    costs = cost_table(point_table(trials), Prices(2.0), trials)
-    assert costs[costs["mode"] == "full"]["usd_per_million"].isna().all()
-    trials = trials_frame(rows({("none", 1): [0.1], ("full", 1): [0.1]}), "g").assign(repeats_planned=5.0)
-    costs = cost_table(point_table(trials), Prices(2.0), trials)
-    assert costs["usd_per_million"].isna().all()  # one trial of a point whose scenario asked for 5
-
-
 def test_itl_percentiles_per_trial_and_pooled_per_point():
     gaps = [0.10] * 18 + [0.50, 2.00]  # one stall, a TPOT median hides it
     assert itl_percentiles(gaps) == {"itl_p50_s": 0.10, "itl_p90_s": 0.50, "itl_p99_s": 2.00, "itl_max_s": 2.00}
     assert itl_percentiles([0.1, 0.2, 0.3, 0.4, 0.5]) == {"itl_p50_s": 0.3, "itl_p90_s": 0.5, "itl_p99_s": 0.5,
                                                            "itl_max_s": 0.5}
     assert itl_percentiles([]) == dict.fromkeys(["itl_p50_s", "itl_p90_s", "itl_p99_s", "itl_max_s"])
-    data = rows({("none", 1): [0.1] * 5})
+    data = paired_rows({("none", 1): [0.1] * 5})
     data[2]["itl_s"] = [0.1] * 14 + [3.0]
     r = point(point_table(trials_frame(data, "g")), "none")
     assert (r["itl_p50_s"], r["itl_max_s"]) == (0.1, 3.0)
@@ -187,7 +159,7 @@ def test_load_window_arithmetic(monkeypatch):
 
 
 def test_a_busy_flag_that_is_not_a_boolean_is_unknown_not_quiet():
-    data = rows({("none", 1): [0.1] * 5, ("full", 1): [0.12] * 5})
+    data = paired_rows({("none", 1): [0.1] * 5, ("full", 1): [0.12] * 5})
     data[0]["machine_busy"] = "true"  # a hand-edited row: not a quiet machine
     t = point_table(trials_frame(data, "g"))
     assert point(t, "full")["tpot_verdict"] == ("inconclusive: the machine's load is unknown for 1 of 10 trials "
@@ -209,43 +181,13 @@ def test_load_window_sees_a_competing_process():
     assert other["others_cpu_percent"] > 60 and other["machine_busy"] is True
 
 
-def test_cost_charges_the_host_memory_held_and_prices_disk_apart():
-    """Host memory charged is what was held (pinned by torch, else the buffers' capacity), not the filled KV."""
-    gib = 2**30
-    data = rows({("none", 1): [0.1] * 5, ("full", 1): [0.1] * 5})
-    for r in data:
-        if r["mode"] == "full":
-            r.update(kv_host_peak_bytes=1 * gib, kv_host_allocated_peak_bytes=2 * gib, kv_disk_peak_bytes=3 * gib)
-    trials = trials_frame(data, "g")
-    prices = Prices(3600.0, host_per_gib_hour=3600.0, disk_per_gib_hour=7200.0)  # per second: 1 USD, 1, 2 per GiB
-    full = cost_table(point_table(trials), prices, trials).set_index("mode").loc["full"]
-    tput = 16 / (1.0 + 15 * 0.1)
-    # (1 USD/s GPU + 2 GiB × 1 USD/s + 3 GiB × 2 USD/s) ÷ tokens/s × 10^6
-    assert full["usd_per_million"] == pytest.approx((1 + 2 + 6) / tput * 1e6)
-    assert (full["host_kv_bytes"], full["host_basis"], full["disk_kv_bytes"]) == (2 * gib, "allocated host buffers",
-                                                                                  3 * gib)
-    for r in data:
-        if r["mode"] == "full":
-            r["pinned_host_allocated_peak_bytes"] = 4 * gib  # CUDA: torch rounds pinned blocks up to powers of two
-    trials = trials_frame(data, "g")
-    full = cost_table(point_table(trials), prices, trials).set_index("mode").loc["full"]
-    assert full["usd_per_million"] == pytest.approx((1 + 4 + 6) / tput * 1e6) and full["host_basis"] == (
-        "pinned by torch")
-    from kvbench.cli.cost import FLAGS  # the library names its argument; `kvbench cost` words it with its flag
-
-    with pytest.raises(ValueError, match="disk_per_gib_hour must be a finite number") as exc:
-        Prices(1.0, disk_per_gib_hour=-1)
-    assert exc.value.worded(FLAGS) == ("--disk-price must be a finite number 0 or more and at most 1,000,000 USD "
-                                       "per GiB-hour, not -1")
-
-
 def test_rows_with_a_null_repeat_pair_with_nothing():
     """Pooling an older run (rows without a repeat index) with a newer one: the old rows must not all pair with one
     `none` trial (pandas merges null keys with each other)."""
-    old = rows({("none", 1): [0.1] * 5, ("full", 1): [0.12] * 5})
+    old = paired_rows({("none", 1): [0.1] * 5, ("full", 1): [0.12] * 5})
     for r in old:
         r["repeat"] = None
-    new = rows({("none", 1): [0.1] * 5, ("full", 1): [0.12] * 5})
+    new = paired_rows({("none", 1): [0.1] * 5, ("full", 1): [0.12] * 5})
     t = point_table(trials_frame([{**r, "run_path": "old"} for r in old] + [{**r, "run_path": "new"} for r in new], "g"))
     assert point(t, "full")["pairs"] == 5  # the newer run's five, none of the old rows
     t = point_table(trials_frame(old, "g"))
