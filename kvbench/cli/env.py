@@ -7,7 +7,7 @@ import warnings
 import typer
 from rich.table import Table
 
-from kvbench.cli.common import _fail, _show_warning, out
+from kvbench.cli.common import _fail, _show_warning, handle_errors, out
 
 
 def env_(
@@ -21,14 +21,11 @@ def env_(
     import re
 
     from kvbench.bench.machine import probe_machine, save_link_probe
-    from kvbench.errors import UserError
 
     if not re.fullmatch(r"auto|cpu|cuda|cuda:\d+", device):
         _fail(f"--device: must be auto, cpu, cuda or cuda:N (got {device!r})")
-    try:
+    with handle_errors():
         e = probe_machine(device)
-    except UserError as exc:
-        _fail(str(exc))
     warnings.showwarning = _show_warning
     kept = save_link_probe(e)
     if as_json:

@@ -9,7 +9,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from kvbench.cli.common import _fail, out
+from kvbench.cli.common import _fail, handle_errors, out
 
 
 class ListWhat(str, Enum):
@@ -23,6 +23,11 @@ def list_(
     directory: Path = typer.Option(Path("scenarios"), "--dir", help="Where to look for scenarios."),
 ) -> None:
     """List the scenario files in a folder, the offload modes, or the architecture presets."""
+    with handle_errors():
+        out.print(_listing(what, directory))
+
+
+def _listing(what: ListWhat, directory: Path) -> Table:
     t = Table()
     if what is ListWhat.modes:
         from kvbench.offload.modes import MODES
@@ -54,4 +59,4 @@ def list_(
                 t.add_row(escape(str(f)), "[red]invalid[/]", escape(str(s).splitlines()[0]))
             else:
                 t.add_row(escape(str(f)), s.name, escape(s.description))
-    out.print(t)
+    return t

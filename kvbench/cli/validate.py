@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from kvbench.cli.common import _print_warnings, err, out
+from kvbench.cli.common import _print_warnings, err, handle_errors, out
 
 
 def validate(files: list[Path] = typer.Argument(..., help="Scenario YAML files.")) -> None:
@@ -16,12 +16,13 @@ def validate(files: list[Path] = typer.Argument(..., help="Scenario YAML files."
 
     bad = 0
     for f in files:
-        try:
-            s = load_scenario(f)
-        except ScenarioError as exc:
-            bad += 1
-            err.print(str(exc), highlight=False, markup=False)
-        else:
+        with handle_errors():
+            try:
+                s = load_scenario(f)
+            except ScenarioError as exc:
+                bad += 1
+                err.print(str(exc), highlight=False, markup=False)
+                continue
             _print_warnings(f, s)
             out.print(f"{f}: ok ({sweep_summary(s)})", highlight=False, markup=False)
     if bad:
