@@ -24,7 +24,6 @@ TAB10 = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e37
 #: before drawing and makes a chart 2–3× slower to save; these margins fit the labels the charts use.
 TWO_PANELS = {"left": 0.07, "right": 0.985, "bottom": 0.12, "top": 0.85, "wspace": 0.22}
 ONE_PANEL = {"left": 0.12, "right": 0.97, "bottom": 0.13, "top": 0.9}
-TWIN_AXES = {"left": 0.1, "right": 0.86, "bottom": 0.13, "top": 0.9}
 _LINESTYLES = ["-", "--", ":", "-."]
 
 
