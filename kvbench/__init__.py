@@ -5,7 +5,7 @@ The library does everything the ``kvbench`` command does, minus parsing flags an
     import kvbench
 
     run = kvbench.run_scenario("scenarios/smoke.yaml", out="results")      # the sweep: trials.jsonl, run.json
-    results = kvbench.load_results([run.run_dir])                          # one pandas frame of every trial
+    results = kvbench.load_results(run.run_dir)                            # Results: .trials, every trial
     kvbench.write_report(results, run.run_dir / "report")                  # tables, charts, Markdown, HTML
     costs = kvbench.cost_report(results, "costs", kvbench.Prices(gpu_per_hour=2.0))
     p = kvbench.plan("llama-3.1-8b", prompt_tokens=32768, batch=8)         # analytic: no GPU, no weights
@@ -36,6 +36,10 @@ _ENTRYPOINTS = {
 }
 
 __all__ = ["__version__", "plan", *_ENTRYPOINTS]
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_ENTRYPOINTS})
 
 
 def __getattr__(name: str) -> Any:

@@ -18,6 +18,7 @@ import pandas as pd
 from kvbench.analysis.points import qualifies
 from kvbench.analysis.intervals import bootstrap_intervals, judge, pair_load, pair_with_reference
 from kvbench.analysis.plan import MAX_USD_PER_HOUR, cost_per_million
+from kvbench.arguments import number_arg
 from kvbench.errors import BadParameter, BadValue
 from kvbench.results.rows import MEASURED
 
@@ -53,6 +54,7 @@ class Prices:
 
     def __post_init__(self) -> None:
         def check(name: str, v: float | None, strict: bool, most: float, unit: str) -> None:
+            number_arg(v, name, optional=name in ("tokens_per_month", "engineering_cost"))
             low_ok = v is None or (v > 0 if strict else v >= 0)
             if v is not None and not (math.isfinite(v) and low_ok and v <= most):
                 least = "above 0" if strict else "0 or more"

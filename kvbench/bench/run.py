@@ -13,6 +13,7 @@ from typing import Any
 
 from kvbench.bench.summary import capacity_summary, failure_lines, point_summary, reuse_summary
 from kvbench.bench.trial import planned_count, plan_trials
+from kvbench.arguments import path_arg
 from kvbench.errors import (BadValue, NotEnoughRequests, PrepareError, RemoteCodeRefused, RunDirError, RunStopped,
                             ScenarioError, UserError)
 from kvbench.results.files import ResultsNotWritten
@@ -114,19 +115,22 @@ def run_scenario(scenario: str | Path | None = None, *, out: str | Path | None =
         A :class:`RunResult`; trials that failed are rows with their status (see :attr:`RunResult.n_errors`).
 
     Raises:
-        BadValue: neither ``scenario`` nor ``resume`` given, or both ``out`` and ``resume``.
+        BadValue: neither ``scenario`` nor ``resume`` given, or both ``out`` and ``resume``; BadParameter: one
+            of them is no path.
         ScenarioError, RunDirError: the scenario or the run cannot be read, differ, or cannot run here.
         RemoteCodeRefused: the scenario asks for the model's own code and ``trust_remote_code`` is false.
         ModelNotFound, ModelLoadError, PrepareError, NotEnoughRequests: the run cannot be prepared.
         RunStopped: the results could not be written (disk full...).
     """
     progress = progress or RunProgress()
+    scenario, resume = (None if p is None else path_arg(p, name) for p, name in ((scenario, "scenario"),
+                                                                                (resume, "resume")))
+    out = None if out is None else path_arg(out, "out")
     if scenario is None and resume is None:
         raise BadValue("give a scenario file, or a run directory to resume")
     if resume is not None and out is not None:
         raise BadValue(f"a resumed run stays in {resume}: no results root applies")
-    rundir, sc, where, finished = _open(Path(scenario) if scenario is not None else None,
-                              Path(resume) if resume is not None else None, progress)
+    rundir, sc, where, finished = _open(scenario, resume, progress)
     if sc.model.trust_remote_code:
         _remote_code(sc, where, trust_remote_code, progress)
     if (rundir is not None and sc.searched is None and not sc.workload.reuse

@@ -19,7 +19,8 @@ from kvbench.analysis.intervals import pct_interval
 from kvbench.analysis.points import point_table
 from kvbench.results.load import Results
 from kvbench.analysis.reuse_cost import reuse_cost
-from kvbench.errors import UnwritableOutput, UserError
+from kvbench.arguments import path_arg, positive_seconds
+from kvbench.errors import BadParameter, UnwritableOutput, UserError
 from kvbench.report import charts
 from kvbench.report.format import number
 from kvbench.results.run_dir import refuse_symlink_dir
@@ -53,7 +54,17 @@ class CostReport:
 def compute_costs(results: Results, prices: Prices, max_ttft_s: float | None = None,
                   max_tpot_s: float | None = None) -> CostReport:
     """The cost of every measured point of ``results`` and of their reuse workloads at ``prices``, with the
-    optional SLOs (median TTFT and TPOT at most so many seconds); nothing written."""
+    optional SLOs (median TTFT and TPOT at most so many seconds); nothing written.
+
+    Raises:
+        kvbench.errors.BadParameter: ``results`` is no :class:`~kvbench.results.load.Results`, ``prices`` no
+            :class:`~kvbench.analysis.cost.Prices`, or an SLO not a finite number of seconds above 0.
+    """
+    if not isinstance(results, Results):
+        raise BadParameter(f"{{results}} must be kvbench.load_results(...), not {type(results).__name__}", "results")
+    if not isinstance(prices, Prices):
+        raise BadParameter(f"{{prices}} must be a kvbench.Prices, not {type(prices).__name__}", "prices")
+    max_ttft_s, max_tpot_s = positive_seconds(max_ttft_s, "max_ttft_s"), positive_seconds(max_tpot_s, "max_tpot_s")
     points = point_table(results.trials)
     table = cost_table(points, prices, results.trials, max_ttft_s, max_tpot_s) if len(points) else points
     return CostReport(prices, table, reuse_cost(results.trials, prices))
@@ -67,6 +78,7 @@ def cost_report(results: Results, out_dir: str | Path, prices: Prices, max_ttft_
         kvbench.errors.SymlinkRefused: ``out_dir`` is a symbolic link.
         kvbench.errors.UnwritableOutput: a file cannot be written.
     """
+    out_dir = path_arg(out_dir, "out_dir")
     rep = compute_costs(results, prices, max_ttft_s, max_tpot_s)
     rep.files = write_costs(rep.table, out_dir, prices, rep.reuse)
     return rep

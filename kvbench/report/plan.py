@@ -14,6 +14,7 @@ import pandas as pd
 from kvbench.analysis.plan import DTYPE_BYTES, ModePlan, cost_per_million, plan_modes
 from kvbench.models.config import read_config_file
 from kvbench.offload.architecture import Architecture, architecture_of
+from kvbench.arguments import count_arg, number_arg
 from kvbench.errors import BadFile, BadParameter, BadValue, ModelNotFound, UserError
 from kvbench.report.format import GIB, MIB, count_units, gib_or_mib
 
@@ -113,13 +114,23 @@ def plan(model: str, prompt_tokens: int = 4096, batch: int = 1, dtype: str = "bf
         hbm_gbps: device memory GB/s; gpu_price: USD per GPU-hour, for the cost per 1M tokens.
 
     Raises:
-        kvbench.errors.BadParameter: a dtype, count, bandwidth or size out of range (``param`` names it).
+        kvbench.errors.BadParameter: a dtype, count, bandwidth or size out of range or of another type (``param``
+            names it).
         kvbench.errors.BadFile, kvbench.errors.ModelNotFound: a model that cannot be read or found.
         kvbench.errors.BadValue: figures past the analytic model's bounds, or a price out of range.
     """
     import psutil
 
-    if dtype not in DTYPE_BYTES:
+    if isinstance(model, Path):
+        model = str(model)
+    if not isinstance(model, str):
+        raise BadParameter(f"{{model}} must be a preset name or a path, not {type(model).__name__}", "model")
+    prompt_tokens, batch, window = (count_arg(v, n) for v, n in ((prompt_tokens, "prompt_tokens"), (batch, "batch"),
+                                                                 (window, "window")))
+    link_gbps, gpu_price = number_arg(link_gbps, "link_gbps", optional=True), number_arg(gpu_price, "gpu_price",
+                                                                                          optional=True)
+    hbm_gbps = number_arg(hbm_gbps, "hbm_gbps")
+    if not isinstance(dtype, str) or dtype not in DTYPE_BYTES:
         raise BadParameter(f"{{dtype}} {dtype!r}: one of {', '.join(DTYPE_BYTES)}", "dtype")
     bad = [(n, v) for n, v, least in (("prompt_tokens", prompt_tokens, 1), ("batch", batch, 1), ("window", window, 0))
            if v < least]
@@ -143,7 +154,7 @@ def plan(model: str, prompt_tokens: int = 4096, batch: int = 1, dtype: str = "bf
         if not (v > 0 and math.isfinite(v)):
             raise BadParameter(f"{{{name}}} must be a finite number of GB/s above 0, not {v}", name)
     gpu = size_bytes(gpu_mem, "gpu_mem")
-    host = size_bytes(host_mem, "host_mem") if host_mem else psutil.virtual_memory().total
+    host = size_bytes(host_mem, "host_mem") if host_mem is not None else psutil.virtual_memory().total
     nbytes = DTYPE_BYTES[dtype]
     try:
         modes = plan_modes(arch, prompt_tokens, batch, nbytes, gpu, host, link_gbps * 1e9, hbm_gbps * 1e9, window,

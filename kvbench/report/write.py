@@ -15,6 +15,7 @@ import pandas as pd
 from kvbench.analysis.points import point_table
 from kvbench.results.load import Results
 from kvbench.analysis.reuse import reuse_later_turns, reuse_table, reuse_trials
+from kvbench.arguments import path_arg
 from kvbench.errors import BadParameter, UnwritableOutput, UserError
 from kvbench.report import charts, scratch_dir
 from kvbench.report.advice import (capacity_findings, capacity_recommendation, diagnoses, findings, recommendation,
@@ -36,7 +37,7 @@ def write_report(results: Results, out_dir: str | Path, timelines: list[str] | N
     prompt length), the charts (PNG), ``report.md`` and ``report.html``.
 
     Args:
-        results: from :func:`kvbench.analysis.points.load_results`.
+        results: from :func:`kvbench.results.load.load_results`.
         out_dir: where to write.
         timelines: trial ids whose memory timeline is drawn; default: at each group's longest prompt and largest
             batch, the first measured trial of every mode.
@@ -48,15 +49,19 @@ def write_report(results: Results, out_dir: str | Path, timelines: list[str] | N
 
     Raises:
         kvbench.errors.BadParameter: a trial id in ``timelines`` that is not in the results (``param`` =
-            ``"timelines"``).
+            ``"timelines"``), or an argument of another type.
         kvbench.errors.SymlinkRefused: ``out_dir`` is a symbolic link.
         kvbench.errors.UnwritableOutput: a file or folder cannot be written (an ``OSError``).
     """
+    if not isinstance(results, Results):
+        raise BadParameter(f"{{results}} must be kvbench.load_results(...), not {type(results).__name__}", "results")
+    if isinstance(timelines, str):
+        raise BadParameter(f"{{timelines}} must be a list of trial ids, not the str {timelines!r}", "timelines")
     if timelines:
         unknown = sorted(set(timelines) - set(results.trials["trial_id"]))
         if unknown:
             raise BadParameter(f"no trial {', '.join(map(repr, unknown))} in these results", "timelines")
-    final = Path(out_dir)
+    final = path_arg(out_dir, "out_dir")
     refuse_symlink_dir(final)  # e.g. a report/ link inside a run directory from someone's tarball
     try:
         return _write_in_place(results, final, timelines, pool)

@@ -18,6 +18,7 @@ from typing import Any
 
 import pandas as pd
 
+from kvbench.arguments import paths_arg
 from kvbench.errors import BadFile, ForeignRow, RecordError, ResultsError
 from kvbench.results.frame import prepare_trials
 from kvbench.results.read import read_rows
@@ -138,15 +139,18 @@ def _no_gc() -> Iterator[None]:
             gc.enable()
 
 
-def load_results(paths: list[str | Path]) -> Results:
-    """Load any mix of run directories, ``trials.jsonl`` files and folders of runs into one :class:`Results`.
+def load_results(paths: str | Path | list[str | Path]) -> Results:
+    """Load any mix of run directories, ``trials.jsonl`` files and folders of runs (one path or a list) into one
+    :class:`Results` (its pandas frame of every trial is :attr:`Results.trials`).
 
     Raises:
+        kvbench.errors.BadParameter: ``paths`` is no path nor a list of paths.
         ResultsError: a path that does not exist, a folder with no run in it, a run.json of an unknown or newer
             schema version (naming the file), a run.json or JSON line that does not hold what kvbench writes
             (:mod:`kvbench.results.record`: naming the file, the line and the key), a row written under another
             scenario than its run.json's, or no trial rows at all.
     """
+    paths = paths_arg(paths, "paths")
     with _no_gc():
         return _load(paths)
 

@@ -9,6 +9,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from kvbench.arguments import path_arg
 from kvbench.errors import ScenarioError
 from kvbench.scenario import messages
 from kvbench.scenario.checks import check_scenario
@@ -151,7 +152,9 @@ def load_scenario(file: str | Path, *, check_model: bool = True) -> Scenario:
 
     Raises:
         ScenarioError: every problem found, each with the file, key path, bad value and what is allowed.
+        kvbench.errors.BadParameter: ``file`` is no path.
     """
+    file = path_arg(file, "file")
     s = parse_scenario(read_yaml(file), file)
     s = resolve_paths(s, Path(file).resolve().parent)
     problems = check_scenario(s, check_model=check_model)
