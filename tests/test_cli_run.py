@@ -12,8 +12,10 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from typer.testing import CliRunner
 
 from conftest import ROOT, kvbench_cmd, tiny_scenario
+from kvbench.cli import app
 from kvbench.results.read import read_trials
 from kvbench.results.samples import SAMPLE_COLUMNS
 
@@ -88,9 +90,8 @@ def test_smoke_scenario_on_the_real_model(tmp_path):
 
 def test_bad_scenario_exits_with_the_error(write_yaml, tmp_path):
     bad = write_yaml(tiny_scenario(repeats=0))
-    r = subprocess.run([*kvbench_cmd(), "run", str(bad), "--out", str(tmp_path / "res")],
-                       capture_output=True, text=True)
-    assert r.returncode == 2
+    r = CliRunner().invoke(app, ["run", str(bad), "--out", str(tmp_path / "res")])
+    assert r.exit_code == 2
     assert f"{bad}: repeats: Input should be greater than 0 (got 0)" in r.stderr
     assert not (tmp_path / "res").exists()
 
@@ -259,7 +260,6 @@ def test_a_full_results_disk_keeps_the_finished_trials_and_says_how_to_resume(wr
 
     from typer.testing import CliRunner
 
-    from kvbench.cli import app
     from kvbench.results.run_dir import RunDir
 
     real_append, calls = RunDir.append, []
@@ -365,7 +365,6 @@ def test_a_refused_second_resume_cuts_nothing(write_yaml, tmp_path):
     the lock refused it. Now it takes the lock before it reads the trials: refused, exit 2, every byte as it was."""
     from typer.testing import CliRunner
 
-    from kvbench.cli import app
     from kvbench.results.run_dir import RunDir
     from kvbench.scenario import load_scenario
 
@@ -417,7 +416,6 @@ def test_a_full_disk_mid_run_keeps_whole_trials_and_says_what_run_json_says(writ
     `interrupted` with the reason, or the error says it could not be written."""
     from typer.testing import CliRunner
 
-    from kvbench.cli import app
 
     full_disk_on_the_third_trial(monkeypatch, run_json_too)
     scenario = write_yaml(tiny_scenario(prompt_tokens=[8], batch_sizes=[1], repeats=4, warmup=0,
@@ -448,7 +446,6 @@ def test_resume_refuses_rows_of_another_scenario(write_yaml, tmp_path):
     said "nothing to run" and kept them. Now it refuses, naming the file, the line and the mismatch."""
     from typer.testing import CliRunner
 
-    from kvbench.cli import app
 
     scenario = write_yaml(tiny_scenario(prompt_tokens=[8], batch_sizes=[1], repeats=1, warmup=0))
     r = CliRunner().invoke(app, ["run", str(scenario), "--out", str(tmp_path / "res")])
@@ -490,7 +487,6 @@ def test_any_error_before_the_first_trial_refuses_in_one_line_and_leaves_no_run_
     """Issue 17 item 14: not only the model's loaders: whatever the preparation raises refuses with exit 2."""
     from typer.testing import CliRunner
 
-    from kvbench.cli import app
     from kvbench.bench.engines.transformers import TransformersEngine
 
     def broken(self):
@@ -510,7 +506,6 @@ def test_run_refuses_an_empty_out(write_yaml, tmp_path, monkeypatch):
     """Issue 17 item 17: `run --out ''` wrote its run into the current directory; `report --out ''` refused."""
     from typer.testing import CliRunner
 
-    from kvbench.cli import app
 
     scenario = write_yaml(tiny_scenario(prompt_tokens=[8], batch_sizes=[1], repeats=1))
     monkeypatch.chdir(tmp_path)

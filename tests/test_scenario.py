@@ -6,8 +6,10 @@ import os
 import subprocess
 
 import pytest
+from typer.testing import CliRunner
 
 from conftest import ROOT, kvbench_cmd, tiny_scenario
+from kvbench.cli import app
 from kvbench.scenario import ScenarioError, load_scenario, parse_scenario
 
 
@@ -154,8 +156,8 @@ def test_validate_warns_about_the_articles_bad_configs(write_yaml):
     path = write_yaml(tiny_scenario(modes=[{"kind": "hierarchical", "window": 64},
                                            {"kind": "dynamic", "min_window": 0, "max_window": 128},
                                            {"kind": "full", "host_max_tokens": too_many}]))
-    r = subprocess.run([*kvbench_cmd(), "validate", str(path)], capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
+    r = CliRunner().invoke(app, ["validate", str(path)])
+    assert r.exit_code == 0, r.stderr
     lines = [" ".join(x.split()) for x in r.stderr.split("warning:")[1:]]
     assert lines[0] == (f"{path}: modes[0].window: 64 tokens is under 256: most of the history crosses the host "
                         "link every step (transfer churn)")
@@ -164,7 +166,7 @@ def test_validate_warns_about_the_articles_bad_configs(write_yaml):
     assert len(lines) == 2
     # tiny-llama: one layer's K and V = 256 B per token; 16 + 3 - 1 tokens × batch 2 = 9216 B > 1000
     path = write_yaml(tiny_scenario(budget=1000, modes=[{"kind": "none"}, {"kind": "full"}]), "small.yaml")
-    r = subprocess.run([*kvbench_cmd(), "validate", str(path)], capture_output=True, text=True)
+    r = CliRunner().invoke(app, ["validate", str(path)])
     assert " ".join(r.stderr.split()) == (
         f"warning: {path}: budget: 1000 bytes is less than even full offload holds on the device at 16 prompt tokens "
         "× batch 2 (one layer's K and V: 9216 bytes): those trials will be over budget")
@@ -255,8 +257,8 @@ def test_shipped_scenarios_are_valid():
 def test_validate_command_reports_every_bad_file(write_yaml, tmp_path):
     good = write_yaml(tiny_scenario(), "good.yaml")
     bad = write_yaml(tiny_scenario(device="tpu"), "bad.yaml")
-    r = subprocess.run([*kvbench_cmd(), "validate", str(good), str(bad)], capture_output=True, text=True)
-    assert r.returncode == 2  # bad input, as `run` exits for the same file
+    r = CliRunner().invoke(app, ["validate", str(good), str(bad)])
+    assert r.exit_code == 2  # bad input, as `run` exits for the same file
     assert f"{good}: ok (8 trials: 2 prompt lengths × 2 batch sizes × 1 mode × 2 repeats)" in r.stdout
     assert f"{bad}: device: must be auto, cpu, cuda or cuda:N (got 'tpu')" in r.stderr
 
@@ -334,9 +336,9 @@ def test_version_option_shows_no_metavar():
     assert line.split() == ["│", "--version", "Print", "the", "version.", "│"]
 
 
-def test_list_scenarios_elsewhere_points_to_dir_and_the_shipped_ones(tmp_path):
-    r = subprocess.run([*kvbench_cmd(), "list", "scenarios"], capture_output=True, text=True, cwd=tmp_path,
-                       env={**os.environ, "PYTHONPATH": str(ROOT)})
-    assert r.returncode == 2
+def test_list_scenarios_elsewhere_points_to_dir_and_the_shipped_ones(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    r = CliRunner().invoke(app, ["list", "scenarios"])
+    assert r.exit_code == 2
     assert " ".join(r.stderr.split()) == (f"error: no scenario files (*.yaml) in {tmp_path.resolve() / 'scenarios'}: "
                                           f"pass --dir DIR; kvbench's own are in {ROOT / 'scenarios'}")
