@@ -225,20 +225,20 @@ def test_disk_tier_faults_and_interrupts_leave_no_files(write_yaml, tmp_path):
 
 
 def test_env_prints_the_machine_and_says_why_there_is_no_bandwidth():
-    r = subprocess.run([*kvbench_cmd(), "env", "--device", "cpu"], capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
+    runner = CliRunner()
+    r = runner.invoke(app, ["env", "--device", "cpu"])
+    assert r.exit_code == 0, r.output
     text = " ".join(r.stdout.split())
     assert "torch 2." in text and "transformers 5." in text and "cpu_count" in text and " GiB" in text
     assert "link bandwidth no CUDA device: host↔device bandwidth not measured" in text
     assert "NVML unavailable" in text  # these machines have no GPU: the reason, not a zero
-    r = subprocess.run([*kvbench_cmd(), "env", "--device", "cpu", "--json"], capture_output=True, text=True,
-                       timeout=120)
+    r = runner.invoke(app, ["env", "--device", "cpu", "--json"])
     e = json.loads(r.stdout)
     assert e["link_bandwidth"] is None and e["gpus"] is None and e["memory_total_bytes"] > 0
-    r = subprocess.run([*kvbench_cmd(), "env", "--device", "cuda:3"], capture_output=True, text=True, timeout=120)
-    assert r.returncode == 2 and "device 'cuda:3': no CUDA device is available" in r.stderr
-    r = subprocess.run([*kvbench_cmd(), "env", "--device", "bogus"], capture_output=True, text=True, timeout=120)
-    assert r.returncode == 2 and "--device: must be auto, cpu, cuda or cuda:N (got 'bogus')" in r.stderr
+    r = runner.invoke(app, ["env", "--device", "cuda:3"])
+    assert r.exit_code == 2 and "device 'cuda:3': no CUDA device is available" in r.stderr
+    r = runner.invoke(app, ["env", "--device", "bogus"])
+    assert r.exit_code == 2 and "--device: must be auto, cpu, cuda or cuda:N (got 'bogus')" in r.stderr
 
 
 def test_alert_is_printed_and_recorded(write_yaml, tmp_path):
@@ -308,16 +308,14 @@ def test_text_from_files_and_paths_is_never_read_as_markup(tmp_path):
     run_yaml = tmp_path / "run.yaml"
     run_yaml.write_text(yaml.safe_dump(tiny_scenario(model={"config": str(cfg), "weights": "random"},
                                                      prompt_tokens=[8], batch_sizes=[1], repeats=1)))
-    env = {**os.environ, "COLUMNS": "200"}
-    r = subprocess.run([*kvbench_cmd(), "list", "scenarios", "--dir", str(tmp_path)], capture_output=True, text=True,
-                       env=env, timeout=120)
-    assert r.returncode == 0 and "[/] [bold]x" in r.stdout, r.stdout + r.stderr
+    runner, env = CliRunner(), {"COLUMNS": "200"}  # set in os.environ for each invoke only
+    r = runner.invoke(app, ["list", "scenarios", "--dir", str(tmp_path)], env=env)
+    assert r.exit_code == 0 and "[/] [bold]x" in r.stdout, r.output
     mini = str(tmp_path / "[draft]" / "mini.yaml")
-    r = subprocess.run([*kvbench_cmd(), "validate", mini], capture_output=True, text=True, env=env, timeout=120)
-    assert r.returncode == 0 and f"{mini}: ok" in r.stdout, r.stdout + r.stderr
-    r = subprocess.run([*kvbench_cmd(), "run", str(run_yaml), "--out", str(tmp_path / "res")], capture_output=True,
-                       text=True, env=env, timeout=300)
-    assert r.returncode == 0, r.stdout + r.stderr
+    r = runner.invoke(app, ["validate", mini], env=env)
+    assert r.exit_code == 0 and f"{mini}: ok" in r.stdout, r.output
+    r = runner.invoke(app, ["run", str(run_yaml), "--out", str(tmp_path / "res")], env=env)
+    assert r.exit_code == 0, r.output
     assert f"model {cfg} (random weights):" in r.stderr and f"tiny: {cfg} (random weights)" in r.stdout
 
 
