@@ -1,0 +1,261 @@
+"""When each request of a server run is sent: the sequential, concurrent and Poisson load profiles.
+
+Pure asyncio, no HTTP: :func:`run_load` decides when each request of a stream goes, awaits the caller's ``send``
+for it and collects what that returns (or raises) as :class:`Outcome` rows. Time is read from an injectable
+``clock`` and waited out with an injectable ``sleep``, so tests run on virtual time.
+
+Times in an :class:`Outcome` are seconds from the load's start (the ``clock`` reading when :func:`run_load` began).
+
+Conversations: ``chain(request)`` gives a key; requests with the same key are sent in stream order, each only
+after the previous one of its chain has finished plus :attr:`LoadSpec.think_time_s`. ``None`` = independent.
+
+- ``sequential``: one request at a time, strictly in stream order (a turn waiting out its think time holds back
+  the requests after it).
+- ``concurrent``: up to :attr:`LoadSpec.concurrency` in flight; when a slot frees, the first eligible request in
+  stream order goes (one blocked by its chain does not hold back later independent ones).
+- ``poisson``: request *i* is due at arrival *i* of :func:`poisson_arrivals` (or later, when its chain is not
+  ready); at most :attr:`LoadSpec.concurrency` in flight when given (None: no cap).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import math
+import numbers
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Hashable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from kvbench.errors import BadParameter
+
+PROFILES = ("sequential", "concurrent", "poisson")
+
+
+class BadLoadSpec(BadParameter):
+    """A load spec that cannot be run (an unknown profile, a count, rate or duration out of range, a setting
+    another profile owns). A :class:`~kvbench.errors.UserError` and a :class:`ValueError`; ``param`` is the
+    field at fault, written ``{field}`` in :attr:`template` so a caller can word it with its own key names."""
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _real(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _check_rate(value: Any, what: str, param: str) -> None:
+    if not _real(value) or value <= 0:
+        raise BadLoadSpec(f"{what} needs {{{param}}} > 0 requests per second; got {value!r}", param)
+
+
+@dataclass(frozen=True)
+class LoadSpec:
+    """How a stream of requests is sent to a server.
+
+    ``profile``: one of :data:`PROFILES`. ``concurrency``: the most requests in flight; None = the profile's
+    default (sequential and concurrent: 1; poisson: no cap); sequential allows only 1. ``rate``: requests per
+    second, poisson only (required there). ``n_requests``: send at most the first this many of the stream.
+    ``duration_s``: send no request once this many seconds have passed since the start (sent ones finish).
+    Both cut-offs may be given: the first reached wins. ``think_time_s``: seconds between a reply and the next
+    turn of its conversation. ``seed``: the seed of the Poisson arrivals (≥ 0).
+
+    Nothing is checked on construction; :meth:`check` (called by :func:`run_load`) raises :class:`BadLoadSpec`.
+    """
+
+    profile: str = "sequential"
+    concurrency: int | None = None
+    rate: float | None = None
+    n_requests: int | None = None
+    duration_s: float | None = None
+    think_time_s: float = 0.0
+    seed: int = 0
+
+    def check(self) -> None:
+        """Raise :class:`BadLoadSpec` (a ``ValueError``) naming the first field that is out of range and what is
+        allowed; return None when the spec can be run."""
+        p = self.profile
+        if p not in PROFILES:
+            raise BadLoadSpec(f"load {{profile}} {p!r} is not one of {', '.join(PROFILES)}", "profile")
+        c = self.concurrency
+        if c is not None and (not _whole(c) or c < 1):
+            raise BadLoadSpec(f"load {{concurrency}} must be a whole number of requests in flight ≥ 1; got {c!r}",
+                              "concurrency")
+        if p == "sequential" and c not in (None, 1):
+            raise BadLoadSpec(f"the sequential load profile sends one request at a time: {{concurrency}} must be 1; "
+                              f"got {c!r} (the concurrent profile sends several)", "concurrency")
+        if p == "poisson":
+            _check_rate(self.rate, "the poisson load profile", "rate")
+        elif self.rate is not None:
+            raise BadLoadSpec(f"{{rate}} ({self.rate!r} requests per second) applies to the poisson load profile "
+                              f"only; the {p} profile sends each request as soon as it may", "rate")
+        n = self.n_requests
+        if n is not None and (not _whole(n) or n < 1):
+            raise BadLoadSpec(f"load {{n_requests}} must be a whole number ≥ 1; got {n!r}", "n_requests")
+        d = self.duration_s
+        if d is not None and (not _real(d) or d <= 0):
+            raise BadLoadSpec(f"load {{duration_s}} must be a number of seconds > 0; got {d!r}", "duration_s")
+        t = self.think_time_s
+        if not _real(t) or t < 0:
+            raise BadLoadSpec(f"load {{think_time_s}} must be a number of seconds ≥ 0; got {t!r}", "think_time_s")
+        if not _whole(self.seed) or self.seed < 0:
+            raise BadLoadSpec(f"load {{seed}} must be a whole number ≥ 0; got {self.seed!r}", "seed")
+
+    @property
+    def max_in_flight(self) -> int | None:
+        """The most requests in flight at once (None: no cap, poisson only)."""
+        if self.concurrency is not None:
+            return int(self.concurrency)
+        return None if self.profile == "poisson" else 1
+
+
+@dataclass
+class Outcome:
+    """One request of a load, sent and finished.
+
+    ``request``: the request as given. ``arrival_s``: when it became due, seconds from the load's start (poisson:
+    its arrival time, or later when its chain was not ready then; otherwise when its chain let it go, 0 for an
+    independent request). ``start_s`` / ``end_s``: when ``send`` was called and when it returned or raised.
+    ``result``: what ``send`` returned; ``error``: the :class:`Exception` it raised (``result`` is then None).
+    """
+
+    request: Any
+    arrival_s: float
+    start_s: float
+    end_s: float
+    result: Any = None
+    error: BaseException | None = None
+
+
+def poisson_arrivals(n: int, rate: float, seed: int) -> list[float]:
+    """The first ``n`` arrival times (seconds from the start, increasing, the first > 0) of a Poisson process of
+    ``rate`` requests per second: cumulative sums of exponential gaps drawn from ``numpy.random.default_rng(seed)``,
+    so the same seed gives the same times. Raises :class:`BadLoadSpec` for ``n`` < 0, ``rate`` ≤ 0 or not
+    finite, or ``seed`` < 0."""
+    if not _whole(n) or n < 0:
+        raise BadLoadSpec(f"the number of Poisson arrivals {{n}} must be a whole number ≥ 0; got {n!r}", "n")
+    _check_rate(rate, "a Poisson arrival process", "rate")
+    if not _whole(seed) or seed < 0:
+        raise BadLoadSpec(f"the seed of the Poisson arrivals {{seed}} must be a whole number ≥ 0; got {seed!r}",
+                          "seed")
+    gaps = np.random.default_rng(int(seed)).exponential(1.0 / float(rate), size=int(n))
+    return [float(x) for x in np.cumsum(gaps)]
+
+
+async def run_load(requests: Sequence[Any], send: Callable[[Any], Awaitable[Any]], spec: LoadSpec, *,
+                   chain: Callable[[Any], Hashable | None] = lambda r: None,
+                   on_done: Callable[[Outcome], None] | None = None,
+                   clock: Callable[[], float] = time.monotonic,
+                   sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> list[Outcome]:
+    """Send ``requests`` (a stream, in order) through ``send`` as ``spec`` says; return one :class:`Outcome`
+    per request sent, in the order they were sent.
+
+    ``chain(request)`` gives each request's conversation key (None: independent); ``on_done`` is called with each
+    outcome as it finishes (several finishing together: by end time, then in the order sent). ``clock`` returns
+    seconds (any origin); ``sleep(seconds)`` waits that long on the same clock. A ``send`` that raises an
+    :class:`Exception` gives an outcome with ``error`` and the load goes on (the next turn of its chain is still
+    sent). Requests past :attr:`LoadSpec.n_requests`, or not yet sent when :attr:`LoadSpec.duration_s` is
+    reached, are not sent (and give no outcome).
+
+    Raises :class:`BadLoadSpec` (from :meth:`LoadSpec.check`) before sending anything. On cancellation,
+    ``KeyboardInterrupt`` or an error from ``on_done``, ``chain`` or ``sleep``, the in-flight sends are cancelled
+    (they give no outcome) and the exception is re-raised.
+    """
+    spec.check()
+    stream = list(requests if spec.n_requests is None else requests[: spec.n_requests])
+    keys = [chain(r) for r in stream]
+    base = (poisson_arrivals(len(stream), spec.rate, spec.seed) if spec.profile == "poisson"
+            else [0.0] * len(stream))
+    cap, in_order = spec.max_in_flight, spec.profile == "sequential"
+    horizon = math.inf if spec.duration_s is None else float(spec.duration_s)
+    think = float(spec.think_time_s)
+
+    chains: dict[Hashable, deque[int]] = {}  # per conversation: its requests not yet sent, in stream order
+    waiting: list[tuple[float, int]] = []  # (due time, index): requests free of their chain, not yet due
+    for i, key in enumerate(keys):
+        if key is None:
+            waiting.append((base[i], i))
+            continue
+        queue = chains.setdefault(key, deque())
+        if not queue:
+            waiting.append((base[i], i))
+        queue.append(i)
+    heapq.heapify(waiting)
+    ready: list[int] = []  # indices that are due, by stream order
+    due: dict[int, float] = {}
+    sent: list[Outcome | None] = []
+    inflight: dict[asyncio.Task, tuple[int, int]] = {}  # task -> (index, its place in `sent`)
+    next_index = 0  # sequential: the index that must go next
+    sleeper: asyncio.Future | None = None
+    sleeper_wake: float | None = None
+    t0 = clock()
+
+    async def one(i: int) -> Outcome:
+        start = clock() - t0
+        try:
+            result = await send(stream[i])
+        except Exception as exc:  # noqa: BLE001 - a failed request is recorded, the load goes on
+            return Outcome(stream[i], due[i], start, clock() - t0, None, exc)
+        return Outcome(stream[i], due[i], start, clock() - t0, result)
+
+    try:
+        while True:
+            now = clock() - t0
+            while waiting and waiting[0][0] <= now:
+                when, i = heapq.heappop(waiting)
+                due[i] = when
+                heapq.heappush(ready, i)
+            is_open = now < horizon
+            while (is_open and ready and (cap is None or len(inflight) < cap)
+                   and (not in_order or ready[0] == next_index)):
+                i = heapq.heappop(ready)
+                if keys[i] is not None:
+                    chains[keys[i]].popleft()
+                inflight[asyncio.ensure_future(one(i))] = (i, len(sent))
+                sent.append(None)
+                next_index = i + 1
+            wake = waiting[0][0] if is_open and waiting and waiting[0][0] < horizon else None
+            if cap is not None and len(inflight) >= cap:
+                wake = None  # nothing can go before a slot frees
+            if sleeper is not None and sleeper_wake != wake:
+                sleeper.cancel()
+                sleeper = None
+            if not inflight and wake is None:
+                break
+            if wake is not None and sleeper is None:  # one sleep per wake-up time, kept across completions
+                sleeper, sleeper_wake = asyncio.ensure_future(sleep(max(0.0, wake - now))), wake
+            waits: set[asyncio.Future] = set(inflight) | ({sleeper} if sleeper is not None else set())
+            done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            if sleeper in done:
+                sleeper.result()  # a failed sleep is re-raised here
+                sleeper = None
+            finished = []
+            for task in done:
+                if task in inflight:
+                    i, place = inflight.pop(task)
+                    finished.append((task.result(), place, i))  # only a BaseException escapes `one`
+            finished.sort(key=lambda item: (item[0].end_s, item[1]))
+            for outcome, place, i in finished:
+                sent[place] = outcome
+                queue = chains.get(keys[i]) if keys[i] is not None else None
+                if queue:  # the conversation's next turn may go after the think time
+                    j = queue[0]
+                    heapq.heappush(waiting, (max(base[j], outcome.end_s + think), j))
+            for outcome, _place, _i in finished:
+                if on_done is not None:
+                    on_done(outcome)
+    except BaseException:
+        if sleeper is not None:
+            sleeper.cancel()
+        for task in inflight:
+            task.cancel()
+        if inflight:
+            await asyncio.wait(set(inflight))
+        raise
+    return [outcome for outcome in sent if outcome is not None]
