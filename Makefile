@@ -1,5 +1,6 @@
 # The README's commands. `make quick` is the first run (about 35 s), `make demo` runs the main job on real input;
-# `make test` checks the layering (import-linter) and runs the tests.
+# `make demo-server` runs it on llama.cpp's llama-server; `make test` checks the layering (import-linter) and runs
+# the tests. `make llama-server` builds llama-server once into .venv/bin (about 5 minutes on two cores).
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
@@ -8,7 +9,7 @@ STAMP  := $(VENV)/.kvbench-installed
 # CPU build of torch unless an NVIDIA GPU answers: a fresh CPU machine never downloads a CUDA build.
 TORCH  := $(shell nvidia-smi -L >/dev/null 2>&1 && echo torch || echo torch==2.13.0)
 
-.PHONY: setup quick demo test clean
+.PHONY: setup quick demo demo-server llama-server test clean
 
 setup: $(STAMP)
 
@@ -28,7 +29,17 @@ demo: setup
 	$(VENV)/bin/kvbench report "$$(ls -dt results/dialogue-*/ | head -n 1)"
 	$(VENV)/bin/kvbench cost --gpu-price 2.0 "$$(ls -dt results/dialogue-*/ | head -n 1)"
 
-test: setup
+llama-server: $(VENV)/bin/llama-server
+
+$(VENV)/bin/llama-server: | $(STAMP)
+	bash scripts/build-llama-server.sh $(VENV)
+
+demo-server: setup llama-server
+	$(VENV)/bin/kvbench run scenarios/server_multi_turn.yaml
+	$(VENV)/bin/kvbench report "$$(ls -dt results/server_multi_turn-*/ | head -n 1)"
+	$(VENV)/bin/kvbench cost --gpu-price 2.0 "$$(ls -dt results/server_multi_turn-*/ | head -n 1)"
+
+test: setup llama-server
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/python -m pytest -q
 

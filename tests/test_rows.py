@@ -12,7 +12,7 @@ from conftest import ROOT, tiny_scenario
 from kvbench.errors import RecordError
 from kvbench.results.record import ROW_KEYS, ROW_STATUSES, check_rows
 from kvbench.results.rows import (AGGREGATES, BY_NAME, COLUMNS, FRAME_COLUMNS, MEASURED, NO_FIT, PLAN_COLUMNS,
-                                  REUSE_COLUMNS, TRIAL_COLUMNS, Kind, Status, agg)
+                                  REUSE_COLUMNS, SERVER_COLUMNS, TRIAL_COLUMNS, Kind, Status, agg)
 from kvbench.results.samples import SAMPLE_COLUMNS
 
 README = (ROOT / "README.md").read_text()
@@ -62,7 +62,7 @@ def test_the_readme_field_table_names_the_trial_columns_in_their_order():
 
 
 def test_the_readme_names_every_other_column():
-    missing = [c.name for c in PLAN_COLUMNS + REUSE_COLUMNS if f"`{c.name}`" not in README]
+    missing = [c.name for c in PLAN_COLUMNS + REUSE_COLUMNS + SERVER_COLUMNS if f"`{c.name}`" not in README]
     assert missing == []
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 
 import pytest
@@ -33,7 +32,7 @@ def test_unknown_top_level_key_names_file_key_and_allowed_keys(write_yaml):
     err = error_of(write_yaml, data)
     assert str(err) == (
         f"{err.file}: prompt_tokenz: unknown key 'prompt_tokenz'; allowed keys: name, description, model, device, "
-        "workload, prompt_tokens, max_new_tokens, batch_sizes, modes, repeats, warmup, budget, capacity, store, monitor, disk_dir, disk, seed"
+        "engine, load, workload, prompt_tokens, max_new_tokens, batch_sizes, modes, repeats, warmup, budget, capacity, store, monitor, disk_dir, disk, seed"
     )
     assert err.file.endswith("scenario.yaml")
 
@@ -331,7 +330,7 @@ def test_validate_reads_the_models_config_without_torch(tmp_path, write_yaml):
 
 
 def test_version_option_shows_no_metavar():
-    r = subprocess.run([*kvbench_cmd(), "--help"], capture_output=True, text=True, env={**os.environ, "COLUMNS": "100"})
+    r = CliRunner().invoke(app, ["--help"], env={"COLUMNS": "100"})
     line = next(x for x in r.stdout.splitlines() if "--version" in x)
     assert line.split() == ["│", "--version", "Print", "the", "version.", "│"]
 

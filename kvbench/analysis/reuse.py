@@ -53,7 +53,7 @@ def reuse_table(trials: pd.DataFrame, by: str = "turn_index") -> pd.DataFrame:
     out = []
     for key, part in rows.groupby(keys, sort=False):
         ok = part[part["status"].isin(MEASURED)]
-        warm, cold = ok[ok["warm"].astype(bool)], ok[~ok["warm"].astype(bool)]
+        warm, cold = ok[ok["warm"].astype(bool)], recompute_side(rows, ok, key[0], {by: key[2]})
         rec: dict[str, Any] = dict(zip(keys, key))
         rec.update(mode=part["mode"].iloc[0], n=len(warm), failed=int((~part["status"].isin(MEASURED)).sum()),
                    prompt_tokens=float(part["prompt_tokens"].median()))
@@ -95,9 +95,29 @@ def reuse_later_turns(trials: pd.DataFrame, from_turn: int = 2) -> pd.DataFrame:
     out = []
     for (group, mode), part in rows.groupby(["group", "mode_label"], sort=False):
         warm = part[part["warm"].astype(bool)]
-        out.append({"group": group, "mode_label": mode,
-                    **_paired_ttft(warm, part[~part["warm"].astype(bool)])})
+        out.append({"group": group, "mode_label": mode, **_paired_ttft(warm, recompute_side(rows, part, group))})
     return pd.DataFrame(out)
+
+
+def recompute_side(rows: pd.DataFrame, part: pd.DataFrame, group: str, where: dict[str, Any] | None = None
+                   ) -> pd.DataFrame:
+    """The measured recompute (cold) trials a mode's restores are paired with: the mode's own cold trials (the
+    in-process engine runs each request both ways), or, for a mode with none (a server configuration, which
+    restores what it holds), the group's ``none`` requests (``where``: the same turn or length bin); uncontaminated
+    ones only."""
+    own = part[~part["warm"].astype(bool) & part["status"].isin(MEASURED)]
+    if not own.empty or part["mode"].eq("none").all():
+        return own
+    ref = rows[(rows["group"] == group) & rows["mode"].eq("none") & ~rows["warm"].astype(bool)
+               & rows["status"].isin(MEASURED)]
+    if "concurrency" in part and part["concurrency"].notna().any():  # a server's `none` at the same level
+        same = ref[ref["concurrency"].isin(part["concurrency"].dropna().unique())]
+        ref = same if not same.empty else ref
+    for col, value in (where or {}).items():
+        ref = ref[ref[col] == value]
+    if "contaminated" in ref:
+        ref = ref[~ref["contaminated"].fillna(False).astype(bool)]
+    return ref
 
 
 def _paired_ttft(warm: pd.DataFrame, cold: pd.DataFrame) -> dict[str, Any]:

@@ -17,7 +17,7 @@ import pandas as pd
 from kvbench.results.rows import MEASURED
 from kvbench.analysis.cost import GIB, Prices
 from kvbench.analysis.intervals import judge, pair_load, pair_with_reference
-from kvbench.analysis.reuse import ids_verdict, reuse_trials
+from kvbench.analysis.reuse import ids_verdict, recompute_side, reuse_trials
 
 #: Bootstrap resamples of the saving's interval.
 N_BOOT = 2000
@@ -42,30 +42,50 @@ def _saving_interval(pairs: pd.DataFrame, hourly_warm: float, hourly_cold: float
     return float(lo), float(hi)
 
 
+def busy_seconds(rows: pd.DataFrame) -> float:
+    """Seconds a server was answering measured requests: per run and repeat, the length of the union of the
+    requests' intervals [``start_s``, ``start_s`` + ``e2e_s``] (requests in flight together count once), summed.
+    One request at a time, it is Σ e2e."""
+    total = 0.0
+    for _, part in rows.groupby(["run", "repeat"], sort=False):
+        spans = sorted(zip(part["start_s"].astype(float), part["start_s"].astype(float) + part["e2e_s"].astype(float)))
+        end = -math.inf
+        for a, b in spans:
+            if b > end:
+                total += b - max(a, end)
+                end = b
+    return total
+
+
 def reuse_cost(trials: pd.DataFrame, prices: Prices, n_boot: int = N_BOOT, seed: int = 0) -> pd.DataFrame:
     """Per group × mode of a reuse workload: throughput and cost recomputing vs restoring, and the saving.
 
-    Throughput = Σ generated tokens ÷ Σ e2e seconds over the measured trials of each side; USD per 1M generated
+    Throughput = Σ generated tokens ÷ Σ e2e seconds over the measured trials of each side (a server run: ÷ the
+    seconds it was answering them, :func:`busy_seconds`, since requests in flight together share the machine); USD per 1M generated
     tokens from it (:meth:`kvbench.analysis.cost.Prices.per_million`; restore is also charged for what its store held
     after a request, the medians of ``store_host_bytes`` at the host price and ``store_disk_bytes`` at the disk
-    price; ``store_bytes`` is their sum); ``saving_pct`` = 1 − restore's ÷ recompute's with ``saving_ci_low`` /
+    price; ``store_bytes`` is their sum; a server's tiers are its own memory, not priced apart); a server mode's
+    recompute side is ``none`` on the same requests (:func:`kvbench.analysis.reuse.recompute_side`); ``saving_pct`` = 1 − restore's ÷ recompute's with ``saving_ci_low`` /
     ``saving_ci_high`` (see the module docstring), ``pairs``, ``pairs_busy_trials`` and ``saving_verdict`` ("" =
     decided); ``prefill_saved_pct`` = Σ tokens restored ÷ Σ prompt tokens of the warm trials (the prefill
-    compute not done); ``ttft_saved_s`` = Σ (recompute − restore) TTFT ÷ requests; ``tokens_match`` as in
+    compute not done); ``engine`` (a server run's, else None); ``ttft_saved_s`` = Σ (recompute − restore) TTFT ÷ requests; ``tokens_match`` as in
     :func:`kvbench.analysis.reuse.reuse_table`.
     """
     rows = reuse_trials(trials)
     rows = rows[rows["status"].isin(MEASURED)]
     out = []
     for (group, mode), part in rows.groupby(["group", "mode_label"], sort=False):
-        warm, cold = part[part["warm"].astype(bool)], part[~part["warm"].astype(bool)]
+        server = "engine" in part and part["engine"].notna().all()
+        if server and part["mode"].eq("none").all():
+            continue  # a server run's `none` is the recompute side of the other modes
+        warm, cold = part[part["warm"].astype(bool)], recompute_side(rows, part, group)
         rec: dict[str, Any] = {"group": group, "mode_label": mode, "mode": part["mode"].iloc[0],
-                               "requests": len(warm)}
-        host = float(warm["store_host_bytes"].fillna(0).astype(float).median()) if len(warm) else 0.0
-        disk = float(warm["store_disk_bytes"].fillna(0).astype(float).median()) if len(warm) else 0.0
+                               "engine": part["engine"].iloc[0] if server else None, "requests": len(warm)}
+        host, disk = (float(warm[col].fillna(0).astype(float).median()) if len(warm) and col in warm else 0.0
+                      for col in ("store_host_bytes", "store_disk_bytes"))
         rec["store_bytes"] = host + disk
         for side, frame, h, d in (("recompute", cold, 0.0, 0.0), ("restore", warm, host, disk)):
-            e2e = frame["e2e_s"].astype(float).sum()
+            e2e = busy_seconds(frame) if server else frame["e2e_s"].astype(float).sum()
             tps = (frame["n_output_tokens"] * frame["batch_size"]).sum() / e2e if e2e > 0 else math.nan
             rec[f"{side}_tokens_per_s"] = tps
             rec[f"{side}_usd_per_million"] = prices.per_million(tps, h, d) if tps == tps else math.nan

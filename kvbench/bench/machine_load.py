@@ -27,7 +27,7 @@ from __future__ import annotations
 import os
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
 import psutil
@@ -81,6 +81,12 @@ def _read() -> _Reading:
     return _Reading(time.monotonic(), busy, steal, time.process_time())
 
 
+def _read_with(also_own: Callable[[], float] | None) -> _Reading:
+    """A reading whose ``own`` adds the CPU seconds ``also_own`` gives (a server kvbench started)."""
+    r = _read()
+    return r if also_own is None else r._replace(own=r.own + also_own())
+
+
 def other_gpu_processes(processes: Iterable[tuple[int, Any]] | None, pid: int) -> int | None:
     """How many processes other than ``pid`` NVML lists on the GPU; None when that cannot be told: no list, or this
     process is not in it while others are (a container's PID namespace hides the host PIDs NVML reports)."""
@@ -98,28 +104,34 @@ class LoadWindow:
 
     Args:
         cpu_count: the machine's CPUs (for the busy threshold and the resolution); default psutil's logical count.
+        also_own: CPU seconds of processes that count as kvbench's own (a server it started and its children), so
+            far; their load is the trial's, not others'. A window with it is never widened (:meth:`stop` never
+            sleeps: it runs beside other requests in flight), so a short one has a coarser resolution.
     """
 
-    def __init__(self, cpu_count: int | None = None):
+    def __init__(self, cpu_count: int | None = None, also_own: Callable[[], float] | None = None):
         self.cpus = cpu_count or psutil.cpu_count(logical=True) or 1
         self.threshold = busy_threshold_percent(self.cpus)
-        self._start = _read()
-        _recent.append(self._start)
+        self.also_own = also_own
+        self._start = _read_with(also_own)
+        if also_own is None:
+            _recent.append(self._start)
 
     def stop(self, gpu_others: int | None = None) -> dict[str, Any]:
         """The trial row's load fields: ``others_cpu_percent``, ``steal_cpu_percent``, ``load_resolution_percent``,
         ``load_window_s``, ``gpu_other_processes`` (``gpu_others``, see :func:`other_gpu_processes`; None on CPU
         or when it cannot be told), ``busy_threshold_percent`` and ``machine_busy`` (see the module docstring)."""
-        end = _read()
+        end = _read_with(self.also_own)
         start = self._start
-        if end.t - start.t < MIN_WINDOW_S:  # too short for 10 ms ticks: widen it back over earlier readings
+        if end.t - start.t < MIN_WINDOW_S and self.also_own is None:  # too short for 10 ms ticks: widen it back
             earlier = [r for r in _recent if end.t - LOOKBACK_S <= r.t <= end.t - MIN_WINDOW_S]
             if earlier:
                 start = earlier[-1]
             else:  # nothing earlier (a run's first trial): widen it forward, after the trial's last clock reading
                 time.sleep(MIN_WINDOW_S - (end.t - start.t))
-                end = _read()
-        _recent.append(end)
+                end = _read_with(self.also_own)
+        if self.also_own is None:
+            _recent.append(end)
         wall = end.t - start.t
         if wall <= 0:
             others = steal_pct = resolution = None

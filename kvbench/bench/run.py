@@ -133,7 +133,7 @@ def run_scenario(scenario: str | Path | None = None, *, out: str | Path | None =
     rundir, sc, where, finished = _open(scenario, resume, progress)
     if sc.model.trust_remote_code:
         _remote_code(sc, where, trust_remote_code, progress)
-    if (rundir is not None and sc.searched is None and not sc.workload.reuse
+    if (rundir is not None and sc.searched is None and not sc.workload.reuse and not sc.engine.server
             and {t.trial_id for t in plan_trials(sc)} <= {r["trial_id"] for r in finished}):
         return RunResult(sc, rundir.path, finished, already=len(finished), summary=point_summary(finished, sc),
                          failures=failure_lines(finished))
@@ -222,7 +222,7 @@ def _run(sc: Scenario, rundir: RunDir | None, where: Path, out: Path, progress: 
         return RunResult(sc, rundir.path, rundir.finished_trials(), interrupted=True)
     rows = rundir.finished_trials()
     result.rows, result.failures = rows, failure_lines(rows)
-    if sc.workload.reuse:
+    if sc.workload.reuse or sc.engine.server:
         result.reuse = reuse_summary(rows, sc) if rows else None
     else:
         result.summary = point_summary(rows, sc)
@@ -237,6 +237,8 @@ def _prepare(sc: Scenario, rundir: RunDir, where: Path, progress: RunProgress) -
     from kvbench.bench.executor import LocalExecutor
     from kvbench.models.load import one_line
 
+    if sc.engine.server:
+        return _prepare_server(sc, rundir, where, progress)
     t0 = time.perf_counter()
     with progress.loading(f"loading {sc.model.label} and the {sc.workload.source} workload"):
         try:
@@ -265,15 +267,41 @@ def _prepare(sc: Scenario, rundir: RunDir, where: Path, progress: RunProgress) -
     return executor, m.weights_bytes
 
 
+def _prepare_server(sc: Scenario, rundir: RunDir, where: Path, progress: RunProgress) -> tuple[Any, int]:
+    """The tokenizer and the requests of a server run (its servers start per mode, in the sweep)."""
+    from kvbench.bench.servers.engine import load_server_engine
+    from kvbench.bench.servers.sweep import ServerExecutor
+    from kvbench.scenario.servers import server_problems
+
+    if problems := server_problems(sc):
+        raise ScenarioError(where, problems)
+    with progress.loading(f"tokenizing the {sc.workload.source} workload for {sc.engine.kind}"):
+        try:
+            engine = load_server_engine(sc, rundir.path)
+        except NotEnoughRequests as exc:
+            raise NotEnoughRequests(f"{where}: workload.{sc.workload.reuse}: {exc}") from exc
+        except UserError:
+            raise
+        except (ValueError, ImportError, OSError) as exc:
+            raise PrepareError(str(exc)) from exc
+    if problems := engine.preflight():
+        raise PrepareError(f"{where}: cannot run:\n" + "\n".join(problems))
+    progress.info(f"engine {sc.engine.kind}: {len(engine.source.requests)} requests × {len(sc.modes)} modes × "
+                  f"{sc.repeats} repeats, load {sc.load_spec.profile} at "
+                  f"concurrency {', '.join(map(str, sc.load_spec.levels))}")
+    progress.info(f"results: {rundir.path}")
+    return ServerExecutor(engine), 0
+
+
 def _sweep(sc: Scenario, rundir: RunDir, executor: Any, weights_bytes: int, created: bool,
            progress: RunProgress) -> RunResult:
     """Run the sweep; a results file that cannot be written stops the run (:class:`RunStopped`)."""
     from kvbench.bench.sweep import run_sweep
 
     source = executor.engine.source
-    planned = planned_count(sc, len(source.requests) if sc.workload.reuse else 0)
+    planned = planned_count(sc, len(source.requests) if sc.workload.reuse or sc.engine.server else 0)
     try:
-        rundir.update(weights_bytes=weights_bytes, status="running")
+        rundir.update(weights_bytes=weights_bytes if not sc.engine.server else None, status="running")
         with progress.sweep(sc.name, planned, len(rundir.finished_trials())):
             res = run_sweep(sc, rundir, executor, on_trial=progress.trial_done, on_status=progress.status)
     except OSError as exc:  # writing the results: disk full, quota, removed directory

@@ -68,9 +68,18 @@ class Recorder:
                     break
         if self.on_status:
             self.on_status(t.trial_id)
-        row = self.executor.run(t)
+        return self.write(t, self.executor.run(t), self.executor.last_samples)
+
+    def write(self, t: TrialSpec, row: dict[str, Any], samples: list[dict[str, Any]] | None = None
+              ) -> dict[str, Any]:
+        """Write trial ``t``'s ``row`` (and its ``samples``) and fsync them (:meth:`RunDir.record_trial`); the
+        row is then finished.
+
+        Raises:
+            OSError: the trial's files could not be written; :attr:`not_kept` is its id.
+        """
         try:
-            self.run.record_trial(row, self.executor.last_samples)
+            self.run.record_trial(row, samples or [])
         except OSError:
             self.not_kept = t.trial_id
             raise
@@ -115,11 +124,14 @@ def _sweep_locked(scenario: Scenario, run: RunDir, executor: Executor,
     record = Recorder(scenario, run, executor, on_trial, on_status)
     run.meta.pop("reason", None)  # an earlier stop's: this sweep's end writes its own status
     try:
-        if scenario.workload.reuse:
+        if scenario.engine.server:
+            from kvbench.bench.servers.sweep import server_sweep
+
+            _note_requests(run, executor.engine.source)
+            server_sweep(scenario, record, executor.engine)
+        elif scenario.workload.reuse:
             stream = executor.engine.source
-            run.update(workload_notes=stream.notes, requests=[
-                {"id": q.id, "document": q.document, "turn_index": q.turn_index, "prompt_tokens": len(q.ids),
-                 "held_tokens": len(q.held)} for q in stream.requests])
+            _note_requests(run, stream)
             reuse_sweep(scenario, record, executor.engine)
         elif scenario.searched is None:
             for t in plan_trials(scenario):
@@ -139,3 +151,10 @@ def _sweep_locked(scenario: Scenario, run: RunDir, executor: Executor,
             status_error = again.strerror or str(again)
         raise ResultsNotWritten(exc, run.path, record.not_kept, status_error) from exc
     return SweepResult(record.written, record.already, interrupted=False)
+
+
+def _note_requests(run: RunDir, stream: Any) -> None:
+    """The requests of a stream into run.json (``requests``, ``workload_notes``)."""
+    run.update(workload_notes=stream.notes, requests=[
+        {"id": q.id, "document": q.document, "turn_index": q.turn_index, "prompt_tokens": len(q.ids),
+         "held_tokens": len(q.held)} for q in stream.requests])

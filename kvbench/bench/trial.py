@@ -65,6 +65,25 @@ class ReuseTrial(TrialSpec):
         return ReuseTrial.of(self.request, self.mode, 0, warm=False)
 
 
+@dataclass(frozen=True)
+class ServerTrial(ReuseTrial):
+    """One request sent to a server in one mode (a server configuration) and repeat. ``warm`` is whether the
+    mode may reuse cached prompt tokens (every preset but a cold one such as ``none``): the server, not kvbench,
+    decides what it restores; ``concurrency`` is the load's level (the server's slots). Build with :meth:`of`."""
+
+    concurrency: int = 1
+
+    @property
+    def trial_id(self) -> str:
+        """``<request id>-<mode name>-r<repeat>``, e.g. ``c0-t2-prefix-cache-r0``."""
+        return f"{self.request.id}-{self.mode.label}-r{self.repeat}"
+
+    @property
+    def shape_key(self) -> tuple:
+        """One warm-up per server start (mode and repeat)."""
+        return ("server", self.mode.label, self.repeat)
+
+
 def reference_first(modes: Iterable[Any]) -> list[Any]:
     """The modes with ``none`` (the reference every trial's ids are compared with) first, the others in their
     order."""
@@ -78,6 +97,8 @@ def plan_trials(s: Scenario) -> list[TrialSpec]:
     Raises:
         ValueError: the scenario searches capacity (its trials depend on their outcomes) or is a reuse workload.
     """
+    if s.engine.server:
+        raise ValueError(f"{s.name} runs on {s.engine.kind}: its requests go through the server sweep")
     if s.searched is not None:
         raise ValueError(f"{s.name} searches {s.searched}: its trials are decided as it runs")
     if s.workload.reuse:
@@ -95,6 +116,9 @@ def plan_trials(s: Scenario) -> list[TrialSpec]:
 def planned_count(s: Scenario, n_requests: int = 0) -> int | None:
     """How many trials a sweep of ``s`` records: a reuse workload's ``n_requests`` × modes × (warm, cold) ×
     repeats; None for a capacity search (decided as it runs)."""
+    if s.engine.server:
+        n = min(n_requests, s.load_spec.n_requests or n_requests)
+        return n * len(s.modes) * s.repeats * len(s.load_spec.levels)
     if s.workload.reuse:
         return n_requests * len(s.modes) * 2 * s.repeats
     return None if s.searched else len(plan_trials(s))

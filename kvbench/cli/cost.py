@@ -92,7 +92,10 @@ def cost(
                          "restore", "the same requests one at a time; cold = recompute every prompt, warm = restore "
                          "stored prefixes (charged --host-price for the store's memory, --disk-price for its disk); "
                          "tokens/s = generated tokens ÷ e2e time; saving with its 95% interval over request pairs; "
-                         "prefill saved = prompt tokens restored instead of computed", left=("scenario", "mode"),
+                         "prefill saved = prompt tokens restored instead of computed"
+                         + ("; a server mode's cold side is `none` on the same requests and concurrency, its tokens/s "
+                            "÷ the time requests were in flight" if rep.reuse["engine"].notna().any() else ""),
+                         left=("scenario", "mode"),
                          wrap=[c for c in cells.columns if c != "scenario"], min_width={"mode": 12}, marks=marks))
         for line in rc.reuse_verdicts(rep.reuse):
             out.print(f"  {escape(line)}", highlight=False)

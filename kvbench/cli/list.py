@@ -31,12 +31,19 @@ def _listing(what: ListWhat, directory: Path) -> Table:
     t = Table()
     if what is ListWhat.modes:
         from kvbench.offload.modes import MODES
+        from kvbench.scenario.servers import PRESETS
 
+        t.add_column("engine")
         t.add_column("mode")
-        t.add_column("what stays on the device")
+        t.add_column("what it does")
         t.add_column("needs")
         for m in MODES.values():
-            t.add_row(m.kind, m.summary, "CUDA" if m.needs_cuda else "-")
+            t.add_row("transformers", m.kind, m.summary, "CUDA" if m.needs_cuda else "-")
+        for kind, presets in PRESETS.items():
+            for p in presets.values():
+                size = f"size: {p.size[0]}, default {p.size[1]:g}" if p.size else ""
+                needs = ", ".join(x for x in ("GPU" if p.needs_gpu else "", size) if x) or "-"
+                t.add_row(kind, p.name, escape(p.meaning), escape(needs))
     elif what is ListWhat.presets:
         from kvbench.models import preset_names
 

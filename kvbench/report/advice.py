@@ -206,12 +206,17 @@ def reuse_findings(turns: pd.DataFrame, group: str, later: pd.DataFrame | None =
     return out
 
 
-def reuse_recommendation(turns: pd.DataFrame, group: str, later: pd.DataFrame | None = None) -> str:
-    """The mode whose restore gives the lowest median TTFT from turn 2 on, among those whose ids match; restoring is
-    recommended only where ``later`` (:func:`kvbench.analysis.reuse.reuse_later_turns`: restore ÷ recompute from turn 2,
-    paired by request) decides that restore is faster; otherwise the line says why not."""
+def reuse_recommendation(turns: pd.DataFrame, group: str, later: pd.DataFrame | None = None,
+                         need_match: bool = True) -> str:
+    """The mode whose restore gives the lowest median TTFT from turn 2 on, among those whose ids match (unless not
+    ``need_match``: a server's cache, whose divergences are the engine's finding); restoring is recommended only
+    where ``later`` (:func:`kvbench.analysis.reuse.reuse_later_turns`: restore ÷ recompute from turn 2, paired by
+    request) decides that restore is faster; otherwise the line says why not."""
     t = turns[(turns["group"] == group) & (turns["turn_index"] >= 2)]
-    t = t[t["tokens_match"].isin([True, "near tie"])]
+    if need_match:
+        t = t[t["tokens_match"].isin([True, "near tie"])]
+    else:
+        t = t[t["mode"] != "none"]
     if t.empty or t["warm_ttft_s"].isna().all():
         return "no measured reuse after a first turn: nothing to recommend"
     best = t.groupby("mode_label")["warm_ttft_s"].median().sort_values()

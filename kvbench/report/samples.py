@@ -15,9 +15,12 @@ from kvbench.results.rows import MEASURED
 
 
 def default_timelines(results: Results) -> dict[str, list[str]]:
-    """Per group: the first measured trial of every mode at its longest prompt and largest batch."""
+    """Per group: the first measured trial of every mode at its longest prompt and largest batch (none of a server
+    run: its samples are per mode, in run.json)."""
     picks = {}
     measured = results.trials[results.trials["status"].isin(MEASURED)]
+    if "engine" in measured:  # a server run samples its server per mode, into run.json, not samples.csv
+        measured = measured[measured["engine"].isna()]
     for group, t in measured.groupby("group", sort=False):
         top = t[t["prompt_tokens"] == t["prompt_tokens"].max()]
         top = top[top["batch_size"] == top["batch_size"].max()]

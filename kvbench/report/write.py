@@ -15,6 +15,7 @@ import pandas as pd
 from kvbench.analysis.points import point_table
 from kvbench.results.load import Results
 from kvbench.analysis.reuse import reuse_later_turns, reuse_table, reuse_trials
+from kvbench.report.server_findings import server_findings, server_rows
 from kvbench.arguments import path_arg
 from kvbench.errors import BadParameter, UnwritableOutput, UserError
 from kvbench.report import charts, scratch_dir
@@ -165,8 +166,13 @@ def _write(results: Results, out: Path, timelines: list[str] | None, pool: Any) 
             if g not in rep.recommendations:
                 rep.recommendations[g], rep.findings[g], rep.diagnoses[g] = "", [], []
             later = reuse_later_turns(results.trials)
-            rep.findings[g] += reuse_findings(frames["turn"], g, later)
-            rec = reuse_recommendation(frames["turn"], g, later)
+            server = not server_rows(results.trials, g).empty
+            if server:
+                rep.findings[g] += server_findings(results.trials, g, later, [
+                    srv for r in results.runs if r.get("group") == g for srv in r.get("servers") or []])
+            else:
+                rep.findings[g] += reuse_findings(frames["turn"], g, later)
+            rec = reuse_recommendation(frames["turn"], g, later, need_match=not server)
             rep.recommendations[g] = f"{rep.recommendations[g]} {rec}".strip()
         if reuse:  # both tables of every reuse group, raw numbers: by turn_index, then by length_bin
             pd.concat([f for frames in reuse.values() for f in frames.values()], ignore_index=True).to_csv(

@@ -38,7 +38,8 @@ class Results:
             ``kv_check_error`` (``kv_measured_bytes / kv_bytes_predicted − 1``): see
             :data:`kvbench.results.rows.FRAME_COLUMNS`.
         runs: per run: ``path``, ``name``, ``group``, ``status``, ``started_at``, ``environment``, ``scenario``,
-            ``weights_bytes``, ``capacity`` (the capacity search's results, see :mod:`kvbench.bench.capacity`)
+            ``weights_bytes``, ``capacity`` (the capacity search's results, see :mod:`kvbench.bench.capacity`),
+            ``servers`` (a server run's servers: mode, repeat, command line, version, ``/metrics`` deltas, load)
             (``{}``/None/``[]`` where run.json is missing).
         problems: what was skipped or is unknown, each naming its file (and line).
     """
@@ -166,7 +167,7 @@ def _load(paths: list[str | Path]) -> Results:
         run = {"path": str(tf.parent), "name": tf.parent.name, "status": meta.get("status"),
                "started_at": meta.get("started_at"), "environment": meta.get("environment") or {},
                "scenario": meta.get("scenario") or {}, "weights_bytes": meta.get("weights_bytes"),
-               "capacity": meta.get("capacity") or [],
+               "capacity": meta.get("capacity") or [], "servers": meta.get("servers") or [],
                "n_trials": len(rows)}
         runs.append(run)
         if rows:

@@ -114,6 +114,7 @@ class _RunMeta(_Open):
     scenario: Optional[dict[str, Any]] = None
     weights_bytes: _Count = None
     capacity: Optional[list[_Capacity]] = None
+    servers: Optional[list[dict[str, Any]]] = None
 
 
 def _key(loc: tuple[Any, ...]) -> str:

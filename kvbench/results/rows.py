@@ -175,7 +175,7 @@ REUSE_COLUMNS = _columns(
     ("warm", K.FLAG, "", "the stored prefix was restored (else recomputed)"),
     ("tokens_restored", K.COUNT, "tokens", "prompt tokens restored from the store"),
     ("tokens_prefilled", K.COUNT, "tokens", "prompt tokens prefilled"),
-    ("store_hit_rate", K.NUMBER, "", "chunks found ÷ whole chunks of the prompt"),
+    ("store_hit_rate", K.NUMBER, "", "chunks found ÷ whole chunks of the prompt (a server: cached ÷ reusable tokens)"),
     ("restore_host_bytes", K.COUNT, "bytes", "KV restored from the store's host tier"),
     ("restore_disk_bytes", K.COUNT, "bytes", "KV restored from the store's disk tier"),
     ("top2_logit_gap", K.NUMBER, "", "the reference's top-2 logit gap at the first divergence"),
@@ -187,8 +187,29 @@ REUSE_COLUMNS = _columns(
     ("store_evicted", K.COUNT, "", "chunks the store evicted so far"),
     ("store_corrupt", K.COUNT, "", "chunks the store found damaged so far"),
 )
+#: Server engines only (README "Benchmark your server"): the request as the server saw it and the load it ran in.
+SERVER_COLUMNS = _columns(
+    ("engine", K.TEXT, "", "the serving engine (llama.cpp, vllm, sglang, openai)"),
+    ("load_profile", K.TEXT, "", "how requests were sent (sequential, concurrent, poisson)"),
+    ("concurrency", K.COUNT, "", "the server's parallel slots"),
+    ("arrival_s", K.NUMBER, "seconds", "when the request was due, from the start of its mode's load"),
+    ("start_s", K.NUMBER, "seconds", "when it was sent, from the start of its mode's load"),
+    ("queue_s", K.NUMBER, "seconds", "start − arrival: the wait for a free slot or the previous turn"),
+    ("cached_prompt_tokens", K.COUNT, "tokens", "prompt tokens the server reused (llama.cpp cache_n; OpenAI "
+                                                "cached_tokens; null: not reported)"),
+    ("cached_prompt_share", K.NUMBER, "", "cached_prompt_tokens ÷ prompt_tokens"),
+    ("reusable_prompt_tokens", K.COUNT, "tokens", "the longest start of the prompt an earlier request held (what a "
+                                                  "cache could reuse)"),
+    ("server_prompt_tokens", K.COUNT, "tokens", "the server's own count of the prompt"),
+    ("server_tpot_s", K.NUMBER, "seconds", "the server's own time per output token (llama.cpp "
+                                           "predicted_per_token_ms)"),
+    ("server_prompt_s", K.NUMBER, "seconds", "the server's own prompt-processing time"),
+    ("stop_reason", K.TEXT, "", "why the server stopped (llama.cpp stop_type; OpenAI finish_reason)"),
+    ("contaminated", K.FLAG, "", "a cold mode's request reused cached tokens (never the reference)"),
+    ("cold_verified", K.FLAG, "", "the first request of a fresh server reused 0 tokens (null: not the first)"),
+)
 #: Every column kvbench writes; a row may hold others (a newer kvbench), kept as they are.
-COLUMNS = TRIAL_COLUMNS + PLAN_COLUMNS + REUSE_COLUMNS
+COLUMNS = TRIAL_COLUMNS + PLAN_COLUMNS + REUSE_COLUMNS + SERVER_COLUMNS
 #: Columns by name.
 BY_NAME = {c.name: c for c in COLUMNS}
 
@@ -222,4 +243,4 @@ def agg(column: str, stat: str) -> str:
 
 
 __all__ = ["AGGREGATES", "BY_NAME", "COLUMNS", "Column", "FRAME_COLUMNS", "Kind", "MEASURED", "NO_FIT",
-           "PLAN_COLUMNS", "REUSE_COLUMNS", "Status", "TRIAL_COLUMNS", "agg"]
+           "PLAN_COLUMNS", "REUSE_COLUMNS", "SERVER_COLUMNS", "Status", "TRIAL_COLUMNS", "agg"]

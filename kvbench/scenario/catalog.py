@@ -6,11 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from kvbench.errors import ScenarioError
-from kvbench.scenario.load import parse_scenario, read_yaml
+from kvbench.scenario.load import SHIPPED, parse_scenario, read_yaml
 from kvbench.scenario.schema import Scenario
-
-#: The folder of the scenarios shipped with kvbench (beside the package, in a source checkout).
-SHIPPED = Path(__file__).resolve().parent.parent.parent / "scenarios"
 
 
 def read_folder(directory: Path) -> list[tuple[Path, Scenario | ScenarioError]]:

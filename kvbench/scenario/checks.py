@@ -16,6 +16,7 @@ from kvbench.offload.modes import MODES, SMALL_WINDOW_TOKENS
 from kvbench.scenario.messages import echo
 from kvbench.scenario.paths import match
 from kvbench.scenario.schema import Scenario
+from kvbench.scenario.servers import preset_of, server_problems
 
 
 def _langdetect_languages() -> list[str]:
@@ -39,7 +40,7 @@ def check_scenario(s: Scenario, *, check_model: bool = True) -> list[tuple[str, 
     Reads the model's config (never its weights) when ``check_model``. Returns ``(key path, message)`` pairs.
     """
     problems: list[tuple[str, str]] = []
-    for i, m in enumerate(s.modes):
+    for i, m in enumerate(s.modes if not s.engine.server else ()):
         if m.kind not in MODES:
             problems.append((f"modes[{i}].kind", MODES.unknown(m.kind)))
         elif getattr(m, "host_max_tokens", None) is not None and m.host_max_tokens < DISK_BLOCK_TOKENS:
@@ -183,12 +184,19 @@ def scenario_warnings(s: Scenario) -> list[tuple[str, str]]:
     """The article's "bad config" patterns, which run but mislead: ``(key path, message)`` pairs.
 
     - a window (``window``, ``min_window``) of 1 to 255 tokens: most of the history crosses the link every step;
+    - a server engine whose program is not found here (:func:`kvbench.scenario.servers.server_problems`);
     - a host cap whose KV (``host_max_tokens`` × KV bytes per token × the largest batch) is more than this
       machine's memory: the cap never binds and the host tier can exhaust RAM first.
     """
     import psutil
 
     warns: list[tuple[str, str]] = []
+    if s.engine.server:  # a file for another machine is valid here; `kvbench run` refuses before any request
+        warns += [(path, f"{msg} (kvbench run refuses until it is found)") for path, msg in server_problems(s)]
+        for i, m in enumerate(s.modes):
+            if preset_of(s.engine.kind, m).needs_gpu and not s.device.startswith("cuda"):
+                warns.append((f"modes[{i}]", f"preset {m.kind} moves KV between a GPU and the host; on device "
+                                             f"{s.device} it measures nothing of that (set device: cuda)"))
     small = SMALL_WINDOW_TOKENS
     for i, m in enumerate(s.modes):
         for key in ("window", "min_window"):

@@ -97,6 +97,20 @@ def _decode(raw: bytes) -> str:
     return raw.decode("utf-8")
 
 
+#: The folder of the scenarios shipped with kvbench (beside the package, in a source checkout).
+SHIPPED = Path(__file__).resolve().parent.parent.parent / "scenarios"
+
+
+def shipped_hint(missing: Path) -> str:
+    """For a scenario file that does not exist: the shipped scenario its name is closest to (did you mean, from the
+    registry of ``scenarios/``), or ""."""
+    from kvbench.offload.registry import Registry
+
+    shipped = Registry("scenario", ((p.stem, p) for p in sorted(SHIPPED.glob("*.yaml")))) if SHIPPED.is_dir() else {}
+    close = shipped.close(missing.stem) if shipped else []
+    return f"did you mean {shipped[close[0]]}?" if close else ""
+
+
 def read_yaml(file: str | Path) -> Any:
     """Parse a YAML file.
 
@@ -110,7 +124,10 @@ def read_yaml(file: str | Path) -> Any:
     try:  # a FIFO or a device (/dev/zero) is refused before anything is read
         raw = read_regular(file, MAX_YAML_BYTES)
     except BadFile as exc:
-        raise ScenarioError(file, [("", str(exc).removeprefix(f"{file}: "))]) from None
+        why = str(exc).removeprefix(f"{file}: ")
+        if not Path(file).exists():
+            why += "; " + shipped_hint(Path(file))
+        raise ScenarioError(file, [("", why.removesuffix("; "))]) from None
     if len(raw) > MAX_YAML_BYTES:
         raise ScenarioError(file, [("", f"the file is over {MAX_YAML_BYTES:,} bytes: not a scenario")])
     try:

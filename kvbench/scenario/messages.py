@@ -11,7 +11,8 @@ from typing import Annotated, Any, Union
 from pydantic import BaseModel, ValidationError
 
 from kvbench.offload.modes import MODES
-from kvbench.scenario.schema import Scenario
+from kvbench.scenario.schema import OFFLOAD_TAG, SERVER_TAG, Scenario
+from kvbench.scenario.servers import ServerMode
 
 #: Longest echo of a bad value in an error message (characters).
 MAX_ECHO = 80
@@ -42,6 +43,8 @@ def _path(loc: tuple[Any, ...]) -> str:
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
+        elif isinstance(prev, int) and part in (OFFLOAD_TAG, SERVER_TAG):
+            continue  # the union tag of offload modes and server configurations (prev stays the index)
         elif isinstance(prev, int) and part in _MODE_CLASSES:
             pass  # the union tag
         else:
@@ -66,6 +69,11 @@ def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
     for part in loc:
         if isinstance(part, int):
             continue
+        if part == SERVER_TAG and ServerMode in candidates:
+            candidates = [ServerMode]
+            continue
+        if part == OFFLOAD_TAG:
+            continue
         if part in _MODE_CLASSES and any(c in _MODE_CLASSES.values() for c in candidates):
             candidates = [_MODE_CLASSES[part]]
             continue
@@ -86,7 +94,8 @@ def _describe(err: dict[str, Any]) -> str:
     if typ == "union_tag_invalid":
         return MODES.unknown(str(err["ctx"]["tag"]))
     if typ == "union_tag_not_found":
-        return f"each mode needs a `kind`; available: {', '.join(MODES.names())}"
+        return (f"each mode needs a `kind` (an offload mode: {', '.join(MODES.names())}) or, for a server engine, "
+                "a `name` (a server configuration)")
     if typ == "missing":
         return "required key is missing"
     if typ in ("model_type", "dict_type", "model_attributes_type"):
@@ -125,5 +134,8 @@ def _keyed(path: str, msg: str) -> tuple[str, str]:
     """A whole-scenario check names its key at the start of its message (``capacity: ...``): make it the path."""
     m = re.match(r"([a-z_]+): (.*)", msg, flags=re.S)
     if not path and m and m.group(1) in Scenario.model_fields:
-        return m.group(1), m.group(2)
+        key, rest = m.group(1), m.group(2)
+        if (item := re.match(r"\[(\d+)\] (.*)", rest, flags=re.S)):  # one entry of a list: modes[1]
+            return f"{key}[{item.group(1)}]", item.group(2)
+        return key, rest
     return path, msg

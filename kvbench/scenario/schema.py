@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import AfterValidator, ByteSize, Field, field_validator, model_validator
+from pydantic import AfterValidator, ByteSize, Discriminator, Field, Tag, field_validator, model_validator
 
 from kvbench.offload.modes import MODES, Tokens
 from kvbench.scenario.bounds import (
@@ -28,6 +28,7 @@ from kvbench.scenario.bounds import (
     sweep_problem,
     whole_text,
 )
+from kvbench.scenario.servers import EngineSpec, LoadSpec, ServerMode, check_server_modes, preset_of
 from kvbench.scenario.workload import StoreSpec, WorkloadSpec
 
 DType = Literal["auto", "float32", "bfloat16", "float16"]
@@ -130,8 +131,22 @@ CAPACITY_DEFAULTS = {"batch_size": (1, 1), "prompt_tokens": (256, 64)}
 
 
 
-#: A mode as a scenario gives it: the registered mode whose ``kind`` the mapping names.
+#: An offload mode as a scenario gives it: the registered mode whose ``kind`` the mapping names.
 Mode = Annotated[Union[tuple(m.options for m in MODES.values())], Field(discriminator="kind")]
+
+#: The union tags of :data:`AnyMode`.
+OFFLOAD_TAG, SERVER_TAG = "offload", "server"
+
+
+def _mode_tag(v: Any) -> str:
+    if isinstance(v, dict):
+        return SERVER_TAG if "kind" not in v and "name" in v else OFFLOAD_TAG
+    return SERVER_TAG if isinstance(v, ServerMode) else OFFLOAD_TAG
+
+
+#: A mode of either engine family: an offload mode (with ``kind``) or a server configuration (with ``name``).
+AnyMode = Annotated[Union[Annotated[Mode, Tag(OFFLOAD_TAG)], Annotated[ServerMode, Tag(SERVER_TAG)]],
+                    Discriminator(_mode_tag)]
 
 
 class Scenario(Strict):
@@ -142,6 +157,9 @@ class Scenario(Strict):
     description: Annotated[str, AfterValidator(check_description)] = Field("", description="One line shown by `kvbench list scenarios`.")
     model: ModelSpec = Field(description="The model (see ModelSpec).")
     device: Device = Field("auto", description="auto | cpu | cuda | cuda:N (auto = cuda when available, else cpu).")
+    engine: EngineSpec = Field(default_factory=EngineSpec, description="What runs the trials: transformers "
+                               "(in-process, the default) or a server (see EngineSpec).")
+    load: LoadSpec | None = optional("How requests reach a server engine (see LoadSpec; default: one at a time).")
     workload: WorkloadSpec = Field(description="The prompt source (see WorkloadSpec).")
     prompt_tokens: Union[Annotated[list[Tokens], Field(min_length=1)], Literal["auto"], None] = optional(
         "Prompt lengths in tokens, exact; or auto: per batch size and mode, the longest prompt that fits the budget "
@@ -150,7 +168,8 @@ class Scenario(Strict):
     batch_sizes: Union[Annotated[list[Batch], Field(min_length=1)], Literal["auto"], None] = optional(
         "Batch sizes (sequences per trial); or auto: per prompt length and mode, the largest batch that fits the "
         "budget (see capacity). Not for a reuse workload (one request at a time).")
-    modes: list[Mode] = Field(min_length=1, description="Offload modes, each a mapping with `kind` and its options.")
+    modes: list[AnyMode] = Field(min_length=1, description="Offload modes, each a mapping with `kind` and its "
+                                 "options; for a server engine, server configurations with `name` (see ServerMode).")
     repeats: Repeats = Field(5, description="Recorded trials per (prompt length, batch, mode); a comparison "
                                  "with `none` pairs them by repeat and needs 5 pairs for a verdict.")
     warmup: Warmup = Field(1, description="Unrecorded warm-up trials of the same shape before the repeats.")
@@ -200,6 +219,30 @@ class Scenario(Strict):
         return v
 
     @model_validator(mode="after")
+    def _engine_fits(self) -> "Scenario":
+        kind = self.engine.kind
+        for i, why in check_server_modes(kind, list(self.modes)):
+            raise ValueError(f"modes: [{i}] {why}")
+        if not self.engine.server:
+            if self.load is not None:
+                raise ValueError("load: is for a server engine (engine.kind llama.cpp, vllm, sglang or openai); the "
+                                 "transformers engine runs batch_sizes")
+            return self
+        for key in ("batch_sizes", "budget", "capacity", "store", "disk_dir"):
+            if getattr(self, key) is not None:
+                raise ValueError(f"{key}: does not apply to engine {kind} (a server keeps its own KV; requests arrive "
+                                 "as load: says); remove it")
+        if self.prompt_tokens == "auto":
+            raise ValueError(f"prompt_tokens: auto (a capacity search) needs the transformers engine, not {kind}")
+        if self.model.name is None:
+            raise ValueError(f"model: engine {kind} loads a model by name (model.name), not a preset or config")
+        for i, m in enumerate(self.modes):
+            if preset_of(kind, m).slots and self.load_spec.levels != [1]:
+                raise ValueError(f"modes: [{i}] preset {m.kind} saves and restores slot 0 around each turn: it runs "
+                                 "one request at a time (load.concurrency 1)")
+        return self
+
+    @model_validator(mode="after")
     def _reuse_shape(self) -> "Scenario":
         reuse = self.workload.reuse
         if reuse:
@@ -210,7 +253,8 @@ class Scenario(Strict):
             return self
         if self.store is not None:
             raise ValueError("store: is for a reuse workload (workload.multi_turn or workload.doc_qa)")
-        missing = [k for k in ("prompt_tokens", "batch_sizes") if getattr(self, k) is None]
+        missing = [k for k in ("prompt_tokens",) + (() if self.engine.server else ("batch_sizes",))
+                   if getattr(self, k) is None]
         if missing:
             raise ValueError(f"{missing[0]}: required key is missing (a list, or auto)")
         return self
@@ -231,6 +275,11 @@ class Scenario(Strict):
             if why:
                 raise ValueError(why)
         return self
+
+    @property
+    def load_spec(self) -> LoadSpec:
+        """How requests reach a server (the defaults, one at a time, when the scenario gives none)."""
+        return self.load or LoadSpec()
 
     @property
     def store_spec(self) -> StoreSpec:

@@ -34,6 +34,25 @@ def sweep_summary(s: Scenario) -> str:
                                                  else "the model's longest prompt")
         return (f"capacity search of {s.searched} up to {limit}: {_count(len(fixed), noun)} × "
                 f"{_count(len(s.modes), 'mode')}; trials are decided as it runs")
+    if s.engine.server:
+        if s.workload.reuse:
+            shape, requests = _reuse_shape(s)
+            shape += f" = {_count(requests, 'request')}"
+        else:
+            requests = len(s.prompt_tokens) * s.workload.n_prompts
+            shape = (f"{_count(len(s.prompt_tokens), 'prompt length')} × {_count(s.workload.n_prompts, 'prompt')} = "
+                     f"{_count(requests, 'request')}")
+        if s.load_spec.n_requests is not None and s.load_spec.n_requests < requests:
+            requests = s.load_spec.n_requests
+            shape += f", the first {requests} sent"
+        load = s.load_spec
+        levels = load.levels
+        how = ("one at a time" if load.profile == "sequential" else f"Poisson at {load.rate:g}/s"
+               if load.profile == "poisson" else "concurrency " + ", ".join(map(str, levels)))
+        per = f" × {_count(len(levels), 'concurrency level')}" if len(levels) > 1 else ""
+        return (f"{requests * len(s.modes) * s.repeats * len(levels)} requests on {s.engine.kind}: {shape} × "
+                f"{_count(len(s.modes), 'mode')}{per} × {_count(s.repeats, 'repeat')}, {how}; one server start per "
+                "mode, level and repeat")
     if s.workload.reuse:
         shape, requests = _reuse_shape(s)
         n = requests * len(s.modes) * 2 * s.repeats

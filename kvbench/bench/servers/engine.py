@@ -1,0 +1,323 @@
+"""A serving engine as the sweep sees it: per mode (a server configuration) and repeat, a server started on
+127.0.0.1 from a cold cache, the requests sent to it, its ``/metrics`` read before and after.
+
+:class:`ServerEngine` knows the engine kinds' command lines (:func:`server_argv`), their endpoints and their
+presets (:data:`kvbench.scenario.servers.PRESETS`); the order of modes and requests, the load and the rows are the
+server sweep's (:mod:`kvbench.bench.servers.sweep`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import os
+import subprocess
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+
+from kvbench.bench.reference import Reference
+from kvbench.bench.servers.client import Reply, complete_llamacpp, complete_openai
+from kvbench.bench.servers.metrics import counter_deltas, hit_shares
+from kvbench.bench.servers.process import ServerProcess, free_port
+from kvbench.bench.servers.stream import ServerReplyError
+from kvbench.bench.trial import ServerTrial
+from kvbench.errors import PrepareError, SymlinkRefused
+from kvbench.scenario import Scenario
+from kvbench.scenario.servers import Preset, preset_of, server_program
+
+#: Tokens of the warm-up prompt sent before a mode's requests (unrecorded; shares no prefix with them).
+WARMUP_TOKENS = 32
+#: Prompt tokens a slot holds beyond the longest request (the generated tokens come on top).
+CTX_MARGIN = 16
+
+
+@dataclass
+class ModeServer:
+    """The server of one mode and repeat: ``url``, ``pid`` (None for ``openai``), its ``process``, what went into
+    run.json (``info``) and the ``/metrics`` text before the requests."""
+
+    url: str
+    pid: int | None
+    process: ServerProcess | None
+    preset: Preset
+    info: dict[str, Any] = field(default_factory=dict)
+    metrics_before: str | None = None
+    slot_files: dict[str, str] = field(default_factory=dict)
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading ids ``a`` and ``b`` share."""
+    n = min(len(a), len(b))
+    if n == 0:
+        return 0
+    diff = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
+    return int(diff[0]) if diff.size else n
+
+
+def reusable_tokens(requests: Sequence[Any]) -> dict[str, int]:
+    """Per request id: the most leading prompt tokens any earlier request of the stream held (its ``held`` ids:
+    a turn's prompt and reply), i.e. what a server's cache could reuse, in tokens."""
+    out: dict[str, int] = {}
+    for i, q in enumerate(requests):
+        out[q.id] = max((common_prefix(q.ids, p.held) for p in requests[:i]), default=0)
+    return out
+
+
+def prompt_digest(ids: Sequence[int]) -> str:
+    """sha256 hex of a prompt's ids as one sequence ``[1][n]`` of int64 (the in-process engine's digest)."""
+    return hashlib.sha256(np.asarray([list(ids)], dtype=np.int64).tobytes()).hexdigest()
+
+
+def gguf_file(model_name: str) -> str:
+    """The GGUF file llama-server loads for a scenario's model name (the alias ``smollm2-135m`` included).
+
+    Raises:
+        PrepareError: the model is not a GGUF file.
+    """
+    from kvbench.models.locate import locate
+
+    loc = locate(model_name)
+    if loc.gguf_file is None:
+        raise PrepareError(f"llama.cpp loads a GGUF file; {model_name} is not one (give engine.model: a .gguf path)")
+    return str(Path(loc.path) / loc.gguf_file)
+
+
+def server_argv(s: Scenario, preset: Preset, mode: Any, port: int, slots: int, ctx_per_slot: int,
+                slot_dir: Path) -> list[str]:
+    """The command line of ``mode``'s server: the program, the model, 127.0.0.1 and ``port``, metrics on, the
+    engine's flags, the preset's, then the mode's (a later flag wins where the server reads the last one).
+    ``slots``: parallel requests; ``ctx_per_slot``: tokens each holds (llama.cpp splits ``-c`` among slots)."""
+    e = s.engine
+    program = server_program(e) or []
+    size = mode.size if mode.size is not None else (preset.size[1] if preset.size else None)
+    args = [a.replace("{size}", f"{size:g}" if size is not None else "").replace("{slot_dir}", str(slot_dir))
+            for a in preset.args]
+    if e.kind == "llama.cpp":
+        base = ["-m", e.model or gguf_file(s.model.name), "--host", "127.0.0.1", "--port", str(port), "--metrics",
+                "-c", str(ctx_per_slot * slots), "-np", str(slots), "--seed", str(s.seed)]
+    elif e.kind == "vllm":
+        base = [e.model or s.model.name, "--host", "127.0.0.1", "--port", str(port), "--seed", str(s.seed),
+                "--max-num-seqs", str(slots)]
+    else:  # sglang
+        base = ["--model-path", e.model or s.model.name, "--host", "127.0.0.1", "--port", str(port),
+                "--enable-metrics", "--random-seed", str(s.seed)]
+    return [*program, *base, *e.args, *args, *mode.args]
+
+
+def program_version(program: list[str]) -> str | None:
+    """The first line a server program prints for ``--version`` (llama-server, vllm), or None."""
+    try:
+        done = subprocess.run([*program[:1], "--version"], capture_output=True, text=True, timeout=30,
+                              errors="replace")
+    except (OSError, subprocess.SubprocessError):
+        return None
+    text = (done.stdout.strip() or done.stderr.strip()).splitlines()
+    return text[0][:200] if text else None
+
+
+class ServerEngine:
+    """Runs a scenario's requests on a server engine (``engine.kind`` llama.cpp, vllm, sglang or openai).
+
+    Attributes:
+        source: the requests (:class:`~kvbench.workloads.sessions.Stream`).
+        device: what the server computes on (``type`` ``cpu`` or ``cuda``), for the samplers.
+        pid: the running server's process (this one's when none runs: ``openai``).
+        reference: the ``none`` outputs every request is compared with.
+    """
+
+    def __init__(self, s: Scenario, source: Any, run_path: Path, max_positions: int, device_type: str = "cpu"):
+        self.s, self.source, self.run_path = s, source, Path(run_path)
+        self.kind = s.engine.kind
+        import torch
+
+        self.device = torch.device(device_type)
+        self.device_name = f"{self.kind} server ({device_type})"
+        self.pid = os.getpid()
+        self.reference = Reference()
+        #: requests a later request of the same conversation follows (their ``held`` ids are sent after them)
+        later = [q.document for q in source.requests]
+        self.followed = {q.id for i, q in enumerate(source.requests) if q.document in later[i + 1:]}
+        longest = max((len(q.held) if q.id in self.followed else len(q.ids) for q in source.requests), default=0)
+        self.ctx_per_slot = min(max_positions, longest + s.max_new_tokens + CTX_MARGIN)
+        self.longest_prompt = max_positions - s.max_new_tokens
+        self.served_model: str | None = s.engine.served_model
+        self.servers: list[dict[str, Any]] = []
+        self.reusable = reusable_tokens(source.requests)
+
+    def preflight(self) -> list[str]:
+        """Why the requests cannot run (one line each): a prompt longer than the model's positions allow."""
+        too_long = [q.id for q in self.source.requests if len(q.ids) > self.longest_prompt]
+        if too_long:
+            return [f"{len(too_long)} requests ({', '.join(too_long[:3])}...) have prompts longer than "
+                    f"{self.longest_prompt} tokens (the model's positions less max_new_tokens)"]
+        return []
+
+    def preset(self, mode: Any) -> Preset:
+        """The preset ``mode`` starts from."""
+        return preset_of(self.kind, mode)
+
+    @contextlib.contextmanager
+    def serving(self, mode: Any, repeat: int, slots: int = 1) -> Iterator[ModeServer]:
+        """A server for ``mode`` in ``repeat`` from a cold cache: started (on 127.0.0.1, a free port, its log in
+        ``servers/<mode>-r<repeat>.log`` of the run, ``slots`` parallel slots) and stopped on every exit path; for ``openai`` the running
+        server, reset through ``engine.reset_path`` when ``cold: reset``. Its command line, version and ``/metrics``
+        deltas go into :attr:`servers` (the run's ``servers`` in run.json).
+
+        Raises:
+            ServerStartError: the server did not start or never became healthy (the log's last lines say why).
+        """
+        e, preset = self.s.engine, self.preset(mode)
+        servers_dir = self.run_path / "servers"
+        for d in (servers_dir, servers_dir / f"{mode.label}-r{repeat}.slots"):
+            if d.is_symlink():
+                raise SymlinkRefused(d)
+        servers_dir.mkdir(exist_ok=True)
+        info: dict[str, Any] = {"mode_label": mode.label, "repeat": repeat, "engine": self.kind, "slots": slots}
+        if self.kind == "openai":
+            srv = ModeServer(e.url, None, None, preset, info)
+        else:
+            slot_dir = servers_dir / f"{mode.label}-r{repeat}.slots"
+            if preset.slots:
+                slot_dir.mkdir(exist_ok=True)
+            port = free_port()
+            argv = server_argv(self.s, preset, mode, port, slots, self.ctx_per_slot, slot_dir)
+            log = servers_dir / f"{mode.label}-r{repeat}.log"
+            proc = ServerProcess(argv, log, port=port, startup_timeout_s=e.startup_timeout_s)
+            info.update(argv=argv, log=str(log.relative_to(self.run_path)), version=program_version(argv))
+            srv = ModeServer(proc.url, None, proc, preset, info)
+        self.servers.append(info)
+        with srv.process if srv.process is not None else contextlib.nullcontext():
+            if srv.process is not None:
+                srv.pid = srv.process.pid
+                self.pid = srv.pid
+            if e.cold == "reset":
+                self._post(srv, e.reset_path)
+                info["reset"] = e.reset_path
+            srv.metrics_before = self._metrics(srv)
+            try:
+                yield srv
+            finally:
+                after = self._metrics(srv) if srv.process is None or srv.process.alive() else None
+                deltas, notes = counter_deltas(self.kind if self.kind != "openai" else "vllm",
+                                               srv.metrics_before, after)
+                info.update(metrics_delta=deltas, metrics_notes=notes,
+                            metrics_shares=hit_shares(self.kind if self.kind != "openai" else "vllm", deltas))
+                self.pid = os.getpid()
+
+    def _post(self, srv: ModeServer, path: str) -> None:
+        try:
+            r = httpx.post(srv.url + path, timeout=self.s.engine.request_timeout_s)
+        except httpx.HTTPError as exc:
+            raise ServerReplyError(f"{srv.url}{path}: POST failed: {type(exc).__name__}: {exc}", srv.url) from exc
+        if r.status_code >= 400:
+            raise ServerReplyError(f"{srv.url}{path}: POST answered HTTP {r.status_code}: {r.text[:300]!r}", srv.url)
+
+    def _metrics(self, srv: ModeServer) -> str | None:
+        """The server's ``/metrics`` text, or None where it has none (or cannot be read now)."""
+        try:
+            r = httpx.get(srv.url + "/metrics", timeout=10)
+        except httpx.HTTPError:
+            return None
+        return r.text if r.status_code == 200 else None
+
+    def _model_name(self, srv: ModeServer) -> str:
+        if self.served_model is None:
+            try:
+                data = httpx.get(srv.url + "/v1/models", timeout=10).json()
+                self.served_model = str(data["data"][0]["id"])
+            except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as exc:
+                raise ServerReplyError(f"{srv.url}/v1/models: cannot read the served model ({type(exc).__name__}: "
+                                       f"{exc}); give engine.served_model", srv.url) from exc
+        return self.served_model
+
+    async def send(self, client: httpx.AsyncClient, srv: ModeServer, mode: Any, ids: Sequence[int],
+                   n_tokens: int) -> Reply:
+        """One streamed, greedy request of exactly ``n_tokens`` new tokens for prompt ``ids`` to ``srv``, with
+        the preset's and the mode's request options."""
+        options = {**srv.preset.request, **mode.request}
+        timeout = self.s.engine.request_timeout_s
+        if self.kind == "llama.cpp":
+            return await complete_llamacpp(client, srv.url, ids, n_tokens, options, seed=self.s.seed,
+                                           timeout_s=timeout)
+        model = self._model_name(srv)
+        return await complete_openai(client, srv.url, model, ids, n_tokens, options, seed=self.s.seed,
+                                     timeout_s=timeout)
+
+    async def slot_action(self, client: httpx.AsyncClient, srv: ModeServer, action: str, filename: str,
+                          slot: int = 0) -> dict[str, Any]:
+        """llama.cpp's slot save/restore (``POST /slots/{slot}?action=save|restore``, file ``filename`` in the
+        mode's ``--slot-save-path``): its reply (``n_written``/``save_ms``, ``n_restored``/``restore_ms``).
+
+        Raises:
+            ServerReplyError: the server refused it (the body in the message).
+        """
+        try:
+            r = await client.post(f"{srv.url}/slots/{slot}", params={"action": action},
+                                  json={"filename": filename}, timeout=self.s.engine.request_timeout_s)
+        except httpx.HTTPError as exc:
+            raise ServerReplyError(f"{srv.url}/slots/{slot}: {action} failed: {type(exc).__name__}: {exc}",
+                                   srv.url) from exc
+        if r.status_code >= 400:
+            raise ServerReplyError(f"{srv.url}/slots/{slot}: {action} answered HTTP {r.status_code}: "
+                                   f"{r.text[:300]!r}", srv.url)
+        try:
+            return dict(r.json())
+        except ValueError:
+            return {}
+
+    def warmup_ids(self) -> list[int]:
+        """A seeded prompt of :data:`WARMUP_TOKENS` ids whose first id starts no request (so a warm-up leaves
+        nothing a request could reuse)."""
+        firsts = {q.ids[0] for q in self.source.requests if q.ids}
+        rng = np.random.default_rng(self.s.seed)
+        ids = [int(x) for x in rng.integers(100, 40_000, WARMUP_TOKENS)]
+        while ids[0] in firsts:
+            ids[0] += 1
+        return ids
+
+    def trials(self, mode: Any, repeat: int, requests: Sequence[Any], concurrency: int = 1) -> list[ServerTrial]:
+        """The trials of ``requests`` in ``mode`` and ``repeat`` at ``concurrency`` (warm unless the preset is
+        cold)."""
+        warm = not self.preset(mode).cold
+        return [dataclasses.replace(ServerTrial.of(q, mode, repeat, warm), concurrency=concurrency)
+                for q in requests]
+
+
+def prompt_requests(s: Scenario, source: Any) -> Any:
+    """A prompt workload as a request stream: for each of ``prompt_tokens``, ``workload.n_prompts`` prompts of
+    exactly that many tokens (requests ``p<N>-i<k>``, each its own document)."""
+    from kvbench.workloads.sessions import Request, Stream
+
+    out = []
+    for n in s.prompt_tokens:
+        for k, ids in enumerate(source.batch(n, s.workload.n_prompts, 0)):
+            out.append(Request(f"p{n}-i{k}", f"p{n}-i{k}", 1, tuple(ids), tuple(ids)))
+    return Stream(out)
+
+
+def load_server_engine(s: Scenario, run_path: Path) -> ServerEngine:
+    """The engine of a server run: the model's tokenizer (the prompts go as token ids) and the workload's
+    requests; nothing is started yet.
+
+    Raises:
+        kvbench.errors.ModelNotFound, NotEnoughRequests, ModuleNotFoundError: as the in-process engine's loading.
+    """
+    from kvbench.models import read_architecture
+    from kvbench.models.load import load_tokenizer
+    from kvbench.workloads import make_source, make_stream
+
+    arch = read_architecture(s.model)
+    tokenizer = load_tokenizer(s.model.name, s.model.trust_remote_code)
+    longest = arch.max_positions - s.max_new_tokens
+    if s.workload.reuse:
+        source = make_stream(s.workload, tokenizer, longest)
+    else:
+        source = prompt_requests(s, make_source(s.workload, tokenizer, arch.vocab_size, longest))
+    device = "cuda" if s.device.startswith("cuda") else "cpu"
+    return ServerEngine(s, source, run_path, arch.max_positions, device)

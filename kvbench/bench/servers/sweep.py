@@ -1,0 +1,214 @@
+"""The sweep of a server run: per repeat, every mode (a server configuration; ``none`` first, the others rotating
+from repeat to repeat) on a server of its own started cold, the workload's requests sent as ``load:`` says, one row
+per request written as it finishes.
+
+A cold start is verified, not assumed: the first request a fresh server answers must report 0 cached prompt
+tokens (``cold_verified``), and every request of a cold preset (``none``) too; a cold request that reused tokens is
+``contaminated`` and never becomes the reference. A request that fails (the server's reply, a timeout, the server
+gone) is an ``error`` row with the reason and the sweep goes on; a server that does not start gives every request
+of that mode an ``error`` row with the log's last lines. Resumed, a mode whose requests are all written is not
+started again; one with requests missing is restarted and, before them, the conversations' earlier turns are sent
+again unrecorded so the server holds what it held (as :meth:`~kvbench.bench.engines.base.Engine.refill` does).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import httpx
+
+from kvbench.bench.machine_load import LoadWindow
+from kvbench.bench.servers import load as load_profiles
+from kvbench.bench.servers.engine import ModeServer, ServerEngine
+from kvbench.bench.servers.process import ServerStartError
+from kvbench.bench.servers.stream import ServerReplyError
+from kvbench.bench.servers.row import request_row
+from kvbench.bench.servers.telemetry import ServerWatch, tree_cpu_seconds
+from kvbench.bench.trial import ServerTrial, reference_first
+from kvbench.results.rows import Status
+from kvbench.scenario import Scenario
+
+if TYPE_CHECKING:  # the sweep imports this module
+    from kvbench.bench.sweep import Recorder
+
+
+class ServerExecutor:
+    """The executor of a server run for :class:`~kvbench.bench.sweep.Recorder`: the engine, and the ``none``
+    reference taken from a resumed run's rows. Its requests are sent by :func:`server_sweep`, not one by one."""
+
+    def __init__(self, engine: ServerEngine):
+        self.engine = engine
+        self.last_samples: list[dict[str, Any]] = []
+
+    def remember(self, rows: Sequence[dict[str, Any]]) -> None:
+        """Take earlier rows' ``none`` outputs as the reference (uncontaminated ones only)."""
+        self.engine.reference.remember([r for r in rows if not r.get("contaminated")])
+
+    def release(self) -> None:
+        """Nothing to release: each mode's server is stopped after its requests."""
+
+    def run(self, t: Any) -> dict[str, Any]:
+        """Not used: a server run's requests go through :func:`server_sweep`."""
+        raise TypeError("a server run sends its requests through server_sweep")
+
+
+def mode_order(modes: Sequence[Any], repeat: int) -> list[Any]:
+    """``none`` first (the reference), then the other modes rotated by ``repeat`` (so no mode always runs right
+    after ``none``)."""
+    ordered = reference_first(modes)
+    head = ordered[:1] if ordered and ordered[0].kind == "none" else []
+    rest = ordered[len(head):]
+    k = repeat % len(rest) if rest else 0
+    return head + rest[k:] + rest[:k]
+
+
+def at_level(mode: Any, level: int, levels: Sequence[int]) -> Any:
+    """``mode`` as it runs at concurrency ``level``: itself when the load has one level, else named
+    ``<name>@c<level>`` (its preset kept), so that each level is a configuration of its own in the tables."""
+    if len(levels) == 1:
+        return mode
+    return mode.model_copy(update={"name": f"{mode.name}@c{level}", "preset": mode.kind})
+
+
+def server_sweep(s: Scenario, record: "Recorder", engine: ServerEngine) -> None:
+    """Run (or, resuming, look up) every request of every mode, concurrency level and repeat; ``record`` is the
+    run's :class:`~kvbench.bench.sweep.Recorder` (rows written through
+    :meth:`~kvbench.bench.sweep.Recorder.write`). KeyboardInterrupt stops it after writing what finished (the
+    server is stopped)."""
+    requests = engine.source.requests[: s.load_spec.n_requests]
+    levels = s.load_spec.levels
+    for c in levels:
+        for r in range(s.repeats):
+            for m in mode_order(s.modes, r):
+                mode = at_level(m, c, levels)
+                trials = engine.trials(mode, r, requests, c)
+                todo = [t for t in trials if t.trial_id not in record.rows]
+                if todo:
+                    _run_mode(s, record, engine, mode, r, c, trials, todo)
+    record.run.update(servers=engine.servers)
+
+
+def _run_mode(s: Scenario, record: "Recorder", engine: ServerEngine, mode: Any, repeat: int, level: int,
+              trials: list[ServerTrial], todo: list[ServerTrial]) -> None:
+    if record.on_status:
+        record.on_status(f"starting the {engine.kind} server for {mode.label} (repeat {repeat})")
+    try:
+        with engine.serving(mode, repeat, level) as srv:
+            try:
+                asyncio.run(_requests(s, record, engine, srv, mode, level, trials, todo))
+            except ServerReplyError as exc:  # before the load (reset, warm-up, refill): the server is no use
+                if srv.process is not None and not srv.process.alive():
+                    raise ServerReplyError(f"{exc}\nthe server exited; its log ends:\n"
+                                           f"{srv.process.log_tail(10)}") from exc
+                raise
+    except (ServerStartError, ServerReplyError) as exc:
+        for t in todo:
+            if t.trial_id not in record.rows:
+                record.write(t, {**request_row(s, engine, t, None, None),
+                                 "status": Status.ERROR, "message": f"{type(exc).__name__}: {exc}"})
+    finally:
+        record.run.update(servers=engine.servers)
+
+
+async def _requests(s: Scenario, record: "Recorder", engine: ServerEngine, srv: ModeServer, mode: Any, level: int,
+                    trials: list[ServerTrial], todo: list[ServerTrial]) -> None:
+    limits = httpx.Limits(max_connections=level + 2)
+    async with httpx.AsyncClient(limits=limits, timeout=s.engine.request_timeout_s) as client:
+        for _ in range(s.warmup):
+            await engine.send(client, srv, mode, engine.warmup_ids(), s.max_new_tokens)
+        # the first request a fresh server answers must reuse nothing (a resumed mode's refill fills the cache)
+        first = {} if await _refill(s, engine, client, srv, mode, trials, todo) else {"pending": True}
+        writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="kvbench-rows")
+        written: list[concurrent.futures.Future] = []
+        watch = ServerWatch(srv.pid, s.monitor.interval_ms / 1000) if srv.pid else None
+        own = (lambda: tree_cpu_seconds(srv.pid)) if srv.pid else None
+        window = LoadWindow(also_own=own)
+        if watch is not None:
+            watch.start()
+
+        async def send(t: ServerTrial) -> Any:
+            was_first = first.pop("pending", False)
+            if srv.preset.slots and t.request.turn_index > 1 and t.request.document in srv.slot_files:
+                await engine.slot_action(client, srv, "restore", srv.slot_files[t.request.document])
+            request_load = LoadWindow(also_own=own)
+            reply = await engine.send(client, srv, mode, t.request.ids, s.max_new_tokens)
+            machine = request_load.stop()
+            await _hold(s, engine, client, srv, mode, t)
+            if srv.preset.slots:
+                name = f"{t.request.document}.bin".replace("/", "_")
+                await engine.slot_action(client, srv, "save", name)
+                srv.slot_files[t.request.document] = name
+            return reply, was_first, machine
+
+        def done(o: load_profiles.Outcome) -> None:
+            """Build the row and hand it to the writer thread (the event loop keeps reading streams); a write
+            that failed (disk full) stops the load."""
+            for f in written:
+                if f.done() and f.exception() is not None:
+                    raise f.exception()
+            t, error = o.request, o.error
+            row = None
+            if error is None:
+                reply, was_first, machine = o.result
+                try:
+                    row = {**request_row(s, engine, t, reply, o, first=was_first), **machine}
+                except RuntimeError as exc:  # the server generated another number of tokens
+                    error = exc
+            if row is None:
+                why = f"{type(error).__name__}: {error}"
+                if srv.process is not None and not srv.process.alive():
+                    why += f"\nthe server exited; its log ends:\n{srv.process.log_tail(10)}"
+                row = {**request_row(s, engine, t, None, o), "status": Status.ERROR, "message": why}
+            written.append(writer.submit(record.write, t, row))
+
+        given = s.load_spec
+        spec = load_profiles.LoadSpec(
+            profile=given.profile, concurrency=level if given.concurrency is not None or given.profile != "poisson"
+            else None, rate=given.rate, n_requests=given.n_requests, duration_s=given.duration_s,
+            think_time_s=given.think_time_s, seed=given.seed)
+        try:
+            await load_profiles.run_load(todo, send, spec, chain=_chain(s), on_done=done)
+        finally:
+            writer.shutdown(wait=True)
+            load = window.stop()
+            srv.info.update(load={"profile": spec.profile, "concurrency": spec.max_in_flight, **load,
+                                  **(watch.stop() if watch is not None else {})})
+        for f in written:  # the first row that could not be written (disk full...) stops the sweep
+            f.result()
+
+
+async def _hold(s: Scenario, engine: ServerEngine, client: httpx.AsyncClient, srv: ModeServer, mode: Any,
+                t: ServerTrial) -> None:
+    """After a conversation turn, what the server would hold had it generated the whole reply: the turn's prompt
+    and the dataset's reply (``held``), sent unrecorded for one token so that the server computes (and, in a mode
+    that caches, keeps) their KV, as it would after decoding the reply itself. kvbench generates only
+    ``max_new_tokens`` of each reply; the next turn's prompt carries the dataset's. Not in a cold mode, which
+    keeps nothing."""
+    if len(t.request.held) > len(t.request.ids) and t.request.id in engine.followed and not srv.preset.cold:
+        await engine.send(client, srv, mode, t.request.held, 1)
+
+
+def _chain(s: Scenario) -> Any:
+    """A multi-turn conversation's turns go in order, each after the previous reply; other requests are
+    independent."""
+    if s.workload.multi_turn is not None:
+        return lambda t: t.request.document
+    return lambda t: None
+
+
+async def _refill(s: Scenario, engine: ServerEngine, client: httpx.AsyncClient, srv: ModeServer, mode: Any,
+                  trials: list[ServerTrial], todo: list[ServerTrial]) -> int:
+    """Resumed mid-mode: send again, unrecorded, the written turns of conversations with turns still to run;
+    how many were sent."""
+    pending = {t.request.document for t in todo}
+    missing = {t.trial_id for t in todo}
+    sent = 0
+    for t in trials:
+        if t.trial_id not in missing and t.request.document in pending and s.workload.multi_turn is not None:
+            await engine.send(client, srv, mode, t.request.ids, s.max_new_tokens)
+            await _hold(s, engine, client, srv, mode, t)
+            sent += 1
+    return sent

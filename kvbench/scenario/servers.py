@@ -1,0 +1,358 @@
+"""Serving engines in a scenario: the ``engine:`` key, the ``load:`` key, and the modes of a server run (server
+configurations), with the named presets shipped per engine.
+
+For ``engine.kind: transformers`` (the default) the modes are kvbench's own offload modes
+(:data:`kvbench.offload.modes.MODES`). For a server kind each ``modes:`` entry is a server configuration: a
+``name``, the ``preset`` it starts from (default: its name), extra server flags (``args``) and per-request options
+(``request``). A preset is what people would otherwise have to know of the engine's flags (:data:`PRESETS`).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import shutil
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import AfterValidator, Field, model_validator
+
+from kvbench.offload.registry import Registry
+from kvbench.scenario.bounds import MAX_COUNT, PathText, Seed, Strict, check_name, optional
+
+#: The engines a scenario can name (with did-you-mean); all but ``transformers`` are servers reached over HTTP.
+ENGINES: Registry[str] = Registry("engine", [
+    ("transformers", "in-process: kvbench's own offload caches on Hugging Face transformers"),
+    ("llama.cpp", "llama.cpp's llama-server, started by kvbench per mode"),
+    ("vllm", "vLLM's OpenAI-compatible server (vllm serve), started by kvbench per mode"),
+    ("sglang", "SGLang's server (python -m sglang.launch_server), started by kvbench per mode"),
+    ("openai", "a server already running at engine.url (OpenAI /v1/completions); kvbench starts nothing"),
+])
+#: The server kinds kvbench starts itself (``openai`` is a server already running at ``url``).
+STARTED_KINDS = ("llama.cpp", "vllm", "sglang")
+
+#: Longest wait for a server's /health, and for one request's reply (seconds).
+MAX_TIMEOUT_S = 3600.0
+#: A Poisson load's server slots when ``load.concurrency`` does not say.
+POISSON_SLOTS = 4
+#: Server flags and request options per mode or engine.
+MAX_ARGS = 200
+#: Request keys kvbench sets itself on every request (the prompt, the length, streaming): a mode cannot change them.
+RESERVED_REQUEST_KEYS = frozenset({"prompt", "n_predict", "max_tokens", "stream", "stream_options", "model",
+                                   "return_tokens", "ignore_eos", "temperature", "seed", "top_k", "n_probs"})
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A named server configuration of one engine.
+
+    Attributes:
+        name: the mode name a scenario uses (``none``, ``prefix-cache``, ...).
+        meaning: one line for `kvbench list modes`.
+        args: server flags; ``{size}`` is replaced by the mode's ``size`` (unit in ``size``'s meaning), ``{slot_dir}``
+            by the run's private slot directory.
+        request: options sent with every request (llama.cpp ``cache_prompt``, ...).
+        cold: the mode reuses nothing: every request's cached prompt tokens must be 0 (the reference).
+        size: (unit, default) of the preset's size option, or None.
+        slots: kvbench saves a conversation's slot after each turn and restores it before the next (a disk tier).
+        needs_gpu: only useful with a GPU (the flag moves KV between GPU and host).
+    """
+
+    name: str
+    meaning: str
+    args: tuple[str, ...] = ()
+    request: dict[str, Any] = field(default_factory=dict)
+    cold: bool = False
+    size: tuple[str, float] | None = None
+    slots: bool = False
+    needs_gpu: bool = False
+
+
+def _presets(kind: str, *entries: Preset) -> Registry[Preset]:
+    return Registry(f"{kind} preset", ((p.name, p) for p in entries))
+
+
+#: The presets per server kind, with did-you-mean for a wrong name.
+PRESETS: dict[str, Registry[Preset]] = {
+    "llama.cpp": _presets(
+        "llama.cpp",
+        Preset("none", "no reuse: cache_prompt false, no host cache (--cache-ram 0)", ("--cache-ram", "0"),
+               {"cache_prompt": False}, cold=True),
+        Preset("prefix-cache", "a slot reuses its common prefix (cache_prompt), no host cache", ("--cache-ram", "0"),
+               {"cache_prompt": True}),
+        Preset("host-cache", "slot states kept in host RAM (--cache-ram MiB) and prefix reuse",
+               ("--cache-ram", "{size}"), {"cache_prompt": True}, size=("MiB", 1024)),
+        Preset("disk-slots", "kvbench saves a conversation's slot to disk after each turn and restores it before "
+               "the next (--slot-save-path)", ("--cache-ram", "0", "--slot-save-path", "{slot_dir}"),
+               {"cache_prompt": True}, slots=True),
+        Preset("kv-on-host", "KV cache in host memory, computed on the GPU (-nkvo)", ("-nkvo",),
+               {"cache_prompt": True}, needs_gpu=True),
+    ),
+    "vllm": _presets(
+        "vllm",
+        Preset("none", "no prefix caching (--no-enable-prefix-caching)", ("--no-enable-prefix-caching",), cold=True),
+        Preset("prefix-cache", "automatic prefix caching on the GPU (--enable-prefix-caching)",
+               ("--enable-prefix-caching",)),
+        Preset("cpu-offload", "prefix caching with a native CPU tier (--kv-offloading-backend native "
+               "--kv-offloading-size GiB)", ("--enable-prefix-caching", "--kv-offloading-backend", "native",
+                                             "--kv-offloading-size", "{size}"), size=("GiB", 8)),
+        Preset("lmcache", "prefix caching with LMCache as the KV connector (needs the lmcache package)",
+               ("--enable-prefix-caching", "--kv-transfer-config",
+                '{"kv_connector":"LMCacheConnectorV1","kv_role":"kv_both"}')),
+    ),
+    "sglang": _presets(
+        "sglang",
+        Preset("none", "no radix cache (--disable-radix-cache)", ("--disable-radix-cache",), cold=True),
+        Preset("radix", "the radix prefix cache on the GPU (the default)", ()),
+        Preset("hicache", "radix cache with a host tier (--enable-hierarchical-cache --hicache-ratio R)",
+               ("--enable-hierarchical-cache", "--hicache-ratio", "{size}"), size=("× the GPU cache", 2.0)),
+    ),
+    "openai": _presets(
+        "openai",
+        Preset("none", "the server as configured, expected to reuse nothing (checked: 0 cached tokens)", cold=True),
+        Preset("prefix-cache", "the server as configured, reusing prefixes"),
+    ),
+}
+
+
+def _flag_text(v: str) -> str:
+    if "\0" in v or "\n" in v:
+        raise ValueError("a server flag cannot hold a NUL byte or a line break")
+    if len(v) > 4096:
+        raise ValueError("a server flag has at most 4096 characters")
+    return v
+
+
+Flags = Annotated[list[Annotated[str, AfterValidator(_flag_text)]], Field(max_length=MAX_ARGS)]
+Scalar = Union[Annotated[bool, Field(strict=True)], Annotated[int, Field(strict=True)],
+               Annotated[float, Field(strict=True, allow_inf_nan=False)], Annotated[str, Field(max_length=4096)]]
+Seconds = Annotated[float, Field(gt=0, le=MAX_TIMEOUT_S, allow_inf_nan=False)]
+Slots = Annotated[int, Field(strict=True, ge=1, le=1024)]
+
+
+def _request_keys(v: dict[str, Any]) -> dict[str, Any]:
+    bad = sorted(set(v) & RESERVED_REQUEST_KEYS)
+    if bad:
+        raise ValueError(f"{', '.join(bad)}: kvbench sets {'this' if len(bad) == 1 else 'these'} on every request "
+                         f"(reserved: {', '.join(sorted(RESERVED_REQUEST_KEYS))})")
+    if len(v) > MAX_ARGS:
+        raise ValueError(f"at most {MAX_ARGS} request options")
+    return v
+
+
+class ServerMode(Strict):
+    """A server configuration of a server run (``engine.kind`` other than transformers)."""
+
+    name: Annotated[str, AfterValidator(check_name)] = Field(
+        description="The mode's name in results and reports; a preset's name uses that preset.")
+    preset: str | None = optional("The engine's preset this configuration starts from (default: `name`; see "
+                                  "`kvbench list modes`).")
+    args: Flags = Field(default_factory=list, description="Extra server flags for this mode, after the preset's.")
+    request: Annotated[dict[str, Scalar], AfterValidator(_request_keys)] = Field(
+        default_factory=dict, description="Options sent with every request, over the preset's (e.g. "
+        "cache_prompt: false); the prompt, length and sampling keys are kvbench's.")
+    size: Annotated[float, Field(gt=0, le=2**20, allow_inf_nan=False)] | None = optional(
+        "The preset's size: llama.cpp host-cache --cache-ram MiB (default 1024), vLLM cpu-offload "
+        "--kv-offloading-size GiB (default 8), SGLang hicache --hicache-ratio (default 2).")
+
+    @property
+    def kind(self) -> str:
+        """The preset's name (``none`` is the reference every request's output is compared with)."""
+        return self.preset or self.name
+
+    @property
+    def label(self) -> str:
+        """The mode's name."""
+        return self.name
+
+    @property
+    def options(self) -> dict[str, Any]:
+        """What the scenario gave beyond the preset: ``args``, ``request``, ``size`` (for the row)."""
+        return {k: v for k, v in (("args", self.args), ("request", self.request), ("size", self.size)) if v}
+
+
+_URL = re.compile(r"https?://[A-Za-z0-9.\-\[\]:]+(:\d{1,5})?(/[\w\-./]*)?")
+
+
+def _url_text(v: str) -> str:
+    if not _URL.fullmatch(v):
+        raise ValueError("must be an http:// or https:// URL such as http://127.0.0.1:8000 (no query, no spaces)")
+    return v.rstrip("/")
+
+
+def _engine_kind(v: str) -> str:
+    if v not in ENGINES:
+        raise ValueError(ENGINES.unknown(v))
+    return v
+
+
+class EngineSpec(Strict):
+    """What runs the trials: kvbench's in-process transformers engine, or a server over HTTP."""
+
+    kind: Annotated[str, AfterValidator(_engine_kind)] = Field(
+        "transformers", description="transformers (in-process, kvbench's offload modes) | llama.cpp | vllm | sglang "
+        "(kvbench starts the server per mode on 127.0.0.1) | openai (a server already running at url).")
+    binary: PathText | None = optional("The server program (default: llama-server in kvbench's environment or on "
+        "PATH; vllm; python -m sglang.launch_server).")
+    model: PathText | None = optional("What the server loads (default: the scenario's model; the alias "
+        "smollm2-135m is its GGUF file).")
+    served_model: str | None = optional("The model name sent with OpenAI-style requests (default: the server's "
+        "own, read from /v1/models).")
+    url: Annotated[str, AfterValidator(_url_text)] | None = optional(
+        "openai: the running server's base URL, e.g. http://127.0.0.1:8000.")
+    args: Flags = Field(default_factory=list, description="Server flags for every mode (threads, context...).")
+    startup_timeout_s: Seconds = Field(300.0, description="Longest wait for the server's /health (seconds).")
+    request_timeout_s: Seconds = Field(300.0, description="Longest wait for one request's reply (seconds).")
+    cold: Literal["restart", "reset"] = Field(
+        "restart", description="How each mode starts from an empty cache: restart the server (default), or call "
+        "reset_path; either way the first request's cached tokens must be 0.")
+    reset_path: str | None = optional("The engine's cache-reset endpoint for cold: reset (POST), e.g. "
+                                      "/reset_prefix_cache.")
+
+    @model_validator(mode="after")
+    def _fits_kind(self) -> "EngineSpec":
+        given = [k for k in ("binary", "model", "served_model", "url", "reset_path")
+                 if getattr(self, k) is not None] + (["args"] if self.args else [])
+        if self.kind == "transformers":
+            if given:
+                raise ValueError(f"{', '.join(given)}: only for a server engine (kind llama.cpp, vllm, sglang or "
+                                 "openai); the transformers engine runs in kvbench")
+            return self
+        if self.kind == "openai":
+            if self.url is None:
+                raise ValueError("url: required for kind openai (the running server's base URL)")
+            wrong = [k for k in ("binary", "model") if getattr(self, k) is not None] + (["args"] if self.args else [])
+            if wrong:
+                raise ValueError(f"{', '.join(wrong)}: kvbench starts nothing for kind openai; configure the server "
+                                 "you started")
+            if self.cold == "restart":
+                raise ValueError("cold: restart is impossible for kind openai (kvbench did not start the server): "
+                                 "use cold: reset with reset_path, or a server whose none mode reuses nothing")
+        elif self.url is not None:
+            raise ValueError(f"url: kvbench starts {self.kind} itself on 127.0.0.1; use kind openai for a server "
+                             "already running")
+        if self.cold == "reset" and self.reset_path is None:
+            raise ValueError("reset_path: required with cold: reset (the engine's cache-reset endpoint)")
+        if self.reset_path is not None and not re.fullmatch(r"/[\w\-/]{1,200}", self.reset_path):
+            raise ValueError("reset_path: must be a path such as /reset_prefix_cache")
+        return self
+
+    @property
+    def server(self) -> bool:
+        """A server engine (anything but transformers)."""
+        return self.kind != "transformers"
+
+
+class LoadSpec(Strict):
+    """How requests reach a server: one at a time, a fixed number in flight, or Poisson arrivals."""
+
+    profile: Literal["sequential", "concurrent", "poisson"] = Field(
+        "sequential", description="sequential: one request at a time; concurrent: `concurrency` in flight; "
+        "poisson: arrivals at `rate` requests/s (seeded).")
+    concurrency: Union[Slots, Annotated[list[Slots], Field(min_length=1, max_length=16)], None] = optional(
+        "Requests in flight at most (default 1; poisson: no cap), and the server's parallel slots (poisson without "
+        f"it: {POISSON_SLOTS}); a list runs every mode at each level, e.g. [1, 4] (modes are then named "
+        "<name>@c<level>).")
+    rate: Annotated[float, Field(gt=0, le=1e6, allow_inf_nan=False)] | None = optional(
+        "poisson: mean arrivals per second.")
+    n_requests: Annotated[int, Field(strict=True, ge=1, le=MAX_COUNT)] | None = optional(
+        "Send only the first n requests of the workload.")
+    duration_s: Seconds | None = optional("Send no request later than this many seconds after the first.")
+    think_time_s: Annotated[float, Field(ge=0, le=MAX_TIMEOUT_S, allow_inf_nan=False)] = Field(
+        0.0, description="A conversation's next turn is sent at least this long after the previous reply (seconds).")
+    seed: Seed = Field(0, description="Seed of the Poisson arrivals.")
+
+    @model_validator(mode="after")
+    def _profile(self) -> "LoadSpec":
+        if self.profile == "poisson" and self.rate is None:
+            raise ValueError("rate: required for profile poisson (requests per second)")
+        if self.profile != "poisson" and self.rate is not None:
+            raise ValueError(f"rate: only for profile poisson (this load is {self.profile})")
+        if self.profile == "sequential" and self.levels != [1]:
+            raise ValueError("concurrency: profile sequential sends one request at a time; use profile concurrent")
+        if len(set(self.levels)) != len(self.levels):
+            raise ValueError(f"concurrency: duplicate level(s) in {self.levels}")
+        return self
+
+    @property
+    def levels(self) -> list[int]:
+        """The concurrency levels each mode runs at (``[1]`` when not given; poisson: ``[POISSON_SLOTS]``)."""
+        if self.concurrency is None:
+            return [POISSON_SLOTS if self.profile == "poisson" else 1]
+        return [self.concurrency] if isinstance(self.concurrency, int) else list(self.concurrency)
+
+
+
+def preset_of(kind: str, mode: ServerMode) -> Preset:
+    """The preset ``mode`` starts from on engine ``kind``.
+
+    Raises:
+        LookupError: no such preset (the message lists them, with did-you-mean).
+    """
+    presets = PRESETS[kind]
+    if mode.kind not in presets:
+        raise LookupError(presets.unknown(mode.kind))
+    return presets[mode.kind]
+
+
+def check_server_modes(kind: str, modes: list[Any]) -> list[tuple[int, str]]:
+    """What is wrong with ``modes`` on engine ``kind``: (index, message) per fault: an offload mode on a server,
+    a server configuration on transformers, an unknown preset, a size its preset does not take."""
+    out = []
+    for i, m in enumerate(modes):
+        if kind == "transformers":
+            if isinstance(m, ServerMode):
+                out.append((i, f"a server configuration ({m.name}) needs a server engine (engine.kind llama.cpp, "
+                            "vllm, sglang or openai); the transformers engine takes offload modes with `kind`"))
+            continue
+        if not isinstance(m, ServerMode):
+            out.append((i, f"engine {kind} takes server configurations ({{name: none}}, {{name: prefix-cache}}, ...),"
+                        f" not the offload mode kind {m.kind}"))
+            continue
+        if m.kind not in PRESETS[kind]:
+            out.append((i, f"preset: {PRESETS[kind].unknown(m.kind)}"))
+            continue
+        p = PRESETS[kind][m.kind]
+        if m.size is not None and p.size is None:
+            out.append((i, f"size: preset {p.name} of {kind} has no size"))
+    return out
+
+
+#: The program each started kind runs when ``engine.binary`` is not given, and how to find it.
+DEFAULT_PROGRAMS = {"llama.cpp": ("llama-server",), "vllm": ("vllm", "serve"),
+                    "sglang": ("python", "-m", "sglang.launch_server")}
+
+
+def server_program(engine: EngineSpec) -> list[str] | None:
+    """The argv prefix that starts ``engine``'s server: ``engine.binary`` (with vLLM's ``serve``), else the
+    default program in kvbench's own environment (``<prefix>/bin``, where ``make llama-server`` puts
+    llama-server), else on PATH. None when it is not found (or for ``openai`` and ``transformers``)."""
+    if engine.kind not in STARTED_KINDS:
+        return None
+    default = DEFAULT_PROGRAMS[engine.kind]
+    if engine.binary is not None:
+        found = shutil.which(engine.binary) if "/" not in engine.binary else (
+            engine.binary if shutil.which(engine.binary) else None)
+        return [found, *default[1:]] if found else None
+    if engine.kind == "sglang":  # a module of this interpreter's environment
+        return [sys.executable, *default[1:]] if importlib.util.find_spec("sglang") is not None else None
+    local = shutil.which(default[0], path=str(Path(sys.prefix) / "bin"))
+    found = local or shutil.which(default[0])
+    return [found, *default[1:]] if found else None
+
+
+def server_problems(s: Any) -> list[tuple[str, str]]:
+    """What keeps scenario ``s`` (a server engine) from starting its server here: ``(key path, message)`` pairs
+    (the program not found, a preset that needs a GPU on a machine without one is a warning, not here)."""
+    e = s.engine
+    if e.kind in STARTED_KINDS and server_program(e) is None:
+        if e.binary is not None:
+            return [("engine.binary", f"{e.binary} is not an executable file or a program on PATH")]
+        how = {"llama.cpp": "build it with `make llama-server` (into .venv/bin) or give engine.binary",
+               "vllm": "pip install vllm on a GPU machine, or give engine.binary",
+               "sglang": "pip install sglang on a GPU machine, or give engine.binary"}[e.kind]
+        what = "the sglang package" if e.kind == "sglang" else DEFAULT_PROGRAMS[e.kind][0]
+        return [("engine.kind", f"{what} not found in kvbench's environment or on PATH: {how}")]
+    return []

@@ -1,0 +1,155 @@
+"""The pieces of a server run that need no server: the command line, the mode order, the reusable prefixes, the
+request row's cache truth, and the reading side (recompute pairs with `none`, cost over the time in flight, the
+findings)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pandas as pd
+import pytest
+
+from kvbench.analysis.reuse import recompute_side
+from kvbench.analysis.reuse_cost import busy_seconds
+from kvbench.bench.servers.client import Reply
+from kvbench.bench.servers.engine import ServerEngine, common_prefix, reusable_tokens, server_argv
+from kvbench.bench.servers.row import request_row
+from kvbench.bench.servers.sweep import at_level, mode_order
+from kvbench.report.server_findings import server_findings
+from kvbench.scenario import parse_scenario
+from kvbench.scenario.servers import preset_of
+from kvbench.workloads.sessions import Request, Stream
+
+
+def scenario(**over):
+    data = {"name": "srv", "model": "smollm2-135m", "engine": {"kind": "llama.cpp", "binary": "/bin/sh",
+                                                                "args": ["-t", "1"]},
+            "workload": {"source": "sharegpt", "multi_turn": {"conversations": 2, "turns": 2}},
+            "max_new_tokens": 3, "repeats": 1,
+            "modes": [{"name": "none"}, {"name": "prefix-cache"}, {"name": "ram", "preset": "host-cache", "size": 64}]}
+    data.update(over)
+    return parse_scenario(data, "s.yaml")
+
+
+REQUESTS = [Request("c0-t1", "c0", 1, (1, 2, 3), (1, 2, 3, 9, 9)), Request("c1-t1", "c1", 1, (1, 2, 7), (1, 2, 7)),
+            Request("c0-t2", "c0", 2, (1, 2, 3, 9, 9, 4), (1, 2, 3, 9, 9, 4))]
+
+
+def engine(s=None) -> ServerEngine:
+    return ServerEngine(s or scenario(), Stream(REQUESTS), Path("/nonexistent"), max_positions=64)
+
+
+def test_the_command_line_binds_loopback_and_puts_the_mode_s_flags_last():
+    s = scenario()
+    ram = s.modes[2]
+    argv = server_argv(s, preset_of("llama.cpp", ram), ram, 4242, 2, 40, Path("/run/slots"))
+    assert argv[0] == "/bin/sh"
+    assert argv[argv.index("--host") + 1] == "127.0.0.1" and argv[argv.index("--port") + 1] == "4242"
+    assert argv[argv.index("-c") + 1] == "80" and argv[argv.index("-np") + 1] == "2"
+    assert argv[-4:] == ["-t", "1", "--cache-ram", "64"]
+    assert "--metrics" in argv and argv[argv.index("-m") + 1].endswith("SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+def test_the_reusable_prefix_is_what_an_earlier_request_held():
+    assert common_prefix((1, 2, 3), (1, 2, 4, 5)) == 2 and common_prefix((), (1,)) == 0
+    assert common_prefix((1, 2), (1, 2, 3)) == 2
+    assert reusable_tokens(REQUESTS) == {"c0-t1": 0, "c1-t1": 2, "c0-t2": 5}
+    e = engine()
+    assert e.followed == {"c0-t1"}  # the last turn of each conversation holds nothing anyone needs
+    assert e.ctx_per_slot == 6 + 3 + 16  # the longest prompt (or held ids of a followed turn), new tokens, margin
+
+
+def test_none_runs_first_and_the_others_rotate_by_repeat():
+    s = scenario()
+    assert [m.label for m in mode_order(s.modes, 0)] == ["none", "prefix-cache", "ram"]
+    assert [m.label for m in mode_order(s.modes, 1)] == ["none", "ram", "prefix-cache"]
+    assert [m.label for m in mode_order(s.modes, 2)] == ["none", "prefix-cache", "ram"]
+
+
+def test_a_level_of_several_renames_the_mode_and_keeps_its_preset():
+    ram = scenario().modes[2]
+    assert at_level(ram, 4, [4]) is ram
+    named = at_level(ram, 4, [1, 4])
+    assert (named.label, named.kind, named.size) == ("ram@c4", "host-cache", 64)
+
+
+def reply(cached: int | None, ids=(5, 6, 7), text="abc") -> Reply:
+    return Reply(t_sent=10.0, token_times=[10.5, 10.6, 10.8], ids=list(ids), text=text,
+                 text_sha256=f"sha-{text}", prompt_tokens=6, cached_tokens=cached,
+                 server_timings={"per_token_s": 0.1, "prompt_s": 0.4}, stop_reason="limit")
+
+
+def test_a_request_row_carries_the_server_s_cache_truth_and_verifies_a_cold_start():
+    s = scenario()
+    e = engine(s)
+    outcome = SimpleNamespace(arrival_s=1.0, start_s=1.5)
+    none = e.trials(s.modes[0], 0, REQUESTS)[2]
+    row = request_row(s, e, none, reply(0), outcome, first=True)
+    assert (row["trial_id"], row["warm"], row["cached_prompt_tokens"], row["cold_verified"]) == (
+        "c0-t2-none-r0", False, 0, True)
+    assert (row["ttft_s"], row["queue_s"], row["reusable_prompt_tokens"], row["tokens_match"]) == (0.5, 0.5, 5, True)
+    assert row["itl_s"] == pytest.approx([0.1, 0.2]) and row["server_tpot_s"] == 0.1
+    warm = e.trials(s.modes[1], 0, REQUESTS)[2]
+    row = request_row(s, e, warm, reply(5, text="abd"), outcome)
+    assert (row["tokens_restored"], row["tokens_prefilled"], row["store_hit_rate"]) == (5, 1, 1.0)
+    assert (row["tokens_match"], row["cold_verified"]) == (False, None)
+
+
+def test_a_cold_mode_that_hit_is_contaminated_and_never_the_reference():
+    s = scenario()
+    e = engine(s)
+    none = e.trials(s.modes[0], 0, REQUESTS)[2]
+    row = request_row(s, e, none, reply(4), None, first=True)
+    assert (row["contaminated"], row["cold_verified"], row["tokens_match"]) == (True, False, None)
+    assert "not taken as the reference" in row["notes"]["tokens_match"]
+    warm = e.trials(s.modes[1], 0, REQUESTS)[2]
+    assert request_row(s, e, warm, reply(5), None)["tokens_match"] is None  # nothing to compare with
+
+
+def test_a_reply_of_another_length_is_refused():
+    s = scenario(max_new_tokens=4)
+    e = engine(s)
+    with pytest.raises(RuntimeError, match="generated 3 tokens, expected exactly 4"):
+        request_row(s, e, e.trials(s.modes[0], 0, REQUESTS)[0], reply(0), None)
+
+
+def frame(rows: list[dict]) -> pd.DataFrame:
+    base = {"group": "g", "run": "r", "repeat": 0, "status": "ok", "engine": "llama.cpp", "contaminated": False}
+    return pd.DataFrame([{**base, **r} for r in rows])
+
+
+def test_a_server_mode_s_recompute_side_is_none_at_the_same_concurrency():
+    t = frame([{"mode": "none", "mode_label": "none@c1", "warm": False, "concurrency": 1, "request_id": "a"},
+               {"mode": "none", "mode_label": "none@c4", "warm": False, "concurrency": 4, "request_id": "a"},
+               {"mode": "none", "mode_label": "none@c4", "warm": False, "concurrency": 4, "request_id": "b",
+                "contaminated": True},
+               {"mode": "prefix-cache", "mode_label": "prefix-cache@c4", "warm": True, "concurrency": 4,
+                "request_id": "a"}])
+    side = recompute_side(t, t[t["mode_label"] == "prefix-cache@c4"], "g")
+    assert side["mode_label"].tolist() == ["none@c4"] and side["request_id"].tolist() == ["a"]
+
+
+def test_cost_time_counts_requests_in_flight_together_once():
+    t = pd.DataFrame({"run": "r", "repeat": [0, 0, 0, 1], "start_s": [0.0, 1.0, 5.0, 0.0],
+                      "e2e_s": [2.0, 2.0, 1.0, 3.0]})
+    assert busy_seconds(t) == 3.0 + 1.0 + 3.0  # [0, 3] and [5, 6] in repeat 0, [0, 3] in repeat 1
+
+
+def test_server_findings_name_the_history_reused_the_divergences_and_the_cold_starts():
+    t = frame([{"mode": "none", "mode_label": "none", "warm": False, "turn_index": 2, "cached_prompt_tokens": 0,
+                "reusable_prompt_tokens": 100, "prompt_tokens": 120, "tokens_match": True, "cold_verified": True,
+                "first_divergence_step": None},
+               {"mode": "prefix-cache", "mode_label": "prefix-cache", "warm": True, "turn_index": 2,
+                "cached_prompt_tokens": 95, "reusable_prompt_tokens": 100, "prompt_tokens": 120,
+                "tokens_match": False, "first_divergence_step": 3, "cold_verified": True}])
+    servers = [{"mode_label": "prefix-cache", "metrics_delta": {"prompt_tokens": 25.0, "prompt_tokens_cached": None}}]
+    lines = server_findings(t, "g", None, servers)
+    assert lines == [
+        "`none`: 0 cached prompt tokens on every one of 1 requests (checked)",
+        "`prefix-cache`: from turn 2 on reused 95% of what earlier turns held (1 requests; the least 95%); 79% of all "
+        "prompt tokens came from the cache",
+        "`prefix-cache`: 1 of 1 requests generated other ids than `none` (first divergence at step 3): the server's "
+        "cached and recomputed prompts are not bit-identical, a finding about the engine, not an error of kvbench",
+        "cold starts: 2 of 2 servers answered their first request with 0 cached tokens",
+        "`prefix-cache` /metrics deltas over its servers: prompt_tokens 25, prompt_tokens_cached not reported"]
