@@ -153,3 +153,20 @@ def test_server_findings_name_the_history_reused_the_divergences_and_the_cold_st
         "cached and recomputed prompts are not bit-identical, a finding about the engine, not an error of kvbench",
         "cold starts: 2 of 2 servers answered their first request with 0 cached tokens",
         "`prefix-cache` /metrics deltas over its servers: prompt_tokens 25, prompt_tokens_cached not reported"]
+
+
+def test_hit_rate_up_latency_flat_is_a_finding_only_when_ttft_hardly_moved():
+    t = frame([{"mode": "prefix-cache", "mode_label": "pc", "warm": True, "turn_index": 2, "cached_prompt_tokens": 90,
+                "reusable_prompt_tokens": 100, "prompt_tokens": 100, "tokens_match": True,
+                "first_divergence_step": None, "cold_verified": None}])
+
+    def later(ratio: float) -> pd.DataFrame:
+        return pd.DataFrame([{"group": "g", "mode_label": "pc", "ttft_ratio": ratio, "ttft_ratio_ci_low": ratio - 0.1,
+                              "ttft_ratio_ci_high": ratio + 0.2, "pairs": 6, "ttft_verdict": ""}])
+
+    flat = [line for line in server_findings(t, "g", later(0.95), []) if "latency flat" in line]
+    assert flat == ["`pc`: hit rate up, latency flat: 90% of the history came from the cache but TTFT did not clearly "
+                    "drop (prefill is not what limits TTFT here, or the restore costs what recompute does)"]
+    assert not [line for line in server_findings(t, "g", later(0.3), []) if "latency flat" in line]
+    assert "`pc`: TTFT ÷ `none`'s from turn 2 on: 0.30 [0.20, 0.50] over 6 request pairs" in server_findings(
+        t, "g", later(0.3), [])

@@ -235,23 +235,12 @@ def _prepare(sc: Scenario, rundir: RunDir, where: Path, progress: RunProgress) -
     """Load the model and the workload, check every trial can be built; the executor and the weights' bytes."""
     from kvbench.bench.engines.transformers import load_engine
     from kvbench.bench.executor import LocalExecutor
-    from kvbench.models.load import one_line
-
     if sc.engine.server:
         return _prepare_server(sc, rundir, where, progress)
     t0 = time.perf_counter()
-    with progress.loading(f"loading {sc.model.label} and the {sc.workload.source} workload"):
-        try:
-            engine = load_engine(sc, rundir.meta.get("environment"))
-            problems = engine.preflight()
-        except NotEnoughRequests as exc:
-            raise NotEnoughRequests(f"{where}: workload.{sc.workload.reuse}: {exc}") from exc
-        except UserError:
-            raise
-        except (ValueError, ImportError, OSError) as exc:
-            raise PrepareError(str(exc)) from exc
-        except Exception as exc:  # noqa: BLE001 - anything else before the first trial refuses in one line
-            raise PrepareError(f"{where}: cannot prepare the run of model {sc.model.label}: {one_line(exc)}") from exc
+    with progress.loading(f"loading {sc.model.label} and the {sc.workload.source} workload"), _preparing(sc, where):
+        engine = load_engine(sc, rundir.meta.get("environment"))
+        problems = engine.preflight()
     if problems:
         raise PrepareError(f"{where}: cannot run:\n" + "\n".join(problems))
     executor = LocalExecutor(sc, engine, rundir.meta.get("environment"))
@@ -267,6 +256,25 @@ def _prepare(sc: Scenario, rundir: RunDir, where: Path, progress: RunProgress) -
     return executor, m.weights_bytes
 
 
+@contextlib.contextmanager
+def _preparing(sc: Scenario, where: Path) -> Iterator[None]:
+    """Anything that fails while the engine and the workload load refuses the run in one line: a user error as
+    it is (too few texts naming the workload key), a bad value or a missing file or package as
+    :class:`PrepareError`, anything else as :class:`PrepareError` naming the model and the cause."""
+    from kvbench.models.load import one_line
+
+    try:
+        yield
+    except NotEnoughRequests as exc:
+        raise NotEnoughRequests(f"{where}: workload.{sc.workload.reuse}: {exc}") from exc
+    except UserError:
+        raise
+    except (ValueError, ImportError, OSError) as exc:
+        raise PrepareError(str(exc)) from exc
+    except Exception as exc:  # noqa: BLE001 - anything else before the first trial refuses in one line
+        raise PrepareError(f"{where}: cannot prepare the run of model {sc.model.label}: {one_line(exc)}") from exc
+
+
 def _prepare_server(sc: Scenario, rundir: RunDir, where: Path, progress: RunProgress) -> tuple[Any, int]:
     """The tokenizer and the requests of a server run (its servers start per mode, in the sweep)."""
     from kvbench.bench.servers.engine import load_server_engine
@@ -275,15 +283,9 @@ def _prepare_server(sc: Scenario, rundir: RunDir, where: Path, progress: RunProg
 
     if problems := server_problems(sc):
         raise ScenarioError(where, problems)
-    with progress.loading(f"tokenizing the {sc.workload.source} workload for {sc.engine.kind}"):
-        try:
-            engine = load_server_engine(sc, rundir.path)
-        except NotEnoughRequests as exc:
-            raise NotEnoughRequests(f"{where}: workload.{sc.workload.reuse}: {exc}") from exc
-        except UserError:
-            raise
-        except (ValueError, ImportError, OSError) as exc:
-            raise PrepareError(str(exc)) from exc
+    with progress.loading(f"tokenizing the {sc.workload.source} workload for {sc.engine.kind}"), \
+            _preparing(sc, where):
+        engine = load_server_engine(sc, rundir.path)
     if problems := engine.preflight():
         raise PrepareError(f"{where}: cannot run:\n" + "\n".join(problems))
     progress.info(f"engine {sc.engine.kind}: {len(engine.source.requests)} requests × {len(sc.modes)} modes × "

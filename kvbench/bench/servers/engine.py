@@ -51,6 +51,14 @@ class ModeServer:
     slot_files: dict[str, str] = field(default_factory=dict)
 
 
+def metrics_kind(text: str) -> str:
+    """Whose metric names an ``openai`` server's ``/metrics`` text uses: ``sglang``, ``llama.cpp`` or ``vllm``
+    (the default: vLLM's names)."""
+    if "sglang:" in text:
+        return "sglang"
+    return "llama.cpp" if "llamacpp:" in text else "vllm"
+
+
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     """How many leading ids ``a`` and ``b`` share."""
     n = min(len(a), len(b))
@@ -165,9 +173,11 @@ class ServerEngine:
     @contextlib.contextmanager
     def serving(self, mode: Any, repeat: int, slots: int = 1) -> Iterator[ModeServer]:
         """A server for ``mode`` in ``repeat`` from a cold cache: started (on 127.0.0.1, a free port, its log in
-        ``servers/<mode>-r<repeat>.log`` of the run, ``slots`` parallel slots) and stopped on every exit path; for ``openai`` the running
+        ``servers/<mode>-r<repeat>.log`` of the run, ``.2.log`` for a resumed mode's next server, ``slots``
+        parallel slots) and stopped on every exit path; for ``openai`` the running
         server, reset through ``engine.reset_path`` when ``cold: reset``. Its command line, version and ``/metrics``
-        deltas go into :attr:`servers` (the run's ``servers`` in run.json).
+        deltas (from :attr:`ModeServer.metrics_before`, which the caller reads when its measured requests start,
+        to the end) go into :attr:`servers` (the run's ``servers`` in run.json).
 
         Raises:
             ServerStartError: the server did not start or never became healthy (the log's last lines say why).
@@ -188,6 +198,10 @@ class ServerEngine:
             port = free_port()
             argv = server_argv(self.s, preset, mode, port, slots, self.ctx_per_slot, slot_dir)
             log = servers_dir / f"{mode.label}-r{repeat}.log"
+            n = 1
+            while log.exists() or log.is_symlink():  # a resumed mode's new server: the earlier log stays
+                n += 1
+                log = servers_dir / f"{mode.label}-r{repeat}.{n}.log"
             proc = ServerProcess(argv, log, port=port, startup_timeout_s=e.startup_timeout_s)
             info.update(argv=argv, log=str(log.relative_to(self.run_path)), version=program_version(argv))
             srv = ModeServer(proc.url, None, proc, preset, info)
@@ -199,15 +213,13 @@ class ServerEngine:
             if e.cold == "reset":
                 self._post(srv, e.reset_path)
                 info["reset"] = e.reset_path
-            srv.metrics_before = self._metrics(srv)
             try:
                 yield srv
             finally:
-                after = self._metrics(srv) if srv.process is None or srv.process.alive() else None
-                deltas, notes = counter_deltas(self.kind if self.kind != "openai" else "vllm",
-                                               srv.metrics_before, after)
-                info.update(metrics_delta=deltas, metrics_notes=notes,
-                            metrics_shares=hit_shares(self.kind if self.kind != "openai" else "vllm", deltas))
+                after = self.metrics_text(srv) if srv.process is None or srv.process.alive() else None
+                kind = self.kind if self.kind != "openai" else metrics_kind(srv.metrics_before or after or "")
+                deltas, notes = counter_deltas(kind, srv.metrics_before, after)
+                info.update(metrics_delta=deltas, metrics_notes=notes, metrics_shares=hit_shares(kind, deltas))
                 self.pid = os.getpid()
 
     def _post(self, srv: ModeServer, path: str) -> None:
@@ -218,7 +230,7 @@ class ServerEngine:
         if r.status_code >= 400:
             raise ServerReplyError(f"{srv.url}{path}: POST answered HTTP {r.status_code}: {r.text[:300]!r}", srv.url)
 
-    def _metrics(self, srv: ModeServer) -> str | None:
+    def metrics_text(self, srv: ModeServer) -> str | None:
         """The server's ``/metrics`` text, or None where it has none (or cannot be read now)."""
         try:
             r = httpx.get(srv.url + "/metrics", timeout=10)

@@ -31,7 +31,7 @@ def request_row(s: Scenario, engine: ServerEngine, t: ServerTrial, reply: Reply 
     row = base_row(s, t, {"device": engine.device_name, "dtype": None, "kv_bytes_predicted": None})
     row.update(request_id=req.id, document=req.document, turn_index=req.turn_index, warm=t.warm,
                engine=engine.kind, load_profile=s.load_spec.profile, concurrency=t.concurrency,
-               reusable_prompt_tokens=reusable)
+               reusable_prompt_tokens=reusable, prompt_sha256=(p_sha := prompt_digest(req.ids)))
     if outcome is not None:
         row.update(arrival_s=outcome.arrival_s, start_s=outcome.start_s,
                    queue_s=max(0.0, outcome.start_s - outcome.arrival_s))
@@ -49,7 +49,7 @@ def request_row(s: Scenario, engine: ServerEngine, t: ServerTrial, reply: Reply 
     contaminated = bool(preset.cold and cached)
     row.update(n_output_tokens=n_out, **lat, **itl_percentiles(lat["itl_s"]),
                **throughputs(t.prompt_tokens, 1, lat, n_out),
-               prompt_sha256=(p_sha := prompt_digest(req.ids)), output_sha256=digest,
+               output_sha256=digest,
                output_ids_head=[seq[:IDS_KEPT] for seq in ids] if ids is not None else None,
                cached_prompt_tokens=cached, server_prompt_tokens=reply.prompt_tokens,
                cached_prompt_share=cached / len(req.ids) if cached is not None and req.ids else None,

@@ -23,7 +23,7 @@ import httpx
 from kvbench.bench.machine_load import LoadWindow
 from kvbench.bench.servers import load as load_profiles
 from kvbench.bench.servers.engine import ModeServer, ServerEngine
-from kvbench.bench.servers.process import ServerStartError
+from kvbench.bench.servers.process import ServerExited, ServerStartError
 from kvbench.bench.servers.stream import ServerReplyError
 from kvbench.bench.servers.row import request_row
 from kvbench.bench.servers.telemetry import ServerWatch, tree_cpu_seconds
@@ -80,6 +80,7 @@ def server_sweep(s: Scenario, record: "Recorder", engine: ServerEngine) -> None:
     server is stopped)."""
     requests = engine.source.requests[: s.load_spec.n_requests]
     levels = s.load_spec.levels
+    engine.servers[:0] = record.run.meta.get("servers") or []  # a resumed run's earlier servers stay listed
     for c in levels:
         for r in range(s.repeats):
             for m in mode_order(s.modes, r):
@@ -97,6 +98,7 @@ def _run_mode(s: Scenario, record: "Recorder", engine: ServerEngine, mode: Any, 
         record.on_status(f"starting the {engine.kind} server for {mode.label} (repeat {repeat})")
     try:
         with engine.serving(mode, repeat, level) as srv:
+            record.run.update(servers=engine.servers)  # listed while it runs: a killed run still names it
             try:
                 asyncio.run(_requests(s, record, engine, srv, mode, level, trials, todo))
             except ServerReplyError as exc:  # before the load (reset, warm-up, refill): the server is no use
@@ -104,6 +106,8 @@ def _run_mode(s: Scenario, record: "Recorder", engine: ServerEngine, mode: Any, 
                     raise ServerReplyError(f"{exc}\nthe server exited; its log ends:\n"
                                            f"{srv.process.log_tail(10)}") from exc
                 raise
+    except ServerExited as exc:  # mid-mode: what was in flight is an error row, what was not sent stays to run
+        engine.servers[-1]["exited"] = f"{exc}".splitlines()[0]
     except (ServerStartError, ServerReplyError) as exc:
         for t in todo:
             if t.trial_id not in record.rows:
@@ -121,6 +125,7 @@ async def _requests(s: Scenario, record: "Recorder", engine: ServerEngine, srv: 
             await engine.send(client, srv, mode, engine.warmup_ids(), s.max_new_tokens)
         # the first request a fresh server answers must reuse nothing (a resumed mode's refill fills the cache)
         first = {} if await _refill(s, engine, client, srv, mode, trials, todo) else {"pending": True}
+        srv.metrics_before = engine.metrics_text(srv)  # the deltas count the measured requests (and their holds)
         writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="kvbench-rows")
         written: list[concurrent.futures.Future] = []
         watch = ServerWatch(srv.pid, s.monitor.interval_ms / 1000) if srv.pid else None
@@ -157,12 +162,16 @@ async def _requests(s: Scenario, record: "Recorder", engine: ServerEngine, srv: 
                     row = {**request_row(s, engine, t, reply, o, first=was_first), **machine}
                 except RuntimeError as exc:  # the server generated another number of tokens
                     error = exc
+            gone = srv.process is not None and row is None and not srv.process.alive()
             if row is None:
                 why = f"{type(error).__name__}: {error}"
-                if srv.process is not None and not srv.process.alive():
-                    why += f"\nthe server exited; its log ends:\n{srv.process.log_tail(10)}"
+                if gone:
+                    why += (f"\nthe server exited mid-mode; the requests not sent yet are left for `kvbench run "
+                            f"--resume`; its log ends:\n{srv.process.log_tail(10)}")
                 row = {**request_row(s, engine, t, None, o), "status": Status.ERROR, "message": why}
             written.append(writer.submit(record.write, t, row))
+            if gone:
+                srv.process.check_alive()  # raises ServerExited: the load stops, in-flight requests are cancelled
 
         given = s.load_spec
         spec = load_profiles.LoadSpec(
