@@ -58,7 +58,7 @@ def test_the_default_engine_is_transformers_and_takes_no_server_keys(write_yaml)
      "url: kvbench starts llama.cpp itself on 127.0.0.1; use kind openai for a server already running"),
     ({"kind": "openai", "url": "http://h:1", "cold": "restart"}, "engine",
      "cold: restart is impossible for kind openai (kvbench did not start the server): use cold: reset with "
-     "reset_path, or a server whose none mode reuses nothing"),
+     "reset_path, or cold: check"),
     ({"kind": "openai", "url": "file:///etc/passwd", "cold": "reset", "reset_path": "/r"}, "engine.url",
      "must be an http:// or https:// URL such as http://127.0.0.1:8000 (no query, no spaces) (got "
      "'file:///etc/passwd')"),

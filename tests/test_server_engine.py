@@ -226,7 +226,7 @@ def test_report_and_cost_name_the_server_findings_and_price_each_mode(basic):
     text = " ".join(r.output.split())
     assert r.exit_code == 0, r.output
     assert "`none`: 0 cached prompt tokens on every one of 4 requests (checked)" in text
-    assert "cold starts: 3 of 3 servers answered their first request with 0 cached tokens" in text
+    assert "cold starts: 3 of 3 mode starts answered their first request with 0 cached tokens" in text
     assert "`disk-slots`: from turn 2 on reused 100% of what earlier turns held" in text
     r = CliRunner().invoke(app, ["cost", "--gpu-price", "2", str(run_dir), "--out", str(tmp / "cost")])
     assert r.exit_code == 0, r.output
@@ -249,7 +249,7 @@ def test_a_cold_mode_that_reused_tokens_is_contaminated_and_never_the_reference(
     r = CliRunner().invoke(app, ["report", str(run_dir), "--out", str(tmp_path / "report")])
     text = " ".join(r.output.split())
     assert "`none`: 4 of 4 requests reused cached tokens: contaminated, not used as the reference" in text
-    assert "cold starts: 1 of 2 servers answered their first request with 0 cached tokens; 1 did not" in text
+    assert "cold starts: 1 of 2 mode starts answered their first request with 0 cached tokens; 1 did not" in text
 
 
 def test_outputs_that_differ_from_recompute_are_counted_not_hidden(tmp_path, record):

@@ -67,3 +67,35 @@ def test_multi_turn_on_the_real_llama_server(tmp_path):
     assert servers[1]["metrics_delta"]["prompt_tokens_cached"] >= sum(r["cached_prompt_tokens"] for r in turn2)
     ports = {int(s["argv"][s["argv"].index("--port") + 1]) for s in servers}
     assert not llama_servers(ports)
+
+
+def test_kind_openai_measures_a_running_server_and_checks_its_cold_start(tmp_path):
+    """kind openai: kvbench starts nothing, sends /v1/completions to the running server (here a llama-server this
+    test starts) and reads usage.prompt_tokens_details.cached_tokens; without a restart or a reset, a mode that
+    follows another on the same server is reported as not cold."""
+    from kvbench.bench.servers.engine import gguf_file
+    from kvbench.bench.servers.process import ServerProcess, free_port
+
+    port = free_port()
+    gguf = gguf_file("smollm2-135m")
+    argv = [str(LLAMA_SERVER), "-m", gguf, "--host", "127.0.0.1", "--port", str(port), "-c", "2048", "-t", "1"]
+    with ServerProcess(argv, tmp_path / "server.log", port=port, startup_timeout_s=120) as server:
+        data = {
+            "name": "openai_server", "model": "smollm2-135m", "engine": {"kind": "openai", "url": server.url},
+            "workload": {"source": "sharegpt", "seed": 0, "doc_qa": {"documents": 1, "questions": 2,
+                                                                     "doc_tokens": 300}},
+            "max_new_tokens": 4, "repeats": 1, "warmup": 0, "seed": 0,
+            "modes": [{"name": "none", "request": {"cache_prompt": False}}, {"name": "prefix-cache"}],
+        }
+        (tmp_path / "s.yaml").write_text(yaml.safe_dump(data))
+        res = kvbench.run_scenario(tmp_path / "s.yaml", out=tmp_path / "res")
+    rows = {r["trial_id"]: r for r in res.rows}
+    assert sorted(rows) == ["d0-q1-none-r0", "d0-q1-prefix-cache-r0", "d0-q2-none-r0", "d0-q2-prefix-cache-r0"]
+    assert all(r["status"] == "ok" and r["engine"] == "openai" for r in rows.values()), rows
+    assert [rows[f"d0-q{q}-none-r0"]["cached_prompt_tokens"] for q in (1, 2)] == [0, 0]
+    # the second question starts with the document the first one left in the slot
+    assert rows["d0-q2-prefix-cache-r0"]["cached_prompt_tokens"] >= 300
+    # none's last prompt (question 2) shares the document with prefix-cache's first: not a cold start
+    assert rows["d0-q1-prefix-cache-r0"]["cold_verified"] is False
+    servers = kvbench.load_results(res.run_dir).runs[0]["servers"]
+    assert [(s["mode_label"], "argv" in s) for s in servers] == [("none", False), ("prefix-cache", False)]

@@ -151,7 +151,7 @@ def test_server_findings_name_the_history_reused_the_divergences_and_the_cold_st
         "prompt tokens came from the cache",
         "`prefix-cache`: 1 of 1 requests generated other ids than `none` (first divergence at step 3): the server's "
         "cached and recomputed prompts are not bit-identical, a finding about the engine, not an error of kvbench",
-        "cold starts: 2 of 2 servers answered their first request with 0 cached tokens",
+        "cold starts: 2 of 2 mode starts answered their first request with 0 cached tokens",
         "`prefix-cache` /metrics deltas over its servers: prompt_tokens 25, prompt_tokens_cached not reported"]
 
 

@@ -76,8 +76,9 @@ def server_findings(trials: pd.DataFrame, group: str, later: pd.DataFrame | None
     checked = cold.dropna()
     if len(checked):
         bad = int((~checked.astype(bool)).sum())
-        out.append(f"cold starts: {len(checked) - bad} of {len(checked)} servers answered their first request with "
-                   f"0 cached tokens" + (f"; {bad} did not (their modes' first requests were warm)" if bad else ""))
+        out.append(f"cold starts: {len(checked) - bad} of {len(checked)} mode starts answered their first request "
+                   f"with 0 cached tokens" + (f"; {bad} did not: those modes began warm (a server kvbench did not "
+                                              "restart or reset)" if bad else ""))
     out += _counter_lines(servers)
     return out
 

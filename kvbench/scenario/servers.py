@@ -205,9 +205,10 @@ class EngineSpec(Strict):
     args: Flags = Field(default_factory=list, description="Server flags for every mode (threads, context...).")
     startup_timeout_s: Seconds = Field(300.0, description="Longest wait for the server's /health (seconds).")
     request_timeout_s: Seconds = Field(300.0, description="Longest wait for one request's reply (seconds).")
-    cold: Literal["restart", "reset"] = Field(
-        "restart", description="How each mode starts from an empty cache: restart the server (default), or call "
-        "reset_path; either way the first request's cached tokens must be 0.")
+    cold: Literal["restart", "reset", "check"] | None = optional(
+        "How each mode starts from an empty cache: restart the server (the default where kvbench starts it), call "
+        "reset_path (POST), or only check (the default for openai: a server already running); either way the first "
+        "request's cached tokens must be 0, or the mode is reported as not cold.")
     reset_path: str | None = optional("The engine's cache-reset endpoint for cold: reset (POST), e.g. "
                                       "/reset_prefix_cache.")
 
@@ -229,7 +230,7 @@ class EngineSpec(Strict):
                                  "you started")
             if self.cold == "restart":
                 raise ValueError("cold: restart is impossible for kind openai (kvbench did not start the server): "
-                                 "use cold: reset with reset_path, or a server whose none mode reuses nothing")
+                                 "use cold: reset with reset_path, or cold: check")
         elif self.url is not None:
             raise ValueError(f"url: kvbench starts {self.kind} itself on 127.0.0.1; use kind openai for a server "
                              "already running")
@@ -243,6 +244,11 @@ class EngineSpec(Strict):
     def server(self) -> bool:
         """A server engine (anything but transformers)."""
         return self.kind != "transformers"
+
+    @property
+    def cold_start(self) -> str:
+        """``cold`` as it applies: ``restart`` for a server kvbench starts, ``check`` for ``openai``, unless set."""
+        return self.cold or ("check" if self.kind == "openai" else "restart")
 
 
 class LoadSpec(Strict):

@@ -210,7 +210,7 @@ class ServerEngine:
             if srv.process is not None:
                 srv.pid = srv.process.pid
                 self.pid = srv.pid
-            if e.cold == "reset":
+            if e.cold_start == "reset":
                 self._post(srv, e.reset_path)
                 info["reset"] = e.reset_path
             try:
