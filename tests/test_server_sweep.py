@@ -170,3 +170,24 @@ def test_hit_rate_up_latency_flat_is_a_finding_only_when_ttft_hardly_moved():
     assert not [line for line in server_findings(t, "g", later(0.3), []) if "latency flat" in line]
     assert "`pc`: TTFT ÷ `none`'s from turn 2 on: 0.30 [0.20, 0.50] over 6 request pairs" in server_findings(
         t, "g", later(0.3), [])
+
+
+def test_the_server_watch_reads_the_gpu_memory_of_the_server_s_processes_only():
+    import os
+
+    from kvbench.bench.servers.telemetry import ServerWatch
+
+    class FakeNvml:
+        def __init__(self):
+            self.n = 0
+
+        def raw(self):
+            self.n += 1
+            return {"processes": [(os.getpid(), 1000 * self.n), (1, 10**9)], "memory": (5000 + self.n, 8000),
+                    "util": 50, "power_mw": 200_000}
+
+    watch = ServerWatch(os.getpid(), 10.0, FakeNvml()).start()
+    fields = watch.stop()  # one sample at the start, one at the stop
+    assert fields["nvml_process_peak_bytes"] == 2000 and fields["nvml_device_peak_bytes"] == 5002
+    assert (fields["gpu_util_mean_percent"], fields["power_mean_w"], fields["n_samples"]) == (50, 200.0, 2)
+    assert fields["rss_peak_bytes"] > 10**6 and fields["rss_peak_source"] == "server samples"

@@ -145,6 +145,15 @@ class ServerEngine:
         import torch
 
         self.device = torch.device(device_type)
+        #: NVML of the server's GPU (a server on a CUDA machine), for its per-PID memory; None on a CPU
+        self.nvml = None
+        if device_type == "cuda":
+            from kvbench.bench.nvml import NvmlReader
+            from kvbench.errors import NvmlUnavailable
+
+            with contextlib.suppress(NvmlUnavailable):
+                self.nvml = NvmlReader(torch.device("cuda:0") if s.device in ("auto", "cuda") else
+                                       torch.device(s.device))
         self.device_name = f"{self.kind} server ({device_type})"
         self.pid = os.getpid()
         self.reference = Reference()

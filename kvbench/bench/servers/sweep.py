@@ -128,7 +128,7 @@ async def _requests(s: Scenario, record: "Recorder", engine: ServerEngine, srv: 
         srv.metrics_before = engine.metrics_text(srv)  # the deltas count the measured requests (and their holds)
         writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="kvbench-rows")
         written: list[concurrent.futures.Future] = []
-        watch = ServerWatch(srv.pid, s.monitor.interval_ms / 1000) if srv.pid else None
+        watch = ServerWatch(srv.pid, s.monitor.interval_ms / 1000, engine.nvml) if srv.pid else None
         own = (lambda: tree_cpu_seconds(srv.pid)) if srv.pid else None
         window = LoadWindow(also_own=own)
         if watch is not None:

@@ -1,5 +1,6 @@
-"""The server process's own telemetry: resident memory and CPU of the server and its children (psutil), sampled
-on a thread while a mode's requests run; the machine's load then counts the server's CPU as kvbench's own."""
+"""The server process's own telemetry: resident memory and CPU of the server and its children (psutil) and, on a
+GPU, their GPU memory and the device's (NVML, per PID), sampled on a thread while a mode's requests run; the
+machine's load then counts the server's CPU as kvbench's own."""
 
 from __future__ import annotations
 
@@ -30,6 +31,11 @@ def tree_cpu_seconds(pid: int | None) -> float:
     return total
 
 
+def tree_pids(pid: int) -> set[int]:
+    """The PIDs of process ``pid`` and its children (empty when it is gone)."""
+    return {p.pid for p in _tree(pid)}
+
+
 def tree_rss_bytes(pid: int) -> int | None:
     """Resident bytes of process ``pid`` and its children now (None when it is gone)."""
     procs = _tree(pid)
@@ -46,13 +52,17 @@ def tree_rss_bytes(pid: int) -> int | None:
 
 class ServerWatch:
     """Samples a server's process tree every ``interval_s`` seconds on a thread between :meth:`start` and
-    :meth:`stop`; :meth:`stop` returns the row fields ``rss_peak_bytes`` (peak of the samples, bytes),
+    :meth:`stop`; :meth:`stop` returns the fields ``rss_peak_bytes`` (peak of the samples, bytes),
     ``rss_mean_bytes``, ``cpu_percent_mean`` (CPU seconds of the tree over the wall time × 100: 100 = one CPU),
-    ``n_samples`` and ``rss_peak_source`` (``server samples``)."""
+    ``n_samples`` and ``rss_peak_source`` (``server samples``); with ``nvml`` (a
+    :class:`~kvbench.bench.nvml.NvmlReader` of the server's GPU) also ``nvml_process_peak_bytes`` (the tree's GPU
+    memory, summed over its PIDs; None where NVML lists none of them, e.g. another PID namespace),
+    ``nvml_device_peak_bytes``, ``gpu_util_mean_percent`` and ``power_mean_w``."""
 
-    def __init__(self, pid: int, interval_s: float = 0.05):
-        self.pid, self.interval_s = pid, max(interval_s, 0.01)
+    def __init__(self, pid: int, interval_s: float = 0.05, nvml: Any = None):
+        self.pid, self.interval_s, self.nvml = pid, max(interval_s, 0.01), nvml
         self._rss: list[int] = []
+        self._gpu: dict[str, list[float]] = {"process": [], "device": [], "util": [], "power": []}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._t0 = self._cpu0 = 0.0
@@ -69,6 +79,13 @@ class ServerWatch:
         rss = tree_rss_bytes(self.pid)
         if rss is not None:
             self._rss.append(rss)
+        if self.nvml is not None:
+            raw, pids = self.nvml.raw(), tree_pids(self.pid)
+            mine = [used for p, used in raw.get("processes") or () if p in pids and used is not None]
+            for key, v in (("process", sum(mine) if mine else None), ("device", (raw.get("memory") or (None,))[0]),
+                           ("util", raw.get("util")), ("power", raw.get("power_mw"))):
+                if v is not None:
+                    self._gpu[key].append(v)
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval_s):
@@ -82,7 +99,13 @@ class ServerWatch:
         self._sample()
         wall = time.monotonic() - self._t0
         cpu = tree_cpu_seconds(self.pid) - self._cpu0
-        return {"rss_peak_bytes": max(self._rss) if self._rss else None,
+        gpu = self._gpu
+        on_gpu = {} if self.nvml is None else {
+            "nvml_process_peak_bytes": max(gpu["process"]) if gpu["process"] else None,
+            "nvml_device_peak_bytes": max(gpu["device"]) if gpu["device"] else None,
+            "gpu_util_mean_percent": sum(gpu["util"]) / len(gpu["util"]) if gpu["util"] else None,
+            "power_mean_w": sum(gpu["power"]) / len(gpu["power"]) / 1000 if gpu["power"] else None}
+        return {**on_gpu, "rss_peak_bytes": max(self._rss) if self._rss else None,
                 "rss_mean_bytes": sum(self._rss) / len(self._rss) if self._rss else None,
                 "rss_peak_source": "server samples" if self._rss else None,
                 "cpu_percent_mean": 100 * cpu / wall if wall > 0 and cpu >= 0 else None,
