@@ -139,8 +139,9 @@ class ServerEngine:
         reference: the ``none`` outputs every request is compared with.
     """
 
-    def __init__(self, s: Scenario, source: Any, run_path: Path, max_positions: int, device_type: str = "cpu"):
-        self.s, self.source, self.run_path = s, source, Path(run_path)
+    def __init__(self, s: Scenario, source: Any, run_path: Path, max_positions: int, device_type: str = "cpu",
+                 vocab_size: int = 32_000):
+        self.s, self.source, self.run_path, self.vocab_size = s, source, Path(run_path), vocab_size
         self.kind = s.engine.kind
         import torch
 
@@ -293,13 +294,13 @@ class ServerEngine:
             return {}
 
     def warmup_ids(self) -> list[int]:
-        """A seeded prompt of :data:`WARMUP_TOKENS` ids whose first id starts no request (so a warm-up leaves
-        nothing a request could reuse)."""
+        """A seeded prompt of :data:`WARMUP_TOKENS` ids below the vocabulary's size whose first id starts no request
+        (so a warm-up leaves nothing a request could reuse)."""
         firsts = {q.ids[0] for q in self.source.requests if q.ids}
         rng = np.random.default_rng(self.s.seed)
-        ids = [int(x) for x in rng.integers(100, 40_000, WARMUP_TOKENS)]
+        ids = [int(x) for x in rng.integers(min(100, self.vocab_size // 2), self.vocab_size, WARMUP_TOKENS)]
         while ids[0] in firsts:
-            ids[0] += 1
+            ids[0] = (ids[0] + 1) % self.vocab_size
         return ids
 
     def trials(self, mode: Any, repeat: int, requests: Sequence[Any], concurrency: int = 1) -> list[ServerTrial]:
@@ -340,5 +341,6 @@ def load_server_engine(s: Scenario, run_path: Path) -> ServerEngine:
         source = make_stream(s.workload, tokenizer, longest)
     else:
         source = prompt_requests(s, make_source(s.workload, tokenizer, arch.vocab_size, longest))
-    device = "cuda" if s.device.startswith("cuda") else "cpu"
-    return ServerEngine(s, source, run_path, arch.max_positions, device)
+    from kvbench.models import resolve_device
+
+    return ServerEngine(s, source, run_path, arch.max_positions, resolve_device(s.device).type, arch.vocab_size)
