@@ -46,24 +46,24 @@ def test_a_server_scenario_loads_with_its_presets_and_load(write_yaml):
 
 def test_the_default_engine_is_transformers_and_takes_no_server_keys(write_yaml):
     data = server_scenario(engine={"binary": "/bin/true"})
-    assert problems_of(write_yaml, data) == [("engine", "binary: only for a server engine (kind llama.cpp, vllm, "
-                                                        "sglang or openai); the transformers engine runs in kvbench")]
+    assert problems_of(write_yaml, data) == [("engine.binary", "only for a server engine (kind llama.cpp, vllm, "
+                                                               "sglang or openai); the transformers engine runs in kvbench")]
 
 
 @pytest.mark.parametrize("engine, path, message", [
     ({"kind": "llamacpp"}, "engine.kind", "unknown engine 'llamacpp'; did you mean 'llama.cpp'? available: "
                                           "transformers, llama.cpp, vllm, sglang, openai (got 'llamacpp')"),
-    ({"kind": "openai"}, "engine", "url: required for kind openai (the running server's base URL)"),
-    ({"kind": "llama.cpp", "url": "http://127.0.0.1:8000"}, "engine",
-     "url: kvbench starts llama.cpp itself on 127.0.0.1; use kind openai for a server already running"),
-    ({"kind": "openai", "url": "http://h:1", "cold": "restart"}, "engine",
-     "cold: restart is impossible for kind openai (kvbench did not start the server): use cold: reset with "
+    ({"kind": "openai"}, "engine.url", "required for kind openai (the running server's base URL)"),
+    ({"kind": "llama.cpp", "url": "http://127.0.0.1:8000"}, "engine.url",
+     "kvbench starts llama.cpp itself on 127.0.0.1; use kind openai for a server already running"),
+    ({"kind": "openai", "url": "http://h:1", "cold": "restart"}, "engine.cold",
+     "restart is impossible for kind openai (kvbench did not start the server): use cold: reset with "
      "reset_path, or cold: check"),
     ({"kind": "openai", "url": "file:///etc/passwd", "cold": "reset", "reset_path": "/r"}, "engine.url",
      "must be an http:// or https:// URL such as http://127.0.0.1:8000 (no query, no spaces) (got "
      "'file:///etc/passwd')"),
-    ({"kind": "vllm", "cold": "reset"}, "engine",
-     "reset_path: required with cold: reset (the engine's cache-reset endpoint)"),
+    ({"kind": "vllm", "cold": "reset"}, "engine.reset_path",
+     "required with cold: reset (the engine's cache-reset endpoint)"),
     ({"kind": "llama.cpp", "args": ["-t\n1"]}, "engine.args[0]",
      "a server flag cannot hold a NUL byte or a line break (got '-t\\n1')"),
 ])
@@ -103,12 +103,18 @@ def test_offload_modes_need_the_transformers_engine_and_server_modes_a_server(wr
                                           "arrive as load: says); remove it"),
     ({"budget": "1GiB"}, "budget", "does not apply to engine llama.cpp (a server keeps its own KV; requests arrive "
                                    "as load: says); remove it"),
-    ({"load": {"profile": "sequential", "concurrency": 2}}, "load",
-     "concurrency: profile sequential sends one request at a time; use profile concurrent"),
-    ({"load": {"profile": "poisson"}}, "load", "rate: required for profile poisson (requests per second)"),
-    ({"load": {"profile": "concurrent", "rate": 2.0}}, "load", "rate: only for profile poisson (this load is "
-                                                               "concurrent)"),
-    ({"load": {"profile": "concurrent", "concurrency": [2, 2]}}, "load", "concurrency: duplicate level(s) in [2, 2]"),
+    ({"load": {"profile": "sequential", "concurrency": 2}}, "load.concurrency",
+     "profile sequential sends one request at a time; use profile concurrent"),
+    ({"load": {"profile": "poisson"}}, "load.rate", "required for profile poisson (requests per second)"),
+    ({"load": {"profile": "concurrent", "rate": 2.0}}, "load.rate", "only for profile poisson (this load is "
+                                                                    "concurrent)"),
+    ({"load": {"profile": "concurrent", "concurrency": [2, 2]}}, "load.concurrency", "duplicate level(s) in [2, 2]"),
+    ({"load": {"profile": "concurrent", "concurrency": -1}}, "load.concurrency",
+     "Input should be greater than or equal to 1 (got -1)"),
+    ({"load": {"profile": "concurrent", "concurrency": [1, -2]}}, "load.concurrency[1]",
+     "Input should be greater than or equal to 1 (got -2)"),
+    ({"load": {"profile": "concurrent", "concurrency": "lots"}}, "load.concurrency",
+     "must be a whole number or a list of whole numbers (got 'lots')"),
     ({"modes": [{"name": "none"}, {"name": "disk-slots"}], "load": {"profile": "concurrent", "concurrency": 2}},
      "modes[1]", "preset disk-slots saves and restores slot 0 around each turn: it runs one request at a time "
                  "(load.concurrency 1)"),
@@ -138,3 +144,33 @@ def test_the_shipped_server_scenarios_validate(name):
     assert f"{name}.yaml: ok (" in r.stdout
     if name in ("vllm_offload", "sglang_hicache"):  # GPU machines' programs are not here: a warning, not an error
         assert "not found in kvbench's environment or on PATH" in r.stderr
+
+
+@pytest.mark.parametrize("where", ["engine", "mode"])
+@pytest.mark.parametrize("flag", [["--host", "0.0.0.0"], ["--port=80"], ["--metrics"]])
+def test_flags_that_would_move_the_server_off_loopback_are_refused(write_yaml, where, flag):
+    data = (server_scenario(engine={"kind": "llama.cpp", "args": flag}) if where == "engine" else
+            server_scenario(modes=[{"name": "none", "args": flag}]))
+    (path, message), = problems_of(write_yaml, data)
+    assert path == ("engine.args" if where == "engine" else "modes[0].args")
+    assert message.startswith(f"{flag[0]}: kvbench sets --host, --port, --metrics itself (a server it starts listens "
+                              "on 127.0.0.1 at a free port, never another interface)")
+
+
+def test_a_llama_cpp_model_must_be_a_gguf_file(write_yaml, tmp_path):
+    (tmp_path / "notes.txt").write_text("hello")
+    for model, message in (("/nonexistent/m.gguf", "/nonexistent/m.gguf is not a file (llama.cpp loads a .gguf "
+                                                    "file)"),
+                           (str(tmp_path / "notes.txt"), f"{tmp_path / 'notes.txt'} is not a GGUF file (it does not "
+                                                         "start with GGUF): llama.cpp loads GGUF")):
+        assert problems_of(write_yaml, server_scenario(engine={"kind": "llama.cpp", "model": model})) == [
+            ("engine.model", message)]
+
+
+def test_sizes_are_whole_where_the_flag_is_and_never_written_with_an_exponent(write_yaml):
+    from kvbench.scenario.servers import size_text
+
+    data = server_scenario(modes=[{"name": "none"}, {"name": "ram", "preset": "host-cache", "size": 0.5}])
+    assert problems_of(write_yaml, data) == [("modes[1]", "size: 0.5 MiB: preset host-cache of llama.cpp takes a "
+                                                          "whole number")]
+    assert [size_text(v) for v in (1048576.0, 0.5, 2.25, 16)] == ["1048576", "0.5", "2.25", "16"]

@@ -409,3 +409,27 @@ def test_a_signal_mid_mode_leaves_no_server_and_resume_sends_only_what_is_missin
     assert t1 in sent and sent.index(t1) < sent.index(t2)  # turn 1 re-sent, unrecorded, before turn 2
     assert sent.count(t2) == 1 and after["c0-t2-prefix-cache-r0"]["cached_prompt_tokens"] == modelled_cache(
         resumed)[t2]
+
+
+def test_requests_past_the_load_s_duration_are_skipped_and_resume_sends_none_of_them(tmp_path):
+    data = scenario(load={"profile": "sequential", "duration_s": 0.3})
+    run_dir = run(tmp_path, data, FAKE_TOKEN_DELAY_S=0.2)  # each request takes about 0.8 s
+    got = rows(run_dir)
+    for mode in ("none", "prefix-cache"):
+        assert [got[f"{q}-{mode}-r0"]["status"] for q in REQUESTS] == ["ok", "skipped", "skipped", "skipped"]
+        assert got[f"c1-t1-{mode}-r0"]["message"] == "not sent: load.duration_s (0.3 s) had passed"
+    resumed = CliRunner().invoke(app, ["run", "--resume", str(run_dir)])
+    assert resumed.exit_code == 0, resumed.output
+    assert "0 trials written to" in resumed.output and rows(run_dir) == got
+
+
+def test_a_metrics_page_that_is_not_prometheus_text_is_not_reported_and_the_sweep_goes_on(tmp_path):
+    from kvbench.bench.servers.engine import ServerEngine
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ServerEngine, "metrics_text", lambda self, srv: "<html>hello</html>")
+        got = rows(run_dir := run(tmp_path, scenario()))
+    assert all(r["status"] == "ok" for r in got.values())
+    for srv in meta(run_dir)["servers"]:
+        assert srv["metrics_delta"] == {}
+        assert "is not Prometheus text" in srv["metrics_notes"]["metrics"]

@@ -88,7 +88,11 @@ def test_a_request_row_carries_the_server_s_cache_truth_and_verifies_a_cold_star
     row = request_row(s, e, none, reply(0), outcome, first=True)
     assert (row["trial_id"], row["warm"], row["cached_prompt_tokens"], row["cold_verified"]) == (
         "c0-t2-none-r0", False, 0, True)
-    assert (row["ttft_s"], row["queue_s"], row["reusable_prompt_tokens"], row["tokens_match"]) == (0.5, 0.5, 5, True)
+    assert (row["ttft_s"], row["reusable_prompt_tokens"], row["tokens_match"]) == (0.5, 5, True)
+    assert (row["arrival_s"], row["queue_s"]) == (1.5, 0.0)  # one at a time: a request arrives when it is sent
+    c = scenario(load={"profile": "concurrent", "concurrency": 2})
+    assert request_row(c, engine(c), engine(c).trials(c.modes[0], 0, REQUESTS)[2], reply(0), outcome)["queue_s"] \
+        == 0.5
     assert row["itl_s"] == pytest.approx([0.1, 0.2]) and row["server_tpot_s"] == 0.1
     warm = e.trials(s.modes[1], 0, REQUESTS)[2]
     row = request_row(s, e, warm, reply(5, text="abd"), outcome)
@@ -149,7 +153,7 @@ def test_server_findings_name_the_history_reused_the_divergences_and_the_cold_st
         "`none`: 0 cached prompt tokens on every one of 1 requests (checked)",
         "`prefix-cache`: from turn 2 on reused 95% of what earlier turns held (1 requests; the least 95%); 79% of all "
         "prompt tokens came from the cache",
-        "`prefix-cache`: 1 of 1 requests generated other ids than `none` (first divergence at step 3): the server's "
+        "`prefix-cache`: 1 of 1 requests generated other ids than `none` (first differing token at step 3): the server's "
         "cached and recomputed prompts are not bit-identical, a finding about the engine, not an error of kvbench",
         "cold starts: 2 of 2 mode starts answered their first request with 0 cached tokens",
         "`prefix-cache` /metrics deltas over its servers: prompt_tokens 25, prompt_tokens_cached not reported"]

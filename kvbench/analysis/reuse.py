@@ -26,11 +26,19 @@ def length_bin(tokens: pd.Series) -> pd.Series:
     return pd.Series([f"{edges[j]}-{edges[j + 1] - 1}" for j in i], index=tokens.index)
 
 
+#: Columns of a measured reuse trial that the tables read: a frame of failed trials only lacks them.
+MEASURED_COLUMNS = ("ttft_s", "e2e_s", "n_output_tokens", "tokens_restored", "store_hit_rate", "tokens_match",
+                    "first_divergence_step", "divergence_acceptable", "machine_busy")
+
+
 def reuse_trials(trials: pd.DataFrame) -> pd.DataFrame:
-    """The rows of reuse trials (those with a ``warm`` flag), measured or not."""
+    """The rows of reuse trials (those with a ``warm`` flag), measured or not, with every column of
+    :data:`MEASURED_COLUMNS` (null where no trial has it, e.g. when none was measured)."""
     if "warm" not in trials:
         return trials.iloc[0:0]
-    return trials[trials["warm"].notna()]
+    rows = trials[trials["warm"].notna()]
+    missing = [c for c in MEASURED_COLUMNS if c not in rows]
+    return rows.assign(**{c: pd.Series(None, index=rows.index, dtype=object) for c in missing}) if missing else rows
 
 
 def reuse_table(trials: pd.DataFrame, by: str = "turn_index") -> pd.DataFrame:

@@ -4,6 +4,7 @@ equal ``none``'s, the ``/metrics`` counter deltas, and "hit rate up, latency fla
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 import pandas as pd
@@ -76,9 +77,12 @@ def server_findings(trials: pd.DataFrame, group: str, later: pd.DataFrame | None
     checked = cold.dropna()
     if len(checked):
         bad = int((~checked.astype(bool)).sum())
+        unchecked = max(0, len(servers) - len(checked))
         out.append(f"cold starts: {len(checked) - bad} of {len(checked)} mode starts answered their first request "
                    f"with 0 cached tokens" + (f"; {bad} did not: those modes began warm (a server kvbench did not "
-                                              "restart or reset)" if bad else ""))
+                                              "restart or reset)" if bad else "")
+                   + (f"; {unchecked} more servers were not checked (a resumed mode, its cache refilled first, or "
+                      "one whose requests all failed)" if unchecked else ""))
     out += _counter_lines(servers)
     return out
 
@@ -92,8 +96,9 @@ def _matches(mode: str, part: pd.DataFrame) -> str:
     same = int(compared.astype(bool).sum())
     if same == len(compared):
         return f"`{mode}`: every request ({same}) generated the same ids as `none`"
-    steps = sorted(int(s) for s in part.loc[m.eq(False), "first_divergence_step"].dropna())
-    where = f" (first divergence at step {', '.join(map(str, steps))})" if steps else ""
+    steps = Counter(int(s) for s in part.loc[m.eq(False), "first_divergence_step"].dropna())
+    where = (" (first differing token at " + ", ".join(
+        f"step {k}" + (f" in {n} requests" if n > 1 else "") for k, n in sorted(steps.items())) + ")") if steps else ""
     return (f"`{mode}`: {len(compared) - same} of {len(compared)} requests generated other ids than `none`"
             f"{where}: the server's cached and recomputed prompts are not bit-identical, a finding about the "
             "engine, not an error of kvbench")
@@ -103,17 +108,24 @@ def _counter_lines(servers: list[dict[str, Any]]) -> list[str]:
     """Per mode, the ``/metrics`` deltas summed over its repeats (a counter any server did not report: "not
     reported")."""
     by_mode: dict[str, dict[str, float | None]] = {}
+    counted: dict[str, list[int]] = {}
     for srv in servers:
+        mode = str(srv.get("mode_label"))
         deltas = srv.get("metrics_delta") or {}
-        acc = by_mode.setdefault(str(srv.get("mode_label")), {})
+        n = counted.setdefault(mode, [0, 0])
+        n[1] += 1
+        if not deltas:
+            continue  # a server killed, or one whose /metrics could not be read
+        n[0] += 1
+        acc = by_mode.setdefault(mode, {})
         for name, v in deltas.items():
             acc[name] = None if v is None or (name in acc and acc[name] is None) else acc.get(name, 0.0) + v
     out = []
     for mode, acc in by_mode.items():
-        if not acc:
-            continue
         shown = ", ".join(f"{k} {'not reported' if v is None else f'{v:,.0f}'}" for k, v in acc.items()
                           if k.startswith(("prompt_tokens", "cached_tokens", "prefix_cache", "external_prefix")))
         if shown:
-            out.append(f"`{mode}` /metrics deltas over its servers: {shown}")
+            read, total = counted[mode]
+            of = f" ({read} of its {total} servers: the others' counters could not be read)" if read < total else ""
+            out.append(f"`{mode}` /metrics deltas over its servers: {shown}{of}")
     return out

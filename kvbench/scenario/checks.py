@@ -34,12 +34,29 @@ def _cuda() -> bool:
     return torch.cuda.is_available()
 
 
+def _gguf_problems(path: str) -> list[tuple[str, str]]:
+    """What keeps llama-server from loading ``engine.model``: not a file, or not GGUF (its first bytes)."""
+    p = Path(path)
+    if not p.is_file():
+        return [("engine.model", f"{path} is not a file (llama.cpp loads a .gguf file)")]
+    try:
+        with open(p, "rb") as f:
+            magic = f.read(4)
+    except OSError as exc:
+        return [("engine.model", f"{path}: cannot read it: {exc.strerror or exc}")]
+    if magic != b"GGUF":
+        return [("engine.model", f"{path} is not a GGUF file (it does not start with GGUF): llama.cpp loads GGUF")]
+    return []
+
+
 def check_scenario(s: Scenario, *, check_model: bool = True) -> list[tuple[str, str]]:
     """Checks that need more than the schema: runnable modes, data sources, and the model's context limit.
 
     Reads the model's config (never its weights) when ``check_model``. Returns ``(key path, message)`` pairs.
     """
     problems: list[tuple[str, str]] = []
+    if s.engine.kind == "llama.cpp" and s.engine.model is not None:
+        problems += _gguf_problems(s.engine.model)
     for i, m in enumerate(s.modes if not s.engine.server else ()):
         if m.kind not in MODES:
             problems.append((f"modes[{i}].kind", MODES.unknown(m.kind)))
@@ -163,6 +180,8 @@ def _reuse_problems(s: Scenario, shape: Any, limit: int) -> list[tuple[str, str]
         problems.append(("workload.doc_qa.doc_tokens",
                          f"{dq.doc_tokens} tokens + up to {DOC_QA_OVERHEAD_TOKENS} for the question and chat template "
                          f"{why}; documents of at most {limit - DOC_QA_OVERHEAD_TOKENS} tokens fit"))
+    if s.engine.server:  # a server keeps its own KV: kvbench's store does not apply
+        return problems
     st = s.store_spec
     longest = (mt.max_prompt_tokens or limit, "multi_turn.max_prompt_tokens") if mt is not None else \
         (dq.doc_tokens, "doc_qa.doc_tokens")
@@ -180,6 +199,38 @@ def _reuse_problems(s: Scenario, shape: Any, limit: int) -> list[tuple[str, str]
     return problems
 
 
+#: Bytes per K or V element in llama-server's KV cache by default (f16).
+LLAMA_KV_BYTES = 2
+
+
+def _server_memory_warning(s: Scenario) -> list[tuple[str, str]]:
+    """llama.cpp: the KV cache its slots hold at the longest prompt (f16, every slot full), against this machine's
+    memory (a server that cannot allocate it fails to start, or swaps)."""
+    import psutil
+
+    from kvbench.errors import ModelNotFound
+    from kvbench.models import read_architecture
+
+    if s.engine.kind != "llama.cpp":
+        return []
+    try:
+        arch = read_architecture(s.model)
+    except (ModelNotFound, ValueError):
+        return []  # reported by check_scenario
+    mt, dq = s.workload.multi_turn, s.workload.doc_qa
+    longest = (mt.max_prompt_tokens or arch.max_positions if mt is not None else
+               dq.doc_tokens + DOC_QA_OVERHEAD_TOKENS if dq is not None else max(s.prompt_tokens or [1]))
+    ctx = min(arch.max_positions, longest + s.max_new_tokens + 16)
+    slots = max(s.load_spec.levels)
+    need = arch.cached_kv_bytes(ctx, LLAMA_KV_BYTES) * slots
+    total = psutil.virtual_memory().total
+    if need <= total / 2:
+        return []
+    return [("load.concurrency", f"{slots} slots × {ctx} tokens of context is {need / 2**30:.1f} GiB of f16 KV for "
+                                 f"llama-server, more than half of this machine's {total / 2**30:.1f} GiB: the "
+                                 "server may fail to start or swap")]
+
+
 def scenario_warnings(s: Scenario) -> list[tuple[str, str]]:
     """The article's "bad config" patterns, which run but mislead: ``(key path, message)`` pairs.
 
@@ -193,6 +244,7 @@ def scenario_warnings(s: Scenario) -> list[tuple[str, str]]:
     warns: list[tuple[str, str]] = []
     if s.engine.server:  # a file for another machine is valid here; `kvbench run` refuses before any request
         warns += [(path, f"{msg} (kvbench run refuses until it is found)") for path, msg in server_problems(s)]
+        warns += _server_memory_warning(s)
         for i, m in enumerate(s.modes):
             if preset_of(s.engine.kind, m).needs_gpu and not s.device.startswith("cuda"):
                 warns.append((f"modes[{i}]", f"preset {m.kind} moves KV between a GPU and the host; on device "

@@ -23,7 +23,7 @@ _MODE_CLASSES = {kind: m.options for kind, m in MODES.items()}
 def problems(exc: ValidationError) -> list[tuple[str, str]]:
     """pydantic's errors of :class:`~kvbench.scenario.schema.Scenario` as ``(key path, message)`` pairs, one per
     fault, each message naming the bad value and what is allowed."""
-    return [_keyed(_path(e["loc"]), _describe(e)) for e in _auto_union(exc.errors())]
+    return [_keyed(_path(e["loc"]), _describe(e)) for e in _one_or_many(_auto_union(exc.errors()))]
 
 
 def echo(value: Any) -> str:
@@ -110,7 +110,7 @@ def _describe(err: dict[str, Any]) -> str:
     return f"{msg} (got {echo(value)})"
 
 
-_LIST_TAG, _AUTO_TAG = "list[constrained-int]", "literal['auto']"
+_LIST_TAG, _AUTO_TAG, _INT_TAG = "list[constrained-int]", "literal['auto']", "constrained-int"
 
 
 def _auto_union(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -130,9 +130,45 @@ def _auto_union(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def _one_or_many(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Errors of a nested ``int | list[int]`` field (``load.concurrency``) as one per fault: pydantic reports each
+    branch (tags ``constrained-int`` and ``list[constrained-int]``); keep the branch that fits the value's shape
+    (a list: the list's; anything else: the number's), and for a value that is neither one message saying both."""
+    out, seen = [], set()
+    for e in errors:
+        loc = e["loc"]
+        tag = next((i for i, part in enumerate(loc) if i >= 2 and part in (_INT_TAG, _LIST_TAG)), None)
+        if tag is None:
+            out.append(e)
+            continue
+        is_list = isinstance(e.get("input"), list) if loc[tag] == _INT_TAG else None
+        key = loc[:tag]
+        if loc[tag] == _INT_TAG and e["type"] == "int_type" and is_list:
+            continue  # a list given: the number branch's complaint is noise
+        if loc[tag] == _LIST_TAG and e["type"] == "list_type":
+            if any(x["loc"][:tag + 1] == (*key, _INT_TAG) and x["type"] == "int_type" for x in errors):
+                if key not in seen:  # neither a number nor a list
+                    seen.add(key)
+                    out.append({**e, "loc": key, "type": "value_error",
+                                "msg": "must be a whole number or a list of whole numbers"})
+            continue  # a number given: the list branch's complaint is noise
+        if loc[tag] == _INT_TAG and e["type"] == "int_type":
+            continue  # neither: said once above
+        out.append({**e, "loc": (*key, *loc[tag + 1:])})
+    return out
+
+
+#: Sections whose own checks name one of their keys first (``rate: required ...``).
+_SECTIONS = ("engine", "load")
+
+
 def _keyed(path: str, msg: str) -> tuple[str, str]:
     """A whole-scenario check names its key at the start of its message (``capacity: ...``): make it the path."""
     m = re.match(r"([a-z_]+): (.*)", msg, flags=re.S)
+    if path in _SECTIONS and m:  # a section's own check names its key: load: rate: ... is load.rate
+        model = next(iter(_unwrap(Scenario.model_fields[path].annotation)), None)
+        if model is not None and m.group(1) in model.model_fields:
+            return f"{path}.{m.group(1)}", m.group(2)
     if not path and m and m.group(1) in Scenario.model_fields:
         key, rest = m.group(1), m.group(2)
         if (item := re.match(r"\[(\d+)\] (.*)", rest, flags=re.S)):  # one entry of a list: modes[1]

@@ -102,4 +102,9 @@ def resolve_paths(s: Scenario, base: Path) -> Scenario:
         disk_dir = os.path.expanduser(disk_dir)
         if not Path(disk_dir).is_absolute():
             disk_dir = str(base / disk_dir)
-    return s.model_copy(update={"model": model, "workload": wl, "disk_dir": disk_dir})
+    engine = s.engine  # a server's program or model given as a path relative to the scenario file
+    for key in ("binary", "model"):
+        v = getattr(engine, key)
+        if v and "/" in v and not Path(v).is_absolute() and (base / v).exists():
+            engine = engine.model_copy(update={key: str(base / v)})
+    return s.model_copy(update={"model": model, "workload": wl, "disk_dir": disk_dir, "engine": engine})

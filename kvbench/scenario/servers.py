@@ -56,6 +56,7 @@ class Preset:
         request: options sent with every request (llama.cpp ``cache_prompt``, ...).
         cold: the mode reuses nothing: every request's cached prompt tokens must be 0 (the reference).
         size: (unit, default) of the preset's size option, or None.
+        whole_size: the size is a whole number (llama.cpp's --cache-ram takes MiB as an integer).
         slots: kvbench saves a conversation's slot after each turn and restores it before the next (a disk tier).
         needs_gpu: only useful with a GPU (the flag moves KV between GPU and host).
     """
@@ -66,6 +67,7 @@ class Preset:
     request: dict[str, Any] = field(default_factory=dict)
     cold: bool = False
     size: tuple[str, float] | None = None
+    whole_size: bool = False
     slots: bool = False
     needs_gpu: bool = False
 
@@ -83,7 +85,7 @@ PRESETS: dict[str, Registry[Preset]] = {
         Preset("prefix-cache", "a slot reuses its common prefix (cache_prompt), no host cache", ("--cache-ram", "0"),
                {"cache_prompt": True}),
         Preset("host-cache", "slot states kept in host RAM (--cache-ram MiB) and prefix reuse",
-               ("--cache-ram", "{size}"), {"cache_prompt": True}, size=("MiB", 1024)),
+               ("--cache-ram", "{size}"), {"cache_prompt": True}, size=("MiB", 1024), whole_size=True),
         Preset("disk-slots", "kvbench saves a conversation's slot to disk after each turn and restores it before "
                "the next (--slot-save-path)", ("--cache-ram", "0", "--slot-save-path", "{slot_dir}"),
                {"cache_prompt": True}, slots=True),
@@ -125,7 +127,21 @@ def _flag_text(v: str) -> str:
     return v
 
 
-Flags = Annotated[list[Annotated[str, AfterValidator(_flag_text)]], Field(max_length=MAX_ARGS)]
+#: Flags kvbench sets on every server it starts: where it listens (127.0.0.1 at a free port, never another
+#: interface) and, for llama.cpp, its metrics.
+RESERVED_FLAGS = ("--host", "--port", "--metrics")
+
+
+def _no_reserved_flags(v: list[str]) -> list[str]:
+    bad = [a for a in v if a.split("=", 1)[0] in RESERVED_FLAGS]
+    if bad:
+        raise ValueError(f"{bad[0]}: kvbench sets {', '.join(RESERVED_FLAGS)} itself (a server it starts listens on "
+                         "127.0.0.1 at a free port, never another interface)")
+    return v
+
+
+Flags = Annotated[list[Annotated[str, AfterValidator(_flag_text)]], Field(max_length=MAX_ARGS),
+                  AfterValidator(_no_reserved_flags)]
 Scalar = Union[Annotated[bool, Field(strict=True)], Annotated[int, Field(strict=True)],
                Annotated[float, Field(strict=True, allow_inf_nan=False)], Annotated[str, Field(max_length=4096)]]
 Seconds = Annotated[float, Field(gt=0, le=MAX_TIMEOUT_S, allow_inf_nan=False)]
@@ -291,6 +307,12 @@ class LoadSpec(Strict):
 
 
 
+def size_text(size: float) -> str:
+    """A size as a server flag's value: a whole number without a decimal point, else plain decimals (never an
+    exponent: ``1048576``, ``0.5``)."""
+    return str(int(size)) if float(size).is_integer() else f"{size:.6f}".rstrip("0").rstrip(".")
+
+
 def preset_of(kind: str, mode: ServerMode) -> Preset:
     """The preset ``mode`` starts from on engine ``kind``.
 
@@ -323,6 +345,8 @@ def check_server_modes(kind: str, modes: list[Any]) -> list[tuple[int, str]]:
         p = PRESETS[kind][m.kind]
         if m.size is not None and p.size is None:
             out.append((i, f"size: preset {p.name} of {kind} has no size"))
+        elif m.size is not None and p.whole_size and not float(m.size).is_integer():
+            out.append((i, f"size: {m.size:g} {p.size[0]}: preset {p.name} of {kind} takes a whole number"))
     return out
 
 

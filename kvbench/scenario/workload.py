@@ -96,7 +96,8 @@ class StoreSpec(Strict):
     """The KV store of a reuse workload (:class:`kvbench.offload.store.KVStore`); one per mode, fresh per repeat.
     Its disk tier goes under the scenario's ``disk_dir``."""
 
-    chunk_tokens: Tokens = Field(256, description="Tokens per stored chunk; a prefix is restored in whole chunks.")
+    chunk_tokens: Tokens = Field(256, description="Tokens per whole stored chunk; a prefix is restored in whole "
+                                 "chunks, then the shorter tail chunk stored after them.")
     host_max_bytes: Bytes = Field(ByteSize(2**31), description="Host memory for chunks (bytes or a size such as "
                                      "'2GiB'); least recently used chunks spill to disk or are dropped.")
     disk_max_bytes: Bytes = Field(ByteSize(0), description="Disk space for chunks; 0 = no disk tier.")

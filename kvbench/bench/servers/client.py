@@ -225,10 +225,10 @@ async def _stream(client: httpx.AsyncClient, url: str, body: dict, timeout_s: fl
                                "nothing for that long)", url) from None
     except httpx.ConnectError as e:
         raise ServerReplyError(f"{url}: cannot connect: the server is not listening or has gone "
-                               f"({printable(str(e), 200)})", url) from None
+                               f"({printable(str(e), 200)})", url, lost=True) from None
     except (httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError) as e:
         raise ServerReplyError(f"{url}: the connection was lost mid-reply (the server closed or reset it: "
-                               f"{printable(str(e), 200) or type(e).__name__})", url) from None
+                               f"{printable(str(e), 200) or type(e).__name__})", url, lost=True) from None
     except httpx.TransportError as e:
         raise ServerReplyError(f"{url}: cannot send the request: {printable(str(e), 200)}", url) from None
     raise ServerReplyError(f"{url}: the stream ended without its final event ({final}): the reply is truncated "

@@ -23,13 +23,13 @@ import numpy as np
 
 from kvbench.bench.reference import Reference
 from kvbench.bench.servers.client import Reply, complete_llamacpp, complete_openai
-from kvbench.bench.servers.metrics import counter_deltas, hit_shares
+from kvbench.bench.servers.metrics import MetricsError, counter_deltas, hit_shares
 from kvbench.bench.servers.process import ServerProcess, free_port
 from kvbench.bench.servers.stream import ServerReplyError
 from kvbench.bench.trial import ServerTrial
 from kvbench.errors import PrepareError, SymlinkRefused
 from kvbench.scenario import Scenario
-from kvbench.scenario.servers import Preset, preset_of, server_program
+from kvbench.scenario.servers import Preset, preset_of, server_program, size_text
 
 #: Tokens of the warm-up prompt sent before a mode's requests (unrecorded; shares no prefix with them).
 WARMUP_TOKENS = 32
@@ -104,7 +104,7 @@ def server_argv(s: Scenario, preset: Preset, mode: Any, port: int, slots: int, c
     e = s.engine
     program = server_program(e) or []
     size = mode.size if mode.size is not None else (preset.size[1] if preset.size else None)
-    args = [a.replace("{size}", f"{size:g}" if size is not None else "").replace("{slot_dir}", str(slot_dir))
+    args = [a.replace("{size}", size_text(size) if size is not None else "").replace("{slot_dir}", str(slot_dir))
             for a in preset.args]
     if e.kind == "llama.cpp":
         base = ["-m", e.model or gguf_file(s.model.name), "--host", "127.0.0.1", "--port", str(port), "--metrics",
@@ -228,7 +228,10 @@ class ServerEngine:
             finally:
                 after = self.metrics_text(srv) if srv.process is None or srv.process.alive() else None
                 kind = self.kind if self.kind != "openai" else metrics_kind(srv.metrics_before or after or "")
-                deltas, notes = counter_deltas(kind, srv.metrics_before, after)
+                try:
+                    deltas, notes = counter_deltas(kind, srv.metrics_before, after, f"{srv.url}/metrics")
+                except MetricsError as exc:  # a server whose /metrics is no Prometheus text: not reported
+                    deltas, notes = {}, {"metrics": str(exc)}
                 info.update(metrics_delta=deltas, metrics_notes=notes, metrics_shares=hit_shares(kind, deltas))
                 self.pid = os.getpid()
 

@@ -18,7 +18,8 @@ def request_row(s: Scenario, engine: ServerEngine, t: ServerTrial, reply: Reply 
     """The row of request ``t``: the fields every row has, and with a ``reply`` what it measured.
 
     ``outcome`` (a :class:`kvbench.bench.servers.load.Outcome`, or None when the request was never sent) gives
-    ``arrival_s``/``start_s`` (seconds from the load's start) and ``queue_s`` (start − arrival). ``first``: the
+    ``arrival_s``/``start_s`` (seconds from the load's start) and ``queue_s`` (start − arrival; 0 one at a time,
+    where a request arrives when it is sent). ``first``: the
     first request this server answered, whose cached tokens must be 0 (``cold_verified``). A cold preset's
     request that reused tokens is ``contaminated`` and is not taken as the reference (``tokens_match`` null).
 
@@ -32,9 +33,9 @@ def request_row(s: Scenario, engine: ServerEngine, t: ServerTrial, reply: Reply 
     row.update(request_id=req.id, document=req.document, turn_index=req.turn_index, warm=t.warm,
                engine=engine.kind, load_profile=s.load_spec.profile, concurrency=t.concurrency,
                reusable_prompt_tokens=reusable, prompt_sha256=(p_sha := prompt_digest(req.ids)))
-    if outcome is not None:
-        row.update(arrival_s=outcome.arrival_s, start_s=outcome.start_s,
-                   queue_s=max(0.0, outcome.start_s - outcome.arrival_s))
+    if outcome is not None:  # one at a time, a request arrives when it is sent: it never queues
+        arrival = outcome.start_s if s.load_spec.profile == "sequential" else outcome.arrival_s
+        row.update(arrival_s=arrival, start_s=outcome.start_s, queue_s=max(0.0, outcome.start_s - arrival))
     if reply is None:
         return row
     n_out = len(reply.token_times)

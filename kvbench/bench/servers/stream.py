@@ -26,11 +26,13 @@ class ServerReplyError(UserError, RuntimeError):
     """A serving engine's reply that kvbench cannot use: an HTTP error status, no reply in time, a connection
     refused or lost, a malformed or truncated stream, an error reported in the stream, or a wrong number of
     generated tokens. The message is complete and names the URL and the cause; ``url`` is the URL ("" where the
-    caller did not give one)."""
+    caller did not give one); ``lost``: the connection was refused, closed or reset."""
 
-    def __init__(self, message: str, url: str = ""):
+    def __init__(self, message: str, url: str = "", lost: bool = False):
         super().__init__(message)
         self.url = url
+        #: the connection was refused, closed or reset (the server may be exiting)
+        self.lost = lost
 
 
 class StreamError(ServerReplyError):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -162,7 +163,7 @@ async def _requests(s: Scenario, record: "Recorder", engine: ServerEngine, srv: 
                     row = {**request_row(s, engine, t, reply, o, first=was_first), **machine}
                 except RuntimeError as exc:  # the server generated another number of tokens
                     error = exc
-            gone = srv.process is not None and row is None and not srv.process.alive()
+            gone = row is None and _exited(srv, 2.0 if getattr(error, "lost", False) else 0.0)
             if row is None:
                 why = f"{type(error).__name__}: {error}"
                 if gone:
@@ -179,7 +180,13 @@ async def _requests(s: Scenario, record: "Recorder", engine: ServerEngine, srv: 
             else None, rate=given.rate, n_requests=given.n_requests, duration_s=given.duration_s,
             think_time_s=given.think_time_s, seed=given.seed)
         try:
-            await load_profiles.run_load(todo, send, spec, chain=_chain(s), on_done=done)
+            outcomes = await load_profiles.run_load(todo, send, spec, chain=_chain(s), on_done=done)
+            sent = {o.request.trial_id for o in outcomes}
+            for t in todo:  # past load.duration_s: not sent, and not to be sent by --resume either
+                if t.trial_id not in sent:
+                    written.append(writer.submit(record.write, t, {
+                        **request_row(s, engine, t, None, None), "status": Status.SKIPPED,
+                        "message": f"not sent: load.duration_s ({given.duration_s:g} s) had passed"}))
         finally:
             writer.shutdown(wait=True)
             load = window.stop()
@@ -198,6 +205,20 @@ async def _hold(s: Scenario, engine: ServerEngine, client: httpx.AsyncClient, sr
     keeps nothing."""
     if len(t.request.held) > len(t.request.ids) and t.request.id in engine.followed and not srv.preset.cold:
         await engine.send(client, srv, mode, t.request.held, 1)
+
+
+def _exited(srv: ModeServer, wait_s: float) -> bool:
+    """Whether the server of a failed request has exited: a server that is dying drops its connections before
+    its process ends, so after a lost connection this waits up to ``wait_s`` seconds for the exit (a failure
+    path: the streams in flight wait with it)."""
+    if srv.process is None:
+        return False
+    end = time.monotonic() + wait_s
+    while srv.process.alive():
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.05)
+    return True
 
 
 def _chain(s: Scenario) -> Any:
