@@ -119,7 +119,8 @@ def test_a_reply_of_another_length_is_refused():
 
 
 def frame(rows: list[dict]) -> pd.DataFrame:
-    base = {"group": "g", "run": "r", "repeat": 0, "status": "ok", "engine": "llama.cpp", "contaminated": False}
+    base = {"group": "g", "run": "r", "run_path": "/r", "repeat": 0, "status": "ok", "engine": "llama.cpp",
+            "contaminated": False}
     return pd.DataFrame([{**base, **r} for r in rows])
 
 
@@ -195,3 +196,21 @@ def test_the_server_watch_reads_the_gpu_memory_of_the_server_s_processes_only():
     assert fields["nvml_process_peak_bytes"] == 2000 and fields["nvml_device_peak_bytes"] == 5002
     assert (fields["gpu_util_mean_percent"], fields["power_mean_w"], fields["n_samples"]) == (50, 200.0, 2)
     assert fields["rss_peak_bytes"] > 10**6 and fields["rss_peak_source"] == "server samples"
+
+
+def test_a_server_mode_s_cost_saving_lies_in_its_interval_when_requests_overlap():
+    from kvbench.analysis.cost import Prices
+    from kvbench.analysis.reuse_cost import reuse_cost
+
+    rows = []
+    for k in range(8):  # `none` one at a time; prefix-cache two in flight: its busy time is half of its Σ e2e
+        for mode, e2e, start in (("none", 2.0 + 0.1 * k, 2.5 * k), ("prefix-cache", 1.0 + 0.05 * k, 2.0 * (k // 2))):
+            rows.append({"mode": mode, "mode_label": mode, "warm": mode != "none", "request_id": f"q{k}",
+                         "start_s": start, "e2e_s": e2e, "ttft_s": e2e / 2, "n_output_tokens": 8,
+                         "batch_size": 1, "prompt_tokens": 100, "tokens_restored": 50 if mode != "none" else 0,
+                         "tokens_match": True, "machine_busy": False, "concurrency": 2})
+    costs = reuse_cost(frame(rows), Prices(gpu_per_hour=2.0))
+    (r,) = costs.to_dict("records")  # `none` is the other modes' recompute side, not a row of its own
+    assert (r["mode_label"], r["engine"], r["pairs"]) == ("prefix-cache", "llama.cpp", 8)
+    assert r["saving_ci_low"] <= r["saving_pct"] <= r["saving_ci_high"]
+    assert r["recompute_tokens_per_s"] == pytest.approx(64 / busy_seconds(frame(rows)[lambda f: f["mode"] == "none"]))

@@ -24,10 +24,11 @@ N_BOOT = 2000
 
 
 def _saving_interval(pairs: pd.DataFrame, hourly_warm: float, hourly_cold: float, n_boot: int,
-                     seed: int) -> tuple[float, float]:
+                     seed: int, overlap: tuple[float, float] = (1.0, 1.0)) -> tuple[float, float]:
     """95% percentile-bootstrap interval (percent) of 1 − (hourly_warm ÷ tokens/s warm) ÷ (hourly_cold ÷ tokens/s
-    cold) over resamples of the request pairs, tokens/s = Σ tokens ÷ Σ e2e of the resampled pairs; NaN with fewer
-    than 5 pairs."""
+    cold) over resamples of the request pairs, tokens/s = Σ tokens ÷ (Σ e2e × ``overlap``) of the resampled pairs;
+    ``overlap`` (warm, cold): the seconds requests were in flight ÷ Σ e2e of each side (1 one at a time; below 1
+    when requests overlapped), so that the whole sample gives the point estimate; NaN with fewer than 5 pairs."""
     n = len(pairs)
     if n < 5 or n_boot <= 0:
         return math.nan, math.nan
@@ -35,8 +36,8 @@ def _saving_interval(pairs: pd.DataFrame, hourly_warm: float, hourly_cold: float
     tok_c = (pairs["n_output_tokens_ref"] * pairs["batch_size_ref"]).to_numpy(float)
     e2e_w, e2e_c = pairs["e2e_s"].to_numpy(float), pairs["e2e_s_ref"].to_numpy(float)
     pos = np.random.default_rng(seed).integers(0, n, size=(n_boot, n))
-    tps_w = tok_w[pos].sum(axis=1) / e2e_w[pos].sum(axis=1)
-    tps_c = tok_c[pos].sum(axis=1) / e2e_c[pos].sum(axis=1)
+    tps_w = tok_w[pos].sum(axis=1) / (e2e_w[pos].sum(axis=1) * overlap[0])
+    tps_c = tok_c[pos].sum(axis=1) / (e2e_c[pos].sum(axis=1) * overlap[1])
     saving = 100 * (1 - (hourly_warm / tps_w) / (hourly_cold / tps_c))
     lo, hi = np.quantile(saving, [0.025, 0.975])
     return float(lo), float(hi)
@@ -84,15 +85,19 @@ def reuse_cost(trials: pd.DataFrame, prices: Prices, n_boot: int = N_BOOT, seed:
         host, disk = (float(warm[col].fillna(0).astype(float).median()) if len(warm) and col in warm else 0.0
                       for col in ("store_host_bytes", "store_disk_bytes"))
         rec["store_bytes"] = host + disk
+        overlap = {}
         for side, frame, h, d in (("recompute", cold, 0.0, 0.0), ("restore", warm, host, disk)):
-            e2e = busy_seconds(frame) if server else frame["e2e_s"].astype(float).sum()
+            total = frame["e2e_s"].astype(float).sum()
+            e2e = busy_seconds(frame) if server else total
+            overlap[side] = e2e / total if total > 0 else 1.0
             tps = (frame["n_output_tokens"] * frame["batch_size"]).sum() / e2e if e2e > 0 else math.nan
             rec[f"{side}_tokens_per_s"] = tps
             rec[f"{side}_usd_per_million"] = prices.per_million(tps, h, d) if tps == tps else math.nan
         rec["saving_pct"] = 100 * (1 - rec["restore_usd_per_million"] / rec["recompute_usd_per_million"])
         pairs = pair_with_reference(warm, cold, on=["request_id"]) if "request_id" in part else warm.iloc[:0]
         hourly_warm = prices.gpu_per_hour + prices.host_per_gib_hour * host / GIB + prices.disk_per_gib_hour * disk / GIB
-        lo, hi = _saving_interval(pairs, hourly_warm, prices.gpu_per_hour, n_boot, seed) if len(pairs) else (
+        lo, hi = _saving_interval(pairs, hourly_warm, prices.gpu_per_hour, n_boot, seed,
+                                  (overlap["restore"], overlap["recompute"])) if len(pairs) else (
             math.nan, math.nan)
         load = pair_load(pairs)
         busy, unknown = int(load["busy_trials"].sum()), int(load["load_unknown"].sum())

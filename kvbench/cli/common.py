@@ -68,6 +68,9 @@ def _count(n: int, noun: str) -> str:
 
 #: Columns of :func:`_table` that wrap by default (the others do not), and their least widths.
 WRAPPING = ("mode", "trials", "probes", "why it stops there")
+#: The reuse table's columns that may wrap (a figure and its [interval] on two lines), so that on 120 columns the
+#: mode keeps its width (Rich shrinks only the columns that may wrap).
+REUSE_WRAPPING = ("mode", "recompute TTFT ms", "restore TTFT ms", "÷")
 #: How :func:`_table` styles a marked cell.
 MARK_STYLES = {"worse": "red", "better": "green"}
 

@@ -9,7 +9,8 @@ from typing import Optional
 import typer
 from rich.markup import escape
 
-from kvbench.cli.common import _count, _fail, _load, _problems, _table, _terminated, err, handle_errors, out
+from kvbench.cli.common import (REUSE_WRAPPING, _count, _fail, _load, _problems, _table, _terminated, err,
+                                handle_errors, out)
 
 
 #: Points per scenario that `kvbench report` prints; summary.md and report.html have them all.
@@ -55,7 +56,7 @@ def report(
             out.print(_table(reuse_terminal(reuse_display(rep.reuse[g]["turn"])),
                              f"{g}: restore vs recompute per turn", "TTFT median [min–max] over the requests of "
                              "that turn and the repeats; restore includes the lookup and the copy; ÷: restore ÷ "
-                             "recompute paired by request, median [95% interval over the pairs]"))
+                             "recompute paired by request, median [95% interval over the pairs]", wrap=REUSE_WRAPPING))
         if g in rep.capacity:
             out.print(_table(capacity_display(rep.capacity[g]), f"{g}: capacity within the budget",
                              "probes in order, ✗ = did not fit; figures at the capacity"))

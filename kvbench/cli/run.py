@@ -14,7 +14,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from kvbench.bench.run import RunProgress
-from kvbench.cli.common import _fail, _show_warning, _table, _terminated, err, handle_errors, out
+from kvbench.cli.common import REUSE_WRAPPING, _fail, _show_warning, _table, _terminated, err, handle_errors, out
 
 
 def _summary_table(frame: Any, title: str) -> Table:
@@ -123,7 +123,8 @@ def run(
                else "cold = recompute the whole prompt, warm = restore the stored prefix then prefill the rest")
         out.print(_table(reuse_terminal(reuse_display(res.reuse)), title,
                          f"{how}; TTFT median [min–max]; ÷: restore ÷ recompute TTFT paired by request, median [95% "
-                         "interval over the pairs]; = none: greedy ids equal to none's recompute"))
+                         "interval over the pairs]; = none: greedy ids equal to none's recompute",
+                         wrap=REUSE_WRAPPING))
     elif res.summary is not None:
         out.print(_summary_table(res.summary, title))
     if res.capacity is not None:
