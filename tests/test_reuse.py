@@ -244,12 +244,14 @@ MODES = [{"kind": "none"}, {"kind": "full"}, {"kind": "hierarchical", "window": 
          {"kind": "dynamic", "min_window": 16}, {"kind": "full", "host_max_tokens": 64}]
 
 
-def expected_restored(requests, chunk):
-    """Per request id: the tokens a warm trial restores when nothing is evicted (whole chunks of the longest
-    prefix its prompt shares with what earlier requests held, at most the prompt less one token)."""
-    out, held = {}, []
+def expected_restored(requests, chunk, tails=True):
+    """Per request id: the tokens a warm trial restores when nothing is evicted: the whole chunks of the longest
+    prefix its prompt shares with what earlier requests held, at most the prompt less one token, then (``tails``)
+    the longest earlier held sequence the prompt starts with if it ends within one chunk after them, unless a later
+    held sequence extends it (that one's chunks replaced its tail)."""
+    out, held, kept = {}, [], []
     for r in requests:
-        best = 0
+        limit, best = len(r.ids) - 1, 0
         for h in held:
             n = 0
             for x, y in zip(h, r.ids):
@@ -257,8 +259,13 @@ def expected_restored(requests, chunk):
                     break
                 n += 1
             best = max(best, n)
-        out[r.id] = min(best, len(r.ids) - 1) // chunk * chunk
+        whole = min(best, limit) // chunk * chunk
+        ends = [len(t) for t in kept if len(t) <= limit and r.ids[:len(t)] == t and len(t) // chunk * chunk == whole]
+        out[r.id] = max([whole, *ends])
         held.append(r.held)
+        if tails:
+            kept = [t for t in kept if r.held[:len(t)] != t or len(t) == len(r.held)]
+            kept += [r.held] if len(r.held) % chunk else []
     return out
 
 
@@ -275,7 +282,12 @@ def test_multi_turn_warm_trials_restore_exactly_in_every_mode(tiny_model, smol_t
     assert all(r["status"] == "ok" for r in rows), [r["message"] for r in rows if r["status"] != "ok"]
     assert all(r["tokens_match"] is True for r in rows)
     want = expected_restored(stream.requests, 32)
-    assert sorted(set(want.values())) != [0]
+    # turn k restores the whole of what turn k - 1 held (its whole chunks and the tail after them), not only the
+    # whole chunks (160 of 163 tokens, 288 of 312)
+    held = {q.id: len(q.held) for q in stream.requests}
+    assert want == {"c0-t1": 0, "c1-t1": 0, "c0-t2": 163, "c1-t2": 169, "c0-t3": 312, "c1-t3": 315}
+    assert [want[f"c{i}-t{k}"] == held[f"c{i}-t{k - 1}"] for i in (0, 1) for k in (2, 3)] == [True] * 4
+    assert expected_restored(stream.requests, 32, tails=False)["c0-t2"] == 160
     for r in rows:
         if r["warm"]:
             assert r["tokens_restored"] == want[r["request_id"]], r["trial_id"]
@@ -285,8 +297,12 @@ def test_multi_turn_warm_trials_restore_exactly_in_every_mode(tiny_model, smol_t
             assert r["tokens_restored"] == 0 and r["store_hit_rate"] is None
     # none's warm trial of turn 2 in conversation 0: a chunk hit rate = restored chunks ÷ whole chunks of the prompt
     r = next(r for r in rows if r["trial_id"] == "c0-t2-none-warm-r0")
-    assert r["store_hit_rate"] == pytest.approx(want["c0-t2"] / 32 / ((r["prompt_tokens"] - 1) // 32))
+    assert r["store_hit_rate"] == pytest.approx(want["c0-t2"] // 32 / ((r["prompt_tokens"] - 1) // 32))
     assert r["turn_index"] == 2 and r["document"] == "conv0"
+    # after the last turn each conversation's KV is held once: the tails of turns 1 and 2 were replaced by the
+    # chunks of the turns that extended them (389 + 393 tokens × 512 bytes)
+    last = next(r for r in rows if r["trial_id"] == "c1-t3-none-warm-r0")
+    assert last["store_host_bytes"] == (389 + 393) * 512 and last["store_evicted"] == 0
     meta = json.loads((run.path / "run.json").read_text())
     assert [q["id"] for q in meta["requests"]] == [q.id for q in stream.requests] and meta["status"] == "complete"
     assert list(tmp_path.glob("kvbench-*")) == []  # every disk tier removed

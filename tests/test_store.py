@@ -1,11 +1,12 @@
-"""The reuse KV store: chained chunk keys, exact round trips through host and disk, LRU, damaged files."""
+"""The reuse KV store: chained chunk keys, exact round trips through host and disk, tail chunks, LRU, damaged
+files."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from kvbench.offload.store import KVStore, StoreWarning, chunk_keys
+from kvbench.offload.store import KVStore, StoreWarning, chunk_keys, tail_key
 from kvbench.offload.tiers import DiskTierError
 
 LAYERS, HEADS, DIM, CHUNK = 3, 2, 4, 8
@@ -29,7 +30,7 @@ def test_chunk_keys_are_chained_over_the_whole_prefix():
 
 
 def test_round_trip_is_exact_and_uses_whole_chunks_only():
-    store = KVStore(CHUNK, host_max_bytes=10 * CHUNK_BYTES)
+    store = KVStore(CHUNK, host_max_bytes=10 * CHUNK_BYTES, tails=False)
     tokens = list(range(100, 123))  # 23 tokens: 2 whole chunks
     keys, values = kv(23)
     assert store.put(tokens, keys, values) == 2 and len(store) == 2
@@ -43,6 +44,73 @@ def test_round_trip_is_exact_and_uses_whole_chunks_only():
     assert store.get(tokens, max_tokens=15).tokens == 8  # the prompt less one token, in whole chunks
     assert store.get([5] + tokens[1:]).tokens == 0  # first token differs: every key differs
     assert store.lookup(tokens) == 16 and store.hits == 3 and store.misses == 1
+
+
+def test_a_tail_chunk_restores_the_tokens_after_the_last_whole_chunk():
+    store = KVStore(CHUNK, host_max_bytes=10 * CHUNK_BYTES)
+    tokens = list(range(100, 123))  # 23 tokens: 2 whole chunks and a tail of 7
+    keys, values = kv(23)
+    assert store.put(tokens, keys, values) == 3 and len(store) == 3
+    assert store.host_bytes == 23 * TOKEN_BYTES  # the tail holds its 7 tokens, not a whole chunk's 8
+    # the next turn: all 23 tokens and 4 new ones; the prompt less one token still covers the tail
+    p = store.get(tokens + [1, 2, 3, 4], max_tokens=26)
+    assert (p.tokens, p.tail_tokens, p.host_bytes) == (23, 7, 23 * TOKEN_BYTES)
+    for layer in range(LAYERS):
+        assert torch.equal(p.keys[layer], keys[layer]) and torch.equal(p.values[layer], values[layer])
+    assert store.hits == 3 and store.misses == 1  # the third whole chunk (tokens 16-23 + 1) was not stored
+    assert store.get(tokens, max_tokens=22).tokens == 16  # the tail would end past the limit
+    assert store.get(tokens[:20] + [7, 7, 7, 7]).tokens == 16  # diverges inside the tail: whole chunks only
+    assert store.lookup(tokens + [9]) == 23 and store.lookup(tokens[:22]) == 16
+    # a sequence shorter than one chunk is a tail with nothing before it
+    assert store.put([5, 6, 7], *kv(3, 1)) == 1 and store.lookup([5, 6, 7, 8]) == 3
+    assert store.get([5, 6, 7, 8]).tail_tokens == 3
+    # a tail's key is personalised: never a whole chunk's key, even over the same bytes
+    assert tail_key(b"", tokens[:8]) != chunk_keys(tokens[:8], CHUNK)[0]
+    assert tail_key(b"", [1, 2]) != tail_key(chunk_keys(tokens, CHUNK)[0], [1, 2])
+
+
+def test_a_tail_the_next_sequence_extends_is_dropped_not_kept_twice():
+    store = KVStore(CHUNK, host_max_bytes=10 * CHUNK_BYTES)
+    turn1 = list(range(100, 123))  # 2 whole chunks + tail 16..23
+    keys, values = kv(30)
+    store.put(turn1, [k[:, :23] for k in keys], [v[:, :23] for v in values])
+    other = turn1[:20] + [1, 2, 3]  # shares 20 tokens: does not extend the tail
+    store.put(other, *kv(23, 1))
+    assert len(store) == 4 and store.superseded == 0 and store.lookup(turn1 + [0]) == 23
+    turn2 = turn1 + [7, 8, 9, 10, 11, 12, 13]  # 30 tokens: a third whole chunk 16..24 + a tail 24..30
+    assert store.put(turn2, keys, values) == 2
+    assert store.superseded == 1 and store.evicted == 0 and len(store) == 5  # turn 1's tail is gone
+    assert store.host_bytes == (30 + 7) * TOKEN_BYTES  # turn 2's 30 tokens and other's tail 16..23
+    p = store.get(turn2 + [0])
+    assert (p.tokens, p.tail_tokens) == (30, 6) and torch.equal(p.values[2], values[2])
+    assert store.lookup(turn1 + [0]) == 16  # turn 1 alone now restores its whole chunks only
+    assert store.lookup(other + [0]) == 23  # other's tail was not extended: kept
+
+
+def test_tails_are_evicted_first_spill_to_disk_and_fail_safe(tmp_path):
+    tail_bytes = 4 * TOKEN_BYTES
+    store = KVStore(CHUNK, host_max_bytes=3 * CHUNK_BYTES + tail_bytes)
+    long = list(range(3 * CHUNK + 4))  # 3 whole chunks + a tail of 4: exactly the cap
+    store.put(long, *kv(3 * CHUNK + 4))
+    assert store.host_bytes == store.host_max_bytes and store.lookup(long + [0]) == 28
+    store.put(list(range(500, 504)), *kv(4, 1))  # another 4-token tail: the least recent goes, long's tail
+    assert store.lookup(long + [0]) == 3 * CHUNK and store.evicted == 1 and store.lookup(list(range(500, 505))) == 4
+    # on disk: the tail spills with the rest, comes back exact; a damaged tail leaves the whole chunks
+    store = KVStore(CHUNK, host_max_bytes=CHUNK_BYTES, disk_max_bytes=10 * CHUNK_BYTES, disk_dir=tmp_path)
+    keys, values = kv(2 * CHUNK + 5)
+    seq = list(range(2 * CHUNK + 5))
+    store.put(seq, keys, values)
+    tail = tail_key(chunk_keys(seq, CHUNK)[1], seq[16:])
+    assert tail in store._disk and store.disk_bytes == (CHUNK + 5) * TOKEN_BYTES
+    p = store.get(seq + [0])
+    assert (p.tokens, p.tail_tokens, p.disk_bytes) == (21, 5, (CHUNK + 5) * TOKEN_BYTES)
+    assert torch.equal(p.keys[0], keys[0]) and torch.equal(p.values[2], values[2])
+    path = store._disk[tail][0]
+    path.write_bytes(path.read_bytes()[:-3])
+    with pytest.warns(StoreWarning, match="truncated"):
+        p = store.get(seq + [0])
+    assert (p.tokens, p.tail_tokens) == (16, 0) and store.corrupt == 1 and store.lookup(seq + [0]) == 16
+    store.close()
 
 
 def test_lru_spills_to_disk_exactly_then_drops(tmp_path):
@@ -146,7 +214,7 @@ def test_bad_caps_and_directories():
 ], ids=["none", "full", "hier4", "hier64", "dynamic", "full-disk"])
 def test_a_restored_prefix_generates_the_ids_of_recompute(tiny_model, tmp_path, kind, options):
     from kvbench.offload import make_cache
-    from kvbench.offload.store import restore, sequence_kv
+    from kvbench.offload.cache_kv import restore, sequence_kv
     from kvbench.bench.decode import Clock, greedy_decode
 
     m, dev = tiny_model, tiny_model.device
@@ -167,7 +235,8 @@ def test_a_restored_prefix_generates_the_ids_of_recompute(tiny_model, tmp_path, 
     seq = torch.cat([first, out1[:, :5]], dim=1)
     keys, values = sequence_kv(cache)
     assert keys[0].shape == (m.shape.kv_heads, 45, m.shape.head_dim)
-    store = KVStore(CHUNK, host_max_bytes=2 * 5 * 8 * 512 // 5, disk_max_bytes=2**20, disk_dir=tmp_path)
+    store = KVStore(CHUNK, host_max_bytes=2 * 5 * 8 * 512 // 5, disk_max_bytes=2**20, disk_dir=tmp_path,
+                    tails=False)
     assert store.put(seq[0].tolist(), keys, values) == 5 and store.disk_bytes == 3 * 8 * 512
     # turn 2: the whole of turn 1 and 13 new tokens; the shared 45 tokens end inside a chunk: 40 are restored
     second = torch.cat([seq, torch.randint(0, m.shape.vocab_size, (1, 13), generator=g)], dim=1)
@@ -186,9 +255,48 @@ def test_a_restored_prefix_generates_the_ids_of_recompute(tiny_model, tmp_path, 
     store.close()
 
 
+@pytest.mark.parametrize("kind,options", [
+    ("none", {}), ("full", {}), ("hierarchical", {"window": 4}), ("dynamic", {"min_window": 4}),
+    ("full", {"host_max_tokens": 16}),
+], ids=["none", "full", "hier4", "dynamic", "full-disk"])
+def test_a_restored_tail_generates_the_ids_of_recompute(tiny_model, tmp_path, kind, options):
+    """Turn 1 holds 45 tokens: with tails, turn 2 restores all 45 (5 whole chunks of 8 and a tail of 5), not 40."""
+    from kvbench.offload import make_cache
+    from kvbench.offload.cache_kv import restore, sequence_kv
+    from kvbench.bench.decode import Clock, greedy_decode
+
+    m, dev = tiny_model, tiny_model.device
+    clock = Clock(dev)
+    g = torch.Generator().manual_seed(11)
+    first = torch.randint(0, m.shape.vocab_size, (1, 40), generator=g)
+
+    def generate(ids, cache, n, cached=0):
+        mask = torch.ones((1, cached + ids.shape[1]), dtype=torch.long)
+        return greedy_decode(m.model, ids, mask, cache, n, clock)[0]
+
+    def fresh():
+        return make_cache(kind, m.model.config, dev, disk_dir=str(tmp_path), **options)
+
+    cache = fresh()
+    out1 = generate(first, cache, 6)
+    seq = torch.cat([first, out1[:, :5]], dim=1)
+    store = KVStore(CHUNK, host_max_bytes=2 * 8 * 512, disk_max_bytes=2**20, disk_dir=tmp_path)
+    assert store.put(seq[0].tolist(), *sequence_kv(cache)) == 6 and store.disk_bytes == (3 * 8 + 5) * 512
+    second = torch.cat([seq, torch.randint(0, m.shape.vocab_size, (1, 13), generator=g)], dim=1)
+    prefix = store.get(second[0].tolist(), max_tokens=second.shape[1] - 1)
+    assert (prefix.tokens, prefix.tail_tokens) == (45, 5)
+    recompute = generate(second, fresh(), 8)
+    cache = fresh()
+    restore(cache, prefix, dev, m.dtype)
+    restored = generate(second[:, 45:], cache, 8, cached=45)
+    assert restored.tolist() == recompute.tolist() and cache.get_seq_length() == second.shape[1] + 7
+    store.close()
+
+
 def test_restore_and_sequence_kv_refuse_what_they_cannot_do(tiny_model):
     from kvbench.offload import make_cache
-    from kvbench.offload.store import Prefix, restore, sequence_kv
+    from kvbench.offload.cache_kv import restore, sequence_kv
+    from kvbench.offload.store import Prefix
 
     m = tiny_model
     cache = make_cache("none", m.model.config, m.device)

@@ -103,7 +103,7 @@ class Architecture:
     def sequence_bytes_per_token(self, dtype_bytes: int) -> int:
         """K and V bytes of one token in every layer: layers × 2 × kv_heads × head_dim × dtype bytes (131,072 for
         Llama-3.1-8B in bf16). What the KV store keeps per token: it stores each layer's whole sequence (and
-        refuses sliding-window layers, :func:`kvbench.offload.store.sequence_kv`)."""
+        refuses sliding-window layers, :func:`kvbench.offload.cache_kv.sequence_kv`)."""
         return self.layers * self.token_layer_bytes(dtype_bytes)
 
     @property

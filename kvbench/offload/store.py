@@ -1,18 +1,19 @@
-"""A KV store for reuse: the KV of finished requests kept in fixed-size token chunks, so that a request whose prompt
-starts with a stored prefix (the next turn of a conversation, another question about the same document) restores
-that prefix instead of recomputing it.
+"""A KV store for reuse: the KV of finished requests kept in token chunks, so that a request whose prompt starts
+with a stored prefix (a conversation's next turn, another question about a document) restores it, not recomputes it.
 
-- A chunk holds the K and V of ``chunk_tokens`` consecutive tokens of one sequence, every layer:
-  ``[layers, 2 (K, V), kv_heads, chunk_tokens, head_dim]``.
-- Its key is a chained hash: key_i = BLAKE2b-128(key_{i−1} ‖ token ids of chunk i), key_{−1} = empty, so a key
-  covers the whole prefix up to the end of its chunk (the scheme of vLLM's prefix caching and LMCache): the same
-  tokens after a different prefix are a different chunk.
-- Chunks live in host memory (capped by ``host_max_bytes``) and spill, least recently used first, to a disk tier
-  (``disk_max_bytes``; files in a private directory, see :class:`~kvbench.offload.tiers.DiskTier`); beyond the
-  disk cap the least recently used chunks are dropped. One recency order spans both tiers; every store or
-  lookup touches a prefix's chunks last-to-first, so its first chunks are its most recently used and eviction
-  shortens prefixes from their tails. Dropping a chunk also drops every chunk stored after it (unreachable
-  without it), so no tail is ever kept behind a missing head.
+- A chunk holds the K and V of consecutive tokens of one sequence, every layer: ``[layers, 2 (K, V), kv_heads,
+  tokens, head_dim]``. A sequence is cut into whole chunks of ``chunk_tokens`` and (``tails``, the default) one
+  shorter **tail** chunk of the tokens after them, so a conversation's next turn restores the whole previous turn.
+- Keys are chained hashes: whole chunk i's is BLAKE2b-128(key_{i−1} ‖ its token ids), key_{−1} = empty, covering
+  the whole prefix up to its end (as vLLM's prefix caching and LMCache); a tail's is the same hash after the key
+  before it, personalised (:func:`tail_key`), so it never equals a whole chunk's. A lookup takes whole chunks while
+  they match, then the longest stored tail the prompt goes on with. Storing a sequence that extends a stored tail
+  (its tokens, then more) drops that tail: the new chunks hold its KV, and nothing is held twice.
+- Chunks live in host memory (``host_max_bytes``) and spill, least recently used first, to a disk tier
+  (``disk_max_bytes``; a private directory, see :class:`~kvbench.offload.tiers.DiskTier`); beyond the disk cap the
+  least recently used are dropped. One recency order spans both tiers; a store or lookup touches a prefix's chunks
+  last-to-first (its tail first), so eviction shortens prefixes from their ends. Dropping a chunk drops every chunk
+  stored after it (unreachable without it): no tail is ever kept behind a missing head.
 - Every chunk file carries a checksum (BLAKE2b-256 of its payload). A missing, truncated or corrupt file is a miss
   (with a :class:`StoreWarning`), and the prefix ends before it: restored KV is never wrong, only shorter.
 
@@ -29,7 +30,6 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -39,21 +39,31 @@ from kvbench.offload.tiers import DiskTier
 #: First bytes of every chunk file.
 MAGIC = b"KVBSTORE1\n"
 _DIGEST = 32
+_TAIL = b"kvbench-tail"  # BLAKE2b personalisation of tail keys
 
 
 class StoreWarning(UserWarning):
     """A stored chunk could not be used (missing, truncated or corrupt file): it counts as a miss."""
 
 
+def _ids(token_ids: Sequence[int]) -> bytes:
+    return torch.tensor(list(token_ids), dtype=torch.int64).numpy().tobytes()
+
+
 def chunk_keys(token_ids: Sequence[int], chunk_tokens: int) -> list[bytes]:
-    """The chained keys of the whole chunks of ``token_ids`` (a trailing partial chunk has none): key i covers
-    tokens ``[0, (i + 1) × chunk_tokens)``."""
+    """The chained keys of the whole chunks of ``token_ids`` (a trailing partial chunk has none here, see
+    :func:`tail_key`): key i covers tokens ``[0, (i + 1) × chunk_tokens)``."""
     keys, prev = [], b""
     for start in range(0, len(token_ids) - chunk_tokens + 1, chunk_tokens):
-        chunk = torch.tensor(token_ids[start:start + chunk_tokens], dtype=torch.int64).numpy().tobytes()
-        prev = hashlib.blake2b(prev + chunk, digest_size=16).digest()
+        prev = hashlib.blake2b(prev + _ids(token_ids[start:start + chunk_tokens]), digest_size=16).digest()
         keys.append(prev)
     return keys
+
+
+def tail_key(prev: bytes, token_ids: Sequence[int]) -> bytes:
+    """The key of a tail chunk holding ``token_ids`` (fewer than ``chunk_tokens``) after the whole chunk whose key
+    is ``prev`` (``b""``: at the start of the sequence): BLAKE2b-128(prev ‖ ids), personalised."""
+    return hashlib.blake2b(prev + _ids(token_ids), digest_size=16, person=_TAIL).digest()
 
 
 @dataclass
@@ -61,9 +71,10 @@ class Prefix:
     """A restored prefix of one sequence.
 
     Attributes:
-        tokens: how many tokens it covers (a multiple of ``chunk_tokens``; 0 on a miss).
+        tokens: how many tokens it covers (whole chunks, then ``tail_tokens``; 0 on a miss).
         keys, values: per layer ``[kv_heads, tokens, head_dim]`` on the CPU (empty lists when ``tokens`` is 0).
         host_bytes, disk_bytes: bytes restored from each tier.
+        tail_tokens: tokens of the tail chunk at its end (0 to ``chunk_tokens − 1``).
     """
 
     tokens: int
@@ -71,21 +82,24 @@ class Prefix:
     values: list[torch.Tensor]
     host_bytes: int = 0
     disk_bytes: int = 0
+    tail_tokens: int = 0
 
 
 class KVStore:
     """KV chunks of finished requests, in host memory and on disk, keyed by chained token hashes, LRU-evicted.
 
     Args:
-        chunk_tokens: tokens per chunk (default 256, as LMCache).
-        host_max_bytes: host memory for chunks (bytes); at least one chunk.
-        disk_max_bytes: disk space for chunks (bytes); 0 = no disk tier, else at least one chunk.
+        chunk_tokens: tokens per whole chunk (default 256, as LMCache).
+        host_max_bytes: host memory for chunks (bytes); at least one whole chunk.
+        disk_max_bytes: disk space for chunks (bytes); 0 = no disk tier, else at least one whole chunk.
         disk_dir: where the disk tier makes its private directory (default: the system temporary directory).
         token_bytes: bytes of one token's KV (all layers, K and V) if known now, to check the caps at once;
             otherwise they are checked at the first :meth:`put`.
         page_cache: leave chunk files in the page cache (reads of "disk" chunks then come from RAM). Default
             False: each chunk file is synced to the device when written (``fdatasync``) and dropped from the page
             cache after it is written and after each read (``posix_fadvise(DONTNEED)``), as the disk tier does.
+        tails: also store the tokens after a sequence's last whole chunk as a shorter tail chunk (default True);
+            False keeps whole chunks only.
 
     Raises:
         ValueError: ``chunk_tokens`` below 1, a negative cap, or a cap smaller than one chunk.
@@ -93,25 +107,25 @@ class KVStore:
     """
 
     def __init__(self, chunk_tokens: int = 256, host_max_bytes: int = 2**30, disk_max_bytes: int = 0,
-                 disk_dir: str | Path | None = None, token_bytes: int | None = None, page_cache: bool = False):
+                 disk_dir: str | Path | None = None, token_bytes: int | None = None, page_cache: bool = False,
+                 tails: bool = True):
         if chunk_tokens < 1:
             raise ValueError(f"chunk_tokens must be at least 1, not {chunk_tokens}")
         if host_max_bytes < 0 or disk_max_bytes < 0:
             raise ValueError(f"byte caps cannot be negative (host_max_bytes {host_max_bytes}, "
                              f"disk_max_bytes {disk_max_bytes})")
-        self.chunk_tokens = chunk_tokens
-        self.host_max_bytes = host_max_bytes
-        self.disk_max_bytes = disk_max_bytes
+        self.chunk_tokens, self.tails, self.page_cache = chunk_tokens, tails, page_cache
+        self.host_max_bytes, self.disk_max_bytes = host_max_bytes, disk_max_bytes
         self.chunk_bytes: int | None = None
         self._host: dict[bytes, torch.Tensor] = {}
         self._disk: dict[bytes, tuple[Path, int]] = {}  # key → (file, payload bytes)
         self._order: OrderedDict[bytes, None] = OrderedDict()  # every chunk, least recently used first
         self._children: dict[bytes, set[bytes]] = {}  # a chunk → the chunks whose prefix it ends
-        self.host_bytes = 0
-        self.disk_bytes = 0
-        self.hits = self.misses = self.evicted = self.corrupt = 0
+        self._tails: dict[bytes, dict[bytes, int]] = {}  # the key before tails (b"": none) → {tail key: tokens}
+        self._tail_of: dict[bytes, bytes] = {}  # a tail key → the key before it
+        self.host_bytes = self.disk_bytes = 0
+        self.hits = self.misses = self.evicted = self.corrupt = self.superseded = 0
         self.tier = DiskTier(disk_dir) if disk_max_bytes else None
-        self.page_cache = page_cache
         if token_bytes is not None:
             self._check_caps(token_bytes * chunk_tokens)
 
@@ -127,18 +141,15 @@ class KVStore:
 
     def close(self) -> None:
         """Drop every chunk and remove the disk directory (idempotent)."""
-        self._host.clear()
-        self._disk.clear()
-        self._order.clear()
-        self._children.clear()
+        for d in (self._host, self._disk, self._order, self._children, self._tails, self._tail_of):
+            d.clear()
         self.host_bytes = self.disk_bytes = 0
         if self.tier is not None:
             self.tier.close()
 
-    # ------------------------------------------------------------------ writing
-
     def put(self, token_ids: Sequence[int], keys: Sequence[torch.Tensor], values: Sequence[torch.Tensor]) -> int:
-        """Store the whole chunks of one sequence's KV; chunks already stored are only touched.
+        """Store one sequence's KV: its whole chunks and (``tails``) the tail after them; chunks already stored
+        are only touched, tails the new chunks extend are dropped.
 
         Args:
             token_ids: the sequence's tokens whose KV is given (prompt and generated tokens fed to the model).
@@ -146,7 +157,7 @@ class KVStore:
                 ``tokens ≥ len(token_ids)``: position j holds token j's K and V.
 
         Returns:
-            The number of new chunks stored.
+            The number of new chunks stored (a tail counts as one).
 
         Raises:
             ValueError: layers with different shapes, fewer positions than tokens, or caps smaller than a chunk.
@@ -158,34 +169,57 @@ class KVStore:
             raise ValueError("every layer's K and V must be [kv_heads, tokens, head_dim] of one shape")
         if shape[1] < len(token_ids):
             raise ValueError(f"{len(token_ids)} tokens but K/V for only {shape[1]} positions")
-        chunk_keys_ = chunk_keys(token_ids, self.chunk_tokens)
-        if not chunk_keys_:
+        c = self.chunk_tokens
+        whole = chunk_keys(token_ids, c)
+        at = len(whole) * c  # where the tail starts
+        spans = [(k, i * c, c) for i, k in enumerate(whole)]  # (key, first token, tokens)
+        if self.tails and at < len(token_ids):
+            spans.append((tail_key(whole[-1] if whole else b"", token_ids[at:]), at, len(token_ids) - at))
+        if not spans:
             return 0
-        per_chunk = len(keys) * 2 * shape[0] * self.chunk_tokens * shape[2] * keys[0].element_size()
+        token_bytes = len(keys) * 2 * shape[0] * shape[2] * keys[0].element_size()
         if self.chunk_bytes is None:
-            self._check_caps(per_chunk)
-        elif per_chunk != self.chunk_bytes:
-            raise ValueError(f"this store holds chunks of {self.chunk_bytes:,} bytes, not {per_chunk:,}: one "
+            self._check_caps(token_bytes * c)
+        elif token_bytes * c != self.chunk_bytes:
+            raise ValueError(f"this store holds chunks of {self.chunk_bytes:,} bytes, not {token_bytes * c:,}: one "
                              "model and dtype per store")
+        self._drop_superseded(token_ids, whole)
         new = 0
-        for i, key in enumerate(chunk_keys_):
+        for i, (key, start, n) in enumerate(spans):
             if key in self._order:
                 continue
-            span = slice(i * self.chunk_tokens, (i + 1) * self.chunk_tokens)
+            span = slice(start, start + n)
             block = torch.stack([torch.stack([k[:, span], v[:, span]]) for k, v in zip(keys, values)])
             self._host[key] = block.to("cpu", copy=True).contiguous()
             self._order[key] = None
+            parent = whole[i - 1] if i else b""
             if i:
-                self._children.setdefault(chunk_keys_[i - 1], set()).add(key)
-            self.host_bytes += per_chunk
+                self._children.setdefault(parent, set()).add(key)
+            if n < c:
+                self._tails.setdefault(parent, {})[key] = n
+                self._tail_of[key] = parent
+            self.host_bytes += token_bytes * n
             new += 1
-        self._touch(chunk_keys_)
+        self._touch([k for k, _, _ in spans])
         self._evict()
         return new
 
-    def _drop(self, key: bytes) -> None:
+    def _drop_superseded(self, token_ids: Sequence[int], whole: list[bytes]) -> None:
+        """Drop the stored tails that ``token_ids`` extends: after the same whole chunks, the same tokens, then
+        more of this sequence (a whole chunk, or a longer tail, about to be stored)."""
+        if not self.tails:
+            return
+        for i, parent in enumerate([b"", *whole]):
+            start = i * self.chunk_tokens
+            cover = self.chunk_tokens if i < len(whole) else len(token_ids) - start
+            for key, n in list(self._tails.get(parent, {}).items()):
+                if n < cover and tail_key(parent, token_ids[start:start + n]) == key:
+                    self._drop(key, evicted=False)
+                    self.superseded += 1
+
+    def _drop(self, key: bytes, evicted: bool = True) -> None:
         """Forget a chunk (deleting its file) and every chunk after it in any stored sequence: without it they
-        can never be reached, so keeping them would only waste space."""
+        can never be reached, so keeping them would only waste space. ``evicted``: count them as evicted."""
         stack = [key]
         while stack:
             k = stack.pop()
@@ -198,7 +232,13 @@ class KVStore:
                 path, nbytes = self._disk.pop(k)
                 path.unlink(missing_ok=True)
                 self.disk_bytes -= nbytes
-            self.evicted += 1
+            if k in self._tail_of:
+                parent = self._tail_of.pop(k)
+                del self._tails[parent][k]
+                self._children.get(parent, set()).discard(k)
+                if not self._tails[parent]:
+                    del self._tails[parent]
+            self.evicted += evicted
             stack.extend(self._children.pop(k, ()))
 
     def _least_recent(self, tier: dict) -> bytes:
@@ -247,8 +287,6 @@ class KVStore:
         self._disk[key] = (path, len(payload))
         self.disk_bytes += len(payload)
 
-    # ------------------------------------------------------------------ reading
-
     def _touch(self, keys: list[bytes]) -> None:
         for key in reversed(keys):  # the first chunk of a prefix ends up most recently used
             if key in self._order:
@@ -264,8 +302,7 @@ class KVStore:
                     drop_pages(f.fileno())
             if not data.startswith(MAGIC):
                 raise ValueError("not a kvbench store chunk")
-            at = len(MAGIC)
-            digest, at = data[at:at + _DIGEST], at + _DIGEST
+            digest, at = data[len(MAGIC):len(MAGIC) + _DIGEST], len(MAGIC) + _DIGEST
             n = int.from_bytes(data[at:at + 4], "little")
             header = json.loads(data[at + 4:at + 4 + n])
             payload = data[at + 4 + n:]
@@ -284,90 +321,58 @@ class KVStore:
             self.corrupt += 1
             return None
 
+    def _tails_after(self, token_ids: Sequence[int], parent: bytes, start: int,
+                     limit: int) -> list[tuple[bytes, int]]:
+        """The stored tails ``token_ids`` continues with after the whole chunk ``parent`` (``b""``: none), which
+        ends at token ``start``, and that end by token ``limit``: (key, tokens), longest first."""
+        stored = self._tails.get(parent, {})
+        keys = [(tail_key(parent, token_ids[start:start + n]), n) for n in sorted(set(stored.values()), reverse=True)
+                if start + n <= limit]
+        return [(k, n) for k, n in keys if k in stored]
+
     def lookup(self, token_ids: Sequence[int]) -> int:
-        """Tokens of the longest stored prefix of ``token_ids`` in whole chunks (files are not read or checked)."""
-        n = 0
-        for key in chunk_keys(token_ids, self.chunk_tokens):
-            if key not in self._order:
-                break
-            n += self.chunk_tokens
-        return n
+        """Tokens of the longest stored prefix of ``token_ids``: whole chunks, then the longest tail after them
+        (files are not read or checked)."""
+        whole = chunk_keys(token_ids, self.chunk_tokens)
+        n = next((i for i, k in enumerate(whole) if k not in self._order), len(whole))
+        tails = self._tails_after(token_ids, whole[n - 1] if n else b"", n * self.chunk_tokens, len(token_ids))
+        return n * self.chunk_tokens + (tails[0][1] if tails else 0)
 
     def get(self, token_ids: Sequence[int], max_tokens: int | None = None) -> Prefix:
-        """Restore the longest stored prefix of ``token_ids`` in whole chunks, at most ``max_tokens`` tokens
-        (e.g. the prompt less one token, whose forward must give the next token's logits).
+        """Restore the longest stored prefix of ``token_ids``, whole chunks then a tail, at most ``max_tokens``
+        tokens (e.g. the prompt less one token, whose forward must give the next token's logits).
 
-        Disk chunks are read and checked; the prefix ends at the first missing or damaged one. Counts
-        :attr:`hits` and :attr:`misses` per chunk looked up (a miss ends the lookup).
+        Disk chunks are read and checked; the whole chunks end at the first missing or damaged one, and the
+        longest stored tail after them is added (a damaged tail: the next shorter one). Counts :attr:`hits` per
+        chunk restored and :attr:`misses` per lookup whose whole chunks ended at a chunk not restored.
         """
         limit = len(token_ids) if max_tokens is None else min(len(token_ids), max_tokens)
-        keys = chunk_keys(token_ids[:limit], self.chunk_tokens)
-        blocks: list[torch.Tensor] = []
-        host = disk = 0
-        for key in keys:
+        whole = chunk_keys(token_ids[:limit], self.chunk_tokens)
+        blocks, used, sizes = [], [], {"host": 0, "disk": 0}
+
+        def take(key: bytes) -> bool:
             if key in self._host:
-                block = self._host[key]
-                host += block.nbytes
+                block, tier = self._host[key], "host"
             elif key in self._disk and (block := self._read(key)) is not None:
-                disk += block.nbytes
+                tier = "disk"
             else:
-                self.misses += 1
-                break
+                return False
+            sizes[tier] += block.nbytes
             blocks.append(block)
+            used.append(key)
             self.hits += 1
-        self._touch(keys[:len(blocks)])
+            return True
+
+        n = next((i for i, key in enumerate(whole) if not take(key)), len(whole))
+        self.misses += n < len(whole)
+        start = n * self.chunk_tokens
+        tail = next((t for key, t in self._tails_after(token_ids, used[-1] if n else b"", start, limit)
+                     if take(key)), 0)
+        self._touch(used)
         if not blocks:
             return Prefix(0, [], [])
-        whole = torch.cat(blocks, dim=3)  # [layers, 2, kv_heads, tokens, head_dim]
-        return Prefix(whole.shape[3], list(whole[:, 0]), list(whole[:, 1]), host, disk)
+        kv = torch.cat(blocks, dim=3)  # [layers, 2, kv_heads, tokens, head_dim]
+        return Prefix(kv.shape[3], list(kv[:, 0]), list(kv[:, 1]), sizes["host"], sizes["disk"], tail)
 
 
-# --------------------------------------------------------------------------- caches ↔ store
-
-
-def sequence_kv(cache: Any, row: int = 0) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """K and V of every token a cache holds for batch row ``row``, per layer ``[kv_heads, tokens, head_dim]`` on
-    the CPU (all tiers of kvbench's offload caches: disk, host, then the device window), ready for
-    :meth:`KVStore.put`.
-
-    Raises:
-        ValueError: an empty cache, or a sliding-window layer (it keeps only its last tokens: its KV cannot be
-            restored for a longer prompt).
-    """
-    from kvbench.offload.layers import OffloadedLayer
-
-    keys, values = [], []
-    for i, layer in enumerate(cache.layers):
-        if getattr(layer, "sliding_window", None):
-            raise ValueError(f"layer {i} is a sliding-window layer: its KV cannot be stored for reuse")
-        if not getattr(layer, "is_initialized", False):
-            raise ValueError(f"layer {i} holds no KV")
-        k, v = layer.keys[row].cpu(), layer.values[row].cpu()
-        if isinstance(layer, OffloadedLayer) and layer.keys_history.length:
-            k = torch.cat([layer.keys_history.view(layer.engine)[row].cpu(), k], dim=-2)
-            v = torch.cat([layer.values_history.view(layer.engine)[row].cpu(), v], dim=-2)
-        keys.append(k)
-        values.append(v)
-    return keys, values
-
-
-def restore(cache: Any, prefix: Prefix, device: Any, dtype: torch.dtype | None = None) -> None:
-    """Load a restored prefix into an empty cache of any mode, batch 1, through the cache's own ``update`` — the
-    path a prefill's K/V take — so each mode places it in its tiers (``none``: the device; ``full``,
-    ``hierarchical``, ``dynamic``: their windows, host and disk). Then prefill only the tokens after
-    ``prefix.tokens``, at positions ``prefix.tokens`` onwards.
-
-    Raises:
-        ValueError: the cache already holds tokens, or the prefix has another number of layers.
-    """
-    if cache.get_seq_length() != 0:
-        raise ValueError(f"restore needs an empty cache (it holds {cache.get_seq_length()} tokens)")
-    if prefix.tokens == 0:
-        return
-    if len(prefix.keys) != len(cache.layers):
-        raise ValueError(f"the prefix has {len(prefix.keys)} layers, the cache {len(cache.layers)}")
-    for i, (k, v) in enumerate(zip(prefix.keys, prefix.values)):
-        cache.update(k[None].to(device, dtype), v[None].to(device, dtype), i)
-
-
-__all__ = ["KVStore", "MAGIC", "Prefix", "StoreWarning", "chunk_keys", "restore", "sequence_kv"]
+__all__ = ["KVStore", "MAGIC", "Prefix", "StoreWarning", "chunk_keys", "tail_key"]

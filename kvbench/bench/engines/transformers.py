@@ -22,7 +22,8 @@ from kvbench.models import LoadedModel
 from kvbench.offload.caches import DynamicOffloadCache, OffloadedCache, kv_bytes
 from kvbench.offload.modes import ModeUnavailable, make_cache
 from kvbench.offload.disk import NO_DROP_REASON
-from kvbench.offload.store import KVStore, restore, sequence_kv
+from kvbench.offload.cache_kv import restore, sequence_kv
+from kvbench.offload.store import KVStore
 from kvbench.scenario import Scenario
 from kvbench.workloads import PromptSource, TooLittleText
 
@@ -188,8 +189,9 @@ class TransformersEngine:
         prefix = store.get(ids, max_tokens=len(ids) - 1)
         restore(cache, prefix, self.device, self.m.dtype)
         chunks = (len(ids) - 1) // store.chunk_tokens
+        found = (prefix.tokens - prefix.tail_tokens) // store.chunk_tokens  # whole chunks (a tail is not one)
         return {"tokens_restored": prefix.tokens, "tokens_prefilled": len(ids) - prefix.tokens,
-                "store_hit_rate": prefix.tokens / store.chunk_tokens / chunks if chunks else None,
+                "store_hit_rate": found / chunks if chunks else None,
                 "restore_host_bytes": prefix.host_bytes, "restore_disk_bytes": prefix.disk_bytes}
 
     def _hold(self, t: ReuseTrial, cache: Any, n_generated: int) -> None:
