@@ -208,18 +208,15 @@ def test_bad_caps_and_directories():
         ok.put(list(range(CHUNK)), *[[t.half() for t in x] for x in kv(CHUNK, 3)])
 
 
-@pytest.mark.parametrize("kind,options", [
-    ("none", {}), ("full", {}), ("hierarchical", {"window": 4}), ("hierarchical", {"window": 64}),
-    ("dynamic", {"min_window": 4}), ("full", {"host_max_tokens": 16}),
-], ids=["none", "full", "hier4", "hier64", "dynamic", "full-disk"])
-def test_a_restored_prefix_generates_the_ids_of_recompute(tiny_model, tmp_path, kind, options):
+def two_turns(tiny_model, tmp_path, kind, options, seed):
+    """For the restore-vs-recompute tests: (model, device, generate(ids, cache, n, cached=0) -> ids, fresh() -> an
+    empty cache of the mode, the generator, turn 1's 40 random prompt ids)."""
     from kvbench.offload import make_cache
-    from kvbench.offload.cache_kv import restore, sequence_kv
     from kvbench.bench.decode import Clock, greedy_decode
 
     m, dev = tiny_model, tiny_model.device
     clock = Clock(dev)
-    g = torch.Generator().manual_seed(7)
+    g = torch.Generator().manual_seed(seed)
     first = torch.randint(0, m.shape.vocab_size, (1, 40), generator=g)
 
     def generate(ids, cache, n, cached=0):
@@ -228,6 +225,18 @@ def test_a_restored_prefix_generates_the_ids_of_recompute(tiny_model, tmp_path, 
 
     def fresh():
         return make_cache(kind, m.model.config, dev, disk_dir=str(tmp_path), **options)
+
+    return m, dev, generate, fresh, g, first
+
+
+@pytest.mark.parametrize("kind,options", [
+    ("none", {}), ("full", {}), ("hierarchical", {"window": 4}), ("hierarchical", {"window": 64}),
+    ("dynamic", {"min_window": 4}), ("full", {"host_max_tokens": 16}),
+], ids=["none", "full", "hier4", "hier64", "dynamic", "full-disk"])
+def test_a_restored_prefix_generates_the_ids_of_recompute(tiny_model, tmp_path, kind, options):
+    from kvbench.offload.cache_kv import restore, sequence_kv
+
+    m, dev, generate, fresh, g, first = two_turns(tiny_model, tmp_path, kind, options, 7)
 
     # turn 1 in the mode under test; its 45 cached tokens are stored (5 whole chunks of 8), partly on disk
     cache = fresh()
@@ -261,21 +270,9 @@ def test_a_restored_prefix_generates_the_ids_of_recompute(tiny_model, tmp_path, 
 ], ids=["none", "full", "hier4", "dynamic", "full-disk"])
 def test_a_restored_tail_generates_the_ids_of_recompute(tiny_model, tmp_path, kind, options):
     """Turn 1 holds 45 tokens: with tails, turn 2 restores all 45 (5 whole chunks of 8 and a tail of 5), not 40."""
-    from kvbench.offload import make_cache
     from kvbench.offload.cache_kv import restore, sequence_kv
-    from kvbench.bench.decode import Clock, greedy_decode
 
-    m, dev = tiny_model, tiny_model.device
-    clock = Clock(dev)
-    g = torch.Generator().manual_seed(11)
-    first = torch.randint(0, m.shape.vocab_size, (1, 40), generator=g)
-
-    def generate(ids, cache, n, cached=0):
-        mask = torch.ones((1, cached + ids.shape[1]), dtype=torch.long)
-        return greedy_decode(m.model, ids, mask, cache, n, clock)[0]
-
-    def fresh():
-        return make_cache(kind, m.model.config, dev, disk_dir=str(tmp_path), **options)
+    m, dev, generate, fresh, g, first = two_turns(tiny_model, tmp_path, kind, options, 11)
 
     cache = fresh()
     out1 = generate(first, cache, 6)
