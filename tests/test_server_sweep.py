@@ -214,3 +214,19 @@ def test_a_server_mode_s_cost_saving_lies_in_its_interval_when_requests_overlap(
     assert (r["mode_label"], r["engine"], r["pairs"]) == ("prefix-cache", "llama.cpp", 8)
     assert r["saving_ci_low"] <= r["saving_pct"] <= r["saving_ci_high"]
     assert r["recompute_tokens_per_s"] == pytest.approx(64 / busy_seconds(frame(rows)[lambda f: f["mode"] == "none"]))
+
+
+def test_the_load_table_gives_throughput_over_the_time_in_flight_percentiles_and_goodput():
+    from kvbench.analysis.server_load import server_load_table
+
+    rows = [{"mode": "none", "mode_label": "none", "warm": False, "request_id": f"q{k}", "concurrency": 2,
+             "start_s": [0.0, 0.0, 2.0, 2.0][k], "e2e_s": 2.0, "ttft_s": [0.5, 1.0, 1.5, 3.0][k],
+             "tpot_s": [0.1, 0.1, 0.2, 0.1][k], "itl_s": [0.1, 0.1], "n_output_tokens": 3} for k in range(4)]
+    rows.append({**rows[0], "request_id": "q4", "status": "error"})
+    t = server_load_table(frame(rows), max_ttft_s=1.5, max_tpot_s=0.15)
+    (r,) = t.to_dict("records")
+    assert (r["requests"], r["failed"], r["busy_s"], r["throughput_tokens_per_s"]) == (4, 1, 4.0, 3.0)
+    assert (r["ttft_p50_s"], r["ttft_p90_s"], r["ttft_p99_s"]) == (1.5, 3.0, 3.0)  # numpy's higher method
+    assert (r["itl_p50_s"], r["tpot_p99_s"]) == (0.1, 0.2)
+    assert (r["slo_met_pct"], r["goodput_per_s"]) == (50.0, 0.5)  # q0 and q1 meet both: 2 requests in 4 s
+    assert "slo_met_pct" not in server_load_table(frame(rows)).columns

@@ -99,6 +99,16 @@ def cost(
                          wrap=[c for c in cells.columns if c != "scenario"], min_width={"mode": 12}, marks=marks))
         for line in rc.reuse_verdicts(rep.reuse):
             out.print(f"  {escape(line)}", highlight=False)
+    if len(rep.server_load) and (max_ttft_ms is not None or max_tpot_ms is not None):
+        from kvbench.report.server_load import server_load_display
+
+        slo = " and ".join(f"{k} ≤ {v:g} ms" for k, v in (("TTFT", max_ttft_ms), ("TPOT", max_tpot_ms))
+                           if v is not None)
+        for group, part in rep.server_load.groupby("group", sort=False):
+            out.print(_table(server_load_display(part).drop(columns=["scenario"]),
+                             f"{group}: goodput under {slo} per request", "goodput = requests meeting the SLO ÷ the "
+                             "seconds requests were in flight; tok/s and percentiles over every measured request",
+                             left=1, wrap=True))
     for group, lines in rep.verdicts().items():
         out.print(f"[bold]{escape(group)}:[/]", highlight=False)
         for line in lines:

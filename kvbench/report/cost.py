@@ -14,6 +14,7 @@ from typing import Any
 
 import pandas as pd
 
+from kvbench.analysis.server_load import server_load_table
 from kvbench.analysis.cost import Prices, cost_table
 from kvbench.analysis.intervals import pct_interval
 from kvbench.analysis.points import point_table
@@ -34,12 +35,15 @@ class CostReport:
         prices: the prices and plans it costed at.
         table: :func:`kvbench.analysis.cost.cost_table` of the results (empty without points).
         reuse: :func:`kvbench.analysis.reuse_cost.reuse_cost` of their reuse workloads (empty without).
+        server_load: :func:`kvbench.analysis.server_load.server_load_table` of their server runs, with the SLOs
+            (per request) and goodput (empty without server runs).
         files: the files written (empty until written).
     """
 
     prices: Prices
     table: pd.DataFrame
     reuse: pd.DataFrame
+    server_load: pd.DataFrame = field(default_factory=pd.DataFrame)
     files: list[Path] = field(default_factory=list)
 
     def verdicts(self) -> dict[str, list[str]]:
@@ -54,7 +58,8 @@ class CostReport:
 def compute_costs(results: Results, prices: Prices, max_ttft_s: float | None = None,
                   max_tpot_s: float | None = None) -> CostReport:
     """The cost of every measured point of ``results`` and of their reuse workloads at ``prices``, with the
-    optional SLOs (median TTFT and TPOT at most so many seconds); nothing written.
+    optional SLOs (median TTFT and TPOT at most so many seconds; for a server run's goodput, per request);
+    nothing written.
 
     Raises:
         kvbench.errors.BadParameter: ``results`` is no :class:`~kvbench.results.load.Results`, ``prices`` no
@@ -67,7 +72,8 @@ def compute_costs(results: Results, prices: Prices, max_ttft_s: float | None = N
     max_ttft_s, max_tpot_s = positive_seconds(max_ttft_s, "max_ttft_s"), positive_seconds(max_tpot_s, "max_tpot_s")
     points = point_table(results.trials)
     table = cost_table(points, prices, results.trials, max_ttft_s, max_tpot_s) if len(points) else points
-    return CostReport(prices, table, reuse_cost(results.trials, prices))
+    return CostReport(prices, table, reuse_cost(results.trials, prices),
+                      server_load_table(results.trials, max_ttft_s, max_tpot_s))
 
 
 def cost_report(results: Results, out_dir: str | Path, prices: Prices, max_ttft_s: float | None = None,

@@ -16,6 +16,7 @@ from kvbench.results.load import Results
 from kvbench.report.format import GIB, MIB
 from kvbench.report.md_text import md_escape, md_line
 from kvbench.report.tables import capacity_display, reuse_display
+from kvbench.report.server_load import server_load_display
 
 
 @dataclass
@@ -31,6 +32,8 @@ class Report:
     capacity: dict[str, pd.DataFrame] = field(default_factory=dict)
     plan: pd.DataFrame | None = None
     reuse: dict[str, dict[str, pd.DataFrame]] = field(default_factory=dict)
+    #: a server run's load per mode (:func:`kvbench.analysis.server_load.server_load_table`), per group
+    server_load: dict[str, pd.DataFrame] = field(default_factory=dict)
     charts: list[tuple[str, Path]] = field(default_factory=list)
     files: dict[str, Path] = field(default_factory=dict)
 
@@ -92,12 +95,15 @@ def _budget(sc: dict[str, Any]) -> str:
 
 
 def _extra_tables(rep: Report, group: str) -> list[tuple[str, pd.DataFrame]]:
-    """The reuse, capacity and plan-vs-measured tables of a group, where it has them."""
+    """The reuse, server-load, capacity and plan-vs-measured tables of a group, where it has them."""
     out = []
     if group in rep.reuse:
         for key, title in (("turn", "Restore vs recompute per turn"),
                            ("length", "Restore vs recompute per prompt length")):
             out.append((title, reuse_display(rep.reuse[group][key]).drop(columns=["scenario"])))
+    if group in rep.server_load:
+        out.append(("Load per mode (tok/s over the time requests were in flight; percentiles over the requests)",
+                    server_load_display(rep.server_load[group]).drop(columns=["scenario"])))
     if group in rep.capacity:
         out.append(("Capacity within the budget (probes in order, ✗ = did not fit)", capacity_display(rep.capacity[group])))
     if rep.plan is not None and (rep.plan["scenario"] == group).any():

@@ -15,6 +15,7 @@ import pandas as pd
 from kvbench.analysis.points import point_table
 from kvbench.results.load import Results
 from kvbench.analysis.reuse import reuse_later_turns, reuse_table, reuse_trials
+from kvbench.analysis.server_load import server_load_table
 from kvbench.report.server_findings import server_findings, server_rows
 from kvbench.arguments import path_arg
 from kvbench.errors import BadParameter, UnwritableOutput, UserError
@@ -174,6 +175,11 @@ def _write(results: Results, out: Path, timelines: list[str] | None, pool: Any) 
                 rep.findings[g] += reuse_findings(frames["turn"], g, later)
             rec = reuse_recommendation(frames["turn"], g, later, need_match=not server)
             rep.recommendations[g] = f"{rep.recommendations[g]} {rec}".strip()
+        load = server_load_table(results.trials)
+        if len(load):
+            rep.server_load = {g: part for g, part in load.groupby("group", sort=False)}
+            load.to_csv(out / "server_load.csv", index=False)
+            rep.files["server_load.csv"] = out / "server_load.csv"
         if reuse:  # both tables of every reuse group, raw numbers: by turn_index, then by length_bin
             pd.concat([f for frames in reuse.values() for f in frames.values()], ignore_index=True).to_csv(
                 out / "reuse.csv", index=False)
