@@ -41,9 +41,14 @@ def itl_percentiles(itl_s: Sequence[float]) -> dict[str, float | None]:
     if not itl_s:
         return dict.fromkeys(keys)
     ordered = sorted(itl_s)
-    n = len(ordered)
-    values = [ordered[math.ceil((n - 1) * p / 100)] for p in ITL_PERCENTILES] + [ordered[-1]]
-    return dict(zip(keys, values))
+    return dict(zip(keys, [higher_percentile(ordered, p, presorted=True) for p in ITL_PERCENTILES] + [ordered[-1]]))
+
+
+def higher_percentile(values: Sequence[float], p: float, presorted: bool = False) -> float | None:
+    """The ``p``-th percentile of ``values`` by numpy's ``higher`` method: the value at 0-based rank
+    ⌈(n − 1)·p/100⌉ of the n sorted values (always a value that happened); None without values."""
+    ordered = values if presorted else sorted(values)
+    return ordered[math.ceil((len(ordered) - 1) * p / 100)] if len(ordered) else None
 
 
 def throughputs(prompt_tokens: int, batch_size: int, lat: dict[str, Any], n_out: int) -> dict[str, float | None]:
@@ -57,4 +62,4 @@ def throughputs(prompt_tokens: int, batch_size: int, lat: dict[str, Any], n_out:
     }
 
 
-__all__ = ["ITL_PERCENTILES", "itl_percentiles", "latency_metrics", "throughputs"]
+__all__ = ["ITL_PERCENTILES", "higher_percentile", "itl_percentiles", "latency_metrics", "throughputs"]

@@ -7,9 +7,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
+from kvbench.analysis.latency import higher_percentile
 from kvbench.analysis.reuse_cost import busy_seconds
 from kvbench.results.rows import MEASURED
 
@@ -18,8 +18,8 @@ PERCENTILES = (50, 90, 99)
 
 
 def _pct(values: Any, p: int) -> float:
-    v = np.asarray([x for x in values if x is not None and x == x], dtype=float)
-    return float(np.percentile(v, p, method="higher")) if v.size else math.nan
+    v = higher_percentile([float(x) for x in values if x is not None and x == x], p)
+    return math.nan if v is None else v
 
 
 def server_load_table(trials: pd.DataFrame, max_ttft_s: float | None = None,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
+import functools
 import os
 import subprocess
 from collections.abc import Iterator, Sequence
@@ -77,11 +77,6 @@ def reusable_tokens(requests: Sequence[Any]) -> dict[str, int]:
     return out
 
 
-def prompt_digest(ids: Sequence[int]) -> str:
-    """sha256 hex of a prompt's ids as one sequence ``[1][n]`` of int64 (the in-process engine's digest)."""
-    return hashlib.sha256(np.asarray([list(ids)], dtype=np.int64).tobytes()).hexdigest()
-
-
 def gguf_file(model_name: str) -> str:
     """The GGUF file llama-server loads for a scenario's model name (the alias ``smollm2-135m`` included).
 
@@ -118,10 +113,16 @@ def server_argv(s: Scenario, preset: Preset, mode: Any, port: int, slots: int, c
     return [*program, *base, *e.args, *args, *mode.args]
 
 
-def program_version(program: list[str]) -> str | None:
-    """The first line a server program prints for ``--version`` (llama-server, vllm), or None."""
+def program_version(argv: Sequence[str]) -> str | None:
+    """The first line a server's program (``argv[0]``) prints for ``--version`` (llama-server, vllm), or None;
+    asked once per program (:func:`_version_of`)."""
+    return _version_of(argv[0]) if argv else None
+
+
+@functools.lru_cache(maxsize=None)
+def _version_of(program: str) -> str | None:
     try:
-        done = subprocess.run([*program[:1], "--version"], capture_output=True, text=True, timeout=30,
+        done = subprocess.run([program, "--version"], capture_output=True, text=True, timeout=30,
                               errors="replace")
     except (OSError, subprocess.SubprocessError):
         return None

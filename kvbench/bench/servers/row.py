@@ -6,9 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 from kvbench.analysis.latency import itl_percentiles, latency_metrics, throughputs
-from kvbench.bench.row import IDS_KEPT, base_row
+from kvbench.bench.row import IDS_KEPT, base_row, ids_digest
 from kvbench.bench.servers.client import Reply
-from kvbench.bench.servers.engine import ServerEngine, prompt_digest
+from kvbench.bench.servers.engine import ServerEngine
 from kvbench.bench.trial import ServerTrial
 from kvbench.scenario import Scenario
 
@@ -32,7 +32,7 @@ def request_row(s: Scenario, engine: ServerEngine, t: ServerTrial, reply: Reply 
     row = base_row(s, t, {"device": engine.device_name, "dtype": None, "kv_bytes_predicted": None})
     row.update(request_id=req.id, document=req.document, turn_index=req.turn_index, warm=t.warm,
                engine=engine.kind, load_profile=s.load_spec.profile, concurrency=t.concurrency,
-               reusable_prompt_tokens=reusable, prompt_sha256=(p_sha := prompt_digest(req.ids)))
+               reusable_prompt_tokens=reusable, prompt_sha256=(p_sha := ids_digest([list(req.ids)])))
     if outcome is not None:  # one at a time, a request arrives when it is sent: it never queues
         arrival = outcome.start_s if s.load_spec.profile == "sequential" else outcome.arrival_s
         row.update(arrival_s=arrival, start_s=outcome.start_s, queue_s=max(0.0, outcome.start_s - arrival))

@@ -27,7 +27,7 @@ from kvbench.bench.servers.engine import ModeServer, ServerEngine
 from kvbench.bench.servers.process import ServerExited, ServerStartError
 from kvbench.bench.servers.stream import ServerReplyError
 from kvbench.bench.servers.row import request_row
-from kvbench.bench.servers.telemetry import ServerWatch, tree_cpu_seconds
+from kvbench.bench.servers.telemetry import ProcessTree, ServerWatch
 from kvbench.bench.trial import ServerTrial, reference_first
 from kvbench.results.rows import Status
 from kvbench.scenario import Scenario
@@ -130,7 +130,7 @@ async def _requests(s: Scenario, record: "Recorder", engine: ServerEngine, srv: 
         writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="kvbench-rows")
         written: list[concurrent.futures.Future] = []
         watch = ServerWatch(srv.pid, s.monitor.interval_ms / 1000, engine.nvml) if srv.pid else None
-        own = (lambda: tree_cpu_seconds(srv.pid)) if srv.pid else None
+        own = ProcessTree(srv.pid).cpu_seconds if srv.pid else None
         window = LoadWindow(also_own=own)
         if watch is not None:
             watch.start()

@@ -19,35 +19,35 @@ def _tree(pid: int) -> list[psutil.Process]:
         return []
 
 
-def tree_cpu_seconds(pid: int | None) -> float:
-    """User + system CPU seconds used so far by process ``pid`` and its children (0 when it is gone or None)."""
-    total = 0.0
-    for p in _tree(pid) if pid else ():
-        try:
-            t = p.cpu_times()
-            total += t.user + t.system
-        except psutil.Error:
-            continue
-    return total
+class ProcessTree:
+    """A started server's processes: ``pid`` and its children, listed once when made, so that each reading (CPU
+    beside requests in flight, RSS every sample) reads only their own counters instead of walking ``/proc``."""
 
+    def __init__(self, pid: int):
+        self.procs = _tree(pid)
+        self.pids = {p.pid for p in self.procs}
 
-def tree_pids(pid: int) -> set[int]:
-    """The PIDs of process ``pid`` and its children (empty when it is gone)."""
-    return {p.pid for p in _tree(pid)}
+    def cpu_seconds(self) -> float:
+        """User + system CPU seconds the tree has used so far (0 once it is gone)."""
+        total = 0.0
+        for p in self.procs:
+            try:
+                t = p.cpu_times()
+                total += t.user + t.system
+            except psutil.Error:
+                continue
+        return total
 
-
-def tree_rss_bytes(pid: int) -> int | None:
-    """Resident bytes of process ``pid`` and its children now (None when it is gone)."""
-    procs = _tree(pid)
-    if not procs:
-        return None
-    total = 0
-    for p in procs:
-        try:
-            total += p.memory_info().rss
-        except psutil.Error:
-            continue
-    return total
+    def rss_bytes(self) -> int | None:
+        """Resident bytes of the tree now (None when it is gone)."""
+        total, alive = 0, False
+        for p in self.procs:
+            try:
+                total += p.memory_info().rss
+                alive = True
+            except psutil.Error:
+                continue
+        return total if alive else None
 
 
 class ServerWatch:
@@ -69,18 +69,19 @@ class ServerWatch:
 
     def start(self) -> "ServerWatch":
         """Begin sampling (one sample at once)."""
-        self._t0, self._cpu0 = time.monotonic(), tree_cpu_seconds(self.pid)
+        self._tree = ProcessTree(self.pid)
+        self._t0, self._cpu0 = time.monotonic(), self._tree.cpu_seconds()
         self._sample()
         self._thread = threading.Thread(target=self._loop, name="kvbench-server-watch", daemon=True)
         self._thread.start()
         return self
 
     def _sample(self) -> None:
-        rss = tree_rss_bytes(self.pid)
+        rss = self._tree.rss_bytes()
         if rss is not None:
             self._rss.append(rss)
         if self.nvml is not None:
-            raw, pids = self.nvml.raw(), tree_pids(self.pid)
+            raw, pids = self.nvml.raw(), self._tree.pids
             mine = [used for p, used in raw.get("processes") or () if p in pids and used is not None]
             for key, v in (("process", sum(mine) if mine else None), ("device", (raw.get("memory") or (None,))[0]),
                            ("util", raw.get("util")), ("power", raw.get("power_mw"))):
@@ -98,7 +99,7 @@ class ServerWatch:
             self._thread.join()
         self._sample()
         wall = time.monotonic() - self._t0
-        cpu = tree_cpu_seconds(self.pid) - self._cpu0
+        cpu = self._tree.cpu_seconds() - self._cpu0
         gpu = self._gpu
         on_gpu = {} if self.nvml is None else {
             "nvml_process_peak_bytes": max(gpu["process"]) if gpu["process"] else None,
