@@ -161,7 +161,8 @@ def test_reuse_scenario_errors(tmp_path):
     assert "s.yaml: batch_sizes: required key is missing" in problems(
         {k: v for k, v in tiny_scenario().items() if k != "batch_sizes"}, tmp_path)
     msg = problems(reuse_scenario(workload={"source": "sharegpt", "multi_turn": {"conversation": 2}}), tmp_path)
-    assert ("workload.multi_turn.conversation: unknown key 'conversation'; allowed keys: conversations, turns, "
+    assert ("workload.multi_turn.conversation: unknown key 'conversation'; did you mean 'conversations'? allowed keys: "
+            "conversations, turns, "
             "interleave, min_prompt_tokens, max_prompt_tokens") in msg
     assert "multi_turn needs source: sharegpt" in problems(
         reuse_scenario(workload={"source": "synthetic", "multi_turn": {}}), tmp_path)

@@ -31,8 +31,9 @@ def test_unknown_top_level_key_names_file_key_and_allowed_keys(write_yaml):
     data["prompt_tokenz"] = [8]
     err = error_of(write_yaml, data)
     assert str(err) == (
-        f"{err.file}: prompt_tokenz: unknown key 'prompt_tokenz'; allowed keys: name, description, model, device, "
-        "engine, load, workload, prompt_tokens, max_new_tokens, batch_sizes, modes, repeats, warmup, budget, capacity, store, monitor, disk_dir, disk, seed"
+        f"{err.file}: prompt_tokenz: unknown key 'prompt_tokenz'; did you mean 'prompt_tokens'? allowed keys: name, "
+        "description, model, device, engine, load, workload, prompt_tokens, max_new_tokens, batch_sizes, modes, "
+        "repeats, warmup, budget, capacity, store, monitor, disk_dir, disk, seed, executor, placement"
     )
     assert err.file.endswith("scenario.yaml")
 
@@ -41,7 +42,7 @@ def test_disk_key_is_strict_and_keeps_the_page_cache_only_when_asked(write_yaml)
     assert parse_scenario(tiny_scenario()).disk.page_cache is False  # honest by default
     assert load_scenario(write_yaml(tiny_scenario(disk={"page_cache": True}))).disk.page_cache is True
     err = error_of(write_yaml, tiny_scenario(disk={"page_cahce": True}))
-    assert str(err) == f"{err.file}: disk.page_cahce: unknown key 'page_cahce'; allowed keys: page_cache"
+    assert str(err) == f"{err.file}: disk.page_cahce: unknown key 'page_cahce'; did you mean 'page_cache'? allowed keys: page_cache"
     err = error_of(write_yaml, tiny_scenario(disk={"page_cache": "sometimes"}))
     assert err.problems == [("disk.page_cache", "Input should be a valid boolean (got 'sometimes')")]
     for lax in ("yes", 1):  # strict: a YAML true or false only
@@ -51,7 +52,7 @@ def test_disk_key_is_strict_and_keeps_the_page_cache_only_when_asked(write_yaml)
 
 def test_unknown_key_inside_a_mode_lists_that_modes_keys(write_yaml):
     err = error_of(write_yaml, tiny_scenario(modes=[{"kind": "none"}, {"kind": "hierarchical", "windw": 64}]))
-    assert ("modes[1].windw", "unknown key 'windw'; allowed keys: kind, window, host_max_tokens") in err.problems
+    assert ("modes[1].windw", "unknown key 'windw'; did you mean 'window'? allowed keys: kind, window, host_max_tokens") in err.problems
     assert ("modes[1].window", "required key is missing") in err.problems
 
 

@@ -6,6 +6,7 @@ import contextlib
 import signal
 import warnings
 from collections.abc import Iterator
+from enum import Enum
 from pathlib import Path
 from typing import Any, Optional
 
@@ -76,6 +77,13 @@ class _Console(RunProgress):
         self._bar.update(self._task, description=escape(f"{self._name} {text}"))
 
 
+class ExecutorKind(str, Enum):
+    """The executors of ``kvbench run``: local (this process) and ray (actors on a Ray cluster)."""
+
+    local = "local"
+    ray = "ray"
+
+
 def run(
     scenario: Optional[Path] = typer.Argument(None, help="Scenario YAML file (optional with --resume)."),
     out_root: Optional[str] = typer.Option(None, "--out", help="Results root (default results/); the run goes in a new folder."),
@@ -83,6 +91,15 @@ def run(
     trust_remote_code: bool = typer.Option(
         False, "--trust-remote-code", metavar="",
         help="Let the model's own code run, when the scenario also sets model.trust_remote_code: true."),
+    executor: Optional[ExecutorKind] = typer.Option(
+        None, "--executor", case_sensitive=False,
+        help="Where trials run: local (this process) or ray (Ray actors, one per GPU; needs kvbench\\[ray]). Default: "
+             "the scenario's executor.kind (local when it has none)."),
+    address: Optional[str] = typer.Option(
+        None, "--address", metavar="auto|HOST:PORT",
+        help="The Ray cluster to join: auto (the one `ray start` made on this machine, or RAY_ADDRESS) or HOST:PORT "
+             "of its head; implies --executor ray. Default: the scenario's executor.address, else a Ray instance "
+             "started for the run."),
 ) -> None:
     """Run a scenario's sweep and print its summary."""
     from kvbench.bench.run import run_scenario
@@ -97,10 +114,11 @@ def run(
         _fail(f"--out does not apply with --resume: the run stays in {resume}")
     if out_root is not None and not out_root.strip():
         _fail("--out is empty: give a directory")
-    with handle_errors():
+    with handle_errors({"executor": "--executor", "address": "--address"}):
         try:
             res = run_scenario(scenario, out=out_root, resume=resume, trust_remote_code=trust_remote_code,
-                               progress=_Console())
+                               progress=_Console(), executor=None if executor is None else executor.value,
+                               address=address)
         except RemoteCodeRefused as exc:
             _fail(f"{exc}; pass --trust-remote-code to allow it, or set it to false")
         except RunStopped as exc:

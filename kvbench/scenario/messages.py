@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import difflib
 import re
 import types
 import typing
@@ -89,8 +90,10 @@ def _describe(err: dict[str, Any]) -> str:
     typ, msg, value = err["type"], err["msg"], err.get("input")
     if typ == "extra_forbidden":
         cls = _model_at(err["loc"][:-1])
-        allowed = ", ".join(cls.model_fields) if cls else "?"
-        return f"unknown key '{err['loc'][-1]}'; allowed keys: {allowed}"
+        key = str(err["loc"][-1])
+        close = difflib.get_close_matches(key, list(cls.model_fields), n=1) if cls else []
+        hint = f"did you mean '{close[0]}'? " if close else ""
+        return f"unknown key '{key}'; {hint}allowed keys: {', '.join(cls.model_fields) if cls else '?'}"
     if typ == "union_tag_invalid":
         return MODES.unknown(str(err["ctx"]["tag"]))
     if typ == "union_tag_not_found":
@@ -159,7 +162,7 @@ def _one_or_many(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 #: Sections whose own checks name one of their keys first (``rate: required ...``).
-_SECTIONS = ("engine", "load")
+_SECTIONS = ("engine", "load", "executor")
 
 
 def _keyed(path: str, msg: str) -> tuple[str, str]:

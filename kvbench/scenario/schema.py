@@ -28,6 +28,7 @@ from kvbench.scenario.bounds import (
     sweep_problem,
     whole_text,
 )
+from kvbench.scenario.cluster import ExecutorSpec, PlacementSpec
 from kvbench.scenario.servers import EngineSpec, LoadSpec, ServerMode, check_server_modes, preset_of
 from kvbench.scenario.workload import StoreSpec, WorkloadSpec
 
@@ -184,6 +185,11 @@ class Scenario(Strict):
     disk: DiskSpec = Field(default_factory=DiskSpec, description="The disk tier's page-cache policy (see DiskSpec).")
     seed: Seed = Field(0, description="Seed for random weights and anything else random outside the workload "
                        "(0 to 2^32 - 1).")
+    executor: ExecutorSpec = Field(default_factory=ExecutorSpec, description="Where the trials run: this process "
+                                   "(local, the default) or Ray actors (see ExecutorSpec).")
+    placement: Annotated[list[PlacementSpec], Field(min_length=1)] | None = optional(
+        "The machine kinds of a Ray cluster to run on (see PlacementSpec); with two or more, every trial runs once "
+        "per kind and its id ends in @<label>.")
 
     @field_validator("budget", mode="before")
     @classmethod
@@ -217,6 +223,25 @@ class Scenario(Strict):
         if dup:
             raise ValueError(f"duplicate mode(s) {dup}")
         return v
+
+    @field_validator("placement")
+    @classmethod
+    def _unique_labels(cls, v: list[PlacementSpec] | None) -> list[PlacementSpec] | None:
+        seen: dict[str, int] = {}
+        for i, p in enumerate(v or []):
+            first = seen.setdefault(p.label.casefold(), i)
+            if first != i:
+                raise ValueError(f"[{first}] and [{i}] have the same label {p.label!r} (labels must differ in more "
+                                 "than case): give each kind its own name")
+        return v
+
+    @model_validator(mode="after")
+    def _one_kind_per_search(self) -> "Scenario":
+        n = len(self.placement or [])
+        if n >= 2 and (self.searched is not None or self.engine.server):
+            what = "a capacity search" if self.searched is not None else f"a server engine ({self.engine.kind})"
+            raise ValueError(f"placement: lists {n} kinds; {what} runs on one kind per run: give one")
+        return self
 
     @model_validator(mode="after")
     def _engine_fits(self) -> "Scenario":
@@ -285,6 +310,11 @@ class Scenario(Strict):
     def store_spec(self) -> StoreSpec:
         """The reuse store's settings (the defaults when the scenario gives none)."""
         return self.store or StoreSpec()
+
+    @property
+    def machines(self) -> list[str]:
+        """The placement kinds' labels in the scenario's order ([] without placement)."""
+        return [p.label for p in self.placement or []]
 
     @property
     def searched(self) -> Literal["batch_size", "prompt_tokens"] | None:

@@ -25,7 +25,18 @@ def _reuse_shape(s: Scenario) -> tuple[str, int]:
 
 def sweep_summary(s: Scenario) -> str:
     """The trials ``s`` plans, e.g. ``12 trials: 2 prompt lengths × 1 batch size × 2 modes × 3 repeats``; for a
-    capacity search the searched field, its bound and what it varies, for a reuse workload its requests."""
+    capacity search the searched field, its bound and what it varies, for a reuse workload its requests; then,
+    for the Ray executor, ``; on Ray`` and the placement kinds (each runs every trial)."""
+    what = _what(s)
+    if s.executor.kind == "local":
+        return what
+    kinds = s.machines
+    if len(kinds) > 1:
+        return f"{what}; on Ray, once on each of {len(kinds)} machine kinds ({', '.join(kinds)})"
+    return f"{what}; on Ray" + (f", on {kinds[0]}" if kinds else "")
+
+
+def _what(s: Scenario) -> str:
     if s.searched is not None:
         cap = s.capacity
         fixed = s.prompt_tokens if s.searched == "batch_size" else s.batch_sizes
