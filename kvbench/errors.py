@@ -152,6 +152,8 @@ class UnwritableOutput(UserError, OSError):
     def __init__(self, path: str | Path, reason: str, what: str = ""):
         super().__init__(f"cannot write {f'{what} to ' if what else ''}{path}: {reason}")
         self.path, self.reason, self.what = Path(path), reason, what
+
+
 class PrepareError(UserError, RuntimeError):
     """A run that cannot start: its device, model, workload or stores cannot be prepared, or the preflight found
     trials that cannot be built; the message names the scenario file (or the run's run.json)."""
@@ -167,3 +169,14 @@ class RunStopped(UserError, OSError):
         super().__init__(f"{reason}; no trial had finished: nothing was kept" if path is None
                          else f"{reason}; {kept} finished trials are kept in {path}")
         self.reason, self.kept, self.path = reason, kept, path
+
+
+class ClusterError(UserError, RuntimeError):
+    """The cluster a run asks for cannot be used: Ray is not installed (the ``kvbench[ray]`` extra), its address
+    cannot be reached, no node satisfies a placement, or no worker could start; the message says which and
+    what the cluster has. Raised before any trial runs."""
+
+
+class SweepIncomplete(UserError, RuntimeError):
+    """A sweep ended before every trial ran because the executor lost its workers for good (a cluster's
+    nodes went away); the trials that finished are kept and ``--resume`` runs the rest."""

@@ -1,7 +1,8 @@
-"""The executor seam between the sweep and the engines: the sweep hands an executor one trial at a time and gets
-its row back. :class:`LocalExecutor` runs each trial on an engine in this process's reach (the in-process
-transformers engine, or a server it started); a distributed executor would run them on other machines' engines
-behind the same :class:`Executor` protocol."""
+"""The executor seam between the sweep and the engines: the sweep (:func:`kvbench.bench.sweep.run_sweep`) hands an
+executor the run's :class:`~kvbench.bench.sweep.Recorder` and the executor runs every trial through it.
+:class:`LocalExecutor` runs them one at a time on an engine in this process's reach (the in-process transformers
+engine); :class:`kvbench.bench.cluster.driver.RayExecutor` on the engines of a Ray cluster's workers, behind the
+same :class:`Executor` protocol."""
 
 from __future__ import annotations
 
@@ -10,12 +11,14 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Protocol
 
+from kvbench.bench.capacity import search_sweep
 from kvbench.bench.engines.base import Engine
 from kvbench.bench.machine_load import LoadWindow, other_gpu_processes
 from kvbench.bench.monitor import Sampler, TrialTimeline
 from kvbench.bench.reference import Reference
 from kvbench.bench.row import base_row, measured_fields
-from kvbench.bench.trial import TrialSpec
+from kvbench.bench.reuse import note_requests, reuse_sweep
+from kvbench.bench.trial import TrialSpec, plan_trials
 from kvbench.offload.modes import ModeUnavailable
 from kvbench.scenario import Scenario
 from kvbench.workloads import TooLittleText
@@ -26,8 +29,34 @@ class Executor(Protocol):
     """What the sweep (:mod:`kvbench.bench.sweep`) drives.
 
     Attributes:
-        engine: the engine (or a stand-in for remote ones) whose ``source``, ``longest_prompt``,
-            ``reuse_round`` and ``refill`` the sweep's pieces use.
+        engine: the engine (or a stand-in for remote ones: its ``source``, the workload's requests, and
+            ``device``).
+    """
+
+    engine: Any
+
+    def sweep(self, scenario: Scenario, record: Any, trials: Sequence[TrialSpec] | None = None) -> None:
+        """Run every trial of ``scenario`` not yet in ``record`` (a :class:`~kvbench.bench.sweep.Recorder`),
+        writing each row through it as its trial ends; ``trials``: only these of a planned sweep (in their
+        order; a cluster worker's unit of work). KeyboardInterrupt is not caught.
+
+        Raises:
+            SweepIncomplete: not every trial could run (workers lost for good).
+        """
+        ...
+
+    def remember(self, rows: Sequence[dict[str, Any]]) -> None:
+        """Take earlier rows (a resumed run) as the ``none`` reference where they are."""
+        ...
+
+
+class TrialRunner(Protocol):
+    """What :meth:`Recorder.__call__ <kvbench.bench.sweep.Recorder.__call__>` runs one trial on (a
+    :class:`LocalExecutor`).
+
+    Attributes:
+        engine: the engine whose ``source``, ``longest_prompt``, ``reuse_round`` and ``refill`` the sweep's
+            pieces use.
         last_samples: the samples of the last trial :meth:`run` ran (dicts with
             :data:`kvbench.results.samples.SAMPLE_COLUMNS`), for ``samples.csv``.
     """
@@ -42,10 +71,6 @@ class Executor(Protocol):
 
     def release(self) -> None:
         """Give back memory earlier trials left (before a new shape's warm-up)."""
-        ...
-
-    def remember(self, rows: Sequence[dict[str, Any]]) -> None:
-        """Take earlier rows (a resumed run) as the ``none`` reference where they are."""
         ...
 
 
@@ -122,6 +147,21 @@ class LocalExecutor:
             self.last_samples = self.watch.timeline.samples if self.watch.timeline is not None else []
             gc.collect()
         return row
+
+    def sweep(self, scenario: Scenario, record: Any, trials: Sequence[TrialSpec] | None = None) -> None:
+        """Run the scenario's trials here, one at a time, through ``record``: a reuse workload
+        (:func:`~kvbench.bench.reuse.reuse_sweep`; its requests noted in run.json), a planned sweep (``trials``,
+        by default all of :func:`~kvbench.bench.trial.plan_trials`, in their order) or a capacity search
+        (:func:`~kvbench.bench.capacity.search_sweep`, whose results go into run.json as ``capacity``)."""
+        if scenario.workload.reuse:
+            note_requests(record.run, self.engine.source)
+            reuse_sweep(scenario, record, self.engine)
+        elif scenario.searched is None:
+            for t in plan_trials(scenario) if trials is None else trials:
+                record(t)
+        else:
+            search_sweep(scenario, record, TrialSpec, self.engine.longest_prompt,
+                         on_capacity=lambda found: record.run.update(capacity=found))
 
     def release(self) -> None:
         """Release the engine's memory before a new shape."""

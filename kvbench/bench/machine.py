@@ -237,6 +237,7 @@ def environment(device: Any = None) -> dict[str, Any]:
             env["memory_bandwidth"] = None
             env["memory_bandwidth_note"] = f"probe failed: {exc}"
     if device is not None and torch.device(device).type == "cuda":
+        env["cuda_device_name"] = torch.cuda.get_device_name(device)
         try:
             env["link_bandwidth"] = probe_link_bandwidth(device)
         except RuntimeError as exc:  # e.g. out of memory for the probe buffers
@@ -244,6 +245,22 @@ def environment(device: Any = None) -> dict[str, Any]:
     else:
         env["link_bandwidth_note"] = "no CUDA device: host↔device bandwidth not measured"
     return env
+
+
+def where_fields(env: dict[str, Any] | None, worker: str | None = None) -> dict[str, Any]:
+    """The :data:`~kvbench.results.rows.PLACEMENT_COLUMNS` of the trials run in this process, from its
+    :func:`environment` ``env``: host name, GPU name (the first NVML device: with one visible GPU, the trial's) and
+    driver, the measured pinned link bandwidth in GB/s (None without a CUDA probe); ``machine`` None and
+    ``attempt`` 0 (the driver of a cluster run sets them)."""
+    import socket
+
+    env = env or {}
+    gpus_seen = env.get("gpus") or []
+    link = env.get("link_bandwidth") or {}
+    return {"machine": None, "host": socket.gethostname(), "worker": worker, "attempt": 0,
+            "gpu": env.get("cuda_device_name") or (gpus_seen[0].get("name") if gpus_seen else None),
+            "gpu_driver": env.get("driver"), "link_h2d_gbps": link.get("h2d_pinned_gbps"),
+            "link_d2h_gbps": link.get("d2h_pinned_gbps")}
 
 
 def probe_machine(device: str = "auto") -> dict[str, Any]:

@@ -12,7 +12,7 @@ holds (the prompt and, in a conversation, the reply it goes on with) is kept for
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from kvbench.bench.engines.base import Engine
 from kvbench.bench.trial import ReuseTrial, reference_first
@@ -43,3 +43,11 @@ def reuse_sweep(s: Scenario, record: "Recorder", engine: Engine) -> None:
                                 engine.refill(t)
                             continue
                         record(t)
+
+
+def note_requests(run: Any, stream: Any) -> None:
+    """Put a request stream's requests (id, document, turn, prompt and held tokens) and notes into ``run``'s
+    run.json (``requests``, ``workload_notes``): a reuse workload's or a server run's."""
+    run.update(workload_notes=stream.notes, requests=[
+        {"id": q.id, "document": q.document, "turn_index": q.turn_index, "prompt_tokens": len(q.ids),
+         "held_tokens": len(q.held)} for q in stream.requests])

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvbench.bench.summary import capacity_summary, failure_lines, point_summary, reuse_summary
+from kvbench.bench.summary import capacity_summary, failure_lines, last_rows, point_summary, reuse_summary
 from kvbench.bench.trial import planned_count, plan_trials
 from kvbench.arguments import path_arg
 from kvbench.errors import (BadValue, NotEnoughRequests, PrepareError, RemoteCodeRefused, RunDirError, RunStopped,
@@ -19,7 +19,7 @@ from kvbench.errors import (BadValue, NotEnoughRequests, PrepareError, RemoteCod
 from kvbench.results.files import ResultsNotWritten
 from kvbench.results.run_dir import RunDir
 from kvbench.scenario import Scenario
-from kvbench.results.rows import Status
+from kvbench.results.rows import Status, retry_due
 
 #: System-wide CPU percent (others' load, sampled for 0.5 s before the run) above which timings will be noisy.
 BUSY_PERCENT = 50
@@ -62,7 +62,8 @@ class RunResult:
     Attributes:
         scenario: the scenario run.
         run_dir: the run directory; None when this call made it and removed it (interrupted before any trial).
-        rows: the run's finished trials (those of earlier calls included).
+        rows: the run's finished trials (those of earlier calls included), the last row of each trial id (a trial
+            retried after its worker was lost counts by its retry).
         swept: whether the sweep ran (False: nothing left to run, or interrupted before the first trial).
         interrupted: Ctrl-C (or SIGTERM, where the caller maps it to KeyboardInterrupt) stopped the run.
         written, already: trials written by this call; trials already in the run.
@@ -102,7 +103,8 @@ class RunResult:
 
 def run_scenario(scenario: str | Path | None = None, *, out: str | Path | None = None,
                  resume: str | Path | None = None, trust_remote_code: bool = False,
-                 progress: RunProgress | None = None) -> RunResult:
+                 progress: RunProgress | None = None, executor: str | None = None,
+                 address: str | None = None) -> RunResult:
     """Run a scenario file's sweep in a new run directory under ``out`` (default ``results``), or continue the
     run in ``resume`` (skipping its finished trials; ``scenario``, if given, must equal the one stored there).
 
@@ -110,6 +112,10 @@ def run_scenario(scenario: str | Path | None = None, *, out: str | Path | None =
         trust_remote_code: let the model's own code run, when the scenario also sets
             ``model.trust_remote_code: true``.
         progress: called back as the run goes (default: silent).
+        executor: ``local`` or ``ray`` (default: the scenario's ``executor.kind``; an ``address`` means ``ray``).
+        address: the Ray cluster to join (``auto`` or ``HOST:PORT``; default: the scenario's
+            ``executor.address``, else a local Ray instance). A process already connected to Ray stays on its
+            cluster.
 
     Returns:
         A :class:`RunResult`; trials that failed are rows with their status (see :attr:`RunResult.n_errors`).
@@ -120,7 +126,9 @@ def run_scenario(scenario: str | Path | None = None, *, out: str | Path | None =
         ScenarioError, RunDirError: the scenario or the run cannot be read, differ, or cannot run here.
         RemoteCodeRefused: the scenario asks for the model's own code and ``trust_remote_code`` is false.
         ModelNotFound, ModelLoadError, PrepareError, NotEnoughRequests: the run cannot be prepared.
+        ClusterError: the Ray executor cannot run (Ray missing, address unreachable, placement unsatisfiable).
         RunStopped: the results could not be written (disk full...).
+        SweepIncomplete: a cluster's workers were lost for good; the finished trials are kept.
     """
     progress = progress or RunProgress()
     scenario, resume = (None if p is None else path_arg(p, name) for p, name in ((scenario, "scenario"),
@@ -131,13 +139,43 @@ def run_scenario(scenario: str | Path | None = None, *, out: str | Path | None =
     if resume is not None and out is not None:
         raise BadValue(f"a resumed run stays in {resume}: no results root applies")
     rundir, sc, where, finished = _open(scenario, resume, progress)
+    on_ray = _cluster(sc, where, executor, address)
     if sc.model.trust_remote_code:
         _remote_code(sc, where, trust_remote_code, progress)
     if (rundir is not None and sc.searched is None and not sc.workload.reuse and not sc.engine.server
-            and {t.trial_id for t in plan_trials(sc)} <= {r["trial_id"] for r in finished}):
-        return RunResult(sc, rundir.path, finished, already=len(finished), summary=point_summary(finished, sc),
+            and _planned_ids(sc) <= {r["trial_id"] for r in last_rows(finished) if not retry_due(r)}):
+        rows = last_rows(finished)
+        return RunResult(sc, rundir.path, rows, already=len(rows), summary=point_summary(rows, sc),
                          failures=failure_lines(finished))
-    return _run(sc, rundir, where, Path(out if out is not None else "results"), progress)
+    return _run(on_ray or sc, rundir, where, Path(out if out is not None else "results"), progress,
+                on_ray is not None)
+
+
+def _planned_ids(sc: Scenario) -> set[str]:
+    """The trial ids of a planned sweep: with two placement kinds or more, each once per kind (``<id>@<label>``)."""
+    ids = {t.trial_id for t in plan_trials(sc)}
+    if len(sc.machines) > 1:
+        return {f"{i}@{label}" for i in ids for label in sc.machines}
+    return ids
+
+
+def _cluster(sc: Scenario, where: Path, executor: str | None, address: str | None) -> Scenario | None:
+    """The scenario with the executor the run asks for (:func:`~kvbench.scenario.cluster.override_executor`)
+    when it goes to Ray, None for a local run.
+
+    Raises:
+        BadParameter: an executor other than local or ray, a malformed address, or an address for a local run.
+        ScenarioError: a placement for a local run.
+    """
+    from kvbench.scenario.cluster import override_executor
+
+    spec = override_executor(sc.executor, executor, address)
+    if spec.kind == "local":
+        if sc.placement:
+            raise ScenarioError(where, [("placement", "needs the ray executor (executor.kind: ray): a local run "
+                                                      "measures this machine only")])
+        return None
+    return sc.model_copy(update={"executor": spec})
 
 
 def _open(scenario: Path | None, resume: Path | None,
@@ -153,7 +191,7 @@ def _open(scenario: Path | None, resume: Path | None,
         return None, sc, scenario, []
     rundir = RunDir.open(resume)
     sc = parse_scenario(rundir.meta["scenario"], resume / "run.json")
-    if scenario is not None and load_scenario(scenario).model_dump(mode="json") != sc.model_dump(mode="json"):
+    if scenario is not None and _identity(load_scenario(scenario)) != _identity(sc):
         raise RunDirError(f"{scenario} differs from the scenario stored in {resume}/run.json; resume without the "
                           "file")
     problems = check_scenario(sc)
@@ -162,6 +200,11 @@ def _open(scenario: Path | None, resume: Path | None,
     with rundir.lock():  # before anything reads the trials: a refused resume cuts nothing
         finished = rundir.finished_trials()
     return rundir, sc, rundir.path / "run.json", finished
+
+
+def _identity(sc: Scenario) -> dict[str, Any]:
+    """What must be equal for a file to be the scenario of a run: all of it but where it runs (``executor``)."""
+    return {k: v for k, v in sc.model_dump(mode="json").items() if k != "executor"}
 
 
 def _remote_code(sc: Scenario, where: Path, allowed: bool, progress: RunProgress) -> None:
@@ -179,23 +222,28 @@ def _remote_code(sc: Scenario, where: Path, allowed: bool, progress: RunProgress
                      f"{', '.join(modules) or 'its auto_map names none'}")
 
 
-def _run(sc: Scenario, rundir: RunDir | None, where: Path, out: Path, progress: RunProgress) -> RunResult:
-    """Probe the machine, make (or lock) the run directory, load the model, sweep, summarise."""
+def _run(sc: Scenario, rundir: RunDir | None, where: Path, out: Path, progress: RunProgress,
+         cluster: bool = False) -> RunResult:
+    """Probe the machine, make (or lock) the run directory, load the model (here, or on a cluster's workers),
+    sweep, summarise."""
     import psutil
 
     from kvbench.bench.capacity import device_problem
     from kvbench.bench.machine import environment
     from kvbench.models import resolve_device
 
-    try:
-        device = resolve_device(sc.device)
-        env = environment(device)
-    except ValueError as exc:
-        raise PrepareError(str(exc)) from exc
-    if (why := device_problem(sc, device.type)) is not None:
-        raise ScenarioError(where, [("budget", why)])
+    if cluster:  # the driver: each worker probes its own machine and device
+        env = environment(None)
+    else:
+        try:
+            device = resolve_device(sc.device)
+            env = environment(device)
+        except ValueError as exc:
+            raise PrepareError(str(exc)) from exc
+        if (why := device_problem(sc, device.type)) is not None:
+            raise ScenarioError(where, [("budget", why)])
     busy = psutil.cpu_percent(interval=0.5)  # system-wide, while this process waits: the others' load
-    if busy > BUSY_PERCENT:
+    if not cluster and busy > BUSY_PERCENT:
         progress.warning(f"the machine is busy ({busy:.0f}% of {env['cpu_count']} CPUs in use by other processes): "
                          "timings will be noisy")
     created = rundir is None
@@ -206,8 +254,12 @@ def _run(sc: Scenario, rundir: RunDir | None, where: Path, out: Path, progress: 
             raise RunDirError(f"cannot create the run directory under {out}: {exc.strerror or exc}") from exc
     try:
         with rundir.lock():
-            executor, weights_bytes = _prepare(sc, rundir, where, progress)
-            result = _sweep(sc, rundir, executor, weights_bytes, created, progress)
+            executor, weights_bytes = _prepare(sc, rundir, where, progress, cluster)
+            try:
+                result = _sweep(sc, rundir, executor, weights_bytes, created, progress)
+            finally:
+                if hasattr(executor, "close"):  # a cluster's workers
+                    executor.close()
     except RunDirError:
         raise
     except Exception:  # a refusal or a bug: a run this call made stays only with a trial in it
@@ -220,8 +272,9 @@ def _run(sc: Scenario, rundir: RunDir | None, where: Path, out: Path, progress: 
             return RunResult(sc, None, interrupted=True)
         rundir.update(status="interrupted")
         return RunResult(sc, rundir.path, rundir.finished_trials(), interrupted=True)
-    rows = rundir.finished_trials()
-    result.rows, result.failures = rows, failure_lines(rows)
+    every = rundir.finished_trials()
+    rows = last_rows(every)  # a trial retried after its worker was lost counts once, by its retry
+    result.rows, result.failures = rows, failure_lines(every)
     if sc.workload.reuse or sc.engine.server:
         result.reuse = reuse_summary(rows, sc) if rows else None
     else:
@@ -231,10 +284,13 @@ def _run(sc: Scenario, rundir: RunDir | None, where: Path, out: Path, progress: 
     return result
 
 
-def _prepare(sc: Scenario, rundir: RunDir, where: Path, progress: RunProgress) -> tuple[Any, int]:
+def _prepare(sc: Scenario, rundir: RunDir, where: Path, progress: RunProgress,
+             cluster: bool = False) -> tuple[Any, int | None]:
     """Load the model and the workload, check every trial can be built; the executor and the weights' bytes."""
     from kvbench.bench.engines.transformers import load_engine
     from kvbench.bench.executor import LocalExecutor
+    if cluster:
+        return _prepare_cluster(sc, rundir, where, progress)
     if sc.engine.server:
         return _prepare_server(sc, rundir, where, progress)
     t0 = time.perf_counter()
@@ -295,13 +351,33 @@ def _prepare_server(sc: Scenario, rundir: RunDir, where: Path, progress: RunProg
     return ServerExecutor(engine), 0
 
 
-def _sweep(sc: Scenario, rundir: RunDir, executor: Any, weights_bytes: int, created: bool,
+def _prepare_cluster(sc: Scenario, rundir: RunDir, where: Path, progress: RunProgress) -> tuple[Any, int | None]:
+    """Join the Ray cluster and start its workers, each loading the model (:mod:`kvbench.bench.cluster`)."""
+    from kvbench.bench.cluster.driver import start_cluster
+
+    with progress.loading(f"starting Ray workers for {sc.model.label}"), _preparing(sc, where):
+        executor = start_cluster(sc, str(where), sc.executor.address, progress)
+    import ray
+
+    rundir.update(executor={"kind": "ray", "address": sc.executor.address, "ray": ray.__version__},
+                  machines=executor.machines)
+    for label, m in executor.machines.items():
+        for w in m["workers"]:
+            progress.info(f"worker {w['worker'][:12]}{f' ({label})' if label else ''}: {w['host']}, "
+                          f"{w['gpu'] or 'CPU'}")
+    progress.info(f"results: {rundir.path}")
+    return executor, executor.weights_bytes
+
+
+def _sweep(sc: Scenario, rundir: RunDir, executor: Any, weights_bytes: int | None, created: bool,
            progress: RunProgress) -> RunResult:
     """Run the sweep; a results file that cannot be written stops the run (:class:`RunStopped`)."""
     from kvbench.bench.sweep import run_sweep
 
     source = executor.engine.source
     planned = planned_count(sc, len(source.requests) if sc.workload.reuse or sc.engine.server else 0)
+    if planned is not None and len(sc.placement or ()) > 1:  # every trial once per machine kind
+        planned *= len(sc.placement)
     try:
         rundir.update(weights_bytes=weights_bytes if not sc.engine.server else None, status="running")
         with progress.sweep(sc.name, planned, len(rundir.finished_trials())):

@@ -4,18 +4,22 @@ stopping it cleanly. It drives an executor (:mod:`kvbench.bench.executor`) and n
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from kvbench.bench.capacity import search_sweep
-from kvbench.bench.executor import Executor
-from kvbench.bench.reuse import reuse_sweep
-from kvbench.bench.trial import TrialSpec, plan_trials
+from typing import TYPE_CHECKING
+
+from kvbench.bench.trial import TrialSpec
+from kvbench.errors import SweepIncomplete
 from kvbench.results.files import ResultsNotWritten, failure_reason
 from kvbench.results.run_dir import RunDir, utc_now
 from kvbench.scenario import Scenario
-from kvbench.results.rows import Status
+from kvbench.results.rows import Status, retry_due
+
+if TYPE_CHECKING:  # the executors import this module
+    from kvbench.bench.executor import Executor
 
 
 @dataclass
@@ -32,20 +36,33 @@ class Recorder:
     the first trial of each (prompt length, batch, mode) shape is preceded by a release of memory
     (:meth:`Executor.release`) and then the scenario's warm-up trials (not recorded; the rest of them are skipped
     once one does not end ``ok``, since they would fail alike). Nothing is released between a warm-up and the
-    trials it prepares, nor between repeats of a shape."""
+    trials it prepares, nor between repeats of a shape.
 
-    def __init__(self, scenario: Scenario, run: RunDir, executor: Executor,
+    ``run`` is the :class:`~kvbench.results.run_dir.RunDir` (or, on a cluster worker, a stand-in with its
+    ``meta``, ``update``, ``finished_trials`` and ``record_trial``); ``where`` the fields every row written gets
+    (:data:`~kvbench.results.rows.PLACEMENT_COLUMNS`, :func:`~kvbench.bench.machine.where_fields`). A trial whose
+    last row says its worker was lost (:func:`~kvbench.results.rows.retry_due`) is not finished: it is in
+    :attr:`lost`, runs again, and its new row has ``attempt`` 1. :meth:`write` may be called from several
+    threads."""
+
+    def __init__(self, scenario: Scenario, run: Any, executor: Any,
                  on_trial: Callable[[dict[str, Any]], None] | None = None,
-                 on_status: Callable[[str], None] | None = None):
+                 on_status: Callable[[str], None] | None = None, where: dict[str, Any] | None = None,
+                 on_start: Callable[[TrialSpec], None] | None = None):
         self.s, self.run, self.executor = scenario, run, executor
-        self.on_trial, self.on_status = on_trial, on_status
+        self.on_trial, self.on_status, self.on_start = on_trial, on_status, on_start
+        self.where = dict(where or {})
         finished = run.finished_trials()
         executor.remember(finished)
-        self.rows: dict[str, dict[str, Any]] = {r["trial_id"]: r for r in finished}
+        last = {r["trial_id"]: r for r in finished}
+        #: trials whose worker was lost once: they run again
+        self.lost: dict[str, dict[str, Any]] = {k: r for k, r in last.items() if retry_due(r)}
+        self.rows: dict[str, dict[str, Any]] = {k: r for k, r in last.items() if k not in self.lost}
         self.already = len(self.rows)
         self.written = 0
         self.not_kept: str | None = None  # the trial whose files could not be written
         self._warmed: set[tuple] = set()
+        self._lock = threading.Lock()
 
     def __call__(self, t: TrialSpec) -> dict[str, Any]:
         """The row of trial ``t``: the one already written, or a new one (run, then its samples and row written
@@ -68,23 +85,33 @@ class Recorder:
                     break
         if self.on_status:
             self.on_status(t.trial_id)
-        return self.write(t, self.executor.run(t), self.executor.last_samples)
+        if self.on_start:
+            self.on_start(t)
+        return self.write(self.executor.run(t), self.executor.last_samples)
 
-    def write(self, t: TrialSpec, row: dict[str, Any], samples: list[dict[str, Any]] | None = None
-              ) -> dict[str, Any]:
-        """Write trial ``t``'s ``row`` (and its ``samples``) and fsync them (:meth:`RunDir.record_trial`); the
-        row is then finished.
+    def write(self, row: dict[str, Any], samples: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        """Write a trial's ``row`` (with :attr:`where`'s fields it lacks, and ``attempt`` 1 when
+        the trial's worker was lost before) and its ``samples``, fsynced (:meth:`RunDir.record_trial`); the trial
+        is then finished, unless the row says its worker was lost for the first time.
 
         Raises:
             OSError: the trial's files could not be written; :attr:`not_kept` is its id.
         """
-        try:
-            self.run.record_trial(row, samples or [])
-        except OSError:
-            self.not_kept = t.trial_id
-            raise
-        self.rows[t.trial_id] = row
-        self.written += 1
+        tid = row["trial_id"]
+        with self._lock:
+            row = {**row, **{k: v for k, v in self.where.items() if k not in row}}
+            if tid in self.lost and not retry_due(row):
+                row["attempt"] = max(1, row.get("attempt") or 0)
+            try:
+                self.run.record_trial(row, samples or [])
+            except OSError:
+                self.not_kept = tid
+                raise
+            if retry_due(row):
+                self.lost[tid] = row
+            else:
+                self.rows[tid] = row
+            self.written += 1
         if self.on_trial:
             self.on_trial(row)
         return row
@@ -93,7 +120,7 @@ class Recorder:
 def run_sweep(
     scenario: Scenario,
     run: RunDir,
-    executor: Executor,
+    executor: "Executor",
     on_trial: Callable[[dict[str, Any]], None] | None = None,
     on_status: Callable[[str], None] | None = None,
 ) -> SweepResult:
@@ -102,6 +129,8 @@ def run_sweep(
     results go into run.json as ``capacity``; for a reuse workload its requests warm and cold
     (:mod:`kvbench.bench.reuse`).
 
+    The executor runs them (:meth:`Executor.sweep <kvbench.bench.executor.Executor.sweep>`: in this process,
+    or on a cluster's workers).
     Each row is appended (and fsynced) as soon as its trial ends, under :meth:`RunDir.lock`. Ctrl-C stops after
     writing what finished and marks run.json ``interrupted``; a finished sweep marks it ``complete``.
 
@@ -113,36 +142,29 @@ def run_sweep(
             ``interrupted`` with a ``reason`` where it can be; the trials written before are kept.
         RunDirError: another process holds the run's lock; ForeignRow: a row there was written under another
             scenario.
+        SweepIncomplete: the executor could not run every trial (a cluster's workers were lost for good):
+            run.json is marked ``interrupted`` with the ``reason``; what finished is kept.
     """
     with run.lock():
         return _sweep_locked(scenario, run, executor, on_trial, on_status)
 
 
-def _sweep_locked(scenario: Scenario, run: RunDir, executor: Executor,
+def _sweep_locked(scenario: Scenario, run: RunDir, executor: "Executor",
                   on_trial: Callable[[dict[str, Any]], None] | None,
                   on_status: Callable[[str], None] | None) -> SweepResult:
-    record = Recorder(scenario, run, executor, on_trial, on_status)
+    from kvbench.bench.machine import where_fields
+
+    record = Recorder(scenario, run, executor, on_trial, on_status, where=where_fields(run.meta.get("environment")))
     run.meta.pop("reason", None)  # an earlier stop's: this sweep's end writes its own status
     try:
-        if scenario.engine.server:
-            from kvbench.bench.servers.sweep import server_sweep
-
-            _note_requests(run, executor.engine.source)
-            server_sweep(scenario, record, executor.engine)
-        elif scenario.workload.reuse:
-            stream = executor.engine.source
-            _note_requests(run, stream)
-            reuse_sweep(scenario, record, executor.engine)
-        elif scenario.searched is None:
-            for t in plan_trials(scenario):
-                record(t)
-        else:
-            search_sweep(scenario, record, TrialSpec, executor.engine.longest_prompt,
-                         on_capacity=lambda found: run.update(capacity=found))
+        executor.sweep(scenario, record)
         run.update(status="complete", finished_at=utc_now())
     except KeyboardInterrupt:
         run.update(status="interrupted", interrupted_at=utc_now())
         return SweepResult(record.written, record.already, interrupted=True)
+    except SweepIncomplete as exc:  # workers lost for good: what finished stays, the rest waits for --resume
+        run.update(status="interrupted", reason=str(exc), interrupted_at=utc_now())
+        raise
     except OSError as exc:  # writing the results: disk full, quota, a removed directory
         try:
             run.update(status="interrupted", reason=failure_reason(exc), interrupted_at=utc_now())
@@ -151,10 +173,3 @@ def _sweep_locked(scenario: Scenario, run: RunDir, executor: Executor,
             status_error = again.strerror or str(again)
         raise ResultsNotWritten(exc, run.path, record.not_kept, status_error) from exc
     return SweepResult(record.written, record.already, interrupted=False)
-
-
-def _note_requests(run: RunDir, stream: Any) -> None:
-    """The requests of a stream into run.json (``requests``, ``workload_notes``)."""
-    run.update(workload_notes=stream.notes, requests=[
-        {"id": q.id, "document": q.document, "turn_index": q.turn_index, "prompt_tokens": len(q.ids),
-         "held_tokens": len(q.held)} for q in stream.requests])

@@ -208,8 +208,19 @@ SERVER_COLUMNS = _columns(
     ("contaminated", K.FLAG, "", "a cold mode's request reused cached tokens (never the reference)"),
     ("cold_verified", K.FLAG, "", "the first request of a fresh server reused 0 tokens (null: not the first)"),
 )
+#: Where a trial ran (README "Run on a cluster"): every row has them, whichever executor ran it.
+PLACEMENT_COLUMNS = _columns(
+    ("machine", K.TEXT, "", "the scenario's placement kind it ran on (null: no placement)"),
+    ("host", K.TEXT, "", "the host name of the machine that ran it"),
+    ("worker", K.TEXT, "", "the Ray actor that ran it (null: run in the driver's process)"),
+    ("attempt", K.COUNT, "", "0; 1 for the retry of a trial whose worker was lost"),
+    ("gpu", K.TEXT, "", "the CUDA device's name (null on CPU)"),
+    ("gpu_driver", K.TEXT, "", "the NVIDIA driver's version (NVML; null without)"),
+    ("link_h2d_gbps", K.NUMBER, "", "that machine's measured pinned host→device copy bandwidth, GB/s (null on CPU)"),
+    ("link_d2h_gbps", K.NUMBER, "", "that machine's measured pinned device→host copy bandwidth, GB/s (null on CPU)"),
+)
 #: Every column kvbench writes; a row may hold others (a newer kvbench), kept as they are.
-COLUMNS = TRIAL_COLUMNS + PLAN_COLUMNS + REUSE_COLUMNS + SERVER_COLUMNS
+COLUMNS = TRIAL_COLUMNS + PLAN_COLUMNS + REUSE_COLUMNS + SERVER_COLUMNS + PLACEMENT_COLUMNS
 #: Columns by name.
 BY_NAME = {c.name: c for c in COLUMNS}
 
@@ -229,6 +240,17 @@ FRAME_COLUMNS = _columns(
 AGGREGATES = ("median", "min", "max", "ci_low", "ci_high")
 
 
+#: How the message of a trial whose worker died under it starts (``error: worker lost (host …)``).
+WORKER_LOST = "worker lost"
+
+
+def retry_due(row: dict) -> bool:
+    """Whether a row is a trial's first loss of its worker (status ``error``, message :data:`WORKER_LOST`,
+    ``attempt`` 0 or absent): that trial runs once more, and its later row replaces this one."""
+    return (row.get("status") == Status.ERROR and str(row.get("message") or "").startswith(WORKER_LOST)
+            and not row.get("attempt"))
+
+
 def agg(column: str, stat: str) -> str:
     """The name of the aggregate column of ``column`` for ``stat`` (one of :data:`AGGREGATES`: ``median``, ``min``,
     ``max``, and ``ci_low``/``ci_high`` for the 95% bootstrap interval): ``agg("ttft_s", "median")`` is
@@ -243,4 +265,5 @@ def agg(column: str, stat: str) -> str:
 
 
 __all__ = ["AGGREGATES", "BY_NAME", "COLUMNS", "Column", "FRAME_COLUMNS", "Kind", "MEASURED", "NO_FIT",
-           "PLAN_COLUMNS", "REUSE_COLUMNS", "SERVER_COLUMNS", "Status", "TRIAL_COLUMNS", "agg"]
+           "PLACEMENT_COLUMNS", "PLAN_COLUMNS", "REUSE_COLUMNS", "SERVER_COLUMNS", "Status", "TRIAL_COLUMNS", "WORKER_LOST", "agg",
+           "retry_due"]

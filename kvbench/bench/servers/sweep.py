@@ -28,6 +28,7 @@ from kvbench.bench.servers.process import ServerExited, ServerStartError
 from kvbench.bench.servers.stream import ServerReplyError
 from kvbench.bench.servers.row import request_row
 from kvbench.bench.servers.telemetry import ProcessTree, ServerWatch
+from kvbench.bench.reuse import note_requests
 from kvbench.bench.trial import ServerTrial, reference_first
 from kvbench.results.rows import Status
 from kvbench.scenario import Scenario
@@ -43,6 +44,12 @@ class ServerExecutor:
     def __init__(self, engine: ServerEngine):
         self.engine = engine
         self.last_samples: list[dict[str, Any]] = []
+
+    def sweep(self, scenario: Scenario, record: "Recorder", trials: None = None) -> None:
+        """Send the scenario's requests (:func:`server_sweep`; the requests noted in run.json). ``trials``: a
+        server run is one unit of work (always None)."""
+        note_requests(record.run, self.engine.source)
+        server_sweep(scenario, record, self.engine)
 
     def remember(self, rows: Sequence[dict[str, Any]]) -> None:
         """Take earlier rows' ``none`` outputs as the reference (uncontaminated ones only)."""
@@ -112,7 +119,7 @@ def _run_mode(s: Scenario, record: "Recorder", engine: ServerEngine, mode: Any, 
     except (ServerStartError, ServerReplyError) as exc:
         for t in todo:
             if t.trial_id not in record.rows:
-                record.write(t, {**request_row(s, engine, t, None, None),
+                record.write({**request_row(s, engine, t, None, None),
                                  "status": Status.ERROR, "message": f"{type(exc).__name__}: {exc}"})
     finally:
         record.run.update(servers=engine.servers)
@@ -170,7 +177,7 @@ async def _requests(s: Scenario, record: "Recorder", engine: ServerEngine, srv: 
                     why += (f"\nthe server exited mid-mode; the requests not sent yet are left for `kvbench run "
                             f"--resume`; its log ends:\n{srv.process.log_tail(10)}")
                 row = {**request_row(s, engine, t, None, o), "status": Status.ERROR, "message": why}
-            written.append(writer.submit(record.write, t, row))
+            written.append(writer.submit(record.write, row))
             if gone:
                 srv.process.check_alive()  # raises ServerExited: the load stops, in-flight requests are cancelled
 
@@ -184,7 +191,7 @@ async def _requests(s: Scenario, record: "Recorder", engine: ServerEngine, srv: 
             sent = {o.request.trial_id for o in outcomes}
             for t in todo:  # past load.duration_s: not sent, and not to be sent by --resume either
                 if t.trial_id not in sent:
-                    written.append(writer.submit(record.write, t, {
+                    written.append(writer.submit(record.write, {
                         **request_row(s, engine, t, None, None), "status": Status.SKIPPED,
                         "message": f"not sent: load.duration_s ({given.duration_s:g} s) had passed"}))
         finally:
