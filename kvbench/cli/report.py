@@ -71,6 +71,11 @@ def report(
             out.print(f"  - {escape(f)}", highlight=False)
         for d in rep.diagnoses[g]:
             out.print(f"  [yellow]![/] {escape(d)}", highlight=False)
+    for base, sec in rep.machines.items():
+        out.print(_table(sec.table, f"{base}: machines", "hosts, GPU and driver its trials ran on; link: the median "
+                         "of their own pinned-copy probe; TPOT ÷ none's per machine below, paired by repeat"))
+        for f in sec.findings:
+            out.print(f"  - {escape(f)}", highlight=False)
     _problems(results)
     out.print(f"report: {rep.files['report.html']} (and report.md, summary.csv, {_count(len(rep.charts), 'chart')}) "
               f"in {target}", highlight=False, markup=False)

@@ -19,7 +19,8 @@ KV_SMALL_FRACTION = 0.10
 LINK_BOUND_FRACTION = 0.8
 
 
-def _pt(r: Any) -> str:
+def point_text(r: Any) -> str:
+    """A point as the report words it: ``4096 tokens × batch 8`` (``r`` has ``prompt_tokens``, ``batch_size``)."""
     return f"{int(r['prompt_tokens'])} tokens × batch {int(r['batch_size'])}"
 
 
@@ -34,7 +35,7 @@ def findings(table: pd.DataFrame, group: str) -> list[str]:
     for _, r in t[(t["prompt_tokens"] == longest) & (t["mode"] != "none")].iterrows():
         if missing(r["memory_saving_pct"]) or missing(r["time_overhead_pct"]):
             continue
-        out.append(f"at {_pt(r)}, `{r['mode_label']}` saved {r['memory_saving_pct']:.0f}% of device KV memory "
+        out.append(f"at {point_text(r)}, `{r['mode_label']}` saved {r['memory_saving_pct']:.0f}% of device KV memory "
                    f"({r['kv_device_peak_bytes_median'] / MIB:,.1f} MiB left) for {_overhead(r)} TPOT "
                    f"({ms(r['tpot_s_median'])} ms per token; {_pairs(r)})" + _verdict_tail(r))
     return out
@@ -68,27 +69,27 @@ def recommendation(table: pd.DataFrame, group: str) -> str:
     misfits = base[(base["n_over_budget"] > 0) | (base["n_oom"] > 0)]
     if misfits.empty:
         last = base.sort_values(["prompt_tokens", "batch_size"]).iloc[-1]
-        return f"no offload needed: `none` fits {where} at every measured point (up to {_pt(last)})"
+        return f"no offload needed: `none` fits {where} at every measured point (up to {point_text(last)})"
     worst = misfits.sort_values(["prompt_tokens", "batch_size"]).iloc[-1]
     here = t[(t["prompt_tokens"] == worst["prompt_tokens"]) & (t["batch_size"] == worst["batch_size"])
              & (t["mode"] != "none")]
     cands = here[qualifies(here) & here["tpot_s_median"].notna()]
     first = misfits.sort_values(["prompt_tokens", "batch_size"]).iloc[0]
     why = "over budget" if first["n_over_budget"] else "out of memory"
-    head = f"`none` does not fit {where} from {_pt(first)} ({why})"
+    head = f"`none` does not fit {where} from {point_text(first)} ({why})"
     if cands.empty:
-        return f"{head}; at {_pt(worst)} no measured mode fits: raise the budget or shorten the context"
+        return f"{head}; at {point_text(worst)} no measured mode fits: raise the budget or shorten the context"
     ranked = cands.sort_values("tpot_s_median")
     best = ranked.iloc[0]
     busy = int(cands["n_busy"].sum())
     if busy:  # which fits is exact (bytes); which is fastest was measured on a busy machine: no ranking
         fits = ", ".join(f"`{r['mode_label']}` ({r['kv_device_peak_bytes_median'] / MIB:,.1f} MiB)"
                          for _, r in cands.iterrows())
-        return (f"{head}; at {_pt(worst)} these fit (device KV): {fits}; which has the least TPOT is inconclusive: "
+        return (f"{head}; at {point_text(worst)} these fit (device KV): {fits}; which has the least TPOT is inconclusive: "
                 f"the machine was busy during {busy} of their {int(cands['measured'].sum())} trials")
     over = "" if missing(best["time_overhead_pct"]) else (f", {_overhead(best)} vs none, {int(best['pairs'])} "
                                                            f"pairs{_verdict_tail(best)}")
-    text = (f"{head}; at {_pt(worst)} use `{best['mode_label']}`: it fits with the least TPOT "
+    text = (f"{head}; at {point_text(worst)} use `{best['mode_label']}`: it fits with the least TPOT "
             f"({ms(best['tpot_s_median'])} ms{over}, device KV {best['kv_device_peak_bytes_median'] / MIB:,.1f} MiB)")
     close = [r["mode_label"] for _, r in ranked.iloc[1:].iterrows() if r["tpot_s_min"] <= best["tpot_s_max"]]
     if close:  # the TPOT ranges overlap: the measurements do not separate them
@@ -104,15 +105,15 @@ def diagnoses(results: Results, table: pd.DataFrame, group: str) -> list[str]:
     t = table[table["group"] == group]
     out = []
     for _, r in t[t["tokens_match"].map(lambda v: v is False)].iterrows():
-        out.append(f"outputs diverged: `{r['mode_label']}` at {_pt(r)} generated other ids than `none` (first at "
+        out.append(f"outputs diverged: `{r['mode_label']}` at {point_text(r)} generated other ids than `none` (first at "
                    f"step {int(r['first_divergence_step']) if not missing(r['first_divergence_step']) else '?'}): "
                    "a bug in that mode, not a trade-off")
     for _, r in t[t["kv_check_flagged"] > 0].iterrows():
-        out.append(f"KV accounting off the prediction: `{r['mode_label']}` at {_pt(r)} held "
+        out.append(f"KV accounting off the prediction: `{r['mode_label']}` at {point_text(r)} held "
                    f"{r['kv_check_worst']:+.0%} vs 2 × layers × kv_heads × head_dim × bytes × tokens × batch in "
                    f"{int(r['kv_check_flagged'])} trial(s) (tolerance ±{KV_CHECK_TOLERANCE:.0%})")
     for _, r in t[(t["n_error"] > 0) | (t["n_oom"] > 0)].iterrows():
-        out.append(f"failed: `{r['mode_label']}` at {_pt(r)}: {int(r['n_error'] + r['n_oom'])} trial(s); "
+        out.append(f"failed: `{r['mode_label']}` at {point_text(r)}: {int(r['n_error'] + r['n_oom'])} trial(s); "
                    f"first: {r['message']}")
     measured = int(t["measured"].sum())
     busy = int(t["n_busy"].sum())
@@ -149,7 +150,7 @@ def diagnoses(results: Results, table: pd.DataFrame, group: str) -> list[str]:
     for _, r in t[t["h2d_bytes_per_s_median"].notna() & (t["mode"] != "none")].iterrows():
         rate = r["h2d_bytes_per_s_median"]
         if bw and rate >= LINK_BOUND_FRACTION * bw:
-            out.append(f"link-bound: `{r['mode_label']}` at {_pt(r)} copies {rate / 1e9:.1f} GB/s host→device, "
+            out.append(f"link-bound: `{r['mode_label']}` at {point_text(r)} copies {rate / 1e9:.1f} GB/s host→device, "
                        f"{rate / bw:.0%} of the measured {bw / 1e9:.1f} GB/s: a larger window moves fewer bytes per step")
             continue
         none_tpot = ref.get((r["prompt_tokens"], r["batch_size"]))
@@ -157,7 +158,7 @@ def diagnoses(results: Results, table: pd.DataFrame, group: str) -> list[str]:
             extra = r["tpot_s_median"] - none_tpot
             link = rate * r["tpot_s_median"] / bw
             if extra > 2 * link and extra > 1e-3:
-                out.append(f"slower than the link explains: `{r['mode_label']}` at {_pt(r)} adds {ms(extra)} ms "
+                out.append(f"slower than the link explains: `{r['mode_label']}` at {point_text(r)} adds {ms(extra)} ms "
                            f"per token but its copies take {ms(link)} ms at {bw / 1e9:.1f} GB/s: transfers are "
                            "not overlapped with compute, or the host side is slow")
     return out

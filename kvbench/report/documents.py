@@ -14,6 +14,7 @@ import pandas as pd
 
 from kvbench.results.load import Results
 from kvbench.report.format import GIB, MIB
+from kvbench.report.machines import MachineSection
 from kvbench.report.md_text import md_escape, md_line
 from kvbench.report.tables import capacity_display, reuse_display
 from kvbench.report.server_load import server_load_display
@@ -34,6 +35,8 @@ class Report:
     reuse: dict[str, dict[str, pd.DataFrame]] = field(default_factory=dict)
     #: a server run's load per mode (:func:`kvbench.analysis.server_load.server_load_table`), per group
     server_load: dict[str, pd.DataFrame] = field(default_factory=dict)
+    #: per scenario run on two or more machines, its "Machines" section (:mod:`kvbench.report.machines`)
+    machines: dict[str, MachineSection] = field(default_factory=dict)
     charts: list[tuple[str, Path]] = field(default_factory=list)
     files: dict[str, Path] = field(default_factory=dict)
 
@@ -121,8 +124,9 @@ def _of_group(shown: pd.DataFrame, group: str) -> pd.DataFrame | None:
 
 
 def markdown(results: Results, rep: Report, shown: pd.DataFrame) -> str:
-    """``report.md``: per group its recommendation, findings, diagnoses, runs, tables and charts; the memory
-    timelines; what was skipped; the glossary. ``shown`` is :func:`~kvbench.report.tables.display_frame`'s."""
+    """``report.md``: per group its recommendation, findings, diagnoses, runs, tables and charts; per scenario run on
+    several machines, its machines and how each mode compares there; the memory timelines; what was skipped; the
+    glossary. ``shown`` is :func:`~kvbench.report.tables.display_frame`'s."""
     lines = ["# kvbench report", ""]
     for g in rep.recommendations:
         lines += [f"## {md_escape(g)}", "", f"**Recommendation:** {md_line(rep.recommendations[g])}", "",
@@ -139,6 +143,9 @@ def markdown(results: Results, rep: Report, shown: pd.DataFrame) -> str:
             lines += [f"### {title}", "", md_table(frame), ""]
         lines += [f"![{md_escape(title)}]({path.name})" for title, path in rep.charts
                   if title.startswith(f"{g}: ")] + [""]
+    for base, sec in rep.machines.items():
+        lines += [f"## Machines: {md_escape(base)}", "", md_table(sec.table), ""]
+        lines += [f"- {md_line(f)}" for f in sec.findings] + [""]
     timelines = [(t, p) for t, p in rep.charts if t.startswith("memory timelines")]
     if timelines:
         lines += ["## Memory timelines", ""] + [f"![{md_escape(t)}]({p.name})" for t, p in timelines] + [""]
@@ -215,6 +222,9 @@ def html_document(results: Results, rep: Report, shown: pd.DataFrame) -> str:
         for title, frame in _extra_tables(rep, g):
             parts += [f"<h3>{e(title)}</h3>", '<div class="table">', html_table(frame), "</div>"]
         parts += [_img(p) for t, p in rep.charts if t.startswith(f"{g}: ")]
+    for base, sec in rep.machines.items():
+        parts += [f"<h2>Machines: {e(base)}</h2>", '<div class="table">', html_table(sec.table), "</div><ul>"]
+        parts += [f"<li>{_text(f)}</li>" for f in sec.findings] + ["</ul>"]
     timelines = [p for t, p in rep.charts if t.startswith("memory timelines")]
     if timelines:
         parts += ["<h2>Memory timelines</h2>"] + [_img(p) for p in timelines]

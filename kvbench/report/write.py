@@ -24,6 +24,7 @@ from kvbench.report.advice import (capacity_findings, capacity_recommendation, d
                                    reuse_findings, reuse_recommendation)
 from kvbench.report.chart_pool import chart_pool
 from kvbench.report.documents import Report, html_document, markdown, md_table
+from kvbench.report.machines import lost_lines, machine_sections
 from kvbench.report.samples import default_timelines, load_samples
 from kvbench.report.tables import capacity_frames, display_frame, plan_frame
 from kvbench.results.run_dir import refuse_symlink_dir
@@ -175,6 +176,9 @@ def _write(results: Results, out: Path, timelines: list[str] | None, pool: Any) 
                 rep.findings[g] += reuse_findings(frames["turn"], g, later)
             rec = reuse_recommendation(frames["turn"], g, later, need_match=not server)
             rep.recommendations[g] = f"{rep.recommendations[g]} {rec}".strip()
+        rep.machines = machine_sections(results, table)
+        for g in rep.diagnoses:
+            rep.diagnoses[g] += lost_lines(results, g)
         load = server_load_table(results.trials)
         if len(load):
             rep.server_load = {g: part for g, part in load.groupby("group", sort=False)}

@@ -3,7 +3,13 @@ DataFrame of trials (:func:`load_results`), their rows read by :func:`kvbench.re
 
 Runs are grouped as they are loaded. The *group* is the scenario name; runs of one scenario name are pooled only
 when their scenario definition and machine are identical, otherwise each run is its own group
-(``name @ run directory``), so different scenarios or machines are never averaged together.
+(``name @ run directory``), so different scenarios or machines are never averaged together. A run whose rows ran
+on two or more placement kinds (their ``machine`` column: :data:`kvbench.results.rows.PLACEMENT_COLUMNS`) is split
+once more: each row's group becomes ``<group> @ <machine>``, so every table compares a mode with ``none`` on the
+same kind of machine.
+
+Of rows with one trial id, the last is kept. A trial whose worker died and was retried is expected to appear twice
+(:func:`kvbench.results.rows.retry_due`); any other repeat (two writers on one run) is a problem.
 """
 
 from __future__ import annotations
@@ -11,10 +17,11 @@ from __future__ import annotations
 import contextlib
 import gc
 import json
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pandas as pd
 
@@ -23,6 +30,7 @@ from kvbench.errors import BadFile, ForeignRow, RecordError, ResultsError
 from kvbench.results.frame import prepare_trials
 from kvbench.results.read import read_rows
 from kvbench.results.record import SCHEMA_VERSION, check_run_meta
+from kvbench.results.rows import retry_due
 from kvbench.safe_read import read_json_file, skipped_message
 
 
@@ -39,14 +47,65 @@ class Results:
             :data:`kvbench.results.rows.FRAME_COLUMNS`.
         runs: per run: ``path``, ``name``, ``group``, ``status``, ``started_at``, ``environment``, ``scenario``,
             ``weights_bytes``, ``capacity`` (the capacity search's results, see :mod:`kvbench.bench.capacity`),
-            ``servers`` (a server run's servers: mode, repeat, command line, version, ``/metrics`` deltas, load)
-            (``{}``/None/``[]`` where run.json is missing).
+            ``servers`` (a server run's servers: mode, repeat, command line, version, ``/metrics`` deltas, load),
+            ``executor`` and ``machines`` (run.json's: where a cluster run ran), ``n_trials``
+            (``{}``/None/``[]`` where run.json is missing). A run split by machine (see the module docstring)
+            appears once per machine, in the order its rows first name them: a copy with that ``group``,
+            ``machine`` (the label; absent from unsplit runs), ``base_group`` (the group before the split),
+            ``environment`` (run.json's ``machines[<label>].workers[0].environment`` where it has one, else the
+            run's) and ``n_trials`` of that machine (a capacity search or a server engine runs on one kind).
         problems: what was skipped or is unknown, each naming its file (and line).
+        lost: the rows of trials whose worker was lost (:func:`kvbench.results.rows.retry_due`) that a later row of
+            the same trial id (the retry) replaced, as read, plus ``run``, ``run_path`` and ``group``.
     """
 
     trials: pd.DataFrame
     runs: list[dict[str, Any]] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    lost: list[dict[str, Any]] = field(default_factory=list)
+
+
+_LOST_HOST = re.compile(r"^worker lost \(host ([^)]*)\)")
+
+
+def lost_host(row: dict[str, Any]) -> str:
+    """The host of a lost worker's row (:func:`kvbench.results.rows.retry_due`): its ``host`` column, else the one
+    its message names (``worker lost (host H): ...``), else ``"unknown"``."""
+    if isinstance(row.get("host"), str) and row["host"]:
+        return row["host"]
+    found = _LOST_HOST.match(str(row.get("message") or ""))
+    return found.group(1) if found else "unknown"
+
+
+class LastRows(NamedTuple):
+    """What :func:`last_rows_of` found: ``rows``, the last row of each trial id in the order the ids first
+    appear; ``retried``, the rows of a first loss of a worker (:func:`kvbench.results.rows.retry_due`) that a later
+    row of their trial id replaced, in file order; ``repeated``, the trial ids (sorted) written more than once
+    otherwise (an earlier row that is not such a loss)."""
+
+    rows: list[dict[str, Any]]
+    retried: list[dict[str, Any]]
+    repeated: list[str]
+
+
+def last_rows_of(rows: list[dict[str, Any]]) -> LastRows:
+    """The last row per ``trial_id`` of ``rows`` (trial rows in file order), and what it replaced: see
+    :class:`LastRows`.
+
+    Raises:
+        KeyError: a row without ``trial_id`` (rows read by :func:`kvbench.results.read.read_rows` all have one).
+    """
+    last: dict[str, int] = {}
+    for k, row in enumerate(rows):
+        last[row["trial_id"]] = k  # a dict keeps the order of first insertion: first-seen order
+    retried, repeated = [], set()
+    for k, row in enumerate(rows):
+        if last[row["trial_id"]] != k:
+            if retry_due(row):
+                retried.append(row)
+            else:
+                repeated.add(row["trial_id"])
+    return LastRows([rows[k] for k in last.values()], retried, sorted(repeated))
 
 
 def _trial_files(paths: list[str | Path]) -> list[Path]:
@@ -98,10 +157,10 @@ def _run_meta(trials_file: Path, problems: list[str]) -> dict[str, Any]:
         raise ResultsError(str(exc)) from None
 
 
-def _loaded_rows(path: Path, problems: list[str], scenario: Any = None) -> list[dict[str, Any]]:
+def _loaded_rows(path: Path, problems: list[str], scenario: Any = None) -> LastRows:
     """The trial rows of ``path`` (:func:`kvbench.results.read.read_rows`); the lines skipped are problems, with the
-    warning of :func:`kvbench.results.read.read_trials`; of rows with one trial id (two writers on one run), the
-    last.
+    warning of :func:`kvbench.results.read.read_trials`; of rows with one trial id, the last
+    (:func:`last_rows_of`): a problem unless every row it replaced was a lost worker's (the expected retry).
 
     Raises:
         ResultsError: what :func:`kvbench.results.read.read_rows` raises, with its message.
@@ -111,14 +170,60 @@ def _loaded_rows(path: Path, problems: list[str], scenario: Any = None) -> list[
     except (BadFile, RecordError, ForeignRow) as exc:
         raise ResultsError(str(exc)) from None
     problems.extend(skipped_message(path, i, why) for i, why in skipped)
-    ids = [row["trial_id"] for row in rows]
-    if len(set(ids)) < len(ids):  # e.g. two writers on one run before kvbench locked it: keep the last of each
-        last = {tid: k for k, tid in enumerate(ids)}
-        repeated = sorted({tid for k, tid in enumerate(ids) if last[tid] != k})
-        problems.append(f"{path}: {len(repeated)} trial id(s) appear more than once ({repeated[0]}, ...); "
-                        "the last of each is kept")
-        rows = [row for k, row in enumerate(rows) if last[row["trial_id"]] == k]
-    return rows
+    found = last_rows_of(rows)
+    if found.repeated:  # e.g. two writers on one run before kvbench locked it
+        problems.append(f"{path}: {len(found.repeated)} trial id(s) appear more than once ({found.repeated[0]}, "
+                        "...); the last of each is kept")
+    return found
+
+
+def _machine_environment(meta: dict[str, Any], label: str, rj: Path) -> dict[str, Any] | None:
+    """run.json's ``machines[<label>].workers[0].environment`` (what the first worker of that placement kind
+    measured), checked as run.json's own ``environment`` is; None where run.json does not hold one.
+
+    Raises:
+        ResultsError: a step of that key path, or the environment's machine fields, not of what kvbench writes
+            (naming the file and the key path).
+    """
+    node: Any = meta
+    key = ""
+    for part in ("machines", label, "workers", 0, "environment"):
+        if isinstance(part, int):
+            if not isinstance(node, list):
+                raise ResultsError(f"{rj}: {key}: must be a list, not {type(node).__name__}")
+            node, key = (node[0] if node else None), f"{key}[0]"
+        else:
+            if not isinstance(node, dict):
+                raise ResultsError(f"{rj}: {key}: must be an object, not {type(node).__name__}")
+            node, key = node.get(part), f"{key}.{part}" if key else part
+        if node is None:
+            return None
+    try:
+        check_run_meta({"schema_version": SCHEMA_VERSION, "environment": node}, rj)
+    except RecordError as exc:
+        why = str(exc).removeprefix(f"{rj}: {exc.key}: ")
+        raise ResultsError(f"{rj}: {key}{exc.key.removeprefix('environment')}: {why}") from None
+    return node
+
+
+def _machine_runs(run: dict[str, Any], meta: dict[str, Any], frame: pd.DataFrame, labels: list[str]
+                  ) -> list[dict[str, Any]]:
+    """One copy of ``run`` per placement kind in ``labels`` (see :class:`Results`' ``runs``)."""
+    rj = Path(run["path"]) / "run.json"
+    out = []
+    for label in labels:
+        ids = set(frame.loc[frame["machine"] == label, "trial_id"])
+        env = _machine_environment(meta, label, rj)
+        out.append(dict(run, group=f"{run['group']} @ {label}", machine=label, base_group=run["group"],
+                        environment=run["environment"] if env is None else env, n_trials=len(ids)))
+    return out
+
+
+def _machine_labels(frame: pd.DataFrame | None) -> list[str]:
+    """The distinct non-null ``machine`` values of a run's rows, in the order they first appear."""
+    if frame is None or "machine" not in frame:
+        return []
+    return list(dict.fromkeys(frame["machine"].dropna()))
 
 
 def _machine(env: dict[str, Any]) -> tuple:
@@ -159,17 +264,21 @@ def load_results(paths: str | Path | list[str | Path]) -> Results:
 def _load(paths: list[str | Path]) -> Results:
     problems: list[str] = []
     runs: list[dict[str, Any]] = []
+    metas: list[dict[str, Any]] = []
+    lost: list[dict[str, Any]] = []
     frames: list[pd.DataFrame] = []
     frames_by_run: list[pd.DataFrame | None] = []
     for tf in _trial_files(paths):
         meta = _run_meta(tf, problems)
-        rows = _loaded_rows(tf, problems, meta.get("scenario"))
+        rows, retried, _ = _loaded_rows(tf, problems, meta.get("scenario"))
         run = {"path": str(tf.parent), "name": tf.parent.name, "status": meta.get("status"),
                "started_at": meta.get("started_at"), "environment": meta.get("environment") or {},
                "scenario": meta.get("scenario") or {}, "weights_bytes": meta.get("weights_bytes"),
                "capacity": meta.get("capacity") or [], "servers": meta.get("servers") or [],
-               "n_trials": len(rows)}
+               "executor": meta.get("executor"), "machines": meta.get("machines") or {}, "n_trials": len(rows)}
         runs.append(run)
+        metas.append(meta)
+        lost += [dict(row, run=run["name"], run_path=run["path"]) for row in retried]
         if rows:
             frame = pd.DataFrame(rows)
             frame["run"] = run["name"]
@@ -197,7 +306,19 @@ def _load(paths: list[str | Path]) -> Results:
     # a point is measured as often as its scenario asked (a capacity probe, once, is not a measured point)
     trials["repeats_planned"] = trials["run_path"].map({r["path"]: _repeats(r["scenario"]) for r in runs})
     groups = trials["run_path"].map({r["path"]: r["group"] for r in runs})
-    return Results(prepare_trials(trials, groups), runs, problems)
+    split: list[dict[str, Any]] = []  # a run measured on two or more placement kinds: one group per kind
+    for r, meta, frame in zip(runs, metas, frames_by_run):
+        labels = _machine_labels(frame)
+        split += _machine_runs(r, meta, frame, labels) if len(labels) > 1 else [r]
+    split_paths = {r["path"] for r in split if "machine" in r}
+    if split_paths:
+        at = trials["run_path"].isin(split_paths) & trials["machine"].notna()
+        groups[at] = groups[at] + " @ " + trials.loc[at, "machine"].astype(str)
+    base = {r["path"]: r["group"] for r in runs}
+    for row in lost:
+        split_here = row["run_path"] in split_paths and row.get("machine") is not None
+        row["group"] = base[row["run_path"]] + (f" @ {row['machine']}" if split_here else "")
+    return Results(prepare_trials(trials, groups), split, problems, lost)
 
 
 def _repeats(scenario: dict[str, Any]) -> float:
@@ -206,4 +327,4 @@ def _repeats(scenario: dict[str, Any]) -> float:
     return float(v) if isinstance(v, int) and not isinstance(v, bool) else float("nan")
 
 
-__all__ = ["Results", "load_results"]
+__all__ = ["LastRows", "Results", "last_rows_of", "load_results", "lost_host"]
