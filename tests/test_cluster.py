@@ -21,7 +21,7 @@ from conftest import ROOT, kvbench_cmd, tiny_scenario
 from kvbench.bench.cluster.connect import connect, import_ray
 from kvbench.bench.cluster.placement import unit_count, worker_kinds
 from kvbench.bench.run import RunProgress, run_scenario
-from kvbench.errors import ClusterError
+from kvbench.errors import ClusterError, ScenarioError
 from kvbench.results.load import load_results
 from kvbench.results.read import read_rows
 from kvbench.scenario import parse_scenario
@@ -111,6 +111,9 @@ def test_a_worker_killed_mid_trial_gives_one_error_row_and_a_retry_elsewhere(tmp
     assert f"worker lost: 1 trial retried (host {socket.gethostname()})" in res.failures
     assert json.loads((res.run_dir / "run.json").read_text())["status"] == "complete"
     assert load_results(res.run_dir).problems == []  # the retry replaces the lost row without a complaint
+    [gone] = json.loads((res.run_dir / "run.json").read_text())["lost_workers"]
+    assert (gone["pid"], gone["trial_id"], gone["worker"]) == (killer.killed, "p16-b1-full-r0", lost["worker"])
+    assert res.written == 8  # trials finished: the lost row is not one
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
@@ -146,10 +149,10 @@ def test_ctrl_c_then_resume_loses_and_repeats_nothing(tmp_path, sig):
 
 
 @pytest.mark.parametrize("placement, fragment", [
-    ([{"accelerator_type": "H100"}], "placement[0] (H100): no node of the Ray cluster can hold a worker (CPU 1, "
-                                     "accelerator_type:H100 0.001); the cluster has: "),
-    ([{"resources": {"kind_c": 1}}], "placement[0] (kind_c): no node of the Ray cluster can hold a worker (CPU 1, "
-                                     "kind_c 1); the cluster has: "),
+    ([{"accelerator_type": "H100"}], "placement[0] (H100): no node of the Ray cluster can hold a worker (CPU 1 "
+                                     "(executor.cpus_per_worker), accelerator_type:H100 0.001); the cluster has: "),
+    ([{"resources": {"kind_c": 1}}], "placement[0] (kind_c): no node of the Ray cluster can hold a worker (CPU 1 "
+                                     "(executor.cpus_per_worker), kind_c 1); the cluster has: "),
 ])
 def test_a_placement_no_node_satisfies_is_refused_before_any_trial(tmp_path, cluster, placement, fragment):
     path = write(tmp_path, tiny_scenario(placement=placement, executor={"kind": "ray"}))
@@ -169,6 +172,9 @@ def test_two_machine_kinds_run_every_trial_on_each_and_report_per_machine(tmp_pa
     meta = json.loads((res.run_dir / "run.json").read_text())
     assert sorted(meta["machines"]) == ["kind_a", "kind_b"]
     assert sorted(load_results(res.run_dir).trials["group"].unique()) == ["tiny @ kind_a", "tiny @ kind_b"]
+    with (res.run_dir / "samples.csv").open() as f:  # each machine's samples under its own trial id
+        assert {line.split(",")[0] for line in list(f)[1:]} == {r["trial_id"] for r in rows}
+    assert list(res.summary["group"].unique()) == ["tiny @ kind_a", "tiny @ kind_b"]  # the run's own summary too
 
 
 def test_a_missing_ray_names_the_extra(tmp_path, monkeypatch):
@@ -187,6 +193,34 @@ def test_an_unreachable_address_is_refused_at_once(monkeypatch):
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
     with pytest.raises(ClusterError, match=rf"cannot reach the Ray cluster at 127\.0\.0\.1:{port}: "):
         connect(f"127.0.0.1:{port}")
+    # auto that finds a cluster which is gone (RAY_ADDRESS, or a stale file of an earlier `ray start`)
+    monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{port}")
+    t0 = time.monotonic()
+    with pytest.raises(ClusterError, match=rf"cannot reach the Ray cluster at \S+:{port} \(found by auto"):
+        connect("auto")
+    assert time.monotonic() - t0 < 10
+
+
+def test_a_run_resumed_on_the_other_executor_says_which_ran_what(tmp_path, cluster):
+    class StopAfter(RunProgress):
+        def __init__(self, n):
+            self.n = n
+
+        def trial_done(self, row):
+            self.n -= 1
+            if self.n == 0:
+                raise KeyboardInterrupt
+
+    path = write(tmp_path, tiny_scenario(prompt_tokens=[8], batch_sizes=[1, 2]))
+    first = run_scenario(path, out=tmp_path, executor="ray", progress=StopAfter(2))
+    assert first.interrupted
+    done = {r["trial_id"] for r in rows_of(first.run_dir)}
+    res = run_scenario(resume=first.run_dir, executor="local")
+    rows = rows_of(res.run_dir)
+    assert sorted(Counter(r["trial_id"] for r in rows).values()) == [1] * 4
+    assert {r["trial_id"] for r in rows if r["worker"] is not None} == done
+    meta = json.loads((res.run_dir / "run.json").read_text())
+    assert [e["kind"] for e in meta["executors"]] == ["ray", "local"] and meta["executor"] == {"kind": "local"}
 
 
 def node(host, cpus, gpus=0, **extra):
@@ -209,9 +243,11 @@ def test_workers_per_kind_follow_the_nodes_resources():
     cpu = parse_scenario(tiny_scenario(device="auto", executor={"kind": "ray", "cpus_per_worker": 3}))
     assert [(k.count, k.gpu) for k in worker_kinds(cpu, [node("x", 8), node("y", 4)])] == [(3, False)]
     with pytest.raises(ClusterError, match=r"device: cuda:1 names one GPU of one machine"):
-        worker_kinds(parse_scenario(tiny_scenario(device="cuda:1", executor={"kind": "ray"})), nodes)
-    with pytest.raises(ClusterError, match=r"device cuda: no node of the Ray cluster can hold a worker \(CPU 1, "
-                                           r"GPU 1\); the cluster has: x: 8 CPU, 0 GPU"):
+        worker_kinds(parse_scenario(tiny_scenario(device="cuda:1")), nodes)  # --executor ray on a local scenario
+    with pytest.raises(ScenarioError, match=r"device: cuda:1 names one GPU of one machine; with executor.kind: ray"):
+        parse_scenario(tiny_scenario(device="cuda:1", executor={"kind": "ray"}))
+    with pytest.raises(ClusterError, match=r"device cuda: no node of the Ray cluster can hold a worker \(CPU 1 "
+                                           r"\(executor.cpus_per_worker\), GPU 1\); the cluster has: x: 8 CPU, 0 GPU"):
         worker_kinds(parse_scenario(tiny_scenario(device="cuda", executor={"kind": "ray"})), [node("x", 8)])
 
 

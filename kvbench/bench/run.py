@@ -17,7 +17,7 @@ from kvbench.arguments import path_arg
 from kvbench.errors import (BadValue, NotEnoughRequests, PrepareError, RemoteCodeRefused, RunDirError, RunStopped,
                             ScenarioError, UserError)
 from kvbench.results.files import ResultsNotWritten
-from kvbench.results.run_dir import RunDir
+from kvbench.results.run_dir import RunDir, utc_now
 from kvbench.scenario import Scenario
 from kvbench.results.rows import Status, retry_due
 
@@ -300,6 +300,7 @@ def _prepare(sc: Scenario, rundir: RunDir, where: Path, progress: RunProgress,
     if problems:
         raise PrepareError(f"{where}: cannot run:\n" + "\n".join(problems))
     executor = LocalExecutor(sc, engine, rundir.meta.get("environment"))
+    _note_executor(rundir, {"kind": "local"})
     watched = "device memory" if engine.device.type == "cuda" else "process RSS (CPU run)"
     executor.sampler.on_alert = lambda e: progress.alert(
         f"{e['trial_id']} ({e['phase']}): {watched} {e['device_bytes'] / 2**20:,.1f} MiB crossed "
@@ -351,6 +352,16 @@ def _prepare_server(sc: Scenario, rundir: RunDir, where: Path, progress: RunProg
     return ServerExecutor(engine), 0
 
 
+def _note_executor(rundir: RunDir, entry: dict[str, Any], **fields: Any) -> None:
+    """run.json's ``executor`` (what runs this sweep) and ``executors`` (each one that ran part of the run, in
+    order, with when it started: a run resumed elsewhere lists both)."""
+    seen = list(rundir.meta.get("executors") or [])
+    if not seen and rundir.meta.get("executor"):
+        seen = [rundir.meta["executor"]]
+    seen.append({**entry, "started_at": utc_now()})
+    rundir.update(executor=entry, executors=seen, **fields)
+
+
 def _prepare_cluster(sc: Scenario, rundir: RunDir, where: Path, progress: RunProgress) -> tuple[Any, int | None]:
     """Join the Ray cluster and start its workers, each loading the model (:mod:`kvbench.bench.cluster`)."""
     from kvbench.bench.cluster.driver import start_cluster
@@ -359,8 +370,8 @@ def _prepare_cluster(sc: Scenario, rundir: RunDir, where: Path, progress: RunPro
         executor = start_cluster(sc, str(where), sc.executor.address, progress)
     import ray
 
-    rundir.update(executor={"kind": "ray", "address": sc.executor.address, "ray": ray.__version__},
-                  machines=executor.machines)
+    _note_executor(rundir, {"kind": "ray", "address": sc.executor.address, "ray": ray.__version__},
+                   machines=executor.machines)
     for label, m in executor.machines.items():
         for w in m["workers"]:
             progress.info(f"worker {w['worker'][:12]}{f' ({label})' if label else ''}: {w['host']}, "

@@ -11,21 +11,27 @@ from kvbench.results.rows import MEASURED, Status
 
 def point_summary(rows: list[dict[str, Any]], s: Scenario) -> Any:
     """The per-point DataFrame of a run's trials (:func:`kvbench.analysis.points.point_table`, no bootstrap: the
-    run summary shows medians and ranges); a capacity search's probes sorted by size. An empty frame (one
-    ``status`` column) without rows."""
+    run summary shows medians and ranges); a capacity search's probes sorted by size; with two placement kinds or
+    more, each machine's points apart (group ``<name> @ <machine>``). An empty frame (one ``status`` column)
+    without rows."""
     from kvbench.analysis.points import point_table
     from kvbench.results.frame import trials_frame
 
-    if not rows:
-        import pandas as pd
+    import pandas as pd
 
+    if not rows:
         return pd.DataFrame(columns=["status"])
-    table = point_table(trials_frame(rows, s.name), n_boot=0)
+    machines = [r.get("machine") for r in rows]
+    split = len({m for m in machines if m is not None}) > 1  # each placement kind is a group of its own
+    group = pd.Series([f"{s.name} @ {m}" for m in machines]) if split else s.name
+    table = point_table(trials_frame(rows, group), n_boot=0)
     if s.searched is not None:  # probes run in search order; show them by size
         table = table.sort_values(["prompt_tokens", "batch_size"], kind="stable", ignore_index=True)
     elif s.prompt_tokens and s.batch_sizes:  # in plan order, as a cluster's workers finish points in any order
         rank = {(n, b): i for i, (n, b) in enumerate((n, b) for n in s.prompt_tokens for b in s.batch_sizes)}
-        order = [rank.get((n, b), len(rank)) for n, b in zip(table["prompt_tokens"], table["batch_size"])]
+        kinds = {f"{s.name} @ {m}": i for i, m in enumerate(s.machines)}  # machines in the placement's order
+        order = [(kinds.get(g, 0), rank.get((n, b), len(rank)))
+                 for g, n, b in zip(table["group"], table["prompt_tokens"], table["batch_size"])]
         table = table.assign(_plan=order).sort_values("_plan", kind="stable", ignore_index=True).drop(
             columns="_plan")
     return table

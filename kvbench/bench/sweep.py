@@ -111,7 +111,7 @@ class Recorder:
                 self.lost[tid] = row
             else:
                 self.rows[tid] = row
-            self.written += 1
+                self.written += 1  # trials finished: a lost worker's row is not one
         if self.on_trial:
             self.on_trial(row)
         return row

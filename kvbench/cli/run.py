@@ -26,6 +26,9 @@ def _summary_table(frame: Any, title: str) -> Table:
 
     t = Table(title=escape(title), caption="median (min–max) over the measured repeats (ok, and over budget: *); "
                                            "same ids: greedy ids equal to `none`'s; KV MiB: device KV peak")
+    machines = frame["group"].nunique() > 1 if "group" in frame else False  # a run across placement kinds
+    if machines:
+        t.add_column("machine")
     for col in ("prompt", "batch", "mode", "ok", "same ids", "TTFT ms", "TPOT ms", "decode tok/s", "KV MiB", "RSS MiB"):
         if col == "mode":
             t.add_column(col, overflow="fold", min_width=12)  # window sizes must stay readable
@@ -34,7 +37,8 @@ def _summary_table(frame: Any, title: str) -> Table:
     for r in frame.to_dict("records"):
         tps = r["decode_tokens_per_s_median"]
         t.add_row(
-            str(r["prompt_tokens"]), str(r["batch_size"]), r["mode_label"],
+            *([escape(str(r["group"]).rpartition(" @ ")[2])] if machines else []),
+            str(r["prompt_tokens"]), str(r["batch_size"]), escape(r["mode_label"]),
             f"{r['n_ok']}/{r['trials']}" + ("[yellow]*[/]" if r["status"] == "over_budget" else ""),
             {True: "yes", False: "[red]NO[/]"}.get(r["tokens_match"], "-"),
             ms(r, "ttft_s"), ms(r, "tpot_s"),

@@ -183,7 +183,7 @@ def verdicts(costs: pd.DataFrame) -> dict[str, list[str]]:
         c = offload.loc[offload["usd_per_million"].idxmin()]
         saving = pct_interval(c["saving_pct"], c["saving_ci_low"], c["saving_ci_high"])
         raised = pct_interval(-c["saving_pct"], -c["saving_ci_high"], -c["saving_ci_low"])
-        n = f"{int(c['pairs'])} pairs, batch {int(c['batch_size'])} vs none's {nb}"
+        n = f"{int(c['pairs'])} pair{'s' if int(c['pairs']) != 1 else ''}, batch {int(c['batch_size'])} vs none's {nb}"
         if c["cost_verdict"]:
             lines.append(f"at {prompt} tokens {c['cost_verdict']}: `{c['mode_label']}` "
                          f"{c['usd_per_million']:,.2f} vs `none` {base:,.2f} USD per 1M tokens, paired saving "
@@ -204,7 +204,7 @@ def reuse_verdicts(reuse: pd.DataFrame) -> list[str]:
     lines = []
     for r in reuse.to_dict("records"):
         saving = pct_interval(r["saving_pct"], r["saving_ci_low"], r["saving_ci_high"])
-        n = f"{r['pairs']} request pairs"
+        n = f"{r['pairs']} request pair{'s' if r['pairs'] != 1 else ''}"
         if r["saving_verdict"]:
             lines.append(f"{r['group']}: `{r['mode_label']}` {r['saving_verdict']}: restore "
                          f"{r['restore_usd_per_million']:,.2f} vs recompute {r['recompute_usd_per_million']:,.2f} USD "

@@ -241,6 +241,9 @@ class Scenario(Strict):
         if n >= 2 and (self.searched is not None or self.engine.server):
             what = "a capacity search" if self.searched is not None else f"a server engine ({self.engine.kind})"
             raise ValueError(f"placement: lists {n} kinds; {what} runs on one kind per run: give one")
+        if self.executor.kind == "ray" and self.device.startswith("cuda:"):
+            raise ValueError(f"device: {self.device} names one GPU of one machine; with executor.kind: ray give cuda "
+                             "(a GPU per worker) or auto")
         return self
 
     @model_validator(mode="after")

@@ -31,8 +31,10 @@ def sweep_summary(s: Scenario) -> str:
     if s.executor.kind == "local":
         return what
     kinds = s.machines
-    if len(kinds) > 1:
-        return f"{what}; on Ray, once on each of {len(kinds)} machine kinds ({', '.join(kinds)})"
+    if len(kinds) > 1:  # every trial once per kind (a capacity search and a server engine take one kind)
+        n, _, rest = what.partition(" trials: ")
+        return (f"{int(n) * len(kinds)} trials: {rest} × {len(kinds)} machine kinds ({', '.join(kinds)}); on Ray"
+                if rest else f"{what}; on Ray, on each of {', '.join(kinds)}")
     return f"{what}; on Ray" + (f", on {kinds[0]}" if kinds else "")
 
 

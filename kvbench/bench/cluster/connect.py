@@ -31,6 +31,18 @@ def import_ray() -> Any:
     return ray
 
 
+def _auto_address(ray: Any) -> str | None:
+    """The ``HOST:PORT`` that ``auto`` means here (``RAY_ADDRESS``, else the cluster the last ``ray start`` on this
+    machine recorded, which may be gone), None when there is none or Ray cannot say."""
+    try:
+        from ray._private.services import canonicalize_bootstrap_address
+
+        found = canonicalize_bootstrap_address("auto")
+    except Exception:  # noqa: BLE001 - Ray's own lookup (not public API): without it, ray.init decides
+        return None
+    return found if isinstance(found, str) and ":" in found else None
+
+
 def connect(address: str | None) -> bool:
     """Make this process a Ray driver: join the cluster at ``address`` (``auto``: the one ``ray start`` made on
     this machine, or ``RAY_ADDRESS``; ``HOST:PORT``: its head node's GCS port, checked with a TCP connection
@@ -49,13 +61,16 @@ def connect(address: str | None) -> bool:
     ray = import_ray()
     if ray.is_initialized():
         return False
-    if address not in (None, "auto"):
-        host, _, port = address.rpartition(":")
+    target = _auto_address(ray) if address == "auto" else address
+    if target is not None:  # ray.init would wait for an address that does not answer, deaf to Ctrl-C
+        host, _, port = target.rpartition(":")
         try:
-            socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S).close()
-        except OSError as exc:
-            raise ClusterError(f"cannot reach the Ray cluster at {address}: {exc.strerror or exc} (is `ray start "
-                               "--head` running there, and is this its GCS port, 6379 by default?)") from None
+            socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_TIMEOUT_S).close()
+        except (OSError, ValueError) as exc:
+            found = " (found by auto: RAY_ADDRESS, or the last `ray start` on this machine)" if address == "auto" else ""
+            raise ClusterError(f"cannot reach the Ray cluster at {target}{found}: "
+                               f"{getattr(exc, 'strerror', None) or exc} (is `ray start --head` running there, and "
+                               "is this its GCS port, 6379 by default?)") from None
     if address is None:  # a local instance: its workers at the driver's priority, not Ray's default nice 15
         os.environ.setdefault(WORKER_NICENESS, "0")
     in_main = threading.current_thread() is threading.main_thread()

@@ -32,6 +32,7 @@ from kvbench.bench.cluster.pool import Worker, kill_workers, start_workers
 from kvbench.bench.trial import plan_trials
 from kvbench.errors import ClusterError, PrepareError, SweepIncomplete
 from kvbench.results.rows import WORKER_LOST, Status, retry_due
+from kvbench.results.run_dir import utc_now
 from kvbench.scenario import Scenario
 
 #: A unit whose workers died this many times is given up (its trials wait for ``--resume``).
@@ -100,7 +101,7 @@ def start_cluster(s: Scenario, where: str, address: str | None, progress: Any) -
                 if w.info.get("nice"):
                     progress.warning(f"the worker on {w.host} runs at nice {w.info['nice']}: any other process there "
                                      "takes its CPU first; start the cluster with RAY_worker_niceness=0")
-        return RayExecutor(s, kinds, workers, started, ray, remote, data, where)
+        return RayExecutor(s, kinds, workers, started, ray, remote, data, where, progress.warning)
     except BaseException:
         kill_workers(ray, workers, tidy=True)
         if started:
@@ -118,8 +119,9 @@ class RayExecutor:
     """
 
     def __init__(self, s: Scenario, kinds: list[WorkerKind], workers: list[Worker], started: bool, ray: Any,
-                 remote: Any, data: dict[str, Any], where: str):
+                 remote: Any, data: dict[str, Any], where: str, warn: Any = None):
         self.s, self.kinds, self.workers, self._started, self._ray = s, kinds, workers, started, ray
+        self._warn = warn or (lambda text: None)
         self._remote, self._data, self._where = remote, data, where
         first = workers[0].info
         hosts = sorted({w.host for w in workers})
@@ -243,8 +245,12 @@ class RayExecutor:
         kind, worker, payload = event
         if kind == "row" or kind == "lost":
             self._record.write(*payload)
-        if kind == "lost" and self._record.on_status:
-            self._record.on_status(f"{worker.host}: worker lost, its unit goes to another worker")
+        if kind == "gone":
+            with self._lock:
+                self._record.run.update(lost_workers=[*self._record.run.meta.get("lost_workers", []), payload])
+            self._warn(f"worker {payload['worker'][:12]} on {payload['host']} (pid {payload['pid']}) was lost "
+                       + (f"running {payload['trial_id']}" if payload["trial_id"] else "between trials or in a warm-up")
+                       + f": {payload['reason']}; its unit goes to another worker")
         elif kind == "status" and self._record.on_status:
             self._record.on_status(f"{worker.kind.label + ' ' if worker.kind.label else ''}{worker.host} pid "
                                    f"{worker.info['pid']}: {payload}")
@@ -339,6 +345,7 @@ class RayExecutor:
                 elif what == "row":
                     row, samples = payload
                     row = {**row, "trial_id": self._id(unit.kind, row["trial_id"]), "machine": unit.kind.label}
+                    samples = [{**x, "trial_id": row["trial_id"]} for x in samples]
                     with self._lock:
                         if not retry_due(row):
                             self._done[row["trial_id"]] = row
@@ -361,9 +368,14 @@ class RayExecutor:
         return True
 
     def _lost(self, worker: Worker, unit: _Unit, running: dict[str, Any] | None, exc: Exception) -> None:
-        """Record the trial ``worker`` was running as lost and put its unit back (or give it up)."""
+        """Record the trial ``worker`` was running as lost (run.json's ``lost_workers`` lists every loss, a trial
+        running or not) and put its unit back (or give it up)."""
+        why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        self._events.put(("gone", worker, {
+            "worker": worker.info["where"]["worker"], "host": worker.host, "pid": worker.info["pid"],
+            "machine": unit.kind.label, "at": utc_now(), "reason": why,
+            "trial_id": None if running is None else self._id(unit.kind, running["trial_id"])}))
         if running is not None:
-            why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             tid = self._id(unit.kind, running["trial_id"])
             row = {**running, **worker.info["where"], "trial_id": tid, "machine": unit.kind.label,
                    "status": Status.ERROR, "message": f"{WORKER_LOST} (host {worker.host}, pid "

@@ -86,7 +86,8 @@ def worker_kinds(s: Scenario, nodes: list[dict[str, Any]]) -> list[WorkerKind]:
         count = sum(min(math.floor(n["Resources"].get(k, 0) / v + 1e-9) for k, v in per_worker.items()) for n in fit)
         where = f"placement[{i}] ({p.label})" if p is not None else f"device {s.device}"
         if count == 0:
-            asked = ", ".join(f"{k} {v:g}" for k, v in per_worker.items())
+            asked = ", ".join(f"{k} {v:g}" + (" (executor.cpus_per_worker)" if k == "CPU" else "")
+                              for k, v in per_worker.items())
             raise ClusterError(f"{where}: no node of the Ray cluster can hold a worker ({asked}); the cluster has: "
                                f"{_describe(alive)}")
         count = min(count, units, ex.workers or count)
