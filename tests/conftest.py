@@ -48,6 +48,21 @@ def tiny_scenario(**over) -> dict:
     return base
 
 
+def llama_multi_turn(**over) -> dict:
+    """A multi-turn scenario on llama.cpp's llama-server with the SmolLM2 GGUF: 2 conversations × 2 turns (300–700
+    prompt tokens), 4 new tokens, modes none and prefix-cache, 1 repeat, no warm-up; keyword arguments override."""
+    base = {
+        "name": "real_server", "model": "smollm2-135m", "engine": {"kind": "llama.cpp", "args": ["-t", "1"]},
+        "workload": {"source": "sharegpt", "seed": 0, "multi_turn": {
+            "conversations": 2, "turns": 2, "interleave": "sequential", "min_prompt_tokens": 300,
+            "max_prompt_tokens": 700}},
+        "max_new_tokens": 4, "modes": [{"name": "none"}, {"name": "prefix-cache"}], "repeats": 1, "warmup": 0,
+        "seed": 0,
+    }
+    base.update(over)
+    return base
+
+
 @pytest.fixture
 def write_yaml(tmp_path):
     """Write a dict (or raw text) as a YAML file in tmp_path and return its path."""

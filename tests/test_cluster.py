@@ -17,7 +17,7 @@ from collections import Counter
 import pytest
 import yaml
 
-from conftest import ROOT, kvbench_cmd, tiny_scenario
+from conftest import ROOT, kvbench_cmd, llama_multi_turn, tiny_scenario
 from kvbench.bench.cluster.connect import connect, import_ray
 from kvbench.bench.cluster.placement import unit_count, worker_kinds
 from kvbench.bench.run import RunProgress, run_scenario
@@ -255,22 +255,16 @@ LLAMA_SERVER = os.path.join(sys.prefix, "bin", "llama-server")
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not os.access(LLAMA_SERVER, os.X_OK), reason="llama-server is not built: `make llama-server`")
+@pytest.mark.skipif(not os.access(LLAMA_SERVER, os.X_OK),
+                    reason=f"llama-server is not built at {LLAMA_SERVER}: `make llama-server` builds it there (about 5 "
+                           "minutes on two cores; `make test` does it first)")
 def test_a_server_engine_runs_its_servers_in_the_worker_and_the_driver_keeps_their_logs(tmp_path, cluster):
     import tempfile
 
     import psutil
 
     before = set(os.listdir(tempfile.gettempdir()))
-    data = {
-        "name": "ray_server", "model": "smollm2-135m", "engine": {"kind": "llama.cpp", "args": ["-t", "1"]},
-        "workload": {"source": "sharegpt", "seed": 0, "multi_turn": {
-            "conversations": 2, "turns": 2, "interleave": "sequential", "min_prompt_tokens": 300,
-            "max_prompt_tokens": 700}},
-        "max_new_tokens": 4, "modes": [{"name": "none"}, {"name": "prefix-cache"}], "repeats": 1, "warmup": 0,
-        "executor": {"kind": "ray"},
-    }
-    res = run_scenario(write(tmp_path, data), out=tmp_path)
+    res = run_scenario(write(tmp_path, llama_multi_turn(name="ray_server", executor={"kind": "ray"})), out=tmp_path)
     rows = rows_of(res.run_dir)
     assert len(rows) == 8 and {r["status"] for r in rows} == {"ok"}, [r["message"] for r in rows]
     assert len({r["worker"] for r in rows}) == 1  # one unit: one worker started every server

@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 import kvbench
+from conftest import llama_multi_turn
 
 LLAMA_SERVER = Path(sys.prefix) / "bin" / "llama-server"
 
@@ -35,15 +36,7 @@ def llama_servers(ports: set[int]) -> list[psutil.Process]:
 
 
 def test_multi_turn_on_the_real_llama_server(tmp_path):
-    data = {
-        "name": "real_server", "model": "smollm2-135m", "engine": {"kind": "llama.cpp", "args": ["-t", "1"]},
-        "workload": {"source": "sharegpt", "seed": 0, "multi_turn": {
-            "conversations": 2, "turns": 2, "interleave": "sequential", "min_prompt_tokens": 300,
-            "max_prompt_tokens": 700}},
-        "max_new_tokens": 4, "modes": [{"name": "none"}, {"name": "prefix-cache"}], "repeats": 1, "warmup": 0,
-        "seed": 0,
-    }
-    (tmp_path / "s.yaml").write_text(yaml.safe_dump(data))
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(llama_multi_turn()))
     res = kvbench.run_scenario(tmp_path / "s.yaml", out=tmp_path / "res")
     rows = {r["trial_id"]: r for r in res.rows}
     assert len(rows) == 8 and all(r["status"] == "ok" for r in rows.values()), [r.get("message") for r in rows.values()]

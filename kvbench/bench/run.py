@@ -142,9 +142,9 @@ def run_scenario(scenario: str | Path | None = None, *, out: str | Path | None =
     on_ray = _cluster(sc, where, executor, address)
     if sc.model.trust_remote_code:
         _remote_code(sc, where, trust_remote_code, progress)
+    rows = last_rows(finished)
     if (rundir is not None and sc.searched is None and not sc.workload.reuse and not sc.engine.server
-            and _planned_ids(sc) <= {r["trial_id"] for r in last_rows(finished) if not retry_due(r)}):
-        rows = last_rows(finished)
+            and _planned_ids(sc) <= {r["trial_id"] for r in rows if not retry_due(r)}):
         return RunResult(sc, rundir.path, rows, already=len(rows), summary=point_summary(rows, sc),
                          failures=failure_lines(finished))
     return _run(on_ray or sc, rundir, where, Path(out if out is not None else "results"), progress,

@@ -7,9 +7,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
-
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from kvbench.bench.trial import TrialSpec
 from kvbench.errors import SweepIncomplete

@@ -23,7 +23,7 @@ import queue
 import threading
 import traceback
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from kvbench.bench.cluster.connect import connect, import_ray
@@ -59,7 +59,6 @@ class ClusterEngine:
 @dataclass
 class _Requests:
     requests: list[str]
-    notes: list[str] = field(default_factory=list)
 
 
 def start_cluster(s: Scenario, where: str, address: str | None, progress: Any) -> "RayExecutor":

@@ -110,15 +110,16 @@ class TrialWorker:
 
     def ready(self) -> dict[str, Any]:
         """What the driver needs before the first trial: ``problem`` (None when the worker can run), ``where``
-        (its rows' placement fields), ``environment`` (its probe), ``kvbench`` (the version), ``pid``,
-        ``nice`` (its process's nice value: above 0, other processes take its CPU first), ``device``, ``weights_bytes`` (None for a server engine), and the workload's ``requests`` (ids; a reuse workload's or a server run's stream)."""
+        (its rows' placement fields), ``environment`` (its probe), ``kvbench`` (the version), ``pid``, ``nice``
+        (its process's nice value: above 0, other processes take its CPU first), ``device``, ``weights_bytes``
+        (None for a server engine) and the workload's ``requests`` (ids; a reuse workload's or a server run's
+        stream)."""
         from kvbench.version import __version__
 
         source_engine = getattr(getattr(self, "executor", None), "engine", None)
         source = getattr(source_engine, "source", None)
         return {"problem": self.problem, "where": self.where, "environment": self.env, "kvbench": __version__,
-                "nice": getattr(self, "nice", None),
-                "pid": os.getpid(), "device": getattr(self, "device", None),
+                "nice": getattr(self, "nice", None), "pid": os.getpid(), "device": getattr(self, "device", None),
                 "weights_bytes": getattr(getattr(source_engine, "m", None), "weights_bytes", None),
                 "requests": [q.id for q in getattr(source, "requests", None) or []]}
 
