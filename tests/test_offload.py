@@ -375,6 +375,65 @@ def test_sliding_window_layers_stay_on_the_device_with_exact_bytes(sliding_model
     assert m.shape.cached_kv_bytes(43, 4) * 2 == stored == {"mistral": 7_168, "gemma2": 51_200}[name]
 
 
+# Device peak against `none` on the sliding configs: 1 prompt of 40 tokens, 8 new, so 40 + 8 - 1 = 47 tokens go
+# through each layer; a sliding layer holds 7, a full one 47 in `none`. `none`'s peak is read as the runner reads it
+# (kv_bytes after every step); an offload cache's is its own accounting, which also sees the K/V an offloaded layer
+# hands to attention. A sliding layer's update hands attention its 7 held tokens + the new ones (the whole 40-token
+# prompt in the prefill) in both, which neither counts: mistral once read 2 × 7 × 256 + 40 × 256 = 13,824 B here.
+# The documented staging beyond `none`: one offloaded layer's window (window × 256 B × batch 1), held twice while
+# that layer's concatenation exists; it is passed only by a window over half the 47 tokens (32 here).
+PEAK_PROMPT, PEAK_NEW = 40, 8
+PEAK_MODES = [("full", "full", {}), ("hierarchical-4", "hierarchical", {"window": 4}),
+              ("hierarchical-32", "hierarchical", {"window": 32}), ("hierarchical-64", "hierarchical", {"window": 64}),
+              ("dynamic", "dynamic", {"min_window": 16, "budget_bytes": 20_000})]
+PEAK_IDS = [label for label, _, _ in PEAK_MODES]
+NONE_PEAK = {"mistral": 2 * 7 * TOKEN_LAYER,  # 3,584
+             "gemma2": (2 * 7 + 2 * 47) * TOKEN_LAYER}  # 3,584 + 24,064 = 27,648
+# (device peak, window whose copy is the staging: 0 where nothing is staged); gemma2's peak is at layer 3's update
+# in the last step: sliding 7 + 7, layer 1's window, layer 3's window and its 47-token concatenation
+PEAKS = {
+    **{("mistral", i): (2 * 7 * TOKEN_LAYER, 0) for i in PEAK_IDS},  # 3,584: nothing is offloaded, nothing staged
+    ("gemma2", "full"): ((14 + 0 + 0 + 47) * TOKEN_LAYER, 0),  # 15,616
+    ("gemma2", "hierarchical-4"): ((14 + 4 + 4 + 47) * TOKEN_LAYER, 4),  # 17,664
+    ("gemma2", "hierarchical-32"): ((14 + 32 + 32 + 47) * TOKEN_LAYER, 32),  # 32,000 = 27,648 + 17 tokens ≤ 32
+    ("gemma2", "hierarchical-64"): (NONE_PEAK["gemma2"], 0),  # the window holds every token: as none
+    # budget 20,000: window 16 → 10 in the prefill ((20,000 − 3,584 − 40 × 256) // (2 × 256) = 12 fit), 10 → 7 at
+    # step 5 (9 fit); peak at step 4's layer 1, 44 tokens cached: 14 + 10 + 10 + 44 (≤ the budget)
+    ("gemma2", "dynamic"): ((14 + 10 + 10 + 44) * TOKEN_LAYER, 10),  # 19,968
+}
+
+
+@pytest.mark.parametrize("name", ["mistral", "gemma2"])
+@pytest.mark.parametrize("label,kind,options", PEAK_MODES, ids=PEAK_IDS)
+def test_sliding_models_hold_no_more_on_the_device_than_none_beyond_one_window(sliding_models, name, label, kind,
+                                                                              options):
+    from kvbench.offload.caches import kv_bytes
+
+    model = sliding_models[name].model
+    g = torch.Generator().manual_seed(0)
+    ids, mask = left_pad([torch.randint(5, 256, (PEAK_PROMPT,), generator=g).tolist()], pad_id=0)
+    ref = DynamicCache(config=model.config)
+    none_peak = 0
+
+    def read_none() -> None:
+        nonlocal none_peak
+        none_peak = max(none_peak, kv_bytes(ref, CPU)[0])
+
+    ref_ids, _, _ = greedy_decode(model, ids, mask, ref, PEAK_NEW, clock, after_step=read_none)
+    assert none_peak == NONE_PEAK[name]
+    with make_cache(kind, model.config, CPU, **options) as cache:
+        out, _, _ = greedy_decode(model, ids, mask, cache, PEAK_NEW, clock)
+    assert out.tolist() == ref_ids.tolist()
+    peak, window = PEAKS[(name, label)]
+    assert cache.device_peak_bytes == peak
+    assert cache.device_peak_bytes <= none_peak + window * TOKEN_LAYER  # the staging: one window, batch 1
+    if (name, label) != ("gemma2", "hierarchical-32"):  # the one window over half the tokens
+        assert cache.device_peak_bytes <= none_peak
+    if kind == "dynamic" and name == "gemma2":
+        assert [(e["step"], e["old"], e["new"]) for e in cache.events] == [(0, 16, 10), (5, 10, 7)]
+        assert cache.device_peak_bytes <= options["budget_bytes"]
+
+
 def resident_pages(path) -> int:
     """Pages of the file at ``path`` in the page cache, by mincore(2) on a fresh read-only mapping (mapping faults
     nothing in). Skips the test where mincore cannot be called."""

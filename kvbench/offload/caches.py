@@ -8,7 +8,7 @@ import psutil
 import torch
 from transformers.cache_utils import Cache, DynamicSlidingWindowLayer
 
-from kvbench.offload.layer_types import layer_windows
+from kvbench.offload.layer_types import layer_windows, tokens_held
 from kvbench.offload.layers import OffloadedLayer
 from kvbench.offload.policy import MIN_WINDOW, WindowPolicy
 from kvbench.offload.disk import DISK_BLOCK_TOKENS
@@ -32,7 +32,9 @@ class OffloadedCache(Cache):
     so disk timings are the device's, unless ``disk_page_cache`` keeps them in RAM.
 
     Accounting (bytes): ``device_bytes``/``host_bytes``/``disk_bytes`` now and ``*_peak_bytes`` at peak (device
-    counts the windows, prefetched history and the K/V handed to the layer being computed); ``stored_bytes`` /
+    counts the windows, the sliding layers, the prefetched history on CUDA and the staging: the K/V an offloaded
+    layer being computed hands to attention, all its cached tokens + the new ones, made apart from its window);
+    ``stored_bytes`` /
     ``stored_peak_bytes``: the KV held over all tiers with each token counted once (windows + history: the figure
     that equals Σ over layers of 2 × kv_heads × head_dim × dtype bytes × tokens held × batch, tokens held = all
     cached tokens, or the last ``window - 1`` of a sliding layer: :meth:`kvbench.offload.architecture.Architecture.cached_kv_bytes`,
@@ -41,6 +43,17 @@ class OffloadedCache(Cache):
     just filled: they grow by doubling) after each update, now and at peak; ``pinned_host_bytes`` /
     ``pinned_host_peak_bytes``: the same for the page-locked ones. A buffer's doubling briefly holds the old one
     too, which these do not count.
+
+    Device peak against ``none`` (``DynamicCache``, read after every step): a sliding layer's update hands
+    attention its held tokens + the new ones (in a prefill, the whole prompt's K/V of that layer) exactly as
+    ``DynamicCache`` does, and ``none``'s reading does not see that concatenation, so it is not counted here
+    either: a model whose layers all slide (Mistral v0.1) has ``none``'s device peak in every mode. The one
+    staging cost beyond ``none``'s peak is the window of the offloaded layer being computed, held twice while its
+    concatenation exists: ``device_peak_bytes <= none's peak + window × token bytes`` (token bytes = 2 × batch ×
+    kv_heads × head_dim × dtype bytes). On CUDA the prefetched next layer's history adds no more than that layer's
+    tokens beyond its window, which ``none`` holds too. ``full`` (window 0) and a window holding every token
+    (nothing offloaded, nothing concatenated) never pass ``none``'s peak; a window over half a layer's tokens can
+    (2 full-attention layers of ``T`` tokens each, on CPU: by ``2 × window − T`` tokens).
 
     Args:
         config: the model's transformers config (number and types of layers, sliding window).
@@ -76,6 +89,7 @@ class OffloadedCache(Cache):
         ]
         super().__init__(layers=layers)
         self.window = window
+        self._windows = windows
         self._offloaded = [i for i, layer in enumerate(layers) if isinstance(layer, OffloadedLayer)]
         # position in _offloaded of the first offloaded layer after each layer (computed once, not per update)
         self._next_pos = [next((k for k, j in enumerate(self._offloaded) if j > i), len(self._offloaded))
@@ -162,7 +176,11 @@ class OffloadedCache(Cache):
         keys, values = layer.update(key_states, value_states, *args, **kwargs)
         self._recount(layer_idx)
         self._prefetch_after(layer_idx)
-        in_use = 0 if keys is layer.keys else keys.nbytes + values.nbytes  # the concatenation handed to attention
+        # the concatenation an offloaded layer hands to attention (history + window + new tokens): staging that only
+        # offloading makes. A sliding layer's own concatenation (its held tokens + the new ones, the whole prompt in
+        # a prefill) is not counted: DynamicCache makes the same one, and `none`'s per-step reading never sees it
+        offloaded = isinstance(layer, OffloadedLayer) and keys is not layer.keys
+        in_use = keys.nbytes + values.nbytes if offloaded else 0
         self.device_peak_bytes = max(self.device_peak_bytes, self.device_bytes + in_use)
         return keys, values
 
@@ -217,8 +235,9 @@ class DynamicOffloadCache(OffloadedCache):
 
     The policy gets the largest window whose device KV stays within the room this step, computed from the
     accounting: every offloaded layer's window (``W × token bytes`` each) + the K/V handed to attention
-    (``(cached + new tokens) × token bytes``; twice on CUDA, for the prefetched next layer) + the sliding-window
-    layers, where token bytes = 2 (K and V) × batch × kv_heads × head_dim × dtype bytes. The room is
+    (``(cached + new tokens) × token bytes``; twice on CUDA, for the prefetched next layer) + what the
+    sliding-window layers hold after the step (their last ``window - 1`` tokens at most), where token bytes = 2
+    (K and V) × batch × kv_heads × head_dim × dtype bytes. The room is
     ``budget_bytes`` or, without a budget, the free memory of the device (CUDA: ``torch.cuda.mem_get_info``; CPU:
     psutil's available memory) plus what the cache holds on it, less ``reserve_bytes`` (default: 10% of the
     device's memory). A change is applied at once (a smaller window sends tokens off the device, a larger one
@@ -274,7 +293,9 @@ class DynamicOffloadCache(OffloadedCache):
         """Largest window (tokens per layer) whose device KV stays within :meth:`room_bytes` during a step that
         adds ``new`` tokens to ``cached`` ones, ``token_bytes`` per token and layer (K and V, whole batch)."""
         n_off = len(self._offloaded)
-        sliding = sum(self._dev[i] for i in self._on_device) + new * token_bytes * len(self._on_device)
+        # what the sliding layers hold after this step (their transient concatenation is not counted, as in
+        # OffloadedCache's accounting)
+        sliding = sum(tokens_held(cached + new, self._windows[i]) for i in self._on_device) * token_bytes
         in_use = (2 if self.engine.cuda else 1) * (cached + new) * token_bytes
         room = self.room_bytes() - sliding - in_use
         if not n_off:
