@@ -121,7 +121,8 @@ def sliding_models(tmp_path_factory):
 
 def paired_rows(tpots: dict[tuple[str, int], list[float]], busy: set[tuple[str, int, int]] = frozenset(),
          prompt: int = 2048) -> list[dict]:
-    """Trial rows of one run (the paired-interval and cost tests' input): per (mode, batch) the TPOT of each repeat; 16 tokens, throughput from TPOT."""
+    """Trial rows of one run (the paired-interval and cost tests' input): per (mode, batch) the TPOT of each repeat;
+    16 tokens, throughput from TPOT; an offload mode holds 4000 bytes of KV per sequence on the host."""
     out = []
     for (mode, batch), values in tpots.items():
         for r, tpot in enumerate(values):
@@ -130,6 +131,7 @@ def paired_rows(tpots: dict[tuple[str, int], list[float]], busy: set[tuple[str, 
                         "batch_size": batch, "mode": mode, "mode_label": mode, "repeat": r, "ttft_s": 1.0,
                         "tpot_s": tpot, "e2e_s": e2e, "n_output_tokens": 16,
                         "throughput_tokens_per_s": 16 * batch / e2e, "kv_device_peak_bytes": 1000 * batch,
+                        "kv_host_peak_bytes": 0 if mode == "none" else 4000 * batch,
                         "tokens_match": True, "machine_busy": (mode, batch, r) in busy,
                         "itl_s": [tpot] * 15})
     return out

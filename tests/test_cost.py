@@ -167,16 +167,20 @@ def test_cost_verdicts_claim_only_what_the_pairs_decide():
         row("none", 141.25, 1024), row("full", 154.98, 1024, pct=-9.7, lo=-12.0, hi=-6.5),
         row("none", 703.69, 2048, batch=1), row("hierarchical", 252.59, 2048, batch=1, pct=64.1, lo=55.0, hi=70.2,
                                                 pairs=2, verdict="inconclusive: 2 pairs, need 5"),
-        row("none", 90.0, 4096, batch=1), row("full", 60.0, 4096, batch=4, pct=33.3, lo=30.1, hi=35.9)])
+        row("none", 90.0, 4096, batch=1), row("full", 60.0, 4096, batch=4, pct=33.3, lo=30.1, hi=35.9),
+        # the two medians imply a 27% saving, the pairs 13%: the line prints the paired figure on both sides
+        row("none", 100.0, 8192, batch=1), row("full", 73.0, 8192, batch=1, pct=13.0, lo=5.0, hi=20.0)])
     assert verdicts(costs)["g"] == [
-        "at 256 tokens inconclusive: the interval includes no change: `dynamic` 64.79 vs `none` 66.03 USD per 1M "
+        "at 256 tokens inconclusive: the interval includes no change: `dynamic` 64.78 vs `none` 66.03 USD per 1M "
         "tokens, paired saving +2% [−2%, +4%] (5 pairs, batch 2 vs none's 2)",
         "at 1024 tokens offload raises cost here: `none` 141.25 USD per 1M tokens, the cheapest offload mode `full` "
-        "154.98 (paired cost +10% [+6%, +12%]; 5 pairs, batch 2 vs none's 2)",
-        "at 2048 tokens inconclusive: 2 pairs, need 5: `hierarchical` 252.59 vs `none` 703.69 USD per 1M tokens, "
+        "154.95 (paired cost +10% [+6%, +12%]; 5 pairs, batch 2 vs none's 2)",
+        "at 2048 tokens inconclusive: 2 pairs, need 5: `hierarchical` 252.62 vs `none` 703.69 USD per 1M tokens, "
         "paired saving +64% [+55%, +70%] (2 pairs, batch 1 vs none's 1)",
-        "at 4096 tokens `full` lowers cost to 60.00 USD per 1M tokens from none's 90.00 (paired saving +33% "
-        "[+30%, +36%]; 5 pairs, batch 4 vs none's 1)"]
+        "at 4096 tokens `full` lowers cost to 60.03 USD per 1M tokens from none's 90.00 (paired saving +33% "
+        "[+30%, +36%]; 5 pairs, batch 4 vs none's 1)",
+        "at 8192 tokens `full` lowers cost to 87.00 USD per 1M tokens from none's 100.00 (paired saving +13% "
+        "[+5%, +20%]; 5 pairs, batch 1 vs none's 1)"]
 
 
 def test_cost_without_results_costs_the_newest_run_under_results(tmp_path, monkeypatch):

@@ -5,6 +5,8 @@ import subprocess
 import sys
 import time
 
+import numpy as np
+import pandas as pd
 import pytest
 
 from kvbench.analysis.points import point_table
@@ -195,3 +197,28 @@ def test_rows_with_a_null_repeat_pair_with_nothing():
     trials = trials_frame(old, "g")
     costs = cost_table(point_table(trials), Prices(2.0), trials)
     assert costs[costs["mode"] == "full"]["pairs"].iloc[0] == 0
+
+
+def test_a_cluster_bootstrap_draws_whole_conversations_and_is_the_plain_one_with_one_value_each():
+    from kvbench.analysis.intervals import bootstrap_intervals, cluster_draws, cluster_median_interval
+
+    rng = np.random.default_rng(3)
+    v = pd.Series(rng.random(9))
+    plain = bootstrap_intervals(v, pd.Series(0, index=v.index), 2000, 0)
+    assert cluster_median_interval(v, pd.Series(range(9)), 2000, 0) == (plain["low"].iloc[0], plain["high"].iloc[0])
+    clusters = pd.Series(list("aabbbcdddeef"))
+    v = pd.Series(rng.random(12))
+    counts, index = cluster_draws(clusters, 500, 1)
+    assert counts.shape == (500, 6) and (counts.sum(axis=1) == 6).all() and list(index[:5]) == [0, 0, 1, 1, 1]
+    medians = [np.median(np.repeat(v.to_numpy(), counts[b][index])) for b in range(500)]
+    assert cluster_median_interval(v, clusters, 500, 1) == pytest.approx(tuple(np.quantile(medians, [0.025, 0.975])))
+    assert cluster_median_interval(v[:4], clusters[:4], 500, 1) == (pytest.approx(np.nan, nan_ok=True),) * 2
+
+
+def test_an_offload_mode_that_held_nothing_off_the_device_is_not_engaged():
+    data = paired_rows({("none", 1): [0.10] * 5, ("hierarchical", 1): [0.10] * 5})
+    for r in data:
+        r["kv_host_peak_bytes"] = r["kv_disk_peak_bytes"] = 0  # a window that holds every token
+    t = point_table(trials_frame(data, "g"))
+    assert point(t, "hierarchical")["tpot_verdict"] == (
+        "not engaged: no KV left the device (host and disk peaks 0)")

@@ -50,7 +50,8 @@ def row(machine: str, prompt: int, mode: str, r: int, **over) -> dict:
            "scenario_digest": scenario_digest(SCENARIO), "status": "ok", "message": "", "device": "cuda:0",
            "dtype": "float32", "n_output_tokens": 3, "ttft_s": 0.05, "tpot_s": tpot, "e2e_s": 0.05 + 2 * tpot,
            "throughput_tokens_per_s": 3 / (0.05 + 2 * tpot),
-           "kv_device_peak_bytes": prompt * 1000 if mode == "none" else 4000, "tokens_match": True,
+           "kv_device_peak_bytes": prompt * 1000 if mode == "none" else 4000,
+           "kv_host_peak_bytes": 0 if mode == "none" else prompt * 1000, "tokens_match": True,
            "machine_busy": False, "busy_threshold_percent": 25.0, "machine": machine, "host": host,
            "worker": f"actor-{host}", "attempt": 0, "gpu": GPU[machine][0], "gpu_driver": GPU[machine][1],
            "link_h2d_gbps": h2d, "link_d2h_gbps": d2h}

@@ -11,7 +11,7 @@ import pytest
 from conftest import ROOT, tiny_scenario
 from kvbench.errors import RecordError
 from kvbench.results.record import ROW_KEYS, ROW_STATUSES, check_rows
-from kvbench.results.rows import (AGGREGATES, BY_NAME, COLUMNS, FRAME_COLUMNS, MEASURED, NO_FIT, PLAN_COLUMNS,
+from kvbench.results.rows import (AGGREGATES, BY_NAME, COLUMNS, FRAME_COLUMNS, MEASURED, METRICS, NO_FIT, PLAN_COLUMNS,
                                   REUSE_COLUMNS, SERVER_COLUMNS, TRIAL_COLUMNS, Kind, Status, agg)
 from kvbench.results.samples import SAMPLE_COLUMNS
 
@@ -59,6 +59,23 @@ def unit_in_name(name: str) -> str:
 def test_the_readme_field_table_names_the_trial_columns_in_their_order():
     named = [name for names, _ in field_table() for name in names]
     assert named == [c.name for c in TRIAL_COLUMNS]
+
+
+def metric_table() -> list[str]:
+    """The README's metric dictionary as :data:`kvbench.results.rows.METRICS` declares it, one line per metric."""
+    def name(v: str) -> str:
+        return "-" if v == "-" else f"`{v.split(' (')[0]}`" + (f" ({v.split(' (', 1)[1]}" if " (" in v else "")
+    return [f"| `{m.name}` | {m.unit or '-'} | {m.definition} | {name(m.vllm)} | {name(m.guidellm)} | "
+            f"{name(m.aiperf)} | {name(m.inference_perf)} |" for m in METRICS]
+
+
+def test_the_readme_metric_dictionary_is_the_declared_one():
+    section = README[README.index("### Metric dictionary"):]
+    lines = section[section.index("| kvbench |"):].splitlines()[2:]
+    assert lines[:len(METRICS)] == metric_table()
+    assert not lines[len(METRICS)].startswith("|")
+    row_metrics = [m.name for m in METRICS if m.where == "row"]
+    assert all(n in BY_NAME for n in row_metrics) and [BY_NAME[n].unit for n in row_metrics] == ["seconds"] * 5
 
 
 def test_the_readme_names_every_other_column():

@@ -37,10 +37,19 @@ def test_ttft_tpot_itl_e2e_definitions():
     assert lat["itl_s"] == pytest.approx([0.2, 0.25, 0.3])
     assert lat["e2e_s"] == pytest.approx(1.25)
     assert lat["tpot_s"] == pytest.approx(0.75 / 3)  # (e2e - ttft) / (n - 1)
+    assert lat["ntpot_s"] == pytest.approx(1.25 / 4) and "tokens_per_chunk" not in lat  # e2e / n
     one = latency_metrics(2.0, [2.4])
     assert one["tpot_s"] is None and one["itl_s"] == [] and one["e2e_s"] == pytest.approx(0.4)
     with pytest.raises(ValueError, match="no token was generated"):
         latency_metrics(0.0, [])
+
+
+def test_a_streamed_chunk_of_several_tokens_is_one_itl_gap_as_vllm_counts_it():
+    # 5 tokens in 3 chunks (1, 3, 1): the gaps are between chunks, none of them 0
+    lat = latency_metrics(0.0, [0.5, 0.8, 0.8, 0.8, 1.0], chunk_times=[0.5, 0.8, 1.0])
+    assert lat["itl_s"] == pytest.approx([0.3, 0.2]) and lat["tokens_per_chunk"] == pytest.approx(5 / 3)
+    assert lat["ttft_s"] == 0.5 and lat["e2e_s"] == 1.0 and lat["tpot_s"] == pytest.approx(0.5 / 4)
+    assert latency_metrics(0.0, [0.5, 0.8, 0.8, 0.8, 1.0])["itl_s"] == pytest.approx([0.3, 0, 0, 0.2])
 
 
 def test_throughputs():

@@ -174,3 +174,15 @@ def test_sizes_are_whole_where_the_flag_is_and_never_written_with_an_exponent(wr
     assert problems_of(write_yaml, data) == [("modes[1]", "size: 0.5 MiB: preset host-cache of llama.cpp takes a "
                                                           "whole number")]
     assert [size_text(v) for v in (1048576.0, 0.5, 2.25, 16)] == ["1048576", "0.5", "2.25", "16"]
+
+
+def test_a_concurrency_level_the_conversations_cannot_fill_is_a_warning(write_yaml):
+    from kvbench.scenario.checks import scenario_warnings
+
+    s = load_scenario(write_yaml(server_scenario(load={"profile": "concurrent", "concurrency": [1, 4]})))
+    assert [w for w in scenario_warnings(s) if w[0] == "load.concurrency"] == [
+        ("load.concurrency", "level 4 is more than the workload's 2 conversations, whose turns go one after another: "
+                             "at most 2 requests will be in flight (the report shows the concurrency each level "
+                             "reached)")]
+    s = load_scenario(write_yaml(server_scenario(load={"profile": "concurrent", "concurrency": 2})))
+    assert [w for w in scenario_warnings(s) if w[0] == "load.concurrency"] == []

@@ -182,11 +182,15 @@ def test_run_json_lists_each_server_with_its_command_line_version_metrics_and_lo
         assert arg(s, "-np") == "1" and arg(s, "--cache-ram") == "0"
         assert s["version"] == "version: 0.0.0 (fake llama-server)" and s["slots"] == 1
         every = [e for e in evs if e["event"] == "completion"]
-        done = every[1:]  # the deltas start after the one warm-up: the measured requests and their holds
-        d = s["metrics_delta"]
-        assert d["prompt_tokens_cached"] == sum(e["cache_n"] for e in done)
-        assert d["prompt_tokens"] == sum(len(e["prompt"]) - e["cache_n"] for e in done)
-        assert d["tokens_predicted"] == sum(e["n_predict"] for e in done)
+        # the deltas start after the one warm-up; the measured requests' own, each hold's share (one token for
+        # the turn's prompt and reply, sent alone one at a time) read around it and taken out
+        done, holds = [e for e in every[1:] if e["n_predict"] == 4], [e for e in every[1:] if e["n_predict"] == 1]
+        assert len(done) == 4 and len(holds) == (0 if s["mode_label"] == "none" else 2)
+        for deltas, part in ((s["metrics_delta"], done), (s["metrics_delta_holds"], holds)):
+            assert deltas["prompt_tokens_cached"] == sum(e["cache_n"] for e in part)
+            assert deltas["prompt_tokens"] == sum(len(e["prompt"]) - e["cache_n"] for e in part)
+            assert deltas["tokens_predicted"] == sum(e["n_predict"] for e in part)
+        assert s["metrics_holds"] == {"sent": len(holds), "separated": len(holds)}
         assert s["load"]["profile"] == "sequential" and s["load"]["concurrency"] == 1
         assert s["load"]["rss_peak_bytes"] > 1e6 and s["load"]["n_samples"] >= 1
         assert s["log"] == f"servers/{s['mode_label']}-r0.log"

@@ -57,7 +57,14 @@ def test_multi_turn_on_the_real_llama_server(tmp_path):
         assert s["version"].startswith("version:") and s["argv"][0] == str(LLAMA_SERVER)
         assert s["argv"][s["argv"].index("--host") + 1] == "127.0.0.1"
     assert servers[0]["metrics_delta"]["prompt_tokens_cached"] == 0
-    assert servers[1]["metrics_delta"]["prompt_tokens_cached"] >= sum(r["cached_prompt_tokens"] for r in turn2)
+    # the deltas are the measured requests' own: each hold (one at a time, alone) read around and taken out
+    prefix = [r for r in rows.values() if r["mode"] == "prefix-cache"]
+    assert servers[1]["metrics_holds"] == {"sent": 2, "separated": 2}
+    assert servers[1]["metrics_delta"]["prompt_tokens_cached"] == sum(r["cached_prompt_tokens"] for r in prefix)
+    assert servers[1]["metrics_delta"]["prompt_tokens"] == sum(r["prompt_tokens"] - r["cached_prompt_tokens"]
+                                                               for r in prefix)
+    assert servers[1]["metrics_delta"]["tokens_predicted"] == 4 * 4
+    assert servers[1]["metrics_delta_holds"]["tokens_predicted"] == 2
     ports = {int(s["argv"][s["argv"].index("--port") + 1]) for s in servers}
     assert not llama_servers(ports)
 

@@ -122,10 +122,11 @@ def test_recorded_openai_stream_and_request_body():
 
 # --- token counting and timing -------------------------------------------------------------------------------
 
-def test_a_chunk_with_two_tokens_gives_two_equal_readings():
+def test_a_chunk_with_two_tokens_gives_two_equal_readings_and_one_chunk_reading():
     body = sse(chunk("a", [5], 1), chunk("bc", [6, 7], 3), final(3))
     reply = llama(serve(body), n=3)
     assert reply.token_times == [101.0, 102.0, 102.0] and reply.ids == [5, 6, 7] and reply.text == "abc"
+    assert reply.chunk_times == [101.0, 102.0]  # the ITL has one gap here (1 s), not 1 s and 0 s
     assert reply.server_timings == {"prompt_s": 0.25, "predicted_s": 0.04, "per_token_s": 0.02}
 
 
@@ -161,6 +162,7 @@ def test_openai_continuous_usage_counts_merged_chunks():
     body = sse(part("x", 1), part("yz", 3, "length"), {"choices": [], "usage": usage}, DONE)
     reply = openai(serve(body), n=3)
     assert reply.token_times == [101.0, 102.0, 102.0] and reply.text == "xyz"
+    assert reply.chunk_times == [101.0, 102.0]  # the usage-only chunk carries no token
     assert (reply.prompt_tokens, reply.cached_tokens, reply.stop_reason) == (40, 32, "length")
     assert reply.server_timings == {}
 

@@ -75,7 +75,7 @@ def test_a_level_of_several_renames_the_mode_and_keeps_its_preset():
 
 
 def reply(cached: int | None, ids=(5, 6, 7), text="abc") -> Reply:
-    return Reply(t_sent=10.0, token_times=[10.5, 10.6, 10.8], ids=list(ids), text=text,
+    return Reply(t_sent=10.0, token_times=[10.5, 10.6, 10.8], chunk_times=[10.5, 10.6, 10.8], ids=list(ids), text=text,
                  text_sha256=f"sha-{text}", prompt_tokens=6, cached_tokens=cached,
                  server_timings={"per_token_s": 0.1, "prompt_s": 0.4}, stop_reason="limit")
 
@@ -148,7 +148,9 @@ def test_server_findings_name_the_history_reused_the_divergences_and_the_cold_st
                {"mode": "prefix-cache", "mode_label": "prefix-cache", "warm": True, "turn_index": 2,
                 "cached_prompt_tokens": 95, "reusable_prompt_tokens": 100, "prompt_tokens": 120,
                 "tokens_match": False, "first_divergence_step": 3, "cold_verified": True}])
-    servers = [{"mode_label": "prefix-cache", "metrics_delta": {"prompt_tokens": 25.0, "prompt_tokens_cached": None}}]
+    servers = [{"mode_label": "prefix-cache", "metrics_delta": {"prompt_tokens": 25.0, "prompt_tokens_cached": None},
+                "metrics_delta_holds": {"prompt_tokens": 10.0, "prompt_tokens_cached": 90.0},
+                "metrics_holds": {"sent": 1, "separated": 1}}]
     lines = server_findings(t, "g", None, servers)
     assert lines == [
         "`none`: 0 cached prompt tokens on every one of 1 requests (checked)",
@@ -157,7 +159,13 @@ def test_server_findings_name_the_history_reused_the_divergences_and_the_cold_st
         "`prefix-cache`: 1 of 1 requests generated other ids than `none` (first differing token at step 3): the server's "
         "cached and recomputed prompts are not bit-identical, a finding about the engine, not an error of kvbench",
         "cold starts: 2 of 2 mode starts answered their first request with 0 cached tokens",
-        "`prefix-cache` /metrics deltas over its servers: prompt_tokens 25, prompt_tokens_cached not reported"]
+        "`prefix-cache` /metrics deltas of its measured requests over its servers: prompt_tokens 25, "
+        "prompt_tokens_cached not reported; its 1 unrecorded holds: prompt_tokens 10, prompt_tokens_cached 90"]
+    servers[0].update(metrics_delta_holds=None, metrics_holds={"sent": 3, "separated": 1})  # 2 overlapped others
+    assert server_findings(t, "g", None, servers)[-1] == (
+        "`prefix-cache` /metrics deltas over its servers, including 2 of its 3 unrecorded holds (sent while other "
+        "requests were in flight, so their share cannot be taken out): prompt_tokens 25, prompt_tokens_cached not "
+        "reported")
 
 
 def test_hit_rate_up_latency_flat_is_a_finding_only_when_ttft_hardly_moved():
@@ -225,8 +233,33 @@ def test_the_load_table_gives_throughput_over_the_time_in_flight_percentiles_and
     rows.append({**rows[0], "request_id": "q4", "status": "error"})
     t = server_load_table(frame(rows), max_ttft_s=1.5, max_tpot_s=0.15)
     (r,) = t.to_dict("records")
-    assert (r["requests"], r["failed"], r["busy_s"], r["throughput_tokens_per_s"]) == (4, 1, 4.0, 3.0)
+    assert (r["requests"], r["failed"], r["busy_s"], r["throughput_busy_tokens_per_s"]) == (4, 1, 4.0, 3.0)
     assert (r["ttft_p50_s"], r["ttft_p90_s"], r["ttft_p99_s"]) == (1.5, 3.0, 3.0)  # numpy's higher method
     assert (r["itl_p50_s"], r["tpot_p99_s"]) == (0.1, 0.2)
-    assert (r["slo_met_pct"], r["goodput_per_s"]) == (50.0, 0.5)  # q0 and q1 meet both: 2 requests in 4 s
+    assert (r["slo_met_pct"], r["goodput_busy_per_s"]) == (50.0, 0.5)  # q0 and q1 meet both: 2 requests in 4 s
     assert "slo_met_pct" not in server_load_table(frame(rows)).columns
+    # achieved concurrency and the wall clock: 2 in flight at once, for the whole 4 s the load lasted
+    assert (r["concurrency"], r["in_flight_max"], r["in_flight_mean"], r["wall_s"]) == (2, 2, 2.0, 4.0)
+    assert (r["ttft_n"], r["tpot_n"], r["itl_n"], r["goodput_wall_per_s"]) == (4, 4, 8, 0.5)
+
+
+def test_the_load_table_says_what_concurrency_was_reached_and_divides_by_the_wall_clock_too():
+    from kvbench.analysis.server_load import server_load_table
+    from kvbench.report.server_load import concurrency_lines, server_load_display
+
+    # asked for 4 in flight; two requests one after another with a 1 s pause: 1 in flight, 2 s of 3
+    rows = [{"mode": "prefix-cache", "mode_label": "prefix-cache@c4", "warm": True, "request_id": f"q{k}",
+             "concurrency": 4, "start_s": [0.0, 2.0][k], "e2e_s": 1.0, "ttft_s": 0.5, "tpot_s": 0.25, "ntpot_s": 0.5,
+             "itl_s": [0.25], "n_output_tokens": 3, "prompt_tokens": 100, "cached_prompt_tokens": [0, 80][k]}
+            for k in range(2)]
+    (r,) = server_load_table(frame(rows)).to_dict("records")
+    assert (r["in_flight_max"], r["in_flight_mean"], r["busy_s"], r["wall_s"]) == (1, 1.0, 2.0, 3.0)
+    assert (r["throughput_busy_tokens_per_s"], r["throughput_wall_tokens_per_s"]) == (3.0, 2.0)
+    assert (r["request_rate_busy_per_s"], r["request_rate_wall_per_s"]) == (1.0, pytest.approx(2 / 3))
+    assert r["cached_token_share"] == 0.4 and r["ntpot_p50_s"] == 0.5  # 80 of 200 prompt tokens
+    cells = server_load_display(server_load_table(frame(rows))).iloc[0]
+    assert cells["in flight"] == "4: max 1, mean 1.0" and cells["tok/s busy / wall"] == "3.00 / 2.00"
+    assert cells["TTFT ms p50/p90/p99"] == "max 500 / max 500 / max 500 (n 2)" and cells["hit %"] == "40"
+    assert concurrency_lines(server_load_table(frame(rows))) == [
+        "`prefix-cache@c4`: asked for 4 requests in flight, at most 1 were (mean 1.0 while any was): the workload "
+        "cannot fill that level (a conversation's turns go one after another)"]

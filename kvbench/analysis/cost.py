@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from kvbench.analysis.points import qualifies
+from kvbench.analysis.engaged import offload_not_engaged
 from kvbench.analysis.intervals import bootstrap_intervals, judge, pair_load, pair_with_reference
 from kvbench.analysis.plan import MAX_USD_PER_HOUR, cost_per_million
 from kvbench.arguments import number_arg
@@ -269,8 +270,10 @@ def _paired_savings(out: pd.DataFrame, trials: pd.DataFrame | None, prices: Pric
         if pairs.empty:  # e.g. rows without a repeat index: nothing to pair
             continue
         load = pair_load(pairs)
+        held = {f"{c}_median": pd.to_numeric(mine[c], errors="coerce").median() if c in mine else None
+                for c in ("kv_host_peak_bytes", "kv_disk_peak_bytes")}
         meta[i] = {"pairs": len(pairs), "busy": int(load["busy_trials"].sum()),
-                   "unknown": int(load["load_unknown"].sum())}
+                   "unknown": int(load["load_unknown"].sum()), "idle": offload_not_engaged({"mode": rec["mode"], **held})}
         values.extend((100 * (1 - pairs["usd"] / pairs["usd_ref"])).tolist())
         ids.extend([i] * len(pairs))
     series, pid = pd.Series(values, dtype=float), pd.Series(ids, dtype=np.int64)
@@ -289,8 +292,8 @@ def _paired_savings(out: pd.DataFrame, trials: pd.DataFrame | None, prices: Pric
             continue
         lo, hi = out["saving_ci_low"].iloc[i], out["saving_ci_high"].iloc[i]
         same_batch = ref is not None and ref["batch_size"] == rec["batch_size"]
-        verdicts.append(judge(meta[i]["pairs"], meta[i]["busy"], meta[i]["unknown"], lo, hi, no_change=0.0,
-                              implausible=bool(same_batch and lo > 0)))
+        verdicts.append(meta[i].get("idle") or judge(meta[i]["pairs"], meta[i]["busy"], meta[i]["unknown"], lo, hi,
+                                                     no_change=0.0, implausible=bool(same_batch and lo > 0)))
     out["cost_verdict"] = verdicts
 
 

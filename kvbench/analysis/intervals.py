@@ -19,6 +19,7 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
+from kvbench.analysis.engaged import offload_not_engaged
 from kvbench.results.rows import agg
 
 #: Bootstrap intervals need this many values (repeats of a point, or pairs of a comparison).
@@ -94,6 +95,43 @@ def bootstrap_intervals(values: pd.Series, pid: pd.Series, n_boot: int, seed: in
         return pd.DataFrame({"low": [], "high": []}, dtype=float)
     return pd.DataFrame({"low": np.concatenate(out_lo), "high": np.concatenate(out_hi)},
                         index=np.concatenate(out_ids))
+
+
+def cluster_draws(clusters: pd.Series, n_boot: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """A cluster bootstrap's resamples (Davison & Hinkley, *Bootstrap Methods and their Application*, 1997, §3.8):
+    turns of one conversation are not independent, so a resample draws whole clusters (``clusters``: one label
+    per value, e.g. the conversation) with replacement, as many as there are. Returns ``(counts, index)``:
+    ``counts`` ``[n_boot, K]`` how many times each of the K clusters was drawn, ``index`` ``[n]`` each value's
+    cluster (0..K−1, in first-seen order). With one value per cluster the draws are those of a plain bootstrap
+    over the values (``rng.integers(0, n, (n_boot, n))``)."""
+    index = pd.factorize(clusters, sort=False)[0]
+    k = int(index.max()) + 1 if len(index) else 0
+    pos = np.random.default_rng(seed).integers(0, k, size=(n_boot, k))
+    counts = np.zeros((n_boot, k), dtype=np.int64)
+    np.add.at(counts, (np.repeat(np.arange(n_boot), k), pos.ravel()), 1)
+    return counts, index
+
+
+def cluster_median_interval(values: pd.Series, clusters: pd.Series, n_boot: int, seed: int,
+                            level: float = 0.95) -> tuple[float, float]:
+    """Percentile-bootstrap interval of the median of ``values`` resampling whole ``clusters``
+    (:func:`cluster_draws`): each resample's median is that of the values of the drawn clusters, each as often as
+    its cluster was drawn. NaN with fewer than :data:`BOOTSTRAP_MIN_REPEATS` values (NaN values left out)."""
+    ok = values.notna().to_numpy()
+    v, c = values.to_numpy(dtype=float)[ok], clusters.to_numpy()[ok]
+    if len(v) < BOOTSTRAP_MIN_REPEATS or n_boot <= 0:
+        return math.nan, math.nan
+    counts, index = cluster_draws(pd.Series(c), n_boot, seed)
+    order = np.argsort(v, kind="stable")
+    weights = counts[:, index[order]]  # [n_boot, n]: how often each value (ascending) is in the resample
+    cum = weights.cumsum(axis=1)
+    total = cum[:, -1]
+    lo_i = (cum > ((total - 1) // 2)[:, None]).argmax(axis=1)
+    hi_i = (cum > (total // 2)[:, None]).argmax(axis=1)
+    medians = (v[order][lo_i] + v[order][hi_i]) / 2
+    alpha = (1 - level) / 2
+    lo, hi = np.quantile(medians, [alpha, 1 - alpha])
+    return float(lo), float(hi)
 
 
 def pair_with_reference(trials: pd.DataFrame, reference: pd.DataFrame, on: Sequence[str]) -> pd.DataFrame:
@@ -210,7 +248,8 @@ def add_comparisons(table: pd.DataFrame) -> None:
     ``time_overhead_pct`` = 100 × (paired TPOT ratio − 1) with ``time_overhead_ci_low``/``_high``;
     ``throughput_ratio`` (paired) with its ``_ci_low``/``_high``; ``ttft_ratio``; ``tpot_verdict`` (see
     :func:`judge`; an offload mode faster than ``none`` at the same batch beyond its interval is implausible: the
-    decode-step roofline puts it at or above ``none``); None for ``none`` itself."""
+    decode-step roofline puts it at or above ``none``; a mode that held no KV off the device is "not engaged":
+    :func:`~kvbench.analysis.engaged.offload_not_engaged`); None for ``none`` itself."""
     for c in ("tpot_s_ratio", "tpot_s_ratio_ci_low", "tpot_s_ratio_ci_high", "throughput_tokens_per_s_ratio",
               "throughput_tokens_per_s_ratio_ci_low", "throughput_tokens_per_s_ratio_ci_high", "ttft_s_ratio"):
         if c not in table:
@@ -223,14 +262,15 @@ def add_comparisons(table: pd.DataFrame) -> None:
     table["throughput_ratio_ci_high"] = table["throughput_tokens_per_s_ratio_ci_high"]
     table["ttft_ratio"] = table["ttft_s_ratio"]
     verdicts = []
+    held = [c for c in ("kv_host_peak_bytes_median", "kv_disk_peak_bytes_median") if c in table]
     for r in table[["mode", "pairs", "pairs_busy_trials", "pairs_load_unknown", "tpot_s_ratio_ci_low",
-                    "tpot_s_ratio_ci_high"]].itertuples(index=False):
-        if r.mode == "none":
+                    "tpot_s_ratio_ci_high", *held]].to_dict("records"):
+        if r["mode"] == "none":
             verdicts.append(None)
             continue
-        lo, hi = float(r.tpot_s_ratio_ci_low), float(r.tpot_s_ratio_ci_high)
-        verdicts.append(judge(int(r.pairs), int(r.pairs_busy_trials), int(r.pairs_load_unknown), lo, hi,
-                              implausible=hi < 1))
+        lo, hi = float(r["tpot_s_ratio_ci_low"]), float(r["tpot_s_ratio_ci_high"])
+        verdicts.append(offload_not_engaged(r) or judge(int(r["pairs"]), int(r["pairs_busy_trials"]),
+                                                        int(r["pairs_load_unknown"]), lo, hi, implausible=hi < 1))
     table["tpot_verdict"] = verdicts
 
 
@@ -251,5 +291,5 @@ def pct_interval(median: float, low: float, high: float, digits: int = 0) -> str
 
 
 __all__ = ["BOOTSTRAP_MIN_REPEATS", "MIN_PAIRS", "PAIRED_METRICS", "PAIR_KEYS", "add_comparisons",
-           "bootstrap_intervals", "busy_flags", "judge", "load_known", "median_ci", "pair_load", "pair_with_reference",
+           "bootstrap_intervals", "cluster_draws", "cluster_median_interval", "busy_flags", "judge", "load_known", "median_ci", "pair_load", "pair_with_reference",
            "paired_point_stats", "pct_interval"]

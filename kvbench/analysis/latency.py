@@ -8,24 +8,36 @@ from collections.abc import Sequence
 from typing import Any
 
 
-def latency_metrics(t_start: float, token_times: Sequence[float]) -> dict[str, Any]:
-    """TTFT, ITL, TPOT and e2e latency from the clock readings of one generation (seconds).
+def latency_metrics(t_start: float, token_times: Sequence[float],
+                    chunk_times: Sequence[float] | None = None) -> dict[str, Any]:
+    """TTFT, ITL, TPOT, NTPOT and e2e latency from the clock readings of one generation (seconds).
 
     Args:
-        t_start: clock before the prefill.
+        t_start: clock before the prefill (a server request: before it was sent, or before the slot restore that
+            preceded it).
         token_times: clock after each generated token (the first is the prefill's token).
+        chunk_times: a streamed reply's clock reading per chunk that carried tokens (a chunk may carry several);
+            None: every token came on its own (the in-process engine).
 
     Returns:
-        ``ttft_s`` = first − start (prefill + first token); ``itl_s`` = the gaps between consecutive tokens;
-        ``e2e_s`` = last − start; ``tpot_s`` = (e2e − TTFT) / (n − 1), None when n = 1 (decode only).
+        ``ttft_s`` = first − start (prefill + first token); ``itl_s`` = the gaps between consecutive chunks (one
+        per chunk, as vLLM's ``vllm bench serve`` takes them: a chunk of k tokens is one gap, not one gap and k − 1
+        of 0 s; without ``chunk_times``, between consecutive tokens); ``e2e_s`` = last − start; ``tpot_s`` =
+        (e2e − TTFT) / (n − 1), None when n = 1 (decode only); ``ntpot_s`` = e2e / n (inference-perf's normalised
+        time per output token, TTFT included); with ``chunk_times``, ``tokens_per_chunk`` = n ÷ chunks.
     """
     if not token_times:
         raise ValueError("no token was generated")
     ttft = token_times[0] - t_start
     e2e = token_times[-1] - t_start
-    itl = [b - a for a, b in zip(token_times, token_times[1:])]
+    marks = token_times if chunk_times is None else chunk_times
+    itl = [b - a for a, b in zip(marks, marks[1:])]
     n = len(token_times)
-    return {"ttft_s": ttft, "itl_s": itl, "e2e_s": e2e, "tpot_s": (e2e - ttft) / (n - 1) if n > 1 else None}
+    out = {"ttft_s": ttft, "itl_s": itl, "e2e_s": e2e, "tpot_s": (e2e - ttft) / (n - 1) if n > 1 else None,
+           "ntpot_s": e2e / n}
+    if chunk_times is not None:
+        out["tokens_per_chunk"] = n / len(chunk_times) if chunk_times else None
+    return out
 
 
 #: ITL percentiles of each trial (and pooled per point in the report): stalls a TPOT median hides.
@@ -42,6 +54,12 @@ def itl_percentiles(itl_s: Sequence[float]) -> dict[str, float | None]:
         return dict.fromkeys(keys)
     ordered = sorted(itl_s)
     return dict(zip(keys, [higher_percentile(ordered, p, presorted=True) for p in ITL_PERCENTILES] + [ordered[-1]]))
+
+
+def is_max_rank(n: int, p: float) -> bool:
+    """Whether the ``p``-th percentile of ``n`` values by :func:`higher_percentile`'s rank rule is their maximum
+    (rank ⌈(n − 1)·p/100⌉ = n − 1): p99 of at most 100 values, p90 of at most 10."""
+    return n > 0 and math.ceil((n - 1) * p / 100) == n - 1
 
 
 def higher_percentile(values: Sequence[float], p: float, presorted: bool = False) -> float | None:
@@ -62,4 +80,4 @@ def throughputs(prompt_tokens: int, batch_size: int, lat: dict[str, Any], n_out:
     }
 
 
-__all__ = ["ITL_PERCENTILES", "higher_percentile", "itl_percentiles", "latency_metrics", "throughputs"]
+__all__ = ["ITL_PERCENTILES", "higher_percentile", "is_max_rank", "itl_percentiles", "latency_metrics", "throughputs"]

@@ -41,16 +41,18 @@ def qualifies(table: pd.DataFrame) -> pd.Series:
 
 def _itl_pooled(measured: pd.DataFrame, mpid: pd.Series) -> pd.DataFrame:
     """Per point: the p50/p90/p99 and max of every inter-token gap of its measured trials, pooled (seconds; the
-    value at 0-based rank ⌈(n − 1)·p⌉ of the sorted gaps, as the trial rows' ``itl_p*_s``)."""
-    cols = [f"itl_p{p}_s" for p in ITL_PERCENTILES] + ["itl_max_s"]
+    value at 0-based rank ⌈(n − 1)·p⌉ of the sorted gaps, as the trial rows' ``itl_p*_s``), and ``itl_n``, how many
+    gaps they are (at most 100 make p99 the maximum)."""
+    cols = [f"itl_p{p}_s" for p in ITL_PERCENTILES] + ["itl_max_s", "itl_n"]
     if "itl_s" not in measured or measured.empty:
         return pd.DataFrame(columns=cols, dtype=float)
     gaps = measured["itl_s"].map(lambda v: v if isinstance(v, list) else []).explode()
     gaps = pd.to_numeric(gaps, errors="coerce").dropna()
     by = gaps.groupby(mpid.reindex(gaps.index))
     out = by.quantile([p / 100 for p in ITL_PERCENTILES], interpolation="higher").unstack()
-    out.columns = cols[:-1]
+    out.columns = cols[:-2]
     out["itl_max_s"] = by.max()
+    out["itl_n"] = by.size()
     return out
 
 

@@ -9,7 +9,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from kvbench.analysis.intervals import bootstrap_intervals, judge, pair_load, pair_with_reference
+from kvbench.analysis.engaged import reuse_not_engaged
+from kvbench.analysis.intervals import cluster_median_interval, judge, pair_load, pair_with_reference
 from kvbench.results.rows import MEASURED, agg
 
 
@@ -128,20 +129,30 @@ def recompute_side(rows: pd.DataFrame, part: pd.DataFrame, group: str, where: di
     return ref
 
 
+def conversations(pairs: pd.DataFrame) -> pd.Series:
+    """The cluster of each request pair for a bootstrap: its conversation or document (``document``), else the
+    request itself (each pair its own)."""
+    if "document" in pairs and pairs["document"].notna().all():
+        return pairs["document"].astype(str)
+    return pd.Series(np.arange(len(pairs)), index=pairs.index)
+
+
 def _paired_ttft(warm: pd.DataFrame, cold: pd.DataFrame) -> dict[str, Any]:
     """Restore ÷ recompute TTFT paired by request (the warm and cold run of one request in one repeat ran back to
-    back): ``ttft_ratio`` (median of the pair ratios), ``ttft_ratio_ci_low``/``_high`` (95% bootstrap over pairs,
-    with ≥ 5), ``pairs``, ``pairs_busy_trials`` and ``ttft_verdict`` (:func:`kvbench.analysis.intervals.judge`; ""
-    when the pairs decide that restore is faster or slower)."""
+    back): ``ttft_ratio`` (median of the pair ratios), ``ttft_ratio_ci_low``/``_high`` (95% bootstrap with ≥ 5
+    pairs, drawing whole conversations: :func:`conversations`, as a conversation's turns are not independent),
+    ``pairs``, ``conversations`` (distinct ones among the pairs), ``pairs_busy_trials`` and ``ttft_verdict``
+    (:func:`kvbench.analysis.intervals.judge`; "" when the pairs decide that restore is faster or slower)."""
     pairs = pair_with_reference(warm, cold, on=["request_id"])
     ratio = (pd.to_numeric(pairs["ttft_s"], errors="coerce")
              / pd.to_numeric(pairs["ttft_s_ref"], errors="coerce")).replace([np.inf, -np.inf], np.nan)
-    ci = bootstrap_intervals(ratio, pd.Series(0, index=ratio.index), BOOT, 0)
-    lo, hi = (ci["low"].iloc[0], ci["high"].iloc[0]) if len(ci) else (np.nan, np.nan)
+    clusters = conversations(pairs)  # one pair per conversation: the plain bootstrap of the median, draw for draw
+    lo, hi = cluster_median_interval(ratio, clusters, BOOT, 0)
     load = pair_load(pairs)
     n, busy, unknown = len(pairs), int(load["busy_trials"].sum()), int(load["load_unknown"].sum())
     return {"ttft_ratio": float(ratio.median()) if n else np.nan, "ttft_ratio_ci_low": lo, "ttft_ratio_ci_high": hi,
-            "pairs": n, "pairs_busy_trials": busy, "ttft_verdict": judge(n, busy, unknown, lo, hi)}
+            "pairs": n, "conversations": int(clusters.nunique()), "pairs_busy_trials": busy,
+            "ttft_verdict": reuse_not_engaged(warm) or judge(n, busy, unknown, lo, hi)}
 
 
 def ids_verdict(ok: pd.DataFrame) -> Any:

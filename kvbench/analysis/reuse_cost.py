@@ -3,7 +3,8 @@ every prompt (cold) and by restoring stored prefixes (warm), priced per 1M gener
 
 The saving is the workload's: Σ generated tokens ÷ Σ e2e seconds on each side, one request at a time. Its 95%
 interval is a percentile bootstrap over request pairs (the warm and the cold run of one request in one repeat ran
-back to back), recomputing that ratio of sums on each resample; the verdict is :func:`kvbench.analysis.intervals.judge`'s.
+back to back) drawn by conversation (the turns of one conversation are not independent), recomputing that ratio
+of sums on each resample; the verdict is :func:`kvbench.analysis.intervals.judge`'s.
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ import pandas as pd
 
 from kvbench.results.rows import MEASURED
 from kvbench.analysis.cost import GIB, Prices
-from kvbench.analysis.intervals import judge, pair_load, pair_with_reference
-from kvbench.analysis.reuse import ids_verdict, recompute_side, reuse_trials
+from kvbench.analysis.engaged import reuse_not_engaged
+from kvbench.analysis.intervals import cluster_draws, judge, pair_load, pair_with_reference
+from kvbench.analysis.reuse import conversations, ids_verdict, recompute_side, reuse_trials
 
 #: Bootstrap resamples of the saving's interval.
 N_BOOT = 2000
@@ -26,18 +28,20 @@ N_BOOT = 2000
 def _saving_interval(pairs: pd.DataFrame, hourly_warm: float, hourly_cold: float, n_boot: int,
                      seed: int, overlap: tuple[float, float] = (1.0, 1.0)) -> tuple[float, float]:
     """95% percentile-bootstrap interval (percent) of 1 − (hourly_warm ÷ tokens/s warm) ÷ (hourly_cold ÷ tokens/s
-    cold) over resamples of the request pairs, tokens/s = Σ tokens ÷ (Σ e2e × ``overlap``) of the resampled pairs;
+    cold) over resamples of the request pairs by conversation (:func:`~kvbench.analysis.reuse.conversations`:
+    a resample draws whole conversations), tokens/s = Σ tokens ÷ (Σ e2e × ``overlap``) of the resampled pairs;
     ``overlap`` (warm, cold): the seconds requests were in flight ÷ Σ e2e of each side (1 one at a time; below 1
     when requests overlapped), so that the whole sample gives the point estimate; NaN with fewer than 5 pairs."""
     n = len(pairs)
     if n < 5 or n_boot <= 0:
         return math.nan, math.nan
-    tok_w = (pairs["n_output_tokens"] * pairs["batch_size"]).to_numpy(float)
-    tok_c = (pairs["n_output_tokens_ref"] * pairs["batch_size_ref"]).to_numpy(float)
-    e2e_w, e2e_c = pairs["e2e_s"].to_numpy(float), pairs["e2e_s_ref"].to_numpy(float)
-    pos = np.random.default_rng(seed).integers(0, n, size=(n_boot, n))
-    tps_w = tok_w[pos].sum(axis=1) / (e2e_w[pos].sum(axis=1) * overlap[0])
-    tps_c = tok_c[pos].sum(axis=1) / (e2e_c[pos].sum(axis=1) * overlap[1])
+    counts, index = cluster_draws(conversations(pairs), n_boot, seed)
+
+    def sums(values: pd.Series) -> np.ndarray:  # [n_boot]: Σ values of each resample's drawn conversations
+        return counts @ np.bincount(index, weights=values.to_numpy(float), minlength=counts.shape[1])
+
+    tps_w = sums(pairs["n_output_tokens"] * pairs["batch_size"]) / (sums(pairs["e2e_s"]) * overlap[0])
+    tps_c = sums(pairs["n_output_tokens_ref"] * pairs["batch_size_ref"]) / (sums(pairs["e2e_s_ref"]) * overlap[1])
     saving = 100 * (1 - (hourly_warm / tps_w) / (hourly_cold / tps_c))
     lo, hi = np.quantile(saving, [0.025, 0.975])
     return float(lo), float(hi)
@@ -58,14 +62,63 @@ def busy_seconds(rows: pd.DataFrame) -> float:
     return total
 
 
-def reuse_cost(trials: pd.DataFrame, prices: Prices, n_boot: int = N_BOOT, seed: int = 0) -> pd.DataFrame:
+#: How a server mode's host tier is charged (:func:`server_host_bytes`).
+HOST_TIER_BASES = ("configured", "measured")
+
+
+def _median(rows: pd.DataFrame, col: str) -> float:
+    """The median of ``col`` over ``rows`` (a missing value counts 0; 0 without rows or column)."""
+    return float(pd.to_numeric(rows[col], errors="coerce").fillna(0).median()) if len(rows) and col in rows else 0.0
+
+
+def _size(n: float) -> str:
+    """Bytes as text in B, KiB, MiB or GiB, one decimal above bytes."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:,.1f} {unit}"
+    return f"{n:.0f} B"
+
+
+def server_host_bytes(warm: pd.DataFrame, cold: pd.DataFrame, basis: str = "configured") -> tuple[float, str]:
+    """``(bytes, what)``: the host memory a server mode is charged for, and how that figure was read (``""`` when
+    it holds none).
+
+    ``configured``: the host KV tier its flags set (``server_host_tier_bytes``: llama.cpp ``--cache-ram``, vLLM
+    ``--kv-offloading-size``, SGLang ``--hicache-size``), the size one must provision; where the flags do not say
+    (``server_host_tier`` tells why), the measured figure instead. ``measured``: the median over the mode's
+    requests of the server's RSS growth since its first measured request (``server_rss_growth_bytes``), less the
+    same median of ``none`` on the same requests (``cold``: its prefill buffers grow too), at least 0.
+
+    Raises:
+        ValueError: ``basis`` is not one of :data:`HOST_TIER_BASES`.
+    """
+    if basis not in HOST_TIER_BASES:
+        raise ValueError(f"host tier basis {basis!r}: one of {', '.join(HOST_TIER_BASES)}")
+    tier = pd.to_numeric(warm["server_host_tier_bytes"], errors="coerce") if "server_host_tier_bytes" in warm \
+        else pd.Series(dtype=float)
+    if basis == "configured" and tier.notna().any():
+        source = str(warm["server_host_tier"].dropna().iloc[0]) if "server_host_tier" in warm else ""
+        return (float(tier.max()), f"host: {source}") if tier.max() > 0 else (0.0, "")
+    growth = [pd.to_numeric(f["server_rss_growth_bytes"], errors="coerce").dropna() if "server_rss_growth_bytes"
+              in f else pd.Series(dtype=float) for f in (warm, cold)]
+    why = "" if basis == "measured" else ", its flags do not say"
+    if growth[0].empty:
+        return 0.0, f"host: not charged (no RSS reading{why})"
+    mine, none = float(growth[0].median()), float(growth[1].median()) if len(growth[1]) else 0.0
+    return max(0.0, mine - none), f"host: RSS +{_size(mine)} less none's +{_size(none)} (measured{why})"
+
+
+def reuse_cost(trials: pd.DataFrame, prices: Prices, n_boot: int = N_BOOT, seed: int = 0,
+               host_tier: str = "configured") -> pd.DataFrame:
     """Per group × mode of a reuse workload: throughput and cost recomputing vs restoring, and the saving.
 
     Throughput = Σ generated tokens ÷ Σ e2e seconds over the measured trials of each side (a server run: ÷ the
     seconds it was answering them, :func:`busy_seconds`, since requests in flight together share the machine); USD per 1M generated
     tokens from it (:meth:`kvbench.analysis.cost.Prices.per_million`; restore is also charged for what its store held
     after a request, the medians of ``store_host_bytes`` at the host price and ``store_disk_bytes`` at the disk
-    price; ``store_bytes`` is their sum; a server's tiers are its own memory, not priced apart); a server mode's
+    price; ``store_bytes`` is their sum; a server mode is charged its host tier as ``host_tier`` says
+    (:func:`server_host_bytes`) and its slot files on disk, ``store_disk_bytes``; ``charged`` says in words what
+    was charged); a server mode's
     recompute side is ``none`` on the same requests (:func:`kvbench.analysis.reuse.recompute_side`); ``saving_pct`` = 1 − restore's ÷ recompute's with ``saving_ci_low`` /
     ``saving_ci_high`` (see the module docstring), ``pairs``, ``pairs_busy_trials`` and ``saving_verdict`` ("" =
     decided); ``prefill_saved_pct`` = Σ tokens restored ÷ Σ prompt tokens of the warm trials (the prefill
@@ -82,9 +135,17 @@ def reuse_cost(trials: pd.DataFrame, prices: Prices, n_boot: int = N_BOOT, seed:
         warm, cold = part[part["warm"].astype(bool)], recompute_side(rows, part, group)
         rec: dict[str, Any] = {"group": group, "mode_label": mode, "mode": part["mode"].iloc[0],
                                "engine": part["engine"].iloc[0] if server else None, "requests": len(warm)}
-        host, disk = (float(warm[col].fillna(0).astype(float).median()) if len(warm) and col in warm else 0.0
-                      for col in ("store_host_bytes", "store_disk_bytes"))
-        rec["store_bytes"] = host + disk
+        host, disk = (_median(warm, col) for col in ("store_host_bytes", "store_disk_bytes"))
+        charged = []
+        if server:
+            host, what = server_host_bytes(warm, cold, host_tier)
+            charged.append(what)
+        elif host:
+            charged.append(f"host: store {_size(host)}")
+        if disk:
+            charged.append(f"disk: {'slot files' if server else 'store'} {_size(disk)}")
+        rec.update(store_bytes=host + disk, store_host_bytes=host, store_disk_bytes=disk,
+                   charged="; ".join(c for c in charged if c) or "none")
         overlap = {}
         for side, frame, h, d in (("recompute", cold, 0.0, 0.0), ("restore", warm, host, disk)):
             total = frame["e2e_s"].astype(float).sum()
@@ -102,7 +163,8 @@ def reuse_cost(trials: pd.DataFrame, prices: Prices, n_boot: int = N_BOOT, seed:
         load = pair_load(pairs)
         busy, unknown = int(load["busy_trials"].sum()), int(load["load_unknown"].sum())
         rec.update(saving_ci_low=lo, saving_ci_high=hi, pairs=len(pairs), pairs_busy_trials=busy,
-                   saving_verdict=judge(len(pairs), busy, unknown, lo, hi, no_change=0.0))
+                   saving_verdict=reuse_not_engaged(warm) or judge(len(pairs), busy, unknown, lo, hi,
+                                                                        no_change=0.0))
         prompt = warm["prompt_tokens"].sum()
         rec["prefill_saved_pct"] = 100 * warm["tokens_restored"].sum() / prompt if prompt else math.nan
         rec["ttft_saved_s"] = ((cold["ttft_s"].astype(float).sum() - warm["ttft_s"].astype(float).sum())

@@ -13,7 +13,7 @@ from kvbench.cli.common import _fail, _load, _problems, _table, _terminated, err
 
 #: Library argument → flag, for the messages of :class:`kvbench.errors.BadParameter`.
 FLAGS = {"gpu_per_hour": "--gpu-price", "host_per_gib_hour": "--host-price", "disk_per_gib_hour": "--disk-price",
-         "tokens_per_month": "--tokens-per-month", "engineering_cost": "--engineering-cost"}
+         "tokens_per_month": "--tokens-per-month", "engineering_cost": "--engineering-cost", "host_tier": "--host-tier"}
 
 
 def cost(
@@ -24,8 +24,13 @@ def cost(
     disk_price: float = typer.Option(0.0, "--disk-price", help="USD per GiB-hour of disk held by KV."),
     tokens_per_month: Optional[float] = typer.Option(None, "--tokens-per-month", help="For the saving per month."),
     engineering_cost: Optional[float] = typer.Option(None, "--engineering-cost", help="USD, for the payback time."),
-    max_ttft_ms: Optional[float] = typer.Option(None, "--max-ttft-ms", help="SLO: median TTFT at most this."),
-    max_tpot_ms: Optional[float] = typer.Option(None, "--max-tpot-ms", help="SLO: median TPOT at most this."),
+    max_ttft_ms: Optional[float] = typer.Option(None, "--max-ttft-ms", help="SLO: TTFT at most this many ms (a "
+                                                "point's median; a server request's own, for goodput)."),
+    max_tpot_ms: Optional[float] = typer.Option(None, "--max-tpot-ms", help="SLO: TPOT at most this many ms (a "
+                                                "point's median; a server request's own, for goodput)."),
+    host_tier: str = typer.Option("configured", "--host-tier", help="Servers: charge a host KV tier at the size "
+                                  "its flags configure (configured: --cache-ram, --kv-offloading-size, "
+                                  "--hicache-size) or at the server's RSS growth beyond none's (measured)."),
     base_throughput: Optional[float] = typer.Option(None, "--base-throughput", help="What-if: tokens/s without "
                                                     "offload (with --offload-throughput; no results needed)."),
     offload_throughput: Optional[float] = typer.Option(None, "--offload-throughput", help="What-if: with offload."),
@@ -77,7 +82,7 @@ def cost(
     loaded = _load(results)
     with handle_errors(FLAGS):
         rep = rc.compute_costs(loaded, prices, None if max_ttft_ms is None else max_ttft_ms / 1e3,
-                               None if max_tpot_ms is None else max_tpot_ms / 1e3)
+                               None if max_tpot_ms is None else max_tpot_ms / 1e3, host_tier)
     if len(rep.table):
         out.print(_table(rc.cost_display(rep.table, tokens_per_month is not None, engineering_cost is not None),
                          f"cost per 1M generated tokens at {gpu_price:g} USD per GPU-hour, host {host_price:g} and "
@@ -85,29 +90,33 @@ def cost(
                          "best qualifying batch per mode (all trials ok within the budget, ids equal to none's, "
                          "measured `repeats` times, SLOs met); USD/1M with the 95% interval of its throughput; saving "
                          "against none at the same prompt length, paired by repeat, with its 95% interval over the "
-                         "pairs", left=("scenario", "mode"), wrap=True, min_width={}))
+                         "pairs (paired: it need not equal 1 − the two USD/1M medians)", left=("scenario", "mode"),
+                         wrap=True, min_width={}))
     if len(rep.reuse):
         cells, marks = rc.reuse_cost_display(rep.reuse)
+        server = rep.reuse["engine"].notna().any()
         out.print(_table(cells, f"reuse: cost per 1M generated tokens at {gpu_price:g} USD per GPU-hour, recompute vs "
-                         "restore", "the same requests one at a time; cold = recompute every prompt, warm = restore "
-                         "stored prefixes (charged --host-price for the store's memory, --disk-price for its disk); "
-                         "tokens/s = generated tokens ÷ e2e time; saving with its 95% interval over request pairs; "
-                         "prefill saved = prompt tokens restored instead of computed"
+                         "restore", ("each server mode at its own concurrency; " if server else
+                                     "the same requests one at a time; ")
+                         + "cold = recompute every prompt, warm = restore stored prefixes (charged --host-price for "
+                         "the memory it holds beside the device, --disk-price for its disk: the charged column says "
+                         "what); tokens/s = generated tokens ÷ e2e time; saving with its 95% interval over request "
+                         "pairs, drawn by conversation; prefill saved = prompt tokens restored instead of computed"
                          + ("; a server mode's cold side is `none` on the same requests and concurrency, its tokens/s "
-                            "÷ the time requests were in flight" if rep.reuse["engine"].notna().any() else ""),
+                            "÷ the time requests were in flight, a slot restore inside TTFT" if server else ""),
                          left=("scenario", "mode"),
                          wrap=[c for c in cells.columns if c != "scenario"], min_width={"mode": 12}, marks=marks))
         for line in rc.reuse_verdicts(rep.reuse):
             out.print(f"  {escape(line)}", highlight=False)
     if len(rep.server_load) and (max_ttft_ms is not None or max_tpot_ms is not None):
-        from kvbench.report.server_load import server_load_display
+        from kvbench.report.server_load import LOAD_CAPTION, server_load_display
 
         slo = " and ".join(f"{k} ≤ {v:g} ms" for k, v in (("TTFT", max_ttft_ms), ("TPOT", max_tpot_ms))
                            if v is not None)
         for group, part in rep.server_load.groupby("group", sort=False):
             out.print(_table(server_load_display(part).drop(columns=["scenario"]),
                              f"{group}: goodput under {slo} per request", "goodput = requests meeting the SLO ÷ the "
-                             "seconds requests were in flight; tok/s and percentiles over every measured request",
+                             "seconds requests were in flight / ÷ the load's wall-clock seconds; " + LOAD_CAPTION,
                              left=1, wrap=True))
     for group, lines in rep.verdicts().items():
         out.print(f"[bold]{escape(group)}:[/]", highlight=False)
@@ -120,7 +129,7 @@ def cost(
     _problems(loaded)
     try:
         with handle_errors():
-            files = rc.write_costs(rep.table, target, prices, rep.reuse)
+            files = rc.write_costs(rep.table, target, prices, rep.reuse, rep.server_load)
     except KeyboardInterrupt:
         err.print(f"interrupted while writing the cost files in {target}: each is whole, new or from before",
                   highlight=False, markup=False)

@@ -26,7 +26,7 @@ def report(
     """Tables, charts and a Markdown/HTML report of one or many runs: memory saved and time it cost per mode.
     Ctrl-C or SIGTERM stops it with exit 130, its chart workers killed and nothing written."""
     from kvbench.report.chart_pool import chart_pool
-    from kvbench.report.server_load import server_load_display
+    from kvbench.report.server_load import LOAD_CAPTION, server_load_display
     from kvbench.report.tables import capacity_display, reuse_display, reuse_terminal, terminal_frame
     from kvbench.report.write import write_report
 
@@ -57,11 +57,11 @@ def report(
             out.print(_table(reuse_terminal(reuse_display(rep.reuse[g]["turn"])),
                              f"{g}: restore vs recompute per turn", "TTFT median [min–max] over the requests of "
                              "that turn and the repeats; restore includes the lookup and the copy; ÷: restore ÷ "
-                             "recompute paired by request, median [95% interval over the pairs]", wrap=REUSE_WRAPPING))
+                             "recompute paired by request, median [95% interval over the pairs, drawn by conversation; "
+                             "with 5 pairs their range]", wrap=REUSE_WRAPPING))
         if g in rep.server_load:
             out.print(_table(server_load_display(rep.server_load[g]).drop(columns=["scenario"]),
-                             f"{g}: load per mode", "tok/s = generated tokens ÷ the seconds requests were in "
-                             "flight; TTFT, TPOT and ITL percentiles over the requests (ITL: over every gap)",
+                             f"{g}: load per mode", LOAD_CAPTION,
                              left=1, wrap=("mode",)))
         if g in rep.capacity:
             out.print(_table(capacity_display(rep.capacity[g]), f"{g}: capacity within the budget",

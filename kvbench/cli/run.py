@@ -145,7 +145,8 @@ def run(
                else "cold = recompute the whole prompt, warm = restore the stored prefix then prefill the rest")
         out.print(_table(reuse_terminal(reuse_display(res.reuse)), title,
                          f"{how}; TTFT median [min–max]; ÷: restore ÷ recompute TTFT paired by request, median [95% "
-                         "interval over the pairs]; = none: greedy ids equal to none's recompute",
+                         "interval over the pairs, drawn by conversation; with 5 pairs their range]; = none: greedy "
+                         "ids equal to none's recompute",
                          wrap=REUSE_WRAPPING))
     elif res.summary is not None:
         out.print(_summary_table(res.summary, title))

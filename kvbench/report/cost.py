@@ -19,7 +19,7 @@ from kvbench.analysis.cost import Prices, cost_table
 from kvbench.analysis.intervals import pct_interval
 from kvbench.analysis.points import point_table
 from kvbench.results.load import Results
-from kvbench.analysis.reuse_cost import reuse_cost
+from kvbench.analysis.reuse_cost import HOST_TIER_BASES, reuse_cost
 from kvbench.arguments import path_arg, positive_seconds
 from kvbench.errors import BadParameter, UnwritableOutput, UserError
 from kvbench.report import charts
@@ -56,28 +56,34 @@ class CostReport:
 
 
 def compute_costs(results: Results, prices: Prices, max_ttft_s: float | None = None,
-                  max_tpot_s: float | None = None) -> CostReport:
+                  max_tpot_s: float | None = None, host_tier: str = "configured") -> CostReport:
     """The cost of every measured point of ``results`` and of their reuse workloads at ``prices``, with the
-    optional SLOs (median TTFT and TPOT at most so many seconds; for a server run's goodput, per request);
+    optional SLOs (a point's median TTFT and TPOT at most so many seconds; for a server run's goodput, each
+    request's own); a server mode's host tier charged as ``host_tier`` says (``configured``: its flags' size;
+    ``measured``: its RSS growth beyond ``none``'s; :func:`kvbench.analysis.reuse_cost.server_host_bytes`);
     nothing written.
 
     Raises:
         kvbench.errors.BadParameter: ``results`` is no :class:`~kvbench.results.load.Results`, ``prices`` no
-            :class:`~kvbench.analysis.cost.Prices`, or an SLO not a finite number of seconds above 0.
+            :class:`~kvbench.analysis.cost.Prices`, an SLO not a finite number of seconds above 0, or
+            ``host_tier`` not one of :data:`~kvbench.analysis.reuse_cost.HOST_TIER_BASES`.
     """
     if not isinstance(results, Results):
         raise BadParameter(f"{{results}} must be kvbench.load_results(...), not {type(results).__name__}", "results")
     if not isinstance(prices, Prices):
         raise BadParameter(f"{{prices}} must be a kvbench.Prices, not {type(prices).__name__}", "prices")
     max_ttft_s, max_tpot_s = positive_seconds(max_ttft_s, "max_ttft_s"), positive_seconds(max_tpot_s, "max_tpot_s")
+    if host_tier not in HOST_TIER_BASES:
+        raise BadParameter(f"{{host_tier}} must be one of {', '.join(HOST_TIER_BASES)}, not {host_tier!r}",
+                           "host_tier")
     points = point_table(results.trials)
     table = cost_table(points, prices, results.trials, max_ttft_s, max_tpot_s) if len(points) else points
-    return CostReport(prices, table, reuse_cost(results.trials, prices),
+    return CostReport(prices, table, reuse_cost(results.trials, prices, host_tier=host_tier),
                       server_load_table(results.trials, max_ttft_s, max_tpot_s))
 
 
 def cost_report(results: Results, out_dir: str | Path, prices: Prices, max_ttft_s: float | None = None,
-                max_tpot_s: float | None = None) -> CostReport:
+                max_tpot_s: float | None = None, host_tier: str = "configured") -> CostReport:
     """:func:`compute_costs`, then :func:`write_costs` into ``out_dir``; the report's ``files`` are those written.
 
     Raises:
@@ -85,8 +91,8 @@ def cost_report(results: Results, out_dir: str | Path, prices: Prices, max_ttft_
         kvbench.errors.UnwritableOutput: a file cannot be written.
     """
     out_dir = path_arg(out_dir, "out_dir")
-    rep = compute_costs(results, prices, max_ttft_s, max_tpot_s)
-    rep.files = write_costs(rep.table, out_dir, prices, rep.reuse)
+    rep = compute_costs(results, prices, max_ttft_s, max_tpot_s, host_tier)
+    rep.files = write_costs(rep.table, out_dir, prices, rep.reuse, rep.server_load)
     return rep
 
 
@@ -120,9 +126,9 @@ def cost_display(table: pd.DataFrame, monthly: bool = False, payback: bool = Fal
 def reuse_cost_display(reuse: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     """:func:`kvbench.analysis.reuse_cost.reuse_cost` as text cells per scenario and mode: throughput and cost
     recomputing (cold) vs restoring (warm), the saving with its interval, pairs, prefill and TTFT saved, and whether
-    the ids matched ``none``'s. Returns (cells, marks): marks has ``worse`` where restored ids differ, else ``""``."""
+    the ids matched ``none``'s, and what memory was charged beside the device (``charged``). Returns (cells, marks): marks has ``worse`` where restored ids differ, else ``""``."""
     cols = ["scenario", "mode", "requests", "tok/s cold", "tok/s warm", "USD/1M cold", "USD/1M warm", "saving %",
-            "pairs", "prefill saved %", "TTFT saved ms", "= none"]
+            "pairs", "prefill saved %", "TTFT saved ms", "= none", "charged"]
     rows = []
     for r in reuse.to_dict("records"):
         rows.append([r["group"], r["mode_label"], str(r["requests"]), number(r["recompute_tokens_per_s"], ",.2f"),
@@ -130,7 +136,8 @@ def reuse_cost_display(reuse: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]
                      number(r["restore_usd_per_million"], ",.2f"),
                      pct_interval(r["saving_pct"], r["saving_ci_low"], r["saving_ci_high"], 1).replace("%", ""),
                      str(r["pairs"]), number(r["prefill_saved_pct"], ".1f"), number(r["ttft_saved_s"] * 1e3, ",.0f"),
-                     {True: "yes", False: "NO", "near tie": "near tie"}.get(r["tokens_match"], "-")])
+                     {True: "yes", False: "NO", "near tie": "near tie"}.get(r["tokens_match"], "-"),
+                     r.get("charged") or "-"])
     cells = pd.DataFrame(rows, columns=cols, dtype=object)
     marks = pd.DataFrame("", index=cells.index, columns=cols, dtype=object)
     marks["= none"] = ["worse" if v == "NO" else "" for v in cells["= none"]]
@@ -158,7 +165,8 @@ def what_if_lines(prices: Prices, w: dict[str, Any], base_tokens_per_s: float,
 
 def verdicts(costs: pd.DataFrame) -> dict[str, list[str]]:
     """Plain-language lines per group: at each prompt length, the cheapest qualifying mode and, for the cheapest
-    offload mode against ``none``, the paired saving with its interval and pair count: "lowers cost" or "raises
+    offload mode against ``none``, the paired saving with its interval and pair count (the mode's price shown as
+    ``none``'s less that paired saving, so both figures of a line agree): "lowers cost" or "raises
     cost" only when :func:`kvbench.analysis.intervals.judge` decides (≥ 5 pairs, a quiet machine, an interval that excludes
     no change, plausible against the plan); otherwise why the measurements do not decide."""
     out: dict[str, list[str]] = {}
@@ -184,17 +192,18 @@ def verdicts(costs: pd.DataFrame) -> dict[str, list[str]]:
         saving = pct_interval(c["saving_pct"], c["saving_ci_low"], c["saving_ci_high"])
         raised = pct_interval(-c["saving_pct"], -c["saving_ci_high"], -c["saving_ci_low"])
         n = f"{int(c['pairs'])} pair{'s' if int(c['pairs']) != 1 else ''}, batch {int(c['batch_size'])} vs none's {nb}"
+        # the mode's price as the pairs put it (none's × (1 − paired saving)): the two modes' medians need not
+        # imply the paired saving, so the line shows the paired figure on both sides
+        paired = base * (1 - c["saving_pct"] / 100) if c["saving_pct"] == c["saving_pct"] else c["usd_per_million"]
         if c["cost_verdict"]:
-            lines.append(f"at {prompt} tokens {c['cost_verdict']}: `{c['mode_label']}` "
-                         f"{c['usd_per_million']:,.2f} vs `none` {base:,.2f} USD per 1M tokens, paired saving "
-                         f"{saving} ({n})")
+            lines.append(f"at {prompt} tokens {c['cost_verdict']}: `{c['mode_label']}` {paired:,.2f} vs `none` "
+                         f"{base:,.2f} USD per 1M tokens, paired saving {saving} ({n})")
         elif c["saving_pct"] > 0:
-            lines.append(f"at {prompt} tokens `{c['mode_label']}` lowers cost to {c['usd_per_million']:,.2f} "
-                         f"USD per 1M tokens from none's {base:,.2f} (paired saving {saving}; {n})")
+            lines.append(f"at {prompt} tokens `{c['mode_label']}` lowers cost to {paired:,.2f} USD per 1M tokens "
+                         f"from none's {base:,.2f} (paired saving {saving}; {n})")
         else:
             lines.append(f"at {prompt} tokens offload raises cost here: `none` {base:,.2f} USD per 1M tokens, the "
-                         f"cheapest offload mode `{c['mode_label']}` {c['usd_per_million']:,.2f} (paired cost "
-                         f"{raised}; {n})")
+                         f"cheapest offload mode `{c['mode_label']}` {paired:,.2f} (paired cost {raised}; {n})")
     return out
 
 
@@ -239,10 +248,12 @@ def _replacing(path: Path, write: Any) -> Path | None:
 
 
 def write_costs(costs: pd.DataFrame, out_dir: str | Path, prices: Prices,
-                reuse: pd.DataFrame | None = None) -> list[Path]:
+                reuse: pd.DataFrame | None = None, server_load: pd.DataFrame | None = None) -> list[Path]:
     """``cost.csv``, ``cost.json`` (the table, the prices, the verdicts and, for reuse workloads, the
-    :func:`kvbench.analysis.reuse_cost.reuse_cost` rows) and ``cost.png`` (USD per 1M tokens per mode and prompt length)
-    in ``out_dir`` (created), plus ``reuse_cost.csv`` when ``reuse`` has rows; returns their paths. Each file is
+    :func:`kvbench.analysis.reuse_cost.reuse_cost` rows; for server runs the load table with goodput,
+    :func:`kvbench.analysis.server_load.server_load_table`, under ``server_load``) and ``cost.png`` (USD per 1M
+    tokens per mode and prompt length) in ``out_dir`` (created), plus ``reuse_cost.csv`` when ``reuse`` has rows
+    and ``goodput.csv`` (the load table) when ``server_load`` has; returns their paths. Each file is
     written beside its place and moved onto it, so a symbolic link there is replaced, never followed.
 
     Raises:
@@ -252,14 +263,15 @@ def write_costs(costs: pd.DataFrame, out_dir: str | Path, prices: Prices,
     out = Path(out_dir)
     refuse_symlink_dir(out)
     try:
-        return _write_costs(costs, out, prices, reuse)
+        return _write_costs(costs, out, prices, reuse, server_load)
     except OSError as exc:
         if isinstance(exc, UserError):
             raise
         raise UnwritableOutput(exc.filename or out, exc.strerror or str(exc)) from exc
 
 
-def _write_costs(costs: pd.DataFrame, out: Path, prices: Prices, reuse: pd.DataFrame | None) -> list[Path]:
+def _write_costs(costs: pd.DataFrame, out: Path, prices: Prices, reuse: pd.DataFrame | None,
+                 server_load: pd.DataFrame | None) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     paths = []
     doc: dict[str, Any] = {"prices": dataclasses.asdict(prices)}
@@ -269,6 +281,9 @@ def _write_costs(costs: pd.DataFrame, out: Path, prices: Prices, reuse: pd.DataF
     if reuse is not None and len(reuse):
         paths.append(_replacing(out / "reuse_cost.csv", lambda tmp: reuse.to_csv(tmp, index=False) or tmp))
         doc["reuse"] = json.loads(reuse.to_json(orient="records"))
+    if server_load is not None and len(server_load):
+        paths.append(_replacing(out / "goodput.csv", lambda tmp: server_load.to_csv(tmp, index=False) or tmp))
+        doc["server_load"] = json.loads(server_load.to_json(orient="records"))
     paths.append(_replacing(out / "cost.json", lambda tmp: tmp.write_text(json.dumps(doc, indent=2) + "\n")))
     png = _replacing(out / "cost.png", lambda tmp: charts.cost_bars(costs, tmp)) if len(costs) else None
     return paths + ([png] if png is not None else [])

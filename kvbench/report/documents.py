@@ -17,7 +17,7 @@ from kvbench.report.format import GIB, MIB
 from kvbench.report.machines import MachineSection
 from kvbench.report.md_text import md_escape, md_line
 from kvbench.report.tables import capacity_display, reuse_display
-from kvbench.report.server_load import server_load_display
+from kvbench.report.server_load import LOAD_CAPTION, server_load_display
 
 
 @dataclass
@@ -105,7 +105,7 @@ def _extra_tables(rep: Report, group: str) -> list[tuple[str, pd.DataFrame]]:
                            ("length", "Restore vs recompute per prompt length")):
             out.append((title, reuse_display(rep.reuse[group][key]).drop(columns=["scenario"])))
     if group in rep.server_load:
-        out.append(("Load per mode (tok/s over the time requests were in flight; percentiles over the requests)",
+        out.append((f"Load per mode ({LOAD_CAPTION})",
                     server_load_display(rep.server_load[group]).drop(columns=["scenario"])))
     if group in rep.capacity:
         out.append(("Capacity within the budget (probes in order, ✗ = did not fit)", capacity_display(rep.capacity[group])))
@@ -163,12 +163,14 @@ GLOSSARY = """## Columns
   torch allocator's peak minus the weights (CUDA only).
 - memory saving: 1 − KV device peak ÷ none's at the same point (exact bytes, the same in every repeat). time
   overhead and throughput (× none) are **paired**: repeat r of a mode next to repeat r of `none` at the same point
-  (they ran back to back), the median of the pair ratios with a 95% bootstrap interval over pairs; pairs: how
-  many. verdict: `decided` only with at least 5 pairs, no trial measured while the machine was busy (other
+  (they ran back to back), the median of the pair ratios with a 95% bootstrap interval over pairs (with exactly 5
+  pairs that interval is their range, min to max: a resample's median is the smallest ratio with probability 5.8%,
+  above 2.5%); pairs: how many. verdict: `decided` only with at least 5 pairs, no trial measured while the machine was busy (other
   processes' CPU at or above the threshold, or another process on the GPU), and an interval that excludes no
   change; an offload mode faster than `none` at the same batch beyond its interval is implausible against the
   plan (the decode-step roofline puts it at or above `none`). n/a: no measured `none` trial there.
-- ITL p99: the 99th percentile of every inter-token gap of the point's trials, pooled (stalls a median hides).
+- ITL p99: the 99th percentile of every inter-token gap of the point's trials, pooled (stalls a median hides), with
+  the number of gaps n; `max` where p99 is the largest gap (numpy's higher method over at most 100 gaps).
 - busy trials: measured trials during which other processes used at least the busy threshold of CPU.
 - ids match none: the greedy token ids equal those of `none` on the same prompts.
 - capacity: the largest batch (or longest prompt) whose trial ended ok within the budget, found by doubling then
@@ -176,7 +178,8 @@ GLOSSARY = """## Columns
 - reuse (multi_turn, doc_qa): each request runs twice per mode: recompute (cold, the whole prompt prefilled) and
   restore (warm: the longest stored prefix, in whole chunks, loaded from the mode's KV store, then the rest
   prefilled); TTFT of restore includes the lookup and the copy. hit rate: stored chunks found ÷ whole chunks of
-  the prompt; prefill saved: tokens restored ÷ prompt tokens. near tie: ids differ only where recompute's top-2
+  the prompt; prefill saved: tokens restored ÷ prompt tokens. Restore ÷ recompute and the cost saving resample
+  whole conversations (or documents) for their intervals, since the turns of one are not independent. near tie: ids differ only where recompute's top-2
   logits were within 1e-3.
 - plan: `kvbench plan`'s prediction for the trial (device KV under the mode's placement, host KV copied per decode
   step, and the decode-step roofline max(t_mem, t_link) from the run's measured memory and link bandwidths); ×:

@@ -105,10 +105,13 @@ def _matches(mode: str, part: pd.DataFrame) -> str:
 
 
 def _counter_lines(servers: list[dict[str, Any]]) -> list[str]:
-    """Per mode, the ``/metrics`` deltas summed over its repeats (a counter any server did not report: "not
-    reported")."""
+    """Per mode, the ``/metrics`` deltas of its measured requests summed over its repeats (a counter any server did
+    not report: "not reported"), and its unrecorded holds' own share; where a hold overlapped another request its
+    share could not be taken out, and the line says the deltas include the holds."""
     by_mode: dict[str, dict[str, float | None]] = {}
+    holds: dict[str, dict[str, float | None]] = {}
     counted: dict[str, list[int]] = {}
+    mixed: dict[str, list[int]] = {}
     for srv in servers:
         mode = str(srv.get("mode_label"))
         deltas = srv.get("metrics_delta") or {}
@@ -117,15 +120,38 @@ def _counter_lines(servers: list[dict[str, Any]]) -> list[str]:
         if not deltas:
             continue  # a server killed, or one whose /metrics could not be read
         n[0] += 1
-        acc = by_mode.setdefault(mode, {})
-        for name, v in deltas.items():
-            acc[name] = None if v is None or (name in acc and acc[name] is None) else acc.get(name, 0.0) + v
+        sent = (srv.get("metrics_holds") or {}).get("sent", 0)
+        separated = (srv.get("metrics_holds") or {}).get("separated", sent)
+        m = mixed.setdefault(mode, [0, 0])
+        m[0], m[1] = m[0] + sent - separated, m[1] + sent
+        _add(by_mode.setdefault(mode, {}), deltas)
+        if srv.get("metrics_delta_holds") is not None:
+            _add(holds.setdefault(mode, {}), srv["metrics_delta_holds"])
     out = []
     for mode, acc in by_mode.items():
-        shown = ", ".join(f"{k} {'not reported' if v is None else f'{v:,.0f}'}" for k, v in acc.items()
-                          if k.startswith(("prompt_tokens", "cached_tokens", "prefix_cache", "external_prefix")))
-        if shown:
-            read, total = counted[mode]
-            of = f" ({read} of its {total} servers: the others' counters could not be read)" if read < total else ""
-            out.append(f"`{mode}` /metrics deltas over its servers: {shown}{of}")
+        shown = _shown(acc)
+        if not shown:
+            continue
+        read, total = counted[mode]
+        of = f" ({read} of its {total} servers: the others' counters could not be read)" if read < total else ""
+        overlapped, sent = mixed[mode]
+        if overlapped:
+            out.append(f"`{mode}` /metrics deltas over its servers, including {overlapped} of its {sent} unrecorded "
+                       f"holds (sent while other requests were in flight, so their share cannot be taken out): "
+                       f"{shown}{of}")
+            continue
+        own = f"; its {sent} unrecorded holds: {_shown(holds[mode])}" if sent and holds.get(mode) else ""
+        out.append(f"`{mode}` /metrics deltas of its measured requests over its servers: {shown}{own}{of}")
     return out
+
+
+def _add(acc: dict[str, float | None], deltas: dict[str, float | None]) -> None:
+    """Sum ``deltas`` into ``acc`` (a counter None anywhere stays None)."""
+    for name, v in deltas.items():
+        acc[name] = None if v is None or (name in acc and acc[name] is None) else acc.get(name, 0.0) + v
+
+
+def _shown(acc: dict[str, float | None]) -> str:
+    """The prompt-token and cache counters of ``acc`` as text."""
+    return ", ".join(f"{k} {'not reported' if v is None else f'{v:,.0f}'}" for k, v in acc.items()
+                     if k.startswith(("prompt_tokens", "cached_tokens", "prefix_cache", "external_prefix")))

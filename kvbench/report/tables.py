@@ -6,6 +6,7 @@ from __future__ import annotations
 import pandas as pd
 
 from kvbench.analysis.intervals import pct_interval
+from kvbench.analysis.latency import is_max_rank
 from kvbench.results.load import Results
 from kvbench.report.format import (MIB, STATUSES, ci, match, missing, ms, ms_range, pct, ratio, ratio_interval,
                                    size, size_unit, spread, status_counts)
@@ -21,7 +22,7 @@ def display_frame(table: pd.DataFrame) -> pd.DataFrame:
             "tpot_s_ci_low", "tpot_s_ci_high", "throughput_tokens_per_s_median", "kv_device_peak_bytes_median",
             "peak_device_allocated_bytes_median", "memory_saving_pct", "time_overhead_pct", "time_overhead_ci_low",
             "time_overhead_ci_high", "throughput_ratio", "throughput_ratio_ci_low", "throughput_ratio_ci_high",
-            "pairs", "tpot_verdict", "itl_p99_s", "n_busy", "measured", "tokens_match"]
+            "pairs", "tpot_verdict", "itl_p99_s", "itl_n", "n_busy", "measured", "tokens_match"]
     rows = []
     # plain dicts of the columns used: far faster than iterrows, or to_dict of all ~100 columns, on 1000s of points
     for r in table[[c for c in used if c in table]].to_dict("records"):
@@ -33,7 +34,7 @@ def display_frame(table: pd.DataFrame) -> pd.DataFrame:
                else f"{r['throughput_tokens_per_s_median']:,.1f}",
                f"KV device peak ({kv_name})": size(r["kv_device_peak_bytes_median"], kv_unit),
                f"device peak ({dev_name})": size(r["peak_device_allocated_bytes_median"], dev_unit),
-               "ITL p99 (ms)": ms(r["itl_p99_s"]),
+               "ITL p99 (ms)": itl_p99(r),
                "memory saving (%)": pct(r["memory_saving_pct"]),
                "time overhead (%)": pct_interval(r["time_overhead_pct"], r["time_overhead_ci_low"],
                                                  r["time_overhead_ci_high"], 1).replace("%", ""),
@@ -48,6 +49,15 @@ def display_frame(table: pd.DataFrame) -> pd.DataFrame:
                "ids match none": match(r["tokens_match"])}
         rows.append(rec)
     return pd.DataFrame(rows)
+
+
+def itl_p99(r: dict) -> str:
+    """A point's pooled ITL p99 in ms with the number of gaps, ``max`` where the rank rule makes it the largest
+    (at most 100 gaps): ``max 41.2 (n 75)``; ``-`` without gaps."""
+    n = r.get("itl_n")
+    if missing(r["itl_p99_s"]) or missing(n):
+        return "-"
+    return f"{'max ' if is_max_rank(int(n), 99) else ''}{ms(r['itl_p99_s'])} (n {int(n)})"
 
 
 def terminal_frame(shown: pd.DataFrame, table: pd.DataFrame) -> pd.DataFrame:

@@ -17,6 +17,7 @@ from kvbench.results.load import Results
 from kvbench.analysis.reuse import reuse_later_turns, reuse_table, reuse_trials
 from kvbench.analysis.server_load import server_load_table
 from kvbench.report.server_findings import server_findings, server_rows
+from kvbench.report.server_load import concurrency_lines
 from kvbench.arguments import path_arg
 from kvbench.errors import BadParameter, UnwritableOutput, UserError
 from kvbench.report import charts, scratch_dir
@@ -182,6 +183,8 @@ def _write(results: Results, out: Path, timelines: list[str] | None, pool: Any) 
         load = server_load_table(results.trials)
         if len(load):
             rep.server_load = {g: part for g, part in load.groupby("group", sort=False)}
+            for g, part in rep.server_load.items():
+                rep.findings.setdefault(g, []).extend(concurrency_lines(part))
             load.to_csv(out / "server_load.csv", index=False)
             rep.files["server_load.csv"] = out / "server_load.csv"
         if reuse:  # both tables of every reuse group, raw numbers: by turn_index, then by length_bin

@@ -99,12 +99,14 @@ TRIAL_COLUMNS = _columns(
     ("n_output_tokens", K.COUNT, "tokens", "tokens generated per sequence"),
     ("started_at", K.TEXT, "", "UTC start, ISO 8601 with a Z"),
     ("ttft_s", K.NUMBER, "seconds", "time to first token: prefill + first token"),
-    ("itl_s", K.NUMBERS, "seconds", "every inter-token gap (max_new_tokens − 1 of them)"),
+    ("itl_s", K.NUMBERS, "seconds", "every inter-token gap (max_new_tokens − 1 of them; a server's: one per "
+                                    "streamed chunk, as vLLM's)"),
     ("itl_p50_s", K.NUMBER, "seconds", "median inter-token gap (numpy's higher method)"),
     ("itl_p90_s", K.NUMBER, "seconds", "90th percentile inter-token gap"),
     ("itl_p99_s", K.NUMBER, "seconds", "99th percentile inter-token gap"),
     ("itl_max_s", K.NUMBER, "seconds", "longest inter-token gap"),
     ("tpot_s", K.NUMBER, "seconds", "time per output token: (e2e − TTFT) / (n_out − 1)"),
+    ("ntpot_s", K.NUMBER, "seconds", "normalised time per output token: e2e / n_out (TTFT included)"),
     ("e2e_s", K.NUMBER, "seconds", "prefill start to last token"),
     ("prefill_tokens_per_s", K.NUMBER, "tokens/s", "batch × prompt / TTFT"),
     ("decode_tokens_per_s", K.NUMBER, "tokens/s", "batch × (n_out − 1) / (e2e − TTFT)"),
@@ -183,7 +185,7 @@ REUSE_COLUMNS = _columns(
     ("top2_logit_gaps", K.NUMBERS, "", "`none`: its top-2 logit gap at every step (kept for --resume)"),
     ("store_chunks", K.COUNT, "", "chunks in the mode's store after a warm trial"),
     ("store_host_bytes", K.COUNT, "bytes", "the store's host bytes after a warm trial"),
-    ("store_disk_bytes", K.COUNT, "bytes", "the store's disk bytes after a warm trial"),
+    ("store_disk_bytes", K.COUNT, "bytes", "the store's disk bytes after a warm trial (disk-slots: its slot files)"),
     ("store_evicted", K.COUNT, "", "chunks the store evicted so far"),
     ("store_corrupt", K.COUNT, "", "chunks the store found damaged so far"),
 )
@@ -205,6 +207,17 @@ SERVER_COLUMNS = _columns(
                                            "predicted_per_token_ms)"),
     ("server_prompt_s", K.NUMBER, "seconds", "the server's own prompt-processing time"),
     ("stop_reason", K.TEXT, "", "why the server stopped (llama.cpp stop_type; OpenAI finish_reason)"),
+    ("tokens_per_chunk", K.NUMBER, "", "generated tokens ÷ the streamed chunks that carried them"),
+    ("slot_restore_s", K.NUMBER, "seconds", "disk-slots: the client's time of the slot restore before the "
+                                            "request (inside its TTFT and e2e)"),
+    ("server_restore_s", K.NUMBER, "seconds", "disk-slots: the server's own time of that restore (restore_ms)"),
+    ("slot_save_s", K.NUMBER, "seconds", "disk-slots: the client's time of the slot save after the request"),
+    ("server_save_s", K.NUMBER, "seconds", "disk-slots: the server's own time of that save (save_ms)"),
+    ("server_host_tier_bytes", K.COUNT, "bytes", "the host KV tier the server's flags configure (null: not known "
+                                                 "from them)"),
+    ("server_host_tier", K.TEXT, "", "where server_host_tier_bytes comes from (e.g. --cache-ram 256 MiB)"),
+    ("server_rss_growth_bytes", K.COUNT, "bytes", "the server's resident memory after the request less before "
+                                                  "its mode's first measured request"),
     ("contaminated", K.FLAG, "", "a cold mode's request reused cached tokens (never the reference)"),
     ("cold_verified", K.FLAG, "", "the first request of a fresh server reused 0 tokens (null: not the first)"),
 )
@@ -236,6 +249,53 @@ FRAME_COLUMNS = _columns(
     ("kv_check_error", K.NUMBER, "", "kv_measured_bytes / kv_bytes_predicted − 1"),
 )
 
+@dataclass(frozen=True)
+class Metric:
+    """One entry of the metric dictionary: a latency or throughput figure kvbench writes, under one name with
+    one definition, and what the field's other tools call it (``"-"``: they report none such). Peers use one name
+    for different things: GuideLLM's ``time_per_output_token_ms`` includes TTFT (it is an NTPOT), AIPerf's
+    ``inter_token_latency`` is vLLM's TPOT, inference-perf's ``inter_token_latency`` gives the tokens of one chunk
+    gaps of 0 s. Read in their sources: vLLM ``vllm/benchmarks/serve.py`` (``calculate_metrics``), GuideLLM
+    ``src/guidellm/schemas/request_stats.py``, AIPerf ``aiperf/metrics/types/``, inference-perf
+    ``inference_perf/reportgen/base.py``."""
+
+    name: str
+    unit: str
+    definition: str
+    where: str
+    vllm: str
+    guidellm: str
+    aiperf: str
+    inference_perf: str
+
+
+#: The metric dictionary (README "Metric dictionary", held to it by ``tests/test_rows.py``): per-request columns of
+#: the trial row, then a server run's per-mode figures (``server_load.csv``, ``goodput.csv``).
+METRICS = (
+    Metric("ttft_s", "seconds", "request sent (a slot restore before it included) → first generated token",
+           "row", "ttft", "time_to_first_token_ms", "time_to_first_token", "time_to_first_token"),
+    Metric("tpot_s", "seconds", "(e2e − TTFT) ÷ (n_out − 1): decode only", "row", "tpot",
+           "inter_token_latency_ms", "inter_token_latency", "time_per_output_token"),
+    Metric("itl_s", "seconds", "each gap between consecutive streamed chunks that carried tokens (one per chunk)",
+           "row", "itl", "-", "inter_chunk_latency", "-"),
+    Metric("ntpot_s", "seconds", "e2e ÷ n_out: TTFT included", "row", "-", "time_per_output_token_ms", "-",
+           "normalized_time_per_output_token"),
+    Metric("e2e_s", "seconds", "request sent → last generated token", "row", "e2el", "request_latency",
+           "request_latency", "request_latency"),
+    Metric("throughput_wall_tokens_per_s", "tokens/s", "generated tokens ÷ the load's wall-clock seconds",
+           "server_load", "output_throughput", "output_tokens_per_second", "output_token_throughput",
+           "output_tokens_per_sec"),
+    Metric("throughput_busy_tokens_per_s", "tokens/s", "generated tokens ÷ the seconds at least one request was "
+           "in flight (holds, slot saves and think time left out)", "server_load", "-", "-", "-", "-"),
+    Metric("request_rate_wall_per_s", "requests/s", "measured requests ÷ the load's wall-clock seconds",
+           "server_load", "request_throughput", "requests_per_second", "request_throughput", "requests_per_sec"),
+    Metric("goodput_wall_per_s", "requests/s", "requests whose TTFT and TPOT meet the SLOs ÷ the load's "
+           "wall-clock seconds", "server_load", "request_goodput", "-", "goodput", "request_goodput"),
+    Metric("cached_token_share", "", "Σ cached prompt tokens ÷ Σ prompt tokens of a mode's requests "
+           "(token-weighted hit rate)", "server_load", "-", "-", "overall_usage_prompt_cache_read_pct (percent; newer builds)",
+           "prefix_cache_hit_percent (percent, from /metrics)"),
+)
+
 #: Statistics of a column over a point's trials, as :func:`agg` names them.
 AGGREGATES = ("median", "min", "max", "ci_low", "ci_high")
 
@@ -264,6 +324,6 @@ def agg(column: str, stat: str) -> str:
     return f"{column}_{stat}"
 
 
-__all__ = ["AGGREGATES", "BY_NAME", "COLUMNS", "Column", "FRAME_COLUMNS", "Kind", "MEASURED", "NO_FIT",
-           "PLACEMENT_COLUMNS", "PLAN_COLUMNS", "REUSE_COLUMNS", "SERVER_COLUMNS", "Status", "TRIAL_COLUMNS", "WORKER_LOST", "agg",
-           "retry_due"]
+__all__ = ["AGGREGATES", "BY_NAME", "COLUMNS", "Column", "FRAME_COLUMNS", "Kind", "MEASURED", "METRICS", "Metric",
+           "NO_FIT", "PLACEMENT_COLUMNS", "PLAN_COLUMNS", "REUSE_COLUMNS", "SERVER_COLUMNS", "Status", "TRIAL_COLUMNS",
+           "WORKER_LOST", "agg", "retry_due"]

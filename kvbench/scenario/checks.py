@@ -231,11 +231,28 @@ def _server_memory_warning(s: Scenario) -> list[tuple[str, str]]:
                                  "server may fail to start or swap")]
 
 
+def _reachable_concurrency(s: Scenario) -> list[tuple[str, str]]:
+    """A concurrency level the workload cannot fill: a multi-turn conversation's turns go one after another, so
+    at most one request per conversation is in flight (and never more than ``load.n_requests``)."""
+    top = max(s.load_spec.levels)
+    mt = s.workload.multi_turn
+    limits = [(mt.conversations, f"the workload's {mt.conversations} conversations, whose turns go one after "
+                                 "another")] if mt is not None else []
+    if s.load_spec.n_requests is not None:
+        limits.append((s.load_spec.n_requests, f"load.n_requests ({s.load_spec.n_requests})"))
+    cap = min(limits, default=None, key=lambda c: c[0])
+    if cap is None or cap[0] >= top:
+        return []
+    return [("load.concurrency", f"level {top} is more than {cap[1]}: at most {cap[0]} requests will be in flight "
+                                 "(the report shows the concurrency each level reached)")]
+
+
 def scenario_warnings(s: Scenario) -> list[tuple[str, str]]:
     """The article's "bad config" patterns, which run but mislead: ``(key path, message)`` pairs.
 
     - a window (``window``, ``min_window``) of 1 to 255 tokens: most of the history crosses the link every step;
-    - a server engine whose program is not found here (:func:`kvbench.scenario.servers.server_problems`);
+    - a server engine whose program is not found here (:func:`kvbench.scenario.servers.server_problems`), or a
+      concurrency level its workload cannot fill (a conversation's turns go one after another);
     - a host cap whose KV (``host_max_tokens`` × KV bytes per token × the largest batch) is more than this
       machine's memory: the cap never binds and the host tier can exhaust RAM first.
     """
@@ -245,6 +262,7 @@ def scenario_warnings(s: Scenario) -> list[tuple[str, str]]:
     if s.engine.server:  # a file for another machine is valid here; `kvbench run` refuses before any request
         warns += [(path, f"{msg} (kvbench run refuses until it is found)") for path, msg in server_problems(s)]
         warns += _server_memory_warning(s)
+        warns += _reachable_concurrency(s)
         for i, m in enumerate(s.modes):
             if preset_of(s.engine.kind, m).needs_gpu and not s.device.startswith("cuda"):
                 warns.append((f"modes[{i}]", f"preset {m.kind} moves KV between a GPU and the host; on device "

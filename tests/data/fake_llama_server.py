@@ -23,7 +23,8 @@ Environment, read at start (N counts this server's /completion requests from 1):
 ``FAKE_TRUNCATE=N`` ends the N-th stream after one token without its ``stop`` chunk; ``FAKE_HANG=N`` never answers
 the N-th; ``FAKE_CACHED_COLD=1`` reports ``cache_n`` ≥ 16 even with ``cache_prompt`` false; ``FAKE_CACHE_SHIFT=1``
 adds 1 to the ids of a request that reused cached tokens; ``FAKE_TOKEN_DELAY_S`` (default 0.002) is the seconds
-per token; ``FAKE_RECORD=PATH`` gets one JSON line per completion and slot action (port, prompt ids, ``cache_n``,
+per token, ``FAKE_PROMPT_S_PER_TOKEN`` (default 2e-5) per processed prompt token, ``FAKE_RESTORE_DELAY_S``
+(default 0) the seconds a slot restore takes (reported as its ``restore_ms``); ``FAKE_RECORD=PATH`` gets one JSON line per completion and slot action (port, prompt ids, ``cache_n``,
 times). Every request is logged on stdout.
 """
 
@@ -41,7 +42,9 @@ from pathlib import Path
 
 VERSION = "version: 0.0.0 (fake llama-server)"
 #: Seconds per processed (not cached) prompt token.
-PROMPT_S_PER_TOKEN = 2e-5
+PROMPT_S_PER_TOKEN = float(os.environ.get("FAKE_PROMPT_S_PER_TOKEN") or 2e-5)
+#: Seconds a slot restore takes.
+RESTORE_DELAY_S = float(os.environ.get("FAKE_RESTORE_DELAY_S") or 0)
 #: The least cache_n reported under FAKE_CACHED_COLD.
 COLD_CACHED = 16
 COUNTERS = (  # (name, type, help) as llama-server's /metrics has them
@@ -300,6 +303,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
         else:
             data = path.read_bytes()
             tokens = json.loads(data)
+            time.sleep(RESTORE_DELAY_S)
             n, reply = len(tokens), {"n_restored": len(tokens), "n_read": len(data),
                                      "timings": {"restore_ms": 1000 * (time.monotonic() - t0)}}
         st.free_slot(slot, tokens)

@@ -40,7 +40,9 @@ class Reply:
 
     ``t_sent`` is the clock reading (seconds) just before the request was sent; ``token_times`` one clock reading
     per generated token, taken when the chunk carrying it had been parsed (a chunk with k tokens gives k equal
-    readings), so ``len(token_times)`` is the number of generated tokens. ``ids`` are the generated ids where the
+    readings), so ``len(token_times)`` is the number of generated tokens; ``chunk_times`` one reading per chunk
+    that carried at least one token (the ITL's gaps are between them, one per chunk, as vLLM's benchmark takes
+    them). ``ids`` are the generated ids where the
     server returns all of them (llama.cpp ``return_tokens``; vLLM ``return_token_ids``), else None; ``text`` the
     generated text and ``text_sha256`` the sha256 hex digest of its UTF-8 bytes (the output digest where ``ids``
     is None). ``prompt_tokens`` is the server's count of prompt tokens (llama.cpp ``timings.prompt_n +
@@ -53,6 +55,7 @@ class Reply:
 
     t_sent: float
     token_times: list[float]
+    chunk_times: list[float]
     ids: list[int] | None
     text: str
     text_sha256: str
@@ -68,6 +71,7 @@ class _Acc:
 
     url: str
     times: list[float] = field(default_factory=list)
+    chunks: list[float] = field(default_factory=list)  # one reading per chunk that carried tokens
     ids: list[int] = field(default_factory=list)
     has_ids: bool = False
     parts: list[str] = field(default_factory=list)
@@ -77,6 +81,12 @@ class _Acc:
     timings: dict[str, float] = field(default_factory=dict)
     stop_reason: str | None = None
     usage_tokens: int | None = None       # completion_tokens of the last usage seen (OpenAI)
+
+    def tick(self, now: float, k: int) -> None:
+        """A chunk carrying ``k`` tokens was parsed at clock ``now``."""
+        if k > 0:
+            self.times.extend([now] * k)
+            self.chunks.append(now)
 
     def fault(self, line: int, why: str) -> ServerReplyError:
         """The error for a field of the event on ``line`` that does not hold what the server's API says."""
@@ -139,7 +149,7 @@ def _take_llamacpp(acc: _Acc, line: int, event: dict, now: float) -> bool:
     k = predicted - len(acc.times) if predicted is not None else len(tokens or ())
     if k < 0:
         raise acc.fault(line, f"tokens_predicted fell to {predicted} after {len(acc.times)} tokens")
-    acc.times.extend([now] * k)
+    acc.tick(now, k)
     if content:
         acc.parts.append(content)
     if event.get("stop") is not True:
@@ -184,7 +194,7 @@ def _take_openai(acc: _Acc, line: int, event: dict | str, now: float) -> bool:
             k = 1 if text or finish is None else 0
         if k < 0:
             raise acc.fault(line, f"usage.completion_tokens fell to {used}")
-        acc.times.extend([now] * k)
+        acc.tick(now, k)
         if text:
             acc.parts.append(text)
         if isinstance(finish, str):
@@ -247,7 +257,7 @@ def _reply(acc: _Acc, t_sent: float, asked: int) -> Reply:
                                f"{len(acc.times)}: the time of each token cannot be read from it", acc.url)
     text = "".join(acc.parts)
     ids = acc.ids if acc.has_ids and len(acc.ids) == generated else None
-    return Reply(t_sent=t_sent, token_times=acc.times, ids=ids, text=text,
+    return Reply(t_sent=t_sent, token_times=acc.times, chunk_times=acc.chunks, ids=ids, text=text,
                  text_sha256=hashlib.sha256(text.encode("utf-8")).hexdigest(), prompt_tokens=acc.prompt_tokens,
                  cached_tokens=acc.cached_tokens, server_timings=acc.timings, stop_reason=acc.stop_reason)
 

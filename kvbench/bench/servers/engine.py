@@ -26,6 +26,7 @@ from kvbench.bench.servers.client import Reply, complete_llamacpp, complete_open
 from kvbench.bench.servers.metrics import MetricsError, counter_deltas, hit_shares
 from kvbench.bench.servers.process import ServerProcess, free_port
 from kvbench.bench.servers.stream import ServerReplyError
+from kvbench.bench.servers.tiers import host_tier
 from kvbench.bench.trial import ServerTrial
 from kvbench.errors import PrepareError, SymlinkRefused
 from kvbench.scenario import Scenario
@@ -38,9 +39,21 @@ CTX_MARGIN = 16
 
 
 @dataclass
+class Holds:
+    """The unrecorded hold requests of one server (see :func:`kvbench.bench.servers.sweep`'s ``_hold``): how many
+    were sent, and the ``/metrics`` scrapes just before and after each one that ran alone (no other request in
+    flight from its first scrape to its last), whose difference is that hold's own share of the counters."""
+
+    sent: int = 0
+    scrapes: list[tuple[str | None, str | None]] = field(default_factory=list)
+
+
+@dataclass
 class ModeServer:
     """The server of one mode and repeat: ``url``, ``pid`` (None for ``openai``), its ``process``, what went into
-    run.json (``info``) and the ``/metrics`` text before the requests."""
+    run.json (``info``), the ``/metrics`` text before the requests, the conversations' slot files (``slot_files``
+    in ``slot_dir``), its configured host tier (``host_tier``: bytes and where the figure comes from,
+    :func:`kvbench.bench.servers.tiers.host_tier`) and its :class:`Holds`."""
 
     url: str
     pid: int | None
@@ -49,6 +62,9 @@ class ModeServer:
     info: dict[str, Any] = field(default_factory=dict)
     metrics_before: str | None = None
     slot_files: dict[str, str] = field(default_factory=dict)
+    slot_dir: Path | None = None
+    host_tier: tuple[int | None, str] = (None, "")
+    holds: Holds = field(default_factory=Holds)
 
 
 def metrics_kind(text: str) -> str:
@@ -75,6 +91,36 @@ def reusable_tokens(requests: Sequence[Any]) -> dict[str, int]:
     for i, q in enumerate(requests):
         out[q.id] = max((common_prefix(q.ids, p.held) for p in requests[:i]), default=0)
     return out
+
+
+def measured_deltas(kind: str, srv: ModeServer, after: str | None) -> dict[str, Any]:
+    """A mode's ``/metrics`` deltas for run.json, from :attr:`ModeServer.metrics_before` to ``after``, with its
+    unrecorded holds taken out where each ran alone: ``metrics_delta`` (the measured requests' own; everything,
+    holds included, where a hold overlapped another request: ``metrics_holds.separated`` < ``sent`` says so),
+    ``metrics_delta_holds`` (the holds' own, None where not separable), ``metrics_holds`` (``sent``,
+    ``separated``), ``metrics_notes`` (why a delta is None) and ``metrics_shares``
+    (:func:`~kvbench.bench.servers.metrics.hit_shares` of ``metrics_delta``)."""
+    source = f"{srv.url}/metrics"
+    holds = srv.holds
+    try:
+        deltas, notes = counter_deltas(kind, srv.metrics_before, after, source)
+        own = [counter_deltas(kind, b, a, source)[0] for b, a in holds.scrapes]
+    except MetricsError as exc:  # a server whose /metrics is no Prometheus text: not reported
+        return {"metrics_delta": {}, "metrics_notes": {"metrics": str(exc)}, "metrics_delta_holds": None,
+                "metrics_holds": {"sent": holds.sent, "separated": 0}, "metrics_shares": hit_shares(kind, {})}
+    separated = len(own) == holds.sent
+    held: dict[str, float | None] | None = None
+    if separated:
+        held = {k: sum(d[k] for d in own) if all(d[k] is not None for d in own) else None for k in deltas}
+        deltas = {k: None if v is None or held[k] is None else v - held[k] for k, v in deltas.items()}
+        for k, v in deltas.items():
+            if v is None and k not in notes:
+                notes[k] = "a hold's own share could not be read"
+    elif holds.sent:
+        notes["holds"] = (f"includes {holds.sent - len(own)} of its {holds.sent} unrecorded hold requests, sent "
+                          "while other requests were in flight")
+    return {"metrics_delta": deltas, "metrics_notes": notes, "metrics_delta_holds": held,
+            "metrics_holds": {"sent": holds.sent, "separated": len(own)}, "metrics_shares": hit_shares(kind, deltas)}
 
 
 def gguf_file(model_name: str) -> str:
@@ -201,7 +247,7 @@ class ServerEngine:
         servers_dir.mkdir(exist_ok=True)
         info: dict[str, Any] = {"mode_label": mode.label, "repeat": repeat, "engine": self.kind, "slots": slots}
         if self.kind == "openai":
-            srv = ModeServer(e.url, None, None, preset, info)
+            srv = ModeServer(e.url, None, None, preset, info, host_tier=host_tier(self.kind, None))
         else:
             slot_dir = servers_dir / f"{mode.label}-r{repeat}.slots"
             if preset.slots:
@@ -215,7 +261,9 @@ class ServerEngine:
                 log = servers_dir / f"{mode.label}-r{repeat}.{n}.log"
             proc = ServerProcess(argv, log, port=port, startup_timeout_s=e.startup_timeout_s)
             info.update(argv=argv, log=str(log.relative_to(self.run_path)), version=program_version(argv))
-            srv = ModeServer(proc.url, None, proc, preset, info)
+            srv = ModeServer(proc.url, None, proc, preset, info, slot_dir=slot_dir if preset.slots else None,
+                             host_tier=host_tier(self.kind, argv))
+            info["host_tier_bytes"], info["host_tier"] = srv.host_tier
         self.servers.append(info)
         with srv.process if srv.process is not None else contextlib.nullcontext():
             if srv.process is not None:
@@ -229,11 +277,7 @@ class ServerEngine:
             finally:
                 after = self.metrics_text(srv) if srv.process is None or srv.process.alive() else None
                 kind = self.kind if self.kind != "openai" else metrics_kind(srv.metrics_before or after or "")
-                try:
-                    deltas, notes = counter_deltas(kind, srv.metrics_before, after, f"{srv.url}/metrics")
-                except MetricsError as exc:  # a server whose /metrics is no Prometheus text: not reported
-                    deltas, notes = {}, {"metrics": str(exc)}
-                info.update(metrics_delta=deltas, metrics_notes=notes, metrics_shares=hit_shares(kind, deltas))
+                info.update(measured_deltas(kind, srv, after))
                 self.pid = os.getpid()
 
     def _post(self, srv: ModeServer, path: str) -> None:
@@ -248,6 +292,14 @@ class ServerEngine:
         """The server's ``/metrics`` text, or None where it has none (or cannot be read now)."""
         try:
             r = httpx.get(srv.url + "/metrics", timeout=10)
+        except httpx.HTTPError:
+            return None
+        return r.text if r.status_code == 200 else None
+
+    async def scrape(self, client: httpx.AsyncClient, srv: ModeServer) -> str | None:
+        """:meth:`metrics_text` without blocking the event loop (between requests of a load)."""
+        try:
+            r = await client.get(srv.url + "/metrics", timeout=10)
         except httpx.HTTPError:
             return None
         return r.text if r.status_code == 200 else None

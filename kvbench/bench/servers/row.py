@@ -41,7 +41,7 @@ def request_row(s: Scenario, engine: ServerEngine, t: ServerTrial, reply: Reply 
     n_out = len(reply.token_times)
     if n_out != s.max_new_tokens:
         raise RuntimeError(f"generated {n_out} tokens, expected exactly {s.max_new_tokens}")
-    lat = latency_metrics(reply.t_sent, reply.token_times)
+    lat = latency_metrics(reply.t_sent, reply.token_times, reply.chunk_times)
     ids = [reply.ids] if reply.ids is not None else None
     # the text's digest, never the ids': a server may withhold the id of a token that ends inside a UTF-8
     # character, and every request of a server run must be compared the same way

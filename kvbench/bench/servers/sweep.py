@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -28,6 +29,7 @@ from kvbench.bench.servers.process import ServerExited, ServerStartError
 from kvbench.bench.servers.stream import ServerReplyError
 from kvbench.bench.servers.row import request_row
 from kvbench.bench.servers.telemetry import ProcessTree, ServerWatch
+from kvbench.bench.servers.tiers import files_bytes
 from kvbench.bench.reuse import note_requests
 from kvbench.bench.trial import ServerTrial, reference_first
 from kvbench.results.rows import Status
@@ -137,24 +139,28 @@ async def _requests(s: Scenario, record: "Recorder", engine: ServerEngine, srv: 
         writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="kvbench-rows")
         written: list[concurrent.futures.Future] = []
         watch = ServerWatch(srv.pid, s.monitor.interval_ms / 1000, engine.nvml) if srv.pid else None
-        own = ProcessTree(srv.pid).cpu_seconds if srv.pid else None
+        tree = ProcessTree(srv.pid) if srv.pid else None
+        own = tree.cpu_seconds if tree is not None else None
+        rss_start = tree.rss_bytes() if tree is not None else None
         window = LoadWindow(also_own=own)
         if watch is not None:
             watch.start()
+        flight = _Flight()
+
+        def held() -> dict[str, Any]:
+            """What the mode holds now: its configured host tier, the server's RSS growth since its measured
+            requests began, its slot files on disk."""
+            rss = tree.rss_bytes() if tree is not None else None
+            return {"server_host_tier_bytes": srv.host_tier[0], "server_host_tier": srv.host_tier[1],
+                    "server_rss_growth_bytes": max(0, rss - rss_start) if rss is not None and rss_start is not None
+                    else None, **({"store_disk_bytes": files_bytes(srv.slot_dir, srv.slot_files.values())}
+                                  if srv.preset.slots else {})}
 
         async def send(t: ServerTrial) -> Any:
             was_first = first.pop("pending", False)
-            if srv.preset.slots and t.request.turn_index > 1 and t.request.document in srv.slot_files:
-                await engine.slot_action(client, srv, "restore", srv.slot_files[t.request.document])
-            request_load = LoadWindow(also_own=own)
-            reply = await engine.send(client, srv, mode, t.request.ids, s.max_new_tokens)
-            machine = request_load.stop()
-            await _hold(s, engine, client, srv, mode, t)
-            if srv.preset.slots:
-                name = f"{t.request.document}.bin".replace("/", "_")
-                await engine.slot_action(client, srv, "save", name)
-                srv.slot_files[t.request.document] = name
-            return reply, was_first, machine
+            with flight:
+                reply, facts = await _send(s, engine, client, srv, mode, t, own, flight)
+            return reply, {**facts, **held()}, was_first
 
         def done(o: load_profiles.Outcome) -> None:
             """Build the row and hand it to the writer thread (the event loop keeps reading streams); a write
@@ -165,9 +171,9 @@ async def _requests(s: Scenario, record: "Recorder", engine: ServerEngine, srv: 
             t, error = o.request, o.error
             row = None
             if error is None:
-                reply, was_first, machine = o.result
+                reply, facts, was_first = o.result
                 try:
-                    row = {**request_row(s, engine, t, reply, o, first=was_first), **machine}
+                    row = {**request_row(s, engine, t, reply, o, first=was_first), **facts}
                 except RuntimeError as exc:  # the server generated another number of tokens
                     error = exc
             gone = row is None and _exited(srv, 2.0 if getattr(error, "lost", False) else 0.0)
@@ -203,15 +209,75 @@ async def _requests(s: Scenario, record: "Recorder", engine: ServerEngine, srv: 
             f.result()
 
 
+class _Flight:
+    """The requests of one load in flight (a context per request), and how many have begun so far: a hold that
+    began and ended with only its own request in flight, and no other begun in between, ran alone."""
+
+    def __init__(self) -> None:
+        self.now = self.begun = 0
+
+    def __enter__(self) -> "_Flight":
+        self.now += 1
+        self.begun += 1
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.now -= 1
+
+
+async def _send(s: Scenario, engine: ServerEngine, client: httpx.AsyncClient, srv: ModeServer, mode: Any,
+                t: ServerTrial, own: Any, flight: _Flight | None = None) -> tuple[Any, dict[str, Any]]:
+    """One measured request: for a conversation's later turn on a mode with slot files, the restore of its slot
+    first (timed inside TTFT: the user waits for restore + prefill of the rest + the first token), the request,
+    its hold and the save of its slot. Returns the reply (its ``t_sent`` before the restore) and the request's
+    facts: the machine's load over it, ``slot_restore_s``/``server_restore_s`` (the client's and the server's own
+    ``restore_ms``), ``slot_save_s``/``server_save_s``."""
+    facts: dict[str, Any] = {}
+    request_load = LoadWindow(also_own=own)
+    t0 = time.perf_counter()
+    restoring = srv.preset.slots and t.request.turn_index > 1 and t.request.document in srv.slot_files
+    if restoring:
+        done = await engine.slot_action(client, srv, "restore", srv.slot_files[t.request.document])
+        facts.update(slot_restore_s=time.perf_counter() - t0, server_restore_s=_server_s(done, "restore_ms"))
+    reply = await engine.send(client, srv, mode, t.request.ids, s.max_new_tokens)
+    if restoring:
+        reply = dataclasses.replace(reply, t_sent=t0)
+    facts.update(request_load.stop())
+    await _hold(s, engine, client, srv, mode, t, flight)
+    if srv.preset.slots:
+        name = f"{t.request.document}.bin".replace("/", "_")
+        t1 = time.perf_counter()
+        done = await engine.slot_action(client, srv, "save", name)
+        facts.update(slot_save_s=time.perf_counter() - t1, server_save_s=_server_s(done, "save_ms"))
+        srv.slot_files[t.request.document] = name
+    return reply, facts
+
+
+def _server_s(reply: dict[str, Any], key: str) -> float | None:
+    """A slot action's own time (llama-server's ``timings.<key>``, milliseconds) in seconds, or None."""
+    v = (reply.get("timings") or {}).get(key) if isinstance(reply.get("timings"), dict) else None
+    return v / 1000 if type(v) in (int, float) and v >= 0 else None
+
+
 async def _hold(s: Scenario, engine: ServerEngine, client: httpx.AsyncClient, srv: ModeServer, mode: Any,
-                t: ServerTrial) -> None:
+                t: ServerTrial, flight: _Flight | None = None) -> None:
     """After a conversation turn, what the server would hold had it generated the whole reply: the turn's prompt
     and the dataset's reply (``held``), sent unrecorded for one token so that the server computes (and, in a mode
     that caches, keeps) their KV, as it would after decoding the reply itself. kvbench generates only
     ``max_new_tokens`` of each reply; the next turn's prompt carries the dataset's. Not in a cold mode, which
-    keeps nothing."""
+    keeps nothing. With ``flight`` (a measured load), the hold is counted in :attr:`ModeServer.holds`, and when
+    its request is the only one in flight ``/metrics`` is read just before and after it, so that its own share
+    of the counters can be taken out of the mode's."""
     if len(t.request.held) > len(t.request.ids) and t.request.id in engine.followed and not srv.preset.cold:
+        if flight is None:
+            await engine.send(client, srv, mode, t.request.held, 1)
+            return
+        srv.holds.sent += 1
+        alone, begun = flight.now == 1, flight.begun
+        before = await engine.scrape(client, srv) if alone else None
         await engine.send(client, srv, mode, t.request.held, 1)
+        if alone and flight.now == 1 and flight.begun == begun:
+            srv.holds.scrapes.append((before, await engine.scrape(client, srv)))
 
 
 def _exited(srv: ModeServer, wait_s: float) -> bool:
