@@ -243,3 +243,25 @@ def test_real_llama_server_metrics():
     assert hit_shares("llama.cpp", values) == {"cached_prompt_share": 39 / 80}
     deltas, notes = counter_deltas("llama.cpp", real, real, URL)
     assert deltas == dict.fromkeys(values, 0.0) and notes == {}
+
+
+def test_measured_deltas_take_out_each_hold_that_ran_alone_and_label_those_that_did_not():
+    from kvbench.bench.servers.metrics import measured_deltas
+
+    def scrape(processed: int, cached: int) -> str:
+        return (f"# TYPE llamacpp:prompt_tokens_total counter\nllamacpp:prompt_tokens_total {processed}\n"
+                f"# TYPE llamacpp:prompt_tokens_cached_total counter\nllamacpp:prompt_tokens_cached_total {cached}\n")
+
+    # the mode: 0 → 1000 processed, 0 → 900 cached; two holds of 100 processed and 400 cached each, alone
+    holds = [(scrape(200, 100), scrape(300, 500)), (scrape(500, 600), scrape(600, 1000))]
+    got = measured_deltas("llama.cpp", scrape(0, 0), scrape(1000, 900), holds, 2)
+    assert (got["metrics_delta"]["prompt_tokens"], got["metrics_delta"]["prompt_tokens_cached"]) == (800, 100)
+    assert (got["metrics_delta_holds"]["prompt_tokens"], got["metrics_delta_holds"]["prompt_tokens_cached"]) == (
+        200, 800)
+    assert got["metrics_holds"] == {"sent": 2, "separated": 2}
+    assert got["metrics_shares"]["cached_prompt_share"] == pytest.approx(100 / 900)
+    mixed = measured_deltas("llama.cpp", scrape(0, 0), scrape(1000, 900), holds[:1], 3)  # 2 overlapped others
+    assert mixed["metrics_delta"]["prompt_tokens"] == 1000 and mixed["metrics_delta_holds"] is None
+    assert mixed["metrics_notes"]["holds"] == ("includes 2 of its 3 unrecorded hold requests, sent while other "
+                                               "requests were in flight")
+    assert measured_deltas("llama.cpp", "<html>", scrape(1, 1), [], 0)["metrics_delta"] == {}

@@ -23,7 +23,7 @@ import numpy as np
 
 from kvbench.bench.reference import Reference
 from kvbench.bench.servers.client import Reply, complete_llamacpp, complete_openai
-from kvbench.bench.servers.metrics import MetricsError, counter_deltas, hit_shares
+from kvbench.bench.servers.metrics import measured_deltas
 from kvbench.bench.servers.process import ServerProcess, free_port
 from kvbench.bench.servers.stream import ServerReplyError
 from kvbench.bench.servers.tiers import host_tier
@@ -91,36 +91,6 @@ def reusable_tokens(requests: Sequence[Any]) -> dict[str, int]:
     for i, q in enumerate(requests):
         out[q.id] = max((common_prefix(q.ids, p.held) for p in requests[:i]), default=0)
     return out
-
-
-def measured_deltas(kind: str, srv: ModeServer, after: str | None) -> dict[str, Any]:
-    """A mode's ``/metrics`` deltas for run.json, from :attr:`ModeServer.metrics_before` to ``after``, with its
-    unrecorded holds taken out where each ran alone: ``metrics_delta`` (the measured requests' own; everything,
-    holds included, where a hold overlapped another request: ``metrics_holds.separated`` < ``sent`` says so),
-    ``metrics_delta_holds`` (the holds' own, None where not separable), ``metrics_holds`` (``sent``,
-    ``separated``), ``metrics_notes`` (why a delta is None) and ``metrics_shares``
-    (:func:`~kvbench.bench.servers.metrics.hit_shares` of ``metrics_delta``)."""
-    source = f"{srv.url}/metrics"
-    holds = srv.holds
-    try:
-        deltas, notes = counter_deltas(kind, srv.metrics_before, after, source)
-        own = [counter_deltas(kind, b, a, source)[0] for b, a in holds.scrapes]
-    except MetricsError as exc:  # a server whose /metrics is no Prometheus text: not reported
-        return {"metrics_delta": {}, "metrics_notes": {"metrics": str(exc)}, "metrics_delta_holds": None,
-                "metrics_holds": {"sent": holds.sent, "separated": 0}, "metrics_shares": hit_shares(kind, {})}
-    separated = len(own) == holds.sent
-    held: dict[str, float | None] | None = None
-    if separated:
-        held = {k: sum(d[k] for d in own) if all(d[k] is not None for d in own) else None for k in deltas}
-        deltas = {k: None if v is None or held[k] is None else v - held[k] for k, v in deltas.items()}
-        for k, v in deltas.items():
-            if v is None and k not in notes:
-                notes[k] = "a hold's own share could not be read"
-    elif holds.sent:
-        notes["holds"] = (f"includes {holds.sent - len(own)} of its {holds.sent} unrecorded hold requests, sent "
-                          "while other requests were in flight")
-    return {"metrics_delta": deltas, "metrics_notes": notes, "metrics_delta_holds": held,
-            "metrics_holds": {"sent": holds.sent, "separated": len(own)}, "metrics_shares": hit_shares(kind, deltas)}
 
 
 def gguf_file(model_name: str) -> str:
@@ -277,7 +247,8 @@ class ServerEngine:
             finally:
                 after = self.metrics_text(srv) if srv.process is None or srv.process.alive() else None
                 kind = self.kind if self.kind != "openai" else metrics_kind(srv.metrics_before or after or "")
-                info.update(measured_deltas(kind, srv, after))
+                info.update(measured_deltas(kind, srv.metrics_before, after, srv.holds.scrapes, srv.holds.sent,
+                                            f"{srv.url}/metrics"))
                 self.pid = os.getpid()
 
     def _post(self, srv: ModeServer, path: str) -> None:

@@ -13,8 +13,9 @@ numbers and labels, nothing in it is executed or rendered.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -258,3 +259,36 @@ def hit_shares(kind: str, deltas: Mapping[str, float | None]) -> dict[str, float
         if spec.tier is not None:
             shares[f"cached_share_{spec.tier}"] = _share(d[spec.name], denominator)
     return shares
+
+
+def measured_deltas(kind: str, before: str | None, after: str | None,
+                    hold_scrapes: Sequence[tuple[str | None, str | None]], holds_sent: int,
+                    source: str = "/metrics") -> dict[str, Any]:
+    """A mode's ``/metrics`` deltas for run.json, from the scrape ``before`` its measured requests to ``after``,
+    with its unrecorded hold requests taken out where each ran alone (``hold_scrapes``: the scrapes just before
+    and after each such hold; ``holds_sent``: how many holds were sent in all).
+
+    Returns ``metrics_delta`` (the measured requests' own; where a hold overlapped another request, everything,
+    holds included: ``metrics_holds.separated`` < ``sent`` says so and ``metrics_notes.holds`` why),
+    ``metrics_delta_holds`` (the holds' own; None where not separable), ``metrics_holds`` (``sent``,
+    ``separated``), ``metrics_notes`` (why a delta is None) and ``metrics_shares`` (:func:`hit_shares` of
+    ``metrics_delta``). Text that is not Prometheus text gives no deltas and a ``metrics`` note; raises
+    :class:`UnknownEngine` for an unknown kind."""
+    try:
+        deltas, notes = counter_deltas(kind, before, after, source)
+        own = [counter_deltas(kind, b, a, source)[0] for b, a in hold_scrapes]
+    except MetricsError as exc:  # a server whose /metrics is no Prometheus text: not reported
+        return {"metrics_delta": {}, "metrics_notes": {"metrics": str(exc)}, "metrics_delta_holds": None,
+                "metrics_holds": {"sent": holds_sent, "separated": 0}, "metrics_shares": hit_shares(kind, {})}
+    held: dict[str, float | None] | None = None
+    if len(own) == holds_sent:
+        held = {k: sum(d[k] for d in own) if all(d[k] is not None for d in own) else None for k in deltas}
+        deltas = {k: None if v is None or held[k] is None else v - held[k] for k, v in deltas.items()}
+        for k, v in deltas.items():
+            if v is None and k not in notes:
+                notes[k] = "a hold's own share could not be read"
+    elif holds_sent:
+        notes["holds"] = (f"includes {holds_sent - len(own)} of its {holds_sent} unrecorded hold requests, sent "
+                          "while other requests were in flight")
+    return {"metrics_delta": deltas, "metrics_notes": notes, "metrics_delta_holds": held,
+            "metrics_holds": {"sent": holds_sent, "separated": len(own)}, "metrics_shares": hit_shares(kind, deltas)}
