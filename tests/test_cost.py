@@ -169,7 +169,13 @@ def test_cost_verdicts_claim_only_what_the_pairs_decide():
                                                 pairs=2, verdict="inconclusive: 2 pairs, need 5"),
         row("none", 90.0, 4096, batch=1), row("full", 60.0, 4096, batch=4, pct=33.3, lo=30.1, hi=35.9),
         # the two medians imply a 27% saving, the pairs 13%: the line prints the paired figure on both sides
-        row("none", 100.0, 8192, batch=1), row("full", 73.0, 8192, batch=1, pct=13.0, lo=5.0, hi=20.0)])
+        row("none", 100.0, 8192, batch=1), row("full", 73.0, 8192, batch=1, pct=13.0, lo=5.0, hi=20.0),
+        # a window that held every token is `none` under another name, however cheap: not the one compared
+        row("none", 50.0, 128, batch=1), row("full", 52.0, 128, batch=1, pct=-4.0, lo=-6.0, hi=-2.0),
+        row("hierarchical", 49.0, 128, batch=1, pct=2.0, lo=-1.0, hi=3.0,
+            verdict="not engaged: no KV left the device (host and disk peaks 0)"),
+        row("none", 50.0, 64, batch=1), row("hierarchical", 49.0, 64, batch=1, pct=2.0, lo=-1.0, hi=3.0,
+                                            verdict="not engaged: no KV left the device (host and disk peaks 0)")])
     assert verdicts(costs)["g"] == [
         "at 256 tokens inconclusive: the interval includes no change: `dynamic` 64.78 vs `none` 66.03 USD per 1M "
         "tokens, paired saving +2% [−2%, +4%] (5 pairs, batch 2 vs none's 2)",
@@ -180,7 +186,12 @@ def test_cost_verdicts_claim_only_what_the_pairs_decide():
         "at 4096 tokens `full` lowers cost to 60.03 USD per 1M tokens from none's 90.00 (paired saving +33% "
         "[+30%, +36%]; 5 pairs, batch 4 vs none's 1)",
         "at 8192 tokens `full` lowers cost to 87.00 USD per 1M tokens from none's 100.00 (paired saving +13% "
-        "[+5%, +20%]; 5 pairs, batch 1 vs none's 1)"]
+        "[+5%, +20%]; 5 pairs, batch 1 vs none's 1)",
+        "at 128 tokens not engaged, so not compared: `hierarchical`",
+        "at 128 tokens offload raises cost here: `none` 50.00 USD per 1M tokens, the cheapest offload mode `full` "
+        "52.00 (paired cost +4% [+2%, +6%]; 5 pairs, batch 1 vs none's 1)",
+        "at 64 tokens no offload mode engaged (`hierarchical`: no KV left the device): `none` 50.00 USD per 1M "
+        "tokens"]
 
 
 def test_cost_without_results_costs_the_newest_run_under_results(tmp_path, monkeypatch):

@@ -222,3 +222,10 @@ def test_an_offload_mode_that_held_nothing_off_the_device_is_not_engaged():
     t = point_table(trials_frame(data, "g"))
     assert point(t, "hierarchical")["tpot_verdict"] == (
         "not engaged: no KV left the device (host and disk peaks 0)")
+
+
+def test_pairs_from_too_few_independent_units_carry_no_verdict():
+    assert judge(12, 0, 0, 0.1, 0.3, units=(3, "conversations")) == "inconclusive: 3 conversations, need 5"
+    assert judge(18, 0, 0, 0.1, 0.3, units=(1, "concurrent loads")) == "inconclusive: 1 concurrent load, need 5"
+    assert judge(4, 0, 0, 0.1, 0.3, units=(3, "conversations")) == "inconclusive: 4 pairs, need 5"
+    assert judge(10, 0, 0, 0.1, 0.3, units=(5, "documents")) == ""

@@ -559,3 +559,17 @@ def test_reuse_recommendation_follows_the_paired_verdict():
     # restore measurably slower (a tiny model: the lookup costs more than the prefill it saves): no such advice
     assert run(1.2).startswith("restoring does not pay here: restore ÷ recompute 1.20 [1.20, 1.20] over 6 request "
                                "pairs")
+
+
+def test_the_sampling_unit_is_the_conversation_one_at_a_time_and_the_load_when_requests_overlap():
+    from kvbench.analysis.reuse import sampling_units
+
+    pairs = pd.DataFrame({"request_id": ["c0-t1", "c0-t2", "c1-t1", "c1-t2"], "document": ["a", "a", "b", "b"],
+                          "run_path": "/r", "repeat": [0, 0, 1, 1], "concurrency": 1})
+    labels, unit = sampling_units(pairs)
+    assert list(labels) == ["a", "a", "b", "b"] and unit == "conversations"
+    assert sampling_units(pairs.assign(request_id=["d0-q1", "d0-q2", "d1-q1", "d1-q2"]))[1] == "documents"
+    labels, unit = sampling_units(pairs.assign(concurrency=4))
+    assert list(labels) == ["/r#0", "/r#0", "/r#1", "/r#1"] and unit == "concurrent loads"
+    labels, unit = sampling_units(pairs.assign(document=["a", "b", "c", "d"]))
+    assert list(labels) == [0, 1, 2, 3] and unit == "pairs"

@@ -23,12 +23,12 @@ RESTORE_S, PROMPT_S, TOKEN_S = 0.3, 2e-4, 0.15
 
 @pytest.fixture(scope="module")
 def slow(tmp_path_factory):
-    """3 conversations × 3 turns, one after another, in none, prefix-cache, host-cache (256 MiB), disk-slots and
+    """5 conversations × 2 turns, one after another, in none, prefix-cache, host-cache (256 MiB), disk-slots and
     a prefix-cache that sends cache_prompt false (never reuses): (run directory, tmp dir, the fake's events)."""
     tmp = tmp_path_factory.mktemp("slow")
     data = {"name": "slow", "model": "smollm2-135m", "engine": {"kind": "llama.cpp", "binary": str(FAKE)},
             "workload": {"source": "sharegpt", "seed": 0, "multi_turn": {
-                "conversations": 3, "turns": 3, "interleave": "sequential", "min_prompt_tokens": 300,
+                "conversations": 5, "turns": 2, "interleave": "sequential", "min_prompt_tokens": 300,
                 "max_prompt_tokens": 700}},
             "max_new_tokens": 4, "repeats": 1, "warmup": 0, "seed": 0,
             "modes": [{"name": "none"}, {"name": "prefix-cache"}, {"name": "ram", "preset": "host-cache", "size": 256},
@@ -50,7 +50,7 @@ def test_a_slot_restore_is_timed_inside_ttft_with_the_server_s_own_restore_besid
     got = by_mode(run_dir)
     assert all(r["status"] == "ok" for part in got.values() for r in part)
     restored = [r for r in got["disk-slots"] if r["turn_index"] > 1]
-    assert len(restored) == 6 and len([e for e in evs if e["event"] == "restore"]) == 6
+    assert len(restored) == 5 and len([e for e in evs if e["event"] == "restore"]) == 5
     for r in restored:
         assert RESTORE_S <= r["server_restore_s"] <= r["slot_restore_s"] < r["ttft_s"] <= r["e2e_s"]
         assert r["slot_save_s"] >= 0 and r["server_save_s"] >= 0
@@ -70,39 +70,41 @@ def test_the_restore_s_cost_flips_the_disk_slots_saving_and_every_tier_is_charge
     costs = {r["mode_label"]: r for r in reuse_cost(trials, prices).to_dict("records")}
     assert list(costs) == ["prefix-cache", "ram", "disk-slots", "off"]
     disk = costs["disk-slots"]
-    assert disk["pairs"] == 9 and disk["saving_pct"] < 0 and disk["saving_ci_high"] < 0
+    assert disk["pairs"] == 10 and disk["saving_pct"] < 0 and disk["saving_ci_high"] < 0
+    assert (disk["units"], disk["unit"]) == (5, "conversations")
     assert disk["saving_verdict"] in ("", "inconclusive: the machine was busy during "
-                                          f"{disk['pairs_busy_trials']} of 18 trials")
+                                          f"{disk['pairs_busy_trials']} of 20 trials")
     assert costs["prefix-cache"]["saving_pct"] > 0
     # what each mode holds, charged at its price and named
     ram = costs["ram"]
     assert ram["store_host_bytes"] == 256 * 2**20 and ram["store_disk_bytes"] == 0
-    assert ram["charged"] == "host: --cache-ram 256 MiB"
+    assert (ram["charged"], ram["charged_from"]) == ("host 256.0 MiB", "host: --cache-ram 256 MiB, configured")
     tps = ram["restore_tokens_per_s"]
     assert ram["restore_usd_per_million"] == pytest.approx(prices.per_million(tps, 256 * 2**20, 0), rel=1e-12)
     assert ram["restore_usd_per_million"] > Prices(2.0).per_million(tps)
     assert costs["prefix-cache"]["store_host_bytes"] == 0
-    assert costs["prefix-cache"]["charged"] == "none"
+    assert (costs["prefix-cache"]["charged"], costs["prefix-cache"]["charged_from"]) == ("none", "")
     slot_files = sorted((run_dir / "servers" / "disk-slots-r0.slots").iterdir())
     documents = {r["document"] for r in by_mode(run_dir)["disk-slots"]}
-    assert [p.name for p in slot_files] == sorted(f"{d}.bin" for d in documents) and len(documents) == 3
+    assert [p.name for p in slot_files] == sorted(f"{d}.bin" for d in documents) and len(documents) == 5
     held = [r["store_disk_bytes"] for r in by_mode(run_dir)["disk-slots"]]
     assert held[-1] == sum(p.stat().st_size for p in slot_files) and held == sorted(held)
     assert disk["store_disk_bytes"] == pd.Series(held).median() > 0
-    assert disk["charged"] == f"disk: slot files {disk['store_disk_bytes'] / 2**10:,.1f} KiB"
+    assert disk["charged"] == f"disk {disk['store_disk_bytes'] / 2**10:,.1f} KiB"
+    assert disk["charged_from"] == "disk: slot files"
     measured = {r["mode_label"]: r for r in reuse_cost(trials, prices, host_tier="measured").to_dict("records")}
-    assert measured["ram"]["charged"].startswith("host: RSS +") and measured["ram"]["charged"].endswith(
-        "(measured)")
+    assert measured["ram"]["charged_from"].startswith("host: RSS +")
+    assert measured["ram"]["charged_from"].endswith(", measured")
     assert measured["ram"]["store_host_bytes"] >= 0
 
 
 def test_a_mode_that_never_reused_a_token_gets_no_verdict(slow):
     run_dir, _, _ = slow
     off = by_mode(run_dir)["off"]
-    assert [r["cached_prompt_tokens"] for r in off] == [0] * 9
+    assert [r["cached_prompt_tokens"] for r in off] == [0] * 10
     (c,) = [r for r in reuse_cost(kvbench.load_results(run_dir).trials, Prices(2.0)).to_dict("records")
             if r["mode_label"] == "off"]
-    assert c["saving_verdict"] == "not engaged: 0 cached prompt tokens over 9 requests"
+    assert c["saving_verdict"] == "not engaged: 0 cached prompt tokens over 10 requests"
 
 
 def test_counter_deltas_are_the_measured_requests_own_and_the_holds_are_told_apart(slow):
@@ -111,16 +113,16 @@ def test_counter_deltas_are_the_measured_requests_own_and_the_holds_are_told_apa
     servers = {s["mode_label"]: s for s in meta(run_dir)["servers"]}
     for mode in ("prefix-cache", "ram", "off"):
         s, part = servers[mode], got[mode]
-        assert s["metrics_holds"] == {"sent": 6, "separated": 6}  # turns 1 and 2 of 3 conversations, one at a time
+        assert s["metrics_holds"] == {"sent": 5, "separated": 5}  # turn 1 of 5 conversations, one at a time
         assert s["metrics_delta"]["prompt_tokens_cached"] == sum(r["cached_prompt_tokens"] for r in part)
         assert s["metrics_delta"]["prompt_tokens"] == sum(r["prompt_tokens"] - r["cached_prompt_tokens"] for r in part)
-        assert s["metrics_delta"]["tokens_predicted"] == 4 * 9 and s["metrics_delta_holds"]["tokens_predicted"] == 6
+        assert s["metrics_delta"]["tokens_predicted"] == 4 * 10 and s["metrics_delta_holds"]["tokens_predicted"] == 5
     assert servers["none"]["metrics_holds"] == {"sent": 0, "separated": 0}  # a cold mode keeps nothing: no holds
     r = CliRunner().invoke(app, ["report", str(run_dir), "--out", str(run_dir / "report")])
     assert r.exit_code == 0, r.output
     text = " ".join(r.output.split())
     assert "`prefix-cache` /metrics deltas of its measured requests over its servers: prompt_tokens " in text
-    assert "; its 6 unrecorded holds: prompt_tokens " in text
+    assert "; its 5 unrecorded holds: prompt_tokens " in text
 
 
 def test_cost_writes_goodput_and_the_load_table(slow):
@@ -129,13 +131,14 @@ def test_cost_writes_goodput_and_the_load_table(slow):
                                  str(run_dir), "--out", str(tmp / "cost")])
     assert r.exit_code == 0, r.output
     text = " ".join(r.output.split())
-    assert "slow: `off` not engaged: 0 cached prompt tokens over 9 requests: restore " in text
+    assert "slow: `off` not engaged: 0 cached prompt tokens over 10 requests: restore " in text
     charged = pd.read_csv(tmp / "cost" / "reuse_cost.csv").set_index("mode_label")["charged"]
-    assert (charged["ram"], charged["prefix-cache"]) == ("host: --cache-ram 256 MiB", "none")
+    assert (charged["ram"], charged["prefix-cache"]) == ("host 256.0 MiB", "none")
+    assert "; held beside the device: host 256.0 MiB (host: --cache-ram 256 MiB, configured))" in text
     goodput = pd.read_csv(tmp / "cost" / "goodput.csv")
     assert list(goodput["mode_label"]) == list(MODES)
     assert (goodput["goodput_wall_per_s"] <= goodput["goodput_busy_per_s"]).all()
-    assert (goodput["in_flight_max"] == 1).all() and (goodput["ttft_n"] == 9).all()
+    assert (goodput["in_flight_max"] == 1).all() and (goodput["ttft_n"] == 10).all()
     import json
 
     doc = json.loads((tmp / "cost" / "cost.json").read_text())

@@ -216,11 +216,15 @@ def test_a_server_mode_s_cost_saving_lies_in_its_interval_when_requests_overlap(
             rows.append({"mode": mode, "mode_label": mode, "warm": mode != "none", "request_id": f"q{k}",
                          "start_s": start, "e2e_s": e2e, "ttft_s": e2e / 2, "n_output_tokens": 8,
                          "batch_size": 1, "prompt_tokens": 100, "tokens_restored": 50 if mode != "none" else 0,
+                         "cached_prompt_tokens": 50 if mode != "none" else 0,
                          "tokens_match": True, "machine_busy": False, "concurrency": 2})
     costs = reuse_cost(frame(rows), Prices(gpu_per_hour=2.0))
     (r,) = costs.to_dict("records")  # `none` is the other modes' recompute side, not a row of its own
     assert (r["mode_label"], r["engine"], r["pairs"]) == ("prefix-cache", "llama.cpp", 8)
-    assert r["saving_ci_low"] <= r["saving_pct"] <= r["saving_ci_high"]
+    assert r["saving_ci_low"] - 1e-9 <= r["saving_pct"] <= r["saving_ci_high"] + 1e-9
+    # the 8 pairs come from one load of requests in flight together: one independent observation
+    assert (r["units"], r["unit"]) == (1, "concurrent loads")
+    assert r["saving_verdict"] == "inconclusive: 1 concurrent load, need 5"
     assert r["recompute_tokens_per_s"] == pytest.approx(64 / busy_seconds(frame(rows)[lambda f: f["mode"] == "none"]))
 
 
@@ -259,7 +263,8 @@ def test_the_load_table_says_what_concurrency_was_reached_and_divides_by_the_wal
     assert r["cached_token_share"] == 0.4 and r["ntpot_p50_s"] == 0.5  # 80 of 200 prompt tokens
     cells = server_load_display(server_load_table(frame(rows))).iloc[0]
     assert cells["in flight"] == "4: max 1, mean 1.0" and cells["tok/s busy / wall"] == "3.00 / 2.00"
-    assert cells["TTFT ms p50/p90/p99"] == "max 500 / max 500 / max 500 (n 2)" and cells["hit %"] == "40"
+    assert cells["TTFT ms p50/p90/p99"] == "max 500 / max 500 / max 500"
+    assert cells["ITL ms p50/p90/p99"] == "max 250 / max 250 / max 250 (n 2)" and cells["hit %"] == "40"
     assert concurrency_lines(server_load_table(frame(rows))) == [
         "`prefix-cache@c4`: asked for 4 requests in flight, at most 1 were (mean 1.0 while any was): the workload "
         "cannot fill that level (a conversation's turns go one after another)"]

@@ -213,10 +213,13 @@ def paired_point_stats(measured: pd.DataFrame, pid: pd.Series, n_boot: int = 200
 
 
 def judge(pairs: int, busy_trials: int, load_unknown: int, low: float, high: float, no_change: float = 1.0,
-          implausible: bool = False) -> str:
+          implausible: bool = False, units: tuple[int, str] | None = None) -> str:
     """Whether a paired comparison may carry a verdict: ``""`` when it may, else why not, the first that applies:
 
     - fewer than :data:`MIN_PAIRS` pairs: ``"inconclusive: 2 pairs, need 5"``;
+    - ``units`` (how many independent units the pairs come from, and their name: conversations, documents,
+      concurrent loads) fewer than :data:`MIN_PAIRS`: ``"inconclusive: 3 conversations, need 5"`` (pairs drawn
+      from 3 conversations are 3 observations, not 12);
     - a trial of its pairs ran while the machine was busy (:mod:`kvbench.bench.machine_load`): ``"inconclusive: the
       machine was busy during 7 of 10 trials"``; or its load is unknown (older runs, a window too short to tell);
     - no interval (not computed): ``"inconclusive: no interval"``;
@@ -228,6 +231,9 @@ def judge(pairs: int, busy_trials: int, load_unknown: int, low: float, high: flo
     trials = 2 * pairs
     if pairs < MIN_PAIRS:
         return f"inconclusive: {pairs} pair{'s' if pairs != 1 else ''}, need {MIN_PAIRS}"
+    if units is not None and units[0] < MIN_PAIRS:
+        name = units[1] if units[0] != 1 else units[1].removesuffix("s")
+        return f"inconclusive: {units[0]} {name}, need {MIN_PAIRS}"
     if busy_trials:
         return f"inconclusive: the machine was busy during {busy_trials} of {trials} trials"
     if load_unknown:

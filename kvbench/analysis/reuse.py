@@ -129,30 +129,38 @@ def recompute_side(rows: pd.DataFrame, part: pd.DataFrame, group: str, where: di
     return ref
 
 
-def conversations(pairs: pd.DataFrame) -> pd.Series:
-    """The cluster of each request pair for a bootstrap: its conversation or document (``document``), else the
-    request itself (each pair its own)."""
-    if "document" in pairs and pairs["document"].notna().all():
-        return pairs["document"].astype(str)
-    return pd.Series(np.arange(len(pairs)), index=pairs.index)
+def sampling_units(pairs: pd.DataFrame) -> tuple[pd.Series, str]:
+    """The independent unit of each request pair, for a cluster bootstrap and the count a verdict needs, and its
+    name: requests sent several at a time share the server, so at a concurrency above 1 a whole load (a run's
+    repeat) is one unit (``"concurrent loads"``); one at a time, a conversation's turns (a document's questions)
+    share their history, so the unit is the conversation (``"conversations"``; ``"documents"``); requests of no
+    conversation are their own units (``"pairs"``)."""
+    if "concurrency" in pairs and pd.to_numeric(pairs["concurrency"], errors="coerce").max() > 1:
+        return pairs["run_path"].astype(str) + "#" + pairs["repeat"].astype(str), "concurrent loads"
+    if "document" in pairs and pairs["document"].notna().all() and pairs["document"].duplicated().any():
+        doc_qa = "request_id" in pairs and pairs["request_id"].astype(str).str.startswith("d").all()
+        return pairs["document"].astype(str), "documents" if doc_qa else "conversations"
+    return pd.Series(np.arange(len(pairs)), index=pairs.index), "pairs"
 
 
 def _paired_ttft(warm: pd.DataFrame, cold: pd.DataFrame) -> dict[str, Any]:
     """Restore ÷ recompute TTFT paired by request (the warm and cold run of one request in one repeat ran back to
     back): ``ttft_ratio`` (median of the pair ratios), ``ttft_ratio_ci_low``/``_high`` (95% bootstrap with ≥ 5
-    pairs, drawing whole conversations: :func:`conversations`, as a conversation's turns are not independent),
-    ``pairs``, ``conversations`` (distinct ones among the pairs), ``pairs_busy_trials`` and ``ttft_verdict``
-    (:func:`kvbench.analysis.intervals.judge`; "" when the pairs decide that restore is faster or slower)."""
+    pairs, drawing whole independent units: :func:`sampling_units`), ``pairs``, ``units`` and ``unit`` (how many
+    independent units the pairs come from, and what they are), ``pairs_busy_trials`` and ``ttft_verdict``
+    (:func:`kvbench.analysis.intervals.judge`, which also needs 5 units; "" when the pairs decide that restore is
+    faster or slower)."""
     pairs = pair_with_reference(warm, cold, on=["request_id"])
     ratio = (pd.to_numeric(pairs["ttft_s"], errors="coerce")
              / pd.to_numeric(pairs["ttft_s_ref"], errors="coerce")).replace([np.inf, -np.inf], np.nan)
-    clusters = conversations(pairs)  # one pair per conversation: the plain bootstrap of the median, draw for draw
+    clusters, unit = sampling_units(pairs)  # one pair per unit: the plain bootstrap of the median, draw for draw
     lo, hi = cluster_median_interval(ratio, clusters, BOOT, 0)
     load = pair_load(pairs)
     n, busy, unknown = len(pairs), int(load["busy_trials"].sum()), int(load["load_unknown"].sum())
     return {"ttft_ratio": float(ratio.median()) if n else np.nan, "ttft_ratio_ci_low": lo, "ttft_ratio_ci_high": hi,
-            "pairs": n, "conversations": int(clusters.nunique()), "pairs_busy_trials": busy,
-            "ttft_verdict": reuse_not_engaged(warm) or judge(n, busy, unknown, lo, hi)}
+            "pairs": n, "units": int(clusters.nunique()), "unit": unit, "pairs_busy_trials": busy,
+            "ttft_verdict": reuse_not_engaged(warm) or judge(n, busy, unknown, lo, hi,
+                                                             units=(int(clusters.nunique()), unit))}
 
 
 def ids_verdict(ok: pd.DataFrame) -> Any:

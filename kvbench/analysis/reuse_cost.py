@@ -3,8 +3,8 @@ every prompt (cold) and by restoring stored prefixes (warm), priced per 1M gener
 
 The saving is the workload's: Σ generated tokens ÷ Σ e2e seconds on each side, one request at a time. Its 95%
 interval is a percentile bootstrap over request pairs (the warm and the cold run of one request in one repeat ran
-back to back) drawn by conversation (the turns of one conversation are not independent), recomputing that ratio
-of sums on each resample; the verdict is :func:`kvbench.analysis.intervals.judge`'s.
+back to back) drawn by independent unit (the turns of one conversation are not independent, nor are requests in
+flight together), recomputing that ratio of sums on each resample; the verdict is :func:`kvbench.analysis.intervals.judge`'s.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from kvbench.results.rows import MEASURED
 from kvbench.analysis.cost import GIB, Prices
 from kvbench.analysis.engaged import reuse_not_engaged
 from kvbench.analysis.intervals import cluster_draws, judge, pair_load, pair_with_reference
-from kvbench.analysis.reuse import conversations, ids_verdict, recompute_side, reuse_trials
+from kvbench.analysis.reuse import ids_verdict, recompute_side, reuse_trials, sampling_units
 
 #: Bootstrap resamples of the saving's interval.
 N_BOOT = 2000
@@ -28,14 +28,14 @@ N_BOOT = 2000
 def _saving_interval(pairs: pd.DataFrame, hourly_warm: float, hourly_cold: float, n_boot: int,
                      seed: int, overlap: tuple[float, float] = (1.0, 1.0)) -> tuple[float, float]:
     """95% percentile-bootstrap interval (percent) of 1 − (hourly_warm ÷ tokens/s warm) ÷ (hourly_cold ÷ tokens/s
-    cold) over resamples of the request pairs by conversation (:func:`~kvbench.analysis.reuse.conversations`:
-    a resample draws whole conversations), tokens/s = Σ tokens ÷ (Σ e2e × ``overlap``) of the resampled pairs;
+    cold) over resamples of the request pairs by independent unit (:func:`~kvbench.analysis.reuse.sampling_units`:
+    a resample draws whole conversations, or whole loads at a concurrency above 1), tokens/s = Σ tokens ÷ (Σ e2e × ``overlap``) of the resampled pairs;
     ``overlap`` (warm, cold): the seconds requests were in flight ÷ Σ e2e of each side (1 one at a time; below 1
     when requests overlapped), so that the whole sample gives the point estimate; NaN with fewer than 5 pairs."""
     n = len(pairs)
     if n < 5 or n_boot <= 0:
         return math.nan, math.nan
-    counts, index = cluster_draws(conversations(pairs), n_boot, seed)
+    counts, index = cluster_draws(sampling_units(pairs)[0], n_boot, seed)
 
     def sums(values: pd.Series) -> np.ndarray:  # [n_boot]: Σ values of each resample's drawn conversations
         return counts @ np.bincount(index, weights=values.to_numpy(float), minlength=counts.shape[1])
@@ -80,8 +80,8 @@ def _size(n: float) -> str:
 
 
 def server_host_bytes(warm: pd.DataFrame, cold: pd.DataFrame, basis: str = "configured") -> tuple[float, str]:
-    """``(bytes, what)``: the host memory a server mode is charged for, and how that figure was read (``""`` when
-    it holds none).
+    """``(bytes, source)``: the host memory a server mode is charged for, and where that figure comes from (``""``
+    when its flags configure no host tier).
 
     ``configured``: the host KV tier its flags set (``server_host_tier_bytes``: llama.cpp ``--cache-ram``, vLLM
     ``--kv-offloading-size``, SGLang ``--hicache-size``), the size one must provision; where the flags do not say
@@ -98,14 +98,14 @@ def server_host_bytes(warm: pd.DataFrame, cold: pd.DataFrame, basis: str = "conf
         else pd.Series(dtype=float)
     if basis == "configured" and tier.notna().any():
         source = str(warm["server_host_tier"].dropna().iloc[0]) if "server_host_tier" in warm else ""
-        return (float(tier.max()), f"host: {source}") if tier.max() > 0 else (0.0, "")
+        return (float(tier.max()), f"{source}, configured") if tier.max() > 0 else (0.0, "")
     growth = [pd.to_numeric(f["server_rss_growth_bytes"], errors="coerce").dropna() if "server_rss_growth_bytes"
               in f else pd.Series(dtype=float) for f in (warm, cold)]
     why = "" if basis == "measured" else ", its flags do not say"
     if growth[0].empty:
-        return 0.0, f"host: not charged (no RSS reading{why})"
+        return 0.0, f"not charged: no RSS reading{why}"
     mine, none = float(growth[0].median()), float(growth[1].median()) if len(growth[1]) else 0.0
-    return max(0.0, mine - none), f"host: RSS +{_size(mine)} less none's +{_size(none)} (measured{why})"
+    return max(0.0, mine - none), f"RSS +{_size(mine)} less none's +{_size(none)}, measured{why}"
 
 
 def reuse_cost(trials: pd.DataFrame, prices: Prices, n_boot: int = N_BOOT, seed: int = 0,
@@ -117,8 +117,9 @@ def reuse_cost(trials: pd.DataFrame, prices: Prices, n_boot: int = N_BOOT, seed:
     tokens from it (:meth:`kvbench.analysis.cost.Prices.per_million`; restore is also charged for what its store held
     after a request, the medians of ``store_host_bytes`` at the host price and ``store_disk_bytes`` at the disk
     price; ``store_bytes`` is their sum; a server mode is charged its host tier as ``host_tier`` says
-    (:func:`server_host_bytes`) and its slot files on disk, ``store_disk_bytes``; ``charged`` says in words what
-    was charged); a server mode's
+    (:func:`server_host_bytes`) and its slot files on disk, ``store_disk_bytes``; ``charged`` says what was
+    charged, ``host 256.0 MiB, disk 3.2 KiB`` or ``none``, and ``charged_from`` where each figure comes from); a
+    server mode's
     recompute side is ``none`` on the same requests (:func:`kvbench.analysis.reuse.recompute_side`); ``saving_pct`` = 1 − restore's ÷ recompute's with ``saving_ci_low`` /
     ``saving_ci_high`` (see the module docstring), ``pairs``, ``pairs_busy_trials`` and ``saving_verdict`` ("" =
     decided); ``prefill_saved_pct`` = Σ tokens restored ÷ Σ prompt tokens of the warm trials (the prefill
@@ -136,16 +137,20 @@ def reuse_cost(trials: pd.DataFrame, prices: Prices, n_boot: int = N_BOOT, seed:
         rec: dict[str, Any] = {"group": group, "mode_label": mode, "mode": part["mode"].iloc[0],
                                "engine": part["engine"].iloc[0] if server else None, "requests": len(warm)}
         host, disk = (_median(warm, col) for col in ("store_host_bytes", "store_disk_bytes"))
-        charged = []
+        charged, sources = [], []
         if server:
-            host, what = server_host_bytes(warm, cold, host_tier)
-            charged.append(what)
-        elif host:
-            charged.append(f"host: store {_size(host)}")
+            host, source = server_host_bytes(warm, cold, host_tier)
+            sources.append(f"host: {source}" if source else "")
+            if disk:
+                sources.append("disk: slot files")
+        elif host or disk:
+            sources.append("the store, median after a request")
+        if host:
+            charged.append(f"host {_size(host)}")
         if disk:
-            charged.append(f"disk: {'slot files' if server else 'store'} {_size(disk)}")
+            charged.append(f"disk {_size(disk)}")
         rec.update(store_bytes=host + disk, store_host_bytes=host, store_disk_bytes=disk,
-                   charged="; ".join(c for c in charged if c) or "none")
+                   charged=", ".join(charged) or "none", charged_from="; ".join(c for c in sources if c))
         overlap = {}
         for side, frame, h, d in (("recompute", cold, 0.0, 0.0), ("restore", warm, host, disk)):
             total = frame["e2e_s"].astype(float).sum()
@@ -162,9 +167,11 @@ def reuse_cost(trials: pd.DataFrame, prices: Prices, n_boot: int = N_BOOT, seed:
             math.nan, math.nan)
         load = pair_load(pairs)
         busy, unknown = int(load["busy_trials"].sum()), int(load["load_unknown"].sum())
-        rec.update(saving_ci_low=lo, saving_ci_high=hi, pairs=len(pairs), pairs_busy_trials=busy,
-                   saving_verdict=reuse_not_engaged(warm) or judge(len(pairs), busy, unknown, lo, hi,
-                                                                        no_change=0.0))
+        labels, unit = sampling_units(pairs)
+        rec.update(saving_ci_low=lo, saving_ci_high=hi, pairs=len(pairs), units=int(labels.nunique()), unit=unit,
+                   pairs_busy_trials=busy,
+                   saving_verdict=reuse_not_engaged(warm) or judge(len(pairs), busy, unknown, lo, hi, no_change=0.0,
+                                                                   units=(int(labels.nunique()), unit)))
         prompt = warm["prompt_tokens"].sum()
         rec["prefill_saved_pct"] = 100 * warm["tokens_restored"].sum() / prompt if prompt else math.nan
         rec["ttft_saved_s"] = ((cold["ttft_s"].astype(float).sum() - warm["ttft_s"].astype(float).sum())

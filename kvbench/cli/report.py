@@ -61,8 +61,7 @@ def report(
                              "with 5 pairs their range]", wrap=REUSE_WRAPPING))
         if g in rep.server_load:
             out.print(_table(server_load_display(rep.server_load[g]).drop(columns=["scenario"]),
-                             f"{g}: load per mode", LOAD_CAPTION,
-                             left=1, wrap=("mode",)))
+                             f"{g}: load per mode", LOAD_CAPTION, left=1, wrap=True))
         if g in rep.capacity:
             out.print(_table(capacity_display(rep.capacity[g]), f"{g}: capacity within the budget",
                              "probes in order, ✗ = did not fit; figures at the capacity"))

@@ -165,8 +165,9 @@ def what_if_lines(prices: Prices, w: dict[str, Any], base_tokens_per_s: float,
 
 def verdicts(costs: pd.DataFrame) -> dict[str, list[str]]:
     """Plain-language lines per group: at each prompt length, the cheapest qualifying mode and, for the cheapest
-    offload mode against ``none``, the paired saving with its interval and pair count (the mode's price shown as
-    ``none``'s less that paired saving, so both figures of a line agree): "lowers cost" or "raises
+    offload mode that engaged against ``none``, the paired saving with its interval and pair count (the mode's price
+    shown as ``none``'s less that paired saving, so both figures of a line agree; modes that held no KV off the
+    device are named as not engaged, not compared): "lowers cost" or "raises
     cost" only when :func:`kvbench.analysis.intervals.judge` decides (≥ 5 pairs, a quiet machine, an interval that excludes
     no change, plausible against the plan); otherwise why the measurements do not decide."""
     out: dict[str, list[str]] = {}
@@ -188,6 +189,16 @@ def verdicts(costs: pd.DataFrame) -> dict[str, list[str]]:
         if offload.empty:
             lines.append(f"at {prompt} tokens only `none` qualified: {base:,.2f} USD per 1M tokens")
             continue
+        idle = offload["cost_verdict"].fillna("").str.startswith("not engaged")
+        if idle.all():
+            names = ", ".join(f"`{m}`" for m in offload["mode_label"])
+            lines.append(f"at {prompt} tokens no offload mode engaged ({names}: no KV left the device): `none` "
+                         f"{base:,.2f} USD per 1M tokens")
+            continue
+        if idle.any():  # a mode that offloaded nothing is `none` under another name: not the one to compare
+            lines.append(f"at {prompt} tokens not engaged, so not compared: "
+                         + ", ".join(f"`{m}`" for m in offload.loc[idle, "mode_label"]))
+        offload = offload[~idle]
         c = offload.loc[offload["usd_per_million"].idxmin()]
         saving = pct_interval(c["saving_pct"], c["saving_ci_low"], c["saving_ci_high"])
         raised = pct_interval(-c["saving_pct"], -c["saving_ci_high"], -c["saving_ci_low"])
@@ -213,7 +224,9 @@ def reuse_verdicts(reuse: pd.DataFrame) -> list[str]:
     lines = []
     for r in reuse.to_dict("records"):
         saving = pct_interval(r["saving_pct"], r["saving_ci_low"], r["saving_ci_high"])
-        n = f"{r['pairs']} request pair{'s' if r['pairs'] != 1 else ''}"
+        n = f"{r['pairs']} request pair{'s' if r['pairs'] != 1 else ''}" + (
+            f"; held beside the device: {r['charged']} ({r['charged_from']})" if r.get("charged") not in (None, "none")
+            else "")
         if r["saving_verdict"]:
             lines.append(f"{r['group']}: `{r['mode_label']}` {r['saving_verdict']}: restore "
                          f"{r['restore_usd_per_million']:,.2f} vs recompute {r['recompute_usd_per_million']:,.2f} USD "

@@ -14,27 +14,29 @@ from kvbench.report.format import missing, ms
 LOAD_CAPTION = ("in flight: the concurrency asked for, the most requests in flight at once and the time-weighted mean "
                 "while any was; tok/s = generated tokens ÷ the seconds requests were in flight / ÷ the load's "
                 "wall-clock seconds (holds, slot saves and think time included); hit % = Σ cached ÷ Σ prompt "
-                "tokens; TTFT, TPOT and ITL p50 / p90 / p99 over the requests (ITL: over every gap between "
-                "streamed chunks) with their count n; max = the percentile is the largest value (p99 of at most "
-                "100, p90 of at most 10)")
+                "tokens; TTFT and TPOT p50 / p90 / p99 over the requests (n: requests), ITL over every gap between "
+                "streamed chunks (its n beside); max = the percentile is the largest value (p99 of at most 100, "
+                "p90 of at most 10)")
 
 
-def percentile_cell(r: dict, name: str) -> str:
-    """``p50 / p90 / p99 (n)`` of ``name`` in milliseconds, each percentile that the rank rule makes the maximum
-    written ``max`` (p99 of at most 100 values, p90 of at most 10), e.g. ``596 / 1,190 / max 1,200 (n 18)``."""
+def percentile_cell(r: dict, name: str, with_n: bool = True) -> str:
+    """``p50 / p90 / p99 (n N)`` of ``name`` in milliseconds, each percentile that the rank rule makes the maximum
+    written ``max`` (p99 of at most 100 values, p90 of at most 10), e.g. ``596 / 1,190 / max 1,200 (n 18)``;
+    without ``with_n`` the count is left to another column."""
     n = int(r.get(f"{name}_n") or 0)
     if not n:
         return "-"
     cells = [("max " if is_max_rank(n, p) else "") + ms(r[f"{name}_p{p}_s"]) for p in PERCENTILES]
-    return f"{' / '.join(cells)} (n {n})"
+    return " / ".join(cells) + (f" (n {n})" if with_n else "")
 
 
 def server_load_display(table: pd.DataFrame) -> pd.DataFrame:
-    """Text cells: ``mode``, ``requests`` (and failed), ``in flight`` (asked for, the most reached and the
-    time-weighted mean while any was: ``4: max 3, mean 2.4``), ``tok/s`` (generated tokens ÷ the seconds requests
-    were in flight, then ÷ the load's wall-clock seconds), ``hit %`` (Σ cached ÷ Σ prompt tokens), ``TTFT ms
-    p50/p90/p99 (n)`` (:func:`percentile_cell`), the same of TPOT and ITL (one gap per streamed chunk), and with
-    an SLO ``SLO met %`` and ``goodput req/s`` (in flight / wall clock); ``scenario`` first."""
+    """Text cells: ``mode``, ``requests`` (and failed: the n of the TTFT and TPOT percentiles), ``in flight``
+    (asked for, the most reached and the time-weighted mean while any was: ``4: max 3, mean 2.4``), ``tok/s``
+    (generated tokens ÷ the seconds requests were in flight, then ÷ the load's wall-clock seconds), ``hit %`` (Σ
+    cached ÷ Σ prompt tokens), ``TTFT ms p50/p90/p99`` (:func:`percentile_cell`), the same of TPOT, and of ITL (one
+    gap per streamed chunk) with its own n, and with an SLO ``SLO met %`` and ``goodput req/s`` (in flight / wall
+    clock); ``scenario`` first."""
     if table.empty:
         return pd.DataFrame()
     rows = []
@@ -47,7 +49,7 @@ def server_load_display(table: pd.DataFrame) -> pd.DataFrame:
                    r["throughput_busy_tokens_per_s"], r["throughput_wall_tokens_per_s"])),
                "hit %": "-" if missing(r["cached_token_share"]) else f"{100 * r['cached_token_share']:.0f}"}
         for name in ("ttft", "tpot", "itl"):
-            rec[f"{name.upper()} ms p{'/p'.join(map(str, PERCENTILES))}"] = percentile_cell(r, name)
+            rec[f"{name.upper()} ms p{'/p'.join(map(str, PERCENTILES))}"] = percentile_cell(r, name, name == "itl")
         if "slo_met_pct" in r:
             rec["SLO met %"] = "-" if missing(r["slo_met_pct"]) else f"{r['slo_met_pct']:.0f}"
             rec["goodput req/s busy / wall"] = " / ".join("-" if missing(v) else f"{v:.3f}" for v in (
