@@ -273,7 +273,8 @@ def _paired_savings(out: pd.DataFrame, trials: pd.DataFrame | None, prices: Pric
         held = {f"{c}_median": pd.to_numeric(mine[c], errors="coerce").median() if c in mine else None
                 for c in ("kv_host_peak_bytes", "kv_disk_peak_bytes")}
         meta[i] = {"pairs": len(pairs), "busy": int(load["busy_trials"].sum()),
-                   "unknown": int(load["load_unknown"].sum()), "idle": offload_not_engaged({"mode": rec["mode"], **held})}
+                   "unknown": int(load["load_unknown"].sum()),
+                   "idle": offload_not_engaged({"mode": rec["mode"], **held})}
         values.extend((100 * (1 - pairs["usd"] / pairs["usd_ref"])).tolist())
         ids.extend([i] * len(pairs))
     series, pid = pd.Series(values, dtype=float), pd.Series(ids, dtype=np.int64)

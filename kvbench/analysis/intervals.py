@@ -297,5 +297,5 @@ def pct_interval(median: float, low: float, high: float, digits: int = 0) -> str
 
 
 __all__ = ["BOOTSTRAP_MIN_REPEATS", "MIN_PAIRS", "PAIRED_METRICS", "PAIR_KEYS", "add_comparisons",
-           "bootstrap_intervals", "cluster_draws", "cluster_median_interval", "busy_flags", "judge", "load_known", "median_ci", "pair_load", "pair_with_reference",
-           "paired_point_stats", "pct_interval"]
+           "bootstrap_intervals", "busy_flags", "cluster_draws", "cluster_median_interval", "judge", "load_known",
+           "median_ci", "pair_load", "pair_with_reference", "paired_point_stats", "pct_interval"]

@@ -41,8 +41,8 @@ def qualifies(table: pd.DataFrame) -> pd.Series:
 
 def _itl_pooled(measured: pd.DataFrame, mpid: pd.Series) -> pd.DataFrame:
     """Per point: the p50/p90/p99 and max of every inter-token gap of its measured trials, pooled (seconds; the
-    value at 0-based rank ⌈(n − 1)·p⌉ of the sorted gaps, as the trial rows' ``itl_p*_s``), and ``itl_n``, how many
-    gaps they are (at most 100 make p99 the maximum)."""
+    value at 0-based rank ⌈(n − 1)·p⌉ of the sorted gaps, as the trial rows' ``itl_p*_s``), and ``itl_n``, how
+    many gaps they are (at most 100 make p99 the maximum)."""
     cols = [f"itl_p{p}_s" for p in ITL_PERCENTILES] + ["itl_max_s", "itl_n"]
     if "itl_s" not in measured or measured.empty:
         return pd.DataFrame(columns=cols, dtype=float)

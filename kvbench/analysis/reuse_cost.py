@@ -4,7 +4,8 @@ every prompt (cold) and by restoring stored prefixes (warm), priced per 1M gener
 The saving is the workload's: Σ generated tokens ÷ Σ e2e seconds on each side, one request at a time. Its 95%
 interval is a percentile bootstrap over request pairs (the warm and the cold run of one request in one repeat ran
 back to back) drawn by independent unit (the turns of one conversation are not independent, nor are requests in
-flight together), recomputing that ratio of sums on each resample; the verdict is :func:`kvbench.analysis.intervals.judge`'s.
+flight together), recomputing that ratio of sums on each resample; the verdict is
+:func:`kvbench.analysis.intervals.judge`'s.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ def _saving_interval(pairs: pd.DataFrame, hourly_warm: float, hourly_cold: float
                      seed: int, overlap: tuple[float, float] = (1.0, 1.0)) -> tuple[float, float]:
     """95% percentile-bootstrap interval (percent) of 1 − (hourly_warm ÷ tokens/s warm) ÷ (hourly_cold ÷ tokens/s
     cold) over resamples of the request pairs by independent unit (:func:`~kvbench.analysis.reuse.sampling_units`:
-    a resample draws whole conversations, or whole loads at a concurrency above 1), tokens/s = Σ tokens ÷ (Σ e2e × ``overlap``) of the resampled pairs;
+    a resample draws whole conversations, or whole loads at a concurrency above 1), tokens/s = Σ tokens ÷ (Σ e2e ×
+    ``overlap``) of the resampled pairs;
     ``overlap`` (warm, cold): the seconds requests were in flight ÷ Σ e2e of each side (1 one at a time; below 1
     when requests overlapped), so that the whole sample gives the point estimate; NaN with fewer than 5 pairs."""
     n = len(pairs)
@@ -37,7 +39,7 @@ def _saving_interval(pairs: pd.DataFrame, hourly_warm: float, hourly_cold: float
         return math.nan, math.nan
     counts, index = cluster_draws(sampling_units(pairs)[0], n_boot, seed)
 
-    def sums(values: pd.Series) -> np.ndarray:  # [n_boot]: Σ values of each resample's drawn conversations
+    def sums(values: pd.Series) -> np.ndarray:  # [n_boot]: Σ values of each resample's drawn units
         return counts @ np.bincount(index, weights=values.to_numpy(float), minlength=counts.shape[1])
 
     tps_w = sums(pairs["n_output_tokens"] * pairs["batch_size"]) / (sums(pairs["e2e_s"]) * overlap[0])

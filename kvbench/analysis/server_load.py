@@ -51,12 +51,14 @@ def server_load_table(trials: pd.DataFrame, max_ttft_s: float | None = None,
     and the time-weighted mean while any was; :func:`in_flight`), ``busy_s`` (the seconds requests were in
     flight), ``wall_s`` (the load's wall-clock seconds, holds and think time included),
     ``throughput_busy_tokens_per_s`` (generated tokens ÷ busy_s) and ``throughput_wall_tokens_per_s`` (÷ wall_s,
-    as vLLM's ``output_throughput``), ``request_rate_busy_per_s`` and ``request_rate_wall_per_s``, ``cached_token_share`` (Σ cached ÷ Σ prompt tokens over its requests: the
+    as vLLM's ``output_throughput``), ``request_rate_busy_per_s`` and ``request_rate_wall_per_s``,
+    ``cached_token_share`` (Σ cached ÷ Σ prompt tokens over its requests: the
     token-weighted hit rate; NaN where the server reported no cached tokens), the p50/p90/p99 of ``ttft``,
     ``tpot``, ``ntpot`` (over requests) and ``itl`` (over every inter-chunk gap of every request), each with its
     count (``ttft_n``, ...: at most 100 values make p99 their maximum, :func:`~kvbench.analysis.latency.is_max_rank`),
     and with an SLO (``max_ttft_s``, ``max_tpot_s``: seconds, per request) ``slo_met_pct``,
-    ``goodput_busy_per_s`` (requests meeting it ÷ busy_s) and ``goodput_wall_per_s`` (÷ wall_s); empty without server rows."""
+    ``goodput_busy_per_s`` (requests meeting it ÷ busy_s) and ``goodput_wall_per_s`` (÷ wall_s); empty without
+    server rows."""
     if "engine" not in trials:
         return pd.DataFrame()
     rows = trials[trials["engine"].notna()]

@@ -126,7 +126,8 @@ def cost_display(table: pd.DataFrame, monthly: bool = False, payback: bool = Fal
 def reuse_cost_display(reuse: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     """:func:`kvbench.analysis.reuse_cost.reuse_cost` as text cells per scenario and mode: throughput and cost
     recomputing (cold) vs restoring (warm), the saving with its interval, pairs, prefill and TTFT saved, and whether
-    the ids matched ``none``'s, and what memory was charged beside the device (``charged``). Returns (cells, marks): marks has ``worse`` where restored ids differ, else ``""``."""
+    the ids matched ``none``'s, and what memory was charged beside the device (``charged``). Returns (cells,
+    marks): marks has ``worse`` where restored ids differ, else ``""``."""
     cols = ["scenario", "mode", "requests", "tok/s cold", "tok/s warm", "USD/1M cold", "USD/1M warm", "saving %",
             "pairs", "prefill saved %", "TTFT saved ms", "= none", "charged"]
     rows = []

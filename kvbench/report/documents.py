@@ -165,10 +165,11 @@ GLOSSARY = """## Columns
   overhead and throughput (× none) are **paired**: repeat r of a mode next to repeat r of `none` at the same point
   (they ran back to back), the median of the pair ratios with a 95% bootstrap interval over pairs (with exactly 5
   pairs that interval is their range, min to max: a resample's median is the smallest ratio with probability 5.8%,
-  above 2.5%); pairs: how many. verdict: `decided` only with at least 5 pairs, no trial measured while the machine was busy (other
-  processes' CPU at or above the threshold, or another process on the GPU), and an interval that excludes no
-  change; an offload mode faster than `none` at the same batch beyond its interval is implausible against the
-  plan (the decode-step roofline puts it at or above `none`). n/a: no measured `none` trial there.
+  above 2.5%); pairs: how many. verdict: `decided` only with at least 5 pairs, no trial measured while the
+  machine was busy (other processes' CPU at or above the threshold, or another process on the GPU), and an
+  interval that excludes no change (and never for a mode that held no KV off the device: "not engaged"); an
+  offload mode faster than `none` at the same batch beyond its interval is implausible against the plan (the
+  decode-step roofline puts it at or above `none`). n/a: no measured `none` trial there.
 - ITL p99: the 99th percentile of every inter-token gap of the point's trials, pooled (stalls a median hides), with
   the number of gaps n; `max` where p99 is the largest gap (numpy's higher method over at most 100 gaps).
 - busy trials: measured trials during which other processes used at least the busy threshold of CPU.
@@ -179,8 +180,9 @@ GLOSSARY = """## Columns
   restore (warm: the longest stored prefix, in whole chunks, loaded from the mode's KV store, then the rest
   prefilled); TTFT of restore includes the lookup and the copy. hit rate: stored chunks found ÷ whole chunks of
   the prompt; prefill saved: tokens restored ÷ prompt tokens. Restore ÷ recompute and the cost saving resample
-  whole conversations (or documents) for their intervals, since the turns of one are not independent. near tie: ids differ only where recompute's top-2
-  logits were within 1e-3.
+  whole conversations (or documents; a server's whole loads at a concurrency above 1) for their intervals, since
+  the turns of one are not independent, and a verdict needs 5 of them. near tie: ids differ only where
+  recompute's top-2 logits were within 1e-3.
 - plan: `kvbench plan`'s prediction for the trial (device KV under the mode's placement, host KV copied per decode
   step, and the decode-step roofline max(t_mem, t_link) from the run's measured memory and link bandwidths); ×:
   measured ÷ predicted.

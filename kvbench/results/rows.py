@@ -292,7 +292,8 @@ METRICS = (
     Metric("goodput_wall_per_s", "requests/s", "requests whose TTFT and TPOT meet the SLOs ÷ the load's "
            "wall-clock seconds", "server_load", "request_goodput", "-", "goodput", "request_goodput"),
     Metric("cached_token_share", "", "Σ cached prompt tokens ÷ Σ prompt tokens of a mode's requests "
-           "(token-weighted hit rate)", "server_load", "-", "-", "overall_usage_prompt_cache_read_pct (percent; newer builds)",
+           "(token-weighted hit rate)", "server_load", "-", "-",
+           "overall_usage_prompt_cache_read_pct (percent; newer builds)",
            "prefix_cache_hit_percent (percent, from /metrics)"),
 )
 

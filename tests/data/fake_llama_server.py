@@ -24,8 +24,8 @@ Environment, read at start (N counts this server's /completion requests from 1):
 the N-th; ``FAKE_CACHED_COLD=1`` reports ``cache_n`` ≥ 16 even with ``cache_prompt`` false; ``FAKE_CACHE_SHIFT=1``
 adds 1 to the ids of a request that reused cached tokens; ``FAKE_TOKEN_DELAY_S`` (default 0.002) is the seconds
 per token, ``FAKE_PROMPT_S_PER_TOKEN`` (default 2e-5) per processed prompt token, ``FAKE_RESTORE_DELAY_S``
-(default 0) the seconds a slot restore takes (reported as its ``restore_ms``); ``FAKE_RECORD=PATH`` gets one JSON line per completion and slot action (port, prompt ids, ``cache_n``,
-times). Every request is logged on stdout.
+(default 0) the seconds a slot restore takes (reported as its ``restore_ms``); ``FAKE_RECORD=PATH`` gets one JSON
+line per completion and slot action (port, prompt ids, ``cache_n``, times). Every request is logged on stdout.
 """
 
 from __future__ import annotations
