@@ -14,6 +14,8 @@ from kvbench.bench.servers.tiers import files_bytes, host_tier, last_value
     ("llama.cpp", ["-m", "x.gguf"], (8192 * 2**20, "--cache-ram 8192 MiB (llama-server's default)")),
     ("llama.cpp", ["--cache-ram", "0"], (0, "--cache-ram 0: no host tier")),
     ("llama.cpp", ["--cache-ram", "-1"], (None, "--cache-ram -1: no limit, the size is not known from the flags")),
+    ("llama.cpp", ["--cache-ram", "abc"],
+     (None, "--cache-ram abc: not a number of MiB, the size is not known from the flags")),
     ("vllm", ["m", "--enable-prefix-caching"], (0, "no --kv-offloading-size: no host tier")),
     ("vllm", ["m", "--kv-offloading-backend", "native", "--kv-offloading-size", "8"],
      (8 * 2**30, "--kv-offloading-size 8 GiB")),

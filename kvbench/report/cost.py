@@ -227,7 +227,7 @@ def reuse_verdicts(reuse: pd.DataFrame) -> list[str]:
         saving = pct_interval(r["saving_pct"], r["saving_ci_low"], r["saving_ci_high"])
         n = f"{r['pairs']} request pair{'s' if r['pairs'] != 1 else ''}" + (
             f"; held beside the device: {r['charged']} ({r['charged_from']})" if r.get("charged") not in (None, "none")
-            else "")
+            else f"; {r['charged_from']}" if "not charged" in str(r.get("charged_from") or "") else "")
         if r["saving_verdict"]:
             lines.append(f"{r['group']}: `{r['mode_label']}` {r['saving_verdict']}: restore "
                          f"{r['restore_usd_per_million']:,.2f} vs recompute {r['recompute_usd_per_million']:,.2f} USD "

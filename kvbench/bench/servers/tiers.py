@@ -48,7 +48,9 @@ def host_tier(kind: str, argv: Sequence[str] | None) -> tuple[int | None, str]:
     if kind == "llama.cpp":
         given = last_value(argv, ("--cache-ram", "-cram"))
         mib = _number(given) if given is not None else float(LLAMA_CACHE_RAM_DEFAULT_MIB)
-        if mib is None or mib < 0:
+        if mib is None:
+            return None, f"--cache-ram {given}: not a number of MiB, the size is not known from the flags"
+        if mib < 0:
             return None, f"--cache-ram {given}: no limit, the size is not known from the flags"
         default = "" if given is not None else " (llama-server's default)"
         return (int(mib * MIB), f"--cache-ram {mib:g} MiB{default}") if mib else (0, "--cache-ram 0: no host tier")
