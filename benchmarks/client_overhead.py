@@ -40,7 +40,8 @@ from kvbench.bench.servers.client import Reply, complete_llamacpp  # noqa: E402
 from kvbench.bench.servers.engine import gguf_file  # noqa: E402
 from kvbench.bench.servers.process import ServerProcess, free_port  # noqa: E402
 from kvbench.errors import UserError  # noqa: E402
-from kvbench.scenario.servers import EngineSpec, server_program  # noqa: E402
+from kvbench.scenario.programs import server_program  # noqa: E402
+from kvbench.scenario.servers import EngineSpec  # noqa: E402
 
 #: First token id of the seeded prompts (clear of SmolLM2's special tokens) and the end of their range.
 LOW_ID, HIGH_ID = 100, 40_000

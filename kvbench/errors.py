@@ -78,6 +78,17 @@ class RemoteCodeRefused(UserError, ValueError):
     """A scenario asks for the model's own code (``model.trust_remote_code: true``) without the run allowing it."""
 
 
+class ServerConfigRefused(UserError, ValueError):
+    """A server scenario that would have kvbench run another program than the engine's own, or server flags that
+    read or write files, fetch weights or code, run code or reach another machine, without the run allowing it
+    (``kvbench run --trust-server-config``). ``needs``: the ``(key path, reason)`` pairs."""
+
+    def __init__(self, where: str | Path, needs: list[tuple[str, str]]):
+        self.needs = needs
+        lines = "; ".join(f"{path}: {why}" for path, why in needs)
+        super().__init__(f"{where}: {lines}")
+
+
 class RunDirError(UserError, ValueError):
     """A run directory that cannot be opened or resumed (missing files, other schema version)."""
 

@@ -214,7 +214,7 @@ def test_run_passes_the_executor_flags(recorded, tmp_path, flags, executor, addr
     r = CliRunner().invoke(app, ["run", str(tmp_path / "s.yaml"), *flags])
     assert r.exit_code == 130 and "interrupted before the first trial" in r.output
     assert recorded == [{"scenario": tmp_path / "s.yaml", "out": None, "resume": None, "trust_remote_code": False,
-                         "executor": executor, "address": address}]
+                         "trust_server_config": False, "executor": executor, "address": address}]
 
 
 def test_run_flag_errors_are_worded_with_the_flags(recorded, tmp_path):

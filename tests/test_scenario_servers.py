@@ -3,6 +3,8 @@ presets; every wrong key names its path, the value and what is allowed."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from typer.testing import CliRunner
 
@@ -146,15 +148,50 @@ def test_the_shipped_server_scenarios_validate(name):
         assert "not found in kvbench's environment or on PATH" in r.stderr
 
 
+LOOPBACK = "a server it starts listens on 127.0.0.1 at a free port, never another interface"
+MODEL = "it loads the scenario's model with its own slots, context, seed and metrics"
+LLAMA_OWN = "--host, --port, --metrics, -m, --model, -c, --ctx-size, -np, --parallel, -s, --seed"
+
+
 @pytest.mark.parametrize("where", ["engine", "mode"])
-@pytest.mark.parametrize("flag", [["--host", "0.0.0.0"], ["--port=80"], ["--metrics"]])
-def test_flags_that_would_move_the_server_off_loopback_are_refused(write_yaml, where, flag):
+@pytest.mark.parametrize("flag, says", [
+    (["--host", "0.0.0.0"], f"--host: kvbench sets this itself: {LOOPBACK}"),
+    (["--port=80"], f"--port=80: kvbench sets this itself: {LOOPBACK}"),
+    (["--hos", "0.0.0.0"], f"--hos (a prefix of --host, which argparse takes for it): kvbench sets this itself: "
+                           f"{LOOPBACK}"),
+    (["--po=80"], f"--po=80 (a prefix of --port, which argparse takes for it): kvbench sets this itself: {LOOPBACK}"),
+    (["--"], "--: would end the server's options, and kvbench's own flags come after it"),
+    (["--metrics"], f"--metrics: kvbench sets this itself: {MODEL} (kvbench's: {LLAMA_OWN})"),
+    (["-np", "1024"], f"-np: kvbench sets this itself: {MODEL} (kvbench's: {LLAMA_OWN})"),
+    (["--ctx_size=99"], f"--ctx_size=99: kvbench sets this itself: {MODEL} (kvbench's: {LLAMA_OWN})")])
+def test_flags_that_would_move_the_server_off_loopback_or_off_kvbench_s_settings_are_refused(write_yaml, where,
+                                                                                            flag, says):
     data = (server_scenario(engine={"kind": "llama.cpp", "args": flag}) if where == "engine" else
             server_scenario(modes=[{"name": "none", "args": flag}]))
     (path, message), = problems_of(write_yaml, data)
     assert path == ("engine.args" if where == "engine" else "modes[0].args")
-    assert message.startswith(f"{flag[0]}: kvbench sets --host, --port, --metrics itself (a server it starts listens "
-                              "on 127.0.0.1 at a free port, never another interface)")
+    assert message.startswith(says), message
+
+
+@pytest.mark.parametrize("flag", [["--hos", "0.0.0.0"], ["--max_num_seq", "9"], ["--max-num", "9"], ["--se=1"]])
+def test_an_argparse_server_s_abbreviations_of_kvbench_s_flags_are_refused(write_yaml, flag):
+    (path, message), = problems_of(write_yaml, server_scenario(engine={"kind": "vllm", "args": flag}))
+    assert path == "engine.args" and "a prefix of --" in message and "kvbench sets this itself" in message
+
+
+def test_the_flags_kvbench_sets_come_last_in_every_kind_s_command_line():
+    from kvbench.bench.servers.engine import server_argv
+    from kvbench.scenario import parse_scenario
+    from kvbench.scenario.servers import preset_of
+
+    for kind, tail in (("vllm", ["--host", "127.0.0.1", "--port", "4242", "--seed", "0", "--max-num-seqs", "2"]),
+                       ("sglang", ["--model-path", "HuggingFaceTB/SmolLM2-135M-Instruct", "--host", "127.0.0.1",
+                                   "--port", "4242", "--enable-metrics", "--random-seed", "0"])):
+        s = parse_scenario(server_scenario(engine={"kind": kind, "binary": "/bin/sh", "args": ["--x", "1"]},
+                                           model="HuggingFaceTB/SmolLM2-135M-Instruct",
+                                           modes=[{"name": "none", "args": ["--y"]}]), "s.yaml")
+        argv = server_argv(s, preset_of(kind, s.modes[0]), s.modes[0], 4242, 2, 40, Path("/slots"))
+        assert argv[-len(tail):] == tail and argv[-len(tail) - 1] == "--y"
 
 
 def test_a_llama_cpp_model_must_be_a_gguf_file(write_yaml, tmp_path):

@@ -80,7 +80,7 @@ def run(tmp_path: Path, data: dict, **env) -> Path:
             mp.setenv(k, str(v))
         path = tmp_path / f"{data['name']}.yaml"
         path.write_text(yaml.safe_dump(data))
-        return kvbench.run_scenario(path, out=tmp_path / "res").run_dir
+        return kvbench.run_scenario(path, out=tmp_path / "res", trust_server_config=True).run_dir
 
 
 def rows(run_dir: Path) -> dict[str, dict]:
@@ -270,7 +270,8 @@ def test_a_server_that_does_not_start_fails_its_mode_only(tmp_path, record):
     data = scenario(modes=[{"name": "none"}, {"name": "broken", "preset": "prefix-cache", "args": ["--bad-flag"]},
                            {"name": "prefix-cache"}])
     (tmp_path / "s.yaml").write_text(yaml.safe_dump(data))
-    r = CliRunner().invoke(app, ["run", str(tmp_path / "s.yaml"), "--out", str(tmp_path / "res")])
+    r = CliRunner().invoke(app, ["run", str(tmp_path / "s.yaml"), "--out", str(tmp_path / "res"),
+                                  "--trust-server-config"])
     assert r.exit_code == 1, r.output
     assert "4 trials failed with status error" in " ".join(r.output.split())
     got = rows(next((tmp_path / "res").iterdir()))
@@ -292,7 +293,7 @@ def crashed(tmp_path_factory):
         run_dir = run(tmp, scenario(), FAKE_CRASH_AFTER=3)
         before = rows(run_dir)
         n_events = len(events(tmp / "record.jsonl"))
-        resumed = CliRunner().invoke(app, ["run", "--resume", str(run_dir)])
+        resumed = CliRunner().invoke(app, ["run", "--resume", str(run_dir), "--trust-server-config"])
         during = events(tmp / "record.jsonl")[n_events:]
     return run_dir, before, resumed, during
 
@@ -380,7 +381,8 @@ def test_a_signal_mid_mode_leaves_no_server_and_resume_sends_only_what_is_missin
     out = tmp_path / "res"
     monkeypatch.setenv("FAKE_TOKEN_DELAY_S", "0.1")
     with open(tmp_path / "stderr.txt", "w") as errors:
-        proc = subprocess.Popen([*kvbench_cmd(), "run", str(tmp_path / "s.yaml"), "--out", str(out)],
+        proc = subprocess.Popen([*kvbench_cmd(), "run", str(tmp_path / "s.yaml"), "--out", str(out),
+                                 "--trust-server-config"],
                                 stdout=subprocess.DEVNULL, stderr=errors)
     try:
         end = time.monotonic() + 60
@@ -402,7 +404,7 @@ def test_a_signal_mid_mode_leaves_no_server_and_resume_sends_only_what_is_missin
     assert rc == -signal.SIGKILL and meta(run_dir)["status"] == "running"
     monkeypatch.delenv("FAKE_TOKEN_DELAY_S")
     n_events = len(events(record))
-    res = kvbench.run_scenario(resume=run_dir)
+    res = kvbench.run_scenario(resume=run_dir, trust_server_config=True)
     after = rows(run_dir)
     assert res.written == 8 - len(before) and list(after)[: len(before)] == list(before)
     assert set(after) == {f"{q}-{m}-r0" for q in REQUESTS for m in ("none", "prefix-cache")}
@@ -422,7 +424,7 @@ def test_requests_past_the_load_s_duration_are_skipped_and_resume_sends_none_of_
     for mode in ("none", "prefix-cache"):
         assert [got[f"{q}-{mode}-r0"]["status"] for q in REQUESTS] == ["ok", "skipped", "skipped", "skipped"]
         assert got[f"c1-t1-{mode}-r0"]["message"] == "not sent: load.duration_s (0.3 s) had passed"
-    resumed = CliRunner().invoke(app, ["run", "--resume", str(run_dir)])
+    resumed = CliRunner().invoke(app, ["run", "--resume", str(run_dir), "--trust-server-config"])
     assert resumed.exit_code == 0, resumed.output
     assert "0 trials written to" in resumed.output and rows(run_dir) == got
 

@@ -40,15 +40,15 @@ def engine(s=None) -> ServerEngine:
     return ServerEngine(s or scenario(), Stream(REQUESTS), Path("/nonexistent"), max_positions=64)
 
 
-def test_the_command_line_binds_loopback_and_puts_the_mode_s_flags_last():
+def test_the_command_line_puts_the_scenario_s_flags_first_and_kvbench_s_last():
     s = scenario()
     ram = s.modes[2]
     argv = server_argv(s, preset_of("llama.cpp", ram), ram, 4242, 2, 40, Path("/run/slots"))
-    assert argv[0] == "/bin/sh"
-    assert argv[argv.index("--host") + 1] == "127.0.0.1" and argv[argv.index("--port") + 1] == "4242"
-    assert argv[argv.index("-c") + 1] == "80" and argv[argv.index("-np") + 1] == "2"
-    assert argv[-4:] == ["-t", "1", "--cache-ram", "64"]
-    assert "--metrics" in argv and argv[argv.index("-m") + 1].endswith("SmolLM2-135M-Instruct.Q4_1.gguf")
+    assert argv[:5] == ["/bin/sh", "-t", "1", "--cache-ram", "64"]  # engine's, preset's, then the mode's
+    gguf = argv[6]
+    assert gguf.endswith("SmolLM2-135M-Instruct.Q4_1.gguf")
+    assert argv[5:] == ["-m", gguf, "--host", "127.0.0.1", "--port", "4242", "--metrics", "-c", "80", "-np", "2",
+                        "--seed", "0"]  # last, so that no earlier word can change where it listens
 
 
 def test_the_reusable_prefix_is_what_an_earlier_request_held():

@@ -15,7 +15,7 @@ from kvbench.bench.summary import capacity_summary, failure_lines, last_rows, po
 from kvbench.bench.trial import planned_count, plan_trials
 from kvbench.arguments import path_arg
 from kvbench.errors import (BadValue, NotEnoughRequests, PrepareError, RemoteCodeRefused, RunDirError, RunStopped,
-                            ScenarioError, UserError)
+                            ScenarioError, ServerConfigRefused, UserError)
 from kvbench.results.files import ResultsNotWritten
 from kvbench.results.run_dir import RunDir, utc_now
 from kvbench.scenario import Scenario
@@ -103,7 +103,7 @@ class RunResult:
 
 def run_scenario(scenario: str | Path | None = None, *, out: str | Path | None = None,
                  resume: str | Path | None = None, trust_remote_code: bool = False,
-                 progress: RunProgress | None = None, executor: str | None = None,
+                 trust_server_config: bool = False, progress: RunProgress | None = None, executor: str | None = None,
                  address: str | None = None) -> RunResult:
     """Run a scenario file's sweep in a new run directory under ``out`` (default ``results``), or continue the
     run in ``resume`` (skipping its finished trials; ``scenario``, if given, must equal the one stored there).
@@ -111,6 +111,9 @@ def run_scenario(scenario: str | Path | None = None, *, out: str | Path | None =
     Args:
         trust_remote_code: let the model's own code run, when the scenario also sets
             ``model.trust_remote_code: true``.
+        trust_server_config: let a server scenario (or a resumed run's) run its own ``engine.binary`` and server
+            flags that read or write files, fetch weights or code, run code or reach another machine
+            (:func:`~kvbench.scenario.programs.consent_needed`); each is named in a warning.
         progress: called back as the run goes (default: silent).
         executor: ``local`` or ``ray`` (default: the scenario's ``executor.kind``; an ``address`` means ``ray``).
         address: the Ray cluster to join (``auto`` or ``HOST:PORT``; default: the scenario's
@@ -125,6 +128,7 @@ def run_scenario(scenario: str | Path | None = None, *, out: str | Path | None =
             of them is no path.
         ScenarioError, RunDirError: the scenario or the run cannot be read, differ, or cannot run here.
         RemoteCodeRefused: the scenario asks for the model's own code and ``trust_remote_code`` is false.
+        ServerConfigRefused: the scenario needs ``trust_server_config`` and it is false (before anything runs).
         ModelNotFound, ModelLoadError, PrepareError, NotEnoughRequests: the run cannot be prepared.
         ClusterError: the Ray executor cannot run (Ray missing, address unreachable, placement unsatisfiable).
         RunStopped: the results could not be written (disk full...).
@@ -142,6 +146,8 @@ def run_scenario(scenario: str | Path | None = None, *, out: str | Path | None =
     on_ray = _cluster(sc, where, executor, address)
     if sc.model.trust_remote_code:
         _remote_code(sc, where, trust_remote_code, progress)
+    if sc.engine.server:
+        _server_consent(sc, where, trust_server_config, progress)
     rows = last_rows(finished)
     if (rundir is not None and sc.searched is None and not sc.workload.reuse and not sc.engine.server
             and _planned_ids(sc) <= {r["trial_id"] for r in rows if not retry_due(r)}):
@@ -167,13 +173,11 @@ def _cluster(sc: Scenario, where: Path, executor: str | None, address: str | Non
         BadParameter: an executor other than local or ray, a malformed address, or an address for a local run.
         ScenarioError: a placement for a local run.
     """
-    from kvbench.scenario.cluster import override_executor
+    from kvbench.scenario.cluster import check_placement, override_executor
 
     spec = override_executor(sc.executor, executor, address)
+    check_placement(spec, sc.placement, where)
     if spec.kind == "local":
-        if sc.placement:
-            raise ScenarioError(where, [("placement", "needs the ray executor (executor.kind: ray): a local run "
-                                                      "measures this machine only")])
         return None
     return sc.model_copy(update={"executor": spec})
 
@@ -183,11 +187,13 @@ def _open(scenario: Path | None, resume: Path | None,
     """The run to continue (None: a new one), its scenario, the file to name in messages, and the run's
     finished trials."""
     from kvbench.scenario import check_scenario, load_scenario, parse_scenario, scenario_warnings
+    from kvbench.scenario.programs import CONSENT_NOTE
 
     if resume is None:
         sc = load_scenario(scenario)
         for path, msg in scenario_warnings(sc):
-            progress.warning(f"{scenario}: {path}: {msg}")
+            if not msg.endswith(CONSENT_NOTE):  # refused, or named as allowed, by _server_consent
+                progress.warning(f"{scenario}: {path}: {msg}")
         return None, sc, scenario, []
     rundir = RunDir.open(resume)
     sc = parse_scenario(rundir.meta["scenario"], resume / "run.json")
@@ -220,6 +226,18 @@ def _remote_code(sc: Scenario, where: Path, allowed: bool, progress: RunProgress
                                 f"({', '.join(modules) if modules else 'its auto_map names no module'})")
     progress.warning(f"{where}: model.trust_remote_code: {sc.model.label} runs its own code: "
                      f"{', '.join(modules) or 'its auto_map names none'}")
+
+
+def _server_consent(sc: Scenario, where: Path, allowed: bool, progress: RunProgress) -> None:
+    """Refuse a server scenario that runs what the user did not allow (another program, flags acting beyond
+    serving the model); warn naming each when allowed."""
+    from kvbench.scenario.programs import consent_needed
+
+    needs = consent_needed(sc)
+    if needs and not allowed:
+        raise ServerConfigRefused(where, needs)
+    for path, why in needs:
+        progress.warning(f"{where}: {path}: {why} (allowed by --trust-server-config)")
 
 
 def _run(sc: Scenario, rundir: RunDir | None, where: Path, out: Path, progress: RunProgress,
@@ -336,7 +354,7 @@ def _prepare_server(sc: Scenario, rundir: RunDir, where: Path, progress: RunProg
     """The tokenizer and the requests of a server run (its servers start per mode, in the sweep)."""
     from kvbench.bench.servers.engine import load_server_engine
     from kvbench.bench.servers.sweep import ServerExecutor
-    from kvbench.scenario.servers import server_problems
+    from kvbench.scenario.programs import server_problems
 
     if problems := server_problems(sc):
         raise ScenarioError(where, problems)

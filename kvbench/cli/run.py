@@ -95,6 +95,11 @@ def run(
     trust_remote_code: bool = typer.Option(
         False, "--trust-remote-code", metavar="",
         help="Let the model's own code run, when the scenario also sets model.trust_remote_code: true."),
+    trust_server_config: bool = typer.Option(
+        False, "--trust-server-config", metavar="",
+        help="Let a server scenario (or the run resumed) run its own engine.binary, and server flags that read or "
+             "write files, fetch weights or code, run code or reach another machine (--path, --log-file, -hf, any "
+             "path or URL...). Without it kvbench runs only the engine's own program on the scenario's model."),
     executor: Optional[ExecutorKind] = typer.Option(
         None, "--executor", case_sensitive=False,
         help="Where trials run: local (this process) or ray (Ray actors, one per GPU; needs kvbench\\[ray]). Default: "
@@ -107,7 +112,7 @@ def run(
 ) -> None:
     """Run a scenario's sweep and print its summary."""
     from kvbench.bench.run import run_scenario
-    from kvbench.errors import RemoteCodeRefused, RunStopped
+    from kvbench.errors import RemoteCodeRefused, RunStopped, ServerConfigRefused
 
     warnings.showwarning = _show_warning
     signal.signal(signal.SIGTERM, _terminated)
@@ -121,10 +126,14 @@ def run(
     with handle_errors({"executor": "--executor", "address": "--address"}):
         try:
             res = run_scenario(scenario, out=out_root, resume=resume, trust_remote_code=trust_remote_code,
-                               progress=_Console(), executor=None if executor is None else executor.value,
+                               trust_server_config=trust_server_config, progress=_Console(),
+                               executor=None if executor is None else executor.value,
                                address=address)
         except RemoteCodeRefused as exc:
             _fail(f"{exc}; pass --trust-remote-code to allow it, or set it to false")
+        except ServerConfigRefused as exc:
+            _fail(f"{exc}; kvbench runs only the engine's own program on the scenario's model unless you pass "
+                  "--trust-server-config (read the scenario first: these would run as you)")
         except RunStopped as exc:
             _fail(str(exc) if exc.path is None else f"{exc.reason}; {exc.kept} finished trials are kept: make "
                   f"room, then continue with: kvbench run --resume {exc.path}", 1)

@@ -13,12 +13,14 @@ def validate(files: list[Path] = typer.Argument(..., help="Scenario YAML files."
     """Check scenario files without loading any model weights (reads the model's config for its context limit);
     warn about configurations that run but mislead. Exit 2 when a file is invalid (each is reported), as `run`."""
     from kvbench.scenario import ScenarioError, load_scenario, sweep_summary
+    from kvbench.scenario.cluster import check_placement
 
     bad = 0
     for f in files:
         with handle_errors():
             try:
                 s = load_scenario(f)
+                check_placement(s.executor, s.placement, f)  # as `kvbench run` of the file refuses it
             except ScenarioError as exc:
                 bad += 1
                 err.print(str(exc), highlight=False, markup=False)

@@ -15,8 +15,9 @@ from kvbench.offload.disk import DISK_BLOCK_TOKENS
 from kvbench.offload.modes import MODES, SMALL_WINDOW_TOKENS
 from kvbench.scenario.messages import echo
 from kvbench.scenario.paths import match
+from kvbench.scenario.programs import server_notices, server_problems
 from kvbench.scenario.schema import Scenario
-from kvbench.scenario.servers import preset_of, server_problems
+from kvbench.scenario.servers import preset_of
 
 
 def _langdetect_languages() -> list[str]:
@@ -231,6 +232,22 @@ def _server_memory_warning(s: Scenario) -> list[tuple[str, str]]:
                                  "server may fail to start or swap")]
 
 
+def _poisson_burst(s: Scenario) -> list[tuple[str, str]]:
+    """A Poisson load with no cap on requests in flight whose arrivals all fall within a second: it measures one
+    burst queued at the server's slots, not a rate."""
+    load = s.load_spec
+    if load.profile != "poisson" or load.concurrency is not None or load.rate is None:
+        return []
+    mt, dq = s.workload.multi_turn, s.workload.doc_qa
+    n = load.n_requests or (mt.conversations * mt.turns if mt is not None else dq.documents * dq.questions
+                            if dq is not None else len(s.prompt_tokens or []) * s.workload.n_prompts)
+    if not n or n / load.rate >= 1.0:
+        return []
+    return [("load.rate", f"{load.rate:g} requests/s with no load.concurrency cap sends all {n} requests within about "
+                          f"{1000 * n / load.rate:.3g} ms: one burst queued at the server's slots, not a rate (lower "
+                          "rate, or set concurrency)")]
+
+
 def _reachable_concurrency(s: Scenario) -> list[tuple[str, str]]:
     """A concurrency level the workload cannot fill: a multi-turn conversation's turns go one after another, so
     at most one request per conversation is in flight (and never more than ``load.n_requests``)."""
@@ -251,8 +268,10 @@ def scenario_warnings(s: Scenario) -> list[tuple[str, str]]:
     """The article's "bad config" patterns, which run but mislead: ``(key path, message)`` pairs.
 
     - a window (``window``, ``min_window``) of 1 to 255 tokens: most of the history crosses the link every step;
-    - a server engine whose program is not found here (:func:`kvbench.scenario.servers.server_problems`), or a
-      concurrency level its workload cannot fill (a conversation's turns go one after another);
+    - a server engine whose program is not found here (:func:`kvbench.scenario.programs.server_problems`), what
+      it would run only with ``--trust-server-config``, an ``openai`` URL in plaintext over the network or through
+      a proxy (:func:`~kvbench.scenario.programs.server_notices`), or a concurrency level its workload cannot fill
+      (a conversation's turns go one after another);
     - a host cap whose KV (``host_max_tokens`` × KV bytes per token × the largest batch) is more than this
       machine's memory: the cap never binds and the host tier can exhaust RAM first.
     """
@@ -261,8 +280,10 @@ def scenario_warnings(s: Scenario) -> list[tuple[str, str]]:
     warns: list[tuple[str, str]] = []
     if s.engine.server:  # a file for another machine is valid here; `kvbench run` refuses before any request
         warns += [(path, f"{msg} (kvbench run refuses until it is found)") for path, msg in server_problems(s)]
+        warns += server_notices(s)
         warns += _server_memory_warning(s)
         warns += _reachable_concurrency(s)
+        warns += _poisson_burst(s)
         for i, m in enumerate(s.modes):
             if preset_of(s.engine.kind, m).needs_gpu and not s.device.startswith("cuda"):
                 warns.append((f"modes[{i}]", f"preset {m.kind} moves KV between a GPU and the host; on device "

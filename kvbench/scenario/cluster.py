@@ -10,11 +10,12 @@ A placement kind is Ray's accelerator type of a node (``accelerator_type: H100``
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import AfterValidator, Field, field_validator, model_validator
 
-from kvbench.errors import BadParameter
+from kvbench.errors import BadParameter, ScenarioError
 from kvbench.offload.modes import whole_number
 from kvbench.scenario.bounds import Strict, optional
 
@@ -142,6 +143,21 @@ def override_executor(spec: ExecutorSpec, kind: str | None = None, address: str 
         return ExecutorSpec()
     given = {k: getattr(spec, k) for k in spec.model_fields_set if k != "kind"} if spec.kind == "ray" else {}
     return ExecutorSpec(**{**given, "kind": "ray", **({"address": address} if address is not None else {})})
+
+
+#: Why a scenario's ``placement:`` cannot run under the local executor (``kvbench run`` and ``kvbench validate``).
+LOCAL_PLACEMENT = "needs the ray executor (executor.kind: ray): a local run measures this machine only"
+
+
+def check_placement(executor: ExecutorSpec, placement: list[PlacementSpec] | None, where: str | Path) -> None:
+    """Refuse a ``placement`` the ``executor`` (a scenario's, or as a run overrides it: :func:`override_executor`)
+    cannot run, naming the scenario file ``where``, as ``kvbench run`` and ``kvbench validate`` refuse it.
+
+    Raises:
+        ScenarioError: placement kinds under the local executor (``placement``: :data:`LOCAL_PLACEMENT`).
+    """
+    if executor.kind == "local" and placement:
+        raise ScenarioError(where, [("placement", LOCAL_PLACEMENT)])
 
 
 class PlacementSpec(Strict):

@@ -175,6 +175,8 @@ def _keyed(path: str, msg: str) -> tuple[str, str]:
     if not path and m and m.group(1) in Scenario.model_fields:
         key, rest = m.group(1), m.group(2)
         if (item := re.match(r"\[(\d+)\] (.*)", rest, flags=re.S)):  # one entry of a list: modes[1]
+            if (flags := re.match(r"args: (.*)", item.group(2), flags=re.S)):  # its server flags: modes[1].args
+                return f"{key}[{item.group(1)}].args", flags.group(1)
             return f"{key}[{item.group(1)}]", item.group(2)
         return key, rest
     return path, msg

@@ -9,18 +9,17 @@ For ``engine.kind: transformers`` (the default) the modes are kvbench's own offl
 
 from __future__ import annotations
 
-import importlib.util
+import ipaddress
 import re
-import shutil
-import sys
+import urllib.parse
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import AfterValidator, Field, model_validator
 
 from kvbench.offload.registry import Registry
 from kvbench.scenario.bounds import MAX_COUNT, PathText, Seed, Strict, check_name, optional
+from kvbench.scenario.server_flags import reserved_flag_problems
 
 #: The engines a scenario can name (with did-you-mean); all but ``transformers`` are servers reached over HTTP.
 ENGINES: Registry[str] = Registry("engine", [
@@ -42,6 +41,10 @@ MAX_ARGS = 200
 #: Request keys kvbench sets itself on every request (the prompt, the length, streaming): a mode cannot change them.
 RESERVED_REQUEST_KEYS = frozenset({"prompt", "n_predict", "max_tokens", "stream", "stream_options", "model",
                                    "return_tokens", "ignore_eos", "temperature", "seed", "top_k", "n_probs"})
+#: Request keys that would change what a reply is (its length, its number of choices, the prompt echoed in it) or
+#: which server slot it takes (kvbench's, for disk-slots): a mode cannot set them either.
+SHAPING_REQUEST_KEYS = frozenset({"id_slot", "t_max_predict_ms", "t_max_prompt_ms", "stop", "n", "best_of", "echo",
+                                  "min_tokens", "max_completion_tokens", "n_cmpl", "n_discard", "n_keep"})
 
 
 @dataclass(frozen=True)
@@ -127,16 +130,10 @@ def _flag_text(v: str) -> str:
     return v
 
 
-#: Flags kvbench sets on every server it starts: where it listens (127.0.0.1 at a free port, never another
-#: interface) and, for llama.cpp, its metrics.
-RESERVED_FLAGS = ("--host", "--port", "--metrics")
-
-
 def _no_reserved_flags(v: list[str]) -> list[str]:
-    bad = [a for a in v if a.split("=", 1)[0] in RESERVED_FLAGS]
+    bad = reserved_flag_problems("", v)
     if bad:
-        raise ValueError(f"{bad[0]}: kvbench sets {', '.join(RESERVED_FLAGS)} itself (a server it starts listens on "
-                         "127.0.0.1 at a free port, never another interface)")
+        raise ValueError(bad[0])
     return v
 
 
@@ -153,6 +150,11 @@ def _request_keys(v: dict[str, Any]) -> dict[str, Any]:
     if bad:
         raise ValueError(f"{', '.join(bad)}: kvbench sets {'this' if len(bad) == 1 else 'these'} on every request "
                          f"(reserved: {', '.join(sorted(RESERVED_REQUEST_KEYS))})")
+    shaping = sorted(set(v) & SHAPING_REQUEST_KEYS)
+    if shaping:
+        raise ValueError(f"{', '.join(shaping)}: would change a reply's length or choices, or the slot it takes; "
+                         "kvbench asks every mode for the same tokens, on the slots it assigns (refused: "
+                         f"{', '.join(sorted(SHAPING_REQUEST_KEYS))})")
     if len(v) > MAX_ARGS:
         raise ValueError(f"at most {MAX_ARGS} request options")
     return v
@@ -198,6 +200,33 @@ def _url_text(v: str) -> str:
     return v.rstrip("/")
 
 
+def _openai_url(url: str) -> None:
+    """Refuse an ``openai`` base URL that ends in ``/v1`` (kvbench adds ``/v1/completions``) or names a port
+    outside 1..65535."""
+    parts = urllib.parse.urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError:
+        raise ValueError(f"url: {url}: the port must be 1 to 65535") from None
+    if port == 0:
+        raise ValueError(f"url: {url}: the port must be 1 to 65535")
+    if parts.path.rstrip("/").endswith("/v1"):
+        base = url[: url.rstrip("/").rindex("/v1")]
+        raise ValueError(f"url: {url} ends in /v1: give the server's base URL ({base}); kvbench adds "
+                         "/v1/completions, /v1/models and /metrics itself")
+
+
+def loopback_url(url: str) -> bool:
+    """Whether ``url``'s host is this machine (localhost, 127.0.0.0/8, ::1)."""
+    host = urllib.parse.urlsplit(url).hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def _engine_kind(v: str) -> str:
     if v not in ENGINES:
         raise ValueError(ENGINES.unknown(v))
@@ -220,7 +249,13 @@ class EngineSpec(Strict):
         "openai: the running server's base URL, e.g. http://127.0.0.1:8000.")
     args: Flags = Field(default_factory=list, description="Server flags for every mode (threads, context...).")
     startup_timeout_s: Seconds = Field(300.0, description="Longest wait for the server's /health (seconds).")
-    request_timeout_s: Seconds = Field(300.0, description="Longest wait for one request's reply (seconds).")
+    request_timeout_s: Seconds = Field(300.0, description="Longest silence in one request's reply: connecting, "
+                                       "sending, and between two pieces of the reply (seconds).")
+    reply_timeout_s: Seconds = Field(1800.0, description="Longest time one whole reply may take, keep-alive "
+                                     "comments and all (seconds): a reply that never ends fails here.")
+    use_env_proxy: bool = Field(False, description="openai only: send the requests through the proxy that "
+                                "HTTP_PROXY / HTTPS_PROXY / ALL_PROXY name (the proxy sees every prompt and adds "
+                                "its latency to every TTFT); otherwise kvbench never uses a proxy.")
     cold: Literal["restart", "reset", "check"] | None = optional(
         "How each mode starts from an empty cache: restart the server (the default where kvbench starts it), call "
         "reset_path (POST), or only check (the default for openai: a server already running); either way the first "
@@ -231,7 +266,8 @@ class EngineSpec(Strict):
     @model_validator(mode="after")
     def _fits_kind(self) -> "EngineSpec":
         given = [k for k in ("binary", "model", "served_model", "url", "reset_path")
-                 if getattr(self, k) is not None] + (["args"] if self.args else [])
+                 if getattr(self, k) is not None] + (["args"] if self.args else []) + \
+            (["use_env_proxy"] if self.use_env_proxy else [])
         if self.kind == "transformers":
             if given:
                 raise ValueError(f"{', '.join(given)}: only for a server engine (kind llama.cpp, vllm, sglang or "
@@ -244,12 +280,19 @@ class EngineSpec(Strict):
             if wrong:
                 raise ValueError(f"{', '.join(wrong)}: kvbench starts nothing for kind openai; configure the server "
                                  "you started")
+            _openai_url(self.url)
             if self.cold == "restart":
                 raise ValueError("cold: restart is impossible for kind openai (kvbench did not start the server): "
                                  "use cold: reset with reset_path, or cold: check")
+        elif self.use_env_proxy:
+            raise ValueError(f"use_env_proxy: only for kind openai; kvbench talks to the {self.kind} server it "
+                             "starts on 127.0.0.1 directly")
         elif self.url is not None:
             raise ValueError(f"url: kvbench starts {self.kind} itself on 127.0.0.1; use kind openai for a server "
                              "already running")
+        bad = reserved_flag_problems(self.kind, self.args)
+        if bad:
+            raise ValueError(f"args: {bad[0]}")
         if self.cold == "reset" and self.reset_path is None:
             raise ValueError("reset_path: required with cold: reset (the engine's cache-reset endpoint)")
         if self.reset_path is not None and not re.fullmatch(r"/[\w\-/]{1,200}", self.reset_path):
@@ -343,46 +386,9 @@ def check_server_modes(kind: str, modes: list[Any]) -> list[tuple[int, str]]:
             out.append((i, f"preset: {PRESETS[kind].unknown(m.kind)}"))
             continue
         p = PRESETS[kind][m.kind]
+        out += [(i, f"args: {why}") for why in reserved_flag_problems(kind, m.args)]
         if m.size is not None and p.size is None:
             out.append((i, f"size: preset {p.name} of {kind} has no size"))
         elif m.size is not None and p.whole_size and not float(m.size).is_integer():
             out.append((i, f"size: {m.size:g} {p.size[0]}: preset {p.name} of {kind} takes a whole number"))
     return out
-
-
-#: The program each started kind runs when ``engine.binary`` is not given, and how to find it.
-DEFAULT_PROGRAMS = {"llama.cpp": ("llama-server",), "vllm": ("vllm", "serve"),
-                    "sglang": ("python", "-m", "sglang.launch_server")}
-
-
-def server_program(engine: EngineSpec) -> list[str] | None:
-    """The argv prefix that starts ``engine``'s server: ``engine.binary`` (with vLLM's ``serve``), else the
-    default program in kvbench's own environment (``<prefix>/bin``, where ``make llama-server`` puts
-    llama-server), else on PATH. None when it is not found (or for ``openai`` and ``transformers``)."""
-    if engine.kind not in STARTED_KINDS:
-        return None
-    default = DEFAULT_PROGRAMS[engine.kind]
-    if engine.binary is not None:
-        found = shutil.which(engine.binary) if "/" not in engine.binary else (
-            engine.binary if shutil.which(engine.binary) else None)
-        return [found, *default[1:]] if found else None
-    if engine.kind == "sglang":  # a module of this interpreter's environment
-        return [sys.executable, *default[1:]] if importlib.util.find_spec("sglang") is not None else None
-    local = shutil.which(default[0], path=str(Path(sys.prefix) / "bin"))
-    found = local or shutil.which(default[0])
-    return [found, *default[1:]] if found else None
-
-
-def server_problems(s: Any) -> list[tuple[str, str]]:
-    """What keeps scenario ``s`` (a server engine) from starting its server here: ``(key path, message)`` pairs
-    (the program not found, a preset that needs a GPU on a machine without one is a warning, not here)."""
-    e = s.engine
-    if e.kind in STARTED_KINDS and server_program(e) is None:
-        if e.binary is not None:
-            return [("engine.binary", f"{e.binary} is not an executable file or a program on PATH")]
-        how = {"llama.cpp": "build it with `make llama-server` (into .venv/bin) or give engine.binary",
-               "vllm": "pip install vllm on a GPU machine, or give engine.binary",
-               "sglang": "pip install sglang on a GPU machine, or give engine.binary"}[e.kind]
-        what = "the sglang package" if e.kind == "sglang" else DEFAULT_PROGRAMS[e.kind][0]
-        return [("engine.kind", f"{what} not found in kvbench's environment or on PATH: {how}")]
-    return []

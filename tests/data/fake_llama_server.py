@@ -22,7 +22,11 @@ Environment, read at start (N counts this server's /completion requests from 1):
 (status 1) right after the N-th completion; ``FAKE_HTTP_500=N`` answers the N-th with HTTP 500 and a JSON body;
 ``FAKE_TRUNCATE=N`` ends the N-th stream after one token without its ``stop`` chunk; ``FAKE_HANG=N`` never answers
 the N-th; ``FAKE_CACHED_COLD=1`` reports ``cache_n`` ≥ 16 even with ``cache_prompt`` false; ``FAKE_CACHE_SHIFT=1``
-adds 1 to the ids of a request that reused cached tokens; ``FAKE_TOKEN_DELAY_S`` (default 0.002) is the seconds
+adds 1 to the ids of a request that reused cached tokens; ``FAKE_SEPARATORS=1`` puts U+2028, U+2029 and U+0085 raw
+(as llama-server's JSON writer leaves them) in every token's text; the N-th stream of ``FAKE_ENDLESS=N`` sends
+tokens past ``n_predict`` for ever, of ``FAKE_PINGS=N`` only ``: ping`` comments for ever, of
+``FAKE_GIANT_LINE=N`` one line of 17 MiB without a line end (then waits); ``FAKE_GIANT_METRICS=1`` makes
+``/metrics`` a page of 17 MiB; ``FAKE_TOKEN_DELAY_S`` (default 0.002) is the seconds
 per token, ``FAKE_PROMPT_S_PER_TOKEN`` (default 2e-5) per processed prompt token, ``FAKE_RESTORE_DELAY_S``
 (default 0) the seconds a slot restore takes (reported as its ``restore_ms``); ``FAKE_RECORD=PATH`` gets one JSON
 line per completion and slot action (port, prompt ids, ``cache_n``, times). Every request is logged on stdout.
@@ -59,7 +63,11 @@ COUNTERS = (  # (name, type, help) as llama-server's /metrics has them
 
 #: The behaviours set in the environment (see the module docstring), read at start.
 ENV = {name: int(os.environ.get(name) or 0) for name in ("FAKE_CRASH_AFTER", "FAKE_HTTP_500", "FAKE_TRUNCATE",
-                                                         "FAKE_HANG", "FAKE_CACHED_COLD", "FAKE_CACHE_SHIFT")}
+                                                         "FAKE_HANG", "FAKE_CACHED_COLD", "FAKE_CACHE_SHIFT",
+                                                         "FAKE_SEPARATORS", "FAKE_ENDLESS", "FAKE_PINGS",
+                                                         "FAKE_GIANT_LINE", "FAKE_GIANT_METRICS")}
+#: The bytes of FAKE_GIANT_LINE's line and FAKE_GIANT_METRICS's page.
+GIANT_BYTES = 17 * 2**20
 TOKEN_DELAY_S = float(os.environ.get("FAKE_TOKEN_DELAY_S") or 0.002)
 
 
@@ -160,6 +168,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 lines = [f"# HELP llamacpp:{n} {h}\n# TYPE llamacpp:{n} {t}\nllamacpp:{n} {self.state.metrics[n]:g}"
                          for n, t, h in COUNTERS]
             data = ("\n".join(lines) + "\n").encode()
+            if ENV["FAKE_GIANT_METRICS"]:
+                data += b"# " + b"x" * GIANT_BYTES + b"\n"
             self.send_response(200)
             self.send_header("Content-Type", "text/plain; version=0.0.4")
             self.send_header("Content-Length", str(len(data)))
@@ -180,7 +190,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
             self._error(404, "not_found_error", "File Not Found")
 
     def _chunk(self, event: dict) -> None:
-        data = f"data: {json.dumps(event)}\n\n".encode()
+        data = f"data: {json.dumps(event, ensure_ascii=not ENV['FAKE_SEPARATORS'])}\n\n".encode()
         self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
         self.wfile.flush()
 
@@ -239,9 +249,11 @@ class Handler(http.server.BaseHTTPRequestHandler):
         ids = [(sum(prompt) + step + shift) % 1000 for step in range(n_predict)]
         t0 = time.monotonic()
         try:
+            self._hostile(k, n_predict)
             for step, tid in enumerate(ids):
                 time.sleep(TOKEN_DELAY_S)
-                self._chunk({"index": 0, "content": f" t{tid}", "tokens": [tid], "stop": False, "id_slot": -1,
+                text = f" t{tid}\u2028\u2029\u0085" if ENV["FAKE_SEPARATORS"] else f" t{tid}"
+                self._chunk({"index": 0, "content": text, "tokens": [tid], "stop": False, "id_slot": -1,
                              "tokens_predicted": step + 1, "tokens_evaluated": n})
                 if k == ENV["FAKE_TRUNCATE"]:
                     say(f"request {k}: stream cut after {step + 1} tokens (FAKE_TRUNCATE)")
@@ -272,6 +284,32 @@ class Handler(http.server.BaseHTTPRequestHandler):
         if done == ENV["FAKE_CRASH_AFTER"]:
             say(f"exiting after {done} completions (FAKE_CRASH_AFTER)")
             os._exit(1)
+
+    def _hostile(self, k: int, n_predict: int) -> None:
+        """The never-ending streams of request ``k`` (FAKE_ENDLESS, FAKE_PINGS, FAKE_GIANT_LINE): they return only
+        when the client goes away (BrokenPipeError)."""
+        if k == ENV["FAKE_ENDLESS"]:
+            say(f"request {k}: tokens for ever (FAKE_ENDLESS)")
+            step = 0
+            while True:
+                step += 1
+                time.sleep(TOKEN_DELAY_S)
+                self._chunk({"index": 0, "content": " t1", "tokens": [1], "stop": False, "tokens_predicted": step})
+        if k == ENV["FAKE_PINGS"]:
+            say(f"request {k}: keep-alive comments for ever (FAKE_PINGS)")
+            while True:
+                time.sleep(0.05)
+                self.wfile.write(b"8\r\n: ping\n\n\r\n")
+                self.wfile.flush()
+        if k == ENV["FAKE_GIANT_LINE"]:
+            say(f"request {k}: a line of {GIANT_BYTES} bytes (FAKE_GIANT_LINE)")
+            data = b"data: " + b"x" * GIANT_BYTES
+            self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+            self.wfile.flush()
+            while True:
+                time.sleep(0.05)
+                self.wfile.write(b"1\r\nx\r\n")
+                self.wfile.flush()
 
     def _slot_action(self, slot_text: str, query: dict, body: dict) -> None:
         st, args = self.state, self.state.args

@@ -11,6 +11,7 @@ interpreted as markup.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -19,7 +20,7 @@ from typing import Any
 
 import httpx
 
-from kvbench.bench.servers.stream import DONE, ServerReplyError, StreamError, iter_events, printable
+from kvbench.bench.servers.stream import DONE, ServerReplyError, StreamError, iter_events, printable, sse_lines
 from kvbench.errors import BadValue
 
 __all__ = ["BadRequest", "Reply", "ServerReplyError", "StreamError", "complete_llamacpp", "complete_openai"]
@@ -211,25 +212,35 @@ def _take_openai(acc: _Acc, line: int, event: dict | str, now: float) -> bool:
 
 
 async def _stream(client: httpx.AsyncClient, url: str, body: dict, timeout_s: float, clock: Callable[[], float],
-                  take: Callable[[_Acc, int, Any, float], bool], final: str) -> tuple[float, _Acc]:
+                  take: Callable[[_Acc, int, Any, float], bool], final: str, asked: int,
+                  deadline_s: float | None) -> tuple[float, _Acc]:
     """POSTs ``body`` to ``url`` and feeds each event to ``take`` with the clock reading taken right after it was
     parsed, until ``take`` says it was the final one. Returns (the reading just before sending, the state).
-    Raises :class:`ServerReplyError` for every failure (see :func:`complete_llamacpp`)."""
+    Raises :class:`ServerReplyError` for every failure (see :func:`complete_llamacpp`), and as soon as the stream
+    carries more than ``asked`` tokens or the whole reply has taken ``deadline_s`` seconds."""
     acc = _Acc(url)
     timeout = httpx.Timeout(timeout_s)
     try:
-        t_sent = clock()
-        async with client.stream("POST", url, json=body, timeout=timeout) as response:
-            if response.status_code >= 400:
-                raw = (await response.aread()).decode("utf-8", errors="replace")
-                raise ServerReplyError(f"{url}: HTTP {response.status_code} {response.reason_phrase}: "
-                                       f"{printable(raw, 500) or '(empty body)'}", url)
-            async for line, event in iter_events(response.aiter_lines(), source=url):
-                now = clock()
-                if event == DONE and final != DONE:
-                    raise acc.fault(line, "data: [DONE] in a stream that ends with a \"stop\": true chunk")
-                if take(acc, line, event, now):
-                    return t_sent, acc
+        async with asyncio.timeout(deadline_s):
+            t_sent = clock()
+            async with client.stream("POST", url, json=body, timeout=timeout) as response:
+                if response.status_code >= 400:
+                    raw = (await _head(response)).decode("utf-8", errors="replace")
+                    raise ServerReplyError(f"{url}: HTTP {response.status_code} {response.reason_phrase}: "
+                                           f"{printable(raw, 500) or '(empty body)'}", url)
+                async for line, event in iter_events(sse_lines(response.aiter_bytes(), source=url), source=url):
+                    now = clock()
+                    if event == DONE and final != DONE:
+                        raise acc.fault(line, "data: [DONE] in a stream that ends with a \"stop\": true chunk")
+                    finished = take(acc, line, event, now)
+                    if len(acc.times) > asked:
+                        raise acc.fault(line, f"the stream carries {len(acc.times)} tokens, more than the {asked} "
+                                              "asked for (kvbench reads no further)")
+                    if finished:
+                        return t_sent, acc
+    except TimeoutError:
+        raise ServerReplyError(f"{url}: the reply did not end within {deadline_s:g} s (engine.reply_timeout_s; "
+                               f"{len(acc.times)} of {asked} tokens had come)", url) from None
     except httpx.TimeoutException as e:
         raise ServerReplyError(f"{url}: no reply within {timeout_s:g} s ({type(e).__name__}: the server sent "
                                "nothing for that long)", url) from None
@@ -243,6 +254,20 @@ async def _stream(client: httpx.AsyncClient, url: str, body: dict, timeout_s: fl
         raise ServerReplyError(f"{url}: cannot send the request: {printable(str(e), 200)}", url) from None
     raise ServerReplyError(f"{url}: the stream ended without its final event ({final}): the reply is truncated "
                            f"after {len(acc.times)} tokens", url)
+
+
+#: The most of an error reply's body kvbench reads (bytes): its first 500 characters are quoted.
+_ERROR_BODY_BYTES = 64 * 1024
+
+
+async def _head(response: httpx.Response, limit: int = _ERROR_BODY_BYTES) -> bytes:
+    """The first ``limit`` bytes of ``response``'s body (the rest is not read)."""
+    got = bytearray()
+    async for chunk in response.aiter_bytes():
+        got += chunk
+        if len(got) >= limit:
+            break
+    return bytes(got[:limit])
 
 
 def _reply(acc: _Acc, t_sent: float, asked: int) -> Reply:
@@ -276,6 +301,7 @@ def _body(defaults: dict, options: Mapping[str, Any], fixed: tuple[str, ...], as
 
 async def complete_llamacpp(client: httpx.AsyncClient, base_url: str, prompt_ids: Sequence[int], n_predict: int,
                             options: Mapping[str, Any] = {}, *, seed: int = 0, timeout_s: float = 300.0,
+                            deadline_s: float | None = None,
                             clock: Callable[[], float] = time.perf_counter) -> Reply:
     """Streams one greedy completion of exactly ``n_predict`` tokens from llama-server's ``POST
     {base_url}/completion`` for the token ids ``prompt_ids``, and times it with ``clock`` (seconds): once just
@@ -284,28 +310,33 @@ async def complete_llamacpp(client: httpx.AsyncClient, base_url: str, prompt_ids
     The body is ``{"prompt": ids, "n_predict", "stream": true, "return_tokens": true, "ignore_eos": true,
     "temperature": 0, "top_k": 1, "seed", "cache_prompt": true}`` updated with ``options`` (e.g.
     ``{"cache_prompt": false}``, ``{"id_slot": 0}``). ``timeout_s`` bounds each wait: connecting, sending, and
-    every gap between two pieces of the reply. ``ids`` of the reply is None if the stream left out the id of a
-    token (llama-server does for a token that ends inside a UTF-8 character); ``token_times`` still counts it.
+    every gap between two pieces of the reply; ``deadline_s`` (None: none) the whole reply, keep-alive comments
+    and all. The body is read as server-sent events split at CRLF, CR and LF only (:func:`sse_lines`). ``ids``
+    of the reply is None if the stream left out the id of a token (llama-server does for a token that ends
+    inside a UTF-8 character); ``token_times`` still counts it.
 
     Raises :class:`BadRequest` for ``n_predict < 0`` or ``options`` that set ``prompt``, ``n_predict`` or
     ``stream``; :class:`ServerReplyError` (message naming the URL) for an HTTP 4xx/5xx status (with the body's
     first 500 characters), no reply within ``timeout_s``, a connection refused or lost, a malformed event
     (:class:`StreamError`: line number and first 200 characters), a stream that ends before its ``"stop": true``
     chunk ("truncated"), an ``error`` object in the stream, and a wrong number of generated tokens ("asked for N
-    tokens, the server generated M").
+    tokens, the server generated M"), a stream carrying more tokens than asked (as soon as it does), a reply
+    not ended within ``deadline_s``, and a line longer than :data:`~kvbench.bench.servers.stream.MAX_LINE_BYTES`.
     """
     defaults = {"prompt": [int(i) for i in prompt_ids], "n_predict": n_predict, "stream": True,
                 "return_tokens": True, "ignore_eos": True, "temperature": 0, "top_k": 1, "seed": seed,
                 "cache_prompt": True}
     body = _body(defaults, options, ("prompt", "n_predict", "stream"), n_predict)
     url = base_url.rstrip("/") + "/completion"
-    t_sent, acc = await _stream(client, url, body, timeout_s, clock, _take_llamacpp, '"stop": true')
+    t_sent, acc = await _stream(client, url, body, timeout_s, clock, _take_llamacpp, '"stop": true', n_predict,
+                                deadline_s)
     return _reply(acc, t_sent, n_predict)
 
 
 async def complete_openai(client: httpx.AsyncClient, base_url: str, model: str, prompt_ids: Sequence[int],
                           max_tokens: int, options: Mapping[str, Any] = {}, *, seed: int = 0,
-                          timeout_s: float = 300.0, clock: Callable[[], float] = time.perf_counter) -> Reply:
+                          timeout_s: float = 300.0, deadline_s: float | None = None,
+                          clock: Callable[[], float] = time.perf_counter) -> Reply:
     """Streams one greedy completion of exactly ``max_tokens`` tokens from the OpenAI ``POST
     {base_url}/v1/completions`` (vLLM, SGLang, llama-server) of the model ``model`` for the token ids
     ``prompt_ids``, timed like :func:`complete_llamacpp`.
@@ -325,5 +356,5 @@ async def complete_openai(client: httpx.AsyncClient, base_url: str, model: str, 
                 "seed": seed, "ignore_eos": True}
     body = _body(defaults, options, ("model", "prompt", "max_tokens", "stream"), max_tokens)
     url = base_url.rstrip("/") + "/v1/completions"
-    t_sent, acc = await _stream(client, url, body, timeout_s, clock, _take_openai, DONE)
+    t_sent, acc = await _stream(client, url, body, timeout_s, clock, _take_openai, DONE, max_tokens, deadline_s)
     return _reply(acc, t_sent, max_tokens)

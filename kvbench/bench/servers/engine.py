@@ -12,7 +12,6 @@ import contextlib
 import dataclasses
 import functools
 import os
-import subprocess
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,17 +19,20 @@ from typing import Any
 
 import httpx
 import numpy as np
+import orjson
 
 from kvbench.bench.reference import Reference
 from kvbench.bench.servers.client import Reply, complete_llamacpp, complete_openai
+from kvbench.bench.servers.http import get_page, get_page_async, server_client
 from kvbench.bench.servers.metrics import measured_deltas
-from kvbench.bench.servers.process import ServerProcess, free_port
-from kvbench.bench.servers.stream import ServerReplyError
+from kvbench.bench.servers.process import ServerProcess, free_port, probe_output
+from kvbench.bench.servers.stream import ServerReplyError, printable
 from kvbench.bench.servers.tiers import host_tier
 from kvbench.bench.trial import ServerTrial
 from kvbench.errors import PrepareError, SymlinkRefused
 from kvbench.scenario import Scenario
-from kvbench.scenario.servers import Preset, preset_of, server_program, size_text
+from kvbench.scenario.programs import server_program
+from kvbench.scenario.servers import Preset, preset_of, size_text
 
 #: Tokens of the warm-up prompt sent before a mode's requests (unrecorded; shares no prefix with them).
 WARMUP_TOKENS = 32
@@ -109,24 +111,28 @@ def gguf_file(model_name: str) -> str:
 
 def server_argv(s: Scenario, preset: Preset, mode: Any, port: int, slots: int, ctx_per_slot: int,
                 slot_dir: Path) -> list[str]:
-    """The command line of ``mode``'s server: the program, the model, 127.0.0.1 and ``port``, metrics on, the
-    engine's flags, the preset's, then the mode's (a later flag wins where the server reads the last one).
-    ``slots``: parallel requests; ``ctx_per_slot``: tokens each holds (llama.cpp splits ``-c`` among slots)."""
+    """The command line of ``mode``'s server: the program (and vLLM's model, its positional word), the engine's
+    flags, the preset's, the mode's (a later flag wins where the server reads the last one), then kvbench's own
+    last: the model, 127.0.0.1 and ``port``, metrics on, slots, context and seed, so that no earlier word can
+    change where the server listens (the scenario's flags cannot name these either:
+    :func:`~kvbench.scenario.server_flags.reserved_flag_problems`). ``slots``: parallel requests;
+    ``ctx_per_slot``: tokens each holds (llama.cpp splits ``-c`` among slots)."""
     e = s.engine
     program = server_program(e) or []
     size = mode.size if mode.size is not None else (preset.size[1] if preset.size else None)
     args = [a.replace("{size}", size_text(size) if size is not None else "").replace("{slot_dir}", str(slot_dir))
             for a in preset.args]
+    head: list[str] = []
     if e.kind == "llama.cpp":
-        base = ["-m", e.model or gguf_file(s.model.name), "--host", "127.0.0.1", "--port", str(port), "--metrics",
-                "-c", str(ctx_per_slot * slots), "-np", str(slots), "--seed", str(s.seed)]
+        own = ["-m", e.model or gguf_file(s.model.name), "--host", "127.0.0.1", "--port", str(port), "--metrics",
+               "-c", str(ctx_per_slot * slots), "-np", str(slots), "--seed", str(s.seed)]
     elif e.kind == "vllm":
-        base = [e.model or s.model.name, "--host", "127.0.0.1", "--port", str(port), "--seed", str(s.seed),
-                "--max-num-seqs", str(slots)]
+        head = [e.model or s.model.name]
+        own = ["--host", "127.0.0.1", "--port", str(port), "--seed", str(s.seed), "--max-num-seqs", str(slots)]
     else:  # sglang
-        base = ["--model-path", e.model or s.model.name, "--host", "127.0.0.1", "--port", str(port),
-                "--enable-metrics", "--random-seed", str(s.seed)]
-    return [*program, *base, *e.args, *args, *mode.args]
+        own = ["--model-path", e.model or s.model.name, "--host", "127.0.0.1", "--port", str(port),
+               "--enable-metrics", "--random-seed", str(s.seed)]
+    return [*program, *head, *e.args, *args, *mode.args, *own]
 
 
 def program_version(argv: Sequence[str]) -> str | None:
@@ -137,13 +143,8 @@ def program_version(argv: Sequence[str]) -> str | None:
 
 @functools.lru_cache(maxsize=None)
 def _version_of(program: str) -> str | None:
-    try:
-        done = subprocess.run([program, "--version"], capture_output=True, text=True, timeout=30,
-                              errors="replace")
-    except (OSError, subprocess.SubprocessError):
-        return None
-    text = (done.stdout.strip() or done.stderr.strip()).splitlines()
-    return text[0][:200] if text else None
+    text = (probe_output([program, "--version"]) or "").strip().splitlines()
+    return printable(text[0], 200) if text else None
 
 
 class ServerEngine:
@@ -182,16 +183,28 @@ class ServerEngine:
         self.ctx_per_slot = min(max_positions, longest + s.max_new_tokens + CTX_MARGIN)
         self.longest_prompt = max_positions - s.max_new_tokens
         self.served_model: str | None = s.engine.served_model
+        #: requests go through the environment's proxies only for an openai engine that says use_env_proxy
+        self.trust_env = s.engine.kind == "openai" and s.engine.use_env_proxy
         self.servers: list[dict[str, Any]] = []
         self.reusable = reusable_tokens(source.requests)
 
     def preflight(self) -> list[str]:
-        """Why the requests cannot run (one line each): a prompt longer than the model's positions allow."""
+        """Why the requests cannot run (one line each): a prompt longer than the model's positions allow; an
+        ``openai`` server that does not answer at ``engine.url`` (asked for ``/v1/models``, 10 s at most)."""
+        out = []
         too_long = [q.id for q in self.source.requests if len(q.ids) > self.longest_prompt]
         if too_long:
-            return [f"{len(too_long)} requests ({', '.join(too_long[:3])}...) have prompts longer than "
-                    f"{self.longest_prompt} tokens (the model's positions less max_new_tokens)"]
-        return []
+            out.append(f"{len(too_long)} requests ({', '.join(too_long[:3])}...) have prompts longer than "
+                       f"{self.longest_prompt} tokens (the model's positions less max_new_tokens)")
+        if self.kind == "openai":
+            url = f"{self.s.engine.url}/v1/models"
+            try:
+                with self.client() as c, c.stream("GET", url, timeout=10):
+                    pass
+            except httpx.HTTPError as exc:
+                out.append(f"engine.url: nothing answers at {url} ({type(exc).__name__}: "
+                           f"{printable(str(exc), 200)}): start the server first, or fix engine.url")
+        return out
 
     def preset(self, mode: Any) -> Preset:
         """The preset ``mode`` starts from."""
@@ -251,38 +264,38 @@ class ServerEngine:
                                             f"{srv.url}/metrics"))
                 self.pid = os.getpid()
 
+    def client(self) -> httpx.Client:
+        """A client for the server (:func:`~kvbench.bench.servers.http.server_client`): environment proxies
+        only for an ``openai`` engine that says ``use_env_proxy``."""
+        return server_client(self.trust_env)
+
     def _post(self, srv: ModeServer, path: str) -> None:
         try:
-            r = httpx.post(srv.url + path, timeout=self.s.engine.request_timeout_s)
+            with self.client() as c:
+                r = c.post(srv.url + path, timeout=self.s.engine.request_timeout_s)
         except httpx.HTTPError as exc:
             raise ServerReplyError(f"{srv.url}{path}: POST failed: {type(exc).__name__}: {exc}", srv.url) from exc
         if r.status_code >= 400:
-            raise ServerReplyError(f"{srv.url}{path}: POST answered HTTP {r.status_code}: {r.text[:300]!r}", srv.url)
+            raise ServerReplyError(f"{srv.url}{path}: POST answered HTTP {r.status_code}: "
+                                   f"{printable(r.text, 300)!r}", srv.url)
 
     def metrics_text(self, srv: ModeServer) -> str | None:
-        """The server's ``/metrics`` text, or None where it has none (or cannot be read now)."""
-        try:
-            r = httpx.get(srv.url + "/metrics", timeout=10)
-        except httpx.HTTPError:
-            return None
-        return r.text if r.status_code == 200 else None
+        """The server's ``/metrics`` text, or None where it has none (or cannot be read now, or is over
+        :data:`~kvbench.bench.servers.http.MAX_PAGE_BYTES`)."""
+        return get_page(srv.url + "/metrics", self.trust_env)
 
     async def scrape(self, client: httpx.AsyncClient, srv: ModeServer) -> str | None:
         """:meth:`metrics_text` without blocking the event loop (between requests of a load)."""
-        try:
-            r = await client.get(srv.url + "/metrics", timeout=10)
-        except httpx.HTTPError:
-            return None
-        return r.text if r.status_code == 200 else None
+        return await get_page_async(client, srv.url + "/metrics")
 
     def _model_name(self, srv: ModeServer) -> str:
         if self.served_model is None:
+            text = get_page(srv.url + "/v1/models", self.trust_env)
             try:
-                data = httpx.get(srv.url + "/v1/models", timeout=10).json()
-                self.served_model = str(data["data"][0]["id"])
-            except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as exc:
+                self.served_model = str(orjson.loads(text or "")["data"][0]["id"])
+            except (orjson.JSONDecodeError, KeyError, IndexError, TypeError) as exc:
                 raise ServerReplyError(f"{srv.url}/v1/models: cannot read the served model ({type(exc).__name__}: "
-                                       f"{exc}); give engine.served_model", srv.url) from exc
+                                       f"{printable(str(exc), 200)}); give engine.served_model", srv.url) from exc
         return self.served_model
 
     async def send(self, client: httpx.AsyncClient, srv: ModeServer, mode: Any, ids: Sequence[int],
@@ -290,13 +303,13 @@ class ServerEngine:
         """One streamed, greedy request of exactly ``n_tokens`` new tokens for prompt ``ids`` to ``srv``, with
         the preset's and the mode's request options."""
         options = {**srv.preset.request, **mode.request}
-        timeout = self.s.engine.request_timeout_s
+        timeout, deadline = self.s.engine.request_timeout_s, self.s.engine.reply_timeout_s
         if self.kind == "llama.cpp":
             return await complete_llamacpp(client, srv.url, ids, n_tokens, options, seed=self.s.seed,
-                                           timeout_s=timeout)
+                                           timeout_s=timeout, deadline_s=deadline)
         model = self._model_name(srv)
         return await complete_openai(client, srv.url, model, ids, n_tokens, options, seed=self.s.seed,
-                                     timeout_s=timeout)
+                                     timeout_s=timeout, deadline_s=deadline)
 
     async def slot_action(self, client: httpx.AsyncClient, srv: ModeServer, action: str, filename: str,
                           slot: int = 0) -> dict[str, Any]:

@@ -344,6 +344,35 @@ class ServerProcess:
         self.stop()
 
 
+def probe_output(argv: Sequence[str], timeout_s: float = 30.0, limit: int = 4096) -> str | None:
+    """What ``argv`` (a server's program asked ``--version``) prints on stdout and stderr, its first ``limit``
+    bytes decoded as UTF-8 (``errors="replace"``), or None when it cannot run or takes over ``timeout_s``
+    seconds. It runs as a server does: its own session and process group, stdin /dev/null, SIGKILLed when kvbench
+    ends (Linux ``PR_SET_PDEATHSIG``), and its whole process group is SIGKILLed when it returns, so no child it
+    started outlives the probe. Raises nothing."""
+    import tempfile
+
+    with tempfile.TemporaryFile() as out:
+        try:
+            proc = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                    start_new_session=True, preexec_fn=_death_signal_preexec())
+        except (OSError, subprocess.SubprocessError):
+            return None
+        try:
+            proc.wait(timeout=timeout_s)
+            ok = True
+        except subprocess.TimeoutExpired:
+            ok = False
+        finally:  # the leader may be gone; its group lives while a member does, so its id names nobody else
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        if not ok:
+            return None
+        out.seek(0)
+        return out.read(limit).decode("utf-8", errors="replace")
+
+
 def stop_all() -> None:
     """Stop every :class:`ServerProcess` still running (registered with :mod:`atexit` when this module is
     imported). All are stopped even when one stop fails; the first failure is raised afterwards."""

@@ -9,6 +9,7 @@ is ever executed or interpreted: a JSON object is data, and text quoted in an er
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator
 
 import orjson
@@ -17,6 +18,13 @@ from kvbench.errors import UserError
 
 DONE = "[DONE]"
 """The data of the OpenAI endpoints' last event (``data: [DONE]``)."""
+
+#: The longest line of a stream kvbench holds (bytes): a longer one fails the request (a server's biggest event,
+#: llama-server's last chunk with its settings and timings, is a few KiB; a prompt's text in it some 100 KiB).
+MAX_LINE_BYTES = 4 * 2**20
+#: The line ends of server-sent events (the WHATWG grammar): CRLF, CR or LF, never a Unicode line separator
+#: (U+2028, U+2029, U+0085), which JSON writers leave raw inside strings.
+_LINE_END = re.compile(rb"\r\n|\r|\n")
 
 #: SSE fields a server may send that carry nothing kvbench reads (``event:`` names, ``id:`` and ``retry:``).
 _IGNORED_FIELDS = frozenset(("event", "id", "retry"))
@@ -55,13 +63,44 @@ def printable(text: str, limit: int) -> str:
     return clean + "…" if len(text) > limit else clean
 
 
+async def sse_lines(chunks: AsyncIterator[bytes], *, source: str = "the server",
+                    max_line_bytes: int = MAX_LINE_BYTES) -> AsyncIterator[str]:
+    """The lines of a server-sent-events body arriving as byte ``chunks`` (``httpx.Response.aiter_bytes()``),
+    without their line ends, each decoded as UTF-8 (an invalid byte becomes U+FFFD), as soon as its end has
+    arrived. A line ends at CRLF, CR or LF only, as the SSE grammar says: a token's text may hold U+2028, U+2029
+    or U+0085, which ``str.splitlines`` (and so httpx's ``aiter_lines``) would take for line ends. A CR at the end
+    of a chunk waits for the next chunk (it may be half of a CRLF).
+
+    Raises :class:`StreamError` (``source`` starts its message) as soon as more than ``max_line_bytes`` bytes
+    arrive without a line end: nothing a server sends makes kvbench hold more than that in one line."""
+    buf, number, scanned = bytearray(), 0, 0  # scanned: bytes of buf searched for a line end already
+    async for chunk in chunks:
+        buf += chunk
+        pos = 0
+        while (m := _LINE_END.search(buf, max(pos, scanned))) is not None and not (
+                m.group() == b"\r" and m.end() == len(buf)):
+            if m.start() - pos > max_line_bytes:
+                break
+            number += 1
+            yield buf[pos:m.start()].decode("utf-8", errors="replace")
+            pos = scanned = m.end()
+        del buf[:pos]
+        scanned = max(0, len(buf) - 1)  # a CR at the end may start a CRLF
+        if len(buf) > max_line_bytes:
+            raise StreamError(source, number + 1, f"is longer than {max_line_bytes:,} bytes (a server-sent event "
+                              "is far shorter; kvbench reads no further)",
+                              printable(bytes(buf[:200]).decode("utf-8", errors="replace"), 200))
+    if buf:
+        yield bytes(buf.rstrip(b"\r")).decode("utf-8", errors="replace")
+
+
 async def iter_events(lines: AsyncIterator[str], *,
                       source: str = "the server") -> AsyncIterator[tuple[int, dict | str]]:
     """The events of a server-sent-events body, as ``(line number, event)``: ``event`` is the parsed JSON object
     of one ``data:`` line, or the string :data:`DONE` for ``data: [DONE]``. Line numbers count from 1 over every
     line of ``lines`` (blank lines and comments included), so they match the body as recorded.
 
-    ``lines`` yields the body's lines without their line ends (``httpx.Response.aiter_lines()``). Blank lines,
+    ``lines`` yields the body's lines without their line ends (:func:`sse_lines`). Blank lines,
     comments (lines starting with ``:``, e.g. llama-server's keep-alive pings) and the ``event:``, ``id:`` and
     ``retry:`` fields are skipped. Each ``data:`` line is parsed as it arrives (one event per line, the way
     llama-server, vLLM and SGLang write them; an event spread over several ``data:`` lines is not supported).

@@ -130,7 +130,8 @@ def _run_mode(s: Scenario, record: "Recorder", engine: ServerEngine, mode: Any, 
 async def _requests(s: Scenario, record: "Recorder", engine: ServerEngine, srv: ModeServer, mode: Any, level: int,
                     trials: list[ServerTrial], todo: list[ServerTrial]) -> None:
     limits = httpx.Limits(max_connections=level + 2)
-    async with httpx.AsyncClient(limits=limits, timeout=s.engine.request_timeout_s) as client:
+    async with httpx.AsyncClient(limits=limits, timeout=s.engine.request_timeout_s, trust_env=engine.trust_env,
+                                 follow_redirects=False) as client:
         for _ in range(s.warmup):
             await engine.send(client, srv, mode, engine.warmup_ids(), s.max_new_tokens)
         # the first request a fresh server answers must reuse nothing (a resumed mode's refill fills the cache)
