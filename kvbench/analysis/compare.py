@@ -1,5 +1,10 @@
 """``kvbench compare RUN_A RUN_B``: matched points side by side, the ratio B/A per metric, and thresholds that
-fail (for CI gates)."""
+fail (for CI gates).
+
+A point is the in-process engine's (scenario, prompt length, batch size, mode label) of
+:func:`kvbench.analysis.points.point_table`, or a server run's of plain prompts (scenario, prompt length,
+concurrency, mode label: each request one sequence); a reuse workload (multi_turn, doc_qa) has none.
+"""
 
 from __future__ import annotations
 
@@ -14,13 +19,25 @@ from kvbench.errors import BadParameter
 from kvbench.results.load import Results
 from kvbench.results.rows import agg
 
-#: Metrics compare knows (their per-point medians), and whether higher is better.
+#: Metrics compare knows (their per-point medians; ITL's percentiles pooled over every gap of the point's
+#: trials), and whether higher is better.
 COMPARE_METRICS: dict[str, bool] = {
     "ttft_s": False, "tpot_s": False, "e2e_s": False,
     "throughput_tokens_per_s": True, "decode_tokens_per_s": True,
     "kv_device_peak_bytes": False, "peak_device_allocated_bytes": False, "rss_peak_bytes": False,
-    "bytes_moved_per_token": False,
+    "bytes_moved_per_token": False, "itl_p50_s": False, "itl_p99_s": False,
 }
+#: The metrics a server's rows carry (the rest are kvbench's own memory and traffic figures).
+SERVER_METRICS = ("ttft_s", "tpot_s", "e2e_s", "throughput_tokens_per_s", "decode_tokens_per_s", "itl_p50_s",
+                  "itl_p99_s")
+#: The keys of a compared point: a point's, and the server's concurrency (0 for kvbench's in-process engine,
+#: whose load is its batch size; a server point's batch size is 1).
+COMPARE_KEYS = [*POINT_KEYS, "concurrency"]
+
+
+def _column(metric: str) -> str:
+    """The column of :func:`kvbench.analysis.points.point_table` that holds ``metric``'s figure of a point."""
+    return metric if metric.startswith("itl_") else agg(metric, "median")
 
 
 @dataclass(frozen=True)
@@ -54,24 +71,45 @@ def parse_threshold(spec: str) -> Threshold:
     return Threshold(metric, pct)
 
 
+def plain_server_rows(trials: pd.DataFrame) -> pd.DataFrame:
+    """The rows of server runs of plain prompts (``engine`` set, each request its own document: ``p<N>-i<k>``),
+    not those of a server's reuse workloads (multi_turn, doc_qa), whose requests share documents."""
+    if "engine" not in trials or "request_id" not in trials or "document" not in trials:
+        return trials.iloc[0:0]
+    return trials[trials["engine"].notna() & (trials["request_id"] == trials["document"])]
+
+
+def compare_table(trials: pd.DataFrame) -> pd.DataFrame:
+    """The measured points compare matches: :func:`kvbench.analysis.points.point_table`'s (no bootstrap) with
+    ``concurrency`` 0, then those of plain-prompt server runs (:func:`plain_server_rows`) per scenario × prompt
+    length × concurrency × mode label (their ``batch_size`` 1), by the same aggregates."""
+    own = point_table(trials, n_boot=0).assign(concurrency=0)
+    rows = plain_server_rows(trials)
+    if len(rows):
+        level = pd.to_numeric(rows["concurrency"], errors="coerce").fillna(1) if "concurrency" in rows else 1
+        # the level as the batch size: point_table then pairs each mode with `none` at its own level
+        srv = point_table(rows.drop(columns="warm").assign(batch_size=level), n_boot=0)
+        own = pd.concat([own, srv.assign(concurrency=srv["batch_size"], batch_size=1)], ignore_index=True)
+    return own[own["measured"] > 0]
+
+
 def compare_points(a: Results, b: Results) -> tuple[pd.DataFrame, list[str], list[str]]:
-    """Points measured in both A and B (matched on scenario, prompt length, batch size and mode label).
+    """Points measured in both A and B (matched on :data:`COMPARE_KEYS`: scenario, prompt length, batch size, mode
+    label and a server's concurrency; see :func:`compare_table`).
 
     Returns:
         (frame, only_in_a, only_in_b): frame has the keys and, per metric of :data:`COMPARE_METRICS`,
-        ``<metric>_a``, ``<metric>_b`` (medians over measured trials) and ``<metric>_ratio`` = B / A (NaN where
-        either side is missing or A is 0); the other two list the points (``scenario p<N> b<B> mode``) that only
-        one side measured.
+        ``<metric>_a``, ``<metric>_b`` (medians over measured trials; ITL percentiles pooled) and
+        ``<metric>_ratio`` = B / A (NaN where either side is missing or A is 0); the other two list the points
+        (:func:`point_name`) that only one side measured.
     """
-    cols = [agg(m, "median") for m in COMPARE_METRICS]
-    ta = point_table(a.trials, n_boot=0)
-    tb = point_table(b.trials, n_boot=0)
-    ta, tb = ta[ta["measured"] > 0], tb[tb["measured"] > 0]
+    cols = [_column(m) for m in COMPARE_METRICS]
+    ta, tb = compare_table(a.trials), compare_table(b.trials)
     ta = ta.assign(_order=range(len(ta)))
     tb = tb.assign(_order=range(len(ta), len(ta) + len(tb)))
     extra = ["tokens_match", "n_ok", "trials", "_order"]
-    merged = ta[POINT_KEYS + cols + extra].merge(tb[POINT_KEYS + cols + extra], on=POINT_KEYS,
-                                                 how="outer", suffixes=("_a", "_b"), indicator=True)
+    merged = ta[COMPARE_KEYS + cols + extra].merge(tb[COMPARE_KEYS + cols + extra], on=COMPARE_KEYS,
+                                                   how="outer", suffixes=("_a", "_b"), indicator=True)
     # A's sweep order, then what only B has (an outer merge sorts the keys)
     merged = merged.sort_values(["_order_a", "_order_b"]).drop(columns=["_order_a", "_order_b"])
 
@@ -81,7 +119,7 @@ def compare_points(a: Results, b: Results) -> tuple[pd.DataFrame, list[str], lis
     only_a = names(merged[merged["_merge"] == "left_only"])
     only_b = names(merged[merged["_merge"] == "right_only"])
     frame = merged[merged["_merge"] == "both"].drop(columns="_merge").reset_index(drop=True)
-    frame = frame.rename(columns={f"{m}_median_{s}": f"{m}_{s}" for m in COMPARE_METRICS for s in "ab"})
+    frame = frame.rename(columns={f"{_column(m)}_{s}": f"{m}_{s}" for m in COMPARE_METRICS for s in "ab"})
     for m in COMPARE_METRICS:
         frame[f"{m}_ratio"] = frame[f"{m}_b"] / frame[f"{m}_a"].where(frame[f"{m}_a"] != 0)
     return frame, only_a, only_b
@@ -102,8 +140,10 @@ def regressions(frame: pd.DataFrame, only_a: list[str]) -> list[str]:
 
 
 def point_name(r: pd.Series) -> str:
-    """``scenario p<prompt> b<batch> mode``."""
-    return f"{r['group']} p{int(r['prompt_tokens'])} b{int(r['batch_size'])} {r['mode_label']}"
+    """``scenario p<prompt> b<batch> mode``; a server's point ``scenario p<prompt> c<concurrency> mode``."""
+    level = r.get("concurrency", 0)
+    load = f"c{int(level)}" if level == level and level else f"b{int(r['batch_size'])}"
+    return f"{r['group']} p{int(r['prompt_tokens'])} {load} {r['mode_label']}"
 
 
 def worse_pct(metric: str, ratio: float) -> float:
@@ -127,5 +167,5 @@ def violations(frame: pd.DataFrame, thresholds: list[Threshold]) -> list[str]:
     return [line for _, line in sorted(found, key=lambda x: -x[0])]
 
 
-__all__ = ["COMPARE_METRICS", "Threshold", "compare_points", "parse_threshold", "point_name", "regressions", "violations",
-           "worse_pct"]
+__all__ = ["COMPARE_KEYS", "COMPARE_METRICS", "SERVER_METRICS", "Threshold", "compare_points", "compare_table",
+           "parse_threshold", "plain_server_rows", "point_name", "regressions", "violations", "worse_pct"]

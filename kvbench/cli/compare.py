@@ -18,26 +18,26 @@ def compare(
 ) -> None:
     """Matched points of two runs side by side with the ratio B/A per metric; a CI gate with --fail-on."""
     from kvbench.analysis.compare import compare_points, parse_threshold, regressions, violations
-    from kvbench.report.compare import compare_display, unmatched_hint
+    from kvbench.report.compare import compare_display, missing_metric_reason, unmatched_reason
 
     with handle_errors({"threshold": "--fail-on"}):
         thresholds = [parse_threshold(x) for x in fail_on]
         a, b = _load([run_a]), _load([run_b])
         frame, only_a, only_b = compare_points(a, b)
     if frame.empty:
-        _fail(f"no point measured in both {run_a} and {run_b} (scenario, prompt length, batch size and mode must "
-              f"match){unmatched_hint(a, b)}")
+        _fail(f"no point measured in both {run_a} and {run_b} (scenario, prompt length, batch size or a server's "
+              f"concurrency, and mode must match): {unmatched_reason(a, b)}")
     cells, marks = compare_display(frame)
-    out.print(_table(cells, f"B / A  (A = {run_a}, B = {run_b})", "ratios of medians; green: B better, red: B worse "
-                     "by more than 5%", left=("scenario", "mode"), wrap=True, min_width={"mode": 12}, marks=marks))
+    out.print(_table(cells, f"B / A  (A = {run_a}, B = {run_b})", "ratios of medians (ITL: of the pooled "
+                     "percentiles); green: B better, red: B worse by more than 5%", left=("scenario", "mode"),
+                     wrap=True, min_width={"mode": 12}, marks=marks))
     if only_b:
         out.print(f"only in B: {', '.join(only_b)}", highlight=False, markup=False)
     _problems(a)
     _problems(b)
     for th in thresholds:
         if frame[f"{th.metric}_ratio"].notna().sum() == 0:
-            _fail(f"--fail-on {th.metric}: no matched point has {th.metric} in both runs (CUDA-only figures are "
-                  "empty on CPU runs)")
+            _fail(f"--fail-on {th.metric}: {missing_metric_reason(frame, th.metric)}")
     lost = regressions(frame, only_a)
     for line in lost:
         err.print(f"[yellow]regression:[/] {escape(line)}", highlight=False)

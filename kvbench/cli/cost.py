@@ -80,6 +80,10 @@ def cost(
     if target.exists() and not target.is_dir():
         _fail(f"{target} is not a directory: the cost files go in a directory (give another with --out)")
     loaded = _load(results)
+    failed = rc.failed_groups(loaded.trials)
+    if failed and len(failed) == loaded.trials["group"].nunique():  # nothing to cost: said, and nothing written
+        _problems(loaded)
+        _fail(f"nothing to cost: {'; '.join(failed.values())}")
     with handle_errors(FLAGS):
         rep = rc.compute_costs(loaded, prices, None if max_ttft_ms is None else max_ttft_ms / 1e3,
                                None if max_tpot_ms is None else max_tpot_ms / 1e3, host_tier)
@@ -122,6 +126,8 @@ def cost(
         out.print(f"[bold]{escape(group)}:[/]", highlight=False)
         for line in lines:
             out.print(f"  {escape(line)}", highlight=False)
+    for line in failed.values():  # a group with nothing to cost beside others that have
+        out.print(f"[bold]not costed:[/] {escape(line)}", highlight=False)
     bases = rep.host_bases()
     out.print(f"host memory charged at {host_price:g} and disk at {disk_price:g} USD per GiB-hour"
               + (" (pass --host-price and --disk-price to charge them)" if host_price == 0 == disk_price else "")

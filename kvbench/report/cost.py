@@ -24,6 +24,7 @@ from kvbench.arguments import path_arg, positive_seconds
 from kvbench.errors import BadParameter, UnwritableOutput, UserError
 from kvbench.report import charts
 from kvbench.report.format import number
+from kvbench.results.rows import MEASURED
 from kvbench.results.run_dir import refuse_symlink_dir
 
 
@@ -219,6 +220,23 @@ def verdicts(costs: pd.DataFrame) -> dict[str, list[str]]:
     return out
 
 
+def failed_groups(trials: pd.DataFrame) -> dict[str, str]:
+    """Per group none of whose trials (a server run's requests) was measured: one text saying that every one
+    failed, how many with which statuses, and the first one's reason (its message as the row has it)."""
+    out: dict[str, str] = {}
+    for group, part in trials.groupby("group", sort=False):
+        if part["status"].isin(MEASURED).any():
+            continue
+        what = "request" if "engine" in part and part["engine"].notna().all() else "trial"
+        counts = part["status"].astype(str).value_counts(sort=False)
+        ended = counts.index[0] if len(counts) == 1 else ", ".join(f"{s} ({n})" for s, n in counts.items())
+        first = part.iloc[0]
+        why = str(first.get("message") or "").strip() or "no message"
+        out[group] = (f"{group}: every {what} failed: all {len(part)} ended {ended}; the first, "
+                      f"{first['trial_id']}: {why}")
+    return out
+
+
 def reuse_verdicts(reuse: pd.DataFrame) -> list[str]:
     """One line per group × mode of :func:`reuse_cost`: restore lowers or raises the cost per 1M tokens against
     recompute, with the saving's interval and pair count, or why the pairs do not decide."""
@@ -303,5 +321,5 @@ def _write_costs(costs: pd.DataFrame, out: Path, prices: Prices, reuse: pd.DataF
     return paths + ([png] if png is not None else [])
 
 
-__all__ = ["CostReport", "compute_costs", "cost_display", "cost_report", "reuse_cost_display", "reuse_verdicts",
-           "verdicts", "what_if_lines", "write_costs"]
+__all__ = ["CostReport", "compute_costs", "cost_display", "cost_report", "failed_groups", "reuse_cost_display",
+           "reuse_verdicts", "verdicts", "what_if_lines", "write_costs"]

@@ -11,6 +11,7 @@ import pandas as pd
 
 from kvbench.report.format import missing, ratio_interval
 from kvbench.results.rows import MEASURED
+from kvbench.scenario.servers import PRESETS
 
 #: A mode whose cached share is at least this, but whose TTFT is not clearly lower than recompute, is flagged.
 HIT_SHARE_FLAG = 0.5
@@ -87,8 +88,31 @@ def server_findings(trials: pd.DataFrame, group: str, later: pd.DataFrame | None
     return out
 
 
+#: What the presets themselves set (their request keys and flags): a mode that sets only these changes the
+#: server's cache, not what it generates.
+CACHE_OPTIONS = frozenset(k for reg in PRESETS.values() for p in reg.values() for k in p.request)
+CACHE_FLAGS = frozenset(a for reg in PRESETS.values() for p in reg.values() for a in p.args if a.startswith("-"))
+
+
+def own_options(options: Any) -> list[str]:
+    """The options a server mode sets beyond its preset that may change its outputs (a row's ``mode_options``:
+    ``request`` keys and ``args`` flags other than the cache options every preset uses, :data:`CACHE_OPTIONS`
+    and :data:`CACHE_FLAGS`), as text: ``request repeat_penalty: 1.5``, ``args --top-p 0.5``."""
+    if not isinstance(options, dict):
+        return []
+    out = [f"request {k}: {v}" for k, v in (options.get("request") or {}).items() if k not in CACHE_OPTIONS]
+    args = [str(a) for a in options.get("args") or []]
+    for i, a in enumerate(args):
+        if a.startswith("-") and a.split("=", 1)[0] not in CACHE_FLAGS:
+            value = args[i + 1] if i + 1 < len(args) and not args[i + 1].startswith("-") else ""
+            out.append(f"args {a} {value}".rstrip())
+    return out
+
+
 def _matches(mode: str, part: pd.DataFrame) -> str:
-    """How many of a mode's requests generated ``none``'s ids, and where the others first diverged."""
+    """How many of a mode's requests generated ``none``'s ids, where the others first diverged, and why: the mode's
+    own output-changing options (:func:`own_options`), else the server's cache where those requests reused cached
+    tokens, else not the cache."""
     m = part["tokens_match"]
     compared = m.dropna()
     if compared.empty:
@@ -96,20 +120,32 @@ def _matches(mode: str, part: pd.DataFrame) -> str:
     same = int(compared.astype(bool).sum())
     if same == len(compared):
         return f"`{mode}`: every request ({same}) generated the same ids as `none`"
-    steps = Counter(int(s) for s in part.loc[m.eq(False), "first_divergence_step"].dropna())
+    differ = part[m.eq(False)]
+    steps = Counter(int(s) for s in differ["first_divergence_step"].dropna())
     where = (" (first differing token at " + ", ".join(
         f"step {k}" + (f" in {n} requests" if n > 1 else "") for k, n in sorted(steps.items())) + ")") if steps else ""
-    return (f"`{mode}`: {len(compared) - same} of {len(compared)} requests generated other ids than `none`"
-            f"{where}: the server's cached and recomputed prompts are not bit-identical, a finding about the "
+    head = f"`{mode}`: {len(compared) - same} of {len(compared)} requests generated other ids than `none`{where}"
+    cached = pd.to_numeric(differ.get("cached_prompt_tokens"), errors="coerce")
+    reused = f"{int(cached.fillna(0).sum()):,} cached prompt tokens"
+    options = own_options(next((o for o in part.get("mode_options", []) if isinstance(o, dict)), None))
+    if options:
+        return (f"{head}: the mode sets its own options ({', '.join(options)}), which change what it generates: "
+                f"its outputs differ because of them, not because of the cache (those requests reused {reused})")
+    if not (cached > 0).any():
+        return (f"{head}: not the cache's doing: those requests reused 0 cached prompt tokens (the server's outputs "
+                "vary between runs of the same prompt, e.g. with concurrent batching)")
+    return (f"{head}: the server's cached and recomputed prompts are not bit-identical, a finding about the "
             "engine, not an error of kvbench")
 
 
 def _counter_lines(servers: list[dict[str, Any]]) -> list[str]:
-    """Per mode, the ``/metrics`` deltas of its measured requests summed over its repeats (a counter any server did
-    not report: "not reported"), and its unrecorded holds' own share; where a hold overlapped another request its
-    share could not be taken out, and the line says the deltas include the holds."""
+    """Per mode, the ``/metrics`` deltas of its measured requests summed over its repeats (a counter with no delta
+    on some server: why, as run.json's ``metrics_notes`` says, e.g. "went down from 900 to 800 (the server
+    restarted?)"; "not reported" where it says nothing), and its unrecorded holds' own share; where a hold
+    overlapped another request its share could not be taken out, and the line says the deltas include the holds."""
     by_mode: dict[str, dict[str, float | None]] = {}
     holds: dict[str, dict[str, float | None]] = {}
+    notes: dict[str, dict[str, list[str]]] = {}
     counted: dict[str, list[int]] = {}
     mixed: dict[str, list[int]] = {}
     legacy: set[str] = set()
@@ -128,11 +164,15 @@ def _counter_lines(servers: list[dict[str, Any]]) -> list[str]:
         m = mixed.setdefault(mode, [0, 0])
         m[0], m[1] = m[0] + sent - separated, m[1] + sent
         _add(by_mode.setdefault(mode, {}), deltas)
+        why = srv.get("metrics_notes") or {}
+        for name, v in deltas.items():
+            if v is None and why.get(name):
+                notes.setdefault(mode, {}).setdefault(name, []).append(str(why[name]))
         if srv.get("metrics_delta_holds") is not None:
             _add(holds.setdefault(mode, {}), srv["metrics_delta_holds"])
     out = []
     for mode, acc in by_mode.items():
-        shown = _shown(acc)
+        shown = _shown(acc, notes.get(mode, {}), counted[mode][0])
         if not shown:
             continue
         read, total = counted[mode]
@@ -158,7 +198,17 @@ def _add(acc: dict[str, float | None], deltas: dict[str, float | None]) -> None:
         acc[name] = None if v is None or (name in acc and acc[name] is None) else acc.get(name, 0.0) + v
 
 
-def _shown(acc: dict[str, float | None]) -> str:
-    """The prompt-token and cache counters of ``acc`` as text."""
-    return ", ".join(f"{k} {'not reported' if v is None else f'{v:,.0f}'}" for k, v in acc.items()
+def _shown(acc: dict[str, float | None], notes: dict[str, list[str]] | None = None, servers: int = 1) -> str:
+    """The prompt-token and cache counters of ``acc`` as text; a None one with why (``notes``: per counter, one
+    note per server whose delta of it is None, of the ``servers`` read), else "not reported"."""
+    def text(name: str, v: float | None) -> str:
+        if v is not None:
+            return f"{name} {v:,.0f}"
+        why = list(dict.fromkeys((notes or {}).get(name, [])))
+        if not why:
+            return f"{name} not reported"
+        n = len((notes or {})[name])
+        return f"{name}: {'; '.join(why)}" + (f" (on {n} of its {servers} servers)" if n < servers else "")
+
+    return ", ".join(text(k, v) for k, v in acc.items()
                      if k.startswith(("prompt_tokens", "cached_tokens", "prefix_cache", "external_prefix")))
