@@ -7,18 +7,24 @@ Units (:func:`~kvbench.bench.cluster.placement.unit_count`): a planned sweep's (
 whole; otherwise the whole sweep. Each machine kind runs every unit; its workers take them in plan order, one at a
 time. Rows get the kind's label as ``machine``; with two kinds or more, trial ids get ``@<label>``.
 
-Faults: a worker that dies records the trial it was running as ``error``, ``worker lost (host …)``, and its unit
-goes back to the queue for another worker (avoiding that host when another one of its kind is alive), which runs
-the trial once more (``attempt`` 1) after what already finished; the dead worker is replaced by a new one when the
-cluster can start it within ``executor.startup_timeout_s``. A unit lost :data:`MAX_UNIT_LOSSES` times is given up,
-and the sweep ends with :class:`~kvbench.errors.SweepIncomplete` once nothing else can run. Ctrl-C kills the
-workers (their servers die with them), writes the rows already received and stops.
+Faults: a worker that dies records the trial it was running (a server engine's: every request in flight) as
+``error``, ``worker lost (host …)``, and its unit goes back to the queue for another worker (avoiding that host
+when another one of its kind is alive), which runs the trial once more (``attempt`` 1) after what already finished;
+the dead worker is replaced by a new one when the cluster can start it within ``executor.startup_timeout_s``. A
+unit lost :data:`MAX_UNIT_LOSSES` times is given up, and the sweep ends with
+:class:`~kvbench.errors.SweepIncomplete` once nothing else can run. Ctrl-C kills the workers (their servers die
+with them), writes the rows already received and stops.
+
+Server logs (:mod:`~kvbench.bench.cluster.logs`): each reaches the run's ``servers/`` as its server stops; a
+stopped worker hands over the rest as it closes; a lost worker's folder is read, then removed, on its node; a log
+that could not be recovered (its node gone) is ``log: null`` in run.json's ``servers``, with ``log_lost`` saying
+why.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
-import os
 import queue
 import threading
 import traceback
@@ -27,12 +33,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvbench.bench.cluster.connect import connect, import_ray
+from kvbench.bench.cluster.logs import RunLogs, salvage_folders, stop_workers
+from kvbench.bench.cluster.lost import logs_lost_reason, lost_entry, lost_row, lost_warning
 from kvbench.bench.cluster.placement import WorkerKind, worker_kinds
-from kvbench.bench.cluster.pool import Worker, kill_workers, start_workers
+from kvbench.bench.cluster.pool import Worker, kill_workers, start_kinds, start_workers
 from kvbench.bench.trial import plan_trials
-from kvbench.errors import ClusterError, PrepareError, SweepIncomplete
-from kvbench.results.rows import WORKER_LOST, Status, retry_due
-from kvbench.results.run_dir import utc_now
+from kvbench.errors import SweepIncomplete
+from kvbench.results.rows import retry_due
 from kvbench.scenario import Scenario
 
 #: A unit whose workers died this many times is given up (its trials wait for ``--resume``).
@@ -72,37 +79,15 @@ def start_cluster(s: Scenario, where: str, address: str | None, progress: Any) -
     """
     ray = import_ray()
     started = connect(address)
-    workers: list[Worker] = []
     try:
         kinds = worker_kinds(s, ray.nodes())
         from kvbench.bench.cluster.worker import TrialWorker
-        from kvbench.version import __version__
 
         remote = ray.remote(TrialWorker)
         data = s.model_dump(mode="json")
-        for kind in kinds:
-            progress.info(f"starting {kind.count} {'GPU' if kind.gpu else 'CPU'} worker(s)"
-                          + (f" on {kind.label}" if kind.label else "") + " (each loads the model)")
-            ok, problems = start_workers(ray, remote, kind, kind.count, data, where, s.executor.startup_timeout_s)
-            workers += ok
-            wrong = [w for w in ok if w.info["kvbench"] != __version__]
-            if wrong:
-                raise PrepareError(f"{where}: the worker on {wrong[0].host} runs kvbench {wrong[0].info['kvbench']}, "
-                                   f"this driver {__version__}: install the same version on every node")
-            loads = [p for p in problems if "did not start" not in p and "died while starting" not in p]
-            if loads:
-                raise PrepareError(loads[0])
-            if not ok:
-                raise ClusterError(f"{kind.label or 'the cluster'}: no worker started: {problems[0]}")
-            for p in problems:
-                progress.warning(p)
-            for w in ok:
-                if w.info.get("nice"):
-                    progress.warning(f"the worker on {w.host} runs at nice {w.info['nice']}: any other process there "
-                                     "takes its CPU first; start the cluster with RAY_worker_niceness=0")
+        workers = start_kinds(ray, remote, kinds, data, where, s.executor.startup_timeout_s, progress)
         return RayExecutor(s, kinds, workers, started, ray, remote, data, where, progress.warning)
     except BaseException:
-        kill_workers(ray, workers, tidy=True)
         if started:
             ray.shutdown()
         raise
@@ -136,6 +121,7 @@ class RayExecutor:
         self._failure: str | None = None
         self._lost_ids: set[str] = set()
         self._all_workers = list(workers)
+        self._logs: RunLogs | None = None
 
     @property
     def machines(self) -> dict[str, Any]:
@@ -152,9 +138,11 @@ class RayExecutor:
         """Nothing to keep here: each unit's finished rows go to the worker that runs it."""
 
     def close(self) -> None:
-        """Stop every worker (after it removed its files) and leave a Ray instance this run started."""
-        kill_workers(self._ray, self.workers, tidy=True)
+        """Stop every worker (after it removed its files and handed over the server logs it had not sent) and
+        leave a Ray instance this run started."""
+        stop_workers(self._ray, self.workers, self._logs, again=False)
         self.workers = []
+        self._settle_logs()
         if self._started:
             self._ray.shutdown()
             self._started = False
@@ -183,6 +171,7 @@ class RayExecutor:
             RuntimeError: a worker's sweep raised (a bug), with its traceback.
         """
         self._record = record
+        self._logs = RunLogs(record.run)
         self._lost_ids = set(record.lost)
         self._done = dict(record.rows)  # rows received (written or about to be): never handed out again
         self._queue = {k.label: deque(u for u in self._units() if u.kind is k and self._todo(u)) for k in self.kinds}
@@ -202,11 +191,11 @@ class RayExecutor:
                     break
         except BaseException:  # Ctrl-C or a write that failed: stop the workers, keep what they finished
             self._halt(threads)
-            self._drain()
             raise
         if self._failure:
             self._halt(threads)
             raise RuntimeError(f"a worker's sweep failed:\n{self._failure}")
+        self._settle_logs()
         left = [u for q in self._queue.values() for u in q] + self._given_up
         if left:
             n = sum(len(u.trials) if u.trials is not None else 1 for u in left)
@@ -223,65 +212,66 @@ class RayExecutor:
         return f"{local_id}@{kind.label}" if self.multi else local_id
 
     def _halt(self, threads: list[threading.Thread]) -> None:
+        """Stop every worker (keeping the logs each hands over), then write what had arrived."""
         self._stop.set()
         with self._lock:
             workers = list(self.workers)
-        kill_workers(self._ray, workers, tidy=True)
+        stop_workers(self._ray, workers, self._logs, again=True)
         for t in threads:
             t.join(timeout=30)
+        self._drain()
+        self._settle_logs()
 
     def _drain(self) -> None:
-        """Write the rows that arrived before the stop (finished trials are kept)."""
+        """Write the rows, server logs and run.json updates that arrived before the stop (finished trials are
+        kept)."""
         while True:
             try:
-                event = self._events.get_nowait()
+                kind, _, payload = self._events.get_nowait()
             except queue.Empty:
                 return
-            if event[0] == "row":
-                self._record.write(*event[2])
+            if kind in ("row", "lost"):
+                self._record.write(*payload)
+            elif kind == "file":
+                with contextlib.suppress(OSError):
+                    self._logs.write(*payload)
+            elif kind == "meta":
+                with contextlib.suppress(OSError), self._lock:
+                    self._record.run.update(**self._logs.amend_fields(payload))
+
+    def _settle_logs(self) -> None:
+        """run.json's ``servers`` names no log the run folder lacks (see :meth:`RunLogs.settle`)."""
+        if self._logs is not None:
+            self._logs.settle("the run ended before its worker sent it (the worker was stopped or lost)", self._lock)
 
     def _handle(self, event: tuple) -> None:
         kind, worker, payload = event
         if kind == "row" or kind == "lost":
             self._record.write(*payload)
         if kind == "gone":
-            with self._lock:
-                self._record.run.update(lost_workers=[*self._record.run.meta.get("lost_workers", []), payload])
-            self._warn(f"worker {payload['worker'][:12]} on {payload['host']} (pid {payload['pid']}) was lost "
-                       + (f"running {payload['trial_id']}" if payload["trial_id"] else "between trials or in a warm-up")
-                       + f": {payload['reason']}; its unit goes to another worker")
+            self._gone(payload)
         elif kind == "status" and self._record.on_status:
             self._record.on_status(f"{worker.kind.label + ' ' if worker.kind.label else ''}{worker.host} pid "
                                    f"{worker.info['pid']}: {payload}")
         elif kind == "meta":
             with self._lock:
-                self._record.run.update(**payload)
+                self._record.run.update(**self._logs.amend_fields(payload))
         elif kind == "failed":
             self._failure = payload
         elif kind == "file":
-            self._write_log(*payload)
+            self._logs.write(*payload)
 
-    def _logs_taken(self) -> list[str]:
-        d = self._record.run.path / "servers"
-        return sorted(p.name for p in d.iterdir()) if d.is_dir() and not d.is_symlink() else []
-
-    def _write_log(self, name: str, data: bytes) -> None:
-        """A worker's server log into the run's ``servers/`` (a new regular file: never through a link, never
-        over an existing file, never outside that folder)."""
-        from kvbench.bench.cluster.worker import LOG_NAME
-        from kvbench.results.run_dir import open_nofollow, refuse_symlink_dir
-
-        if not LOG_NAME.fullmatch(name) or name.startswith("."):
-            return
-        d = self._record.run.path / "servers"
-        refuse_symlink_dir(d)
-        d.mkdir(exist_ok=True)
-        try:
-            fd = open_nofollow(d / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
-        except FileExistsError:  # the run has a log of that name (a worker lost before it sent its logs)
-            return
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
+    def _gone(self, lost: dict[str, Any]) -> None:
+        """A lost worker (its :func:`~kvbench.bench.cluster.lost.lost_entry`) into run.json's ``lost_workers``,
+        its logs that could not be recovered marked in ``servers``, and a warning that says what it was doing."""
+        if lost["folder"]:
+            self._logs.worker_lost(lost["worker"], logs_lost_reason(lost))
+        with self._lock:
+            meta = self._record.run.meta
+            fields = {"lost_workers": [*meta.get("lost_workers", []), lost]}
+            self._record.run.update(**self._logs.amend_fields(
+                {**fields, "servers": meta["servers"]} if isinstance(meta.get("servers"), list) else fields))
+        self._warn(lost_warning(lost, self.s.engine.server))
 
     def _take(self, worker: Worker) -> _Unit | None | bool:
         """The next unit for ``worker``; None when its kind has nothing left; False: wait (a unit in flight may
@@ -332,25 +322,27 @@ class RayExecutor:
     def _run_unit(self, worker: Worker, unit: _Unit) -> bool:
         """Run ``unit`` on ``worker``; False when the worker died under it (the unit is back in the queue, or
         given up)."""
-        ray, running = self._ray, None
+        ray, running = self._ray, {}  # local trial id -> its start row: the trial (or requests) in flight
         try:
             with self._lock:
                 meta = dict(self._record.run.meta)
-            stream = worker.actor.sweep.remote(unit.trials, self._finished(unit), meta, self._logs_taken())
+            stream = worker.actor.sweep.remote(unit.trials, self._finished(unit), meta, self._logs.taken())
             for ref in stream:
                 what, payload = ray.get(ref)
                 if what == "start":
-                    running = payload
+                    running[payload["trial_id"]] = payload
                 elif what == "row":
                     row, samples = payload
+                    running.pop(row["trial_id"], None)
                     row = {**row, "trial_id": self._id(unit.kind, row["trial_id"]), "machine": unit.kind.label}
                     samples = [{**x, "trial_id": row["trial_id"]} for x in samples]
                     with self._lock:
                         if not retry_due(row):
                             self._done[row["trial_id"]] = row
-                    running = None
                     self._events.put(("row", worker, (row, samples)))
                 elif what in ("status", "meta", "failed", "file"):
+                    if what == "file":
+                        self._logs.expect(payload[0])
                     self._events.put((what, worker, payload))
                 if what in ("done", "failed"):
                     break
@@ -360,25 +352,26 @@ class RayExecutor:
         except ray.exceptions.RayError as exc:  # the actor, its process or its node died
             if self._stop.is_set():
                 return True
-            self._lost(worker, unit, running, exc)
+            self._lost(worker, unit, list(running.values()), exc)
             return False
         with self._lock:
             self._busy[unit.kind.label] -= 1
         return True
 
-    def _lost(self, worker: Worker, unit: _Unit, running: dict[str, Any] | None, exc: Exception) -> None:
-        """Record the trial ``worker`` was running as lost (run.json's ``lost_workers`` lists every loss, a trial
-        running or not) and put its unit back (or give it up)."""
+    def _lost(self, worker: Worker, unit: _Unit, running: list[dict[str, Any]], exc: Exception) -> None:
+        """Record what ``worker`` was running (``running``: the start rows of the trial, or of a server's requests,
+        in flight) as lost (run.json's ``lost_workers`` lists every loss, a trial running or not), recover its
+        server logs from its node (then remove its folder there) and put its unit back (or give it up)."""
         why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        self._events.put(("gone", worker, {
-            "worker": worker.info["where"]["worker"], "host": worker.host, "pid": worker.info["pid"],
-            "machine": unit.kind.label, "at": utc_now(), "reason": why,
-            "trial_id": None if running is None else self._id(unit.kind, running["trial_id"])}))
-        if running is not None:
-            tid = self._id(unit.kind, running["trial_id"])
-            row = {**running, **worker.info["where"], "trial_id": tid, "machine": unit.kind.label,
-                   "status": Status.ERROR, "message": f"{WORKER_LOST} (host {worker.host}, pid "
-                                                      f"{worker.info['pid']}): {why}"}
+        folder = worker.info.get("folder")
+        [(files, problem)] = salvage_folders(self._ray, [(worker.info["node"], folder)]) if folder else [([], None)]
+        for name, data in files:  # written (in the driver's thread) before the unit can be taken again
+            self._logs.expect(name)
+            self._events.put(("file", worker, (name, data)))
+        ids = [self._id(unit.kind, r["trial_id"]) for r in running]
+        self._events.put(("gone", worker, lost_entry(worker, unit.kind.label, why, ids, files, problem)))
+        for tid, started in zip(ids, running):
+            row = lost_row(started, worker, tid, unit.kind.label, why)
             with self._lock:
                 if tid in self._lost_ids:  # its retry died too: that is its row
                     row["attempt"] = 1

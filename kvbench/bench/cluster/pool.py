@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvbench.bench.cluster.placement import WorkerKind
+from kvbench.errors import ClusterError, PrepareError
 
 #: Seconds a worker gets to remove its files before it is killed at the end of a run.
 CLOSE_TIMEOUT_S = 10.0
@@ -27,14 +28,31 @@ class Worker:
         return self.info["where"]["host"]
 
 
-def kill_workers(ray: Any, workers: list[Worker], tidy: bool) -> None:
+def kill_workers(ray: Any, workers: list[Worker], tidy: bool, again: bool = False) -> list[tuple[Worker, Any]]:
     """Kill the workers' actors (their server processes die with them); with ``tidy``, let each remove its
-    files first (at most :data:`CLOSE_TIMEOUT_S` in all)."""
+    files first (:meth:`~kvbench.bench.cluster.worker.TrialWorker.close`, at most :data:`CLOSE_TIMEOUT_S` in all;
+    ``again``: each returns the logs it sent already too).
+
+    Returns:
+        With ``tidy``, each worker and what its ``close()`` returned (the server logs it had not sent), None for
+        one that did not answer in time or had died (its folder may still be on its node); else nothing.
+    """
+    closed: list[tuple[Worker, Any]] = []
     if tidy and workers:
-        refs = [w.actor.close.remote() for w in workers]
-        ray.wait(refs, num_returns=len(refs), timeout=CLOSE_TIMEOUT_S)
+        refs = [w.actor.close.remote(again) for w in workers]
+        done, _ = ray.wait(refs, num_returns=len(refs), timeout=CLOSE_TIMEOUT_S)
+        answered = set(done)
+        for w, ref in zip(workers, refs):
+            got = None
+            if ref in answered:
+                try:
+                    got = ray.get(ref)
+                except Exception:  # noqa: BLE001 - the actor died before it answered: its folder may remain
+                    got = None
+            closed.append((w, got))
     for w in workers:
         ray.kill(w.actor, no_restart=True)
+    return closed
 
 
 def start_workers(ray: Any, remote: Any, kind: WorkerKind, n: int, scenario: dict[str, Any], where: str,
@@ -69,5 +87,44 @@ def start_workers(ray: Any, remote: Any, kind: WorkerKind, n: int, scenario: dic
     return ok, problems
 
 
+def start_kinds(ray: Any, remote: Any, kinds: list[WorkerKind], scenario: dict[str, Any], where: str,
+                timeout_s: float, progress: Any) -> list[Worker]:
+    """Start every kind's workers (:func:`start_workers`; ``progress`` says so and warns of the workers that did
+    not start while others of their kind did, and of those that run below nice 0); all of them, ready.
 
-__all__ = ["CLOSE_TIMEOUT_S", "Worker", "kill_workers", "start_workers"]
+    Raises:
+        ClusterError: a machine kind none of whose workers started (naming why).
+        PrepareError: a worker cannot run the scenario (its model, data or preflight), or runs another kvbench.
+        Any of these (and Ctrl-C) stops the workers started so far first.
+    """
+    from kvbench.version import __version__
+
+    workers: list[Worker] = []
+    try:
+        for kind in kinds:
+            progress.info(f"starting {kind.count} {'GPU' if kind.gpu else 'CPU'} worker(s)"
+                          + (f" on {kind.label}" if kind.label else "") + " (each loads the model)")
+            ok, problems = start_workers(ray, remote, kind, kind.count, scenario, where, timeout_s)
+            workers += ok
+            wrong = [w for w in ok if w.info["kvbench"] != __version__]
+            if wrong:
+                raise PrepareError(f"{where}: the worker on {wrong[0].host} runs kvbench {wrong[0].info['kvbench']}, "
+                                   f"this driver {__version__}: install the same version on every node")
+            loads = [p for p in problems if "did not start" not in p and "died while starting" not in p]
+            if loads:
+                raise PrepareError(loads[0])
+            if not ok:
+                raise ClusterError(f"{kind.label or 'the cluster'}: no worker started: {problems[0]}")
+            for p in problems:
+                progress.warning(p)
+            for w in ok:
+                if w.info.get("nice"):
+                    progress.warning(f"the worker on {w.host} runs at nice {w.info['nice']}: any other process there "
+                                     "takes its CPU first; start the cluster with RAY_worker_niceness=0")
+    except BaseException:
+        kill_workers(ray, workers, tidy=True)
+        raise
+    return workers
+
+
+__all__ = ["CLOSE_TIMEOUT_S", "Worker", "kill_workers", "start_kinds", "start_workers"]

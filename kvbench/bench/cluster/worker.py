@@ -4,13 +4,16 @@ its tokenizer and requests; each server then starts and stops in this worker), p
 hands it, one trial at a time, through the same :class:`~kvbench.bench.sweep.Recorder` and
 :meth:`~kvbench.bench.executor.LocalExecutor.sweep` as a local run: warm-ups, the ``none``-first order and the
 interleaving of modes hold within each worker. Every row, status and run.json update streams back to the driver
-(:meth:`TrialWorker.sweep`), which writes them; a worker writes no file of the run."""
+(:meth:`TrialWorker.sweep`), which writes them; a worker writes no file of the run. A server engine's worker
+keeps its servers' logs in a folder of its own (:mod:`~kvbench.bench.cluster.watch`), made at its first unit,
+each log sent as its server stops, the folder removed when the worker closes (or, lost, by the driver's
+:func:`~kvbench.bench.cluster.watch.salvage`)."""
 
 from __future__ import annotations
 
 import os
 import queue
-import re
+import secrets
 import shutil
 import tempfile
 import threading
@@ -19,10 +22,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-#: A server log's name, as the server engine makes them (``<mode>-r<repeat>[.<n>].log``).
-LOG_NAME = re.compile(r"[A-Za-z0-9_.@+-]{1,200}\.log")
-#: How much of the end of each server log a worker sends to the driver.
-MAX_LOG_BYTES = 4 << 20
+from kvbench.bench.cluster.watch import FOLDER_PREFIX, LOG_NAME, MAX_LOG_BYTES, EngineWatch, LogShipper
 
 
 def _own_priority() -> int:
@@ -69,7 +69,11 @@ class TrialWorker:
         self.problem: str | None = None
         self.where: dict[str, Any] = {}
         self.env: dict[str, Any] = {}
-        self._logs: str | None = None
+        self.node: str | None = None
+        #: this worker's folder (made at its first unit; a server engine's only)
+        self._root: Path | None = None
+        self._made = False
+        self._watch: EngineWatch | None = None
         try:
             self._load(scenario, where)
         except Exception as exc:  # noqa: BLE001 - reported by ready(), then the driver refuses the run
@@ -91,13 +95,18 @@ class TrialWorker:
         self.device = str(device)
         self.env = environment(device)
         self.where = where_fields(self.env, worker=ray.get_runtime_context().get_actor_id())
+        self.node = ray.get_runtime_context().get_node_id()
         if self.s.engine.server:
             from kvbench.bench.servers.engine import load_server_engine
             from kvbench.bench.servers.sweep import ServerExecutor
 
-            self._logs = tempfile.mkdtemp(prefix="kvbench-worker-")  # the servers' logs, on this worker's disk
-            engine = load_server_engine(self.s, Path(self._logs))
+            # the servers' logs, on this worker's disk; made at the first unit, so a worker that never runs one
+            # (it failed to load, or was stopped while starting) leaves nothing behind
+            self._root = Path(tempfile.gettempdir()) / f"{FOLDER_PREFIX}{os.getpid()}-{secrets.token_hex(6)}"
+            engine = load_server_engine(self.s, self._root)
             self.executor: Any = ServerExecutor(engine)
+            self._shipper = LogShipper(self._root)
+            self._watch = EngineWatch(engine, self._shipper, self.where)
         else:
             from kvbench.bench.engines.transformers import load_engine
             from kvbench.bench.executor import LocalExecutor
@@ -112,8 +121,9 @@ class TrialWorker:
         """What the driver needs before the first trial: ``problem`` (None when the worker can run), ``where``
         (its rows' placement fields), ``environment`` (its probe), ``kvbench`` (the version), ``pid``, ``nice``
         (its process's nice value: above 0, other processes take its CPU first), ``device``, ``weights_bytes``
-        (None for a server engine) and the workload's ``requests`` (ids; a reuse workload's or a server run's
-        stream)."""
+        (None for a server engine), the workload's ``requests`` (ids; a reuse workload's or a server run's
+        stream), ``node`` (its Ray node's id) and ``folder`` (a server engine's folder on that node, else None:
+        what :func:`~kvbench.bench.cluster.watch.salvage` removes when the worker is lost)."""
         from kvbench.version import __version__
 
         source_engine = getattr(getattr(self, "executor", None), "engine", None)
@@ -121,45 +131,45 @@ class TrialWorker:
         return {"problem": self.problem, "where": self.where, "environment": self.env, "kvbench": __version__,
                 "nice": getattr(self, "nice", None), "pid": os.getpid(), "device": getattr(self, "device", None),
                 "weights_bytes": getattr(getattr(source_engine, "m", None), "weights_bytes", None),
-                "requests": [q.id for q in getattr(source, "requests", None) or []]}
+                "requests": [q.id for q in getattr(source, "requests", None) or []], "node": self.node,
+                "folder": None if self._root is None else str(self._root)}
 
     def sweep(self, trials: list[Any] | None, finished: list[dict[str, Any]], meta: dict[str, Any],
               logs_taken: list[str] = ()) -> Iterator[tuple[str, Any]]:
         """Run one unit of work (``trials`` of a planned sweep, in order; None: the whole sweep of a reuse
         workload, a capacity search or a server engine) given the unit's ``finished`` rows (skipped, and the
         ``none`` reference where they are), run.json's ``meta`` and the server logs the run already has
-        (``logs_taken``: names in its ``servers/``, which this worker's servers do not reuse). A Ray streaming
-        generator of events: ``("start", row)`` (a trial begins: its fields as a row), ``("row", (row, samples))``,
+        (``logs_taken``: names in its ``servers/`` or its run.json, which this worker's servers do not reuse). A
+        Ray streaming generator of events: ``("start", row)`` (a trial, or a server's measured request, begins:
+        its fields as a row; several requests may be in flight at once), ``("row", (row, samples))``,
         ``("status", text)``, ``("meta", fields)`` (a run.json update), ``("file", (name, bytes))`` (a server's
-        log, at most :data:`MAX_LOG_BYTES` of its end, after the unit), then ``("done", None)``, or
-        ``("failed", traceback)`` when the sweep raised (a bug: the driver stops the run)."""
+        log, at most :data:`~kvbench.bench.cluster.watch.MAX_LOG_BYTES` of its end, as its server stops; any
+        other at the unit's end), then ``("done", None)``, or ``("failed", traceback)`` when the sweep raised (a
+        bug: the driver stops the run)."""
         from kvbench.bench.row import base_row
         from kvbench.bench.sweep import Recorder
 
         events: queue.Queue[tuple[str, Any]] = queue.Queue()
-
-        logs = Path(self._logs) / "servers" if self._logs else None
-        if logs is not None:
-            logs.mkdir(exist_ok=True)
-            for name in logs_taken:  # placeholders: a new server's log gets the next free name, as in the run
-                if LOG_NAME.fullmatch(name):
-                    (logs / name).touch()
-        taken = set(logs_taken)
+        if self._root is not None:
+            if not self._made:
+                self._root.mkdir(mode=0o700)  # a new name (pid and 48 random bits): never someone else's folder
+                self._made = True
+            self._shipper.begin(list(logs_taken))
 
         def body() -> None:
             try:
                 record = Recorder(self.s, _WorkerRun(dict(meta), finished, events.put), self.executor,
                                   on_status=lambda text: events.put(("status", text)), where=self.where,
                                   on_start=lambda t: events.put(("start", base_row(self.s, t, {}))))
+                if self._watch is not None:
+                    self._watch.begin(record.rows, events.put)
                 try:
                     self.executor.sweep(self.s, record, trials)
                 finally:
-                    for f in sorted(logs.glob("*.log")) if logs is not None else []:
-                        if f.name not in taken and f.is_file():
-                            taken.add(f.name)
-                            with f.open("rb") as fh:
-                                fh.seek(max(0, f.stat().st_size - MAX_LOG_BYTES))
-                                events.put(("file", (f.name, fh.read())))
+                    if self._watch is not None:
+                        self._watch.end()
+                        for found in self._shipper.rest():
+                            events.put(("file", found))
                 events.put(("done", None))
             except BaseException:  # noqa: BLE001 - sent to the driver, which stops the run with it
                 events.put(("failed", traceback.format_exc()))
@@ -171,11 +181,23 @@ class TrialWorker:
             if event[0] in ("done", "failed"):
                 return
 
-    def close(self) -> None:
-        """Remove what this worker made on its machine (the server logs' folder)."""
-        if self._logs:
-            shutil.rmtree(self._logs, ignore_errors=True)
-            self._logs = None
+    def close(self, again: bool = False) -> list[tuple[str, bytes]]:
+        """Remove what this worker made on its machine (its folder: the servers' logs and slots), which may run
+        while a unit still streams (the run was stopped).
+
+        Args:
+            again: also return the logs sent already (the run was stopped: the events that carried them may not
+                have reached the driver).
+
+        Returns:
+            The server logs not sent yet, ``(name, bytes)`` each (a running server's: what it wrote so far).
+        """
+        if self._root is None or not self._made:
+            return []
+        rest = self._shipper.rest(again)
+        shutil.rmtree(self._root, ignore_errors=True)
+        self._made = False
+        return rest
 
 
-__all__ = ["TrialWorker"]
+__all__ = ["LOG_NAME", "MAX_LOG_BYTES", "TrialWorker"]
