@@ -93,6 +93,7 @@ def test_a_results_folder_someone_sent_runs_nothing_on_resume(tmp_path, record):
     (["--log-file", "server.log"], "--log-file: --log-file makes the server read or write files"),
     (["-hf", "someone/model"], "-hf: -hf makes the server read or write files, fetch weights or code"),
     (["--fim-qwen-7b-default"], "--fim-qwen-7b-default: a llama.cpp hub preset downloads weights"),
+    (["--fim-qwen-14b-spec"], "--fim-qwen-14b-spec: a llama.cpp hub preset downloads weights"),
     (["--slot-save-path", "slots"], "--slot-save-path: --slot-save-path makes the server read or write files"),
     (["--chat-template", "x", "--api-prefix", "/etc"], "'/etc': names a path or a URL the server would read")])
 def test_server_flags_that_reach_files_or_the_hub_need_the_opt_in(tmp_path, args, says):
@@ -250,7 +251,9 @@ def test_an_openai_engine_may_opt_in_to_the_environment_s_proxy_and_is_told_so(t
 @pytest.mark.parametrize("url, says", [
     ("http://127.0.0.1:8000/v1", "url: http://127.0.0.1:8000/v1 ends in /v1: give the server's base URL "
                                  "(http://127.0.0.1:8000); kvbench adds /v1/completions, /v1/models and /metrics"),
-    ("http://127.0.0.1:99999", "url: http://127.0.0.1:99999: the port must be 1 to 65535")])
+    ("http://127.0.0.1:99999", "url: http://127.0.0.1:99999: the port must be 1 to 65535"),
+    ("http://:8000", "url: http://:8000: no host (give one, e.g. http://127.0.0.1:8000)"),
+    ("http://[]:8000", "url: http://[]:8000: the host is no name or address")])
 def test_an_openai_url_that_points_the_wrong_way_is_refused_by_validate(tmp_path, url, says):
     data = {"name": "o", "model": "smollm2-135m", "engine": {"kind": "openai", "url": url},
             "modes": [{"name": "none"}], "prompt_tokens": [32], "max_new_tokens": 2, "workload": WORKLOAD}
@@ -269,6 +272,16 @@ def test_an_openai_server_that_is_not_running_is_refused_before_the_sweep(tmp_pa
     assert "start the server first, or fix engine.url" in flat(r.output)
     assert not list((tmp_path / "res").glob("*/trials.jsonl")) or all(
         not p.read_text() for p in (tmp_path / "res").glob("*/trials.jsonl"))
+
+
+@pytest.mark.parametrize("url", ["http://[::ffff:127.0.0.1]:8000", "http://0.0.0.0:8000", "http://127.1:8000",
+                                 "http://localhost:8000", "http://[::1]:8000"])
+def test_an_openai_server_on_this_machine_gets_no_plaintext_warning(tmp_path, url):
+    data = {"name": "o", "model": "smollm2-135m", "engine": {"kind": "openai", "url": url},
+            "modes": [{"name": "none"}], "prompt_tokens": [32], "max_new_tokens": 2, "workload": WORKLOAD}
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(data))
+    r = invoke("validate", str(tmp_path / "s.yaml"))
+    assert r.exit_code == 0 and "plain http" not in r.output, r.output
 
 
 def test_an_openai_server_on_another_machine_over_plain_http_is_said_to_get_the_prompts_in_clear(tmp_path):

@@ -11,7 +11,8 @@ import re
 #: a prefix of one (argparse, which vLLM and SGLang parse with, takes ``--hos`` for ``--host``), is refused.
 RESERVED_FLAGS: dict[str, tuple[str, ...]] = {
     "": ("--host", "--port"),
-    "llama.cpp": ("--metrics", "-m", "--model", "-c", "--ctx-size", "-np", "--parallel", "-s", "--seed"),
+    "llama.cpp": ("--metrics", "-m", "--model", "-c", "--ctx-size", "-np", "--parallel", "-s", "--seed",
+                  "--kv-unified-per-slot", "-fit", "--fit", "-fitc", "--fit-ctx", "-fitt", "--fit-target"),
     "vllm": ("--model", "--max-num-seqs", "--seed", "--uds"),
     "sglang": ("--model-path", "--model", "--random-seed", "--enable-metrics"),
 }
@@ -42,8 +43,9 @@ CONSENT_FLAGS: dict[str, tuple[str, ...]] = {
         "--trust-remote-code", "--lora-paths", "--dist-init-addr", "--hicache-storage-backend",
         "--speculative-draft-model-path"),
 }
-#: llama.cpp's hub presets (``--fim-qwen-7b-default``, ``--embd-bge-small-en-default``...) download weights.
-_HUB_PRESET = re.compile(r"--[a-z0-9.-]+-default")
+#: llama.cpp's hub presets (``--fim-qwen-7b-default``, ``--fim-qwen-7b-spec``, ``--gpt-oss-20b-default``...)
+#: download weights (its ``--help``: "can download weights from the internet").
+_HUB_PRESET = re.compile(r"--[a-z0-9.-]+-(default|spec)")
 #: The kinds whose servers parse flags with argparse (a unique prefix of a long flag is taken for it).
 _ARGPARSE_KINDS = ("vllm", "sglang")
 
@@ -79,7 +81,7 @@ def reserved_flag_problems(kind: str, args: list[str]) -> list[str]:
             what = f"{a} (a prefix of {hit}, which argparse takes for it)" if _flag_name(a) != hit else a
             why = ("a server it starts listens on 127.0.0.1 at a free port, never another interface"
                    if hit in RESERVED_FLAGS[""] else "it loads the scenario's model with its own slots, context, "
-                   "seed and metrics")
+                   "seed and metrics (llama.cpp's --fit and --kv-unified-per-slot would change them)")
             out.append(f"{what}: kvbench sets this itself: {why} (kvbench's: {', '.join(reserved)})")
     return out
 

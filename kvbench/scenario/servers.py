@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+import socket
 import urllib.parse
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal, Union
@@ -203,11 +204,14 @@ def _url_text(v: str) -> str:
 def _openai_url(url: str) -> None:
     """Refuse an ``openai`` base URL that ends in ``/v1`` (kvbench adds ``/v1/completions``) or names a port
     outside 1..65535."""
-    parts = urllib.parse.urlsplit(url)
     try:
-        port = parts.port
-    except ValueError:
-        raise ValueError(f"url: {url}: the port must be 1 to 65535") from None
+        parts = urllib.parse.urlsplit(url)
+        host, port = parts.hostname, parts.port
+    except ValueError as exc:
+        why = "the port must be 1 to 65535" if "port" in str(exc).lower() else "the host is no name or address"
+        raise ValueError(f"url: {url}: {why}") from None
+    if not host:
+        raise ValueError(f"url: {url}: no host (give one, e.g. http://127.0.0.1:8000)")
     if port == 0:
         raise ValueError(f"url: {url}: the port must be 1 to 65535")
     if parts.path.rstrip("/").endswith("/v1"):
@@ -217,14 +221,20 @@ def _openai_url(url: str) -> None:
 
 
 def loopback_url(url: str) -> bool:
-    """Whether ``url``'s host is this machine (localhost, 127.0.0.0/8, ::1)."""
+    """Whether ``url``'s host is this machine: ``localhost``, 127.0.0.0/8 (also as ``127.1`` or IPv4-mapped
+    ``::ffff:127.0.0.1``), ``::1``, or the unspecified 0.0.0.0 / ``::`` (which a connection takes for this one)."""
     host = urllib.parse.urlsplit(url).hostname or ""
     if host == "localhost":
         return True
     try:
-        return ipaddress.ip_address(host).is_loopback
+        ip = ipaddress.ip_address(host)
     except ValueError:
-        return False
+        try:  # the shorthand IPv4 forms inet_aton takes (127.1)
+            ip = ipaddress.ip_address(socket.inet_aton(host))
+        except OSError:
+            return False
+    ip = getattr(ip, "ipv4_mapped", None) or ip
+    return ip.is_loopback or ip.is_unspecified
 
 
 def _engine_kind(v: str) -> str:
