@@ -82,7 +82,7 @@ def http_server(port: int = 0) -> Iterator[int]:
     """An HTTP/1 server on 127.0.0.1 (``port``, 0: a free one); its port."""
     class Quiet(http.server.BaseHTTPRequestHandler):
         def log_message(self, *args) -> None:
-            pass
+            """Log nothing (BaseHTTPRequestHandler writes every request to stderr)."""
 
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", port), Quiet)
     t = threading.Thread(target=srv.serve_forever, daemon=True)

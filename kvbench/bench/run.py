@@ -187,13 +187,11 @@ def _open(scenario: Path | None, resume: Path | None,
     """The run to continue (None: a new one), its scenario, the file to name in messages, and the run's
     finished trials."""
     from kvbench.scenario import check_scenario, load_scenario, parse_scenario, scenario_warnings
-    from kvbench.scenario.programs import CONSENT_NOTE
 
     if resume is None:
         sc = load_scenario(scenario)
-        for path, msg in scenario_warnings(sc):
-            if not msg.endswith(CONSENT_NOTE):  # refused, or named as allowed, by _server_consent
-                progress.warning(f"{scenario}: {path}: {msg}")
+        for path, msg in scenario_warnings(sc, consent=False):  # _server_consent refuses or names those
+            progress.warning(f"{scenario}: {path}: {msg}")
         return None, sc, scenario, []
     rundir = RunDir.open(resume)
     sc = parse_scenario(rundir.meta["scenario"], resume / "run.json")

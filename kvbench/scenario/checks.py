@@ -264,14 +264,14 @@ def _reachable_concurrency(s: Scenario) -> list[tuple[str, str]]:
                                  "(the report shows the concurrency each level reached)")]
 
 
-def scenario_warnings(s: Scenario) -> list[tuple[str, str]]:
+def scenario_warnings(s: Scenario, consent: bool = True) -> list[tuple[str, str]]:
     """The article's "bad config" patterns, which run but mislead: ``(key path, message)`` pairs.
 
     - a window (``window``, ``min_window``) of 1 to 255 tokens: most of the history crosses the link every step;
     - a server engine whose program is not found here (:func:`kvbench.scenario.programs.server_problems`), what
-      it would run only with ``--trust-server-config``, an ``openai`` URL in plaintext over the network or through
-      a proxy (:func:`~kvbench.scenario.programs.server_notices`), or a concurrency level its workload cannot fill
-      (a conversation's turns go one after another);
+      it would run only with ``--trust-server-config`` (with ``consent``), an ``openai`` URL in plaintext over the
+      network or through a proxy (:func:`~kvbench.scenario.programs.server_notices`), or a concurrency level its
+      workload cannot fill (a conversation's turns go one after another);
     - a host cap whose KV (``host_max_tokens`` × KV bytes per token × the largest batch) is more than this
       machine's memory: the cap never binds and the host tier can exhaust RAM first.
     """
@@ -280,7 +280,7 @@ def scenario_warnings(s: Scenario) -> list[tuple[str, str]]:
     warns: list[tuple[str, str]] = []
     if s.engine.server:  # a file for another machine is valid here; `kvbench run` refuses before any request
         warns += [(path, f"{msg} (kvbench run refuses until it is found)") for path, msg in server_problems(s)]
-        warns += server_notices(s)
+        warns += server_notices(s, consent)
         warns += _server_memory_warning(s)
         warns += _reachable_concurrency(s)
         warns += _poisson_burst(s)

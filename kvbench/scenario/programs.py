@@ -88,18 +88,16 @@ def server_problems(s: Any) -> list[tuple[str, str]]:
     return []
 
 
-#: How a :func:`server_notices` item that needs consent ends (``kvbench run`` says it its own way).
-CONSENT_NOTE = "(kvbench run refuses it without --trust-server-config)"
-
-
-def server_notices(s: Any) -> list[tuple[str, str]]:
+def server_notices(s: Any, consent: bool = True) -> list[tuple[str, str]]:
     """What a server scenario ``s`` does that its user should know before running it: ``(key path, message)``
-    pairs for each :func:`consent_needed` item (``kvbench run`` refuses it without ``--trust-server-config``),
-    an ``openai`` URL reached in plaintext over the network, and requests sent through the environment's proxy."""
+    pairs for each :func:`consent_needed` item (with ``consent``: ``kvbench run``, which refuses or names them
+    itself, leaves them out), an ``openai`` URL reached in plaintext over the network, and requests sent through
+    the environment's proxy."""
     from kvbench.scenario.servers import loopback_url
 
     e = s.engine
-    out = [(path, f"{why} {CONSENT_NOTE}") for path, why in consent_needed(s)]
+    out = [(path, f"{why} (kvbench run refuses it without --trust-server-config)")
+           for path, why in (consent_needed(s) if consent else [])]
     if e.kind == "openai" and e.url is not None:
         if e.url.startswith("http://") and not loopback_url(e.url):
             out.append(("engine.url", f"{e.url} is another machine over plain http: every prompt and reply "

@@ -79,25 +79,15 @@ class LogShipper:
 
 
 class EngineWatch:
-    """Wraps one server engine's ``trials``, ``serving`` and ``send`` (on the instance) for a worker: the trials of
-    the mode being run, a ``("start", row)`` event per measured request sent (its row as an error row would have
-    it; warm-ups, holds and a resumed mode's refills are not measured requests), and each server's log sent as
-    the server stops, its run.json entry marked with the worker and host that ran it."""
+    """Watches one server engine for a worker: wrapping ``serving`` on the instance, each server's log sent as
+    the server stops, its run.json entry marked with the worker and host that ran it; :meth:`start_row` is a
+    measured request's row as an error row would have it (the ``("start", row)`` event the worker sends as the
+    server sweep starts the request: :attr:`~kvbench.bench.sweep.Recorder.on_start`)."""
 
     def __init__(self, engine: Any, shipper: LogShipper, where: dict[str, Any]):
         self.engine, self.shipper, self.where = engine, shipper, where
         self._send: Send | None = None
-        self._finished: Any = {}
-        self._mode: dict[tuple[int, ...], list[Any]] = {}
-        self._started: set[str] = set()
-        trials, serving, send = engine.trials, engine.serving, engine.send
-
-        def watched_trials(*args: Any, **kw: Any) -> list[Any]:
-            out = trials(*args, **kw)
-            self._mode = {}
-            for t in out:
-                self._mode.setdefault(tuple(t.request.ids), []).append(t)
-            return out
+        serving = engine.serving
 
         @contextlib.contextmanager
         def watched_serving(*args: Any, **kw: Any) -> Iterator[Any]:
@@ -113,20 +103,17 @@ class EngineWatch:
                     if found is not None:
                         self._emit(("file", found))
 
-        async def watched_send(client: Any, srv: Any, mode: Any, ids: Any, n_tokens: int) -> Any:
-            t = self._measured(ids, n_tokens)
-            if t is not None:
-                from kvbench.bench.servers.row import request_row
+        engine.serving = watched_serving
 
-                self._emit(("start", request_row(engine.s, engine, t, None, None)))
-            return await send(client, srv, mode, ids, n_tokens)
+    def start_row(self, t: Any) -> dict[str, Any]:
+        """The row of measured request ``t`` (a :class:`~kvbench.bench.trial.ServerTrial`) before it has a reply."""
+        from kvbench.bench.servers.row import request_row
 
-        engine.trials, engine.serving, engine.send = watched_trials, watched_serving, watched_send
+        return request_row(self.engine.s, self.engine, t, None, None)
 
-    def begin(self, finished: Any, send: Send) -> None:
-        """Before a unit: ``finished`` the rows its Recorder has (trial id → row: live, it grows as rows are
-        written), ``send`` the unit's event channel."""
-        self._finished, self._send, self._started = finished, send, set()
+    def begin(self, send: Send) -> None:
+        """Before a unit: ``send`` the unit's event channel."""
+        self._send = send
 
     def end(self) -> None:
         """After a unit: nothing more is sent."""
@@ -140,17 +127,6 @@ class EngineWatch:
         for info in entries:
             info.setdefault("worker", self.where.get("worker"))
             info.setdefault("host", self.where.get("host"))
-
-    def _measured(self, ids: Any, n_tokens: int) -> Any:
-        """The trial a send is, when it is a measured request of the mode being run (not yet written nor sent in
-        this unit); None for a warm-up, a hold or a refill."""
-        if n_tokens != self.engine.s.max_new_tokens:
-            return None
-        for t in self._mode.get(tuple(ids), ()):
-            if t.trial_id not in self._finished and t.trial_id not in self._started:
-                self._started.add(t.trial_id)
-                return t
-        return None
 
 
 def salvage(root: str) -> list[tuple[str, bytes]]:

@@ -160,9 +160,10 @@ class TrialWorker:
             try:
                 record = Recorder(self.s, _WorkerRun(dict(meta), finished, events.put), self.executor,
                                   on_status=lambda text: events.put(("status", text)), where=self.where,
-                                  on_start=lambda t: events.put(("start", base_row(self.s, t, {}))))
+                                  on_start=lambda t: events.put(("start", self._watch.start_row(t) if self._watch
+                                                                 else base_row(self.s, t, {}))))
                 if self._watch is not None:
-                    self._watch.begin(record.rows, events.put)
+                    self._watch.begin(events.put)
                 try:
                     self.executor.sweep(self.s, record, trials)
                 finally:

@@ -23,7 +23,7 @@ import orjson
 
 from kvbench.bench.reference import Reference
 from kvbench.bench.servers.client import Reply, complete_llamacpp, complete_openai
-from kvbench.bench.servers.http import get_page, get_page_async, server_client
+from kvbench.bench.servers.http import get_page, get_page_async, server_client, unreachable
 from kvbench.bench.servers.metrics import measured_deltas
 from kvbench.bench.servers.process import ServerProcess, free_port, probe_output
 from kvbench.bench.servers.stream import ServerReplyError, printable
@@ -198,12 +198,9 @@ class ServerEngine:
                        f"{self.longest_prompt} tokens (the model's positions less max_new_tokens)")
         if self.kind == "openai":
             url = f"{self.s.engine.url}/v1/models"
-            try:
-                with self.client() as c, c.stream("GET", url, timeout=10):
-                    pass
-            except httpx.HTTPError as exc:
-                out.append(f"engine.url: nothing answers at {url} ({type(exc).__name__}: "
-                           f"{printable(str(exc), 200)}): start the server first, or fix engine.url")
+            if (why := unreachable(url, self.trust_env)) is not None:
+                out.append(f"engine.url: nothing answers at {url} ({why}): start the server first, or fix "
+                           "engine.url")
         return out
 
     def preset(self, mode: Any) -> Preset:

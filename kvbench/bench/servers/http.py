@@ -4,9 +4,9 @@ opts in, no redirects followed, and no page held past :data:`MAX_PAGE_BYTES`."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
-
 import httpx
+
+from kvbench.bench.servers.stream import printable
 
 #: The most of a ``/metrics`` page or a ``/v1/models`` reply kvbench reads (bytes); a longer one counts as not
 #: read (vLLM's page is some 100 KiB).
@@ -16,10 +16,6 @@ MAX_PAGE_BYTES = 16 * 2**20
 def server_client(trust_env: bool = False) -> httpx.Client:
     """A client for one server: environment proxies only with ``trust_env``, no redirects followed."""
     return httpx.Client(trust_env=trust_env, follow_redirects=False)
-
-
-def _text(got: bytearray) -> str:
-    return got.decode("utf-8", errors="replace")
 
 
 def _grow(got: bytearray, chunk: bytes) -> bool:
@@ -33,29 +29,34 @@ def get_page(url: str, trust_env: bool = False, timeout_s: float = 10.0) -> str 
     over :data:`MAX_PAGE_BYTES`, or no reply within ``timeout_s`` seconds per wait. Raises nothing."""
     try:
         with server_client(trust_env) as c, c.stream("GET", url, timeout=timeout_s) as r:
-            return _read(r.status_code, r.iter_bytes())
+            got = bytearray()
+            if r.status_code != 200 or not all(_grow(got, chunk) for chunk in r.iter_bytes()):
+                return None
+            return got.decode("utf-8", errors="replace")
     except httpx.HTTPError:
         return None
-
-
-def _read(status: int, chunks: Iterator[bytes]) -> str | None:
-    got = bytearray()
-    if status != 200 or not all(_grow(got, c) for c in chunks):
-        return None
-    return _text(got)
 
 
 async def get_page_async(client: httpx.AsyncClient, url: str, timeout_s: float = 10.0) -> str | None:
     """:func:`get_page` on an open async ``client`` (whose proxy setting applies)."""
     try:
         async with client.stream("GET", url, timeout=timeout_s) as r:
+            got = bytearray()
             if r.status_code != 200:
                 return None
-            got = bytearray()
-            chunks: AsyncIterator[bytes] = r.aiter_bytes()
-            async for chunk in chunks:
+            async for chunk in r.aiter_bytes():
                 if not _grow(got, chunk):
                     return None
-            return _text(got)
+            return got.decode("utf-8", errors="replace")
     except httpx.HTTPError:
         return None
+
+
+def unreachable(url: str, trust_env: bool = False, timeout_s: float = 10.0) -> str | None:
+    """Why nothing answers ``GET url`` (the error's name and first 200 characters), or None when something does,
+    whatever its status; the body is not read. Raises nothing."""
+    try:
+        with server_client(trust_env) as c, c.stream("GET", url, timeout=timeout_s):
+            return None
+    except httpx.HTTPError as exc:
+        return f"{type(exc).__name__}: {printable(str(exc), 200)}"

@@ -159,6 +159,8 @@ async def _requests(s: Scenario, record: "Recorder", engine: ServerEngine, srv: 
 
         async def send(t: ServerTrial) -> Any:
             was_first = first.pop("pending", False)
+            if record.on_start:  # a measured request (not a warm-up, hold or refill), before its restore
+                record.on_start(t)
             with flight:
                 reply, facts = await _send(s, engine, client, srv, mode, t, own, flight)
             return reply, {**facts, **held()}, was_first
