@@ -335,3 +335,32 @@ def test_a_poisson_rate_that_sends_everything_at_once_is_called_a_burst(tmp_path
     data["load"] = {"profile": "poisson", "rate": 1.0}
     (tmp_path / "s.yaml").write_text(yaml.safe_dump(data))
     assert "burst" not in invoke("validate", str(tmp_path / "s.yaml")).output
+
+
+def test_an_openai_url_where_another_kind_of_server_answers_is_refused_before_the_sweep(tmp_path):
+    import http.server
+    import threading
+
+    class NotOpenAI(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802
+            self.send_error(404)
+
+        def log_message(self, *args) -> None:
+            """Log nothing."""
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), NotOpenAI)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{srv.server_address[1]}"
+        data = {"name": "o", "model": "smollm2-135m", "engine": {"kind": "openai", "url": url},
+                "modes": [{"name": "none"}], "prompt_tokens": [32], "max_new_tokens": 2, "workload": WORKLOAD}
+        (tmp_path / "s.yaml").write_text(yaml.safe_dump(data))
+        r = invoke("run", str(tmp_path / "s.yaml"), "--out", str(tmp_path / "res"))
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    assert r.exit_code == 2, r.output
+    assert (f"engine.url: {url}/v1/models lists no served model (no 200 with an OpenAI model list: is this an "
+            "OpenAI-compatible server, at its base URL?); give engine.served_model") in flat(r.output)
+    assert not list((tmp_path / "res").glob("*/trials.jsonl")) or all(
+        not p.read_text() for p in (tmp_path / "res").glob("*/trials.jsonl"))

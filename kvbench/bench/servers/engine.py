@@ -147,6 +147,14 @@ def _version_of(program: str) -> str | None:
     return printable(text[0], 200) if text else None
 
 
+def _served_model(text: str | None) -> str | None:
+    """The first model id of an OpenAI ``/v1/models`` reply's text (``data[0].id``), or None."""
+    try:
+        return str(orjson.loads(text or "")["data"][0]["id"])
+    except (orjson.JSONDecodeError, KeyError, IndexError, TypeError):
+        return None
+
+
 class ServerEngine:
     """Runs a scenario's requests on a server engine (``engine.kind`` llama.cpp, vllm, sglang or openai).
 
@@ -190,7 +198,8 @@ class ServerEngine:
 
     def preflight(self) -> list[str]:
         """Why the requests cannot run (one line each): a prompt longer than the model's positions allow; an
-        ``openai`` server that does not answer at ``engine.url`` (asked for ``/v1/models``, 10 s at most)."""
+        ``openai`` server that does not answer at ``engine.url`` (asked for ``/v1/models``, 10 s at most), or,
+        without ``engine.served_model``, lists no model there (the one it lists is the model sent)."""
         out = []
         too_long = [q.id for q in self.source.requests if len(q.ids) > self.longest_prompt]
         if too_long:
@@ -201,6 +210,12 @@ class ServerEngine:
             if (why := unreachable(url, self.trust_env)) is not None:
                 out.append(f"engine.url: nothing answers at {url} ({why}): start the server first, or fix "
                            "engine.url")
+            elif self.served_model is None and (name := _served_model(get_page(url, self.trust_env))) is None:
+                out.append(f"engine.url: {url} lists no served model (no 200 with an OpenAI model list: is this "
+                           "an OpenAI-compatible server, at its base URL?); give engine.served_model if it serves "
+                           "/v1/completions without /v1/models")
+            elif self.served_model is None:
+                self.served_model = name
         return out
 
     def preset(self, mode: Any) -> Preset:
@@ -287,12 +302,10 @@ class ServerEngine:
 
     def _model_name(self, srv: ModeServer) -> str:
         if self.served_model is None:
-            text = get_page(srv.url + "/v1/models", self.trust_env)
-            try:
-                self.served_model = str(orjson.loads(text or "")["data"][0]["id"])
-            except (orjson.JSONDecodeError, KeyError, IndexError, TypeError) as exc:
-                raise ServerReplyError(f"{srv.url}/v1/models: cannot read the served model ({type(exc).__name__}: "
-                                       f"{printable(str(exc), 200)}); give engine.served_model", srv.url) from exc
+            self.served_model = _served_model(get_page(srv.url + "/v1/models", self.trust_env))
+            if self.served_model is None:
+                raise ServerReplyError(f"{srv.url}/v1/models: lists no served model; give engine.served_model",
+                                       srv.url)
         return self.served_model
 
     async def send(self, client: httpx.AsyncClient, srv: ModeServer, mode: Any, ids: Sequence[int],
