@@ -11,7 +11,8 @@ from typer.testing import CliRunner
 from conftest import ROOT
 from kvbench.cli import app
 from kvbench.scenario import ScenarioError, load_scenario
-from kvbench.scenario.servers import PRESETS, LoadSpec, preset_of
+from kvbench.scenario.load_spec import LoadSpec
+from kvbench.scenario.servers import PRESETS, preset_of
 from kvbench.scenario.summary import sweep_summary
 
 

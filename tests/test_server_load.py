@@ -10,8 +10,10 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from kvbench.bench.servers.load import (PROFILES, BadLoadSpec, LoadSpec, Outcome, poisson_arrivals, run_load)
-from kvbench.errors import UserError
+from pydantic import ValidationError
+
+from kvbench.bench.servers.load import BadLoadSpec, Outcome, poisson_arrivals, run_load
+from kvbench.scenario.load_spec import PROFILES, LoadSpec
 
 
 class _VirtualSelector(selectors.DefaultSelector):
@@ -282,31 +284,26 @@ def test_real_clock_defaults_overlap_concurrent_sends():
     assert out[1].start_s < out[0].end_s and out[0].end_s >= 0.05
 
 
-@pytest.mark.parametrize("spec, param, fragment", [
-    (LoadSpec(profile="bursty"), "profile",
-     "load profile 'bursty' is not one of sequential, concurrent, poisson"),
-    (LoadSpec(profile="poisson"), "rate", "the poisson load profile needs rate > 0 requests per second; got None"),
-    (LoadSpec(profile="poisson", rate=-2.0), "rate", "needs rate > 0 requests per second; got -2.0"),
-    (LoadSpec(profile="poisson", rate=float("inf")), "rate", "got inf"),
-    (LoadSpec(profile="concurrent", rate=3.0), "rate",
-     "rate (3.0 requests per second) applies to the poisson load profile only"),
-    (LoadSpec(profile="concurrent", concurrency=0), "concurrency",
-     "load concurrency must be a whole number of requests in flight ≥ 1; got 0"),
-    (LoadSpec(profile="concurrent", concurrency=True), "concurrency", "got True"),
-    (LoadSpec(concurrency=3), "concurrency",
-     "the sequential load profile sends one request at a time: concurrency must be 1; got 3"),
-    (LoadSpec(n_requests=0), "n_requests", "load n_requests must be a whole number ≥ 1; got 0"),
-    (LoadSpec(duration_s=0.0), "duration_s", "load duration_s must be a number of seconds > 0; got 0.0"),
-    (LoadSpec(think_time_s=-1.0), "think_time_s", "load think_time_s must be a number of seconds ≥ 0; got -1.0"),
-    (LoadSpec(seed=-1), "seed", "load seed must be a whole number ≥ 0; got -1"),
+@pytest.mark.parametrize("given, param, fragment", [
+    (dict(profile="bursty"), "profile", "Input should be 'sequential', 'concurrent' or 'poisson'"),
+    (dict(profile="poisson"), "", "rate: required for profile poisson (requests per second)"),
+    (dict(profile="poisson", rate=-2.0), "rate", "Input should be greater than 0"),
+    (dict(profile="poisson", rate=float("inf")), "rate", "Input should be a finite number"),
+    (dict(profile="concurrent", rate=3.0), "", "rate: only for profile poisson (this load is concurrent)"),
+    (dict(profile="concurrent", concurrency=0), "concurrency", "Input should be greater than or equal to 1"),
+    (dict(profile="concurrent", concurrency=True), "concurrency", "Input should be a valid integer"),
+    (dict(concurrency=3), "", "concurrency: profile sequential sends one request at a time; use profile concurrent"),
+    (dict(n_requests=0), "n_requests", "Input should be greater than or equal to 1"),
+    (dict(duration_s=0.0), "duration_s", "Input should be greater than 0"),
+    (dict(think_time_s=-1.0), "think_time_s", "Input should be greater than or equal to 0"),
+    (dict(seed=-1), "seed", "Input should be greater than or equal to 0"),
 ])
-def test_load_spec_check_messages(spec, param, fragment):
-    with pytest.raises(BadLoadSpec) as info:
-        spec.check()
-    assert fragment in str(info.value)
-    assert info.value.param == param
-    assert isinstance(info.value, ValueError) and isinstance(info.value, UserError)
-    assert info.value.worded({param: "load.x"}).count("load.x") >= 1
+def test_a_load_spec_is_checked_where_it_is_built(given, param, fragment):
+    with pytest.raises(ValidationError) as info:
+        LoadSpec(**given)
+    first = info.value.errors()[0]
+    assert fragment in first["msg"]
+    assert ".".join(str(k) for k in first["loc"]).startswith(param)
 
 
 def test_valid_specs_and_their_caps():
@@ -315,12 +312,15 @@ def test_valid_specs_and_their_caps():
                       (LoadSpec(profile="concurrent", concurrency=8), 8),
                       (LoadSpec(profile="poisson", rate=0.5), None),
                       (LoadSpec(profile="poisson", rate=0.5, concurrency=3, n_requests=9, duration_s=60.0), 3)]:
-        assert spec.check() is None
         assert spec.max_in_flight == cap
 
 
-def test_a_bad_spec_sends_nothing():
+def test_a_spec_of_several_levels_sends_nothing():
     server = FakeServer()
-    with pytest.raises(BadLoadSpec, match="needs rate > 0"):
-        load([Req("a", 1.0)], LoadSpec(profile="poisson"), server=server)
+    with pytest.raises(ValueError, match=r"a load at concurrency \[1, 2\]: take one level with at_level"):
+        load([Req("a", 1.0)], LoadSpec(profile="concurrent", concurrency=[1, 2]), server=server)
     assert server.started == []
+    assert load([Req("a", 1.0)], LoadSpec(profile="concurrent", concurrency=[1, 2]).at_level(2), server=server)
+    assert LoadSpec(profile="poisson", rate=1.0).at_level(4).max_in_flight is None  # uncapped, 4 slots
+    with pytest.raises(ValueError, match=r"concurrency 3 is not one of this load's levels \[1, 2\]"):
+        LoadSpec(profile="concurrent", concurrency=[1, 2]).at_level(3)

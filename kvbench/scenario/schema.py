@@ -29,7 +29,8 @@ from kvbench.scenario.bounds import (
     whole_text,
 )
 from kvbench.scenario.cluster import ExecutorSpec, PlacementSpec
-from kvbench.scenario.servers import EngineSpec, LoadSpec, ServerMode, check_server_modes, preset_of
+from kvbench.scenario.load_spec import LoadSpec
+from kvbench.scenario.servers import EngineSpec, ServerMode, check_server_modes, preset_of
 from kvbench.scenario.workload import StoreSpec, WorkloadSpec
 
 DType = Literal["auto", "float32", "bfloat16", "float16"]

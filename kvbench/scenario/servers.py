@@ -19,7 +19,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import AfterValidator, Field, model_validator
 
 from kvbench.offload.registry import Registry
-from kvbench.scenario.bounds import MAX_COUNT, PathText, Seed, Strict, check_name, optional
+from kvbench.scenario.bounds import PathText, Strict, check_name, optional
 from kvbench.scenario.server_flags import reserved_flag_problems
 
 #: The engines a scenario can name (with did-you-mean); all but ``transformers`` are servers reached over HTTP.
@@ -35,8 +35,6 @@ STARTED_KINDS = ("llama.cpp", "vllm", "sglang")
 
 #: Longest wait for a server's /health, and for one request's reply (seconds).
 MAX_TIMEOUT_S = 3600.0
-#: A Poisson load's server slots when ``load.concurrency`` does not say.
-POISSON_SLOTS = 4
 #: Server flags and request options per mode or engine.
 MAX_ARGS = 200
 #: Request keys kvbench sets itself on every request (the prompt, the length, streaming): a mode cannot change them.
@@ -143,7 +141,6 @@ Flags = Annotated[list[Annotated[str, AfterValidator(_flag_text)]], Field(max_le
 Scalar = Union[Annotated[bool, Field(strict=True)], Annotated[int, Field(strict=True)],
                Annotated[float, Field(strict=True, allow_inf_nan=False)], Annotated[str, Field(max_length=4096)]]
 Seconds = Annotated[float, Field(gt=0, le=MAX_TIMEOUT_S, allow_inf_nan=False)]
-Slots = Annotated[int, Field(strict=True, ge=1, le=1024)]
 
 
 def _request_keys(v: dict[str, Any]) -> dict[str, Any]:
@@ -318,46 +315,6 @@ class EngineSpec(Strict):
     def cold_start(self) -> str:
         """``cold`` as it applies: ``restart`` for a server kvbench starts, ``check`` for ``openai``, unless set."""
         return self.cold or ("check" if self.kind == "openai" else "restart")
-
-
-class LoadSpec(Strict):
-    """How requests reach a server: one at a time, a fixed number in flight, or Poisson arrivals."""
-
-    profile: Literal["sequential", "concurrent", "poisson"] = Field(
-        "sequential", description="sequential: one request at a time; concurrent: `concurrency` in flight; "
-        "poisson: arrivals at `rate` requests/s (seeded).")
-    concurrency: Union[Slots, Annotated[list[Slots], Field(min_length=1, max_length=16)], None] = optional(
-        "Requests in flight at most (default 1; poisson: no cap), and the server's parallel slots (poisson without "
-        f"it: {POISSON_SLOTS}); a list runs every mode at each level, e.g. [1, 4] (modes are then named "
-        "<name>@c<level>).")
-    rate: Annotated[float, Field(gt=0, le=1e6, allow_inf_nan=False)] | None = optional(
-        "poisson: mean arrivals per second.")
-    n_requests: Annotated[int, Field(strict=True, ge=1, le=MAX_COUNT)] | None = optional(
-        "Send only the first n requests of the workload.")
-    duration_s: Seconds | None = optional("Send no request later than this many seconds after the first.")
-    think_time_s: Annotated[float, Field(ge=0, le=MAX_TIMEOUT_S, allow_inf_nan=False)] = Field(
-        0.0, description="A conversation's next turn is sent at least this long after the previous reply (seconds).")
-    seed: Seed = Field(0, description="Seed of the Poisson arrivals.")
-
-    @model_validator(mode="after")
-    def _profile(self) -> "LoadSpec":
-        if self.profile == "poisson" and self.rate is None:
-            raise ValueError("rate: required for profile poisson (requests per second)")
-        if self.profile != "poisson" and self.rate is not None:
-            raise ValueError(f"rate: only for profile poisson (this load is {self.profile})")
-        if self.profile == "sequential" and self.levels != [1]:
-            raise ValueError("concurrency: profile sequential sends one request at a time; use profile concurrent")
-        if len(set(self.levels)) != len(self.levels):
-            raise ValueError(f"concurrency: duplicate level(s) in {self.levels}")
-        return self
-
-    @property
-    def levels(self) -> list[int]:
-        """The concurrency levels each mode runs at (``[1]`` when not given; poisson: ``[POISSON_SLOTS]``)."""
-        if self.concurrency is None:
-            return [POISSON_SLOTS if self.profile == "poisson" else 1]
-        return [self.concurrency] if isinstance(self.concurrency, int) else list(self.concurrency)
-
 
 
 def size_text(size: float) -> str:

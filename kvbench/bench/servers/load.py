@@ -7,14 +7,14 @@ for it and collects what that returns (or raises) as :class:`Outcome` rows. Time
 Times in an :class:`Outcome` are seconds from the load's start (the ``clock`` reading when :func:`run_load` began).
 
 Conversations: ``chain(request)`` gives a key; requests with the same key are sent in stream order, each only
-after the previous one of its chain has finished plus :attr:`LoadSpec.think_time_s`. ``None`` = independent.
+after the previous one of its chain has finished plus the spec's ``think_time_s``. ``None`` = independent.
 
 - ``sequential``: one request at a time, strictly in stream order (a turn waiting out its think time holds back
   the requests after it).
-- ``concurrent``: up to :attr:`LoadSpec.concurrency` in flight; when a slot frees, the first eligible request in
+- ``concurrent``: up to ``concurrency`` in flight; when a slot frees, the first eligible request in
   stream order goes (one blocked by its chain does not hold back later independent ones).
 - ``poisson``: request *i* is due at arrival *i* of :func:`poisson_arrivals` (or later, when its chain is not
-  ready); at most :attr:`LoadSpec.concurrency` in flight when given (None: no cap).
+  ready); at most ``concurrency`` in flight when given (None: no cap).
 """
 
 from __future__ import annotations
@@ -32,14 +32,13 @@ from typing import Any
 import numpy as np
 
 from kvbench.errors import BadParameter
-
-PROFILES = ("sequential", "concurrent", "poisson")
+from kvbench.scenario.load_spec import LoadSpec
 
 
 class BadLoadSpec(BadParameter):
-    """A load spec that cannot be run (an unknown profile, a count, rate or duration out of range, a setting
-    another profile owns). A :class:`~kvbench.errors.UserError` and a :class:`ValueError`; ``param`` is the
-    field at fault, written ``{field}`` in :attr:`template` so a caller can word it with its own key names."""
+    """Poisson arrivals that cannot be drawn (a count, rate or seed out of range). A
+    :class:`~kvbench.errors.UserError` and a :class:`ValueError`; ``param`` is the argument at fault, written
+    ``{field}`` in :attr:`template` so a caller can word it with its own names."""
 
 
 def _whole(value: Any) -> bool:
@@ -53,66 +52,6 @@ def _real(value: Any) -> bool:
 def _check_rate(value: Any, what: str, param: str) -> None:
     if not _real(value) or value <= 0:
         raise BadLoadSpec(f"{what} needs {{{param}}} > 0 requests per second; got {value!r}", param)
-
-
-@dataclass(frozen=True)
-class LoadSpec:
-    """How a stream of requests is sent to a server.
-
-    ``profile``: one of :data:`PROFILES`. ``concurrency``: the most requests in flight; None = the profile's
-    default (sequential and concurrent: 1; poisson: no cap); sequential allows only 1. ``rate``: requests per
-    second, poisson only (required there). ``n_requests``: send at most the first this many of the stream.
-    ``duration_s``: send no request once this many seconds have passed since the start (sent ones finish).
-    Both cut-offs may be given: the first reached wins. ``think_time_s``: seconds between a reply and the next
-    turn of its conversation. ``seed``: the seed of the Poisson arrivals (≥ 0).
-
-    Nothing is checked on construction; :meth:`check` (called by :func:`run_load`) raises :class:`BadLoadSpec`.
-    """
-
-    profile: str = "sequential"
-    concurrency: int | None = None
-    rate: float | None = None
-    n_requests: int | None = None
-    duration_s: float | None = None
-    think_time_s: float = 0.0
-    seed: int = 0
-
-    def check(self) -> None:
-        """Raise :class:`BadLoadSpec` (a ``ValueError``) naming the first field that is out of range and what is
-        allowed; return None when the spec can be run."""
-        p = self.profile
-        if p not in PROFILES:
-            raise BadLoadSpec(f"load {{profile}} {p!r} is not one of {', '.join(PROFILES)}", "profile")
-        c = self.concurrency
-        if c is not None and (not _whole(c) or c < 1):
-            raise BadLoadSpec(f"load {{concurrency}} must be a whole number of requests in flight ≥ 1; got {c!r}",
-                              "concurrency")
-        if p == "sequential" and c not in (None, 1):
-            raise BadLoadSpec(f"the sequential load profile sends one request at a time: {{concurrency}} must be 1; "
-                              f"got {c!r} (the concurrent profile sends several)", "concurrency")
-        if p == "poisson":
-            _check_rate(self.rate, "the poisson load profile", "rate")
-        elif self.rate is not None:
-            raise BadLoadSpec(f"{{rate}} ({self.rate!r} requests per second) applies to the poisson load profile "
-                              f"only; the {p} profile sends each request as soon as it may", "rate")
-        n = self.n_requests
-        if n is not None and (not _whole(n) or n < 1):
-            raise BadLoadSpec(f"load {{n_requests}} must be a whole number ≥ 1; got {n!r}", "n_requests")
-        d = self.duration_s
-        if d is not None and (not _real(d) or d <= 0):
-            raise BadLoadSpec(f"load {{duration_s}} must be a number of seconds > 0; got {d!r}", "duration_s")
-        t = self.think_time_s
-        if not _real(t) or t < 0:
-            raise BadLoadSpec(f"load {{think_time_s}} must be a number of seconds ≥ 0; got {t!r}", "think_time_s")
-        if not _whole(self.seed) or self.seed < 0:
-            raise BadLoadSpec(f"load {{seed}} must be a whole number ≥ 0; got {self.seed!r}", "seed")
-
-    @property
-    def max_in_flight(self) -> int | None:
-        """The most requests in flight at once (None: no cap, poisson only)."""
-        if self.concurrency is not None:
-            return int(self.concurrency)
-        return None if self.profile == "poisson" else 1
 
 
 @dataclass
@@ -160,19 +99,20 @@ async def run_load(requests: Sequence[Any], send: Callable[[Any], Awaitable[Any]
     outcome as it finishes (several finishing together: by end time, then in the order sent). ``clock`` returns
     seconds (any origin); ``sleep(seconds)`` waits that long on the same clock. A ``send`` that raises an
     :class:`Exception` gives an outcome with ``error`` and the load goes on (the next turn of its chain is still
-    sent). Requests past :attr:`LoadSpec.n_requests`, or not yet sent when :attr:`LoadSpec.duration_s` is
+    sent). Requests past ``spec.n_requests``, or not yet sent when ``spec.duration_s`` is
     reached, are not sent (and give no outcome).
 
-    Raises :class:`BadLoadSpec` (from :meth:`LoadSpec.check`) before sending anything. On cancellation,
+    ``spec`` is validated where it is built (pydantic); one of several concurrency levels is taken with
+    :meth:`LoadSpec.at_level <kvbench.scenario.load_spec.LoadSpec.at_level>` (a spec of several levels raises
+    ValueError before anything is sent). On cancellation,
     ``KeyboardInterrupt`` or an error from ``on_done``, ``chain`` or ``sleep``, the in-flight sends are cancelled
     (they give no outcome) and the exception is re-raised.
     """
-    spec.check()
+    cap, in_order = spec.max_in_flight, spec.profile == "sequential"
     stream = list(requests if spec.n_requests is None else requests[: spec.n_requests])
     keys = [chain(r) for r in stream]
     base = (poisson_arrivals(len(stream), spec.rate, spec.seed) if spec.profile == "poisson"
             else [0.0] * len(stream))
-    cap, in_order = spec.max_in_flight, spec.profile == "sequential"
     horizon = math.inf if spec.duration_s is None else float(spec.duration_s)
     think = float(spec.think_time_s)
 

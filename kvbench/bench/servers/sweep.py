@@ -191,10 +191,7 @@ async def _requests(s: Scenario, record: "Recorder", engine: ServerEngine, srv: 
                 srv.process.check_alive()  # raises ServerExited: the load stops, in-flight requests are cancelled
 
         given = s.load_spec
-        spec = load_profiles.LoadSpec(
-            profile=given.profile, concurrency=level if given.concurrency is not None or given.profile != "poisson"
-            else None, rate=given.rate, n_requests=given.n_requests, duration_s=given.duration_s,
-            think_time_s=given.think_time_s, seed=given.seed)
+        spec = given.at_level(level)
         try:
             outcomes = await load_profiles.run_load(todo, send, spec, chain=_chain(s), on_done=done)
             sent = {o.request.trial_id for o in outcomes}
