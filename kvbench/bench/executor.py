@@ -2,14 +2,14 @@
 executor the run's :class:`~kvbench.bench.sweep.Recorder` and the executor runs every trial through it.
 :class:`LocalExecutor` runs them one at a time on an engine in this process's reach (the in-process transformers
 engine); :class:`kvbench.bench.cluster.driver.RayExecutor` on the engines of a Ray cluster's workers, behind the
-same :class:`Executor` protocol."""
+same :class:`~kvbench.bench.roles.Executor` protocol."""
 
 from __future__ import annotations
 
 import gc
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, Protocol
+from typing import Any
 
 from kvbench.bench.capacity import search_sweep
 from kvbench.bench.engines.base import Engine
@@ -23,55 +23,6 @@ from kvbench.offload.modes import ModeUnavailable
 from kvbench.scenario import Scenario
 from kvbench.workloads import TooLittleText
 from kvbench.results.rows import Status
-
-
-class Executor(Protocol):
-    """What the sweep (:mod:`kvbench.bench.sweep`) drives.
-
-    Attributes:
-        engine: the engine (or a stand-in for remote ones: its ``source``, the workload's requests, and
-            ``device``).
-    """
-
-    engine: Any
-
-    def sweep(self, scenario: Scenario, record: Any, trials: Sequence[TrialSpec] | None = None) -> None:
-        """Run every trial of ``scenario`` not yet in ``record`` (a :class:`~kvbench.bench.sweep.Recorder`),
-        writing each row through it as its trial ends; ``trials``: only these of a planned sweep (in their
-        order; a cluster worker's unit of work). KeyboardInterrupt is not caught.
-
-        Raises:
-            SweepIncomplete: not every trial could run (workers lost for good).
-        """
-        ...
-
-    def remember(self, rows: Sequence[dict[str, Any]]) -> None:
-        """Take earlier rows (a resumed run) as the ``none`` reference where they are."""
-        ...
-
-
-class TrialRunner(Protocol):
-    """What :meth:`Recorder.__call__ <kvbench.bench.sweep.Recorder.__call__>` runs one trial on (a
-    :class:`LocalExecutor`).
-
-    Attributes:
-        engine: the engine whose ``source``, ``longest_prompt``, ``reuse_round`` and ``refill`` the sweep's
-            pieces use.
-        last_samples: the samples of the last trial :meth:`run` ran (dicts with
-            :data:`kvbench.results.samples.SAMPLE_COLUMNS`), for ``samples.csv``.
-    """
-
-    engine: Engine
-    last_samples: list[dict[str, Any]]
-
-    def run(self, t: TrialSpec) -> dict[str, Any]:
-        """Run trial ``t`` and return its row; a failure is a row with its ``status`` and ``message``.
-        KeyboardInterrupt is not caught."""
-        ...
-
-    def release(self) -> None:
-        """Give back memory earlier trials left (before a new shape's warm-up)."""
-        ...
 
 
 class TrialWatch:

@@ -12,18 +12,16 @@ holds (the prompt and, in a conversation, the reply it goes on with) is kept for
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from kvbench.bench.engines.base import Engine
+from kvbench.bench.roles import Record
 from kvbench.bench.trial import ReuseTrial, reference_first
 from kvbench.results.rows import MEASURED
 from kvbench.scenario import Scenario
 
-if TYPE_CHECKING:  # the sweep imports this module
-    from kvbench.bench.sweep import Recorder
 
-
-def reuse_sweep(s: Scenario, record: "Recorder", engine: Engine) -> None:
+def reuse_sweep(s: Scenario, record: Record, engine: Engine) -> None:
     """Run (or, resuming, look up) every trial of a reuse workload; ``engine.source`` is its
     :class:`~kvbench.workloads.sessions.Stream`, ``record`` a :class:`~kvbench.bench.sweep.Recorder` (its
     ``rows`` are the trials already written). A warm trial already recorded is not rerun, but what it left for

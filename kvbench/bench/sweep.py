@@ -7,17 +7,15 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from kvbench.bench.roles import Executor
 from kvbench.bench.trial import TrialSpec
 from kvbench.errors import SweepIncomplete
 from kvbench.results.files import ResultsNotWritten, failure_reason
 from kvbench.results.run_dir import RunDir, utc_now
 from kvbench.scenario import Scenario
 from kvbench.results.rows import Status, retry_due
-
-if TYPE_CHECKING:  # the executors import this module
-    from kvbench.bench.executor import Executor
 
 
 @dataclass
@@ -118,7 +116,7 @@ class Recorder:
 def run_sweep(
     scenario: Scenario,
     run: RunDir,
-    executor: "Executor",
+    executor: Executor,
     on_trial: Callable[[dict[str, Any]], None] | None = None,
     on_status: Callable[[str], None] | None = None,
 ) -> SweepResult:
@@ -127,7 +125,7 @@ def run_sweep(
     results go into run.json as ``capacity``; for a reuse workload its requests warm and cold
     (:mod:`kvbench.bench.reuse`).
 
-    The executor runs them (:meth:`Executor.sweep <kvbench.bench.executor.Executor.sweep>`: in this process,
+    The executor runs them (:meth:`Executor.sweep <kvbench.bench.roles.Executor.sweep>`: in this process,
     or on a cluster's workers).
     Each row is appended (and fsynced) as soon as its trial ends, under :meth:`RunDir.lock`. Ctrl-C stops after
     writing what finished and marks run.json ``interrupted``; a finished sweep marks it ``complete``.
@@ -147,7 +145,7 @@ def run_sweep(
         return _sweep_locked(scenario, run, executor, on_trial, on_status)
 
 
-def _sweep_locked(scenario: Scenario, run: RunDir, executor: "Executor",
+def _sweep_locked(scenario: Scenario, run: RunDir, executor: Executor,
                   on_trial: Callable[[dict[str, Any]], None] | None,
                   on_status: Callable[[str], None] | None) -> SweepResult:
     from kvbench.bench.machine import where_fields

@@ -4,8 +4,8 @@ directories, GGUF files, cached hub ids), its config and architecture read witho
 loading it with its tokenizer (:mod:`~kvbench.models.load`). The architecture itself (layers, windows, KV bytes) is
 :class:`kvbench.offload.architecture.Architecture`.
 
-Sits below :mod:`kvbench.scenario` (whose ``ModelSpec`` it reads, imported for type checking only) and imports
-nothing of :mod:`kvbench.analysis`.
+Sits below :mod:`kvbench.scenario`, whose ``ModelSpec`` it reads through a protocol of its own
+(:class:`~kvbench.models.spec.ModelRef`), and imports nothing of :mod:`kvbench.analysis`.
 """
 
 from kvbench.models.config import load_config, read_architecture

@@ -13,15 +13,13 @@ import functools
 import os
 from pathlib import Path
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from kvbench.errors import BadFile, ModelNotFound
+from kvbench.models.spec import ModelRef
 from kvbench.models.locate import config_file, locate, preset_path
 from kvbench.offload.architecture import Architecture, architecture_of
 from kvbench.safe_read import read_json_file
-
-if TYPE_CHECKING:
-    from kvbench.scenario import ModelSpec
 
 #: config.json fields every light read needs.
 REQUIRED = ("num_hidden_layers", "num_attention_heads", "hidden_size", "max_position_embeddings", "vocab_size")
@@ -55,7 +53,7 @@ def json_object(path: Path) -> dict[str, Any] | None:
     return data
 
 
-def config_path(spec: "ModelSpec") -> Path | None:
+def config_path(spec: ModelRef) -> Path | None:
     """The config.json a spec reads (a preset's, ``config``, or a located model's), None for a GGUF file.
 
     Raises:
@@ -122,7 +120,7 @@ def _light(data: dict[str, Any], where: str) -> SimpleNamespace:
     return SimpleNamespace(**fields)
 
 
-def read_config(spec: "ModelSpec") -> Any:
+def read_config(spec: ModelRef) -> Any:
     """The model's config for its architecture, read without running any model code: config.json fields directly for
     :data:`PLAIN_TYPES` and for configs with an ``auto_map`` (custom code, never imported), the GGUF header for
     :data:`GGUF_ARCHS`, else transformers' ``AutoConfig`` with ``trust_remote_code=False``.
@@ -144,7 +142,7 @@ def read_config(spec: "ModelSpec") -> Any:
     return load_config(spec.model_copy(update={"trust_remote_code": False}))
 
 
-def load_config(spec: "ModelSpec") -> Any:
+def load_config(spec: ModelRef) -> Any:
     """The transformers config of a model spec, read without weights (running the model's own code when the spec
     trusts it). Raises ModelNotFound."""
     from transformers import AutoConfig
@@ -166,7 +164,7 @@ def load_config(spec: "ModelSpec") -> Any:
 
 
 @functools.lru_cache(maxsize=32)
-def read_architecture(spec: "ModelSpec") -> Architecture:
+def read_architecture(spec: ModelRef) -> Architecture:
     """The model's architecture from its config alone (no weights loaded, no model code run, no torch import for
     config.json and GGUF files kvbench reads itself: see :func:`read_config`; cached per spec).
 

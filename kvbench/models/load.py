@@ -16,13 +16,13 @@ from typing import TYPE_CHECKING, Any
 
 from kvbench.errors import BadValue, ModelLoadError, ModelNotFound
 from kvbench.models.config import load_config
+from kvbench.models.spec import ModelRef
 from kvbench.models.locate import locate
 from kvbench.offload.architecture import Architecture, architecture_of
 
 if TYPE_CHECKING:
     import torch
 
-    from kvbench.scenario import ModelSpec
 
 
 def resolve_device(device: str) -> "torch.device":
@@ -40,7 +40,7 @@ def resolve_device(device: str) -> "torch.device":
     return dev
 
 
-def resolve_dtype(spec: "ModelSpec", config: Any, device: "torch.device") -> "torch.dtype":
+def resolve_dtype(spec: ModelRef, config: Any, device: "torch.device") -> "torch.dtype":
     """The compute dtype: explicit, or for 'auto' float32 on CPU and the config's dtype (else bfloat16) on CUDA."""
     import torch
 
@@ -87,7 +87,7 @@ def load_tokenizer(name: str, trust_remote_code: bool = False) -> Any:
     return AutoTokenizer.from_pretrained(loc.path, **kw)
 
 
-def load(spec: "ModelSpec", device: str = "auto", seed: int = 0) -> LoadedModel:
+def load(spec: ModelRef, device: str = "auto", seed: int = 0) -> LoadedModel:
     """Load the model (and tokenizer) a spec names, in eval mode on the device.
 
     Random-weight models are built with ``from_config`` under ``torch.manual_seed(seed)``, so the same seed gives
@@ -139,7 +139,7 @@ def one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
 
 
-def load_model(spec: "ModelSpec", device: str = "auto", seed: int = 0) -> LoadedModel:
+def load_model(spec: ModelRef, device: str = "auto", seed: int = 0) -> LoadedModel:
     """:func:`load`, every failure but :class:`~kvbench.errors.ModelNotFound` raised as :class:`ModelLoadError`.
 
     Raises:

@@ -3,15 +3,11 @@ tokenizer_config.json beside it). Reads JSON only; imports no model code."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from kvbench.models.config import auto_map_modules, config_path, json_object
-
-if TYPE_CHECKING:
-    from kvbench.scenario import ModelSpec
+from kvbench.models.spec import ModelRef
 
 
-def remote_code_modules(spec: "ModelSpec") -> list[str]:
+def remote_code_modules(spec: ModelRef) -> list[str]:
     """The Python files a model's ``auto_map`` entries (config.json, and tokenizer_config.json beside it) name:
     the code ``trust_remote_code`` would import, e.g. ``['modeling_x.py']``; empty when there is none.
 

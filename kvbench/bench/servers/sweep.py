@@ -18,7 +18,7 @@ import concurrent.futures
 import dataclasses
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import httpx
 
@@ -31,12 +31,10 @@ from kvbench.bench.servers.row import request_row
 from kvbench.bench.servers.telemetry import ProcessTree, ServerWatch
 from kvbench.bench.servers.tiers import files_bytes
 from kvbench.bench.reuse import note_requests
+from kvbench.bench.roles import Record
 from kvbench.bench.trial import ServerTrial, reference_first
 from kvbench.results.rows import Status
 from kvbench.scenario import Scenario
-
-if TYPE_CHECKING:  # the sweep imports this module
-    from kvbench.bench.sweep import Recorder
 
 
 class ServerExecutor:
@@ -47,7 +45,7 @@ class ServerExecutor:
         self.engine = engine
         self.last_samples: list[dict[str, Any]] = []
 
-    def sweep(self, scenario: Scenario, record: "Recorder", trials: None = None) -> None:
+    def sweep(self, scenario: Scenario, record: Record, trials: None = None) -> None:
         """Send the scenario's requests (:func:`server_sweep`; the requests noted in run.json). ``trials``: a
         server run is one unit of work (always None)."""
         note_requests(record.run, self.engine.source)
@@ -83,7 +81,7 @@ def at_level(mode: Any, level: int, levels: Sequence[int]) -> Any:
     return mode.model_copy(update={"name": f"{mode.name}@c{level}", "preset": mode.kind})
 
 
-def server_sweep(s: Scenario, record: "Recorder", engine: ServerEngine) -> None:
+def server_sweep(s: Scenario, record: Record, engine: ServerEngine) -> None:
     """Run (or, resuming, look up) every request of every mode, concurrency level and repeat; ``record`` is the
     run's :class:`~kvbench.bench.sweep.Recorder` (rows written through
     :meth:`~kvbench.bench.sweep.Recorder.write`). KeyboardInterrupt stops it after writing what finished (the
@@ -102,7 +100,7 @@ def server_sweep(s: Scenario, record: "Recorder", engine: ServerEngine) -> None:
     record.run.update(servers=engine.servers)
 
 
-def _run_mode(s: Scenario, record: "Recorder", engine: ServerEngine, mode: Any, repeat: int, level: int,
+def _run_mode(s: Scenario, record: Record, engine: ServerEngine, mode: Any, repeat: int, level: int,
               trials: list[ServerTrial], todo: list[ServerTrial]) -> None:
     if record.on_status:
         record.on_status(f"starting the {engine.kind} server for {mode.label} (repeat {repeat})")
@@ -127,7 +125,7 @@ def _run_mode(s: Scenario, record: "Recorder", engine: ServerEngine, mode: Any, 
         record.run.update(servers=engine.servers)
 
 
-async def _requests(s: Scenario, record: "Recorder", engine: ServerEngine, srv: ModeServer, mode: Any, level: int,
+async def _requests(s: Scenario, record: Record, engine: ServerEngine, srv: ModeServer, mode: Any, level: int,
                     trials: list[ServerTrial], todo: list[ServerTrial]) -> None:
     limits = httpx.Limits(max_connections=level + 2)
     async with httpx.AsyncClient(limits=limits, timeout=s.engine.request_timeout_s, trust_env=engine.trust_env,

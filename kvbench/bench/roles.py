@@ -1,0 +1,88 @@
+"""The roles the sweep's pieces play for each other, as protocols: the :class:`Executor` the sweep drives, the
+:class:`TrialRunner` a :class:`~kvbench.bench.sweep.Recorder` runs one trial on, and the :class:`Record` a plan
+writes its trials through. The modules that play them import this one, never each other, so there is no import
+circle between the sweep, the executors and the plans."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+from kvbench.bench.engines.base import Engine
+from kvbench.bench.trial import TrialSpec
+from kvbench.scenario import Scenario
+
+
+class Executor(Protocol):
+    """What the sweep (:mod:`kvbench.bench.sweep`) drives.
+
+    Attributes:
+        engine: the engine (or a stand-in for remote ones: its ``source``, the workload's requests, and
+            ``device``).
+    """
+
+    engine: Any
+
+    def sweep(self, scenario: Scenario, record: Any, trials: Sequence[TrialSpec] | None = None) -> None:
+        """Run every trial of ``scenario`` not yet in ``record`` (a :class:`~kvbench.bench.sweep.Recorder`),
+        writing each row through it as its trial ends; ``trials``: only these of a planned sweep (in their
+        order; a cluster worker's unit of work). KeyboardInterrupt is not caught.
+
+        Raises:
+            SweepIncomplete: not every trial could run (workers lost for good).
+        """
+        ...
+
+    def remember(self, rows: Sequence[dict[str, Any]]) -> None:
+        """Take earlier rows (a resumed run) as the ``none`` reference where they are."""
+        ...
+
+
+class TrialRunner(Protocol):
+    """What :meth:`Recorder.__call__ <kvbench.bench.sweep.Recorder.__call__>` runs one trial on (a
+    :class:`LocalExecutor`).
+
+    Attributes:
+        engine: the engine whose ``source``, ``longest_prompt``, ``reuse_round`` and ``refill`` the sweep's
+            pieces use.
+        last_samples: the samples of the last trial :meth:`run` ran (dicts with
+            :data:`kvbench.results.samples.SAMPLE_COLUMNS`), for ``samples.csv``.
+    """
+
+    engine: Engine
+    last_samples: list[dict[str, Any]]
+
+    def run(self, t: TrialSpec) -> dict[str, Any]:
+        """Run trial ``t`` and return its row; a failure is a row with its ``status`` and ``message``.
+        KeyboardInterrupt is not caught."""
+        ...
+
+    def release(self) -> None:
+        """Give back memory earlier trials left (before a new shape's warm-up)."""
+        ...
+
+
+class Record(Protocol):
+    """What the plans (:mod:`kvbench.bench.reuse`, :func:`kvbench.bench.servers.sweep.server_sweep`) run their
+    trials through: the run's :class:`~kvbench.bench.sweep.Recorder`.
+
+    Attributes:
+        run: the run directory (:class:`~kvbench.results.run_dir.RunDir`, or a cluster worker's stand-in): its
+            ``meta`` and ``update``.
+        rows: the rows written so far (and a resumed run's), by trial id.
+        on_status: called with what runs now (a trial id, a server starting), or None.
+        on_start: called with each measured trial as it begins, or None.
+    """
+
+    run: Any
+    rows: dict[str, dict[str, Any]]
+    on_status: Callable[[str], None] | None
+    on_start: Callable[[TrialSpec], None] | None
+
+    def __call__(self, t: TrialSpec) -> dict[str, Any]:
+        """Run trial ``t`` (after its shape's warm-up) and write its row, or return the row already written."""
+        ...
+
+    def write(self, row: dict[str, Any], samples: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        """Write a row the caller built (a server request's) and its samples; returns the row as written."""
+        ...
