@@ -73,7 +73,7 @@ def test_kind_openai_measures_a_running_server_and_checks_its_cold_start(tmp_pat
     """kind openai: kvbench starts nothing, sends /v1/completions to the running server (here a llama-server this
     test starts) and reads usage.prompt_tokens_details.cached_tokens; without a restart or a reset, a mode that
     follows another on the same server is reported as not cold."""
-    from kvbench.bench.servers.engine import gguf_file
+    from kvbench.serving.llamacpp import gguf_file
     from kvbench.bench.servers.process import ServerProcess, free_port
 
     port = free_port()

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from kvbench.bench.servers.tiers import files_bytes, host_tier, last_value
+from kvbench.bench.servers.tiers import files_bytes, host_tier
+from kvbench.serving.kind import last_value
 
 
 @pytest.mark.parametrize("kind, argv, expected", [

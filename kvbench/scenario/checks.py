@@ -18,6 +18,7 @@ from kvbench.scenario.paths import match
 from kvbench.scenario.programs import server_notices, server_problems
 from kvbench.scenario.schema import Scenario
 from kvbench.scenario.servers import preset_of
+from kvbench.serving import KINDS
 
 
 def _langdetect_languages() -> list[str]:
@@ -35,18 +36,19 @@ def _cuda() -> bool:
     return torch.cuda.is_available()
 
 
-def _gguf_problems(path: str) -> list[tuple[str, str]]:
-    """What keeps llama-server from loading ``engine.model``: not a file, or not GGUF (its first bytes)."""
+def _gguf_problems(path: str, kind: str) -> list[tuple[str, str]]:
+    """What keeps a ``kind`` server that loads GGUF files from loading ``engine.model``: not a file, or not GGUF
+    (its first bytes)."""
     p = Path(path)
     if not p.is_file():
-        return [("engine.model", f"{path} is not a file (llama.cpp loads a .gguf file)")]
+        return [("engine.model", f"{path} is not a file ({kind} loads a .gguf file)")]
     try:
         with open(p, "rb") as f:
             magic = f.read(4)
     except OSError as exc:
         return [("engine.model", f"{path}: cannot read it: {exc.strerror or exc}")]
     if magic != b"GGUF":
-        return [("engine.model", f"{path} is not a GGUF file (it does not start with GGUF): llama.cpp loads GGUF")]
+        return [("engine.model", f"{path} is not a GGUF file (it does not start with GGUF): {kind} loads GGUF")]
     return []
 
 
@@ -56,8 +58,9 @@ def check_scenario(s: Scenario, *, check_model: bool = True) -> list[tuple[str, 
     Reads the model's config (never its weights) when ``check_model``. Returns ``(key path, message)`` pairs.
     """
     problems: list[tuple[str, str]] = []
-    if s.engine.kind == "llama.cpp" and s.engine.model is not None:
-        problems += _gguf_problems(s.engine.model)
+    kind = KINDS.get(s.engine.kind)
+    if kind is not None and kind.model_format == "gguf" and s.engine.model is not None:
+        problems += _gguf_problems(s.engine.model, kind.name)
     for i, m in enumerate(s.modes if not s.engine.server else ()):
         if m.kind not in MODES:
             problems.append((f"modes[{i}].kind", MODES.unknown(m.kind)))
@@ -200,19 +203,18 @@ def _reuse_problems(s: Scenario, shape: Any, limit: int) -> list[tuple[str, str]
     return problems
 
 
-#: Bytes per K or V element in llama-server's KV cache by default (f16).
-LLAMA_KV_BYTES = 2
-
 
 def _server_memory_warning(s: Scenario) -> list[tuple[str, str]]:
-    """llama.cpp: the KV cache its slots hold at the longest prompt (f16, every slot full), against this machine's
-    memory (a server that cannot allocate it fails to start, or swaps)."""
+    """A server kind that allocates its slots' KV at start (llama.cpp, f16): the KV cache its slots hold at the
+    longest prompt (every slot full), against this machine's memory (a server that cannot allocate it fails to
+    start, or swaps)."""
     import psutil
 
     from kvbench.errors import ModelNotFound
     from kvbench.models import read_architecture
 
-    if s.engine.kind != "llama.cpp":
+    kind = KINDS.get(s.engine.kind)
+    if kind is None or kind.kv_element_bytes is None:
         return []
     try:
         arch = read_architecture(s.model)
@@ -223,13 +225,13 @@ def _server_memory_warning(s: Scenario) -> list[tuple[str, str]]:
                dq.doc_tokens + DOC_QA_OVERHEAD_TOKENS if dq is not None else max(s.prompt_tokens or [1]))
     ctx = min(arch.max_positions, longest + s.max_new_tokens + 16)
     slots = max(s.load_spec.levels)
-    need = arch.cached_kv_bytes(ctx, LLAMA_KV_BYTES) * slots
+    need = arch.cached_kv_bytes(ctx, kind.kv_element_bytes) * slots
     total = psutil.virtual_memory().total
     if need <= total / 2:
         return []
-    return [("load.concurrency", f"{slots} slots × {ctx} tokens of context is {need / 2**30:.1f} GiB of f16 KV for "
-                                 f"llama-server, more than half of this machine's {total / 2**30:.1f} GiB: the "
-                                 "server may fail to start or swap")]
+    return [("load.concurrency", f"{slots} slots × {ctx} tokens of context is {need / 2**30:.1f} GiB of "
+                                 f"{8 * kind.kv_element_bytes}-bit KV for {kind.program[0]}, more than half of this "
+                                 f"machine's {total / 2**30:.1f} GiB: the server may fail to start or swap")]
 
 
 def _poisson_burst(s: Scenario) -> list[tuple[str, str]]:

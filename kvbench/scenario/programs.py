@@ -14,18 +14,20 @@ from typing import Any
 
 from kvbench.scenario.server_flags import consent_reasons
 from kvbench.scenario.servers import STARTED_KINDS, EngineSpec, ServerMode
+from kvbench.serving import KINDS
 
-#: The program each started kind runs when ``engine.binary`` is not given, and how to find it.
-DEFAULT_PROGRAMS = {"llama.cpp": ("llama-server",), "vllm": ("vllm", "serve"),
-                    "sglang": ("python", "-m", "sglang.launch_server")}
+#: The program each started kind runs when ``engine.binary`` is not given
+#: (:attr:`~kvbench.serving.kind.ServerKind.program`).
+DEFAULT_PROGRAMS = {k.name: k.program for k in KINDS.values() if k.started}
 
 
 def _default_program(kind: str) -> list[str] | None:
     """The argv prefix of ``kind``'s own program: kvbench's build in ``<prefix>/bin`` (where ``make
-    llama-server`` puts llama-server), else the named program on PATH; SGLang: the module of this interpreter."""
-    default = DEFAULT_PROGRAMS[kind]
-    if kind == "sglang":  # a module of this interpreter's environment
-        return [sys.executable, *default[1:]] if importlib.util.find_spec("sglang") is not None else None
+    llama-server`` puts llama-server), else the named program on PATH; a kind whose program is a Python module
+    (SGLang): that module of this interpreter."""
+    default, module = DEFAULT_PROGRAMS[kind], KINDS[kind].python_module
+    if module is not None:  # a module of this interpreter's environment
+        return [sys.executable, *default[1:]] if importlib.util.find_spec(module) is not None else None
     found = shutil.which(default[0], path=str(Path(sys.prefix) / "bin")) or shutil.which(default[0])
     return [found, *default[1:]] if found else None
 
@@ -63,7 +65,8 @@ def consent_needed(s: Any) -> list[tuple[str, str]]:
     if e.binary is not None:
         given, own = server_program(e), _default_program(e.kind)
         if given is None or own is None or not _same_file(given[0], own[0]):
-            name = "the sglang module's python" if e.kind == "sglang" else DEFAULT_PROGRAMS[e.kind][0]
+            module = KINDS[e.kind].python_module
+            name = f"the {module} module's python" if module else DEFAULT_PROGRAMS[e.kind][0]
             out.append(("engine.binary", f"{e.binary} is not kvbench's own {name} ({Path(sys.prefix) / 'bin'}) nor "
                         f"{name} on PATH: kvbench would run this program"))
     out += [("engine.args", why) for why in consent_reasons(e.kind, e.args)]
@@ -80,10 +83,9 @@ def server_problems(s: Any) -> list[tuple[str, str]]:
     if e.kind in STARTED_KINDS and server_program(e) is None:
         if e.binary is not None:
             return [("engine.binary", f"{e.binary} is not an executable file or a program on PATH")]
-        how = {"llama.cpp": "build it with `make llama-server` (into .venv/bin) or give engine.binary",
-               "vllm": "pip install vllm on a GPU machine, or give engine.binary",
-               "sglang": "pip install sglang on a GPU machine, or give engine.binary"}[e.kind]
-        what = "the sglang package" if e.kind == "sglang" else DEFAULT_PROGRAMS[e.kind][0]
+        kind = KINDS[e.kind]
+        what = f"the {kind.python_module} package" if kind.python_module else DEFAULT_PROGRAMS[e.kind][0]
+        how = kind.install_hint
         return [("engine.kind", f"{what} not found in kvbench's environment or on PATH: {how}")]
     return []
 
@@ -98,7 +100,7 @@ def server_notices(s: Any, consent: bool = True) -> list[tuple[str, str]]:
     e = s.engine
     out = [(path, f"{why} (kvbench run refuses it without --trust-server-config)")
            for path, why in (consent_needed(s) if consent else [])]
-    if e.kind == "openai" and e.url is not None:
+    if e.kind not in STARTED_KINDS and e.url is not None:
         if e.url.startswith("http://") and not loopback_url(e.url):
             out.append(("engine.url", f"{e.url} is another machine over plain http: every prompt and reply "
                                       "crosses the network unencrypted (use https:// or a tunnel)"))

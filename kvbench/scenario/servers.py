@@ -13,7 +13,6 @@ import ipaddress
 import re
 import socket
 import urllib.parse
-from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import AfterValidator, Field, model_validator
@@ -21,17 +20,23 @@ from pydantic import AfterValidator, Field, model_validator
 from kvbench.offload.registry import Registry
 from kvbench.scenario.bounds import PathText, Strict, check_name, optional
 from kvbench.scenario.server_flags import reserved_flag_problems
+from kvbench.serving import KINDS
+from kvbench.serving.kind import Preset
 
-#: The engines a scenario can name (with did-you-mean); all but ``transformers`` are servers reached over HTTP.
+#: The engines a scenario can name (with did-you-mean): the in-process one and every server kind
+#: (:data:`kvbench.serving.KINDS`), reached over HTTP.
 ENGINES: Registry[str] = Registry("engine", [
     ("transformers", "in-process: kvbench's own offload caches on Hugging Face transformers"),
-    ("llama.cpp", "llama.cpp's llama-server, started by kvbench per mode"),
-    ("vllm", "vLLM's OpenAI-compatible server (vllm serve), started by kvbench per mode"),
-    ("sglang", "SGLang's server (python -m sglang.launch_server), started by kvbench per mode"),
-    ("openai", "a server already running at engine.url (OpenAI /v1/completions); kvbench starts nothing"),
+    *((k.name, k.meaning) for k in KINDS.values()),
 ])
-#: The server kinds kvbench starts itself (``openai`` is a server already running at ``url``).
-STARTED_KINDS = ("llama.cpp", "vllm", "sglang")
+#: The server kinds kvbench starts itself (the others are already running at ``url``).
+STARTED_KINDS = tuple(k.name for k in KINDS.values() if k.started)
+#: The presets per server kind, with did-you-mean for a wrong name.
+PRESETS: dict[str, Registry[Preset]] = {k.name: k.presets for k in KINDS.values()}
+#: The server kinds as a message names them ("a, b, c or d").
+SERVER_KINDS_TEXT = ", ".join(list(KINDS)[:-1]) + f" or {list(KINDS)[-1]}"
+#: The kinds already running (kvbench starts nothing), as a message names them.
+RUNNING_KINDS_TEXT = " or ".join(k for k in KINDS if k not in STARTED_KINDS)
 
 #: Longest wait for a server's /health, and for one request's reply (seconds).
 MAX_TIMEOUT_S = 3600.0
@@ -44,81 +49,6 @@ RESERVED_REQUEST_KEYS = frozenset({"prompt", "n_predict", "max_tokens", "stream"
 #: which server slot it takes (kvbench's, for disk-slots): a mode cannot set them either.
 SHAPING_REQUEST_KEYS = frozenset({"id_slot", "t_max_predict_ms", "t_max_prompt_ms", "stop", "n", "best_of", "echo",
                                   "min_tokens", "max_completion_tokens", "n_cmpl", "n_discard", "n_keep"})
-
-
-@dataclass(frozen=True)
-class Preset:
-    """A named server configuration of one engine.
-
-    Attributes:
-        name: the mode name a scenario uses (``none``, ``prefix-cache``, ...).
-        meaning: one line for `kvbench list modes`.
-        args: server flags; ``{size}`` is replaced by the mode's ``size`` (unit in ``size``'s meaning), ``{slot_dir}``
-            by the run's private slot directory.
-        request: options sent with every request (llama.cpp ``cache_prompt``, ...).
-        cold: the mode reuses nothing: every request's cached prompt tokens must be 0 (the reference).
-        size: (unit, default) of the preset's size option, or None.
-        whole_size: the size is a whole number (llama.cpp's --cache-ram takes MiB as an integer).
-        slots: kvbench saves a conversation's slot after each turn and restores it before the next (a disk tier).
-        needs_gpu: only useful with a GPU (the flag moves KV between GPU and host).
-    """
-
-    name: str
-    meaning: str
-    args: tuple[str, ...] = ()
-    request: dict[str, Any] = field(default_factory=dict)
-    cold: bool = False
-    size: tuple[str, float] | None = None
-    whole_size: bool = False
-    slots: bool = False
-    needs_gpu: bool = False
-
-
-def _presets(kind: str, *entries: Preset) -> Registry[Preset]:
-    return Registry(f"{kind} preset", ((p.name, p) for p in entries))
-
-
-#: The presets per server kind, with did-you-mean for a wrong name.
-PRESETS: dict[str, Registry[Preset]] = {
-    "llama.cpp": _presets(
-        "llama.cpp",
-        Preset("none", "no reuse: cache_prompt false, no host cache (--cache-ram 0)", ("--cache-ram", "0"),
-               {"cache_prompt": False}, cold=True),
-        Preset("prefix-cache", "a slot reuses its common prefix (cache_prompt), no host cache", ("--cache-ram", "0"),
-               {"cache_prompt": True}),
-        Preset("host-cache", "slot states kept in host RAM (--cache-ram MiB) and prefix reuse",
-               ("--cache-ram", "{size}"), {"cache_prompt": True}, size=("MiB", 1024), whole_size=True),
-        Preset("disk-slots", "kvbench saves a conversation's slot to disk after each turn and restores it before "
-               "the next (--slot-save-path)", ("--cache-ram", "0", "--slot-save-path", "{slot_dir}"),
-               {"cache_prompt": True}, slots=True),
-        Preset("kv-on-host", "KV cache in host memory, computed on the GPU (-nkvo)", ("-nkvo",),
-               {"cache_prompt": True}, needs_gpu=True),
-    ),
-    "vllm": _presets(
-        "vllm",
-        Preset("none", "no prefix caching (--no-enable-prefix-caching)", ("--no-enable-prefix-caching",), cold=True),
-        Preset("prefix-cache", "automatic prefix caching on the GPU (--enable-prefix-caching)",
-               ("--enable-prefix-caching",)),
-        Preset("cpu-offload", "prefix caching with a native CPU tier (--kv-offloading-backend native "
-               "--kv-offloading-size GiB)", ("--enable-prefix-caching", "--kv-offloading-backend", "native",
-                                             "--kv-offloading-size", "{size}"), size=("GiB", 8)),
-        Preset("lmcache", "prefix caching with LMCache as the KV connector (needs the lmcache package)",
-               ("--enable-prefix-caching", "--kv-transfer-config",
-                '{"kv_connector":"LMCacheConnectorV1","kv_role":"kv_both"}')),
-    ),
-    "sglang": _presets(
-        "sglang",
-        Preset("none", "no radix cache (--disable-radix-cache)", ("--disable-radix-cache",), cold=True),
-        Preset("radix", "the radix prefix cache on the GPU (the default)", ()),
-        Preset("hicache", "radix cache with a host tier (--enable-hierarchical-cache --hicache-ratio R)",
-               ("--enable-hierarchical-cache", "--hicache-ratio", "{size}"), size=("× the GPU cache", 2.0)),
-    ),
-    "openai": _presets(
-        "openai",
-        Preset("none", "the server as configured, expected to reuse nothing (checked: 0 cached tokens)", cold=True),
-        Preset("prefix-cache", "the server as configured, reusing prefixes"),
-    ),
-}
 
 
 def _flag_text(v: str) -> str:
@@ -277,26 +207,26 @@ class EngineSpec(Strict):
             (["use_env_proxy"] if self.use_env_proxy else [])
         if self.kind == "transformers":
             if given:
-                raise ValueError(f"{', '.join(given)}: only for a server engine (kind llama.cpp, vllm, sglang or "
-                                 "openai); the transformers engine runs in kvbench")
+                raise ValueError(f"{', '.join(given)}: only for a server engine (kind {SERVER_KINDS_TEXT}); the "
+                                 "transformers engine runs in kvbench")
             return self
-        if self.kind == "openai":
+        if not KINDS[self.kind].started:
             if self.url is None:
-                raise ValueError("url: required for kind openai (the running server's base URL)")
+                raise ValueError(f"url: required for kind {self.kind} (the running server's base URL)")
             wrong = [k for k in ("binary", "model") if getattr(self, k) is not None] + (["args"] if self.args else [])
             if wrong:
-                raise ValueError(f"{', '.join(wrong)}: kvbench starts nothing for kind openai; configure the server "
-                                 "you started")
+                raise ValueError(f"{', '.join(wrong)}: kvbench starts nothing for kind {self.kind}; configure the "
+                                 "server you started")
             _openai_url(self.url)
             if self.cold == "restart":
-                raise ValueError("cold: restart is impossible for kind openai (kvbench did not start the server): "
-                                 "use cold: reset with reset_path, or cold: check")
+                raise ValueError(f"cold: restart is impossible for kind {self.kind} (kvbench did not start the "
+                                 "server): use cold: reset with reset_path, or cold: check")
         elif self.use_env_proxy:
-            raise ValueError(f"use_env_proxy: only for kind openai; kvbench talks to the {self.kind} server it "
-                             "starts on 127.0.0.1 directly")
+            raise ValueError(f"use_env_proxy: only for kind {RUNNING_KINDS_TEXT}; kvbench talks to the {self.kind} "
+                             "server it starts on 127.0.0.1 directly")
         elif self.url is not None:
-            raise ValueError(f"url: kvbench starts {self.kind} itself on 127.0.0.1; use kind openai for a server "
-                             "already running")
+            raise ValueError(f"url: kvbench starts {self.kind} itself on 127.0.0.1; use kind {RUNNING_KINDS_TEXT} "
+                             "for a server already running")
         bad = reserved_flag_problems(self.kind, self.args)
         if bad:
             raise ValueError(f"args: {bad[0]}")
@@ -314,7 +244,7 @@ class EngineSpec(Strict):
     @property
     def cold_start(self) -> str:
         """``cold`` as it applies: ``restart`` for a server kvbench starts, ``check`` for ``openai``, unless set."""
-        return self.cold or ("check" if self.kind == "openai" else "restart")
+        return self.cold or ("restart" if self.kind in STARTED_KINDS else "check")
 
 
 def size_text(size: float) -> str:
@@ -342,8 +272,8 @@ def check_server_modes(kind: str, modes: list[Any]) -> list[tuple[int, str]]:
     for i, m in enumerate(modes):
         if kind == "transformers":
             if isinstance(m, ServerMode):
-                out.append((i, f"a server configuration ({m.name}) needs a server engine (engine.kind llama.cpp, "
-                            "vllm, sglang or openai); the transformers engine takes offload modes with `kind`"))
+                out.append((i, f"a server configuration ({m.name}) needs a server engine (engine.kind "
+                            f"{SERVER_KINDS_TEXT}); the transformers engine takes offload modes with `kind`"))
             continue
         if not isinstance(m, ServerMode):
             out.append((i, f"engine {kind} takes server configurations ({{name: none}}, {{name: prefix-cache}}, ...),"

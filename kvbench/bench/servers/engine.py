@@ -29,10 +29,12 @@ from kvbench.bench.servers.process import ServerProcess, free_port, probe_output
 from kvbench.bench.servers.stream import ServerReplyError, printable
 from kvbench.bench.servers.tiers import host_tier
 from kvbench.bench.trial import ServerTrial
-from kvbench.errors import PrepareError, SymlinkRefused
+from kvbench.errors import SymlinkRefused
 from kvbench.scenario import Scenario
 from kvbench.scenario.programs import server_program
 from kvbench.scenario.servers import Preset, preset_of, size_text
+from kvbench.serving import KINDS, metrics_kind
+from kvbench.serving.kind import Launch
 
 #: Tokens of the warm-up prompt sent before a mode's requests (unrecorded; shares no prefix with them).
 WARMUP_TOKENS = 32
@@ -69,14 +71,6 @@ class ModeServer:
     holds: Holds = field(default_factory=Holds)
 
 
-def metrics_kind(text: str) -> str:
-    """Whose metric names an ``openai`` server's ``/metrics`` text uses: ``sglang``, ``llama.cpp`` or ``vllm``
-    (the default: vLLM's names)."""
-    if "sglang:" in text:
-        return "sglang"
-    return "llama.cpp" if "llamacpp:" in text else "vllm"
-
-
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     """How many leading ids ``a`` and ``b`` share."""
     n = min(len(a), len(b))
@@ -95,20 +89,6 @@ def reusable_tokens(requests: Sequence[Any]) -> dict[str, int]:
     return out
 
 
-def gguf_file(model_name: str) -> str:
-    """The GGUF file llama-server loads for a scenario's model name (the alias ``smollm2-135m`` included).
-
-    Raises:
-        PrepareError: the model is not a GGUF file.
-    """
-    from kvbench.models.locate import locate
-
-    loc = locate(model_name)
-    if loc.gguf_file is None:
-        raise PrepareError(f"llama.cpp loads a GGUF file; {model_name} is not one (give engine.model: a .gguf path)")
-    return str(Path(loc.path) / loc.gguf_file)
-
-
 def server_argv(s: Scenario, preset: Preset, mode: Any, port: int, slots: int, ctx_per_slot: int,
                 slot_dir: Path) -> list[str]:
     """The command line of ``mode``'s server: the program (and vLLM's model, its positional word), the engine's
@@ -116,22 +96,14 @@ def server_argv(s: Scenario, preset: Preset, mode: Any, port: int, slots: int, c
     last: the model, 127.0.0.1 and ``port``, metrics on, slots, context and seed, so that no earlier word can
     change where the server listens (the scenario's flags cannot name these either:
     :func:`~kvbench.scenario.server_flags.reserved_flag_problems`). ``slots``: parallel requests;
-    ``ctx_per_slot``: tokens each holds (llama.cpp splits ``-c`` among slots)."""
+    ``ctx_per_slot``: tokens each holds. The kind's :attr:`~kvbench.serving.kind.ServerKind.launch` gives the
+    words after the program and kvbench's own flags."""
     e = s.engine
     program = server_program(e) or []
     size = mode.size if mode.size is not None else (preset.size[1] if preset.size else None)
     args = [a.replace("{size}", size_text(size) if size is not None else "").replace("{slot_dir}", str(slot_dir))
             for a in preset.args]
-    head: list[str] = []
-    if e.kind == "llama.cpp":
-        own = ["-m", e.model or gguf_file(s.model.name), "--host", "127.0.0.1", "--port", str(port), "--metrics",
-               "-c", str(ctx_per_slot * slots), "-np", str(slots), "--seed", str(s.seed)]
-    elif e.kind == "vllm":
-        head = [e.model or s.model.name]
-        own = ["--host", "127.0.0.1", "--port", str(port), "--seed", str(s.seed), "--max-num-seqs", str(slots)]
-    else:  # sglang
-        own = ["--model-path", e.model or s.model.name, "--host", "127.0.0.1", "--port", str(port),
-               "--enable-metrics", "--random-seed", str(s.seed)]
+    head, own = KINDS[e.kind].launch(Launch(e.model, s.model.name, port, slots, ctx_per_slot, s.seed))
     return [*program, *head, *e.args, *args, *mode.args, *own]
 
 
@@ -169,6 +141,8 @@ class ServerEngine:
                  vocab_size: int = 32_000):
         self.s, self.source, self.run_path, self.vocab_size = s, source, Path(run_path), vocab_size
         self.kind = s.engine.kind
+        #: what kvbench knows of the kind (:data:`kvbench.serving.KINDS`)
+        self.server_kind = KINDS[self.kind]
         import torch
 
         self.device = torch.device(device_type)
@@ -192,7 +166,7 @@ class ServerEngine:
         self.longest_prompt = max_positions - s.max_new_tokens
         self.served_model: str | None = s.engine.served_model
         #: requests go through the environment's proxies only for an openai engine that says use_env_proxy
-        self.trust_env = s.engine.kind == "openai" and s.engine.use_env_proxy
+        self.trust_env = not self.server_kind.started and s.engine.use_env_proxy
         self.servers: list[dict[str, Any]] = []
         self.reusable = reusable_tokens(source.requests)
 
@@ -205,7 +179,7 @@ class ServerEngine:
         if too_long:
             out.append(f"{len(too_long)} requests ({', '.join(too_long[:3])}...) have prompts longer than "
                        f"{self.longest_prompt} tokens (the model's positions less max_new_tokens)")
-        if self.kind == "openai":
+        if not self.server_kind.started:
             url = f"{self.s.engine.url}/v1/models"
             if (why := unreachable(url, self.trust_env)) is not None:
                 out.append(f"engine.url: nothing answers at {url} ({why}): start the server first, or fix "
@@ -241,7 +215,7 @@ class ServerEngine:
                 raise SymlinkRefused(d)
         servers_dir.mkdir(exist_ok=True)
         info: dict[str, Any] = {"mode_label": mode.label, "repeat": repeat, "engine": self.kind, "slots": slots}
-        if self.kind == "openai":
+        if not self.server_kind.started:
             srv = ModeServer(e.url, None, None, preset, info, host_tier=host_tier(self.kind, None))
         else:
             slot_dir = servers_dir / f"{mode.label}-r{repeat}.slots"
@@ -271,7 +245,7 @@ class ServerEngine:
                 yield srv
             finally:
                 after = self.metrics_text(srv) if srv.process is None or srv.process.alive() else None
-                kind = self.kind if self.kind != "openai" else metrics_kind(srv.metrics_before or after or "")
+                kind = self.kind if self.server_kind.counters else metrics_kind(srv.metrics_before or after or "")
                 info.update(measured_deltas(kind, srv.metrics_before, after, srv.holds.scrapes, srv.holds.sent,
                                             f"{srv.url}/metrics"))
                 self.pid = os.getpid()
@@ -314,7 +288,7 @@ class ServerEngine:
         the preset's and the mode's request options."""
         options = {**srv.preset.request, **mode.request}
         timeout, deadline = self.s.engine.request_timeout_s, self.s.engine.reply_timeout_s
-        if self.kind == "llama.cpp":
+        if self.server_kind.protocol == "completion":
             return await complete_llamacpp(client, srv.url, ids, n_tokens, options, seed=self.s.seed,
                                            timeout_s=timeout, deadline_s=deadline)
         model = self._model_name(srv)

@@ -14,14 +14,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvbench.errors import BadValue, UserError
+from kvbench.serving import KINDS
+from kvbench.serving.kind import CounterSpec
 
-ENGINES = ("llama.cpp", "vllm", "sglang")
+#: The kinds whose counters kvbench reads.
+ENGINES = tuple(k.name for k in KINDS.values() if k.counters)
 TIERS = ("device", "host", "storage")
 
 Samples = dict[str, list[tuple[dict[str, str], float]]]
@@ -36,86 +38,8 @@ class UnknownEngine(BadValue):
     """An engine kind that is none of :data:`ENGINES`; the message names the kind and the allowed ones."""
 
 
-@dataclass(frozen=True)
-class CounterSpec:
-    """One counter kvbench reads from an engine's ``/metrics``.
-
-    ``name`` is kvbench's name (e.g. ``"prompt_tokens_cached"``); ``sources`` are the sample names to try in order
-    (the first the server reports wins; samples keep their ``_total``); ``meaning`` is one line with the unit
-    (tokens, bytes, seconds, calls, blocks). ``labels`` keeps only samples with these label values (compared
-    without regard to case; a value ending in ``*`` matches as a prefix, e.g. ``storage*`` also matches
-    ``storage_HiCacheFile``); samples are summed over every other label (model_name, engine, ...). ``tier`` is
-    ``"device"``, ``"host"`` or ``"storage"`` for a counter of prompt tokens served from that cache tier, else None.
-    """
-
-    name: str
-    sources: tuple[str, ...]
-    meaning: str
-    labels: dict[str, str] = field(default_factory=dict)
-    tier: str | None = None
-
-
-def _c(name: str, sources: str | tuple[str, ...], meaning: str, tier: str | None = None, **labels: str) -> CounterSpec:
-    return CounterSpec(name, (sources,) if isinstance(sources, str) else sources, meaning, dict(labels), tier)
-
-
-COUNTERS: dict[str, tuple[CounterSpec, ...]] = {
-    # llama-server --metrics (tools/server/server-task.cpp, to_metrics): unlabelled counters.
-    "llama.cpp": (
-        _c("prompt_tokens", "llamacpp:prompt_tokens_total", "prompt tokens evaluated, excluding cached ones (tokens)"),
-        _c("prompt_tokens_cached", "llamacpp:prompt_tokens_cached_total",
-           "prompt tokens reused from a slot's cache (tokens); absent in older builds"),
-        _c("tokens_predicted", "llamacpp:tokens_predicted_total", "generated tokens (tokens)"),
-        _c("prompt_seconds", "llamacpp:prompt_seconds_total", "time spent evaluating prompts (seconds)"),
-        _c("tokens_predicted_seconds", "llamacpp:tokens_predicted_seconds_total",
-           "time spent generating tokens (seconds)"),
-        _c("n_decode", "llamacpp:n_decode_total",
-           "llama_decode() calls, speculative and multimodal ones excluded (calls)"),
-    ),
-    # vLLM v1 (vllm/v1/metrics/loggers.py; the offloading connector's metrics). Counters are exposed by
-    # prometheus_client, so samples end in _total; 0.8-era builds called the local prefix cache gpu_prefix_cache_*.
-    "vllm": (
-        _c("prefix_cache_queries", ("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total"),
-           "prompt tokens looked up in the device prefix cache (tokens)"),
-        _c("prefix_cache_hits", ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total"),
-           "prompt tokens found in the device prefix cache (tokens)", tier="device"),
-        _c("external_prefix_cache_queries", "vllm:external_prefix_cache_queries_total",
-           "prompt tokens looked up in the KV connector / offload tier (tokens)"),
-        _c("external_prefix_cache_hits", "vllm:external_prefix_cache_hits_total",
-           "prompt tokens loaded from the KV connector / offload tier, host RAM with native offloading (tokens)",
-           tier="host"),
-        _c("prompt_tokens", "vllm:prompt_tokens_total", "prompt tokens of the requests, cached ones included (tokens)"),
-        _c("generation_tokens", "vllm:generation_tokens_total", "generated tokens (tokens)"),
-        _c("kv_offload_bytes_device_to_host", "vllm:kv_offload_total_bytes_total",
-           "KV bytes the offloading connector copied device to host (bytes)", transfer_type="GPU_to_CPU"),
-        _c("kv_offload_bytes_host_to_device", "vllm:kv_offload_total_bytes_total",
-           "KV bytes the offloading connector copied host to device (bytes)", transfer_type="CPU_to_GPU"),
-        _c("kv_offload_seconds_device_to_host", "vllm:kv_offload_total_time_total",
-           "time of the offloading connector's device-to-host copies (seconds)", transfer_type="GPU_to_CPU"),
-        _c("kv_offload_seconds_host_to_device", "vllm:kv_offload_total_time_total",
-           "time of the offloading connector's host-to-device copies (seconds)", transfer_type="CPU_to_GPU"),
-        _c("kv_offload_stores_skipped", "vllm:kv_offload_stores_skipped_total",
-           "offload stores skipped below the reuse threshold (stores); only with a store threshold"),
-        _c("kv_offload_tiering_read_bytes", "vllm:kv_offload_tiering_read_bytes_total",
-           "KV bytes read from secondary offload tiers into the primary one (bytes); tiered offloading builds"),
-        _c("kv_offload_tiering_write_bytes", "vllm:kv_offload_tiering_write_bytes_total",
-           "KV bytes written from the primary offload tier to secondary ones (bytes); tiered offloading builds"),
-    ),
-    # SGLang --enable-metrics (python/sglang/srt/metrics/collector.py). Builds before the HiCache breakdown report
-    # sglang:cached_tokens_total without a cache_source label: "cached_tokens" (all sources) reads both.
-    "sglang": (
-        _c("prompt_tokens", "sglang:prompt_tokens_total",
-           "prompt tokens of the requests, cached ones included (tokens)"),
-        _c("generation_tokens", "sglang:generation_tokens_total", "generated tokens (tokens)"),
-        _c("cached_tokens", "sglang:cached_tokens_total", "prompt tokens served from any cache tier (tokens)"),
-        _c("cached_tokens_device", "sglang:cached_tokens_total", "prompt tokens served from the device radix cache "
-           "(tokens)", tier="device", cache_source="device"),
-        _c("cached_tokens_host", "sglang:cached_tokens_total", "prompt tokens served from HiCache host memory (tokens)",
-           tier="host", cache_source="host"),
-        _c("cached_tokens_storage", "sglang:cached_tokens_total", "prompt tokens served from HiCache storage "
-           "(tokens)", tier="storage", cache_source="storage*"),
-    ),
-}
+#: The counters kvbench reads per server kind (each kind's :attr:`~kvbench.serving.kind.ServerKind.counters`).
+COUNTERS: dict[str, tuple[CounterSpec, ...]] = {k.name: k.counters for k in KINDS.values() if k.counters}
 
 
 def _specs(kind: str) -> tuple[CounterSpec, ...]:
@@ -234,8 +158,9 @@ def _share(part: float | None, whole: float | None) -> float | None:
 def hit_shares(kind: str, deltas: Mapping[str, float | None]) -> dict[str, float | None]:
     """Shares of prompt tokens served from cache during a mode (fractions 0..1, from :func:`counter_deltas`).
 
-    ``cached_prompt_share`` is cached ÷ all prompt tokens: llama.cpp ``prompt_tokens_cached / (prompt_tokens +
-    prompt_tokens_cached)`` (its prompt_tokens exclude cached ones); vLLM ``(prefix_cache_hits +
+    ``cached_prompt_share`` is cached ÷ all prompt tokens, as the kind's
+    :attr:`~kvbench.serving.kind.ServerKind.hit_counts` counts them: llama.cpp ``prompt_tokens_cached /
+    (prompt_tokens + prompt_tokens_cached)`` (its prompt_tokens exclude cached ones); vLLM ``(prefix_cache_hits +
     external_prefix_cache_hits) / prefix_cache_queries`` (the external tier counts only when reported); SGLang
     ``cached_tokens / prompt_tokens``. Where the engine splits hits by tier, ``cached_share_<tier>`` is that tier's
     hits ÷ the same denominator (vLLM: device, host; SGLang: device, host, storage). A share is None when a count
@@ -244,16 +169,7 @@ def hit_shares(kind: str, deltas: Mapping[str, float | None]) -> dict[str, float
     Raises :class:`UnknownEngine` for an unknown kind."""
     specs = _specs(kind)
     d = {spec.name: deltas.get(spec.name) for spec in specs}
-    if kind == "llama.cpp":
-        cached, processed = d["prompt_tokens_cached"], d["prompt_tokens"]
-        whole = None if cached is None or processed is None else cached + processed
-        cached_total, denominator = cached, whole
-    elif kind == "vllm":
-        hits, external = d["prefix_cache_hits"], d["external_prefix_cache_hits"]
-        cached_total = None if hits is None else hits + (external or 0.0)
-        denominator = d["prefix_cache_queries"]
-    else:
-        cached_total, denominator = d["cached_tokens"], d["prompt_tokens"]
+    cached_total, denominator = KINDS[kind].hit_counts(d)
     shares: dict[str, float | None] = {"cached_prompt_share": _share(cached_total, denominator)}
     for spec in specs:
         if spec.tier is not None:

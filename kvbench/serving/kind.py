@@ -1,0 +1,173 @@
+"""What a serving engine kind is to kvbench, declared once per kind (:mod:`kvbench.serving` holds the registry):
+its presets (named server configurations), how its server is started and what flags kvbench keeps for itself,
+which flags need the user's consent, how requests reach it, the ``/metrics`` counters it exports, and where its
+host KV tier's size is read from.
+
+Nothing here starts a program or opens a socket: the running code (:mod:`kvbench.bench.servers`) reads these
+declarations, and so does the scenario's validation (:mod:`kvbench.scenario.servers`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from kvbench.offload.registry import Registry
+
+MIB, GIB = 2**20, 2**30
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A named server configuration of one engine.
+
+    Attributes:
+        name: the mode name a scenario uses (``none``, ``prefix-cache``, ...).
+        meaning: one line for `kvbench list modes`.
+        args: server flags; ``{size}`` is replaced by the mode's ``size`` (unit in ``size``'s meaning), ``{slot_dir}``
+            by the run's private slot directory.
+        request: options sent with every request (llama.cpp ``cache_prompt``, ...).
+        cold: the mode reuses nothing: every request's cached prompt tokens must be 0 (the reference).
+        size: (unit, default) of the preset's size option, or None.
+        whole_size: the size is a whole number (llama.cpp's --cache-ram takes MiB as an integer).
+        slots: kvbench saves a conversation's slot after each turn and restores it before the next (a disk tier).
+        needs_gpu: only useful with a GPU (the flag moves KV between GPU and host).
+    """
+
+    name: str
+    meaning: str
+    args: tuple[str, ...] = ()
+    request: dict[str, Any] = field(default_factory=dict)
+    cold: bool = False
+    size: tuple[str, float] | None = None
+    whole_size: bool = False
+    slots: bool = False
+    needs_gpu: bool = False
+
+
+def presets(kind: str, *entries: Preset) -> Registry[Preset]:
+    """The presets of ``kind`` as a registry (did-you-mean for a wrong name)."""
+    return Registry(f"{kind} preset", ((p.name, p) for p in entries))
+
+
+@dataclass(frozen=True)
+class CounterSpec:
+    """One counter kvbench reads from an engine's ``/metrics``.
+
+    ``name`` is kvbench's name (e.g. ``"prompt_tokens_cached"``); ``sources`` are the sample names to try in order
+    (the first the server reports wins; samples keep their ``_total``); ``meaning`` is one line with the unit
+    (tokens, bytes, seconds, calls, blocks). ``labels`` keeps only samples with these label values (compared
+    without regard to case; a value ending in ``*`` matches as a prefix, e.g. ``storage*`` also matches
+    ``storage_HiCacheFile``); samples are summed over every other label (model_name, engine, ...). ``tier`` is
+    ``"device"``, ``"host"`` or ``"storage"`` for a counter of prompt tokens served from that cache tier, else None.
+    """
+
+    name: str
+    sources: tuple[str, ...]
+    meaning: str
+    labels: dict[str, str] = field(default_factory=dict)
+    tier: str | None = None
+
+
+def counter(name: str, sources: str | tuple[str, ...], meaning: str, tier: str | None = None,
+            **labels: str) -> CounterSpec:
+    """A :class:`CounterSpec`; ``sources`` one sample name or several, ``labels`` the label filter."""
+    return CounterSpec(name, (sources,) if isinstance(sources, str) else sources, meaning, dict(labels), tier)
+
+
+@dataclass(frozen=True)
+class Launch:
+    """What kvbench's own flags of a server it starts say.
+
+    Attributes:
+        engine_model: ``engine.model``: what the scenario says the server loads, or None.
+        scenario_model: the scenario's ``model.name`` (loaded when ``engine_model`` is None, in the kind's format).
+        port: the free port on 127.0.0.1 it listens on.
+        slots: requests it runs in parallel (the load's concurrency level).
+        ctx_per_slot: tokens each slot holds (prompt, held reply and generated tokens, plus a margin).
+        seed: the scenario's seed.
+    """
+
+    engine_model: str | None
+    scenario_model: str
+    port: int
+    slots: int
+    ctx_per_slot: int
+    seed: int
+
+
+@dataclass(frozen=True)
+class ServerKind:
+    """One serving engine kind (``engine.kind`` in a scenario).
+
+    Attributes:
+        name: the kind's name in scenarios and results (``llama.cpp``, ``vllm``...).
+        meaning: one line for `kvbench list` and did-you-mean.
+        presets: its named server configurations (:class:`Preset`).
+        started: kvbench starts the server per mode (else it is already running at ``engine.url``).
+        program: the argv prefix of its program when ``engine.binary`` is not given (the words after the first
+            are kept with a given binary: vLLM's ``serve``).
+        python_module: the program is this module of kvbench's own interpreter (``python -m ...``), or None.
+        install_hint: how a user gets the program where it is missing.
+        reserved_flags: flags kvbench sets itself (beside ``--host`` and ``--port``), refused in a scenario.
+        reserved_why: why those are kvbench's, said when one is refused.
+        consent_flags: flags that make the server read or write files, fetch weights or code, run code or reach
+            another machine (run only with ``--trust-server-config``).
+        consent_pattern: flag names of that kind given by pattern (with the reason), or None.
+        argparse: the server parses flags with argparse (a unique prefix of a long flag is taken for it).
+        launch: (words after the program, kvbench's own flags last) from a :class:`Launch`, for a started kind.
+        model_format: what ``engine.model`` must be: ``gguf`` (a GGUF file), ``hf`` (a Hugging Face model
+            directory or id), or None (a server kvbench does not start).
+        protocol: how a request is sent: ``completion`` (llama.cpp's ``/completion``, token ids in and out) or
+            ``v1-completions`` (OpenAI ``/v1/completions``).
+        metrics_prefix: the prefix of its ``/metrics`` sample names (how an already running server's counters are
+            told apart), or None.
+        counters: the ``/metrics`` counters kvbench reads (:class:`CounterSpec`).
+        hit_counts: ``(cached, all)`` prompt tokens of a mode from its counters' deltas (by kvbench name; None
+            where a count is missing), the parts of its cache hit share.
+        host_tier: ``(bytes, source)`` of the host KV tier a server started with the given argv may fill, or None
+            (not known from flags).
+        kv_element_bytes: bytes per KV element the server allocates by default (llama.cpp f16: 2), for the
+            memory warning before a start; None: not estimated.
+    """
+
+    name: str
+    meaning: str
+    presets: Registry[Preset]
+    started: bool = True
+    program: tuple[str, ...] = ()
+    python_module: str | None = None
+    install_hint: str = ""
+    reserved_flags: tuple[str, ...] = ()
+    reserved_why: str = ""
+    consent_flags: tuple[str, ...] = ()
+    consent_pattern: tuple[re.Pattern[str], str] | None = None
+    argparse: bool = False
+    launch: Callable[[Launch], tuple[list[str], list[str]]] | None = None
+    model_format: Literal["gguf", "hf"] | None = None
+    protocol: Literal["completion", "v1-completions"] = "v1-completions"
+    metrics_prefix: str | None = None
+    counters: tuple[CounterSpec, ...] = ()
+    hit_counts: Callable[[dict[str, float | None]], tuple[float | None, float | None]] | None = None
+    host_tier: Callable[[list[str]], tuple[int | None, str]] | None = None
+    kv_element_bytes: int | None = None
+
+
+def last_value(argv: Sequence[str], flags: Iterable[str]) -> str | None:
+    """The value of the last of ``flags`` in ``argv`` (``--flag v`` or ``--flag=v``), or None."""
+    names, found = set(flags), None
+    for i, a in enumerate(argv):
+        name, eq, value = a.partition("=")
+        if name in names:
+            found = value if eq else (argv[i + 1] if i + 1 < len(argv) else None)
+    return found
+
+
+def number(text: str | None) -> float | None:
+    """``text`` as a float, or None (absent or not a number)."""
+    try:
+        return float(text) if text is not None else None
+    except ValueError:
+        return None

@@ -1,0 +1,117 @@
+"""llama.cpp's ``llama-server``, started by kvbench per mode on the scenario's GGUF file.
+
+Flags from llama-server's ``--help`` (build 11434); counters from ``tools/server/server-task.cpp`` (``to_metrics``);
+the host tier is ``--cache-ram`` (MiB; its default from ``common/common.h``).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from kvbench.serving.kind import MIB, CounterSpec, Launch, Preset, ServerKind, counter, last_value, number, presets
+
+NAME = "llama.cpp"
+#: llama-server's ``--cache-ram`` when the command line does not set it (MiB; ``common/common.h``).
+LLAMA_CACHE_RAM_DEFAULT_MIB = 8192
+
+
+def gguf_file(model_name: str) -> str:
+    """The GGUF file llama-server loads for a scenario's model name (the alias ``smollm2-135m`` included).
+
+    Raises:
+        PrepareError: the model is not a GGUF file.
+    """
+    from kvbench.errors import PrepareError
+    from kvbench.models.locate import locate
+
+    loc = locate(model_name)
+    if loc.gguf_file is None:
+        raise PrepareError(f"llama.cpp loads a GGUF file; {model_name} is not one (give engine.model: a .gguf path)")
+    return str(Path(loc.path) / loc.gguf_file)
+
+
+def launch(at: Launch) -> tuple[list[str], list[str]]:
+    """No words before the flags; kvbench's own: the model (``engine.model``, else the scenario's model's GGUF
+    file: :func:`gguf_file`), 127.0.0.1 and the port, metrics on, the context of
+    every slot (llama-server splits ``-c`` among its ``-np`` slots) and the seed."""
+    model = at.engine_model or gguf_file(at.scenario_model)
+    return [], ["-m", model, "--host", "127.0.0.1", "--port", str(at.port), "--metrics",
+                "-c", str(at.ctx_per_slot * at.slots), "-np", str(at.slots), "--seed", str(at.seed)]
+
+
+def host_tier(argv: list[str]) -> tuple[int | None, str]:
+    """``--cache-ram`` MiB (llama-server's default where not given; 0: no host tier; negative: no limit)."""
+    given = last_value(argv, ("--cache-ram", "-cram"))
+    mib = number(given) if given is not None else float(LLAMA_CACHE_RAM_DEFAULT_MIB)
+    if mib is None:
+        return None, f"--cache-ram {given}: not a number of MiB, the size is not known from the flags"
+    if mib < 0:
+        return None, f"--cache-ram {given}: no limit, the size is not known from the flags"
+    default = "" if given is not None else " (llama-server's default)"
+    return (int(mib * MIB), f"--cache-ram {mib:g} MiB{default}") if mib else (0, "--cache-ram 0: no host tier")
+
+
+def hit_counts(d: dict[str, float | None]) -> tuple[float | None, float | None]:
+    """Cached and all prompt tokens: its ``prompt_tokens`` exclude the cached ones."""
+    cached, processed = d["prompt_tokens_cached"], d["prompt_tokens"]
+    return cached, None if cached is None or processed is None else cached + processed
+
+
+#: llama-server --metrics: unlabelled counters.
+COUNTERS: tuple[CounterSpec, ...] = (
+    counter("prompt_tokens", "llamacpp:prompt_tokens_total", "prompt tokens evaluated, excluding cached ones (tokens)"),
+    counter("prompt_tokens_cached", "llamacpp:prompt_tokens_cached_total",
+            "prompt tokens reused from a slot's cache (tokens); absent in older builds"),
+    counter("tokens_predicted", "llamacpp:tokens_predicted_total", "generated tokens (tokens)"),
+    counter("prompt_seconds", "llamacpp:prompt_seconds_total", "time spent evaluating prompts (seconds)"),
+    counter("tokens_predicted_seconds", "llamacpp:tokens_predicted_seconds_total",
+            "time spent generating tokens (seconds)"),
+    counter("n_decode", "llamacpp:n_decode_total",
+            "llama_decode() calls, speculative and multimodal ones excluded (calls)"),
+)
+
+KIND = ServerKind(
+    name=NAME,
+    meaning="llama.cpp's llama-server, started by kvbench per mode",
+    presets=presets(
+        NAME,
+        Preset("none", "no reuse: cache_prompt false, no host cache (--cache-ram 0)", ("--cache-ram", "0"),
+               {"cache_prompt": False}, cold=True),
+        Preset("prefix-cache", "a slot reuses its common prefix (cache_prompt), no host cache", ("--cache-ram", "0"),
+               {"cache_prompt": True}),
+        Preset("host-cache", "slot states kept in host RAM (--cache-ram MiB) and prefix reuse",
+               ("--cache-ram", "{size}"), {"cache_prompt": True}, size=("MiB", 1024), whole_size=True),
+        Preset("disk-slots", "kvbench saves a conversation's slot to disk after each turn and restores it before "
+               "the next (--slot-save-path)", ("--cache-ram", "0", "--slot-save-path", "{slot_dir}"),
+               {"cache_prompt": True}, slots=True),
+        Preset("kv-on-host", "KV cache in host memory, computed on the GPU (-nkvo)", ("-nkvo",),
+               {"cache_prompt": True}, needs_gpu=True),
+    ),
+    program=("llama-server",),
+    install_hint="build it with `make llama-server` (into .venv/bin) or give engine.binary",
+    reserved_flags=("--metrics", "-m", "--model", "-c", "--ctx-size", "-np", "--parallel", "-s", "--seed",
+                    "--kv-unified-per-slot", "-fit", "--fit", "-fitc", "--fit-ctx", "-fitt", "--fit-target"),
+    reserved_why=" (llama.cpp's --fit and --kv-unified-per-slot would change them)",
+    consent_flags=(
+        "--path", "--log-file", "--slot-save-path", "-hf", "-hfr", "--hf-repo", "-hfd", "-hfrd", "--hf-repo-draft",
+        "-hff", "--hf-file", "-hfv", "-hfrv", "--hf-repo-v", "-hffv", "--hf-file-v", "-hft", "--hf-token", "-mu",
+        "--model-url", "-dr", "--docker-repo", "-mm", "--mmproj", "-mmu", "--mmproj-url", "-md", "--model-draft",
+        "--rpc", "--lora", "--lora-scaled", "--control-vector", "--control-vector-scaled", "-f", "--file", "-bf",
+        "--binary-file", "--grammar-file", "-jf", "--json-schema-file", "--chat-template-file", "--api-key-file",
+        "--ssl-key-file", "--ssl-cert-file", "-lcs", "--lookup-cache-static", "-lcd", "--lookup-cache-dynamic",
+        "--models-dir", "--models-preset", "--media-path", "--webui-config-file", "--ui-config-file",
+        "--spec-draft-hf", "--spec-draft-model", "--video-ffmpeg-dir", "--log-prompts-dir", "--tools",
+        "--tools-runtime", "--mcp-servers-config", "--mcp-servers-json", "-ag", "--agent", "--ui-mcp-proxy",
+        "--webui-mcp-proxy"),
+    # its hub presets (--fim-qwen-7b-default, --gpt-oss-20b-default...) "can download weights from the internet"
+    consent_pattern=(re.compile(r"--[a-z0-9.-]+-(default|spec)"), "a llama.cpp hub preset downloads weights"),
+    launch=launch,
+    model_format="gguf",
+    protocol="completion",
+    metrics_prefix="llamacpp:",
+    counters=COUNTERS,
+    hit_counts=hit_counts,
+    host_tier=host_tier,
+    kv_element_bytes=2,  # f16 K and V unless --cache-type-k/-v say otherwise
+)

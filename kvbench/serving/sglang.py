@@ -1,0 +1,77 @@
+"""SGLang's server (``python -m sglang.launch_server``), started by kvbench per mode on a Hugging Face model.
+
+Flags from ``sglang.launch_server --help``; counters from ``python/sglang/srt/metrics/collector.py`` (builds
+before the HiCache breakdown report ``sglang:cached_tokens_total`` without a ``cache_source`` label:
+``cached_tokens``, all sources, reads both); the host tier is ``--hicache-size`` GB or ``--hicache-ratio``.
+"""
+
+from __future__ import annotations
+
+from kvbench.serving.kind import CounterSpec, Launch, Preset, ServerKind, counter, last_value, number, presets
+
+NAME = "sglang"
+
+
+def launch(at: Launch) -> tuple[list[str], list[str]]:
+    """No words before the flags; kvbench's own: the model (``engine.model``, else the scenario's model),
+    127.0.0.1 and the port, metrics on, the seed."""
+    return [], ["--model-path", at.engine_model or at.scenario_model, "--host", "127.0.0.1", "--port",
+                str(at.port), "--enable-metrics", "--random-seed", str(at.seed)]
+
+
+def host_tier(argv: list[str]) -> tuple[int | None, str]:
+    """``--hicache-size`` GB; a ``--hicache-ratio`` is a multiple of the device pool, not known from flags."""
+    if "--enable-hierarchical-cache" not in argv:
+        return 0, "no --enable-hierarchical-cache: no host tier"
+    gb = number(last_value(argv, ("--hicache-size",)))
+    if gb:
+        return int(gb * 1e9), f"--hicache-size {gb:g} GB"
+    ratio = last_value(argv, ("--hicache-ratio",))
+    return None, f"--hicache-ratio {ratio}: a multiple of the device pool, not known from the flags"
+
+
+def hit_counts(d: dict[str, float | None]) -> tuple[float | None, float | None]:
+    """Tokens served from any cache tier, over the requests' prompt tokens (cached ones included)."""
+    return d["cached_tokens"], d["prompt_tokens"]
+
+
+COUNTERS: tuple[CounterSpec, ...] = (
+    counter("prompt_tokens", "sglang:prompt_tokens_total",
+            "prompt tokens of the requests, cached ones included (tokens)"),
+    counter("generation_tokens", "sglang:generation_tokens_total", "generated tokens (tokens)"),
+    counter("cached_tokens", "sglang:cached_tokens_total", "prompt tokens served from any cache tier (tokens)"),
+    counter("cached_tokens_device", "sglang:cached_tokens_total", "prompt tokens served from the device radix cache "
+            "(tokens)", tier="device", cache_source="device"),
+    counter("cached_tokens_host", "sglang:cached_tokens_total", "prompt tokens served from HiCache host memory "
+            "(tokens)", tier="host", cache_source="host"),
+    counter("cached_tokens_storage", "sglang:cached_tokens_total", "prompt tokens served from HiCache storage "
+            "(tokens)", tier="storage", cache_source="storage*"),
+)
+
+KIND = ServerKind(
+    name=NAME,
+    meaning="SGLang's server (python -m sglang.launch_server), started by kvbench per mode",
+    presets=presets(
+        NAME,
+        Preset("none", "no radix cache (--disable-radix-cache)", ("--disable-radix-cache",), cold=True),
+        Preset("radix", "the radix prefix cache on the GPU (the default)", ()),
+        Preset("hicache", "radix cache with a host tier (--enable-hierarchical-cache --hicache-ratio R)",
+               ("--enable-hierarchical-cache", "--hicache-ratio", "{size}"), size=("× the GPU cache", 2.0)),
+    ),
+    program=("python", "-m", "sglang.launch_server"),
+    python_module="sglang",
+    install_hint="pip install sglang on a GPU machine, or give engine.binary",
+    reserved_flags=("--model-path", "--model", "--random-seed", "--enable-metrics"),
+    consent_flags=(
+        "--config", "--tokenizer-path", "--download-dir", "--chat-template", "--ssl-keyfile", "--ssl-certfile",
+        "--trust-remote-code", "--lora-paths", "--dist-init-addr", "--hicache-storage-backend",
+        "--speculative-draft-model-path"),
+    argparse=True,
+    launch=launch,
+    model_format="hf",
+    protocol="v1-completions",
+    metrics_prefix="sglang:",
+    counters=COUNTERS,
+    hit_counts=hit_counts,
+    host_tier=host_tier,
+)
