@@ -14,7 +14,7 @@ from kvbench.analysis.reuse import recompute_side
 from kvbench.analysis.reuse_cost import busy_seconds
 from kvbench.bench.servers.client import Reply
 from kvbench.bench.servers.engine import ServerEngine, common_prefix, reusable_tokens, server_argv
-from kvbench.bench.servers.row import request_row
+from kvbench.bench.servers.sweep import request_row
 from kvbench.bench.servers.sweep import at_level, mode_order
 from kvbench.report.server_findings import server_findings
 from kvbench.scenario import parse_scenario

@@ -1,7 +1,7 @@
 """The executor seam between the sweep and the engines: the sweep (:func:`kvbench.bench.sweep.run_sweep`) hands an
 executor the run's :class:`~kvbench.bench.sweep.Recorder` and the executor runs every trial through it.
-:class:`LocalExecutor` runs them one at a time on an engine in this process's reach (the in-process transformers
-engine); :class:`kvbench.bench.cluster.driver.RayExecutor` on the engines of a Ray cluster's workers, behind the
+:class:`LocalExecutor` runs them in the plan's order (:func:`kvbench.bench.plan.run_plan`) on an engine in this
+process's reach (the in-process transformers engine, or a server engine whose servers it starts here); :class:`kvbench.bench.cluster.driver.RayExecutor` on the engines of a Ray cluster's workers, behind the
 same :class:`~kvbench.bench.roles.Executor` protocol."""
 
 from __future__ import annotations
@@ -11,14 +11,13 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from kvbench.bench.capacity import search_sweep
 from kvbench.bench.engines.base import Engine
 from kvbench.bench.machine_load import LoadWindow, other_gpu_processes
 from kvbench.bench.monitor import Sampler, TrialTimeline
 from kvbench.bench.reference import Reference
 from kvbench.bench.row import base_row, measured_fields
-from kvbench.bench.reuse import note_requests, reuse_sweep
-from kvbench.bench.trial import TrialSpec, plan_trials
+from kvbench.bench.plan import run_plan
+from kvbench.bench.trial import TrialSpec
 from kvbench.offload.modes import ModeUnavailable
 from kvbench.scenario import Scenario
 from kvbench.workloads import TooLittleText
@@ -68,15 +67,30 @@ class LocalExecutor:
     """
 
     def __init__(self, scenario: Scenario, engine: Engine, environment: dict[str, Any] | None = None,
-                 sampler: Sampler | None = None):
+                 sampler: Sampler | None = None, reference: Reference | None = None):
         self.s, self.engine = scenario, engine
-        mon = scenario.monitor
-        self.sampler = sampler or Sampler(
-            engine.device, mon.interval_ms,
-            int(mon.alert_device_bytes) if mon.alert_device_bytes is not None else None, pid=engine.pid)
-        self.watch = TrialWatch(self.sampler, (environment or {}).get("cpu_count"))
-        self.reference = Reference()
+        self._sampler, self._cpu_count = sampler, (environment or {}).get("cpu_count")
+        self._watch: TrialWatch | None = None
+        #: the ``none`` outputs every trial is compared with (a server engine's own, where it keeps one)
+        self.reference = reference if reference is not None else Reference()
         self.last_samples: list[dict[str, Any]] = []
+
+    @property
+    def sampler(self) -> Sampler:
+        """The samplers (made at first use: a server run samples each mode's server itself, never this)."""
+        if self._sampler is None:
+            mon = self.s.monitor
+            self._sampler = Sampler(
+                self.engine.device, mon.interval_ms,
+                int(mon.alert_device_bytes) if mon.alert_device_bytes is not None else None, pid=self.engine.pid)
+        return self._sampler
+
+    @property
+    def watch(self) -> TrialWatch:
+        """The samplers and the machine's load around each trial's timed window."""
+        if self._watch is None:
+            self._watch = TrialWatch(self.sampler, self._cpu_count)
+        return self._watch
 
     def run(self, t: TrialSpec) -> dict[str, Any]:
         """Run one trial and return its row; failures become a row with ``status`` (``skipped``: the mode cannot
@@ -100,24 +114,17 @@ class LocalExecutor:
         return row
 
     def sweep(self, scenario: Scenario, record: Any, trials: Sequence[TrialSpec] | None = None) -> None:
-        """Run the scenario's trials here, one at a time, through ``record``: a reuse workload
-        (:func:`~kvbench.bench.reuse.reuse_sweep`; its requests noted in run.json), a planned sweep (``trials``,
-        by default all of :func:`~kvbench.bench.trial.plan_trials`, in their order) or a capacity search
-        (:func:`~kvbench.bench.capacity.search_sweep`, whose results go into run.json as ``capacity``)."""
-        if scenario.workload.reuse:
-            note_requests(record.run, self.engine.source)
-            reuse_sweep(scenario, record, self.engine)
-        elif scenario.searched is None:
-            for t in plan_trials(scenario) if trials is None else trials:
-                record(t)
-        else:
-            search_sweep(scenario, record, TrialSpec, self.engine.longest_prompt,
-                         on_capacity=lambda found: record.run.update(capacity=found))
+        """Run the scenario's trials here, through ``record``, in the plan's order
+        (:func:`~kvbench.bench.plan.run_plan`; ``trials``: only these of a planned sweep)."""
+        run_plan(scenario, record, self.engine, trials)
 
     def release(self) -> None:
-        """Release the engine's memory before a new shape."""
-        self.engine.release()
+        """Release the engine's memory before a new shape (an engine without memory of its own to give back, a
+        server whose process is stopped after each mode, has no ``release``)."""
+        release = getattr(self.engine, "release", None)
+        if release is not None:
+            release()
 
     def remember(self, rows: Sequence[dict[str, Any]]) -> None:
-        """See :meth:`Reference.remember`."""
+        """Take earlier rows' ``none`` outputs as the reference (:meth:`Reference.remember`)."""
         self.reference.remember(rows)

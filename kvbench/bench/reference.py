@@ -43,10 +43,12 @@ class Reference:
 
     def remember(self, rows: Sequence[dict[str, Any]]) -> None:
         """Take the ``none`` outputs of earlier rows (a resumed run) as baselines for ``tokens_match`` (in a reuse
-        workload, those of cold trials, with their top-2 logit gaps)."""
+        workload, those of cold trials, with their top-2 logit gaps; a server's cold request that reused cached
+        tokens, ``contaminated``, never)."""
         for r in rows:
             # ok and over budget both ran to the end; a warm (restored) run is never the reference
-            if r.get("mode") == "none" and r.get("status") in MEASURED and not r.get("warm"):
+            if r.get("mode") == "none" and r.get("status") in MEASURED and not r.get("warm") \
+                    and not r.get("contaminated"):
                 self.baseline_sha[r["prompt_sha256"]] = r["output_sha256"]
                 if r.get("top2_logit_gaps") is not None:
                     self.baseline_gaps[r["prompt_sha256"]] = r["top2_logit_gaps"]

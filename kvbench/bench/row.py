@@ -47,21 +47,23 @@ def base_row(s: Scenario, t: TrialSpec, described: dict[str, Any]) -> dict[str, 
     }
 
 
-def measured_fields(s: Scenario, t: TrialSpec, out: TrialOutput, timeline: TrialTimeline,
+def measured_fields(s: Scenario, t: TrialSpec, out: TrialOutput, timeline: TrialTimeline | None,
                     machine_load: dict[str, Any], sampler_notes: dict[str, str],
                     reference: Reference) -> dict[str, Any]:
-    """The fields of a trial that ran to the end: latencies and throughputs from its token timestamps, the
-    machine's load, KV peaks, the samplers' summary, digests, the comparison with the ``none`` reference, a reuse
-    trial's restore, the engine's own fields, and ``status`` ``over_budget`` when the device KV peak exceeds the
-    budget (measured anyway: its ids are the reference for ``tokens_match``).
+    """The fields of a trial that ran to the end, whichever engine ran it: latencies and throughputs from its
+    token (and chunk) timestamps, the machine's load, KV peaks, the samplers' summary (``timeline``; None where
+    the engine's process is sampled per mode, not per trial: a server), digests, the comparison with the ``none``
+    reference (unless :attr:`TrialOutput.not_compared`), a reuse trial's restore, the engine's own fields, and
+    ``status`` ``over_budget`` when the device KV peak exceeds the budget (measured anyway: its ids are the
+    reference for ``tokens_match``).
 
     Raises:
         RuntimeError: the engine generated another number of tokens than ``max_new_tokens``.
     """
-    n_out = len(out.ids[0]) if out.ids else 0
+    n_out = len(out.ids[0]) if out.ids else len(out.token_times)
     if n_out != s.max_new_tokens or len(out.token_times) != s.max_new_tokens:
         raise RuntimeError(f"generated {n_out} tokens, expected exactly {s.max_new_tokens}")
-    lat = latency_metrics(out.t_start, out.token_times)
+    lat = latency_metrics(out.t_start, out.token_times, out.chunk_times)
     row: dict[str, Any] = {
         "n_output_tokens": n_out,
         **lat,
@@ -69,14 +71,19 @@ def measured_fields(s: Scenario, t: TrialSpec, out: TrialOutput, timeline: Trial
         **throughputs(t.prompt_tokens, t.batch_size, lat, n_out),
         **machine_load,
         **out.memory,
-        **summarise(timeline.samples, timeline.peaks),
-        "sampler_cpu_s": timeline.sampler_cpu_s,
-        "alerts": timeline.alerts,
-        "prompt_sha256": out.prompt_sha256,
-        "output_sha256": ids_digest(out.ids),
-        "output_ids_head": [seq[:IDS_KEPT] for seq in out.ids],
     }
-    row.update(reference.compare(t, out.prompt_sha256, out.ids, row["output_sha256"], out.top2_gaps))
+    if timeline is not None:
+        row.update(**summarise(timeline.samples, timeline.peaks), sampler_cpu_s=timeline.sampler_cpu_s,
+                   alerts=timeline.alerts)
+    row.update(prompt_sha256=out.prompt_sha256,
+               output_sha256=out.output_sha256 if out.output_sha256 is not None else ids_digest(out.ids or [[]]),
+               output_ids_head=[seq[:IDS_KEPT] for seq in out.ids] if out.ids is not None else None)
+    notes = dict(out.notes)
+    if out.not_compared is not None:
+        row.update(tokens_match=None, first_divergence_step=None)
+        notes = {"tokens_match": out.not_compared, **notes}
+    else:
+        row.update(reference.compare(t, out.prompt_sha256, out.ids or [[]], row["output_sha256"], out.top2_gaps))
     if isinstance(t, ReuseTrial):
         req = t.request
         row.update(request_id=req.id, document=req.document, turn_index=req.turn_index, warm=t.warm,
@@ -88,5 +95,5 @@ def measured_fields(s: Scenario, t: TrialSpec, out: TrialOutput, timeline: Trial
     if s.budget is not None and row["kv_device_peak_bytes"] > s.budget:
         row["status"] = Status.OVER_BUDGET
         row["message"] = f"device KV peak {row['kv_device_peak_bytes']} bytes > budget {int(s.budget)} bytes"
-    row["notes"] = {**{f"{k}_samples": v for k, v in sampler_notes.items()}, **out.notes}
+    row["notes"] = {**{f"{k}_samples": v for k, v in sampler_notes.items()}, **notes}
     return row

@@ -350,8 +350,8 @@ def _preparing(sc: Scenario, where: Path) -> Iterator[None]:
 
 def _prepare_server(sc: Scenario, rundir: RunDir, where: Path, progress: RunProgress) -> tuple[Any, int]:
     """The tokenizer and the requests of a server run (its servers start per mode, in the sweep)."""
+    from kvbench.bench.executor import LocalExecutor
     from kvbench.bench.servers.engine import load_server_engine
-    from kvbench.bench.servers.sweep import ServerExecutor
     from kvbench.scenario.programs import server_problems
 
     if problems := server_problems(sc):
@@ -365,7 +365,7 @@ def _prepare_server(sc: Scenario, rundir: RunDir, where: Path, progress: RunProg
                   f"{sc.repeats} repeats, load {sc.load_spec.profile} at "
                   f"concurrency {', '.join(map(str, sc.load_spec.levels))}")
     progress.info(f"results: {rundir.path}")
-    return ServerExecutor(engine), 0
+    return LocalExecutor(sc, engine, rundir.meta.get("environment"), reference=engine.reference), 0
 
 
 def _note_executor(rundir: RunDir, entry: dict[str, Any], **fields: Any) -> None:

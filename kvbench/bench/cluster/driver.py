@@ -37,6 +37,7 @@ from kvbench.bench.cluster.logs import RunLogs, salvage_folders, stop_workers
 from kvbench.bench.cluster.lost import logs_lost_reason, lost_entry, lost_row, lost_warning
 from kvbench.bench.cluster.placement import WorkerKind, worker_kinds
 from kvbench.bench.cluster.pool import Worker, kill_workers, start_kinds, start_workers
+from kvbench.bench.plan import divisible
 from kvbench.bench.trial import plan_trials
 from kvbench.errors import SweepIncomplete
 from kvbench.results.rows import retry_due
@@ -156,7 +157,7 @@ class RayExecutor:
         return trial_id[:-len(suffix)] if trial_id.endswith(suffix) else None
 
     def _units(self) -> list[_Unit]:
-        if self.s.engine.server or self.s.workload.reuse or self.s.searched is not None:
+        if not divisible(self.s):
             return [_Unit(k, None) for k in self.kinds]
         points = [list(g) for _, g in itertools.groupby(plan_trials(self.s),
                                                         key=lambda t: (t.prompt_tokens, t.batch_size))]

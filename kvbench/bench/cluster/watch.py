@@ -107,7 +107,7 @@ class EngineWatch:
 
     def start_row(self, t: Any) -> dict[str, Any]:
         """The row of measured request ``t`` (a :class:`~kvbench.bench.trial.ServerTrial`) before it has a reply."""
-        from kvbench.bench.servers.row import request_row
+        from kvbench.bench.servers.sweep import request_row
 
         return request_row(self.engine.s, self.engine, t, None, None)
 

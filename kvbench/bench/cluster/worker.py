@@ -96,20 +96,20 @@ class TrialWorker:
         self.env = environment(device)
         self.where = where_fields(self.env, worker=ray.get_runtime_context().get_actor_id())
         self.node = ray.get_runtime_context().get_node_id()
+        from kvbench.bench.executor import LocalExecutor
+
         if self.s.engine.server:
             from kvbench.bench.servers.engine import load_server_engine
-            from kvbench.bench.servers.sweep import ServerExecutor
 
             # the servers' logs, on this worker's disk; made at the first unit, so a worker that never runs one
             # (it failed to load, or was stopped while starting) leaves nothing behind
             self._root = Path(tempfile.gettempdir()) / f"{FOLDER_PREFIX}{os.getpid()}-{secrets.token_hex(6)}"
             engine = load_server_engine(self.s, self._root)
-            self.executor: Any = ServerExecutor(engine)
+            self.executor: Any = LocalExecutor(self.s, engine, self.env, reference=engine.reference)
             self._shipper = LogShipper(self._root)
             self._watch = EngineWatch(engine, self._shipper, self.where)
         else:
             from kvbench.bench.engines.transformers import load_engine
-            from kvbench.bench.executor import LocalExecutor
 
             engine = load_engine(self.s, self.env)
             self.executor = LocalExecutor(self.s, engine, self.env)

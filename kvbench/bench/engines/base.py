@@ -29,7 +29,8 @@ class TrialOutput:
         t_start: clock reading (seconds, ``time.perf_counter``) when the trial's timed window began: the request
             sent, the prefill (or, for a warm trial, the restore) started.
         token_times: one clock reading per generated step (seconds, same clock), when its tokens were out.
-        ids: the generated ids, ``[batch][steps]``.
+        ids: the generated ids, ``[batch][steps]``; None where the engine does not return them (a server that
+            withholds some: ``output_sha256`` then says what it generated).
         prompt_sha256: sha256 hex of the prompts as the engine fed them (for the ``none`` reference).
         memory: the KV peaks in bytes: ``kv_device_peak_bytes``, ``kv_host_peak_bytes``, ``kv_stored_peak_bytes``
             (every tier, each token once).
@@ -39,17 +40,27 @@ class TrialOutput:
         top2_gaps: the gap between the two largest logits at each step (batch row 0), when asked for.
         fields: the engine's own row fields (disk tier, transfers, allocator peaks...), in row order.
         notes: why some of ``fields`` are None, by field name.
+        chunk_times: a streamed reply's clock reading per chunk that carried tokens (the ITL's gaps are between
+            chunks); None: every step came on its own.
+        output_sha256: the digest to compare outputs by where it is not the ids' (a server's: the sha256 hex of
+            its text, since a server may withhold the id of a token that ends inside a UTF-8 character); None: the
+            ids' digest (:func:`kvbench.bench.row.ids_digest`).
+        not_compared: why this output is not compared with (nor taken as) the ``none`` reference (a cold
+            request that reused cached tokens), or None.
     """
 
     t_start: float
     token_times: list[float]
-    ids: list[list[int]]
+    ids: list[list[int]] | None
     prompt_sha256: str
     memory: dict[str, int]
     reuse: dict[str, Any] | None = None
     top2_gaps: list[float] | None = None
     fields: dict[str, Any] = field(default_factory=dict)
     notes: dict[str, str] = field(default_factory=dict)
+    chunk_times: list[float] | None = None
+    output_sha256: str | None = None
+    not_compared: str | None = None
 
 
 class Watch(Protocol):

@@ -21,7 +21,9 @@ import httpx
 import numpy as np
 import orjson
 
+from kvbench.bench.engines.base import TrialOutput
 from kvbench.bench.reference import Reference
+from kvbench.bench.row import ids_digest
 from kvbench.bench.servers.client import Reply, complete_llamacpp, complete_openai
 from kvbench.bench.servers.http import get_page, get_page_async, server_client, unreachable
 from kvbench.bench.servers.metrics import measured_deltas
@@ -326,6 +328,53 @@ class ServerEngine:
         while ids[0] in firsts:
             ids[0] = (ids[0] + 1) % self.vocab_size
         return ids
+
+    def describe(self, t: ServerTrial) -> dict[str, Any]:
+        """The engine's fields every request's row has, whatever its status (see
+        :meth:`kvbench.bench.engines.base.Engine.describe`): the server's device; no dtype or KV prediction."""
+        return {"device": self.device_name, "dtype": None, "kv_bytes_predicted": None}
+
+    def request_fields(self, t: ServerTrial) -> dict[str, Any]:
+        """The request's own fields every row of ``t`` has: its id, conversation, turn, whether it may reuse, the
+        engine, the load profile and level, the prompt tokens an earlier request held
+        (``reusable_prompt_tokens``) and the prompt's digest."""
+        req = t.request
+        return {
+            "request_id": req.id, "document": req.document, "turn_index": req.turn_index, "warm": t.warm,
+            "engine": self.kind, "load_profile": self.s.load_spec.profile, "concurrency": t.concurrency,
+            "reusable_prompt_tokens": self.reusable.get(req.id), "prompt_sha256": ids_digest([list(req.ids)])}
+
+    def output(self, t: ServerTrial, reply: Reply, first: bool = False) -> TrialOutput:
+        """A server's reply to request ``t`` as the row builder takes it (:func:`kvbench.bench.row.measured_fields`):
+        its timestamps (per token and per chunk), its ids where the server returned them, its text's digest (the
+        output every request of a server run is compared by), the cached prompt tokens it reported as the reuse
+        reading, and the server's own fields. ``first``: the first request this server answered, whose cached
+        tokens must be 0 (``cold_verified``). A cold preset's request that reused tokens is ``contaminated`` and
+        is neither compared with nor taken as the reference."""
+        req = t.request
+        cached, reusable = reply.cached_tokens, self.reusable.get(req.id)
+        contaminated = bool(self.preset(t.mode).cold and cached)
+        notes = {}
+        if cached is None:
+            notes["cached_prompt_tokens"] = "the server does not report cached prompt tokens"
+        if reply.prompt_tokens is not None and reply.prompt_tokens != len(req.ids):
+            notes["server_prompt_tokens"] = (f"the server counted {reply.prompt_tokens} prompt tokens, kvbench sent "
+                                             f"{len(req.ids)}")
+        return TrialOutput(
+            t_start=reply.t_sent, token_times=reply.token_times, chunk_times=reply.chunk_times,
+            ids=[reply.ids] if reply.ids is not None else None, prompt_sha256=ids_digest([list(req.ids)]),
+            output_sha256=reply.text_sha256, memory={},
+            reuse={"tokens_restored": cached, "tokens_prefilled": len(req.ids) - cached if cached is not None else None,
+                   "store_hit_rate": min(1.0, cached / reusable) if cached is not None and reusable else None},
+            fields={"cached_prompt_tokens": cached, "server_prompt_tokens": reply.prompt_tokens,
+                    "cached_prompt_share": cached / len(req.ids) if cached is not None and req.ids else None,
+                    "server_tpot_s": reply.server_timings.get("per_token_s"),
+                    "server_prompt_s": reply.server_timings.get("prompt_s"), "stop_reason": reply.stop_reason,
+                    "contaminated": contaminated,
+                    "cold_verified": (cached == 0) if first and cached is not None else None},
+            notes=notes,
+            not_compared=(f"a cold mode's request reused {cached} cached prompt tokens: not taken as the reference"
+                          if contaminated else None))
 
     def trials(self, mode: Any, repeat: int, requests: Sequence[Any], concurrency: int = 1) -> list[ServerTrial]:
         """The trials of ``requests`` in ``mode`` and ``repeat`` at ``concurrency`` (warm unless the preset is

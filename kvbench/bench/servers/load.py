@@ -72,6 +72,14 @@ class Outcome:
     error: BaseException | None = None
 
 
+def load_fields(profile: str, outcome: Outcome) -> dict[str, float]:
+    """A sent request's row fields of the load: ``arrival_s`` and ``start_s`` (seconds from the load's start) and
+    ``queue_s`` (start − arrival). One at a time (``sequential``) a request arrives when it is sent: it never
+    queues."""
+    arrival = outcome.start_s if profile == "sequential" else outcome.arrival_s
+    return {"arrival_s": arrival, "start_s": outcome.start_s, "queue_s": max(0.0, outcome.start_s - arrival)}
+
+
 def poisson_arrivals(n: int, rate: float, seed: int) -> list[float]:
     """The first ``n`` arrival times (seconds from the start, increasing, the first > 0) of a Poisson process of
     ``rate`` requests per second: cumulative sums of exponential gaps drawn from ``numpy.random.default_rng(seed)``,

@@ -27,40 +27,14 @@ from kvbench.bench.servers import load as load_profiles
 from kvbench.bench.servers.engine import ModeServer, ServerEngine
 from kvbench.bench.servers.process import ServerExited, ServerStartError
 from kvbench.bench.servers.stream import ServerReplyError
-from kvbench.bench.servers.row import request_row
 from kvbench.bench.servers.telemetry import ProcessTree, ServerWatch
 from kvbench.bench.servers.tiers import files_bytes
-from kvbench.bench.reuse import note_requests
+from kvbench.bench.row import base_row, measured_fields
+from kvbench.bench.servers.client import Reply
 from kvbench.bench.roles import Record
 from kvbench.bench.trial import ServerTrial, reference_first
 from kvbench.results.rows import Status
 from kvbench.scenario import Scenario
-
-
-class ServerExecutor:
-    """The executor of a server run for :class:`~kvbench.bench.sweep.Recorder`: the engine, and the ``none``
-    reference taken from a resumed run's rows. Its requests are sent by :func:`server_sweep`, not one by one."""
-
-    def __init__(self, engine: ServerEngine):
-        self.engine = engine
-        self.last_samples: list[dict[str, Any]] = []
-
-    def sweep(self, scenario: Scenario, record: Record, trials: None = None) -> None:
-        """Send the scenario's requests (:func:`server_sweep`; the requests noted in run.json). ``trials``: a
-        server run is one unit of work (always None)."""
-        note_requests(record.run, self.engine.source)
-        server_sweep(scenario, record, self.engine)
-
-    def remember(self, rows: Sequence[dict[str, Any]]) -> None:
-        """Take earlier rows' ``none`` outputs as the reference (uncontaminated ones only)."""
-        self.engine.reference.remember([r for r in rows if not r.get("contaminated")])
-
-    def release(self) -> None:
-        """Nothing to release: each mode's server is stopped after its requests."""
-
-    def run(self, t: Any) -> dict[str, Any]:
-        """Not used: a server run's requests go through :func:`server_sweep`."""
-        raise TypeError("a server run sends its requests through server_sweep")
 
 
 def mode_order(modes: Sequence[Any], repeat: int) -> list[Any]:
@@ -205,6 +179,25 @@ async def _requests(s: Scenario, record: Record, engine: ServerEngine, srv: Mode
                                   **(watch.stop() if watch is not None else {})})
         for f in written:  # the first row that could not be written (disk full...) stops the sweep
             f.result()
+
+
+def request_row(s: Scenario, engine: ServerEngine, t: ServerTrial, reply: Reply | None,
+                outcome: load_profiles.Outcome | None, first: bool = False) -> dict[str, Any]:
+    """The row of request ``t``: the fields every row has (:func:`~kvbench.bench.row.base_row` and the request's
+    own, :meth:`ServerEngine.request_fields`), the load's (``outcome``, None when the request was never sent:
+    :func:`~kvbench.bench.servers.load.load_fields`), and with a ``reply`` what it measured, built by the row
+    builder every engine's trials go through (:func:`~kvbench.bench.row.measured_fields`, from
+    :meth:`ServerEngine.output`; ``first``: the first request this server answered).
+
+    Raises:
+        RuntimeError: the server generated another number of tokens than ``max_new_tokens``.
+    """
+    row = {**base_row(s, t, engine.describe(t)), **engine.request_fields(t)}
+    if outcome is not None:
+        row.update(load_profiles.load_fields(s.load_spec.profile, outcome))
+    if reply is not None:
+        row.update(measured_fields(s, t, engine.output(t, reply, first), None, {}, {}, engine.reference))
+    return row
 
 
 class _Flight:
