@@ -118,7 +118,9 @@ class Engine(Protocol):
         ...
 
     def release(self) -> None:
-        """Give back memory earlier trials left, before a new shape's warm-up."""
+        """Give back memory earlier trials left, before a new shape's warm-up. Optional: an engine without
+        memory of its own to give back (a server engine, whose server stops after each mode) has none, and
+        :meth:`LocalExecutor.release <kvbench.bench.executor.LocalExecutor.release>` skips it."""
         ...
 
     def reuse_round(self, modes: Sequence[Any]) -> AbstractContextManager[None]:
