@@ -1,9 +1,9 @@
 """Overhead of kvbench's llama-server client: the inter-token latency the client measures ÷ the server's own time per
 generated token, per request and as the median over requests (target: median ≤ 1.05 at concurrency 1).
 
-Starts llama-server (kvbench.bench.servers.process.ServerProcess, 127.0.0.1 at a free port) on the SmolLM2-135M GGUF
+Starts llama-server (kvbench.bench.engines.server.process.ServerProcess, 127.0.0.1 at a free port) on the SmolLM2-135M GGUF
 with ``-t --threads`` (default 1: the client keeps the other core of a 2-core machine), one slot and no host cache,
-and sends --requests sequential streamed requests through kvbench.bench.servers.client.complete_llamacpp: each a
+and sends --requests sequential streamed requests through kvbench.bench.engines.server.client.complete_llamacpp: each a
 distinct seeded prompt of exactly --prompt-tokens token ids, --new greedy tokens (ignore_eos), cache_prompt false.
 One unrecorded request first warms the server up. Per request:
 
@@ -36,9 +36,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from kvbench.bench.servers.client import Reply, complete_llamacpp  # noqa: E402
-from kvbench.bench.servers.engine import gguf_file  # noqa: E402
-from kvbench.bench.servers.process import ServerProcess, free_port  # noqa: E402
+from kvbench.bench.engines.server.client import Reply, complete_llamacpp  # noqa: E402
+from kvbench.bench.engines.server.engine import gguf_file  # noqa: E402
+from kvbench.bench.engines.server.process import ServerProcess, free_port  # noqa: E402
 from kvbench.errors import UserError  # noqa: E402
 from kvbench.scenario.programs import server_program  # noqa: E402
 from kvbench.scenario.servers import EngineSpec  # noqa: E402

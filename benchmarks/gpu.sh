@@ -15,8 +15,8 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,pcie.link.gen.current,pc
 "$PY" -m kvbench.cli env
 # 1. exactness on CUDA: every mode's greedy ids equal DynamicCache's on the device (tiny model, batch 4,
 #    left-padded, 40 new tokens; pinned host tier, side-stream copies); then the CPU tests of the same file
-"$PY" -m pytest -q tests/test_offload.py -k cuda -p no:cacheprovider
-"$PY" -m pytest -q tests/test_offload.py -m "not slow" -k "not cuda" -p no:cacheprovider
+"$PY" -m pytest -q tests/offload/test_offload.py -k cuda -p no:cacheprovider
+"$PY" -m pytest -q tests/offload/test_offload.py -m "not slow" -k "not cuda" -p no:cacheprovider
 # 2. Llama-3.1-8B shape, random weights, bf16, batch 8: step time vs none and hf-offloaded, H2D per step, peak KV
 timeout 420 "$PY" benchmarks/offload_overhead.py --device cuda --preset llama-3.1-8b --dtype bfloat16 \
   --batch 8 --contexts 8192 32768 --steps 8 --rounds 2 --window 2048 \

@@ -31,7 +31,7 @@ from kvbench.models import load  # noqa: E402
 from kvbench.offload.caches import OffloadedCache, kv_bytes  # noqa: E402
 from kvbench.offload.disk import DISK_BLOCK_TOKENS  # noqa: E402
 from kvbench.offload.modes import MODES, ModeUnavailable, make_cache  # noqa: E402
-from kvbench.bench.decode import Clock, cache_keyword  # noqa: E402
+from kvbench.bench.engines.decode import Clock, cache_keyword  # noqa: E402
 from kvbench.scenario import ModelSpec  # noqa: E402
 
 

@@ -61,7 +61,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import kvbench.bench.engines.transformers  # noqa: E402,F401 - imported before timing: no run pays the import
-from kvbench.bench.cluster.connect import import_ray  # noqa: E402
+from kvbench.bench.executors.ray.connect import import_ray  # noqa: E402
 from kvbench.bench.run import RunProgress, run_scenario  # noqa: E402
 from kvbench.errors import ScenarioError, UserError  # noqa: E402
 from kvbench.scenario import load_scenario  # noqa: E402

@@ -61,7 +61,7 @@ def main() -> None:
     from kvbench.offload import make_cache
     from kvbench.offload.cache_kv import restore, sequence_kv
     from kvbench.offload.store import KVStore
-    from kvbench.bench.decode import Clock, greedy_decode
+    from kvbench.bench.engines.decode import Clock, greedy_decode
     from kvbench.scenario import ModelSpec
     from kvbench.workloads import sharegpt
     from kvbench.workloads.sessions import conversation_turns

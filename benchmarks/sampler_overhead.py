@@ -31,11 +31,11 @@ import math  # noqa: E402
 import statistics  # noqa: E402
 
 from kvbench.models import LoadedModel, load  # noqa: E402
-from kvbench.bench.monitor import Sampler  # noqa: E402
+from kvbench.bench.telemetry.monitor import Sampler  # noqa: E402
 from kvbench.offload.modes import make_cache  # noqa: E402
-from kvbench.bench.decode import Clock, greedy_decode, left_pad  # noqa: E402
+from kvbench.bench.engines.decode import Clock, greedy_decode, left_pad  # noqa: E402
 from kvbench.bench.engines.transformers import TransformersEngine  # noqa: E402
-from kvbench.bench.executor import LocalExecutor  # noqa: E402
+from kvbench.bench.executors.local import LocalExecutor  # noqa: E402
 from kvbench.bench.trial import TrialSpec  # noqa: E402
 from kvbench.scenario import ScenarioError, parse_scenario  # noqa: E402
 from kvbench.workloads import SyntheticSource  # noqa: E402

@@ -51,7 +51,7 @@ def __getattr__(name: str) -> Any:
 def plan(model: str, **options: Any) -> Any:
     """What ``kvbench plan`` computes (:func:`kvbench.report.plan.plan`: KV per sequence, the largest batch per
     mode, a decode-step roofline) with this machine's last measured host→device bandwidth
-    (:func:`kvbench.bench.machine.last_link_probe`, saved by ``kvbench env``) unless ``link_gbps`` is given.
+    (:func:`kvbench.bench.telemetry.machine.last_link_probe`, saved by ``kvbench env``) unless ``link_gbps`` is given.
 
     Args:
         model: a preset (``kvbench list presets``), a config.json or a model directory.
@@ -64,7 +64,7 @@ def plan(model: str, **options: Any) -> Any:
     Raises:
         kvbench.errors.UserError: a model that cannot be found or read, or a figure out of range.
     """
-    from kvbench.bench.machine import last_link_probe
+    from kvbench.bench.telemetry.machine import last_link_probe
     from kvbench.report.plan import plan as plan_model
 
     return plan_model(model, **{"link_probe": last_link_probe, **options})

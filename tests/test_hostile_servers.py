@@ -20,14 +20,14 @@ import yaml
 from typer.testing import CliRunner
 
 import kvbench
-from kvbench.bench.servers.client import ServerReplyError, complete_llamacpp
-from kvbench.bench.servers.process import probe_output
-from kvbench.bench.servers.stream import sse_lines
+from kvbench.bench.engines.server.client import ServerReplyError, complete_llamacpp
+from kvbench.bench.engines.server.process import probe_output
+from kvbench.bench.engines.server.stream import sse_lines
 from kvbench.cli import app
 from kvbench.errors import ServerConfigRefused
 from kvbench.scenario import load_scenario
 from kvbench.scenario.programs import consent_needed
-from test_server_engine import FAKE, nothing_left_running, record, rows, run, scenario  # noqa: F401
+from fake_servers import FAKE, nothing_left_running, record, rows, run, scenario  # noqa: F401
 
 BASE = "http://127.0.0.1:8080"
 WORKLOAD = {"source": "sharegpt", "n_prompts": 2, "seed": 0}
@@ -191,7 +191,7 @@ HOSTILE = {"FAKE_ENDLESS": 1, "FAKE_PINGS": 2, "FAKE_GIANT_LINE": 3, "FAKE_SEPAR
 @pytest.fixture(scope="module")
 def hostile(tmp_path_factory) -> Path:
     """A run on fake servers behaving as :data:`HOSTILE` says (2 modes × 4 requests): its run directory."""
-    from test_server_engine import fake_env
+    from fake_servers import fake_env
 
     tmp = tmp_path_factory.mktemp("hostile")
     with fake_env(tmp / "record.jsonl"):

@@ -84,8 +84,8 @@ def test_the_walk_finds_a_circle_it_is_shown():
 
 def test_the_graph_sees_type_only_and_function_level_imports():
     graph = import_graph()
-    assert "kvbench.bench.roles" in graph["kvbench.bench.sweep"]  # module level
-    assert "kvbench.bench.executor" in graph["kvbench.bench.run"]  # inside a function
+    assert "kvbench.bench.roles" in graph["kvbench.bench.plans.sweep"]  # module level
+    assert "kvbench.bench.executors.local" in graph["kvbench.bench.run"]  # inside a function
     assert "kvbench.models" in graph["kvbench.scenario.checks"]  # inside a function, through the package
 
 

@@ -1,4 +1,4 @@
-"""Capacity results as a table: per offload mode the capacity the search (:mod:`kvbench.bench.capacity`) found,
+"""Capacity results as a table: per offload mode the capacity the search (:mod:`kvbench.bench.plans.capacity`) found,
 with the measured figures at that point."""
 
 from __future__ import annotations

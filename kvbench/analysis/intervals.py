@@ -220,7 +220,7 @@ def judge(pairs: int, busy_trials: int, load_unknown: int, low: float, high: flo
     - ``units`` (how many independent units the pairs come from, and their name: conversations, documents,
       concurrent loads) fewer than :data:`MIN_PAIRS`: ``"inconclusive: 3 conversations, need 5"`` (pairs drawn
       from 3 conversations are 3 observations, not 12);
-    - a trial of its pairs ran while the machine was busy (:mod:`kvbench.bench.machine_load`): ``"inconclusive: the
+    - a trial of its pairs ran while the machine was busy (:mod:`kvbench.bench.telemetry.machine_load`): ``"inconclusive: the
       machine was busy during 7 of 10 trials"``; or its load is unknown (older runs, a window too short to tell);
     - no interval (not computed): ``"inconclusive: no interval"``;
     - the interval ``[low, high]`` contains ``no_change`` (1 for a ratio, 0 for a percentage):

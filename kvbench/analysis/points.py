@@ -74,7 +74,7 @@ def point_table(trials: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> pd.D
     (trial fields ``plan_*``): ``kv_device_vs_plan`` (device KV peak), ``link_vs_plan`` (host→device bytes per
     decode step, ``h2d_bytes_per_step``) and ``tpot_vs_plan`` (TPOT vs the roofline's step time) — NaN where the
     trials carry no prediction (older runs, modes plan does not model, bandwidths not measured).
-    Reuse trials (:mod:`kvbench.bench.reuse`: cold and warm runs of one request share a prompt length and batch) are
+    Reuse trials (:mod:`kvbench.bench.plans.reuse`: cold and warm runs of one request share a prompt length and batch) are
     left out; :func:`kvbench.analysis.reuse.reuse_table` is their table.
     """
     df = trials[trials["warm"].isna()] if "warm" in trials else trials

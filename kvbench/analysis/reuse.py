@@ -1,5 +1,5 @@
 """Reuse workloads' tables: per request of a multi-turn or document-QA stream, recompute (cold) against restore
-(warm) per mode, paired, from the trials :mod:`kvbench.bench.reuse` records; ``kvbench report`` and ``kvbench cost``
+(warm) per mode, paired, from the trials :mod:`kvbench.bench.plans.reuse` records; ``kvbench report`` and ``kvbench cost``
 read them."""
 
 from __future__ import annotations
@@ -166,7 +166,7 @@ def _paired_ttft(warm: pd.DataFrame, cold: pd.DataFrame) -> dict[str, Any]:
 def ids_verdict(ok: pd.DataFrame) -> Any:
     """Of measured reuse trials: True when every trial's ids equal the reference (``none`` recomputing the
     request); "near tie" when the only divergences are acceptable ones (see
-    :data:`kvbench.bench.reference.ACCEPTABLE_GAP`); False for any other divergence; None when nothing was compared."""
+    :data:`kvbench.bench.rows.reference.ACCEPTABLE_GAP`); False for any other divergence; None when nothing was compared."""
     m = ok["tokens_match"]
     if m.isna().all():
         return None

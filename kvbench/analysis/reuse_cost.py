@@ -1,4 +1,4 @@
-"""What reuse saves, with its interval: the requests of a reuse workload (:mod:`kvbench.bench.reuse`) served by recomputing
+"""What reuse saves, with its interval: the requests of a reuse workload (:mod:`kvbench.bench.plans.reuse`) served by recomputing
 every prompt (cold) and by restoring stored prefixes (warm), priced per 1M generated tokens (:mod:`kvbench.analysis.cost`).
 
 The saving is the workload's: Σ generated tokens ÷ Σ e2e seconds on each side, one request at a time. Its 95%

@@ -1,5 +1,5 @@
 """The roles the sweep's pieces play for each other, as protocols: the :class:`Executor` the sweep drives, the
-:class:`TrialRunner` a :class:`~kvbench.bench.sweep.Recorder` runs one trial on, and the :class:`Record` a plan
+:class:`TrialRunner` a :class:`~kvbench.bench.plans.sweep.Recorder` runs one trial on, and the :class:`Record` a plan
 writes its trials through. The modules that play them import this one, never each other, so there is no import
 circle between the sweep, the executors and the plans."""
 
@@ -14,7 +14,7 @@ from kvbench.scenario import Scenario
 
 
 class Executor(Protocol):
-    """What the sweep (:mod:`kvbench.bench.sweep`) drives.
+    """What the sweep (:mod:`kvbench.bench.plans.sweep`) drives.
 
     Attributes:
         engine: the engine (or a stand-in for remote ones: its ``source``, the workload's requests, and
@@ -24,7 +24,7 @@ class Executor(Protocol):
     engine: Any
 
     def sweep(self, scenario: Scenario, record: Any, trials: Sequence[TrialSpec] | None = None) -> None:
-        """Run every trial of ``scenario`` not yet in ``record`` (a :class:`~kvbench.bench.sweep.Recorder`),
+        """Run every trial of ``scenario`` not yet in ``record`` (a :class:`~kvbench.bench.plans.sweep.Recorder`),
         writing each row through it as its trial ends; ``trials``: only these of a planned sweep (in their
         order; a cluster worker's unit of work). KeyboardInterrupt is not caught.
 
@@ -39,7 +39,7 @@ class Executor(Protocol):
 
 
 class TrialRunner(Protocol):
-    """What :meth:`Recorder.__call__ <kvbench.bench.sweep.Recorder.__call__>` runs one trial on (a
+    """What :meth:`Recorder.__call__ <kvbench.bench.plans.sweep.Recorder.__call__>` runs one trial on (a
     :class:`LocalExecutor`).
 
     Attributes:
@@ -63,8 +63,8 @@ class TrialRunner(Protocol):
 
 
 class Record(Protocol):
-    """What the plans (:mod:`kvbench.bench.reuse`, :func:`kvbench.bench.servers.sweep.server_sweep`) run their
-    trials through: the run's :class:`~kvbench.bench.sweep.Recorder`.
+    """What the plans (:mod:`kvbench.bench.plans.reuse`, :func:`kvbench.bench.plans.server.server_sweep`) run their
+    trials through: the run's :class:`~kvbench.bench.plans.sweep.Recorder`.
 
     Attributes:
         run: the run directory (:class:`~kvbench.results.run_dir.RunDir`, or a cluster worker's stand-in): its

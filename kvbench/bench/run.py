@@ -244,8 +244,8 @@ def _run(sc: Scenario, rundir: RunDir | None, where: Path, out: Path, progress: 
     sweep, summarise."""
     import psutil
 
-    from kvbench.bench.capacity import device_problem
-    from kvbench.bench.machine import environment
+    from kvbench.bench.plans.capacity import device_problem
+    from kvbench.bench.telemetry.machine import environment
     from kvbench.models import resolve_device
 
     if cluster:  # the driver: each worker probes its own machine and device
@@ -304,7 +304,7 @@ def _prepare(sc: Scenario, rundir: RunDir, where: Path, progress: RunProgress,
              cluster: bool = False) -> tuple[Any, int | None]:
     """Load the model and the workload, check every trial can be built; the executor and the weights' bytes."""
     from kvbench.bench.engines.transformers import load_engine
-    from kvbench.bench.executor import LocalExecutor
+    from kvbench.bench.executors.local import LocalExecutor
     if cluster:
         return _prepare_cluster(sc, rundir, where, progress)
     if sc.engine.server:
@@ -350,8 +350,8 @@ def _preparing(sc: Scenario, where: Path) -> Iterator[None]:
 
 def _prepare_server(sc: Scenario, rundir: RunDir, where: Path, progress: RunProgress) -> tuple[Any, int]:
     """The tokenizer and the requests of a server run (its servers start per mode, in the sweep)."""
-    from kvbench.bench.executor import LocalExecutor
-    from kvbench.bench.servers.engine import load_server_engine
+    from kvbench.bench.executors.local import LocalExecutor
+    from kvbench.bench.engines.server.engine import load_server_engine
     from kvbench.scenario.programs import server_problems
 
     if problems := server_problems(sc):
@@ -379,8 +379,8 @@ def _note_executor(rundir: RunDir, entry: dict[str, Any], **fields: Any) -> None
 
 
 def _prepare_cluster(sc: Scenario, rundir: RunDir, where: Path, progress: RunProgress) -> tuple[Any, int | None]:
-    """Join the Ray cluster and start its workers, each loading the model (:mod:`kvbench.bench.cluster`)."""
-    from kvbench.bench.cluster.driver import start_cluster
+    """Join the Ray cluster and start its workers, each loading the model (:mod:`kvbench.bench.executors.ray`)."""
+    from kvbench.bench.executors.ray.driver import start_cluster
 
     with progress.loading(f"starting Ray workers for {sc.model.label}"), _preparing(sc, where):
         executor = start_cluster(sc, str(where), sc.executor.address, progress)
@@ -399,7 +399,7 @@ def _prepare_cluster(sc: Scenario, rundir: RunDir, where: Path, progress: RunPro
 def _sweep(sc: Scenario, rundir: RunDir, executor: Any, weights_bytes: int | None, created: bool,
            progress: RunProgress) -> RunResult:
     """Run the sweep; a results file that cannot be written stops the run (:class:`RunStopped`)."""
-    from kvbench.bench.sweep import run_sweep
+    from kvbench.bench.plans.sweep import run_sweep
 
     source = executor.engine.source
     planned = planned_count(sc, len(source.requests) if sc.workload.reuse or sc.engine.server else 0)

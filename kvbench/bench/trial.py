@@ -1,14 +1,15 @@
 """What trials a scenario has and in which order: :class:`TrialSpec` (one point of a sweep), :class:`ReuseTrial`
 (one request of a reuse workload), :func:`reference_first` (the ``none`` reference before the other modes) and
-:func:`plan_trials` (a planned sweep's trials in run order)."""
+:func:`plan_trials` (a planned sweep's trials in run order), :func:`bounds` (a capacity search's range) and
+:class:`TrialOutput` (what an engine hands back for one trial)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from kvbench.scenario import Scenario
+from kvbench.scenario import CAPACITY_DEFAULTS, CapacitySpec, Scenario
 
 
 @dataclass(frozen=True)
@@ -122,3 +123,56 @@ def planned_count(s: Scenario, n_requests: int = 0) -> int | None:
     if s.workload.reuse:
         return n_requests * len(s.modes) * 2 * s.repeats
     return None if s.searched else len(plan_trials(s))
+
+def bounds(s: Scenario, longest_prompt: int) -> tuple[int, int, int]:
+    """``(start, limit, resolution)`` of the scenario's search from its ``capacity`` section and the defaults
+    (:data:`kvbench.scenario.CAPACITY_DEFAULTS`); ``longest_prompt`` is the model's (max positions − new tokens),
+    the default limit of a prompt-length search. ``start`` is capped at ``limit``."""
+    if s.searched is None:
+        raise ValueError(f"scenario {s.name} has no auto field to search")
+    cap = s.capacity or CapacitySpec()
+    start, resolution = CAPACITY_DEFAULTS[s.searched]
+    limit = cap.max or (s.workload.n_prompts if s.searched == "batch_size" else longest_prompt)
+    return min(cap.start or start, limit), limit, cap.resolution or resolution
+
+
+@dataclass
+class TrialOutput:
+    """What one trial measured, as an engine hands it back.
+
+    Attributes:
+        t_start: clock reading (seconds, ``time.perf_counter``) when the trial's timed window began: the request
+            sent, the prefill (or, for a warm trial, the restore) started.
+        token_times: one clock reading per generated step (seconds, same clock), when its tokens were out.
+        ids: the generated ids, ``[batch][steps]``; None where the engine does not return them (a server that
+            withholds some: ``output_sha256`` then says what it generated).
+        prompt_sha256: sha256 hex of the prompts as the engine fed them (for the ``none`` reference).
+        memory: the KV peaks in bytes: ``kv_device_peak_bytes``, ``kv_host_peak_bytes``, ``kv_stored_peak_bytes``
+            (every tier, each token once).
+        reuse: a reuse trial's reading of what was restored (``tokens_restored``, ``tokens_prefilled``,
+            ``store_hit_rate``, ``restore_host_bytes``, ``restore_disk_bytes``); None when nothing was (a cold
+            trial).
+        top2_gaps: the gap between the two largest logits at each step (batch row 0), when asked for.
+        fields: the engine's own row fields (disk tier, transfers, allocator peaks...), in row order.
+        notes: why some of ``fields`` are None, by field name.
+        chunk_times: a streamed reply's clock reading per chunk that carried tokens (the ITL's gaps are between
+            chunks); None: every step came on its own.
+        output_sha256: the digest to compare outputs by where it is not the ids' (a server's: the sha256 hex of
+            its text, since a server may withhold the id of a token that ends inside a UTF-8 character); None: the
+            ids' digest (:func:`kvbench.bench.rows.row.ids_digest`).
+        not_compared: why this output is not compared with (nor taken as) the ``none`` reference (a cold
+            request that reused cached tokens), or None.
+    """
+
+    t_start: float
+    token_times: list[float]
+    ids: list[list[int]] | None
+    prompt_sha256: str
+    memory: dict[str, int]
+    reuse: dict[str, Any] | None = None
+    top2_gaps: list[float] | None = None
+    fields: dict[str, Any] = field(default_factory=dict)
+    notes: dict[str, str] = field(default_factory=dict)
+    chunk_times: list[float] | None = None
+    output_sha256: str | None = None
+    not_compared: str | None = None

@@ -20,7 +20,7 @@ def env_(
 
     import re
 
-    from kvbench.bench.machine import probe_machine, save_link_probe
+    from kvbench.bench.telemetry.machine import probe_machine, save_link_probe
 
     if not re.fullmatch(r"auto|cpu|cuda|cuda:\d+", device):
         _fail(f"--device: must be auto, cpu, cuda or cuda:N (got {device!r})")

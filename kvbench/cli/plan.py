@@ -30,7 +30,7 @@ def plan(
     gpu_price: Optional[float] = typer.Option(None, "--gpu-price", help="USD per GPU-hour: adds cost per 1M tokens."),
 ) -> None:
     """Analytic KV footprint, the largest batch per mode and a decode-step roofline for a model config (no GPU)."""
-    from kvbench.bench.machine import last_link_probe
+    from kvbench.bench.telemetry.machine import last_link_probe
     from kvbench.report import plan as rp
 
     warnings.showwarning = _show_warning

@@ -5,7 +5,7 @@ A row is a JSON object. Units are in the names: ``_s`` seconds, ``_bytes`` bytes
 ``_percent`` percent of one CPU (or of the device), ``_tokens`` tokens. Columns marked for some modes are absent
 from other modes' rows, and a trial that did not run (``skipped``, ``error``) has only the columns that say what
 it was and why. The README's field table ("What a trial measures") documents :data:`TRIAL_COLUMNS` in the same
-order; ``tests/test_rows.py`` holds the two together.
+order; ``tests/results/test_rows.py`` holds the two together.
 """
 
 from __future__ import annotations
@@ -269,7 +269,7 @@ class Metric:
     inference_perf: str
 
 
-#: The metric dictionary (README "Metric dictionary", held to it by ``tests/test_rows.py``): per-request columns of
+#: The metric dictionary (README "Metric dictionary", held to it by ``tests/results/test_rows.py``): per-request columns of
 #: the trial row, then a server run's per-mode figures (``server_load.csv``, ``goodput.csv``).
 METRICS = (
     Metric("ttft_s", "seconds", "request sent (a slot restore before it included) → first generated token",

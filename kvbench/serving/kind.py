@@ -3,7 +3,7 @@ its presets (named server configurations), how its server is started and what fl
 which flags need the user's consent, how requests reach it, the ``/metrics`` counters it exports, and where its
 host KV tier's size is read from.
 
-Nothing here starts a program or opens a socket: the running code (:mod:`kvbench.bench.servers`) reads these
+Nothing here starts a program or opens a socket: the running code (:mod:`kvbench.bench.engines.server`) reads these
 declarations, and so does the scenario's validation (:mod:`kvbench.scenario.servers`).
 """
 

@@ -1,4 +1,4 @@
-"""A stand-in for a serving engine in tests of :mod:`kvbench.bench.servers.process`.
+"""A stand-in for a serving engine in tests of :mod:`kvbench.bench.engines.server.process`.
 
 Listens with Python's http.server on ``--host``/``--port``; GET /health answers 503 for ``--loading-s`` seconds
 after start, then 200 ``{"status":"ok"}``. ``--fail MSG`` prints MSG on stderr and exits with status 3 at once;

@@ -1,9 +1,9 @@
 """The engine seam: what the sweep asks of whatever runs a trial, and what it hands back.
 
-An engine runs one trial (:class:`~kvbench.bench.trial.TrialSpec`) and returns a :class:`TrialOutput`: the
+An engine runs one trial (:class:`~kvbench.bench.trial.TrialSpec`) and returns a :class:`~kvbench.bench.trial.TrialOutput`: the
 token timestamps, the generated ids, the prompt's digest, memory readings and its own row fields. The sweep
 (ordering, warm-up, resume, capacity search, the ``none`` reference, recording) only sees this protocol, through
-an executor (:mod:`kvbench.bench.executor`), and builds the row (:mod:`kvbench.bench.row`).
+an executor (:mod:`kvbench.bench.executors.local`), and builds the row (:mod:`kvbench.bench.rows.row`).
 
 The protocol is shaped for two kinds of engine: in-process (:mod:`kvbench.bench.engines.transformers`: a cache
 object, a decode loop, this process's memory) and a server reached over HTTP (no cache object; it streams chunks
@@ -15,52 +15,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from kvbench.bench.trial import ReuseTrial, TrialSpec
+from kvbench.bench.trial import ReuseTrial, TrialOutput, TrialSpec
 
-
-@dataclass
-class TrialOutput:
-    """What one trial measured, as an engine hands it back.
-
-    Attributes:
-        t_start: clock reading (seconds, ``time.perf_counter``) when the trial's timed window began: the request
-            sent, the prefill (or, for a warm trial, the restore) started.
-        token_times: one clock reading per generated step (seconds, same clock), when its tokens were out.
-        ids: the generated ids, ``[batch][steps]``; None where the engine does not return them (a server that
-            withholds some: ``output_sha256`` then says what it generated).
-        prompt_sha256: sha256 hex of the prompts as the engine fed them (for the ``none`` reference).
-        memory: the KV peaks in bytes: ``kv_device_peak_bytes``, ``kv_host_peak_bytes``, ``kv_stored_peak_bytes``
-            (every tier, each token once).
-        reuse: a reuse trial's reading of what was restored (``tokens_restored``, ``tokens_prefilled``,
-            ``store_hit_rate``, ``restore_host_bytes``, ``restore_disk_bytes``); None when nothing was (a cold
-            trial).
-        top2_gaps: the gap between the two largest logits at each step (batch row 0), when asked for.
-        fields: the engine's own row fields (disk tier, transfers, allocator peaks...), in row order.
-        notes: why some of ``fields`` are None, by field name.
-        chunk_times: a streamed reply's clock reading per chunk that carried tokens (the ITL's gaps are between
-            chunks); None: every step came on its own.
-        output_sha256: the digest to compare outputs by where it is not the ids' (a server's: the sha256 hex of
-            its text, since a server may withhold the id of a token that ends inside a UTF-8 character); None: the
-            ids' digest (:func:`kvbench.bench.row.ids_digest`).
-        not_compared: why this output is not compared with (nor taken as) the ``none`` reference (a cold
-            request that reused cached tokens), or None.
-    """
-
-    t_start: float
-    token_times: list[float]
-    ids: list[list[int]] | None
-    prompt_sha256: str
-    memory: dict[str, int]
-    reuse: dict[str, Any] | None = None
-    top2_gaps: list[float] | None = None
-    fields: dict[str, Any] = field(default_factory=dict)
-    notes: dict[str, str] = field(default_factory=dict)
-    chunk_times: list[float] | None = None
-    output_sha256: str | None = None
-    not_compared: str | None = None
 
 
 class Watch(Protocol):
@@ -96,7 +54,7 @@ class Engine(Protocol):
 
     def describe(self, t: TrialSpec) -> dict[str, Any]:
         """The row fields every row of ``t`` has, whatever its status: ``device``, ``dtype``,
-        ``kv_bytes_predicted`` and the plan predictions (:mod:`kvbench.bench.predict`)."""
+        ``kv_bytes_predicted`` and the plan predictions (:mod:`kvbench.bench.engines.predict`)."""
         ...
 
     def preflight(self) -> list[str]:
@@ -120,7 +78,7 @@ class Engine(Protocol):
     def release(self) -> None:
         """Give back memory earlier trials left, before a new shape's warm-up. Optional: an engine without
         memory of its own to give back (a server engine, whose server stops after each mode) has none, and
-        :meth:`LocalExecutor.release <kvbench.bench.executor.LocalExecutor.release>` skips it."""
+        :meth:`LocalExecutor.release <kvbench.bench.executors.local.LocalExecutor.release>` skips it."""
         ...
 
     def reuse_round(self, modes: Sequence[Any]) -> AbstractContextManager[None]:

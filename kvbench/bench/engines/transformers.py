@@ -1,5 +1,5 @@
 """The in-process engine: a transformers model in this process, kvbench's own offload caches (one per trial, as
-the mode says), an explicit greedy decode loop (:mod:`kvbench.bench.decode`) and, for reuse workloads, a KV store
+the mode says), an explicit greedy decode loop (:mod:`kvbench.bench.engines.decode`) and, for reuse workloads, a KV store
 per mode (:class:`~kvbench.offload.store.KVStore`) that warm trials restore from."""
 
 from __future__ import annotations
@@ -12,12 +12,11 @@ from typing import Any
 
 import torch
 
-from kvbench.bench.capacity import bounds
-from kvbench.bench.decode import Clock, greedy_decode, left_pad, release_device_memory
-from kvbench.bench.engines.base import TrialOutput, Watch
-from kvbench.bench.host_memory import host_memory_available
-from kvbench.bench.predict import Predictor
-from kvbench.bench.trial import ReuseTrial, TrialSpec
+from kvbench.bench.engines.decode import Clock, greedy_decode, left_pad, release_device_memory
+from kvbench.bench.engines.base import Watch
+from kvbench.bench.telemetry.host_memory import host_memory_available
+from kvbench.bench.engines.predict import Predictor
+from kvbench.bench.trial import ReuseTrial, TrialOutput, TrialSpec, bounds
 from kvbench.models import LoadedModel
 from kvbench.offload.caches import DynamicOffloadCache, OffloadedCache, kv_bytes
 from kvbench.offload.modes import ModeUnavailable, make_cache
@@ -134,7 +133,7 @@ class TransformersEngine:
         return is_oom(exc)
 
     def release(self) -> None:
-        """Release device memory before a new shape (:func:`~kvbench.bench.decode.release_device_memory`)."""
+        """Release device memory before a new shape (:func:`~kvbench.bench.engines.decode.release_device_memory`)."""
         release_device_memory(self.device)
 
     @contextmanager

@@ -1,0 +1,2 @@
+"""The server engines: a server per mode started (or reached), its requests streamed, its
+``/metrics`` read."""

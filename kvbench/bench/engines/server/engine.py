@@ -1,0 +1,419 @@
+"""A serving engine as the sweep sees it: per mode (a server configuration) and repeat, a server started on
+127.0.0.1 from a cold cache, the requests sent to it, its ``/metrics`` read before and after.
+
+:class:`ServerEngine` knows the engine kinds' command lines (:func:`server_argv`), their endpoints and their
+presets (:data:`kvbench.scenario.servers.PRESETS`); the order of modes and requests, the load and the rows are the
+server sweep's (:mod:`kvbench.bench.plans.server`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import orjson
+
+from kvbench.bench.trial import TrialOutput
+from kvbench.bench.rows.reference import Reference
+from kvbench.bench.rows.row import ids_digest
+from kvbench.bench.engines.server.client import Reply, complete_llamacpp, complete_openai
+from kvbench.bench.engines.server.http import get_page, get_page_async, server_client, unreachable
+from kvbench.bench.engines.server.metrics import measured_deltas
+from kvbench.bench.engines.server.process import ServerProcess, free_port, probe_output
+from kvbench.bench.engines.server.stream import ServerReplyError, printable
+from kvbench.bench.engines.server.tiers import host_tier
+from kvbench.bench.trial import ServerTrial
+from kvbench.errors import SymlinkRefused
+from kvbench.scenario import Scenario
+from kvbench.scenario.programs import server_program
+from kvbench.scenario.servers import Preset, preset_of, size_text
+from kvbench.serving import KINDS, metrics_kind
+from kvbench.serving.kind import Launch
+
+#: Tokens of the warm-up prompt sent before a mode's requests (unrecorded; shares no prefix with them).
+WARMUP_TOKENS = 32
+#: Prompt tokens a slot holds beyond the longest request (the generated tokens come on top).
+CTX_MARGIN = 16
+
+
+@dataclass
+class Holds:
+    """The unrecorded hold requests of one server (see :func:`kvbench.bench.plans.server`'s ``_hold``): how many
+    were sent, and the ``/metrics`` scrapes just before and after each one that ran alone (no other request in
+    flight from its first scrape to its last), whose difference is that hold's own share of the counters."""
+
+    sent: int = 0
+    scrapes: list[tuple[str | None, str | None]] = field(default_factory=list)
+
+
+@dataclass
+class ModeServer:
+    """The server of one mode and repeat: ``url``, ``pid`` (None for ``openai``), its ``process``, what went into
+    run.json (``info``), the ``/metrics`` text before the requests, the conversations' slot files (``slot_files``
+    in ``slot_dir``), its configured host tier (``host_tier``: bytes and where the figure comes from,
+    :func:`kvbench.bench.engines.server.tiers.host_tier`) and its :class:`Holds`."""
+
+    url: str
+    pid: int | None
+    process: ServerProcess | None
+    preset: Preset
+    info: dict[str, Any] = field(default_factory=dict)
+    metrics_before: str | None = None
+    slot_files: dict[str, str] = field(default_factory=dict)
+    slot_dir: Path | None = None
+    host_tier: tuple[int | None, str] = (None, "")
+    holds: Holds = field(default_factory=Holds)
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading ids ``a`` and ``b`` share."""
+    n = min(len(a), len(b))
+    if n == 0:
+        return 0
+    diff = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
+    return int(diff[0]) if diff.size else n
+
+
+def reusable_tokens(requests: Sequence[Any]) -> dict[str, int]:
+    """Per request id: the most leading prompt tokens any earlier request of the stream held (its ``held`` ids:
+    a turn's prompt and reply), i.e. what a server's cache could reuse, in tokens."""
+    out: dict[str, int] = {}
+    for i, q in enumerate(requests):
+        out[q.id] = max((common_prefix(q.ids, p.held) for p in requests[:i]), default=0)
+    return out
+
+
+def server_argv(s: Scenario, preset: Preset, mode: Any, port: int, slots: int, ctx_per_slot: int,
+                slot_dir: Path) -> list[str]:
+    """The command line of ``mode``'s server: the program (and vLLM's model, its positional word), the engine's
+    flags, the preset's, the mode's (a later flag wins where the server reads the last one), then kvbench's own
+    last: the model, 127.0.0.1 and ``port``, metrics on, slots, context and seed, so that no earlier word can
+    change where the server listens (the scenario's flags cannot name these either:
+    :func:`~kvbench.scenario.server_flags.reserved_flag_problems`). ``slots``: parallel requests;
+    ``ctx_per_slot``: tokens each holds. The kind's :attr:`~kvbench.serving.kind.ServerKind.launch` gives the
+    words after the program and kvbench's own flags."""
+    e = s.engine
+    program = server_program(e) or []
+    size = mode.size if mode.size is not None else (preset.size[1] if preset.size else None)
+    args = [a.replace("{size}", size_text(size) if size is not None else "").replace("{slot_dir}", str(slot_dir))
+            for a in preset.args]
+    head, own = KINDS[e.kind].launch(Launch(e.model, s.model.name, port, slots, ctx_per_slot, s.seed))
+    return [*program, *head, *e.args, *args, *mode.args, *own]
+
+
+def program_version(argv: Sequence[str]) -> str | None:
+    """The first line a server's program (``argv[0]``) prints for ``--version`` (llama-server, vllm), or None;
+    asked once per program (:func:`_version_of`)."""
+    return _version_of(argv[0]) if argv else None
+
+
+@functools.lru_cache(maxsize=None)
+def _version_of(program: str) -> str | None:
+    text = (probe_output([program, "--version"]) or "").strip().splitlines()
+    return printable(text[0], 200) if text else None
+
+
+def _served_model(text: str | None) -> str | None:
+    """The first model id of an OpenAI ``/v1/models`` reply's text (``data[0].id``), or None."""
+    try:
+        return str(orjson.loads(text or "")["data"][0]["id"])
+    except (orjson.JSONDecodeError, KeyError, IndexError, TypeError):
+        return None
+
+
+class ServerEngine:
+    """Runs a scenario's requests on a server engine (``engine.kind`` llama.cpp, vllm, sglang or openai).
+
+    Attributes:
+        source: the requests (:class:`~kvbench.workloads.sessions.Stream`).
+        device: what the server computes on (``type`` ``cpu`` or ``cuda``), for the samplers.
+        pid: the running server's process (this one's when none runs: ``openai``).
+        reference: the ``none`` outputs every request is compared with.
+    """
+
+    def __init__(self, s: Scenario, source: Any, run_path: Path, max_positions: int, device_type: str = "cpu",
+                 vocab_size: int = 32_000):
+        self.s, self.source, self.run_path, self.vocab_size = s, source, Path(run_path), vocab_size
+        self.kind = s.engine.kind
+        #: what kvbench knows of the kind (:data:`kvbench.serving.KINDS`)
+        self.server_kind = KINDS[self.kind]
+        import torch
+
+        self.device = torch.device(device_type)
+        #: NVML of the server's GPU (a server on a CUDA machine), for its per-PID memory; None on a CPU
+        self.nvml = None
+        if device_type == "cuda":
+            from kvbench.bench.telemetry.nvml import NvmlReader
+            from kvbench.errors import NvmlUnavailable
+
+            with contextlib.suppress(NvmlUnavailable):
+                self.nvml = NvmlReader(torch.device("cuda:0") if s.device in ("auto", "cuda") else
+                                       torch.device(s.device))
+        self.device_name = f"{self.kind} server ({device_type})"
+        self.pid = os.getpid()
+        self.reference = Reference()
+        #: requests a later request of the same conversation follows (their ``held`` ids are sent after them)
+        later = [q.document for q in source.requests]
+        self.followed = {q.id for i, q in enumerate(source.requests) if q.document in later[i + 1:]}
+        longest = max((len(q.held) if q.id in self.followed else len(q.ids) for q in source.requests), default=0)
+        self.ctx_per_slot = min(max_positions, longest + s.max_new_tokens + CTX_MARGIN)
+        self.longest_prompt = max_positions - s.max_new_tokens
+        self.served_model: str | None = s.engine.served_model
+        #: requests go through the environment's proxies only for an openai engine that says use_env_proxy
+        self.trust_env = not self.server_kind.started and s.engine.use_env_proxy
+        self.servers: list[dict[str, Any]] = []
+        self.reusable = reusable_tokens(source.requests)
+
+    def preflight(self) -> list[str]:
+        """Why the requests cannot run (one line each): a prompt longer than the model's positions allow; an
+        ``openai`` server that does not answer at ``engine.url`` (asked for ``/v1/models``, 10 s at most), or,
+        without ``engine.served_model``, lists no model there (the one it lists is the model sent)."""
+        out = []
+        too_long = [q.id for q in self.source.requests if len(q.ids) > self.longest_prompt]
+        if too_long:
+            out.append(f"{len(too_long)} requests ({', '.join(too_long[:3])}...) have prompts longer than "
+                       f"{self.longest_prompt} tokens (the model's positions less max_new_tokens)")
+        if not self.server_kind.started:
+            url = f"{self.s.engine.url}/v1/models"
+            if (why := unreachable(url, self.trust_env)) is not None:
+                out.append(f"engine.url: nothing answers at {url} ({why}): start the server first, or fix "
+                           "engine.url")
+            elif self.served_model is None and (name := _served_model(get_page(url, self.trust_env))) is None:
+                out.append(f"engine.url: {url} lists no served model (no 200 with an OpenAI model list: is this "
+                           "an OpenAI-compatible server, at its base URL?); give engine.served_model if it serves "
+                           "/v1/completions without /v1/models")
+            elif self.served_model is None:
+                self.served_model = name
+        return out
+
+    def preset(self, mode: Any) -> Preset:
+        """The preset ``mode`` starts from."""
+        return preset_of(self.kind, mode)
+
+    @contextlib.contextmanager
+    def serving(self, mode: Any, repeat: int, slots: int = 1) -> Iterator[ModeServer]:
+        """A server for ``mode`` in ``repeat`` from a cold cache: started (on 127.0.0.1, a free port, its log in
+        ``servers/<mode>-r<repeat>.log`` of the run, ``.2.log`` for a resumed mode's next server, ``slots``
+        parallel slots) and stopped on every exit path; for ``openai`` the running
+        server, reset through ``engine.reset_path`` when ``cold: reset``. Its command line, version and ``/metrics``
+        deltas (from :attr:`ModeServer.metrics_before`, which the caller reads when its measured requests start,
+        to the end) go into :attr:`servers` (the run's ``servers`` in run.json).
+
+        Raises:
+            ServerStartError: the server did not start or never became healthy (the log's last lines say why).
+        """
+        e, preset = self.s.engine, self.preset(mode)
+        servers_dir = self.run_path / "servers"
+        for d in (servers_dir, servers_dir / f"{mode.label}-r{repeat}.slots"):
+            if d.is_symlink():
+                raise SymlinkRefused(d)
+        servers_dir.mkdir(exist_ok=True)
+        info: dict[str, Any] = {"mode_label": mode.label, "repeat": repeat, "engine": self.kind, "slots": slots}
+        if not self.server_kind.started:
+            srv = ModeServer(e.url, None, None, preset, info, host_tier=host_tier(self.kind, None))
+        else:
+            slot_dir = servers_dir / f"{mode.label}-r{repeat}.slots"
+            if preset.slots:
+                slot_dir.mkdir(exist_ok=True)
+            port = free_port()
+            argv = server_argv(self.s, preset, mode, port, slots, self.ctx_per_slot, slot_dir)
+            log = servers_dir / f"{mode.label}-r{repeat}.log"
+            n = 1
+            while log.exists() or log.is_symlink():  # a resumed mode's new server: the earlier log stays
+                n += 1
+                log = servers_dir / f"{mode.label}-r{repeat}.{n}.log"
+            proc = ServerProcess(argv, log, port=port, startup_timeout_s=e.startup_timeout_s)
+            info.update(argv=argv, log=str(log.relative_to(self.run_path)), version=program_version(argv))
+            srv = ModeServer(proc.url, None, proc, preset, info, slot_dir=slot_dir if preset.slots else None,
+                             host_tier=host_tier(self.kind, argv))
+            info["host_tier_bytes"], info["host_tier"] = srv.host_tier
+        self.servers.append(info)
+        with srv.process if srv.process is not None else contextlib.nullcontext():
+            if srv.process is not None:
+                srv.pid = srv.process.pid
+                self.pid = srv.pid
+            if e.cold_start == "reset":
+                self._post(srv, e.reset_path)
+                info["reset"] = e.reset_path
+            try:
+                yield srv
+            finally:
+                after = self.metrics_text(srv) if srv.process is None or srv.process.alive() else None
+                kind = self.kind if self.server_kind.counters else metrics_kind(srv.metrics_before or after or "")
+                info.update(measured_deltas(kind, srv.metrics_before, after, srv.holds.scrapes, srv.holds.sent,
+                                            f"{srv.url}/metrics"))
+                self.pid = os.getpid()
+
+    def client(self) -> httpx.Client:
+        """A client for the server (:func:`~kvbench.bench.engines.server.http.server_client`): environment proxies
+        only for an ``openai`` engine that says ``use_env_proxy``."""
+        return server_client(self.trust_env)
+
+    def _post(self, srv: ModeServer, path: str) -> None:
+        try:
+            with self.client() as c:
+                r = c.post(srv.url + path, timeout=self.s.engine.request_timeout_s)
+        except httpx.HTTPError as exc:
+            raise ServerReplyError(f"{srv.url}{path}: POST failed: {type(exc).__name__}: {exc}", srv.url) from exc
+        if r.status_code >= 400:
+            raise ServerReplyError(f"{srv.url}{path}: POST answered HTTP {r.status_code}: "
+                                   f"{printable(r.text, 300)!r}", srv.url)
+
+    def metrics_text(self, srv: ModeServer) -> str | None:
+        """The server's ``/metrics`` text, or None where it has none (or cannot be read now, or is over
+        :data:`~kvbench.bench.engines.server.http.MAX_PAGE_BYTES`)."""
+        return get_page(srv.url + "/metrics", self.trust_env)
+
+    async def scrape(self, client: httpx.AsyncClient, srv: ModeServer) -> str | None:
+        """:meth:`metrics_text` without blocking the event loop (between requests of a load)."""
+        return await get_page_async(client, srv.url + "/metrics")
+
+    def _model_name(self, srv: ModeServer) -> str:
+        if self.served_model is None:
+            self.served_model = _served_model(get_page(srv.url + "/v1/models", self.trust_env))
+            if self.served_model is None:
+                raise ServerReplyError(f"{srv.url}/v1/models: lists no served model; give engine.served_model",
+                                       srv.url)
+        return self.served_model
+
+    async def send(self, client: httpx.AsyncClient, srv: ModeServer, mode: Any, ids: Sequence[int],
+                   n_tokens: int) -> Reply:
+        """One streamed, greedy request of exactly ``n_tokens`` new tokens for prompt ``ids`` to ``srv``, with
+        the preset's and the mode's request options."""
+        options = {**srv.preset.request, **mode.request}
+        timeout, deadline = self.s.engine.request_timeout_s, self.s.engine.reply_timeout_s
+        if self.server_kind.protocol == "completion":
+            return await complete_llamacpp(client, srv.url, ids, n_tokens, options, seed=self.s.seed,
+                                           timeout_s=timeout, deadline_s=deadline)
+        model = self._model_name(srv)
+        return await complete_openai(client, srv.url, model, ids, n_tokens, options, seed=self.s.seed,
+                                     timeout_s=timeout, deadline_s=deadline)
+
+    async def slot_action(self, client: httpx.AsyncClient, srv: ModeServer, action: str, filename: str,
+                          slot: int = 0) -> dict[str, Any]:
+        """llama.cpp's slot save/restore (``POST /slots/{slot}?action=save|restore``, file ``filename`` in the
+        mode's ``--slot-save-path``): its reply (``n_written``/``save_ms``, ``n_restored``/``restore_ms``).
+
+        Raises:
+            ServerReplyError: the server refused it (the body in the message).
+        """
+        try:
+            r = await client.post(f"{srv.url}/slots/{slot}", params={"action": action},
+                                  json={"filename": filename}, timeout=self.s.engine.request_timeout_s)
+        except httpx.HTTPError as exc:
+            raise ServerReplyError(f"{srv.url}/slots/{slot}: {action} failed: {type(exc).__name__}: {exc}",
+                                   srv.url) from exc
+        if r.status_code >= 400:
+            raise ServerReplyError(f"{srv.url}/slots/{slot}: {action} answered HTTP {r.status_code}: "
+                                   f"{r.text[:300]!r}", srv.url)
+        try:
+            return dict(r.json())
+        except ValueError:
+            return {}
+
+    def warmup_ids(self) -> list[int]:
+        """A seeded prompt of :data:`WARMUP_TOKENS` ids below the vocabulary's size whose first id starts no request
+        (so a warm-up leaves nothing a request could reuse)."""
+        firsts = {q.ids[0] for q in self.source.requests if q.ids}
+        rng = np.random.default_rng(self.s.seed)
+        ids = [int(x) for x in rng.integers(min(100, self.vocab_size // 2), self.vocab_size, WARMUP_TOKENS)]
+        while ids[0] in firsts:
+            ids[0] = (ids[0] + 1) % self.vocab_size
+        return ids
+
+    def describe(self, t: ServerTrial) -> dict[str, Any]:
+        """The engine's fields every request's row has, whatever its status (see
+        :meth:`kvbench.bench.engines.base.Engine.describe`): the server's device; no dtype or KV prediction."""
+        return {"device": self.device_name, "dtype": None, "kv_bytes_predicted": None}
+
+    def request_fields(self, t: ServerTrial) -> dict[str, Any]:
+        """The request's own fields every row of ``t`` has: its id, conversation, turn, whether it may reuse, the
+        engine, the load profile and level, the prompt tokens an earlier request held
+        (``reusable_prompt_tokens``) and the prompt's digest."""
+        req = t.request
+        return {
+            "request_id": req.id, "document": req.document, "turn_index": req.turn_index, "warm": t.warm,
+            "engine": self.kind, "load_profile": self.s.load_spec.profile, "concurrency": t.concurrency,
+            "reusable_prompt_tokens": self.reusable.get(req.id), "prompt_sha256": ids_digest([list(req.ids)])}
+
+    def output(self, t: ServerTrial, reply: Reply, first: bool = False) -> TrialOutput:
+        """A server's reply to request ``t`` as the row builder takes it (:func:`kvbench.bench.rows.row.measured_fields`):
+        its timestamps (per token and per chunk), its ids where the server returned them, its text's digest (the
+        output every request of a server run is compared by), the cached prompt tokens it reported as the reuse
+        reading, and the server's own fields. ``first``: the first request this server answered, whose cached
+        tokens must be 0 (``cold_verified``). A cold preset's request that reused tokens is ``contaminated`` and
+        is neither compared with nor taken as the reference."""
+        req = t.request
+        cached, reusable = reply.cached_tokens, self.reusable.get(req.id)
+        contaminated = bool(self.preset(t.mode).cold and cached)
+        notes = {}
+        if cached is None:
+            notes["cached_prompt_tokens"] = "the server does not report cached prompt tokens"
+        if reply.prompt_tokens is not None and reply.prompt_tokens != len(req.ids):
+            notes["server_prompt_tokens"] = (f"the server counted {reply.prompt_tokens} prompt tokens, kvbench sent "
+                                             f"{len(req.ids)}")
+        return TrialOutput(
+            t_start=reply.t_sent, token_times=reply.token_times, chunk_times=reply.chunk_times,
+            ids=[reply.ids] if reply.ids is not None else None, prompt_sha256=ids_digest([list(req.ids)]),
+            output_sha256=reply.text_sha256, memory={},
+            reuse={"tokens_restored": cached, "tokens_prefilled": len(req.ids) - cached if cached is not None else None,
+                   "store_hit_rate": min(1.0, cached / reusable) if cached is not None and reusable else None},
+            fields={"cached_prompt_tokens": cached, "server_prompt_tokens": reply.prompt_tokens,
+                    "cached_prompt_share": cached / len(req.ids) if cached is not None and req.ids else None,
+                    "server_tpot_s": reply.server_timings.get("per_token_s"),
+                    "server_prompt_s": reply.server_timings.get("prompt_s"), "stop_reason": reply.stop_reason,
+                    "contaminated": contaminated,
+                    "cold_verified": (cached == 0) if first and cached is not None else None},
+            notes=notes,
+            not_compared=(f"a cold mode's request reused {cached} cached prompt tokens: not taken as the reference"
+                          if contaminated else None))
+
+    def trials(self, mode: Any, repeat: int, requests: Sequence[Any], concurrency: int = 1) -> list[ServerTrial]:
+        """The trials of ``requests`` in ``mode`` and ``repeat`` at ``concurrency`` (warm unless the preset is
+        cold)."""
+        warm = not self.preset(mode).cold
+        return [dataclasses.replace(ServerTrial.of(q, mode, repeat, warm), concurrency=concurrency)
+                for q in requests]
+
+
+def prompt_requests(s: Scenario, source: Any) -> Any:
+    """A prompt workload as a request stream: for each of ``prompt_tokens``, ``workload.n_prompts`` prompts of
+    exactly that many tokens (requests ``p<N>-i<k>``, each its own document)."""
+    from kvbench.workloads.sessions import Request, Stream
+
+    out = []
+    for n in s.prompt_tokens:
+        for k, ids in enumerate(source.batch(n, s.workload.n_prompts, 0)):
+            out.append(Request(f"p{n}-i{k}", f"p{n}-i{k}", 1, tuple(ids), tuple(ids)))
+    return Stream(out)
+
+
+def load_server_engine(s: Scenario, run_path: Path) -> ServerEngine:
+    """The engine of a server run: the model's tokenizer (the prompts go as token ids) and the workload's
+    requests; nothing is started yet.
+
+    Raises:
+        kvbench.errors.ModelNotFound, NotEnoughRequests, ModuleNotFoundError: as the in-process engine's loading.
+    """
+    from kvbench.models import read_architecture
+    from kvbench.models.load import load_tokenizer
+    from kvbench.workloads import make_source, make_stream
+
+    arch = read_architecture(s.model)
+    tokenizer = load_tokenizer(s.model.name, s.model.trust_remote_code)
+    longest = arch.max_positions - s.max_new_tokens
+    if s.workload.reuse:
+        source = make_stream(s.workload, tokenizer, longest)
+    else:
+        source = prompt_requests(s, make_source(s.workload, tokenizer, arch.vocab_size, longest))
+    from kvbench.models import resolve_device
+
+    return ServerEngine(s, source, run_path, arch.max_positions, resolve_device(s.device).type, arch.vocab_size)

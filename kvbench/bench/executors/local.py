@@ -1,0 +1,130 @@
+"""The executor seam between the sweep and the engines: the sweep (:func:`kvbench.bench.plans.sweep.run_sweep`) hands an
+executor the run's :class:`~kvbench.bench.plans.sweep.Recorder` and the executor runs every trial through it.
+:class:`LocalExecutor` runs them in the plan's order (:func:`kvbench.bench.plans.plan.run_plan`) on an engine in this
+process's reach (the in-process transformers engine, or a server engine whose servers it starts here); :class:`kvbench.bench.executors.ray.driver.RayExecutor` on the engines of a Ray cluster's workers, behind the
+same :class:`~kvbench.bench.roles.Executor` protocol."""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from kvbench.bench.engines.base import Engine
+from kvbench.bench.telemetry.machine_load import LoadWindow, other_gpu_processes
+from kvbench.bench.telemetry.monitor import Sampler, TrialTimeline
+from kvbench.bench.rows.reference import Reference
+from kvbench.bench.rows.row import base_row, measured_fields
+from kvbench.bench.plans.plan import run_plan
+from kvbench.bench.trial import TrialSpec
+from kvbench.offload.modes import ModeUnavailable
+from kvbench.scenario import Scenario
+from kvbench.workloads import TooLittleText
+from kvbench.results.rows import Status
+
+
+class TrialWatch:
+    """The samplers and the machine's load around an engine's timed window (see
+    :class:`~kvbench.bench.engines.base.Watch`): after the window, :attr:`timeline` holds its samples and
+    :attr:`machine_load` the other processes' load during it (:class:`~kvbench.bench.telemetry.machine_load.LoadWindow`)."""
+
+    def __init__(self, sampler: Sampler, cpu_count: int | None):
+        self.sampler, self.cpu_count = sampler, cpu_count
+        self.timeline: TrialTimeline | None = None
+        self.machine_load: dict[str, Any] = {}
+
+    def reset(self) -> None:
+        """Forget the last trial's readings."""
+        self.timeline, self.machine_load = None, {}
+
+    @contextmanager
+    def window(self, trial_id: str, kv_probe: Callable[[], tuple[int, int, int]] | None = None,
+               pinned_probe: Callable[[], int] | None = None) -> Iterator[TrialTimeline]:
+        """Sample (:meth:`Sampler.trial`) and measure the machine's load while the block runs; yields the
+        timeline."""
+        load = LoadWindow(self.cpu_count)
+        with self.sampler.trial(trial_id, kv_probe=kv_probe, pinned_probe=pinned_probe) as timeline:
+            self.timeline = timeline
+            yield timeline
+        nvml = self.sampler.nvml
+        self.machine_load = load.stop(other_gpu_processes(nvml.raw().get("processes"), self.sampler.pid)
+                                      if nvml is not None else None)
+
+    def mark(self, phase: str) -> None:
+        """The trial entered ``phase``: the sampler takes a sample soon."""
+        self.sampler.mark(phase)
+
+
+class LocalExecutor:
+    """Runs trials one after the other on ``engine`` and turns what it hands back into rows
+    (:mod:`kvbench.bench.rows.row`), comparing every trial's ids with the ``none`` reference.
+
+    Args:
+        environment: the run's (its ``cpu_count`` sets the busy threshold of the machine-load window).
+        sampler: the samplers to use (default: one for the engine's device and process, as the scenario's
+            ``monitor`` section says).
+    """
+
+    def __init__(self, scenario: Scenario, engine: Engine, environment: dict[str, Any] | None = None,
+                 sampler: Sampler | None = None, reference: Reference | None = None):
+        self.s, self.engine = scenario, engine
+        self._sampler, self._cpu_count = sampler, (environment or {}).get("cpu_count")
+        self._watch: TrialWatch | None = None
+        #: the ``none`` outputs every trial is compared with (a server engine's own, where it keeps one)
+        self.reference = reference if reference is not None else Reference()
+        self.last_samples: list[dict[str, Any]] = []
+
+    @property
+    def sampler(self) -> Sampler:
+        """The samplers (made at first use: a server run samples each mode's server itself, never this)."""
+        if self._sampler is None:
+            mon = self.s.monitor
+            self._sampler = Sampler(
+                self.engine.device, mon.interval_ms,
+                int(mon.alert_device_bytes) if mon.alert_device_bytes is not None else None, pid=self.engine.pid)
+        return self._sampler
+
+    @property
+    def watch(self) -> TrialWatch:
+        """The samplers and the machine's load around each trial's timed window."""
+        if self._watch is None:
+            self._watch = TrialWatch(self.sampler, self._cpu_count)
+        return self._watch
+
+    def run(self, t: TrialSpec) -> dict[str, Any]:
+        """Run one trial and return its row; failures become a row with ``status`` (``skipped``: the mode cannot
+        run here; ``oom``; ``error``) and ``message``. Afterwards (outside the timed window) ``gc.collect()``;
+        device memory is released by the sweep, not here (see :meth:`release`). KeyboardInterrupt is not caught."""
+        row = base_row(self.s, t, self.engine.describe(t))
+        self.watch.reset()
+        try:
+            out = self.engine.run_trial(t, self.watch, self.reference.wants_gaps(t))
+            row.update(measured_fields(self.s, t, out, self.watch.timeline, self.watch.machine_load,
+                                       self.sampler.notes, self.reference))
+        except ModeUnavailable as exc:
+            row.update(status=Status.SKIPPED, message=str(exc))
+        except TooLittleText as exc:
+            row.update(status=Status.ERROR, message=str(exc))
+        except Exception as exc:  # noqa: BLE001 - every failure is recorded and the sweep goes on
+            row.update(status=Status.OOM if self.engine.is_oom(exc) else Status.ERROR, message=f"{type(exc).__name__}: {exc}")
+        finally:
+            self.last_samples = self.watch.timeline.samples if self.watch.timeline is not None else []
+            gc.collect()
+        return row
+
+    def sweep(self, scenario: Scenario, record: Any, trials: Sequence[TrialSpec] | None = None) -> None:
+        """Run the scenario's trials here, through ``record``, in the plan's order
+        (:func:`~kvbench.bench.plans.plan.run_plan`; ``trials``: only these of a planned sweep)."""
+        run_plan(scenario, record, self.engine, trials)
+
+    def release(self) -> None:
+        """Release the engine's memory before a new shape (an engine without memory of its own to give back, a
+        server whose process is stopped after each mode, has no ``release``)."""
+        release = getattr(self.engine, "release", None)
+        if release is not None:
+            release()
+
+    def remember(self, rows: Sequence[dict[str, Any]]) -> None:
+        """Take earlier rows' ``none`` outputs as the reference (:meth:`Reference.remember`)."""
+        self.reference.remember(rows)

@@ -1,0 +1,51 @@
+"""Reuse workloads: every request of a multi-turn or document-QA stream, per mode, recomputed from scratch (cold)
+and restored from what the engine keeps for the mode (warm), side by side (their tables:
+:mod:`kvbench.analysis.reuse`).
+
+Per repeat each mode starts afresh (:meth:`~kvbench.bench.engines.base.Engine.reuse_round`: the transformers
+engine makes a new :class:`~kvbench.offload.store.KVStore` per mode, as ``store:`` says, its disk tier under the
+scenario's ``disk_dir``). Requests arrive in the workload's order; per request, ``none`` runs cold first (the
+reference every trial's ids are compared with), then warm; the other modes alternate warm-first and cold-first
+from request to request, so neither side always runs right after the other. After a warm trial, what the server
+holds (the prompt and, in a conversation, the reply it goes on with) is kept for the later requests.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvbench.bench.engines.base import Engine
+from kvbench.bench.roles import Record
+from kvbench.bench.trial import ReuseTrial, reference_first
+from kvbench.results.rows import MEASURED
+from kvbench.scenario import Scenario
+
+
+def reuse_sweep(s: Scenario, record: Record, engine: Engine) -> None:
+    """Run (or, resuming, look up) every trial of a reuse workload; ``engine.source`` is its
+    :class:`~kvbench.workloads.sessions.Stream`, ``record`` a :class:`~kvbench.bench.plans.sweep.Recorder` (its
+    ``rows`` are the trials already written). A warm trial already recorded is not rerun, but what it left for
+    later requests is rebuilt (:meth:`~kvbench.bench.engines.base.Engine.refill`), so later turns see the same
+    store. Each repeat's reuse state is cleared (disk files removed) on every exit path."""
+    modes = reference_first(s.modes)
+    requests = engine.source.requests
+    for r in range(s.repeats):
+        with engine.reuse_round(modes):
+            for i, req in enumerate(requests):
+                for m in modes:
+                    cold, warm = ReuseTrial.of(req, m, r, False), ReuseTrial.of(req, m, r, True)
+                    for t in [cold, warm] if m.kind == "none" or (i + r) % 2 == 0 else [warm, cold]:
+                        done = record.rows.get(t.trial_id)
+                        if done is not None:
+                            if t.warm and done.get("status") in MEASURED:
+                                engine.refill(t)
+                            continue
+                        record(t)
+
+
+def note_requests(run: Any, stream: Any) -> None:
+    """Put a request stream's requests (id, document, turn, prompt and held tokens) and notes into ``run``'s
+    run.json (``requests``, ``workload_notes``): a reuse workload's or a server run's."""
+    run.update(workload_notes=stream.notes, requests=[
+        {"id": q.id, "document": q.document, "turn_index": q.turn_index, "prompt_tokens": len(q.ids),
+         "held_tokens": len(q.held)} for q in stream.requests])

@@ -1,0 +1,308 @@
+"""The sweep of a server run: per repeat, every mode (a server configuration; ``none`` first, the others rotating
+from repeat to repeat) on a server of its own started cold, the workload's requests sent as ``load:`` says, one row
+per request written as it finishes.
+
+A cold start is verified, not assumed: the first request a fresh server answers must report 0 cached prompt
+tokens (``cold_verified``), and every request of a cold preset (``none``) too; a cold request that reused tokens is
+``contaminated`` and never becomes the reference. A request that fails (the server's reply, a timeout, the server
+gone) is an ``error`` row with the reason and the sweep goes on; a server that does not start gives every request
+of that mode an ``error`` row with the log's last lines. Resumed, a mode whose requests are all written is not
+started again; one with requests missing is restarted and, before them, the conversations' earlier turns are sent
+again unrecorded so the server holds what it held (as :meth:`~kvbench.bench.engines.base.Engine.refill` does).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import dataclasses
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import httpx
+
+from kvbench.bench.telemetry.machine_load import LoadWindow
+from kvbench.bench import load as load_profiles
+from kvbench.bench.engines.server.engine import ModeServer, ServerEngine
+from kvbench.bench.engines.server.process import ServerExited, ServerStartError
+from kvbench.bench.engines.server.stream import ServerReplyError
+from kvbench.bench.telemetry.server import ProcessTree, ServerWatch
+from kvbench.bench.engines.server.tiers import files_bytes
+from kvbench.bench.rows.row import base_row, measured_fields
+from kvbench.bench.engines.server.client import Reply
+from kvbench.bench.roles import Record
+from kvbench.bench.trial import ServerTrial, reference_first
+from kvbench.results.rows import Status
+from kvbench.scenario import Scenario
+
+
+def mode_order(modes: Sequence[Any], repeat: int) -> list[Any]:
+    """``none`` first (the reference), then the other modes rotated by ``repeat`` (so no mode always runs right
+    after ``none``)."""
+    ordered = reference_first(modes)
+    head = ordered[:1] if ordered and ordered[0].kind == "none" else []
+    rest = ordered[len(head):]
+    k = repeat % len(rest) if rest else 0
+    return head + rest[k:] + rest[:k]
+
+
+def at_level(mode: Any, level: int, levels: Sequence[int]) -> Any:
+    """``mode`` as it runs at concurrency ``level``: itself when the load has one level, else named
+    ``<name>@c<level>`` (its preset kept), so that each level is a configuration of its own in the tables."""
+    if len(levels) == 1:
+        return mode
+    return mode.model_copy(update={"name": f"{mode.name}@c{level}", "preset": mode.kind})
+
+
+def server_sweep(s: Scenario, record: Record, engine: ServerEngine) -> None:
+    """Run (or, resuming, look up) every request of every mode, concurrency level and repeat; ``record`` is the
+    run's :class:`~kvbench.bench.plans.sweep.Recorder` (rows written through
+    :meth:`~kvbench.bench.plans.sweep.Recorder.write`). KeyboardInterrupt stops it after writing what finished (the
+    server is stopped)."""
+    requests = engine.source.requests[: s.load_spec.n_requests]
+    levels = s.load_spec.levels
+    engine.servers[:0] = record.run.meta.get("servers") or []  # a resumed run's earlier servers stay listed
+    for c in levels:
+        for r in range(s.repeats):
+            for m in mode_order(s.modes, r):
+                mode = at_level(m, c, levels)
+                trials = engine.trials(mode, r, requests, c)
+                todo = [t for t in trials if t.trial_id not in record.rows]
+                if todo:
+                    _run_mode(s, record, engine, mode, r, c, trials, todo)
+    record.run.update(servers=engine.servers)
+
+
+def _run_mode(s: Scenario, record: Record, engine: ServerEngine, mode: Any, repeat: int, level: int,
+              trials: list[ServerTrial], todo: list[ServerTrial]) -> None:
+    if record.on_status:
+        record.on_status(f"starting the {engine.kind} server for {mode.label} (repeat {repeat})")
+    try:
+        with engine.serving(mode, repeat, level) as srv:
+            record.run.update(servers=engine.servers)  # listed while it runs: a killed run still names it
+            try:
+                asyncio.run(_requests(s, record, engine, srv, mode, level, trials, todo))
+            except ServerReplyError as exc:  # before the load (reset, warm-up, refill): the server is no use
+                if srv.process is not None and not srv.process.alive():
+                    raise ServerReplyError(f"{exc}\nthe server exited; its log ends:\n"
+                                           f"{srv.process.log_tail(10)}") from exc
+                raise
+    except ServerExited as exc:  # mid-mode: what was in flight is an error row, what was not sent stays to run
+        engine.servers[-1]["exited"] = f"{exc}".splitlines()[0]
+    except (ServerStartError, ServerReplyError) as exc:
+        for t in todo:
+            if t.trial_id not in record.rows:
+                record.write({**request_row(s, engine, t, None, None),
+                                 "status": Status.ERROR, "message": f"{type(exc).__name__}: {exc}"})
+    finally:
+        record.run.update(servers=engine.servers)
+
+
+async def _requests(s: Scenario, record: Record, engine: ServerEngine, srv: ModeServer, mode: Any, level: int,
+                    trials: list[ServerTrial], todo: list[ServerTrial]) -> None:
+    limits = httpx.Limits(max_connections=level + 2)
+    async with httpx.AsyncClient(limits=limits, timeout=s.engine.request_timeout_s, trust_env=engine.trust_env,
+                                 follow_redirects=False) as client:
+        for _ in range(s.warmup):
+            await engine.send(client, srv, mode, engine.warmup_ids(), s.max_new_tokens)
+        # the first request a fresh server answers must reuse nothing (a resumed mode's refill fills the cache)
+        first = {} if await _refill(s, engine, client, srv, mode, trials, todo) else {"pending": True}
+        srv.metrics_before = engine.metrics_text(srv)  # the deltas count the measured requests (and their holds)
+        writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="kvbench-rows")
+        written: list[concurrent.futures.Future] = []
+        watch = ServerWatch(srv.pid, s.monitor.interval_ms / 1000, engine.nvml) if srv.pid else None
+        tree = ProcessTree(srv.pid) if srv.pid else None
+        own = tree.cpu_seconds if tree is not None else None
+        rss_start = tree.rss_bytes() if tree is not None else None
+        window = LoadWindow(also_own=own)
+        if watch is not None:
+            watch.start()
+        flight = _Flight()
+
+        def held() -> dict[str, Any]:
+            """What the mode holds now: its configured host tier, the server's RSS growth since its measured
+            requests began, its slot files on disk."""
+            rss = tree.rss_bytes() if tree is not None else None
+            return {"server_host_tier_bytes": srv.host_tier[0], "server_host_tier": srv.host_tier[1],
+                    "server_rss_growth_bytes": max(0, rss - rss_start) if rss is not None and rss_start is not None
+                    else None, **({"store_disk_bytes": files_bytes(srv.slot_dir, srv.slot_files.values())}
+                                  if srv.preset.slots else {})}
+
+        async def send(t: ServerTrial) -> Any:
+            was_first = first.pop("pending", False)
+            if record.on_start:  # a measured request (not a warm-up, hold or refill), before its restore
+                record.on_start(t)
+            with flight:
+                reply, facts = await _send(s, engine, client, srv, mode, t, own, flight)
+            return reply, {**facts, **held()}, was_first
+
+        def done(o: load_profiles.Outcome) -> None:
+            """Build the row and hand it to the writer thread (the event loop keeps reading streams); a write
+            that failed (disk full) stops the load."""
+            for f in written:
+                if f.done() and f.exception() is not None:
+                    raise f.exception()
+            t, error = o.request, o.error
+            row = None
+            if error is None:
+                reply, facts, was_first = o.result
+                try:
+                    row = {**request_row(s, engine, t, reply, o, first=was_first), **facts}
+                except RuntimeError as exc:  # the server generated another number of tokens
+                    error = exc
+            gone = row is None and _exited(srv, 2.0 if getattr(error, "lost", False) else 0.0)
+            if row is None:
+                why = f"{type(error).__name__}: {error}"
+                if gone:
+                    why += (f"\nthe server exited mid-mode; the requests not sent yet are left for `kvbench run "
+                            f"--resume`; its log ends:\n{srv.process.log_tail(10)}")
+                row = {**request_row(s, engine, t, None, o), "status": Status.ERROR, "message": why}
+            written.append(writer.submit(record.write, row))
+            if gone:
+                srv.process.check_alive()  # raises ServerExited: the load stops, in-flight requests are cancelled
+
+        given = s.load_spec
+        spec = given.at_level(level)
+        try:
+            outcomes = await load_profiles.run_load(todo, send, spec, chain=_chain(s), on_done=done)
+            sent = {o.request.trial_id for o in outcomes}
+            for t in todo:  # past load.duration_s: not sent, and not to be sent by --resume either
+                if t.trial_id not in sent:
+                    written.append(writer.submit(record.write, {
+                        **request_row(s, engine, t, None, None), "status": Status.SKIPPED,
+                        "message": f"not sent: load.duration_s ({given.duration_s:g} s) had passed"}))
+        finally:
+            writer.shutdown(wait=True)
+            load = window.stop()
+            srv.info.update(load={"profile": spec.profile, "concurrency": spec.max_in_flight, **load,
+                                  **(watch.stop() if watch is not None else {})})
+        for f in written:  # the first row that could not be written (disk full...) stops the sweep
+            f.result()
+
+
+def request_row(s: Scenario, engine: ServerEngine, t: ServerTrial, reply: Reply | None,
+                outcome: load_profiles.Outcome | None, first: bool = False) -> dict[str, Any]:
+    """The row of request ``t``: the fields every row has (:func:`~kvbench.bench.rows.row.base_row` and the request's
+    own, :meth:`ServerEngine.request_fields`), the load's (``outcome``, None when the request was never sent:
+    :func:`~kvbench.bench.load.load_fields`), and with a ``reply`` what it measured, built by the row
+    builder every engine's trials go through (:func:`~kvbench.bench.rows.row.measured_fields`, from
+    :meth:`ServerEngine.output`; ``first``: the first request this server answered).
+
+    Raises:
+        RuntimeError: the server generated another number of tokens than ``max_new_tokens``.
+    """
+    row = {**base_row(s, t, engine.describe(t)), **engine.request_fields(t)}
+    if outcome is not None:
+        row.update(load_profiles.load_fields(s.load_spec.profile, outcome))
+    if reply is not None:
+        row.update(measured_fields(s, t, engine.output(t, reply, first), None, {}, {}, engine.reference))
+    return row
+
+
+class _Flight:
+    """The requests of one load in flight (a context per request), and how many have begun so far: a hold that
+    began and ended with only its own request in flight, and no other begun in between, ran alone."""
+
+    def __init__(self) -> None:
+        self.now = self.begun = 0
+
+    def __enter__(self) -> "_Flight":
+        self.now += 1
+        self.begun += 1
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.now -= 1
+
+
+async def _send(s: Scenario, engine: ServerEngine, client: httpx.AsyncClient, srv: ModeServer, mode: Any,
+                t: ServerTrial, own: Any, flight: _Flight | None = None) -> tuple[Any, dict[str, Any]]:
+    """One measured request: for a conversation's later turn on a mode with slot files, the restore of its slot
+    first (timed inside TTFT: the user waits for restore + prefill of the rest + the first token), the request,
+    its hold and the save of its slot. Returns the reply (its ``t_sent`` before the restore) and the request's
+    facts: the machine's load over it, ``slot_restore_s``/``server_restore_s`` (the client's and the server's own
+    ``restore_ms``), ``slot_save_s``/``server_save_s``."""
+    facts: dict[str, Any] = {}
+    request_load = LoadWindow(also_own=own)
+    t0 = time.perf_counter()
+    restoring = srv.preset.slots and t.request.turn_index > 1 and t.request.document in srv.slot_files
+    if restoring:
+        done = await engine.slot_action(client, srv, "restore", srv.slot_files[t.request.document])
+        facts.update(slot_restore_s=time.perf_counter() - t0, server_restore_s=_server_s(done, "restore_ms"))
+    reply = await engine.send(client, srv, mode, t.request.ids, s.max_new_tokens)
+    if restoring:
+        reply = dataclasses.replace(reply, t_sent=t0)
+    facts.update(request_load.stop())
+    await _hold(s, engine, client, srv, mode, t, flight)
+    if srv.preset.slots:
+        name = f"{t.request.document}.bin".replace("/", "_")
+        t1 = time.perf_counter()
+        done = await engine.slot_action(client, srv, "save", name)
+        facts.update(slot_save_s=time.perf_counter() - t1, server_save_s=_server_s(done, "save_ms"))
+        srv.slot_files[t.request.document] = name
+    return reply, facts
+
+
+def _server_s(reply: dict[str, Any], key: str) -> float | None:
+    """A slot action's own time (llama-server's ``timings.<key>``, milliseconds) in seconds, or None."""
+    v = (reply.get("timings") or {}).get(key) if isinstance(reply.get("timings"), dict) else None
+    return v / 1000 if type(v) in (int, float) and v >= 0 else None
+
+
+async def _hold(s: Scenario, engine: ServerEngine, client: httpx.AsyncClient, srv: ModeServer, mode: Any,
+                t: ServerTrial, flight: _Flight | None = None) -> None:
+    """After a conversation turn, what the server would hold had it generated the whole reply: the turn's prompt
+    and the dataset's reply (``held``), sent unrecorded for one token so that the server computes (and, in a mode
+    that caches, keeps) their KV, as it would after decoding the reply itself. kvbench generates only
+    ``max_new_tokens`` of each reply; the next turn's prompt carries the dataset's. Not in a cold mode, which
+    keeps nothing. With ``flight`` (a measured load), the hold is counted in :attr:`ModeServer.holds`, and when
+    its request is the only one in flight ``/metrics`` is read just before and after it, so that its own share
+    of the counters can be taken out of the mode's."""
+    if len(t.request.held) > len(t.request.ids) and t.request.id in engine.followed and not srv.preset.cold:
+        if flight is None:
+            await engine.send(client, srv, mode, t.request.held, 1)
+            return
+        srv.holds.sent += 1
+        alone, begun = flight.now == 1, flight.begun
+        before = await engine.scrape(client, srv) if alone else None
+        await engine.send(client, srv, mode, t.request.held, 1)
+        if alone and flight.now == 1 and flight.begun == begun:
+            srv.holds.scrapes.append((before, await engine.scrape(client, srv)))
+
+
+def _exited(srv: ModeServer, wait_s: float) -> bool:
+    """Whether the server of a failed request has exited: a server that is dying drops its connections before
+    its process ends, so after a lost connection this waits up to ``wait_s`` seconds for the exit (a failure
+    path: the streams in flight wait with it)."""
+    if srv.process is None:
+        return False
+    end = time.monotonic() + wait_s
+    while srv.process.alive():
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def _chain(s: Scenario) -> Any:
+    """A multi-turn conversation's turns go in order, each after the previous reply; other requests are
+    independent."""
+    if s.workload.multi_turn is not None:
+        return lambda t: t.request.document
+    return lambda t: None
+
+
+async def _refill(s: Scenario, engine: ServerEngine, client: httpx.AsyncClient, srv: ModeServer, mode: Any,
+                  trials: list[ServerTrial], todo: list[ServerTrial]) -> int:
+    """Resumed mid-mode: send again, unrecorded, the written turns of conversations with turns still to run;
+    how many were sent."""
+    pending = {t.request.document for t in todo}
+    missing = {t.trial_id for t in todo}
+    sent = 0
+    for t in trials:
+        if t.trial_id not in missing and t.request.document in pending and s.workload.multi_turn is not None:
+            await engine.send(client, srv, mode, t.request.ids, s.max_new_tokens)
+            await _hold(s, engine, client, srv, mode, t)
+            sent += 1
+    return sent

@@ -1,1 +1,0 @@
-"""Serving engines driven over HTTP (llama.cpp llama-server, vLLM, SGLang): clients, load and metrics."""

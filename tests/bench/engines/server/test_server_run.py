@@ -1,0 +1,101 @@
+"""The server engine on the real llama-server (built by `make llama-server` into kvbench's environment) with the
+SmolLM2 GGUF: a multi-turn run, none against prefix-cache, checked for cold starts, cache reuse and cleanup."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+import yaml
+
+import kvbench
+from conftest import llama_multi_turn
+
+LLAMA_SERVER = Path(sys.prefix) / "bin" / "llama-server"
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not os.access(LLAMA_SERVER, os.X_OK),
+                       reason=f"llama-server is not built at {LLAMA_SERVER}: `make llama-server` builds it there "
+                              "(about 5 minutes on two cores)"),
+]
+
+
+def llama_servers(ports: set[int]) -> list[psutil.Process]:
+    """Running llama-server processes listening on one of ``ports`` (by their command line)."""
+    found = []
+    for p in psutil.process_iter(["exe", "cmdline", "status"]):
+        argv = p.info["cmdline"] or []
+        if (p.info["exe"] == str(LLAMA_SERVER) or argv[:1] == [str(LLAMA_SERVER)]) and p.info["status"] != "zombie":
+            if "--port" in argv[:-1] and int(argv[argv.index("--port") + 1]) in ports:
+                found.append(p)
+    return found
+
+
+def test_multi_turn_on_the_real_llama_server(tmp_path):
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(llama_multi_turn()))
+    res = kvbench.run_scenario(tmp_path / "s.yaml", out=tmp_path / "res")
+    rows = {r["trial_id"]: r for r in res.rows}
+    assert len(rows) == 8 and all(r["status"] == "ok" for r in rows.values()), [r.get("message") for r in rows.values()]
+    for r in rows.values():
+        assert r["n_output_tokens"] == 4 and isinstance(r["tokens_match"], bool)
+        assert r["server_prompt_tokens"] == r["prompt_tokens"]
+    none = [r for r in rows.values() if r["mode"] == "none"]
+    assert len(none) == 4 and all(r["cached_prompt_tokens"] == 0 and r["contaminated"] is False for r in none)
+    turn2 = [r for r in rows.values() if r["mode"] == "prefix-cache" and r["turn_index"] == 2]
+    assert len(turn2) == 2
+    for r in turn2:  # the turn's prompt starts with the previous turn's prompt and reply, which the slot holds
+        assert r["reusable_prompt_tokens"] > 200
+        assert r["cached_prompt_tokens"] >= 0.9 * r["reusable_prompt_tokens"], r
+    assert [r["cold_verified"] for r in rows.values() if r["request_id"] == "c0-t1"] == [True, True]
+    servers = kvbench.load_results(res.run_dir).runs[0]["servers"]
+    assert [s["mode_label"] for s in servers] == ["none", "prefix-cache"]
+    for s in servers:
+        assert s["version"].startswith("version:") and s["argv"][0] == str(LLAMA_SERVER)
+        assert s["argv"][s["argv"].index("--host") + 1] == "127.0.0.1"
+    assert servers[0]["metrics_delta"]["prompt_tokens_cached"] == 0
+    # the deltas are the measured requests' own: each hold (one at a time, alone) read around and taken out
+    prefix = [r for r in rows.values() if r["mode"] == "prefix-cache"]
+    assert servers[1]["metrics_holds"] == {"sent": 2, "separated": 2}
+    assert servers[1]["metrics_delta"]["prompt_tokens_cached"] == sum(r["cached_prompt_tokens"] for r in prefix)
+    assert servers[1]["metrics_delta"]["prompt_tokens"] == sum(r["prompt_tokens"] - r["cached_prompt_tokens"]
+                                                               for r in prefix)
+    assert servers[1]["metrics_delta"]["tokens_predicted"] == 4 * 4
+    assert servers[1]["metrics_delta_holds"]["tokens_predicted"] == 2
+    ports = {int(s["argv"][s["argv"].index("--port") + 1]) for s in servers}
+    assert not llama_servers(ports)
+
+
+def test_kind_openai_measures_a_running_server_and_checks_its_cold_start(tmp_path):
+    """kind openai: kvbench starts nothing, sends /v1/completions to the running server (here a llama-server this
+    test starts) and reads usage.prompt_tokens_details.cached_tokens; without a restart or a reset, a mode that
+    follows another on the same server is reported as not cold."""
+    from kvbench.serving.llamacpp import gguf_file
+    from kvbench.bench.engines.server.process import ServerProcess, free_port
+
+    port = free_port()
+    gguf = gguf_file("smollm2-135m")
+    argv = [str(LLAMA_SERVER), "-m", gguf, "--host", "127.0.0.1", "--port", str(port), "-c", "2048", "-t", "1"]
+    with ServerProcess(argv, tmp_path / "server.log", port=port, startup_timeout_s=120) as server:
+        data = {
+            "name": "openai_server", "model": "smollm2-135m", "engine": {"kind": "openai", "url": server.url},
+            "workload": {"source": "sharegpt", "seed": 0, "doc_qa": {"documents": 1, "questions": 2,
+                                                                     "doc_tokens": 300}},
+            "max_new_tokens": 4, "repeats": 1, "warmup": 0, "seed": 0,
+            "modes": [{"name": "none", "request": {"cache_prompt": False}}, {"name": "prefix-cache"}],
+        }
+        (tmp_path / "s.yaml").write_text(yaml.safe_dump(data))
+        res = kvbench.run_scenario(tmp_path / "s.yaml", out=tmp_path / "res")
+    rows = {r["trial_id"]: r for r in res.rows}
+    assert sorted(rows) == ["d0-q1-none-r0", "d0-q1-prefix-cache-r0", "d0-q2-none-r0", "d0-q2-prefix-cache-r0"]
+    assert all(r["status"] == "ok" and r["engine"] == "openai" for r in rows.values()), rows
+    assert [rows[f"d0-q{q}-none-r0"]["cached_prompt_tokens"] for q in (1, 2)] == [0, 0]
+    # the second question starts with the document the first one left in the slot
+    assert rows["d0-q2-prefix-cache-r0"]["cached_prompt_tokens"] >= 300
+    # none's last prompt (question 2) shares the document with prefix-cache's first: not a cold start
+    assert rows["d0-q1-prefix-cache-r0"]["cold_verified"] is False
+    servers = kvbench.load_results(res.run_dir).runs[0]["servers"]
+    assert [(s["mode_label"], "argv" in s) for s in servers] == [("none", False), ("prefix-cache", False)]

@@ -1,0 +1,230 @@
+"""The scenario keys of a server run (kvbench.scenario.servers): engine, load, server configurations and their
+presets; every wrong key names its path, the value and what is allowed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from conftest import ROOT
+from kvbench.cli import app
+from kvbench.scenario import ScenarioError, load_scenario
+from kvbench.scenario.load_spec import LoadSpec
+from kvbench.scenario.servers import PRESETS, preset_of
+from kvbench.scenario.summary import sweep_summary
+
+
+def server_scenario(**over) -> dict:
+    """A valid llama.cpp scenario (the fake-free minimum: validation reads the model's config only)."""
+    data = {"name": "srv", "model": "smollm2-135m", "engine": {"kind": "llama.cpp"},
+            "workload": {"source": "sharegpt", "multi_turn": {"conversations": 2, "turns": 2,
+                                                              "min_prompt_tokens": 200, "max_prompt_tokens": 600}},
+            "max_new_tokens": 4, "modes": [{"name": "none"}, {"name": "prefix-cache"}], "repeats": 1}
+    data.update(over)
+    return data
+
+
+def problems_of(write_yaml, data) -> list[tuple[str, str]]:
+    with pytest.raises(ScenarioError) as info:
+        load_scenario(write_yaml(data))
+    return info.value.problems
+
+
+def test_a_server_scenario_loads_with_its_presets_and_load(write_yaml):
+    s = load_scenario(write_yaml(server_scenario(
+        modes=[{"name": "none"}, {"name": "ram", "preset": "host-cache", "size": 256, "args": ["--no-cache-idle-slots"],
+                                  "request": {"cache_prompt": True}}],
+        load={"profile": "concurrent", "concurrency": [1, 4]})))
+    assert s.engine.server and s.engine.kind == "llama.cpp"
+    assert [(m.kind, m.label) for m in s.modes] == [("none", "none"), ("host-cache", "ram")]
+    assert s.modes[1].options == {"args": ["--no-cache-idle-slots"], "request": {"cache_prompt": True}, "size": 256.0}
+    assert preset_of("llama.cpp", s.modes[1]).args == ("--cache-ram", "{size}")
+    assert s.load_spec.levels == [1, 4]
+    assert sweep_summary(s) == ("16 requests on llama.cpp: multi_turn: 2 conversations × 2 turns = 4 requests × 2 "
+                                "modes × 2 concurrency levels × 1 repeat, concurrency 1, 4; one server start per "
+                                "mode, level and repeat")
+
+
+def test_the_default_engine_is_transformers_and_takes_no_server_keys(write_yaml):
+    data = server_scenario(engine={"binary": "/bin/true"})
+    assert problems_of(write_yaml, data) == [("engine.binary", "only for a server engine (kind llama.cpp, vllm, "
+                                                               "sglang or openai); the transformers engine runs in kvbench")]
+
+
+@pytest.mark.parametrize("engine, path, message", [
+    ({"kind": "llamacpp"}, "engine.kind", "unknown engine 'llamacpp'; did you mean 'llama.cpp'? available: "
+                                          "transformers, llama.cpp, vllm, sglang, openai (got 'llamacpp')"),
+    ({"kind": "openai"}, "engine.url", "required for kind openai (the running server's base URL)"),
+    ({"kind": "llama.cpp", "url": "http://127.0.0.1:8000"}, "engine.url",
+     "kvbench starts llama.cpp itself on 127.0.0.1; use kind openai for a server already running"),
+    ({"kind": "openai", "url": "http://h:1", "cold": "restart"}, "engine.cold",
+     "restart is impossible for kind openai (kvbench did not start the server): use cold: reset with "
+     "reset_path, or cold: check"),
+    ({"kind": "openai", "url": "file:///etc/passwd", "cold": "reset", "reset_path": "/r"}, "engine.url",
+     "must be an http:// or https:// URL such as http://127.0.0.1:8000 (no query, no spaces) (got "
+     "'file:///etc/passwd')"),
+    ({"kind": "vllm", "cold": "reset"}, "engine.reset_path",
+     "required with cold: reset (the engine's cache-reset endpoint)"),
+    ({"kind": "llama.cpp", "args": ["-t\n1"]}, "engine.args[0]",
+     "a server flag cannot hold a NUL byte or a line break (got '-t\\n1')"),
+])
+def test_engine_keys_are_checked(write_yaml, engine, path, message):
+    assert problems_of(write_yaml, server_scenario(engine=engine)) == [(path, message)]
+
+
+@pytest.mark.parametrize("modes, path, message", [
+    ([{"name": "none"}, {"name": "prefix-cach"}], "modes[1]",
+     "preset: unknown llama.cpp preset 'prefix-cach'; did you mean 'prefix-cache'? available: none, prefix-cache, "
+     "host-cache, disk-slots, kv-on-host"),
+    ([{"kind": "none"}], "modes[0]", "engine llama.cpp takes server configurations ({name: none}, {name: "
+                                     "prefix-cache}, ...), not the offload mode kind none"),
+    ([{"name": "none", "size": 5}], "modes[0]", "size: preset none of llama.cpp has no size"),
+    ([{"name": "x", "preset": "none", "request": {"n_predict": 3}}], "modes[0].request",
+     "n_predict: kvbench sets this on every request (reserved: ignore_eos, max_tokens, model, n_predict, n_probs, "
+     "prompt, return_tokens, seed, stream, stream_options, temperature, top_k)"),
+    ([{"name": "none", "window": 5}], "modes[0].window",
+     "unknown key 'window'; allowed keys: name, preset, args, request, size"),
+    ([{"window": 5}], "modes[0]", "each mode needs a `kind` (an offload mode: none, hf-offloaded, full, hierarchical, "
+                                  "dynamic) or, for a server engine, a `name` (a server configuration)"),
+    ([{"name": "none"}, {"name": "none"}], "modes", "duplicate mode(s) ['none']"),
+])
+def test_server_modes_are_checked(write_yaml, modes, path, message):
+    assert problems_of(write_yaml, server_scenario(modes=modes)) == [(path, message)]
+
+
+def test_offload_modes_need_the_transformers_engine_and_server_modes_a_server(write_yaml):
+    data = server_scenario(engine={"kind": "transformers"})
+    assert problems_of(write_yaml, data) == [
+        ("modes[0]", "a server configuration (none) needs a server engine (engine.kind llama.cpp, vllm, sglang or "
+                     "openai); the transformers engine takes offload modes with `kind`")]
+
+
+@pytest.mark.parametrize("over, path, message", [
+    ({"batch_sizes": [1]}, "batch_sizes", "does not apply to engine llama.cpp (a server keeps its own KV; requests "
+                                          "arrive as load: says); remove it"),
+    ({"budget": "1GiB"}, "budget", "does not apply to engine llama.cpp (a server keeps its own KV; requests arrive "
+                                   "as load: says); remove it"),
+    ({"load": {"profile": "sequential", "concurrency": 2}}, "load.concurrency",
+     "profile sequential sends one request at a time; use profile concurrent"),
+    ({"load": {"profile": "poisson"}}, "load.rate", "required for profile poisson (requests per second)"),
+    ({"load": {"profile": "concurrent", "rate": 2.0}}, "load.rate", "only for profile poisson (this load is "
+                                                                    "concurrent)"),
+    ({"load": {"profile": "concurrent", "concurrency": [2, 2]}}, "load.concurrency", "duplicate level(s) in [2, 2]"),
+    ({"load": {"profile": "concurrent", "concurrency": -1}}, "load.concurrency",
+     "Input should be greater than or equal to 1 (got -1)"),
+    ({"load": {"profile": "concurrent", "concurrency": [1, -2]}}, "load.concurrency[1]",
+     "Input should be greater than or equal to 1 (got -2)"),
+    ({"load": {"profile": "concurrent", "concurrency": "lots"}}, "load.concurrency",
+     "must be a whole number or a list of whole numbers (got 'lots')"),
+    ({"modes": [{"name": "none"}, {"name": "disk-slots"}], "load": {"profile": "concurrent", "concurrency": 2}},
+     "modes[1]", "preset disk-slots saves and restores slot 0 around each turn: it runs one request at a time "
+                 "(load.concurrency 1)"),
+])
+def test_server_scenario_shape_is_checked(write_yaml, over, path, message):
+    assert problems_of(write_yaml, server_scenario(**over)) == [(path, message)]
+
+
+def test_load_levels_default_to_one_and_poisson_to_four_slots():
+    assert LoadSpec().levels == [1]
+    assert LoadSpec(profile="poisson", rate=2.0).levels == [4]
+    assert LoadSpec(profile="concurrent", concurrency=3).levels == [3]
+
+
+def test_every_preset_names_its_flags_and_only_cold_presets_are_cold():
+    cold = {(k, p.name) for k, reg in PRESETS.items() for p in reg.values() if p.cold}
+    assert cold == {("llama.cpp", "none"), ("vllm", "none"), ("sglang", "none"), ("openai", "none")}
+    assert PRESETS["llama.cpp"]["none"].request == {"cache_prompt": False}
+    assert PRESETS["vllm"]["cpu-offload"].args[-2:] == ("--kv-offloading-size", "{size}")
+    assert PRESETS["sglang"]["hicache"].size == ("× the GPU cache", 2.0)
+
+
+@pytest.mark.parametrize("name", ["server_multi_turn", "server_doc_qa", "vllm_offload", "sglang_hicache"])
+def test_the_shipped_server_scenarios_validate(name):
+    r = CliRunner().invoke(app, ["validate", str(ROOT / "scenarios" / f"{name}.yaml")])
+    assert r.exit_code == 0, r.output
+    assert f"{name}.yaml: ok (" in r.stdout
+    if name in ("vllm_offload", "sglang_hicache"):  # GPU machines' programs are not here: a warning, not an error
+        assert "not found in kvbench's environment or on PATH" in r.stderr
+
+
+LOOPBACK = "a server it starts listens on 127.0.0.1 at a free port, never another interface"
+MODEL = ("it loads the scenario's model with its own slots, context, seed and metrics (llama.cpp's --fit and "
+         "--kv-unified-per-slot would change them)")
+LLAMA_OWN = ("--host, --port, --metrics, -m, --model, -c, --ctx-size, -np, --parallel, -s, --seed, "
+             "--kv-unified-per-slot, -fit, --fit, -fitc, --fit-ctx, -fitt, --fit-target")
+
+
+@pytest.mark.parametrize("where", ["engine", "mode"])
+@pytest.mark.parametrize("flag, says", [
+    (["--host", "0.0.0.0"], f"--host: kvbench sets this itself: {LOOPBACK}"),
+    (["--port=80"], f"--port=80: kvbench sets this itself: {LOOPBACK}"),
+    (["--hos", "0.0.0.0"], f"--hos (a prefix of --host, which argparse takes for it): kvbench sets this itself: "
+                           f"{LOOPBACK}"),
+    (["--po=80"], f"--po=80 (a prefix of --port, which argparse takes for it): kvbench sets this itself: {LOOPBACK}"),
+    (["--"], "--: would end the server's options, and kvbench's own flags come after it"),
+    (["--metrics"], f"--metrics: kvbench sets this itself: {MODEL} (kvbench's: {LLAMA_OWN})"),
+    (["-np", "1024"], f"-np: kvbench sets this itself: {MODEL} (kvbench's: {LLAMA_OWN})"),
+    (["--ctx_size=99"], f"--ctx_size=99: kvbench sets this itself: {MODEL} (kvbench's: {LLAMA_OWN}"),
+    (["--kv-unified-per-slot", "100000"], f"--kv-unified-per-slot: kvbench sets this itself: {MODEL}"),
+    (["-fit", "on"], f"-fit: kvbench sets this itself: {MODEL}")])
+def test_flags_that_would_move_the_server_off_loopback_or_off_kvbench_s_settings_are_refused(write_yaml, where,
+                                                                                            flag, says):
+    data = (server_scenario(engine={"kind": "llama.cpp", "args": flag}) if where == "engine" else
+            server_scenario(modes=[{"name": "none", "args": flag}]))
+    (path, message), = problems_of(write_yaml, data)
+    assert path == ("engine.args" if where == "engine" else "modes[0].args")
+    assert message.startswith(says), message
+
+
+@pytest.mark.parametrize("flag", [["--hos", "0.0.0.0"], ["--max_num_seq", "9"], ["--max-num", "9"], ["--se=1"]])
+def test_an_argparse_server_s_abbreviations_of_kvbench_s_flags_are_refused(write_yaml, flag):
+    (path, message), = problems_of(write_yaml, server_scenario(engine={"kind": "vllm", "args": flag}))
+    assert path == "engine.args" and "a prefix of --" in message and "kvbench sets this itself" in message
+
+
+def test_the_flags_kvbench_sets_come_last_in_every_kind_s_command_line():
+    from kvbench.bench.engines.server.engine import server_argv
+    from kvbench.scenario import parse_scenario
+    from kvbench.scenario.servers import preset_of
+
+    for kind, tail in (("vllm", ["--host", "127.0.0.1", "--port", "4242", "--seed", "0", "--max-num-seqs", "2"]),
+                       ("sglang", ["--model-path", "HuggingFaceTB/SmolLM2-135M-Instruct", "--host", "127.0.0.1",
+                                   "--port", "4242", "--enable-metrics", "--random-seed", "0"])):
+        s = parse_scenario(server_scenario(engine={"kind": kind, "binary": "/bin/sh", "args": ["--x", "1"]},
+                                           model="HuggingFaceTB/SmolLM2-135M-Instruct",
+                                           modes=[{"name": "none", "args": ["--y"]}]), "s.yaml")
+        argv = server_argv(s, preset_of(kind, s.modes[0]), s.modes[0], 4242, 2, 40, Path("/slots"))
+        assert argv[-len(tail):] == tail and argv[-len(tail) - 1] == "--y"
+
+
+def test_a_llama_cpp_model_must_be_a_gguf_file(write_yaml, tmp_path):
+    (tmp_path / "notes.txt").write_text("hello")
+    for model, message in (("/nonexistent/m.gguf", "/nonexistent/m.gguf is not a file (llama.cpp loads a .gguf "
+                                                    "file)"),
+                           (str(tmp_path / "notes.txt"), f"{tmp_path / 'notes.txt'} is not a GGUF file (it does not "
+                                                         "start with GGUF): llama.cpp loads GGUF")):
+        assert problems_of(write_yaml, server_scenario(engine={"kind": "llama.cpp", "model": model})) == [
+            ("engine.model", message)]
+
+
+def test_sizes_are_whole_where_the_flag_is_and_never_written_with_an_exponent(write_yaml):
+    from kvbench.scenario.servers import size_text
+
+    data = server_scenario(modes=[{"name": "none"}, {"name": "ram", "preset": "host-cache", "size": 0.5}])
+    assert problems_of(write_yaml, data) == [("modes[1]", "size: 0.5 MiB: preset host-cache of llama.cpp takes a "
+                                                          "whole number")]
+    assert [size_text(v) for v in (1048576.0, 0.5, 2.25, 16)] == ["1048576", "0.5", "2.25", "16"]
+
+
+def test_a_concurrency_level_the_conversations_cannot_fill_is_a_warning(write_yaml):
+    from kvbench.scenario.checks import scenario_warnings
+
+    s = load_scenario(write_yaml(server_scenario(load={"profile": "concurrent", "concurrency": [1, 4]})))
+    assert [w for w in scenario_warnings(s) if w[0] == "load.concurrency"] == [
+        ("load.concurrency", "level 4 is more than the workload's 2 conversations, whose turns go one after another: "
+                             "at most 2 requests will be in flight (the report shows the concurrency each level "
+                             "reached)")]
+    s = load_scenario(write_yaml(server_scenario(load={"profile": "concurrent", "concurrency": 2})))
+    assert [w for w in scenario_warnings(s) if w[0] == "load.concurrency"] == []
