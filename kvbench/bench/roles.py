@@ -6,9 +6,10 @@ circle between the sweep, the executors and the plans."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
-from kvbench.bench.engines.base import Engine
+from kvbench.bench.engines.base import Engine, Session
 from kvbench.bench.trial import TrialSpec
 from kvbench.scenario import Scenario
 
@@ -43,8 +44,7 @@ class TrialRunner(Protocol):
     :class:`LocalExecutor`).
 
     Attributes:
-        engine: the engine whose ``source``, ``longest_prompt``, ``reuse_round`` and ``refill`` the sweep's
-            pieces use.
+        engine: the engine whose ``source``, ``longest_prompt`` and ``session`` the sweep's pieces use.
         last_samples: the samples of the last trial :meth:`run` ran (dicts with
             :data:`kvbench.results.samples.SAMPLE_COLUMNS`), for ``samples.csv``.
     """
@@ -53,8 +53,13 @@ class TrialRunner(Protocol):
     last_samples: list[dict[str, Any]]
 
     def run(self, t: TrialSpec) -> dict[str, Any]:
-        """Run trial ``t`` and return its row; a failure is a row with its ``status`` and ``message``.
-        KeyboardInterrupt is not caught."""
+        """Run trial ``t`` (in its mode's open :meth:`session`, else one of its own) and return its row; a
+        failure is a row with its ``status`` and ``message``. KeyboardInterrupt is not caught."""
+        ...
+
+    def session(self, mode: Any, repeat: int) -> AbstractContextManager[Session]:
+        """The engine's session of ``mode`` for ``repeat``, open while the block runs; the trials of that mode
+        run meanwhile run in it."""
         ...
 
     def release(self) -> None:
@@ -80,7 +85,13 @@ class Record(Protocol):
     on_start: Callable[[TrialSpec], None] | None
 
     def __call__(self, t: TrialSpec) -> dict[str, Any]:
-        """Run trial ``t`` (after its shape's warm-up) and write its row, or return the row already written."""
+        """Run trial ``t`` (after its shape's warm-up; in its mode's session where one is open) and write its row,
+        or return the row already written."""
+        ...
+
+    def session(self, mode: Any, repeat: int) -> AbstractContextManager[Session]:
+        """``mode``'s session for ``repeat``, open while the block runs (a reuse workload keeps every mode's open
+        for a repeat); the trials of that mode run meanwhile run in it."""
         ...
 
     def write(self, row: dict[str, Any], samples: list[dict[str, Any]] | None = None) -> dict[str, Any]:

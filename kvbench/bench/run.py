@@ -365,7 +365,7 @@ def _prepare_server(sc: Scenario, rundir: RunDir, where: Path, progress: RunProg
                   f"{sc.repeats} repeats, load {sc.load_spec.profile} at "
                   f"concurrency {', '.join(map(str, sc.load_spec.levels))}")
     progress.info(f"results: {rundir.path}")
-    return LocalExecutor(sc, engine, rundir.meta.get("environment"), reference=engine.reference), 0
+    return LocalExecutor(sc, engine, rundir.meta.get("environment")), 0
 
 
 def _note_executor(rundir: RunDir, entry: dict[str, Any], **fields: Any) -> None:

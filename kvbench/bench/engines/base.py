@@ -1,24 +1,55 @@
-"""The engine seam: what the sweep asks of whatever runs a trial, and what it hands back.
+"""The engine seam: what the plans ask of whatever runs a trial, and what it hands back.
 
-An engine runs one trial (:class:`~kvbench.bench.trial.TrialSpec`) and returns a :class:`~kvbench.bench.trial.TrialOutput`: the
-token timestamps, the generated ids, the prompt's digest, memory readings and its own row fields. The sweep
-(ordering, warm-up, resume, capacity search, the ``none`` reference, recording) only sees this protocol, through
-an executor (:mod:`kvbench.bench.executors.local`), and builds the row (:mod:`kvbench.bench.rows.row`).
+An engine opens a **mode session** (:meth:`Engine.session`: one mode, one repeat, its slots): the state that mode
+keeps between requests, from a cold start. A session runs one trial or request and hands back what it measured
+(:class:`~kvbench.bench.trial.TrialOutput`: token timestamps, generated ids, the prompt's digest, memory
+readings, its own row fields), rebuilds what a resumed run needs before its first missing request (``refill``),
+and reports its facts (a KV store's statistics; a server's run.json ``servers`` entry). The one row builder
+(:mod:`kvbench.bench.rows.row`) turns every output into a row; the plans (:mod:`kvbench.bench.plans`) decide
+which trials run in which order, and never which engine runs them.
 
-The protocol is shaped for two kinds of engine: in-process (:mod:`kvbench.bench.engines.transformers`: a cache
-object, a decode loop, this process's memory) and a server reached over HTTP (no cache object; it streams chunks
-with timestamps, reports cached prompt tokens per request as :attr:`TrialOutput.reuse`, and runs in another
-process, whose PID (:attr:`Engine.pid`) the samplers watch).
+Two families implement it. In-process (:mod:`kvbench.bench.engines.transformers`): a cache object, a decode loop,
+this process's memory, one request at a time (:class:`Session`). A server reached over HTTP
+(:mod:`kvbench.bench.engines.server`): no cache object; it streams chunks with timestamps, reports cached prompt
+tokens per request, serves requests that overlap (:class:`RequestSession`, whose methods are coroutines) and runs
+in another process, whose PID (:attr:`Engine.pid`) the samplers watch. What only one family has is declared in
+its :class:`Capabilities`, not stubbed in the other.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from typing import Any, Protocol
 
-from kvbench.bench.trial import ReuseTrial, TrialOutput, TrialSpec
+from kvbench.bench.trial import ReuseTrial, ServerTrial, TrialOutput, TrialSpec
 
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What an engine family has that another may lack, declared so that its callers ask rather than probe.
+
+    Attributes:
+        releases_memory: it holds memory of its own between trials (the in-process engine's device allocator),
+            given back by :meth:`Engine.release` before a new shape's warm-up; a server engine stops its server
+            after each mode and has none to give back.
+        tells_oom: a failed trial can be told apart as running out of memory (:meth:`Engine.is_oom`: the row is
+            ``oom``, not ``error``).
+        cache_object: the KV cache is an object in this process, its bytes read with every sample; a server's
+            cache is read from its ``/metrics`` and usage fields instead.
+        reports_cached_tokens: each reply says how many prompt tokens came from the engine's own cache (a
+            server's usage field: the reuse reading of a request); the in-process engine reports what its KV
+            store restored.
+        max_in_flight: requests one session serves at once: 1 (the in-process engine has one slot) or None
+            (a server: as many as the load's level gives it slots).
+    """
+
+    releases_memory: bool
+    tells_oom: bool
+    cache_object: bool
+    reports_cached_tokens: bool
+    max_in_flight: int | None
 
 
 class Watch(Protocol):
@@ -36,8 +67,58 @@ class Watch(Protocol):
         ...
 
 
+class Session(Protocol):
+    """One mode's state for one repeat in an engine that runs one trial at a time (``max_in_flight`` 1)."""
+
+    def run(self, t: TrialSpec, watch: Watch, keep_gaps: bool) -> TrialOutput:
+        """Run ``t`` (its timed part inside ``watch.window``) and return what it measured; ``keep_gaps``: hand
+        back the top-2 logit gaps.
+
+        Raises:
+            kvbench.offload.modes.ModeUnavailable: the mode cannot run here (the row is ``skipped``).
+            Exception: any failure (the row is ``oom`` where the engine tells OOM apart, else ``error``).
+        """
+        ...
+
+    def refill(self, t: ReuseTrial) -> None:
+        """Rebuild what a finished warm trial left for later requests (a resumed run), without recording it."""
+        ...
+
+    def facts(self) -> dict[str, Any]:
+        """What the session holds now, as row fields (a KV store's chunks, bytes per tier, evictions)."""
+        ...
+
+
+class RequestSession(Protocol):
+    """One mode's state for one repeat in an engine whose requests overlap (a server: ``max_in_flight`` None).
+    Its ``client`` is an ``httpx.AsyncClient`` the caller opens for the session's load."""
+
+    async def warm_up(self, client: Any, n: int) -> None:
+        """Send ``n`` unrecorded warm-up requests that share no prefix with any measured request."""
+        ...
+
+    async def run(self, client: Any, t: ServerTrial, own: Any, flight: Any) -> tuple[Any, dict[str, Any]]:
+        """Send measured request ``t`` (with what the mode does around it: a slot restored before, the reply
+        held after) and return the reply (the engine's ``output`` makes it a TrialOutput) and the request's facts
+        as row fields. ``own``: this process's CPU seconds (the machine-load window leaves them out);
+        ``flight``: the load's requests in flight.
+
+        Raises:
+            kvbench.bench.engines.server.stream.ServerReplyError: the reply failed (the row is ``error``).
+        """
+        ...
+
+    async def refill(self, client: Any, trials: Sequence[ServerTrial], todo: Sequence[ServerTrial]) -> int:
+        """Resumed mid-mode: send again, unrecorded, the written requests that ``todo`` builds on; how many."""
+        ...
+
+    def facts(self) -> dict[str, Any]:
+        """The session's run.json ``servers`` entry: command line, version, log, slots, ``/metrics`` deltas."""
+        ...
+
+
 class Engine(Protocol):
-    """Runs trials of one scenario on one model.
+    """Runs trials of one scenario on one model, one mode session at a time.
 
     Attributes:
         device: the torch device the model runs on (the samplers read NVML for a CUDA one).
@@ -45,12 +126,17 @@ class Engine(Protocol):
         source: the prompts: a :class:`~kvbench.workloads.PromptSource`, or a reuse workload's
             :class:`~kvbench.workloads.sessions.Stream` (its ``requests`` and ``notes``).
         longest_prompt: the model's longest prompt in tokens (max positions less the tokens generated).
+        capabilities: what this engine family has (:class:`Capabilities`).
+        reference: the ``none`` outputs every trial of this engine is compared with
+            (:class:`~kvbench.bench.rows.reference.Reference`).
     """
 
     device: Any
     pid: int
     source: Any
     longest_prompt: int
+    capabilities: Capabilities
+    reference: Any
 
     def describe(self, t: TrialSpec) -> dict[str, Any]:
         """The row fields every row of ``t`` has, whatever its status: ``device``, ``dtype``,
@@ -61,32 +147,17 @@ class Engine(Protocol):
         """The reasons the sweep cannot run (one line each), checked before the first trial; [] when it can."""
         ...
 
-    def run_trial(self, t: TrialSpec, watch: Watch, keep_gaps: bool) -> TrialOutput:
-        """Run ``t`` (its timed part inside ``watch.window``) and return what it measured; ``keep_gaps``: hand
-        back the top-2 logit gaps.
-
-        Raises:
-            kvbench.offload.modes.ModeUnavailable: the mode cannot run here (the row is ``skipped``).
-            Exception: any failure (the row is ``oom`` where :meth:`is_oom`, else ``error``).
-        """
+    def session(self, mode: Any, repeat: int, slots: int = 1) -> AbstractContextManager[Any]:
+        """The state ``mode`` keeps for ``repeat`` (a :class:`Session`, or a :class:`RequestSession` where
+        ``max_in_flight`` is None), from a cold start, with ``slots`` requests at once at most; everything it
+        made (a store's disk files, a server) is removed on every exit path."""
         ...
 
     def is_oom(self, exc: BaseException) -> bool:
-        """Whether a failure of :meth:`run_trial` was the engine running out of memory."""
+        """Whether a failed trial ran out of memory. Only where ``capabilities.tells_oom``."""
         ...
 
     def release(self) -> None:
-        """Give back memory earlier trials left, before a new shape's warm-up. Optional: an engine without
-        memory of its own to give back (a server engine, whose server stops after each mode) has none, and
-        :meth:`LocalExecutor.release <kvbench.bench.executors.local.LocalExecutor.release>` skips it."""
+        """Give back memory earlier trials left, before a new shape's warm-up. Only where
+        ``capabilities.releases_memory``."""
         ...
-
-    def reuse_round(self, modes: Sequence[Any]) -> AbstractContextManager[None]:
-        """A fresh reuse state for one repeat of a reuse workload (what each mode keeps between requests), cleared
-        on every exit path."""
-        ...
-
-    def refill(self, t: ReuseTrial) -> None:
-        """Rebuild what a finished warm trial left for later requests (a resumed run), without recording it."""
-        ...
-

@@ -6,16 +6,17 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import torch
 
 from kvbench.bench.engines.decode import Clock, greedy_decode, left_pad, release_device_memory
-from kvbench.bench.engines.base import Watch
+from kvbench.bench.engines.base import Capabilities, Watch
 from kvbench.bench.telemetry.host_memory import host_memory_available
 from kvbench.bench.engines.predict import Predictor
+from kvbench.bench.rows.reference import Reference
 from kvbench.bench.trial import ReuseTrial, TrialOutput, TrialSpec, bounds
 from kvbench.models import LoadedModel
 from kvbench.offload.caches import DynamicOffloadCache, OffloadedCache, kv_bytes
@@ -51,24 +52,55 @@ def disk_fields(cache: Any) -> tuple[dict[str, Any], dict[str, str]]:
             "disk_synced_bytes": tier.synced_bytes}, notes
 
 
-def make_stores(s: Scenario, modes: Sequence[Any], token_bytes: int) -> dict[str, KVStore]:
-    """A fresh KV store per mode label, as ``s.store_spec`` says; ``token_bytes``: one token's KV, every layer.
+def make_store(s: Scenario, token_bytes: int) -> KVStore:
+    """A fresh KV store for one mode, as ``s.store_spec`` says; ``token_bytes``: one token's KV, every layer.
 
     Raises:
         ValueError: a cap smaller than one chunk of ``token_bytes`` × ``chunk_tokens``.
         kvbench.offload.tiers.DiskTierError: the disk tier's directory cannot be made.
     """
     spec = s.store_spec
-    stores: dict[str, KVStore] = {}
-    try:
-        for m in modes:
-            stores[m.label] = KVStore(spec.chunk_tokens, int(spec.host_max_bytes), int(spec.disk_max_bytes),
-                                      s.disk_dir, token_bytes=token_bytes, page_cache=s.disk.page_cache)
-    except Exception:
-        for st in stores.values():
-            st.close()
-        raise
-    return stores
+    return KVStore(spec.chunk_tokens, int(spec.host_max_bytes), int(spec.disk_max_bytes), s.disk_dir,
+                   token_bytes=token_bytes, page_cache=s.disk.page_cache)
+
+
+def store_facts(st: KVStore) -> dict[str, Any]:
+    """A KV store's statistics as row fields: ``store_chunks``, ``store_host_bytes``, ``store_disk_bytes``
+    (bytes), ``store_evicted``, ``store_corrupt`` (chunks)."""
+    return {"store_chunks": len(st), "store_host_bytes": st.host_bytes, "store_disk_bytes": st.disk_bytes,
+            "store_evicted": st.evicted, "store_corrupt": st.corrupt}
+
+
+#: What the in-process engine has: its own device memory, OOM told apart, a cache object, one slot.
+CAPABILITIES = Capabilities(releases_memory=True, tells_oom=True, cache_object=True, reports_cached_tokens=False,
+                            max_in_flight=1)
+
+
+class TransformersSession:
+    """One mode's state for one repeat (see :class:`~kvbench.bench.engines.base.Session`): for a reuse workload
+    the mode's KV store (``store``), which warm trials restore from and hold their replies in; None otherwise
+    (each trial makes its own cache and keeps nothing)."""
+
+    def __init__(self, engine: "TransformersEngine", mode: Any, store: KVStore | None):
+        self.engine, self.mode, self.store = engine, mode, store
+
+    def run(self, t: TrialSpec, watch: Watch, keep_gaps: bool) -> TrialOutput:
+        """Refuse a host tier that cannot fit, make the mode's cache, run the trial, close the cache.
+
+        Raises:
+            ModeUnavailable: the host memory left cannot hold the host tier, or the mode cannot run here.
+        """
+        return self.engine.run_trial(t, watch, keep_gaps, self.store)
+
+    def refill(self, t: ReuseTrial) -> None:
+        """Rebuild what a finished warm trial left in the store (a resumed run): prefill ``request.held`` in a
+        fresh ``none`` cache and store it (not recorded)."""
+        e = self.engine
+        e._store_held(t, make_cache("none", e.m.model.config, e.device), 0, self.store)
+
+    def facts(self) -> dict[str, Any]:
+        """The store's statistics as row fields (:func:`store_facts`); {} without a store."""
+        return store_facts(self.store) if self.store is not None else {}
 
 
 class TransformersEngine:
@@ -92,8 +124,11 @@ class TransformersEngine:
         self.store_token_bytes = loaded.shape.sequence_bytes_per_token(loaded.dtype.itemsize)
         self.predict = Predictor(scenario, loaded.shape, loaded.dtype.itemsize, loaded.weights_bytes, loaded.device,
                                  environment)
-        #: reuse workloads: the KV store of each mode (by label), for the current :meth:`reuse_round`
+        #: reuse workloads: the KV store of each open session's mode (by label)
         self.stores: dict[str, KVStore] = {}
+        self.capabilities = CAPABILITIES
+        #: the ``none`` outputs every trial is compared with
+        self.reference = Reference()
 
     def describe(self, t: TrialSpec) -> dict[str, Any]:
         """``device``, ``dtype``, ``kv_bytes_predicted`` and the plan predictions of ``t``."""
@@ -110,8 +145,7 @@ class TransformersEngine:
             from kvbench.offload.tiers import DiskTierError
 
             try:
-                for st in make_stores(self.s, self.s.modes[:1], self.store_token_bytes).values():
-                    st.close()
+                make_store(self.s, self.store_token_bytes).close()
             except (ValueError, DiskTierError) as exc:
                 problems.append(f"store: {exc}")
             return problems
@@ -137,34 +171,41 @@ class TransformersEngine:
         release_device_memory(self.device)
 
     @contextmanager
-    def reuse_round(self, modes: Sequence[Any]) -> Iterator[None]:
-        """A fresh KV store per mode (:func:`make_stores`) for one repeat; closed (disk files removed) on every
-        exit path."""
-        self.stores = make_stores(self.s, modes, self.store_token_bytes)
+    def session(self, mode: Any, repeat: int, slots: int = 1) -> Iterator[TransformersSession]:
+        """``mode``'s session for ``repeat``: for a reuse workload a fresh KV store (:func:`make_store`), closed
+        (its disk files removed) on every exit path; ``slots``: 1 (this engine runs one trial at a time).
+
+        Raises:
+            ValueError: ``slots`` is not 1; or the store's caps (:func:`make_store`).
+        """
+        if slots != 1:
+            raise ValueError(f"the transformers engine runs one request at a time, not {slots}")
+        store = make_store(self.s, self.store_token_bytes) if self.s.workload.reuse else None
+        if store is not None:
+            self.stores[mode.label] = store
         try:
-            yield
+            yield TransformersSession(self, mode, store)
         finally:
-            for st in self.stores.values():
-                st.close()
-            self.stores = {}
+            if store is not None:
+                store.close()
+                self.stores.pop(mode.label, None)
 
-    def refill(self, t: ReuseTrial) -> None:
-        """Rebuild what a finished warm trial left in the store (a resumed run): prefill ``request.held`` in a
-        fresh ``none`` cache and store it (not recorded)."""
-        self._store_held(t, make_cache("none", self.m.model.config, self.device), 0)
-
-    def run_trial(self, t: TrialSpec, watch: Watch, keep_gaps: bool) -> TrialOutput:
-        """Refuse a host tier that cannot fit, make the mode's cache, run the trial, close the cache.
+    def run_trial(self, t: TrialSpec, watch: Watch, keep_gaps: bool, store: KVStore | None = None) -> TrialOutput:
+        """Refuse a host tier that cannot fit, make the mode's cache, run the trial (a warm one restoring from
+        and holding into ``store``), close the cache.
 
         Raises:
             ModeUnavailable: the host memory left cannot hold the host tier, or the mode cannot run here.
+            ValueError: a warm trial without a store (it runs in its mode's :meth:`session`).
         """
+        if isinstance(t, ReuseTrial) and t.warm and store is None:
+            raise ValueError(f"{t.trial_id}: a warm trial restores from its mode's store: run it in a session")
         self._host_preflight(t)
         cache = make_cache(t.mode.kind, self.m.model.config, self.device,
                            budget_bytes=int(self.s.budget) if self.s.budget is not None else None,
                            disk_dir=self.s.disk_dir, disk_page_cache=self.s.disk.page_cache, **t.mode.options)
         try:
-            return self._generate(t, cache, watch, keep_gaps)
+            return self._generate(t, cache, watch, keep_gaps, store)
         finally:
             if isinstance(cache, OffloadedCache):
                 cache.close()
@@ -180,10 +221,9 @@ class TransformersEngine:
                                   f"({need / 2**30:.2f} GiB) but {avail} bytes ({avail / 2**30:.2f} GiB) are left "
                                   f"({source})")
 
-    def _restore(self, t: ReuseTrial, cache: Any) -> dict[str, Any]:
+    def _restore(self, t: ReuseTrial, cache: Any, store: KVStore) -> dict[str, Any]:
         """Load the longest stored prefix of a warm trial's prompt (at most all but its last token, whose forward
-        gives the first token) from the mode's store into ``cache``; the reuse fields of its row."""
-        store = self.stores[t.mode.label]
+        gives the first token) from the mode's ``store`` into ``cache``; the reuse fields of its row."""
         ids = list(t.request.ids)
         prefix = store.get(ids, max_tokens=len(ids) - 1)
         restore(cache, prefix, self.device, self.m.dtype)
@@ -193,29 +233,25 @@ class TransformersEngine:
                 "store_hit_rate": found / chunks if chunks else None,
                 "restore_host_bytes": prefix.host_bytes, "restore_disk_bytes": prefix.disk_bytes}
 
-    def _hold(self, t: ReuseTrial, cache: Any, n_generated: int) -> None:
+    def _hold(self, t: ReuseTrial, cache: Any, n_generated: int, store: KVStore) -> None:
         """After a warm trial (not timed): what the server holds afterwards goes into the mode's store. The
         generated tokens are cropped and the rest of ``request.held`` (a conversation's reply as the dataset has
         it) is fed through the model with this cache, as decoding it would have."""
         cache.crop(-(n_generated - 1))  # the last generated token was never fed
-        self._store_held(t, cache, len(t.request.ids))
+        self._store_held(t, cache, len(t.request.ids), store)
 
-    def _store_held(self, t: ReuseTrial, cache: Any, cached: int) -> None:
+    def _store_held(self, t: ReuseTrial, cache: Any, cached: int, store: KVStore) -> None:
         """Feed ``request.held`` after its first ``cached`` tokens (already in ``cache``) through the model, then
-        put the whole of it into the mode's store."""
+        put the whole of it into the mode's ``store``."""
         held = list(t.request.held)
         if held[cached:]:
             dev = self.device
             greedy_decode(self.m.model, torch.tensor([held[cached:]], device=dev),
                           torch.ones((1, len(held)), dtype=torch.long, device=dev), cache, 1, self.clock)
-        self.stores[t.mode.label].put(held, *sequence_kv(cache))
+        store.put(held, *sequence_kv(cache))
 
-    def _store_state(self, label: str) -> dict[str, Any]:
-        st = self.stores[label]
-        return {"store_chunks": len(st), "store_host_bytes": st.host_bytes, "store_disk_bytes": st.disk_bytes,
-                "store_evicted": st.evicted, "store_corrupt": st.corrupt}
-
-    def _generate(self, t: TrialSpec, cache: Any, watch: Watch, keep_gaps: bool) -> TrialOutput:
+    def _generate(self, t: TrialSpec, cache: Any, watch: Watch, keep_gaps: bool,
+                  store: KVStore | None) -> TrialOutput:
         dev = self.device
         reuse = isinstance(t, ReuseTrial)
         prompts = [list(t.request.ids)] if reuse else self.source.batch(t.prompt_tokens, t.batch_size, t.repeat)
@@ -254,7 +290,7 @@ class TransformersEngine:
         with watch.window(t.trial_id, kv_probe=kv_now, pinned_probe=pinned_now):
             if reuse and t.warm:  # TTFT counts the lookup and the restore
                 t_restore = self.clock()
-                restored = self._restore(t, cache)
+                restored = self._restore(t, cache, store)
                 input_ids = input_ids[:, restored["tokens_restored"]:]
             ids, t0, times = greedy_decode(self.m.model, input_ids, mask, cache, self.s.max_new_tokens, self.clock,
                                            after_step=None if own_accounting else read_kv,
@@ -289,8 +325,8 @@ class TransformersEngine:
             notes.update(peak_device_allocated_bytes=reason, peak_device_reserved_bytes=reason,
                          weights_baseline_bytes=reason)
         if reuse and t.warm:  # after every figure is read: feeding the reply changes the cache's peaks
-            self._hold(t, cache, ids.shape[1])
-            fields.update(self._store_state(t.mode.label))
+            self._hold(t, cache, ids.shape[1], store)
+            fields.update(store_facts(store))
         return TrialOutput(t_restore if restored else t0, times, ids.cpu().tolist(), prompt_digest, memory,
                            reuse=restored, top2_gaps=gaps, fields=fields, notes=notes)
 

@@ -8,16 +8,16 @@ from __future__ import annotations
 
 import gc
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
-from kvbench.bench.engines.base import Engine
+from kvbench.bench.engines.base import Engine, Session
 from kvbench.bench.telemetry.machine_load import LoadWindow, other_gpu_processes
 from kvbench.bench.telemetry.monitor import Sampler, TrialTimeline
 from kvbench.bench.rows.reference import Reference
 from kvbench.bench.rows.row import base_row, measured_fields
 from kvbench.bench.plans.plan import run_plan
-from kvbench.bench.trial import TrialSpec
+from kvbench.bench.trial import ReuseTrial, TrialSpec
 from kvbench.offload.modes import ModeUnavailable
 from kvbench.scenario import Scenario
 from kvbench.workloads import TooLittleText
@@ -67,13 +67,17 @@ class LocalExecutor:
     """
 
     def __init__(self, scenario: Scenario, engine: Engine, environment: dict[str, Any] | None = None,
-                 sampler: Sampler | None = None, reference: Reference | None = None):
+                 sampler: Sampler | None = None):
         self.s, self.engine = scenario, engine
         self._sampler, self._cpu_count = sampler, (environment or {}).get("cpu_count")
         self._watch: TrialWatch | None = None
-        #: the ``none`` outputs every trial is compared with (a server engine's own, where it keeps one)
-        self.reference = reference if reference is not None else Reference()
         self.last_samples: list[dict[str, Any]] = []
+        self._sessions: dict[str, Session] = {}  # the open sessions (:meth:`session`), by mode label
+
+    @property
+    def reference(self) -> Reference:
+        """The ``none`` outputs every trial is compared with: the engine's."""
+        return self.engine.reference
 
     @property
     def sampler(self) -> Sampler:
@@ -92,14 +96,33 @@ class LocalExecutor:
             self._watch = TrialWatch(self.sampler, self._cpu_count)
         return self._watch
 
+    @contextmanager
+    def session(self, mode: Any, repeat: int) -> Iterator[Session]:
+        """The engine's session of ``mode`` for ``repeat`` (:meth:`Engine.session
+        <kvbench.bench.engines.base.Engine.session>`), open while the block runs: :meth:`run` runs the trials of
+        that mode in it meanwhile. Closed on every exit path."""
+        with self.engine.session(mode, repeat) as ses:
+            self._sessions[mode.label] = ses
+            try:
+                yield ses
+            finally:
+                self._sessions.pop(mode.label, None)
+
     def run(self, t: TrialSpec) -> dict[str, Any]:
-        """Run one trial and return its row; failures become a row with ``status`` (``skipped``: the mode cannot
-        run here; ``oom``; ``error``) and ``message``. Afterwards (outside the timed window) ``gc.collect()``;
-        device memory is released by the sweep, not here (see :meth:`release`). KeyboardInterrupt is not caught."""
+        """Run one trial in its mode's open :meth:`session` (a reuse workload's, open for a repeat), else in a
+        session of its own (not a warm trial: it would restore nothing), and return its row; failures become a row with ``status`` (``skipped``: the mode
+        cannot run here; ``oom``; ``error``) and ``message``. Afterwards (outside the timed window)
+        ``gc.collect()``; device memory is released by the sweep, not here (see :meth:`release`).
+        KeyboardInterrupt is not caught."""
         row = base_row(self.s, t, self.engine.describe(t))
         self.watch.reset()
         try:
-            out = self.engine.run_trial(t, self.watch, self.reference.wants_gaps(t))
+            session = self._sessions.get(t.mode.label)
+            if session is None and isinstance(t, ReuseTrial) and t.warm:  # a session of its own holds nothing
+                raise ValueError(f"{t.trial_id}: a warm trial restores what its mode's session holds: open the "
+                                 "session first")
+            with nullcontext(session) if session is not None else self.engine.session(t.mode, t.repeat) as ses:
+                out = ses.run(t, self.watch, self.reference.wants_gaps(t))
             row.update(measured_fields(self.s, t, out, self.watch.timeline, self.watch.machine_load,
                                        self.sampler.notes, self.reference))
         except ModeUnavailable as exc:
@@ -107,7 +130,8 @@ class LocalExecutor:
         except TooLittleText as exc:
             row.update(status=Status.ERROR, message=str(exc))
         except Exception as exc:  # noqa: BLE001 - every failure is recorded and the sweep goes on
-            row.update(status=Status.OOM if self.engine.is_oom(exc) else Status.ERROR, message=f"{type(exc).__name__}: {exc}")
+            oom = self.engine.capabilities.tells_oom and self.engine.is_oom(exc)
+            row.update(status=Status.OOM if oom else Status.ERROR, message=f"{type(exc).__name__}: {exc}")
         finally:
             self.last_samples = self.watch.timeline.samples if self.watch.timeline is not None else []
             gc.collect()
@@ -119,11 +143,11 @@ class LocalExecutor:
         run_plan(scenario, record, self.engine, trials)
 
     def release(self) -> None:
-        """Release the engine's memory before a new shape (an engine without memory of its own to give back, a
-        server whose process is stopped after each mode, has no ``release``)."""
-        release = getattr(self.engine, "release", None)
-        if release is not None:
-            release()
+        """Release the engine's memory before a new shape, where it holds memory of its own
+        (:attr:`Capabilities.releases_memory <kvbench.bench.engines.base.Capabilities.releases_memory>`; a
+        server's process is stopped after each mode instead)."""
+        if self.engine.capabilities.releases_memory:
+            self.engine.release()
 
     def remember(self, rows: Sequence[dict[str, Any]]) -> None:
         """Take earlier rows' ``none`` outputs as the reference (:meth:`Reference.remember`)."""

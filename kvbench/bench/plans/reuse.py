@@ -2,8 +2,8 @@
 and restored from what the engine keeps for the mode (warm), side by side (their tables:
 :mod:`kvbench.analysis.reuse`).
 
-Per repeat each mode starts afresh (:meth:`~kvbench.bench.engines.base.Engine.reuse_round`: the transformers
-engine makes a new :class:`~kvbench.offload.store.KVStore` per mode, as ``store:`` says, its disk tier under the
+Per repeat each mode starts afresh (a session of its own, :meth:`~kvbench.bench.engines.base.Engine.session`: the
+transformers engine makes a new :class:`~kvbench.offload.store.KVStore` per mode, as ``store:`` says, its disk tier under the
 scenario's ``disk_dir``). Requests arrive in the workload's order; per request, ``none`` runs cold first (the
 reference every trial's ids are compared with), then warm; the other modes alternate warm-first and cold-first
 from request to request, so neither side always runs right after the other. After a warm trial, what the server
@@ -12,6 +12,7 @@ holds (the prompt and, in a conversation, the reply it goes on with) is kept for
 
 from __future__ import annotations
 
+from contextlib import ExitStack
 from typing import Any
 
 from kvbench.bench.engines.base import Engine
@@ -24,13 +25,16 @@ from kvbench.scenario import Scenario
 def reuse_sweep(s: Scenario, record: Record, engine: Engine) -> None:
     """Run (or, resuming, look up) every trial of a reuse workload; ``engine.source`` is its
     :class:`~kvbench.workloads.sessions.Stream`, ``record`` a :class:`~kvbench.bench.plans.sweep.Recorder` (its
-    ``rows`` are the trials already written). A warm trial already recorded is not rerun, but what it left for
-    later requests is rebuilt (:meth:`~kvbench.bench.engines.base.Engine.refill`), so later turns see the same
-    store. Each repeat's reuse state is cleared (disk files removed) on every exit path."""
+    ``rows`` are the trials already written). Per repeat every mode has a session of its own
+    (:meth:`~kvbench.bench.engines.base.Engine.session`, opened through ``record``), open for the whole repeat (the modes interleave
+    request by request) and closed (disk files removed) on every exit path. A warm trial already recorded is not
+    rerun, but what it left for later requests is rebuilt
+    (:meth:`~kvbench.bench.engines.base.Session.refill`), so later turns see the same store."""
     modes = reference_first(s.modes)
     requests = engine.source.requests
     for r in range(s.repeats):
-        with engine.reuse_round(modes):
+        with ExitStack() as stack:
+            sessions = {m.label: stack.enter_context(record.session(m, r)) for m in modes}
             for i, req in enumerate(requests):
                 for m in modes:
                     cold, warm = ReuseTrial.of(req, m, r, False), ReuseTrial.of(req, m, r, True)
@@ -38,7 +42,7 @@ def reuse_sweep(s: Scenario, record: Record, engine: Engine) -> None:
                         done = record.rows.get(t.trial_id)
                         if done is not None:
                             if t.warm and done.get("status") in MEASURED:
-                                engine.refill(t)
+                                sessions[m.label].refill(t)
                             continue
                         record(t)
 

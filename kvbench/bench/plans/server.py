@@ -8,15 +8,14 @@ tokens (``cold_verified``), and every request of a cold preset (``none``) too; a
 gone) is an ``error`` row with the reason and the sweep goes on; a server that does not start gives every request
 of that mode an ``error`` row with the log's last lines. Resumed, a mode whose requests are all written is not
 started again; one with requests missing is restarted and, before them, the conversations' earlier turns are sent
-again unrecorded so the server holds what it held (as :meth:`~kvbench.bench.engines.base.Engine.refill` does).
+again unrecorded so the server holds what it held (the session's refill, as
+:meth:`~kvbench.bench.engines.base.Session.refill` does in process).
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import dataclasses
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,7 +23,8 @@ import httpx
 
 from kvbench.bench.telemetry.machine_load import LoadWindow
 from kvbench.bench import load as load_profiles
-from kvbench.bench.engines.server.engine import ModeServer, ServerEngine
+from kvbench.bench.engines.server.engine import ServerEngine
+from kvbench.bench.engines.server.session import Flight, ServerSession
 from kvbench.bench.engines.server.process import ServerExited, ServerStartError
 from kvbench.bench.engines.server.stream import ServerReplyError
 from kvbench.bench.telemetry.server import ProcessTree, ServerWatch
@@ -79,10 +79,10 @@ def _run_mode(s: Scenario, record: Record, engine: ServerEngine, mode: Any, repe
     if record.on_status:
         record.on_status(f"starting the {engine.kind} server for {mode.label} (repeat {repeat})")
     try:
-        with engine.serving(mode, repeat, level) as srv:
+        with engine.session(mode, repeat, level) as srv:
             record.run.update(servers=engine.servers)  # listed while it runs: a killed run still names it
             try:
-                asyncio.run(_requests(s, record, engine, srv, mode, level, trials, todo))
+                asyncio.run(_requests(s, record, engine, srv, level, trials, todo))
             except ServerReplyError as exc:  # before the load (reset, warm-up, refill): the server is no use
                 if srv.process is not None and not srv.process.alive():
                     raise ServerReplyError(f"{exc}\nthe server exited; its log ends:\n"
@@ -99,16 +99,15 @@ def _run_mode(s: Scenario, record: Record, engine: ServerEngine, mode: Any, repe
         record.run.update(servers=engine.servers)
 
 
-async def _requests(s: Scenario, record: Record, engine: ServerEngine, srv: ModeServer, mode: Any, level: int,
+async def _requests(s: Scenario, record: Record, engine: ServerEngine, srv: ServerSession, level: int,
                     trials: list[ServerTrial], todo: list[ServerTrial]) -> None:
     limits = httpx.Limits(max_connections=level + 2)
     async with httpx.AsyncClient(limits=limits, timeout=s.engine.request_timeout_s, trust_env=engine.trust_env,
                                  follow_redirects=False) as client:
-        for _ in range(s.warmup):
-            await engine.send(client, srv, mode, engine.warmup_ids(), s.max_new_tokens)
+        await srv.warm_up(client, s.warmup)
         # the first request a fresh server answers must reuse nothing (a resumed mode's refill fills the cache)
-        first = {} if await _refill(s, engine, client, srv, mode, trials, todo) else {"pending": True}
-        srv.metrics_before = engine.metrics_text(srv)  # the deltas count the measured requests (and their holds)
+        first = {} if await srv.refill(client, trials, todo) else {"pending": True}
+        srv.metrics_before = srv.metrics_text()  # the deltas count the measured requests (and their holds)
         writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="kvbench-rows")
         written: list[concurrent.futures.Future] = []
         watch = ServerWatch(srv.pid, s.monitor.interval_ms / 1000, engine.nvml) if srv.pid else None
@@ -118,7 +117,7 @@ async def _requests(s: Scenario, record: Record, engine: ServerEngine, srv: Mode
         window = LoadWindow(also_own=own)
         if watch is not None:
             watch.start()
-        flight = _Flight()
+        flight = Flight()
 
         def held() -> dict[str, Any]:
             """What the mode holds now: its configured host tier, the server's RSS growth since its measured
@@ -134,7 +133,7 @@ async def _requests(s: Scenario, record: Record, engine: ServerEngine, srv: Mode
             if record.on_start:  # a measured request (not a warm-up, hold or refill), before its restore
                 record.on_start(t)
             with flight:
-                reply, facts = await _send(s, engine, client, srv, mode, t, own, flight)
+                reply, facts = await srv.run(client, t, own, flight)
             return reply, {**facts, **held()}, was_first
 
         def done(o: load_profiles.Outcome) -> None:
@@ -151,7 +150,7 @@ async def _requests(s: Scenario, record: Record, engine: ServerEngine, srv: Mode
                     row = {**request_row(s, engine, t, reply, o, first=was_first), **facts}
                 except RuntimeError as exc:  # the server generated another number of tokens
                     error = exc
-            gone = row is None and _exited(srv, 2.0 if getattr(error, "lost", False) else 0.0)
+            gone = row is None and srv.exited(2.0 if getattr(error, "lost", False) else 0.0)
             if row is None:
                 why = f"{type(error).__name__}: {error}"
                 if gone:
@@ -200,90 +199,6 @@ def request_row(s: Scenario, engine: ServerEngine, t: ServerTrial, reply: Reply 
     return row
 
 
-class _Flight:
-    """The requests of one load in flight (a context per request), and how many have begun so far: a hold that
-    began and ended with only its own request in flight, and no other begun in between, ran alone."""
-
-    def __init__(self) -> None:
-        self.now = self.begun = 0
-
-    def __enter__(self) -> "_Flight":
-        self.now += 1
-        self.begun += 1
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.now -= 1
-
-
-async def _send(s: Scenario, engine: ServerEngine, client: httpx.AsyncClient, srv: ModeServer, mode: Any,
-                t: ServerTrial, own: Any, flight: _Flight | None = None) -> tuple[Any, dict[str, Any]]:
-    """One measured request: for a conversation's later turn on a mode with slot files, the restore of its slot
-    first (timed inside TTFT: the user waits for restore + prefill of the rest + the first token), the request,
-    its hold and the save of its slot. Returns the reply (its ``t_sent`` before the restore) and the request's
-    facts: the machine's load over it, ``slot_restore_s``/``server_restore_s`` (the client's and the server's own
-    ``restore_ms``), ``slot_save_s``/``server_save_s``."""
-    facts: dict[str, Any] = {}
-    request_load = LoadWindow(also_own=own)
-    t0 = time.perf_counter()
-    restoring = srv.preset.slots and t.request.turn_index > 1 and t.request.document in srv.slot_files
-    if restoring:
-        done = await engine.slot_action(client, srv, "restore", srv.slot_files[t.request.document])
-        facts.update(slot_restore_s=time.perf_counter() - t0, server_restore_s=_server_s(done, "restore_ms"))
-    reply = await engine.send(client, srv, mode, t.request.ids, s.max_new_tokens)
-    if restoring:
-        reply = dataclasses.replace(reply, t_sent=t0)
-    facts.update(request_load.stop())
-    await _hold(s, engine, client, srv, mode, t, flight)
-    if srv.preset.slots:
-        name = f"{t.request.document}.bin".replace("/", "_")
-        t1 = time.perf_counter()
-        done = await engine.slot_action(client, srv, "save", name)
-        facts.update(slot_save_s=time.perf_counter() - t1, server_save_s=_server_s(done, "save_ms"))
-        srv.slot_files[t.request.document] = name
-    return reply, facts
-
-
-def _server_s(reply: dict[str, Any], key: str) -> float | None:
-    """A slot action's own time (llama-server's ``timings.<key>``, milliseconds) in seconds, or None."""
-    v = (reply.get("timings") or {}).get(key) if isinstance(reply.get("timings"), dict) else None
-    return v / 1000 if type(v) in (int, float) and v >= 0 else None
-
-
-async def _hold(s: Scenario, engine: ServerEngine, client: httpx.AsyncClient, srv: ModeServer, mode: Any,
-                t: ServerTrial, flight: _Flight | None = None) -> None:
-    """After a conversation turn, what the server would hold had it generated the whole reply: the turn's prompt
-    and the dataset's reply (``held``), sent unrecorded for one token so that the server computes (and, in a mode
-    that caches, keeps) their KV, as it would after decoding the reply itself. kvbench generates only
-    ``max_new_tokens`` of each reply; the next turn's prompt carries the dataset's. Not in a cold mode, which
-    keeps nothing. With ``flight`` (a measured load), the hold is counted in :attr:`ModeServer.holds`, and when
-    its request is the only one in flight ``/metrics`` is read just before and after it, so that its own share
-    of the counters can be taken out of the mode's."""
-    if len(t.request.held) > len(t.request.ids) and t.request.id in engine.followed and not srv.preset.cold:
-        if flight is None:
-            await engine.send(client, srv, mode, t.request.held, 1)
-            return
-        srv.holds.sent += 1
-        alone, begun = flight.now == 1, flight.begun
-        before = await engine.scrape(client, srv) if alone else None
-        await engine.send(client, srv, mode, t.request.held, 1)
-        if alone and flight.now == 1 and flight.begun == begun:
-            srv.holds.scrapes.append((before, await engine.scrape(client, srv)))
-
-
-def _exited(srv: ModeServer, wait_s: float) -> bool:
-    """Whether the server of a failed request has exited: a server that is dying drops its connections before
-    its process ends, so after a lost connection this waits up to ``wait_s`` seconds for the exit (a failure
-    path: the streams in flight wait with it)."""
-    if srv.process is None:
-        return False
-    end = time.monotonic() + wait_s
-    while srv.process.alive():
-        if time.monotonic() > end:
-            return False
-        time.sleep(0.05)
-    return True
-
 
 def _chain(s: Scenario) -> Any:
     """A multi-turn conversation's turns go in order, each after the previous reply; other requests are
@@ -291,18 +206,3 @@ def _chain(s: Scenario) -> Any:
     if s.workload.multi_turn is not None:
         return lambda t: t.request.document
     return lambda t: None
-
-
-async def _refill(s: Scenario, engine: ServerEngine, client: httpx.AsyncClient, srv: ModeServer, mode: Any,
-                  trials: list[ServerTrial], todo: list[ServerTrial]) -> int:
-    """Resumed mid-mode: send again, unrecorded, the written turns of conversations with turns still to run;
-    how many were sent."""
-    pending = {t.request.document for t in todo}
-    missing = {t.trial_id for t in todo}
-    sent = 0
-    for t in trials:
-        if t.trial_id not in missing and t.request.document in pending and s.workload.multi_turn is not None:
-            await engine.send(client, srv, mode, t.request.ids, s.max_new_tokens)
-            await _hold(s, engine, client, srv, mode, t)
-            sent += 1
-    return sent

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,7 +63,8 @@ class Recorder:
 
     def __call__(self, t: TrialSpec) -> dict[str, Any]:
         """The row of trial ``t``: the one already written, or a new one (run, then its samples and row written
-        and fsynced: :meth:`RunDir.record_trial`).
+        and fsynced: :meth:`RunDir.record_trial`); it runs in its mode's session where the plan opened one
+        (:meth:`session`).
 
         Raises:
             OSError: the trial's files could not be written; :attr:`not_kept` is its id.
@@ -84,6 +86,11 @@ class Recorder:
         if self.on_start:
             self.on_start(t)
         return self.write(self.executor.run(t), self.executor.last_samples)
+
+    def session(self, mode: Any, repeat: int) -> AbstractContextManager[Any]:
+        """``mode``'s session for ``repeat`` (:meth:`Engine.session <kvbench.bench.engines.base.Engine.session>`),
+        open while the block runs: the trials of that mode run meanwhile (warm-ups included) run in it."""
+        return self.executor.session(mode, repeat)
 
     def write(self, row: dict[str, Any], samples: list[dict[str, Any]] | None = None) -> dict[str, Any]:
         """Write a trial's ``row`` (with :attr:`where`'s fields it lacks, and ``attempt`` 1 when

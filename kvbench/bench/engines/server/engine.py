@@ -13,21 +13,21 @@ import dataclasses
 import functools
 import os
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
 import numpy as np
 import orjson
 
+from kvbench.bench.engines.base import Capabilities
 from kvbench.bench.trial import TrialOutput
 from kvbench.bench.rows.reference import Reference
 from kvbench.bench.rows.row import ids_digest
-from kvbench.bench.engines.server.client import Reply, complete_llamacpp, complete_openai
-from kvbench.bench.engines.server.http import get_page, get_page_async, server_client, unreachable
+from kvbench.bench.engines.server.client import Reply
+from kvbench.bench.engines.server.http import get_page, unreachable
 from kvbench.bench.engines.server.metrics import measured_deltas
 from kvbench.bench.engines.server.process import ServerProcess, free_port, probe_output
+from kvbench.bench.engines.server.session import ServerSession
 from kvbench.bench.engines.server.stream import ServerReplyError, printable
 from kvbench.bench.engines.server.tiers import host_tier
 from kvbench.bench.trial import ServerTrial
@@ -44,33 +44,10 @@ WARMUP_TOKENS = 32
 CTX_MARGIN = 16
 
 
-@dataclass
-class Holds:
-    """The unrecorded hold requests of one server (see :func:`kvbench.bench.plans.server`'s ``_hold``): how many
-    were sent, and the ``/metrics`` scrapes just before and after each one that ran alone (no other request in
-    flight from its first scrape to its last), whose difference is that hold's own share of the counters."""
-
-    sent: int = 0
-    scrapes: list[tuple[str | None, str | None]] = field(default_factory=list)
-
-
-@dataclass
-class ModeServer:
-    """The server of one mode and repeat: ``url``, ``pid`` (None for ``openai``), its ``process``, what went into
-    run.json (``info``), the ``/metrics`` text before the requests, the conversations' slot files (``slot_files``
-    in ``slot_dir``), its configured host tier (``host_tier``: bytes and where the figure comes from,
-    :func:`kvbench.bench.engines.server.tiers.host_tier`) and its :class:`Holds`."""
-
-    url: str
-    pid: int | None
-    process: ServerProcess | None
-    preset: Preset
-    info: dict[str, Any] = field(default_factory=dict)
-    metrics_before: str | None = None
-    slot_files: dict[str, str] = field(default_factory=dict)
-    slot_dir: Path | None = None
-    host_tier: tuple[int | None, str] = (None, "")
-    holds: Holds = field(default_factory=Holds)
+#: What a server engine has: no memory of its own to give back (its server stops after each mode), no OOM told
+#: apart, no cache object in this process; cached prompt tokens per reply; as many requests in flight as slots.
+CAPABILITIES = Capabilities(releases_memory=False, tells_oom=False, cache_object=False, reports_cached_tokens=True,
+                            max_in_flight=None)
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -160,6 +137,7 @@ class ServerEngine:
         self.device_name = f"{self.kind} server ({device_type})"
         self.pid = os.getpid()
         self.reference = Reference()
+        self.capabilities = CAPABILITIES
         #: requests a later request of the same conversation follows (their ``held`` ids are sent after them)
         later = [q.document for q in source.requests]
         self.followed = {q.id for i, q in enumerate(source.requests) if q.document in later[i + 1:]}
@@ -199,13 +177,13 @@ class ServerEngine:
         return preset_of(self.kind, mode)
 
     @contextlib.contextmanager
-    def serving(self, mode: Any, repeat: int, slots: int = 1) -> Iterator[ModeServer]:
-        """A server for ``mode`` in ``repeat`` from a cold cache: started (on 127.0.0.1, a free port, its log in
-        ``servers/<mode>-r<repeat>.log`` of the run, ``.2.log`` for a resumed mode's next server, ``slots``
-        parallel slots) and stopped on every exit path; for ``openai`` the running
-        server, reset through ``engine.reset_path`` when ``cold: reset``. Its command line, version and ``/metrics``
-        deltas (from :attr:`ModeServer.metrics_before`, which the caller reads when its measured requests start,
-        to the end) go into :attr:`servers` (the run's ``servers`` in run.json).
+    def session(self, mode: Any, repeat: int, slots: int = 1) -> Iterator[ServerSession]:
+        """``mode``'s server session for ``repeat``, from a cold cache: a server started (on 127.0.0.1, a free
+        port, its log in ``servers/<mode>-r<repeat>.log`` of the run, ``.2.log`` for a resumed mode's next
+        server, ``slots`` parallel slots) and stopped on every exit path; for ``openai`` the running server,
+        reset through ``engine.reset_path`` when ``cold: reset``. Its command line, version and ``/metrics``
+        deltas (from :attr:`ServerSession.metrics_before`, which the caller reads when its measured requests
+        start, to the end) go into :attr:`servers` (the run's ``servers`` in run.json).
 
         Raises:
             ServerStartError: the server did not start or never became healthy (the log's last lines say why).
@@ -218,7 +196,7 @@ class ServerEngine:
         servers_dir.mkdir(exist_ok=True)
         info: dict[str, Any] = {"mode_label": mode.label, "repeat": repeat, "engine": self.kind, "slots": slots}
         if not self.server_kind.started:
-            srv = ModeServer(e.url, None, None, preset, info, host_tier=host_tier(self.kind, None))
+            srv = ServerSession(self, mode, e.url, None, preset, info, host_tier=host_tier(self.kind, None))
         else:
             slot_dir = servers_dir / f"{mode.label}-r{repeat}.slots"
             if preset.slots:
@@ -232,8 +210,8 @@ class ServerEngine:
                 log = servers_dir / f"{mode.label}-r{repeat}.{n}.log"
             proc = ServerProcess(argv, log, port=port, startup_timeout_s=e.startup_timeout_s)
             info.update(argv=argv, log=str(log.relative_to(self.run_path)), version=program_version(argv))
-            srv = ModeServer(proc.url, None, proc, preset, info, slot_dir=slot_dir if preset.slots else None,
-                             host_tier=host_tier(self.kind, argv))
+            srv = ServerSession(self, mode, proc.url, proc, preset, info,
+                                slot_dir=slot_dir if preset.slots else None, host_tier=host_tier(self.kind, argv))
             info["host_tier_bytes"], info["host_tier"] = srv.host_tier
         self.servers.append(info)
         with srv.process if srv.process is not None else contextlib.nullcontext():
@@ -241,83 +219,29 @@ class ServerEngine:
                 srv.pid = srv.process.pid
                 self.pid = srv.pid
             if e.cold_start == "reset":
-                self._post(srv, e.reset_path)
+                srv.post(e.reset_path)
                 info["reset"] = e.reset_path
             try:
                 yield srv
             finally:
-                after = self.metrics_text(srv) if srv.process is None or srv.process.alive() else None
+                after = srv.metrics_text() if srv.process is None or srv.process.alive() else None
                 kind = self.kind if self.server_kind.counters else metrics_kind(srv.metrics_before or after or "")
                 info.update(measured_deltas(kind, srv.metrics_before, after, srv.holds.scrapes, srv.holds.sent,
                                             f"{srv.url}/metrics"))
                 self.pid = os.getpid()
 
-    def client(self) -> httpx.Client:
-        """A client for the server (:func:`~kvbench.bench.engines.server.http.server_client`): environment proxies
-        only for an ``openai`` engine that says ``use_env_proxy``."""
-        return server_client(self.trust_env)
-
-    def _post(self, srv: ModeServer, path: str) -> None:
-        try:
-            with self.client() as c:
-                r = c.post(srv.url + path, timeout=self.s.engine.request_timeout_s)
-        except httpx.HTTPError as exc:
-            raise ServerReplyError(f"{srv.url}{path}: POST failed: {type(exc).__name__}: {exc}", srv.url) from exc
-        if r.status_code >= 400:
-            raise ServerReplyError(f"{srv.url}{path}: POST answered HTTP {r.status_code}: "
-                                   f"{printable(r.text, 300)!r}", srv.url)
-
-    def metrics_text(self, srv: ModeServer) -> str | None:
-        """The server's ``/metrics`` text, or None where it has none (or cannot be read now, or is over
-        :data:`~kvbench.bench.engines.server.http.MAX_PAGE_BYTES`)."""
-        return get_page(srv.url + "/metrics", self.trust_env)
-
-    async def scrape(self, client: httpx.AsyncClient, srv: ModeServer) -> str | None:
-        """:meth:`metrics_text` without blocking the event loop (between requests of a load)."""
-        return await get_page_async(client, srv.url + "/metrics")
-
-    def _model_name(self, srv: ModeServer) -> str:
-        if self.served_model is None:
-            self.served_model = _served_model(get_page(srv.url + "/v1/models", self.trust_env))
-            if self.served_model is None:
-                raise ServerReplyError(f"{srv.url}/v1/models: lists no served model; give engine.served_model",
-                                       srv.url)
-        return self.served_model
-
-    async def send(self, client: httpx.AsyncClient, srv: ModeServer, mode: Any, ids: Sequence[int],
-                   n_tokens: int) -> Reply:
-        """One streamed, greedy request of exactly ``n_tokens`` new tokens for prompt ``ids`` to ``srv``, with
-        the preset's and the mode's request options."""
-        options = {**srv.preset.request, **mode.request}
-        timeout, deadline = self.s.engine.request_timeout_s, self.s.engine.reply_timeout_s
-        if self.server_kind.protocol == "completion":
-            return await complete_llamacpp(client, srv.url, ids, n_tokens, options, seed=self.s.seed,
-                                           timeout_s=timeout, deadline_s=deadline)
-        model = self._model_name(srv)
-        return await complete_openai(client, srv.url, model, ids, n_tokens, options, seed=self.s.seed,
-                                     timeout_s=timeout, deadline_s=deadline)
-
-    async def slot_action(self, client: httpx.AsyncClient, srv: ModeServer, action: str, filename: str,
-                          slot: int = 0) -> dict[str, Any]:
-        """llama.cpp's slot save/restore (``POST /slots/{slot}?action=save|restore``, file ``filename`` in the
-        mode's ``--slot-save-path``): its reply (``n_written``/``save_ms``, ``n_restored``/``restore_ms``).
+    def model_name(self, url: str) -> str:
+        """The model an OpenAI-compatible request names: ``engine.served_model``, else the first model the
+        server at ``url`` lists (asked once).
 
         Raises:
-            ServerReplyError: the server refused it (the body in the message).
+            ServerReplyError: the server lists none.
         """
-        try:
-            r = await client.post(f"{srv.url}/slots/{slot}", params={"action": action},
-                                  json={"filename": filename}, timeout=self.s.engine.request_timeout_s)
-        except httpx.HTTPError as exc:
-            raise ServerReplyError(f"{srv.url}/slots/{slot}: {action} failed: {type(exc).__name__}: {exc}",
-                                   srv.url) from exc
-        if r.status_code >= 400:
-            raise ServerReplyError(f"{srv.url}/slots/{slot}: {action} answered HTTP {r.status_code}: "
-                                   f"{r.text[:300]!r}", srv.url)
-        try:
-            return dict(r.json())
-        except ValueError:
-            return {}
+        if self.served_model is None:
+            self.served_model = _served_model(get_page(url + "/v1/models", self.trust_env))
+            if self.served_model is None:
+                raise ServerReplyError(f"{url}/v1/models: lists no served model; give engine.served_model", url)
+        return self.served_model
 
     def warmup_ids(self) -> list[int]:
         """A seeded prompt of :data:`WARMUP_TOKENS` ids below the vocabulary's size whose first id starts no request

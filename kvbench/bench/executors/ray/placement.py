@@ -15,6 +15,7 @@ from typing import Any
 
 from kvbench.errors import ClusterError
 from kvbench.scenario import Scenario
+from kvbench.bench.plans.plan import divisible
 
 
 @dataclass(frozen=True)
@@ -37,8 +38,9 @@ class WorkerKind:
 def unit_count(s: Scenario) -> int:
     """How many units of work a kind's workers share: a planned sweep's (prompt length, batch size) points, each
     run whole by one worker (its ``none`` reference, warm-ups and interleaved modes together); a reuse workload,
-    a capacity search or a server engine is one unit (its trials depend on each other)."""
-    if s.engine.server or s.workload.reuse or s.searched is not None:
+    a capacity search or a server engine is one unit (its trials depend on each other: the plan says which
+    sweeps divide, :func:`~kvbench.bench.plans.plan.divisible`)."""
+    if not divisible(s):
         return 1
     return len(s.prompt_tokens) * len(s.batch_sizes)
 

@@ -79,7 +79,7 @@ class LogShipper:
 
 
 class EngineWatch:
-    """Watches one server engine for a worker: wrapping ``serving`` on the instance, each server's log sent as
+    """Watches one server engine for a worker: wrapping ``session`` on the instance, each server's log sent as
     the server stops, its run.json entry marked with the worker and host that ran it; :meth:`start_row` is a
     measured request's row as an error row would have it (the ``("start", row)`` event the worker sends as the
     server sweep starts the request: :attr:`~kvbench.bench.plans.sweep.Recorder.on_start`)."""
@@ -87,13 +87,13 @@ class EngineWatch:
     def __init__(self, engine: Any, shipper: LogShipper, where: dict[str, Any]):
         self.engine, self.shipper, self.where = engine, shipper, where
         self._send: Send | None = None
-        serving = engine.serving
+        session = engine.session
 
         @contextlib.contextmanager
-        def watched_serving(*args: Any, **kw: Any) -> Iterator[Any]:
+        def watched_session(*args: Any, **kw: Any) -> Iterator[Any]:
             first = len(engine.servers)
             try:
-                with serving(*args, **kw) as srv:
+                with session(*args, **kw) as srv:
                     self._mark(engine.servers[first:])
                     yield srv
             finally:  # the server has stopped (or never started): its log is complete
@@ -103,7 +103,7 @@ class EngineWatch:
                     if found is not None:
                         self._emit(("file", found))
 
-        engine.serving = watched_serving
+        engine.session = watched_session
 
     def start_row(self, t: Any) -> dict[str, Any]:
         """The row of measured request ``t`` (a :class:`~kvbench.bench.trial.ServerTrial`) before it has a reply."""

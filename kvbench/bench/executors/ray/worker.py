@@ -105,7 +105,7 @@ class TrialWorker:
             # (it failed to load, or was stopped while starting) leaves nothing behind
             self._root = Path(tempfile.gettempdir()) / f"{FOLDER_PREFIX}{os.getpid()}-{secrets.token_hex(6)}"
             engine = load_server_engine(self.s, self._root)
-            self.executor: Any = LocalExecutor(self.s, engine, self.env, reference=engine.reference)
+            self.executor: Any = LocalExecutor(self.s, engine, self.env)
             self._shipper = LogShipper(self._root)
             self._watch = EngineWatch(engine, self._shipper, self.where)
         else:

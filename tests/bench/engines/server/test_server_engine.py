@@ -320,10 +320,10 @@ def test_requests_past_the_load_s_duration_are_skipped_and_resume_sends_none_of_
 
 
 def test_a_metrics_page_that_is_not_prometheus_text_is_not_reported_and_the_sweep_goes_on(tmp_path):
-    from kvbench.bench.engines.server.engine import ServerEngine
+    from kvbench.bench.engines.server.session import ServerSession
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(ServerEngine, "metrics_text", lambda self, srv: "<html>hello</html>")
+        mp.setattr(ServerSession, "metrics_text", lambda self: "<html>hello</html>")
         got = rows(run_dir := run(tmp_path, scenario()))
     assert all(r["status"] == "ok" for r in got.values())
     for srv in meta(run_dir)["servers"]:
