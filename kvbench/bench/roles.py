@@ -41,7 +41,7 @@ class Executor(Protocol):
 
 class TrialRunner(Protocol):
     """What :meth:`Recorder.__call__ <kvbench.bench.plans.sweep.Recorder.__call__>` runs one trial on (a
-    :class:`LocalExecutor`).
+    :class:`~kvbench.bench.executors.local.LocalExecutor`).
 
     Attributes:
         engine: the engine whose ``source``, ``longest_prompt`` and ``session`` the sweep's pieces use.

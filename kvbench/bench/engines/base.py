@@ -36,19 +36,17 @@ class Capabilities:
             after each mode and has none to give back.
         tells_oom: a failed trial can be told apart as running out of memory (:meth:`Engine.is_oom`: the row is
             ``oom``, not ``error``).
-        cache_object: the KV cache is an object in this process, its bytes read with every sample; a server's
-            cache is read from its ``/metrics`` and usage fields instead.
-        reports_cached_tokens: each reply says how many prompt tokens came from the engine's own cache (a
-            server's usage field: the reuse reading of a request); the in-process engine reports what its KV
-            store restored.
-        max_in_flight: requests one session serves at once: 1 (the in-process engine has one slot) or None
-            (a server: as many as the load's level gives it slots).
+        max_in_flight: requests one session serves at once: 1 (the in-process engine has one slot: its sessions
+            are :class:`Session`) or None (a server: as many as the load's level gives it slots; its sessions are
+            :class:`RequestSession`, which the server plan drives under the load profile).
+
+    What a trial measured of the cache (the KV bytes of a cache object in this process, or the cached prompt
+    tokens a server reports per reply) travels in its :class:`~kvbench.bench.trial.TrialOutput`, with a note
+    where an engine cannot say.
     """
 
     releases_memory: bool
     tells_oom: bool
-    cache_object: bool
-    reports_cached_tokens: bool
     max_in_flight: int | None
 
 
@@ -129,6 +127,7 @@ class Engine(Protocol):
         capabilities: what this engine family has (:class:`Capabilities`).
         reference: the ``none`` outputs every trial of this engine is compared with
             (:class:`~kvbench.bench.rows.reference.Reference`).
+        weights_bytes: bytes of the model's weights in this process (None for a server engine).
     """
 
     device: Any
@@ -137,6 +136,7 @@ class Engine(Protocol):
     longest_prompt: int
     capabilities: Capabilities
     reference: Any
+    weights_bytes: int | None
 
     def describe(self, t: TrialSpec) -> dict[str, Any]:
         """The row fields every row of ``t`` has, whatever its status: ``device``, ``dtype``,

@@ -64,16 +64,8 @@ def make_store(s: Scenario, token_bytes: int) -> KVStore:
                    token_bytes=token_bytes, page_cache=s.disk.page_cache)
 
 
-def store_facts(st: KVStore) -> dict[str, Any]:
-    """A KV store's statistics as row fields: ``store_chunks``, ``store_host_bytes``, ``store_disk_bytes``
-    (bytes), ``store_evicted``, ``store_corrupt`` (chunks)."""
-    return {"store_chunks": len(st), "store_host_bytes": st.host_bytes, "store_disk_bytes": st.disk_bytes,
-            "store_evicted": st.evicted, "store_corrupt": st.corrupt}
-
-
-#: What the in-process engine has: its own device memory, OOM told apart, a cache object, one slot.
-CAPABILITIES = Capabilities(releases_memory=True, tells_oom=True, cache_object=True, reports_cached_tokens=False,
-                            max_in_flight=1)
+#: What the in-process engine has: its own device memory, OOM told apart, one slot.
+CAPABILITIES = Capabilities(releases_memory=True, tells_oom=True, max_in_flight=1)
 
 
 class TransformersSession:
@@ -85,12 +77,16 @@ class TransformersSession:
         self.engine, self.mode, self.store = engine, mode, store
 
     def run(self, t: TrialSpec, watch: Watch, keep_gaps: bool) -> TrialOutput:
-        """Refuse a host tier that cannot fit, make the mode's cache, run the trial, close the cache.
+        """Refuse a host tier that cannot fit, make the mode's cache, run the trial, close the cache; a warm
+        trial's fields get the store's :meth:`facts` after its hold.
 
         Raises:
             ModeUnavailable: the host memory left cannot hold the host tier, or the mode cannot run here.
         """
-        return self.engine.run_trial(t, watch, keep_gaps, self.store)
+        out = self.engine.run_trial(t, watch, keep_gaps, self.store)
+        if isinstance(t, ReuseTrial) and t.warm:  # after the hold: what the store keeps for later requests
+            out.fields.update(self.facts())
+        return out
 
     def refill(self, t: ReuseTrial) -> None:
         """Rebuild what a finished warm trial left in the store (a resumed run): prefill ``request.held`` in a
@@ -99,8 +95,13 @@ class TransformersSession:
         e._store_held(t, make_cache("none", e.m.model.config, e.device), 0, self.store)
 
     def facts(self) -> dict[str, Any]:
-        """The store's statistics as row fields (:func:`store_facts`); {} without a store."""
-        return store_facts(self.store) if self.store is not None else {}
+        """The store's statistics as row fields: ``store_chunks``, ``store_host_bytes``, ``store_disk_bytes``
+        (bytes), ``store_evicted``, ``store_corrupt`` (chunks); {} without a store."""
+        st = self.store
+        if st is None:
+            return {}
+        return {"store_chunks": len(st), "store_host_bytes": st.host_bytes, "store_disk_bytes": st.disk_bytes,
+                "store_evicted": st.evicted, "store_corrupt": st.corrupt}
 
 
 class TransformersEngine:
@@ -127,6 +128,7 @@ class TransformersEngine:
         #: reuse workloads: the KV store of each open session's mode (by label)
         self.stores: dict[str, KVStore] = {}
         self.capabilities = CAPABILITIES
+        self.weights_bytes = loaded.weights_bytes
         #: the ``none`` outputs every trial is compared with
         self.reference = Reference()
 
@@ -234,7 +236,7 @@ class TransformersEngine:
                 "restore_host_bytes": prefix.host_bytes, "restore_disk_bytes": prefix.disk_bytes}
 
     def _hold(self, t: ReuseTrial, cache: Any, n_generated: int, store: KVStore) -> None:
-        """After a warm trial (not timed): what the server holds afterwards goes into the mode's store. The
+        """After a warm trial (not timed): what a server would hold afterwards goes into the mode's store. The
         generated tokens are cropped and the rest of ``request.held`` (a conversation's reply as the dataset has
         it) is fed through the model with this cache, as decoding it would have."""
         cache.crop(-(n_generated - 1))  # the last generated token was never fed
@@ -326,7 +328,6 @@ class TransformersEngine:
                          weights_baseline_bytes=reason)
         if reuse and t.warm:  # after every figure is read: feeding the reply changes the cache's peaks
             self._hold(t, cache, ids.shape[1], store)
-            fields.update(store_facts(store))
         return TrialOutput(t_restore if restored else t0, times, ids.cpu().tolist(), prompt_digest, memory,
                            reuse=restored, top2_gaps=gaps, fields=fields, notes=notes)
 

@@ -1,7 +1,8 @@
 """The executor seam between the sweep and the engines: the sweep (:func:`kvbench.bench.plans.sweep.run_sweep`) hands an
 executor the run's :class:`~kvbench.bench.plans.sweep.Recorder` and the executor runs every trial through it.
 :class:`LocalExecutor` runs them in the plan's order (:func:`kvbench.bench.plans.plan.run_plan`) on an engine in this
-process's reach (the in-process transformers engine, or a server engine whose servers it starts here); :class:`kvbench.bench.executors.ray.driver.RayExecutor` on the engines of a Ray cluster's workers, behind the
+process's reach (the in-process transformers engine, or a server engine, whose plan starts a server per mode
+session here); :class:`kvbench.bench.executors.ray.driver.RayExecutor` on the engines of a Ray cluster's workers, behind the
 same :class:`~kvbench.bench.roles.Executor` protocol."""
 
 from __future__ import annotations

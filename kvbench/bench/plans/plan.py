@@ -27,7 +27,7 @@ def run_plan(s: Scenario, record: Record, engine: Any, trials: Sequence[TrialSpe
     (:func:`~kvbench.bench.plans.reuse.reuse_sweep`), their requests noted in run.json; a planned sweep (``trials``, by
     default all of :func:`~kvbench.bench.trial.plan_trials`, in their order); or a capacity search
     (:func:`~kvbench.bench.plans.capacity.search_sweep`, whose results go into run.json as ``capacity``)."""
-    if s.engine.server:
+    if engine.capabilities.max_in_flight is None:  # requests that overlap: a server's, under the load profile
         from kvbench.bench.plans.server import server_sweep
 
         note_requests(record.run, engine.source)

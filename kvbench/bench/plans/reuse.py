@@ -6,8 +6,9 @@ Per repeat each mode starts afresh (a session of its own, :meth:`~kvbench.bench.
 transformers engine makes a new :class:`~kvbench.offload.store.KVStore` per mode, as ``store:`` says, its disk tier under the
 scenario's ``disk_dir``). Requests arrive in the workload's order; per request, ``none`` runs cold first (the
 reference every trial's ids are compared with), then warm; the other modes alternate warm-first and cold-first
-from request to request, so neither side always runs right after the other. After a warm trial, what the server
-holds (the prompt and, in a conversation, the reply it goes on with) is kept for the later requests.
+from request to request, so neither side always runs right after the other. After a warm trial, what a server
+would hold (the prompt and, in a conversation, the reply it goes on with) is kept in the mode's store for the
+later requests.
 """
 
 from __future__ import annotations

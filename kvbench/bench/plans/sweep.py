@@ -31,7 +31,7 @@ class SweepResult:
 class Recorder:
     """Runs and writes the trials of one run: a trial already in the run (resumed) is looked up, not rerun;
     the first trial of each (prompt length, batch, mode) shape is preceded by a release of memory
-    (:meth:`Executor.release`) and then the scenario's warm-up trials (not recorded; the rest of them are skipped
+    (:meth:`TrialRunner.release <kvbench.bench.roles.TrialRunner.release>`) and then the scenario's warm-up trials (not recorded; the rest of them are skipped
     once one does not end ``ok``, since they would fail alike). Nothing is released between a warm-up and the
     trials it prepares, nor between repeats of a shape.
 
@@ -127,7 +127,7 @@ def run_sweep(
     on_trial: Callable[[dict[str, Any]], None] | None = None,
     on_status: Callable[[str], None] | None = None,
 ) -> SweepResult:
-    """Run every trial not yet in ``run``'s trials file: the planned sweep (:func:`plan_trials`); for a scenario
+    """Run every trial not yet in ``run``'s trials file: the planned sweep (:func:`~kvbench.bench.trial.plan_trials`); for a scenario
     with ``batch_sizes: auto`` / ``prompt_tokens: auto`` the capacity search (:mod:`kvbench.bench.plans.capacity`), whose
     results go into run.json as ``capacity``; for a reuse workload its requests warm and cold
     (:mod:`kvbench.bench.plans.reuse`).

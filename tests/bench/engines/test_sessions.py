@@ -77,8 +77,7 @@ def test_release_is_asked_only_of_an_engine_that_holds_memory_of_its_own():
     s = parse_scenario(tiny_scenario())
 
     def engine(releases: bool) -> SimpleNamespace:
-        caps = Capabilities(releases_memory=releases, tells_oom=False, cache_object=False,
-                            reports_cached_tokens=False, max_in_flight=1)
+        caps = Capabilities(releases_memory=releases, tells_oom=False, max_in_flight=1)
         e = SimpleNamespace(capabilities=caps, reference=None)
         if releases:
             e.release = lambda: calls.append("released")

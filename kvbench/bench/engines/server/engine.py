@@ -45,9 +45,8 @@ CTX_MARGIN = 16
 
 
 #: What a server engine has: no memory of its own to give back (its server stops after each mode), no OOM told
-#: apart, no cache object in this process; cached prompt tokens per reply; as many requests in flight as slots.
-CAPABILITIES = Capabilities(releases_memory=False, tells_oom=False, cache_object=False, reports_cached_tokens=True,
-                            max_in_flight=None)
+#: apart, as many requests in flight as the load's level gives it slots.
+CAPABILITIES = Capabilities(releases_memory=False, tells_oom=False, max_in_flight=None)
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -138,6 +137,7 @@ class ServerEngine:
         self.pid = os.getpid()
         self.reference = Reference()
         self.capabilities = CAPABILITIES
+        self.weights_bytes = None  # in the server's process, not read
         #: requests a later request of the same conversation follows (their ``held`` ids are sent after them)
         later = [q.document for q in source.requests]
         self.followed = {q.id for i, q in enumerate(source.requests) if q.document in later[i + 1:]}

@@ -131,7 +131,8 @@ class ServerSession:
             return {}
 
     async def warm_up(self, client: httpx.AsyncClient, n: int) -> None:
-        """Send ``n`` unrecorded warm-up requests (:meth:`ServerEngine.warmup_ids`: they share no prefix with any
+        """Send ``n`` unrecorded warm-up requests (:meth:`ServerEngine.warmup_ids
+        <kvbench.bench.engines.server.engine.ServerEngine.warmup_ids>`: they share no prefix with any
         request)."""
         for _ in range(n):
             await self.send(client, self.engine.warmup_ids(), self.engine.s.max_new_tokens)

@@ -130,7 +130,7 @@ class TrialWorker:
         source = getattr(source_engine, "source", None)
         return {"problem": self.problem, "where": self.where, "environment": self.env, "kvbench": __version__,
                 "nice": getattr(self, "nice", None), "pid": os.getpid(), "device": getattr(self, "device", None),
-                "weights_bytes": getattr(getattr(source_engine, "m", None), "weights_bytes", None),
+                "weights_bytes": getattr(source_engine, "weights_bytes", None),
                 "requests": [q.id for q in getattr(source, "requests", None) or []], "node": self.node,
                 "folder": None if self._root is None else str(self._root)}
 
