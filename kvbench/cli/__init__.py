@@ -10,7 +10,7 @@ import typer
 # transformers' GGUF loader draws a tqdm bar it offers no switch for; kvbench shows its own progress.
 os.environ.setdefault("TQDM_DISABLE", "1")
 
-from kvbench.cli import compare, cost, env, plan, report, run, validate  # noqa: E402
+from kvbench.cli import compare, cost, env, models, plan, report, run, validate  # noqa: E402
 from kvbench.cli import list as list_cmd  # noqa: E402
 from kvbench.cli.common import out  # noqa: E402
 
@@ -41,3 +41,4 @@ app.command()(plan.plan)
 app.command()(validate.validate)
 app.command("env")(env.env_)
 app.command("list")(list_cmd.list_)
+app.add_typer(models.app, name="models")

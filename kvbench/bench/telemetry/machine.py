@@ -16,18 +16,12 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from kvbench.cache_dir import cache_dir
+
 #: Bytes per copy of the bandwidth probe (the issue asks for at least 256 MiB).
 PROBE_BYTES = 256 * 2**20
 #: File name of the last link probe in :func:`cache_dir`.
 LAST_PROBE = "last_link_probe.json"
-
-
-def cache_dir() -> Path:
-    """Where kvbench keeps machine state between commands: ``$KVBENCH_CACHE_DIR``, else
-    ``$XDG_CACHE_HOME/kvbench``, else ``~/.cache/kvbench``."""
-    if os.environ.get("KVBENCH_CACHE_DIR"):
-        return Path(os.environ["KVBENCH_CACHE_DIR"])
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kvbench"
 
 
 def save_link_probe(env: dict[str, Any]) -> Path | None:

@@ -1,0 +1,168 @@
+"""A model as a Hugging Face directory, for the servers that load one (vLLM, SGLang), so that every engine of a
+comparison runs the same weights: a GGUF's tensors dequantized by transformers' GGUF loader into a fresh model of
+the same config (``save_pretrained`` refuses the GGUF-loaded model itself), saved as safetensors with its
+tokenizer and chat template. The export is cached by the GGUF's sha256 under kvbench's cache folder
+(``models/``), written into a temporary folder and renamed into place, and reused while its record matches."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import secrets
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kvbench.cache_dir import cache_dir
+from kvbench.errors import BadParameter, ModelLoadError, SymlinkRefused, UnwritableOutput, UserError
+from kvbench.models.locate import locate
+
+#: Bumped when what an export holds changes: an older export is then made again, not reused.
+EXPORT_FORMAT = 1
+#: The record an export folder holds (source, digest, dtype, versions).
+RECORD = "kvbench-export.json"
+#: The dtypes an export's weights may have.
+DTYPES = ("float32", "bfloat16", "float16")
+#: Files every export has; a folder without them is not a finished export.
+NEEDED = ("config.json", "model.safetensors", "tokenizer_config.json", RECORD)
+
+
+@dataclass(frozen=True)
+class Exported:
+    """A model as a Hugging Face directory.
+
+    Attributes:
+        path: the directory (config.json, model.safetensors, the tokenizer files).
+        sha256: the source GGUF's sha256 (hex); None when the model already was a directory (nothing exported).
+        reused: the directory was there already (an earlier export, or the model's own).
+    """
+
+    path: Path
+    sha256: str | None
+    reused: bool
+
+
+def file_sha256(path: Path) -> str:
+    """sha256 (hex) of the file at ``path``, read in 4 MiB blocks."""
+    h = hashlib.sha256()
+    with path.open("rb") as fh:
+        while block := fh.read(4 << 20):
+            h.update(block)
+    return h.hexdigest()
+
+
+def hf_directory(name: str, root: Path | None = None, dtype: str = "float32") -> Exported:
+    """The Hugging Face directory of the model ``name`` (an alias, a GGUF file, a model directory or a cached hub
+    id): a directory or hub id as it is; a GGUF exported (:func:`export_gguf`) or its earlier export reused.
+
+    Raises:
+        BadParameter: ``dtype`` is none of :data:`DTYPES`.
+        ModelNotFound: no such model. ModelLoadError, SymlinkRefused, UnwritableOutput: as :func:`export_gguf`.
+    """
+    if dtype not in DTYPES:
+        raise BadParameter(f"{{dtype}} must be {', '.join(DTYPES)}, not {dtype!r}", "dtype")
+    loc = locate(name)
+    if loc.gguf_file is None:
+        return Exported(Path(loc.path), None, True)
+    return export_gguf(Path(loc.path) / loc.gguf_file, root, dtype)
+
+
+def export_gguf(gguf: Path, root: Path | None = None, dtype: str = "float32") -> Exported:
+    """Export the GGUF file ``gguf`` as a Hugging Face directory ``<root>/<file stem>-<sha256[:16]>-<dtype>``
+    (``root``: by default ``models/`` in kvbench's cache folder), or reuse the one an earlier call made from the
+    same bytes. Weights in ``dtype`` (float32 on these CPUs; the GGUF's quantized values are dequantized, so the
+    export computes what the GGUF does, up to the dtype's rounding).
+
+    Raises:
+        SymlinkRefused: ``root`` or the export's folder is a symbolic link kvbench did not make.
+        ModelLoadError: transformers cannot read the GGUF, or a folder in the export's place is no export of it.
+        UnwritableOutput: the folder cannot be written (disk full, no permission): nothing is left half-written.
+    """
+    gguf = Path(gguf)
+    digest = file_sha256(gguf)
+    root = Path(root) if root is not None else cache_dir() / "models"
+    final = root / f"{gguf.stem}-{digest[:16]}-{dtype}"
+    for p in (root, final):
+        if p.is_symlink():
+            raise SymlinkRefused(p)
+    if final.exists():
+        return Exported(final, digest, _check_record(final, digest, dtype))
+    tmp = root / f".{final.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        _write(gguf, tmp, dtype)
+        (tmp / RECORD).write_text(json.dumps(_record(gguf, digest, dtype), indent=2) + "\n")
+        try:
+            tmp.rename(final)
+        except OSError:
+            if not final.is_dir():  # not another process's export that won the race
+                raise
+            return Exported(final, digest, _check_record(final, digest, dtype))
+    except OSError as exc:
+        if isinstance(exc, UserError):
+            raise
+        raise UnwritableOutput(final, exc.strerror or str(exc), "the exported model") from exc
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return Exported(final, digest, False)
+
+
+def _record(gguf: Path, digest: str, dtype: str) -> dict[str, Any]:
+    import transformers
+
+    from kvbench.version import __version__
+
+    return {"format": EXPORT_FORMAT, "source": gguf.name, "sha256": digest, "dtype": dtype,
+            "transformers": transformers.__version__, "kvbench": __version__}
+
+
+def _check_record(folder: Path, digest: str, dtype: str) -> bool:
+    """True when ``folder`` is a finished export of ``digest`` in ``dtype`` (its record says so).
+
+    Raises:
+        ModelLoadError: it is not (another folder in its place, or an export of an older format).
+    """
+    missing = [f for f in NEEDED if not (folder / f).is_file()]
+    try:
+        rec = json.loads((folder / RECORD).read_text()) if not missing else {}
+    except (OSError, ValueError):
+        rec = {}
+    if missing or rec.get("sha256") != digest or rec.get("dtype") != dtype or rec.get("format") != EXPORT_FORMAT:
+        why = f"it lacks {', '.join(missing)}" if missing else "its record is of another source, dtype or format"
+        raise ModelLoadError(f"{folder} is no kvbench export of this model ({why}): remove it and export again")
+    return True
+
+
+def _write(gguf: Path, out: Path, dtype: str) -> None:
+    """Dequantize ``gguf`` into ``out`` (a new folder): config, safetensors weights, generation config, tokenizer
+    and its chat template.
+
+    Raises:
+        ModelLoadError: transformers cannot read it, or the fresh model does not take every tensor.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    torch_dtype = getattr(torch, dtype)
+    kw: dict[str, Any] = {"gguf_file": gguf.name, "local_files_only": True}
+    try:
+        src = AutoModelForCausalLM.from_pretrained(str(gguf.parent), dtype=torch_dtype, **kw)
+        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), **kw)
+    except Exception as exc:  # noqa: BLE001 - whatever the GGUF loader raises, one line naming the file
+        raise ModelLoadError(f"{gguf}: transformers cannot read it: {type(exc).__name__}: {exc}") from exc
+    fresh = AutoModelForCausalLM.from_config(src.config, dtype=torch_dtype)
+    result = fresh.load_state_dict(src.state_dict(), strict=False)
+    tied = set(getattr(fresh, "_tied_weights_keys", None) or ())
+    missing = [k for k in result.missing_keys if k not in tied]
+    if missing or result.unexpected_keys:
+        raise ModelLoadError(f"{gguf}: the dequantized tensors do not fit its config (missing {missing[:3]}, "
+                             f"unexpected {list(result.unexpected_keys)[:3]})")
+    fresh.tie_weights()
+    out.mkdir()
+    fresh.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
