@@ -68,20 +68,21 @@ def reusable_tokens(requests: Sequence[Any]) -> dict[str, int]:
 
 
 def server_argv(s: Scenario, preset: Preset, mode: Any, port: int, slots: int, ctx_per_slot: int,
-                slot_dir: Path) -> list[str]:
+                slot_dir: Path, model_dir: str | None = None) -> list[str]:
     """The command line of ``mode``'s server: the program (and vLLM's model, its positional word), the engine's
     flags, the preset's, the mode's (a later flag wins where the server reads the last one), then kvbench's own
     last: the model, 127.0.0.1 and ``port``, metrics on, slots, context and seed, so that no earlier word can
     change where the server listens (the scenario's flags cannot name these either:
     :func:`~kvbench.scenario.server_flags.reserved_flag_problems`). ``slots``: parallel requests;
-    ``ctx_per_slot``: tokens each holds. The kind's :attr:`~kvbench.serving.kind.ServerKind.launch` gives the
-    words after the program and kvbench's own flags."""
+    ``ctx_per_slot``: tokens each holds; ``model_dir``: what the server loads when ``engine.model`` is not given
+    (the scenario's model exported as a Hugging Face directory, :func:`load_server_engine`). The kind's
+    :attr:`~kvbench.serving.kind.ServerKind.launch` gives the words after the program and kvbench's own flags."""
     e = s.engine
     program = server_program(e) or []
     size = mode.size if mode.size is not None else (preset.size[1] if preset.size else None)
     args = [a.replace("{size}", size_text(size) if size is not None else "").replace("{slot_dir}", str(slot_dir))
             for a in preset.args]
-    head, own = KINDS[e.kind].launch(Launch(e.model, s.model.name, port, slots, ctx_per_slot, s.seed))
+    head, own = KINDS[e.kind].launch(Launch(e.model or model_dir, s.model.name, port, slots, ctx_per_slot, s.seed))
     return [*program, *head, *e.args, *args, *mode.args, *own]
 
 
@@ -116,8 +117,10 @@ class ServerEngine:
     """
 
     def __init__(self, s: Scenario, source: Any, run_path: Path, max_positions: int, device_type: str = "cpu",
-                 vocab_size: int = 32_000):
+                 vocab_size: int = 32_000, model_dir: str | None = None):
         self.s, self.source, self.run_path, self.vocab_size = s, source, Path(run_path), vocab_size
+        #: what a started server loads when ``engine.model`` is not given (see :func:`load_server_engine`)
+        self.model_dir = model_dir
         self.kind = s.engine.kind
         #: what kvbench knows of the kind (:data:`kvbench.serving.KINDS`)
         self.server_kind = KINDS[self.kind]
@@ -202,7 +205,7 @@ class ServerEngine:
             if preset.slots:
                 slot_dir.mkdir(exist_ok=True)
             port = free_port()
-            argv = server_argv(self.s, preset, mode, port, slots, self.ctx_per_slot, slot_dir)
+            argv = server_argv(self.s, preset, mode, port, slots, self.ctx_per_slot, slot_dir, self.model_dir)
             log = servers_dir / f"{mode.label}-r{repeat}.log"
             n = 1
             while log.exists() or log.is_symlink():  # a resumed mode's new server: the earlier log stays
@@ -322,10 +325,14 @@ def prompt_requests(s: Scenario, source: Any) -> Any:
 
 def load_server_engine(s: Scenario, run_path: Path) -> ServerEngine:
     """The engine of a server run: the model's tokenizer (the prompts go as token ids) and the workload's
-    requests; nothing is started yet.
+    requests; nothing is started yet. For a kind kvbench starts that loads a Hugging Face directory (vLLM,
+    SGLang) without ``engine.model``, the scenario's model as such a directory, so that the server runs the
+    weights kvbench tokenizes with: a GGUF exported once and reused (:func:`kvbench.models.export.hf_directory`).
 
     Raises:
         kvbench.errors.ModelNotFound, NotEnoughRequests, ModuleNotFoundError: as the in-process engine's loading.
+        kvbench.errors.ModelLoadError, UnwritableOutput, SymlinkRefused: the export
+            (:func:`~kvbench.models.export.export_gguf`).
     """
     from kvbench.models import read_architecture
     from kvbench.models.load import load_tokenizer
@@ -340,4 +347,10 @@ def load_server_engine(s: Scenario, run_path: Path) -> ServerEngine:
         source = prompt_requests(s, make_source(s.workload, tokenizer, arch.vocab_size, longest))
     from kvbench.models import resolve_device
 
-    return ServerEngine(s, source, run_path, arch.max_positions, resolve_device(s.device).type, arch.vocab_size)
+    kind, model_dir = KINDS[s.engine.kind], None
+    if kind.started and kind.model_format == "hf" and s.engine.model is None and s.model.name is not None:
+        from kvbench.models.export import hf_directory
+
+        model_dir = str(hf_directory(s.model.name).path)
+    return ServerEngine(s, source, run_path, arch.max_positions, resolve_device(s.device).type, arch.vocab_size,
+                        model_dir)
