@@ -61,8 +61,7 @@ def hf_directory(name: str, root: Path | None = None, dtype: str = "float32") ->
         BadParameter: ``dtype`` is none of :data:`DTYPES`.
         ModelNotFound: no such model. ModelLoadError, SymlinkRefused, UnwritableOutput: as :func:`export_gguf`.
     """
-    if dtype not in DTYPES:
-        raise BadParameter(f"{{dtype}} must be {', '.join(DTYPES)}, not {dtype!r}", "dtype")
+    _check_dtype(dtype)
     loc = locate(name)
     if loc.gguf_file is None:
         return Exported(Path(loc.path), None, True)
@@ -76,10 +75,12 @@ def export_gguf(gguf: Path, root: Path | None = None, dtype: str = "float32") ->
     export computes what the GGUF does, up to the dtype's rounding).
 
     Raises:
+        BadParameter: ``dtype`` is none of :data:`DTYPES`.
         SymlinkRefused: ``root`` or the export's folder is a symbolic link kvbench did not make.
         ModelLoadError: transformers cannot read the GGUF, or a folder in the export's place is no export of it.
         UnwritableOutput: the folder cannot be written (disk full, no permission): nothing is left half-written.
     """
+    _check_dtype(dtype)
     gguf = Path(gguf)
     digest = file_sha256(gguf)
     root = Path(root) if root is not None else cache_dir() / "models"
@@ -108,6 +109,12 @@ def export_gguf(gguf: Path, root: Path | None = None, dtype: str = "float32") ->
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return Exported(final, digest, False)
+
+
+def _check_dtype(dtype: str) -> None:
+    """Raises BadParameter unless ``dtype`` is one of :data:`DTYPES`."""
+    if dtype not in DTYPES:
+        raise BadParameter(f"{{dtype}} must be {', '.join(DTYPES)}, not {dtype!r}", "dtype")
 
 
 def _record(gguf: Path, digest: str, dtype: str) -> dict[str, Any]:
