@@ -88,6 +88,8 @@ def export_gguf(gguf: Path, root: Path | None = None, dtype: str = "float32") ->
     for p in (root, final):
         if p.is_symlink():
             raise SymlinkRefused(p)
+    if root.exists() and not root.is_dir():
+        raise UnwritableOutput(root, "it is a file, not a folder", "the exported model")
     if final.exists():
         return Exported(final, digest, _check_record(final, digest, dtype))
     tmp = root / f".{final.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"

@@ -19,6 +19,7 @@ from kvbench.scenario.programs import server_notices, server_problems
 from kvbench.scenario.schema import Scenario
 from kvbench.scenario.servers import preset_of
 from kvbench.serving import KINDS
+from kvbench.models.locate import ALIASES
 
 
 def _langdetect_languages() -> list[str]:
@@ -61,6 +62,11 @@ def check_scenario(s: Scenario, *, check_model: bool = True) -> list[tuple[str, 
     kind = KINDS.get(s.engine.kind)
     if kind is not None and kind.model_format == "gguf" and s.engine.model is not None:
         problems += _gguf_problems(s.engine.model, kind.name)
+    if kind is not None and kind.model_format == "hf" and s.engine.model is not None and (
+            s.engine.model in ALIASES or s.engine.model.endswith(".gguf")):
+        problems.append(("engine.model", f"{s.engine.model} is a GGUF model and {kind.name} loads a Hugging Face "
+                         "directory: leave engine.model out (kvbench then exports the scenario's model) or give the "
+                         f"directory `kvbench models export {s.engine.model}` prints"))
     for i, m in enumerate(s.modes if not s.engine.server else ()):
         if m.kind not in MODES:
             problems.append((f"modes[{i}].kind", MODES.unknown(m.kind)))

@@ -96,3 +96,10 @@ def test_the_command_prints_the_directory_and_refuses_a_bad_dtype(tmp_path):
     (model_dir / "config.json").write_text("{}")
     r = CliRunner().invoke(app, ["models", "export", str(model_dir)])
     assert r.exit_code == 0 and r.output.strip() == f"{model_dir} (already a Hugging Face directory)"
+
+
+def test_an_out_folder_that_is_a_file_is_named_as_such(tmp_path):
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(UnwritableOutput, match=r"cannot write the exported model to .*afile: it is a file, not a "
+                                               r"folder$"):
+        export_gguf(gguf_path(), tmp_path / "afile")

@@ -228,3 +228,14 @@ def test_a_concurrency_level_the_conversations_cannot_fill_is_a_warning(write_ya
                              "reached)")]
     s = load_scenario(write_yaml(server_scenario(load={"profile": "concurrent", "concurrency": 2})))
     assert [w for w in scenario_warnings(s) if w[0] == "load.concurrency"] == []
+
+
+def test_a_hugging_face_kind_refuses_a_gguf_engine_model_and_says_what_to_give(write_yaml):
+    for kind in ("vllm", "sglang"):
+        for model in ("smollm2-135m", "/models/m.gguf"):
+            data = server_scenario(engine={"kind": kind, "binary": "/bin/sh", "model": model},
+                                   modes=[{"name": "none"}])
+            assert problems_of(write_yaml, data) == [("engine.model", (
+                f"{model} is a GGUF model and {kind} loads a Hugging Face directory: leave engine.model out "
+                f"(kvbench then exports the scenario's model) or give the directory `kvbench models export {model}` "
+                "prints"))]
