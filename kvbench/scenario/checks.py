@@ -15,7 +15,7 @@ from kvbench.offload.disk import DISK_BLOCK_TOKENS
 from kvbench.offload.modes import MODES, SMALL_WINDOW_TOKENS
 from kvbench.scenario.messages import echo
 from kvbench.scenario.paths import match
-from kvbench.scenario.programs import server_notices, server_problems
+from kvbench.scenario.programs import cpu_refusals, server_notices, server_problems
 from kvbench.scenario.schema import Scenario
 from kvbench.scenario.servers import preset_of
 from kvbench.serving import KINDS
@@ -292,8 +292,12 @@ def scenario_warnings(s: Scenario, consent: bool = True) -> list[tuple[str, str]
         warns += _server_memory_warning(s)
         warns += _reachable_concurrency(s)
         warns += _poisson_burst(s)
+        if not s.device.startswith("cuda"):
+            warns += [(path, f"{msg} (kvbench run refuses it where the server computes on a CPU)")
+                      for path, msg in cpu_refusals(s, "cpu")]
         for i, m in enumerate(s.modes):
-            if preset_of(s.engine.kind, m).needs_gpu and not s.device.startswith("cuda"):
+            if (p := preset_of(s.engine.kind, m)).needs_gpu and p.cpu_refusal is None and \
+                    not s.device.startswith("cuda"):
                 warns.append((f"modes[{i}]", f"preset {m.kind} moves KV between a GPU and the host; on device "
                                              f"{s.device} it measures nothing of that (set device: cuda)"))
     small = SMALL_WINDOW_TOKENS

@@ -103,7 +103,7 @@ def resolve_paths(s: Scenario, base: Path) -> Scenario:
         if not Path(disk_dir).is_absolute():
             disk_dir = str(base / disk_dir)
     engine = s.engine  # a server's program or model given as a path relative to the scenario file
-    for key in ("binary", "model"):
+    for key in ("binary", "python", "model"):
         v = getattr(engine, key)
         if v and "/" in v and not Path(v).is_absolute() and (base / v).exists():
             engine = engine.model_copy(update={key: str(base / v)})

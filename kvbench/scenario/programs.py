@@ -9,6 +9,7 @@ import importlib.util
 import os
 import shutil
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,33 +17,65 @@ from kvbench.scenario.server_flags import consent_reasons
 from kvbench.scenario.servers import STARTED_KINDS, EngineSpec, ServerMode
 from kvbench.serving import KINDS
 
-#: The program each started kind runs when ``engine.binary`` is not given
-#: (:attr:`~kvbench.serving.kind.ServerKind.program`).
-DEFAULT_PROGRAMS = {k.name: k.program for k in KINDS.values() if k.started}
+@dataclass(frozen=True)
+class Program:
+    """How a server's program starts: ``argv``, the words before the server's own (``llama-server``; ``vllm
+    serve``; ``<python> -m <module>``), and ``module``: ``argv`` is a Python interpreter running the kind's
+    :attr:`~kvbench.serving.kind.ServerKind.python_module`."""
+
+    argv: tuple[str, ...]
+    module: bool = False
 
 
-def _default_program(kind: str) -> list[str] | None:
-    """The argv prefix of ``kind``'s own program: kvbench's build in ``<prefix>/bin`` (where ``make
-    llama-server`` puts llama-server), else the named program on PATH; a kind whose program is a Python module
-    (SGLang): that module of this interpreter."""
-    default, module = DEFAULT_PROGRAMS[kind], KINDS[kind].python_module
-    if module is not None:  # a module of this interpreter's environment
-        return [sys.executable, *default[1:]] if importlib.util.find_spec(module) is not None else None
-    found = shutil.which(default[0], path=str(Path(sys.prefix) / "bin")) or shutil.which(default[0])
-    return [found, *default[1:]] if found else None
+def _module_program(kind: str, python: str) -> Program:
+    return Program((python, "-m", KINDS[kind].python_module), module=True)
 
 
-def server_program(engine: EngineSpec) -> list[str] | None:
-    """The argv prefix that starts ``engine``'s server: ``engine.binary`` (with vLLM's ``serve``), else the
-    default program in kvbench's own environment (``<prefix>/bin``, where ``make llama-server`` puts
-    llama-server), else on PATH. None when it is not found (or for ``openai`` and ``transformers``)."""
+def own_python(kind: str) -> Path | None:
+    """The Python of the kind's own environment under kvbench's (``<prefix>/<own_env>/bin/python``, where
+    ``make vllm`` installs vLLM's CPU build), when it is there; else None."""
+    own_env = KINDS[kind].own_env
+    python = Path(sys.prefix) / own_env / "bin" / "python" if own_env else None
+    return python if python is not None and os.access(python, os.X_OK) else None
+
+
+def _own_programs(kind: str) -> list[Program]:
+    """The kind's own programs found here, in the order kvbench picks them: the Python of its environment under
+    kvbench's (:func:`own_python`), its named program in kvbench's ``<prefix>/bin`` (where ``make llama-server``
+    puts llama-server) or on PATH, and kvbench's own interpreter where the kind's module is installed in it."""
+    k, out = KINDS[kind], []
+    if (python := own_python(kind)) is not None:
+        out.append(_module_program(kind, str(python)))
+    if k.program:
+        found = shutil.which(k.program[0], path=str(Path(sys.prefix) / "bin")) or shutil.which(k.program[0])
+        if found:
+            out.append(Program((found, *k.program[1:])))
+    if k.python_module and importlib.util.find_spec(k.python_module.split(".")[0]) is not None:
+        out.append(_module_program(kind, sys.executable))
+    return out
+
+
+def _executable(given: str) -> str | None:
+    return shutil.which(given) if "/" not in given else (given if shutil.which(given) else None)
+
+
+def server_program(engine: EngineSpec) -> Program | None:
+    """How ``engine``'s server starts: ``engine.python`` running the kind's module, ``engine.binary`` (with vLLM's
+    ``serve``; for a kind that is only a module, a Python running it), else the first of the kind's own programs
+    found here (:func:`_own_programs`). None when none is found (or for ``openai`` and ``transformers``)."""
     if engine.kind not in STARTED_KINDS:
         return None
+    kind = KINDS[engine.kind]
+    if engine.python is not None:
+        found = _executable(engine.python)
+        return _module_program(engine.kind, found) if found else None
     if engine.binary is not None:
-        found = shutil.which(engine.binary) if "/" not in engine.binary else (
-            engine.binary if shutil.which(engine.binary) else None)
-        return [found, *DEFAULT_PROGRAMS[engine.kind][1:]] if found else None
-    return _default_program(engine.kind)
+        found = _executable(engine.binary)
+        if found is None:
+            return None
+        return Program((found, *kind.program[1:])) if kind.program else _module_program(engine.kind, found)
+    own = _own_programs(engine.kind)
+    return own[0] if own else None
 
 
 def _same_file(a: str, b: str) -> bool:
@@ -50,6 +83,14 @@ def _same_file(a: str, b: str) -> bool:
         return os.path.samefile(a, b)
     except OSError:
         return False
+
+
+def _same_program(given: Program, own: Program) -> bool:
+    """Whether ``given`` runs what ``own`` runs: the same file for a program; for a Python running a module, the
+    same path (every virtual environment's ``python`` links to one interpreter: the environment is its folder)."""
+    if given.module or own.module:
+        return given.module == own.module and os.path.abspath(given.argv[0]) == os.path.abspath(own.argv[0])
+    return _same_file(given.argv[0], own.argv[0])
 
 
 def consent_needed(s: Any) -> list[tuple[str, str]]:
@@ -62,13 +103,17 @@ def consent_needed(s: Any) -> list[tuple[str, str]]:
     if e.kind not in STARTED_KINDS:
         return []
     out = []
-    if e.binary is not None:
-        given, own = server_program(e), _default_program(e.kind)
-        if given is None or own is None or not _same_file(given[0], own[0]):
-            module = KINDS[e.kind].python_module
-            name = f"the {module} module's python" if module else DEFAULT_PROGRAMS[e.kind][0]
-            out.append(("engine.binary", f"{e.binary} is not kvbench's own {name} ({Path(sys.prefix) / 'bin'}) nor "
-                        f"{name} on PATH: kvbench would run this program"))
+    for key in ("python", "binary"):
+        if (given_text := getattr(e, key)) is None:
+            continue
+        given, own = server_program(e), _own_programs(e.kind)
+        if given is None or not any(_same_program(given, p) for p in own):
+            kind = KINDS[e.kind]
+            name = f"the {kind.python_module} module's python" if key == "python" or not kind.program else \
+                kind.program[0]
+            out.append((f"engine.{key}", f"{given_text} is not kvbench's own {name} ({Path(sys.prefix) / 'bin'}"
+                        f"{', ' + str(Path(sys.prefix) / kind.own_env) if kind.own_env else ''}) nor {name} on "
+                        "PATH: kvbench would run this program"))
     out += [("engine.args", why) for why in consent_reasons(e.kind, e.args)]
     for i, m in enumerate(s.modes):
         if isinstance(m, ServerMode):
@@ -81,13 +126,28 @@ def server_problems(s: Any) -> list[tuple[str, str]]:
     (the program not found, a preset that needs a GPU on a machine without one is a warning, not here)."""
     e = s.engine
     if e.kind in STARTED_KINDS and server_program(e) is None:
-        if e.binary is not None:
-            return [("engine.binary", f"{e.binary} is not an executable file or a program on PATH")]
+        for key in ("python", "binary"):
+            if getattr(e, key) is not None:
+                return [(f"engine.{key}", f"{getattr(e, key)} is not an executable file or a program on PATH")]
         kind = KINDS[e.kind]
-        what = f"the {kind.python_module} package" if kind.python_module else DEFAULT_PROGRAMS[e.kind][0]
-        how = kind.install_hint
-        return [("engine.kind", f"{what} not found in kvbench's environment or on PATH: {how}")]
+        what = " or ".join(([kind.program[0]] if kind.program else []) +
+                           ([f"the {kind.python_module.split('.')[0]} package"] if kind.python_module else []))
+        return [("engine.kind", f"{what} not found in kvbench's environment or on PATH: {kind.install_hint}")]
     return []
+
+
+def cpu_refusals(s: Any, device_type: str) -> list[tuple[str, str]]:
+    """The modes of server scenario ``s`` whose preset cannot run on a CPU (its
+    :attr:`~kvbench.serving.kind.Preset.cpu_refusal`), when the server computes on ``device_type`` ``cpu``:
+    ``(key path, message)`` pairs. ``kvbench run`` refuses them before any server starts."""
+    from kvbench.scenario.servers import preset_of
+
+    if device_type != "cpu" or s.engine.kind not in STARTED_KINDS:
+        return []
+    return [(f"modes[{i}]", f"preset {m.kind} of {s.engine.kind} cannot run on a CPU: {p.cpu_refusal}; run it on a "
+                            "GPU machine (device: cuda)")
+            for i, m in enumerate(s.modes) if isinstance(m, ServerMode)
+            and (p := preset_of(s.engine.kind, m)).cpu_refusal is not None]
 
 
 def server_notices(s: Any, consent: bool = True) -> list[tuple[str, str]]:

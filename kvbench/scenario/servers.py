@@ -177,7 +177,10 @@ class EngineSpec(Strict):
         "transformers", description="transformers (in-process, kvbench's offload modes) | llama.cpp | vllm | sglang "
         "(kvbench starts the server per mode on 127.0.0.1) | openai (a server already running at url).")
     binary: PathText | None = optional("The server program (default: llama-server in kvbench's environment or on "
-        "PATH; vllm; python -m sglang.launch_server).")
+        "PATH; vllm: the Python of .venv/vllm that `make vllm` installs, else vllm; sglang: a Python with the "
+        "sglang package).")
+    python: PathText | None = optional("vllm, sglang: a Python interpreter with the engine's package; kvbench runs "
+        "its server module (python -m vllm.entrypoints.openai.api_server, python -m sglang.launch_server).")
     model: PathText | None = optional("What the server loads (default: the scenario's model; the alias "
         "smollm2-135m is its GGUF file).")
     served_model: str | None = optional("The model name sent with OpenAI-style requests (default: the server's "
@@ -202,7 +205,7 @@ class EngineSpec(Strict):
 
     @model_validator(mode="after")
     def _fits_kind(self) -> "EngineSpec":
-        given = [k for k in ("binary", "model", "served_model", "url", "reset_path")
+        given = [k for k in ("binary", "python", "model", "served_model", "url", "reset_path")
                  if getattr(self, k) is not None] + (["args"] if self.args else []) + \
             (["use_env_proxy"] if self.use_env_proxy else [])
         if self.kind == "transformers":
@@ -213,7 +216,8 @@ class EngineSpec(Strict):
         if not KINDS[self.kind].started:
             if self.url is None:
                 raise ValueError(f"url: required for kind {self.kind} (the running server's base URL)")
-            wrong = [k for k in ("binary", "model") if getattr(self, k) is not None] + (["args"] if self.args else [])
+            wrong = [k for k in ("binary", "python", "model") if getattr(self, k) is not None] + \
+                (["args"] if self.args else [])
             if wrong:
                 raise ValueError(f"{', '.join(wrong)}: kvbench starts nothing for kind {self.kind}; configure the "
                                  "server you started")
@@ -227,6 +231,11 @@ class EngineSpec(Strict):
         elif self.url is not None:
             raise ValueError(f"url: kvbench starts {self.kind} itself on 127.0.0.1; use kind {RUNNING_KINDS_TEXT} "
                              "for a server already running")
+        if self.python is not None and KINDS[self.kind].python_module is None:
+            raise ValueError(f"python: kind {self.kind} is a program, not a Python module; give engine.binary")
+        if self.python is not None and self.binary is not None:
+            raise ValueError("binary: not with engine.python (python runs the engine's module, binary is its "
+                             "program): give one")
         bad = reserved_flag_problems(self.kind, self.args)
         if bad:
             raise ValueError(f"args: {bad[0]}")

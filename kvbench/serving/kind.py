@@ -34,6 +34,8 @@ class Preset:
         whole_size: the size is a whole number (llama.cpp's --cache-ram takes MiB as an integer).
         slots: kvbench saves a conversation's slot after each turn and restores it before the next (a disk tier).
         needs_gpu: only useful with a GPU (the flag moves KV between GPU and host).
+        cpu_refusal: why the preset cannot run on a CPU (the engine's own words where it says so), or None: kvbench
+            refuses such a mode on a CPU before any server starts.
     """
 
     name: str
@@ -45,6 +47,7 @@ class Preset:
     whole_size: bool = False
     slots: bool = False
     needs_gpu: bool = False
+    cpu_refusal: str | None = None
 
 
 def presets(kind: str, *entries: Preset) -> Registry[Preset]:
@@ -88,6 +91,11 @@ class Launch:
         slots: requests it runs in parallel (the load's concurrency level).
         ctx_per_slot: tokens each slot holds (prompt, held reply and generated tokens, plus a margin).
         seed: the scenario's seed.
+        module: the program is a Python interpreter running the kind's :attr:`ServerKind.python_module` (vLLM's
+            model is then a flag, not the ``serve`` positional word).
+        device: what the server computes on (``cpu`` or ``cuda``).
+        kv_bytes: KV bytes the slots hold when full (``slots`` × ``ctx_per_slot`` tokens at 4 bytes per element),
+            for an engine that sizes its KV space from it (vLLM on a CPU); None: not known.
     """
 
     engine_model: str | None
@@ -96,6 +104,9 @@ class Launch:
     slots: int
     ctx_per_slot: int
     seed: int
+    module: bool = False
+    device: str = "cpu"
+    kv_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -107,9 +118,19 @@ class ServerKind:
         meaning: one line for `kvbench list` and did-you-mean.
         presets: its named server configurations (:class:`Preset`).
         started: kvbench starts the server per mode (else it is already running at ``engine.url``).
-        program: the argv prefix of its program when ``engine.binary`` is not given (the words after the first
-            are kept with a given binary: vLLM's ``serve``).
-        python_module: the program is this module of kvbench's own interpreter (``python -m ...``), or None.
+        program: the argv prefix of its named program (``llama-server``; ``vllm serve``), or () where the server
+            is only a Python module (SGLang); with ``engine.binary`` its words after the first are kept.
+        python_module: the server as a module a Python interpreter runs (``python -m ...``): ``engine.python``,
+            the interpreter of kvbench's own environment for the kind (``own_env``) or kvbench's own; None.
+        own_env: the folder under kvbench's environment (``<prefix>/<own_env>``) where ``make <kind>`` installs
+            the kind into a virtual environment of its own, or None.
+        environment: the variables set in the server's environment (over kvbench's), from a :class:`Launch`.
+        reset_path: the endpoint (POST) that empties the kind's prefix cache, used after the warm-up and checked by
+            a probe request (never by its reply), or None.
+        version_path: the endpoint (GET) whose JSON ``version`` names the server's version (a Python-module program
+            answers ``--version`` with Python's), or None.
+        block_tokens: the KV block size in tokens from a ``/metrics`` text (prefix caching reuses whole blocks),
+            or None.
         install_hint: how a user gets the program where it is missing.
         reserved_flags: flags kvbench sets itself (beside ``--host`` and ``--port``), refused in a scenario.
         reserved_why: why those are kvbench's, said when one is refused.
@@ -139,6 +160,7 @@ class ServerKind:
     started: bool = True
     program: tuple[str, ...] = ()
     python_module: str | None = None
+    own_env: str | None = None
     install_hint: str = ""
     reserved_flags: tuple[str, ...] = ()
     reserved_why: str = ""
@@ -153,6 +175,10 @@ class ServerKind:
     hit_counts: Callable[[dict[str, float | None]], tuple[float | None, float | None]] | None = None
     host_tier: Callable[[list[str]], tuple[int | None, str]] | None = None
     kv_element_bytes: int | None = None
+    environment: Callable[[Launch], dict[str, str]] | None = None
+    reset_path: str | None = None
+    version_path: str | None = None
+    block_tokens: Callable[[str], int | None] | None = None
 
 
 def last_value(argv: Sequence[str], flags: Iterable[str]) -> str | None:

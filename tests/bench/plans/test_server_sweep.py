@@ -43,7 +43,7 @@ def engine(s=None) -> ServerEngine:
 def test_the_command_line_puts_the_scenario_s_flags_first_and_kvbench_s_last():
     s = scenario()
     ram = s.modes[2]
-    argv = server_argv(s, preset_of("llama.cpp", ram), ram, 4242, 2, 40, Path("/run/slots"))
+    argv, _ = server_argv(s, preset_of("llama.cpp", ram), ram, 4242, 2, 40, Path("/run/slots"))
     assert argv[:5] == ["/bin/sh", "-t", "1", "--cache-ram", "64"]  # engine's, preset's, then the mode's
     gguf = argv[6]
     assert gguf.endswith("SmolLM2-135M-Instruct.Q4_1.gguf")

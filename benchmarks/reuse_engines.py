@@ -1,8 +1,9 @@
-"""Reuse side by side: per conversation turn, the TTFT of restoring the history ÷ recomputing it, for kvbench's own KV
-store and for llama-server's two reuse tiers, on the same real ShareGPT conversations and the same GGUF model
-(SmolLM2-135M, smollm2-135m), in one run.
+"""Reuse side by side in three engines: per conversation turn, the TTFT of restoring the history ÷ recomputing it,
+for kvbench's own KV store, llama-server's two reuse tiers and vLLM's prefix cache, on the same real ShareGPT
+conversations and the same weights (SmolLM2-135M: the GGUF, exported once as a Hugging Face directory for vLLM), in
+one run.
 
-Three scenarios are built in code (YAML in a temporary directory) and run one after another with
+Four scenarios are built in code (YAML in a temporary directory) and run one after another with
 ``kvbench.run_scenario``; their rows are read back with ``kvbench.load_results``:
 
 - **kvbench store**: the in-process transformers engine, mode ``none``, the multi_turn workload: each request runs
@@ -14,17 +15,21 @@ Three scenarios are built in code (YAML in a temporary directory) and run one af
 - **llama-server ``--cache-ram``**: modes ``host-cache`` (256 MiB) and ``none`` with ``interleave: round_robin`` and
   one slot, so another conversation takes the slot between two turns and only the host-RAM cache can restore.
   Ratio: host-cache ÷ none TTFT.
+- **vLLM prefix cache** (its CPU build, `make vllm`; left out with a note when it is not installed): modes
+  ``prefix-cache`` and ``none`` with ``interleave: sequential`` and one sequence at a time (``--max-num-seqs 1``).
+  Ratio: prefix-cache ÷ none TTFT. vLLM reuses whole KV blocks (128 tokens on a CPU), so a turn's last partial
+  block is recomputed.
 
-The three workloads select the same conversations (same seed, turns and prompt bounds; the interleave only orders
+The workloads select the same conversations (same seed, turns and prompt bounds; the interleave only orders
 them), checked by the prompts' digests. Every ratio is paired per request and repeat (the same prompt in both
 modes), then the median per turn over conversations and repeats, with the number of pairs. Tokens restored (kvbench:
 ``tokens_restored``) and cached (llama-server: ``cached_prompt_tokens``) are medians per turn; "= ids" counts the
 requests whose greedy output equals recompute's.
 
-llama-server runs with ``-t 1`` (its threads spin-wait; the client keeps the other core). Run it on an otherwise
-idle machine: it prints the load average before and after.
+llama-server runs with ``-t 1`` (its threads spin-wait; the client keeps the other core); vLLM with its own
+threads (it does not spin). Run it on an otherwise idle machine: it prints the load average before and after.
 
-    python benchmarks/reuse_vs_llamacpp.py [--conversations 3] [--turns 3] [--new 8] [--repeats 2] [--out DIR]
+    python benchmarks/reuse_engines.py [--conversations 3] [--turns 3] [--new 8] [--repeats 2] [--out DIR]
 """
 
 from __future__ import annotations
@@ -48,14 +53,16 @@ sys.path.insert(0, str(ROOT))
 
 import kvbench  # noqa: E402
 from kvbench.errors import UserError  # noqa: E402
+from kvbench.scenario.programs import own_python  # noqa: E402
 
 #: The last turn's prompt, in tokens (the workloads' min_prompt_tokens and max_prompt_tokens).
 PROMPT_BOUNDS = (400, 1200)
 
 
-def scenarios(conversations: int, turns: int, new: int, repeats: int) -> dict[str, dict]:
-    """The three scenarios as dicts, by column name: ``kvbench`` (transformers engine, its store),
-    ``prefix-cache`` and ``host-cache`` (llama-server, each with its ``none`` reference)."""
+def scenarios(conversations: int, turns: int, new: int, repeats: int, vllm: bool) -> dict[str, tuple[dict, str]]:
+    """The scenarios as dicts, by column name, each with the mode whose TTFT is the reuse's: ``kvbench``
+    (transformers engine, its store: warm rows), ``llama prefix`` and ``llama ram`` (llama-server), ``vllm prefix``
+    (with ``vllm``); a server's with its ``none`` reference."""
 
     def workload(interleave: str) -> dict:
         return {"source": "sharegpt", "seed": 0, "multi_turn": {
@@ -63,28 +70,33 @@ def scenarios(conversations: int, turns: int, new: int, repeats: int) -> dict[st
             "min_prompt_tokens": PROMPT_BOUNDS[0], "max_prompt_tokens": PROMPT_BOUNDS[1]}}
 
     common = {"model": "smollm2-135m", "max_new_tokens": new, "repeats": repeats, "warmup": 1, "seed": 0}
-    server = {"kind": "llama.cpp", "args": ["-t", "1"]}
-    return {
-        "kvbench": {"name": "reuse_vs_llamacpp-kvbench", "device": "cpu", "workload": workload("round_robin"),
-                    "modes": [{"kind": "none"}], "store": {"host_max_bytes": "2GiB"}, **common},
-        "prefix-cache": {"name": "reuse_vs_llamacpp-prefix", "engine": server, "workload": workload("sequential"),
-                         "modes": [{"name": "none"}, {"name": "prefix-cache"}], "load": {"profile": "sequential"},
-                         **common},
-        "host-cache": {"name": "reuse_vs_llamacpp-ram", "engine": server, "workload": workload("round_robin"),
+    llama = {"kind": "llama.cpp", "args": ["-t", "1"]}
+    out = {
+        "kvbench": ({"name": "reuse_engines-kvbench", "device": "cpu", "workload": workload("round_robin"),
+                     "modes": [{"kind": "none"}], "store": {"host_max_bytes": "2GiB"}, **common}, "none"),
+        "llama prefix": ({"name": "reuse_engines-llama-prefix", "engine": llama, "workload": workload("sequential"),
+                          "modes": [{"name": "none"}, {"name": "prefix-cache"}], "load": {"profile": "sequential"},
+                          **common}, "prefix-cache"),
+        "llama ram": ({"name": "reuse_engines-llama-ram", "engine": llama, "workload": workload("round_robin"),
                        "modes": [{"name": "none"}, {"name": "host-cache", "size": 256}],
-                       "load": {"profile": "sequential"}, **common},
+                       "load": {"profile": "sequential"}, **common}, "host-cache"),
     }
+    if vllm:
+        out["vllm prefix"] = ({"name": "reuse_engines-vllm-prefix", "engine": {"kind": "vllm"},
+                               "workload": workload("sequential"), "modes": [{"name": "none"}, {"name": "prefix-cache"}],
+                               "load": {"profile": "sequential"}, **common}, "prefix-cache")
+    return out
 
 
-def paired(trials: pd.DataFrame, column: str) -> pd.DataFrame:
+def paired(trials: pd.DataFrame, column: str, mode: str) -> pd.DataFrame:
     """Per request and repeat of one run: ``turn``, ``ratio`` (TTFT of reuse ÷ TTFT of recompute), ``reused``
     (tokens restored or cached) and ``same`` (the reuse's greedy output equals recompute's). kvbench's rows pair
-    warm with cold; a server's pair the reuse mode (``column``) with ``none``."""
+    warm with cold; a server's pair the reuse mode (``mode``) with ``none``."""
     ok = trials[trials["status"] == "ok"]
     if column == "kvbench":
         reuse, base, reused = ok[ok["warm"] == True], ok[ok["warm"] == False], "tokens_restored"  # noqa: E712
     else:
-        reuse, base, reused = ok[ok["mode_label"] == column], ok[ok["mode_label"] == "none"], "cached_prompt_tokens"
+        reuse, base, reused = ok[ok["mode_label"] == mode], ok[ok["mode_label"] == "none"], "cached_prompt_tokens"
     key = ["request_id", "repeat"]
     both = reuse[key + ["turn_index", "ttft_s", reused, "tokens_match"]].merge(
         base[key + ["ttft_s"]], on=key, suffixes=("", "_base"))
@@ -133,12 +145,16 @@ def main() -> int:
     if args.conversations < 1 or args.turns < 2 or args.new < 1 or args.repeats < 1:
         ap.error("--conversations, --new and --repeats must be ≥ 1, --turns ≥ 2")
     signal.signal(signal.SIGTERM, _terminated)
-    out = args.out or Path(tempfile.mkdtemp(prefix="kvbench-reuse-vs-llamacpp-"))
+    out = args.out or Path(tempfile.mkdtemp(prefix="kvbench-reuse-engines-"))
     load_before = os.getloadavg()
     frames: dict[str, pd.DataFrame] = {}
+    vllm = own_python("vllm") is not None
+    if not vllm:
+        print("vLLM's CPU build is not in .venv/vllm (`make vllm`): its column is left out", file=sys.stderr)
+    runs = scenarios(args.conversations, args.turns, args.new, args.repeats, vllm)
     try:
         out.mkdir(parents=True, exist_ok=True)
-        for column, data in scenarios(args.conversations, args.turns, args.new, args.repeats).items():
+        for column, (data, _) in runs.items():
             path = out / f"{data['name']}.yaml"
             path.write_text(yaml.safe_dump(data, sort_keys=False))
             print(f"running {column} ({path.name}) ...", file=sys.stderr, flush=True)
@@ -157,15 +173,16 @@ def main() -> int:
         if args.out is None:
             shutil.rmtree(out, ignore_errors=True)
     load_after = os.getloadavg()
-    pairs = {c: paired(df, c) for c, df in frames.items()}
+    pairs = {c: paired(df, c, runs[c][1]) for c, df in frames.items()}
     ok = frames["kvbench"][frames["kvbench"]["status"] == "ok"]
     prompts = ok.groupby("turn_index")["prompt_tokens"].median()
     print(f"SmolLM2-135M, {args.conversations} ShareGPT conversations × {args.turns} turns (last prompt "
           f"{PROMPT_BOUNDS[0]}-{PROMPT_BOUNDS[1]} tokens), {args.new} new tokens, {args.repeats} repeats; TTFT of "
           "reuse ÷ recompute paired per request, median per turn; load average (1 min) "
           f"{load_before[0]:.2f} before, {load_after[0]:.2f} after")
-    print("kvbench = its own store (transformers, mode none, warm ÷ cold); prefix-cache = llama-server's slot "
-          "prompt cache (sequential, 1 slot); host-cache = llama-server --cache-ram (round robin, 1 slot)")
+    print("kvbench = its own store (transformers, mode none, warm ÷ cold); llama prefix = llama-server's slot "
+          "prompt cache (sequential, 1 slot); llama ram = llama-server --cache-ram (round robin, 1 slot); vllm "
+          "prefix = vLLM's prefix cache (CPU build, sequential, 1 sequence, blocks of 128 tokens)")
     print("\n".join(table(pairs, prompts)))
     for c, p in pairs.items():
         print(f"{c}: greedy output = recompute's in {int(p['same'].sum())} of {len(p)} pairs")
