@@ -84,6 +84,17 @@ def server_findings(trials: pd.DataFrame, group: str, later: pd.DataFrame | None
                                               "restart or reset)" if bad else "")
                    + (f"; {unchecked} more servers were not checked (a resumed mode, its cache refilled first, or "
                       "one whose requests all failed)" if unchecked else ""))
+    probes = [s["cold_probe"] for s in servers if isinstance(s.get("cold_probe"), dict)]
+    if probes:
+        emptied = sum(1 for p in probes if p.get("verified") is True)
+        out.append(f"cache resets: {emptied} of {len(probes)} servers found 0 cached tokens for the warm-up prompt "
+                   f"sent again after {probes[0].get('reset_path')} (the probe, not the reset's reply, says so)"
+                   + ("" if emptied == len(probes) else f"; {len(probes) - emptied} did not: their reset left the "
+                      "warm-up's KV behind"))
+    blocks = sorted({s["cache_block_tokens"] for s in servers if isinstance(s.get("cache_block_tokens"), int)})
+    if blocks:
+        out.append(f"cached prompt tokens come in whole KV blocks of {', '.join(map(str, blocks))} tokens (the "
+                   "server's block size): a prompt's last partial block is always recomputed")
     out += _counter_lines(servers)
     return out
 

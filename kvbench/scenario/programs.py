@@ -137,13 +137,19 @@ def server_problems(s: Any) -> list[tuple[str, str]]:
 
 
 def cpu_refusals(s: Any, device_type: str) -> list[tuple[str, str]]:
-    """The modes of server scenario ``s`` whose preset cannot run on a CPU (its
-    :attr:`~kvbench.serving.kind.Preset.cpu_refusal`), when the server computes on ``device_type`` ``cpu``:
-    ``(key path, message)`` pairs. ``kvbench run`` refuses them before any server starts."""
+    """What of server scenario ``s`` cannot run on a CPU, when the server computes on ``device_type`` ``cpu``:
+    the kind's own program (its :attr:`~kvbench.serving.kind.ServerKind.cpu_refusal`, unless ``engine.python``
+    or ``engine.binary`` names another build), else each mode whose preset cannot (its
+    :attr:`~kvbench.serving.kind.Preset.cpu_refusal`): ``(key path, message)`` pairs. ``kvbench run`` refuses
+    them before any server starts."""
     from kvbench.scenario.servers import preset_of
 
     if device_type != "cpu" or s.engine.kind not in STARTED_KINDS:
         return []
+    kind = KINDS[s.engine.kind]
+    if kind.cpu_refusal is not None and s.engine.python is None and s.engine.binary is None:
+        return [("engine.kind", f"{kind.name} cannot serve on a CPU here: {kind.cpu_refusal}; run it on a GPU "
+                                "machine (device: cuda), or give engine.python for a CPU build of your own")]
     return [(f"modes[{i}]", f"preset {m.kind} of {s.engine.kind} cannot run on a CPU: {p.cpu_refusal}; run it on a "
                             "GPU machine (device: cuda)")
             for i, m in enumerate(s.modes) if isinstance(m, ServerMode)

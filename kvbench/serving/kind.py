@@ -131,6 +131,8 @@ class ServerKind:
             answers ``--version`` with Python's), or None.
         block_tokens: the KV block size in tokens from a ``/metrics`` text (prefix caching reuses whole blocks),
             or None.
+        cpu_refusal: why the kind's own program cannot serve on a CPU, or None: kvbench refuses it there before
+            anything starts, unless ``engine.python`` or ``engine.binary`` names another build.
         install_hint: how a user gets the program where it is missing.
         reserved_flags: flags kvbench sets itself (beside ``--host`` and ``--port``), refused in a scenario.
         reserved_why: why those are kvbench's, said when one is refused.
@@ -179,6 +181,7 @@ class ServerKind:
     reset_path: str | None = None
     version_path: str | None = None
     block_tokens: Callable[[str], int | None] | None = None
+    cpu_refusal: str | None = None
 
 
 def last_value(argv: Sequence[str], flags: Iterable[str]) -> str | None:

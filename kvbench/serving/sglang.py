@@ -1,6 +1,8 @@
 """SGLang's server (``python -m sglang.launch_server``), started by kvbench per mode on a Hugging Face model.
 
-Flags from ``sglang.launch_server --help``; counters from ``python/sglang/srt/metrics/collector.py`` (builds
+Flags from ``sglang.launch_server --help``; the CPU refusal from a probe here (2026-12-03: ``pip install
+sglang==0.5.23`` into a virtual environment, 3 min 15 s and 11 GB, then ``SGLANG_USE_CPU_ENGINE=1 python -m
+sglang.launch_server --device cpu --attention-backend torch_native`` on SmolLM2); counters from ``python/sglang/srt/metrics/collector.py`` (builds
 before the HiCache breakdown report ``sglang:cached_tokens_total`` without a ``cache_source`` label:
 ``cached_tokens``, all sources, reads both); the host tier is ``--hicache-size`` GB or ``--hicache-ratio``.
 """
@@ -10,6 +12,12 @@ from __future__ import annotations
 from kvbench.serving.kind import CounterSpec, Launch, Preset, ServerKind, counter, last_value, number, presets
 
 NAME = "sglang"
+#: Why PyPI's SGLang cannot serve on a CPU (measured on 0.5.23 with sglang-kernel 0.4.10).
+CPU_REFUSAL = ("PyPI's sglang 0.5.23 pulls sglang-kernel 0.4.10, whose wheel carries CUDA kernels only (sm90, sm100): "
+               "with SGLANG_USE_CPU_ENGINE=1 and --device cpu its server ends at import with \"[sgl_kernel] "
+               "CRITICAL: Could not load any common_ops library!\" (libcuda.so.1: cannot open shared object file); "
+               "SGLang's CPU backend needs sgl-kernel built from source for Intel Xeon CPUs with AMX (SGLang's "
+               "\"CPU Servers\" guide)")
 
 
 def launch(at: Launch) -> tuple[list[str], list[str]]:
@@ -73,4 +81,5 @@ KIND = ServerKind(
     counters=COUNTERS,
     hit_counts=hit_counts,
     host_tier=host_tier,
+    cpu_refusal=CPU_REFUSAL,
 )

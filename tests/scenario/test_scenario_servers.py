@@ -291,3 +291,17 @@ def test_presets_vllm_s_cpu_build_cannot_run_are_refused_on_a_cpu(write_yaml, de
     if found:
         assert found[0][1] == (f"preset cpu-offload of vllm cannot run on a CPU: vLLM's CPU build ends at start with "
                                f"\"{CPU_OFFLOAD_REFUSED}\"; run it on a GPU machine (device: cuda)")
+
+
+def test_pypi_s_sglang_is_refused_on_a_cpu_unless_another_build_is_named(write_yaml):
+    from kvbench.scenario.programs import cpu_refusals
+
+    data = server_scenario(engine={"kind": "sglang"}, modes=[{"name": "none"}, {"name": "radix"}])
+    [(path, why)] = cpu_refusals(load_scenario(write_yaml(data)), "cpu")
+    assert path == "engine.kind" and why.startswith("sglang cannot serve on a CPU here: PyPI's sglang 0.5.23 pulls "
+                                                    "sglang-kernel 0.4.10, whose wheel carries CUDA kernels only")
+    assert "Could not load any common_ops library!" in why and why.endswith(
+        "give engine.python for a CPU build of your own")
+    assert cpu_refusals(load_scenario(write_yaml(data)), "cuda") == []
+    own = server_scenario(engine={"kind": "sglang", "python": "/usr/bin/python3"}, modes=[{"name": "none"}])
+    assert cpu_refusals(load_scenario(write_yaml(own)), "cpu") == []

@@ -112,3 +112,18 @@ def test_a_gpu_preset_is_refused_on_a_cpu_before_any_server_starts(tmp_path, pre
     assert f"modes[1]: preset {preset} of vllm cannot run on a CPU" in str(e.value)
     assert CPU_OFFLOAD_REFUSED in str(e.value) and "run it on a GPU machine (device: cuda)" in str(e.value)
     assert not list(tmp_path.glob("res/*/servers")) and vllm_processes(before) == []
+
+
+def test_the_report_names_the_reset_probes_and_the_block_size(run, tmp_path):
+    from typer.testing import CliRunner
+
+    from kvbench.cli import app
+
+    res, _, _ = run
+    r = CliRunner().invoke(app, ["report", str(res.run_dir), "--out", str(tmp_path / "report")])
+    text = " ".join(r.output.split())
+    assert r.exit_code == 0, r.output
+    assert ("cache resets: 2 of 2 servers found 0 cached tokens for the warm-up prompt sent again after "
+            "/reset_prefix_cache (the probe, not the reset's reply, says so)") in text
+    assert "cached prompt tokens come in whole KV blocks of 128 tokens" in text
+    assert "cold starts: 2 of 2 mode starts answered their first request with 0 cached tokens" in text
