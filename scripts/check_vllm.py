@@ -3,7 +3,7 @@
     python scripts/check_vllm.py .venv/vllm/bin/python
 
 exports the scenario model (SmolLM2's GGUF) as a Hugging Face directory once (kvbench's cache folder), starts
-``python -m vllm.entrypoints.openai.api_server`` with the words, flags and environment kvbench gives it
+``python -I -m vllm.entrypoints.openai.api_server`` with the words, flags and environment kvbench gives it
 (:mod:`kvbench.serving.vllm`) and prefix caching on, waits for ``/health``, sends one prompt twice and prints the
 start time and the cached prompt tokens of the second request, then stops the server and every child. Exit status
 1 with the log's last lines when it does not start or reuses nothing.
@@ -47,7 +47,7 @@ def main() -> int:
     port = free_port()
     at = Launch(None, model, port, 1, 512, 0, module=True, device="cpu", kv_bytes=0)
     head, own = kind.launch(at)
-    argv = [python, "-m", kind.python_module, *head, "--enable-prefix-caching", *own]
+    argv = [python, "-I", "-m", kind.python_module, *head, "--enable-prefix-caching", *own]
     with tempfile.TemporaryDirectory(prefix="kvbench-vllm-check-") as tmp:
         log = Path(tmp) / "vllm.log"
         t0 = time.monotonic()

@@ -52,6 +52,13 @@ def marker_program(tmp_path: Path) -> tuple[Path, Path]:
     return prog, marker
 
 
+def own_picks() -> str:
+    """The llama-server programs kvbench would pick itself here, as its consent message lists them."""
+    from kvbench.scenario.programs import _own_programs
+
+    return "; ".join(" ".join(p.argv) for p in _own_programs("llama.cpp")) or "none found here"
+
+
 def test_a_scenario_s_own_program_is_never_run_without_the_opt_in(tmp_path):
     prog, marker = marker_program(tmp_path)
     path = tmp_path / "s.yaml"
@@ -59,8 +66,8 @@ def test_a_scenario_s_own_program_is_never_run_without_the_opt_in(tmp_path):
     r = invoke("run", str(path), "--out", str(tmp_path / "res"))
     assert r.exit_code == 2, r.output
     assert flat(r.output) == flat(
-        f"error: {path}: engine.binary: {prog} is not kvbench's own llama-server ({Path(sys.prefix) / 'bin'}) nor "
-        "llama-server on PATH: kvbench would run this program; kvbench runs only the engine's own program on the "
+        f"error: {path}: engine.binary: {prog} is not a program kvbench picks itself for llama.cpp ({own_picks()}): "
+        "kvbench would run this program; kvbench runs only the engine's own program on the "
         "scenario's model unless you pass --trust-server-config (read the scenario first: these would run as you)")
     assert not marker.exists() and not (tmp_path / "res").exists()  # not even its --version
     r = invoke("validate", str(path))
@@ -82,7 +89,8 @@ def test_a_results_folder_someone_sent_runs_nothing_on_resume(tmp_path, record):
     (run_dir / "trials.jsonl").write_text("".join(kept[:2]))  # trials left to run
     with pytest.raises(ServerConfigRefused) as e:
         kvbench.run_scenario(resume=run_dir)
-    assert str(e.value).startswith(f"{run_dir / 'run.json'}: engine.binary: {prog} is not kvbench's own")
+    assert str(e.value).startswith(f"{run_dir / 'run.json'}: engine.binary: {prog} is not a program kvbench picks "
+                                   "itself for llama.cpp")
     r = invoke("run", "--resume", str(run_dir))
     assert r.exit_code == 2 and "--trust-server-config" in flat(r.output)
     assert not marker.exists() and len((run_dir / "trials.jsonl").read_text().splitlines()) == 2

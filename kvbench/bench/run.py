@@ -355,11 +355,13 @@ def _prepare_server(sc: Scenario, rundir: RunDir, where: Path, progress: RunProg
     from kvbench.models import resolve_device
     from kvbench.scenario.programs import cpu_refusals, server_problems
 
-    if problems := server_problems(sc):
-        raise ScenarioError(where, problems)
     with progress.loading(f"tokenizing the {sc.workload.source} workload for {sc.engine.kind}"), \
-            _preparing(sc, where):
-        if problems := cpu_refusals(sc, resolve_device(sc.device).type):  # before any export or server
+            _preparing(sc, where):  # before any export or server:
+        try:
+            device = resolve_device(sc.device).type
+        except ValueError as exc:  # a CUDA device this machine does not have
+            raise ScenarioError(where, [("device", str(exc))]) from None
+        if problems := cpu_refusals(sc, device) or server_problems(sc):
             raise ScenarioError(where, problems)
         engine = load_server_engine(sc, rundir.path)
     if problems := engine.preflight():

@@ -67,6 +67,10 @@ def check_scenario(s: Scenario, *, check_model: bool = True) -> list[tuple[str, 
         problems.append(("engine.model", f"{s.engine.model} is a GGUF model and {kind.name} loads a Hugging Face "
                          "directory: leave engine.model out (kvbench then exports the scenario's model) or give the "
                          f"directory `kvbench models export {s.engine.model}` prints"))
+    elif kind is not None and kind.model_format == "hf" and s.engine.model is not None and \
+            s.engine.model.startswith(("/", "./", "../", "~")) and not Path(s.engine.model).expanduser().is_dir():
+        problems.append(("engine.model", f"{s.engine.model} is not a folder: {kind.name} loads a Hugging Face "
+                         "model directory (or a hub id such as HuggingFaceTB/SmolLM2-135M-Instruct)"))
     for i, m in enumerate(s.modes if not s.engine.server else ()):
         if m.kind not in MODES:
             problems.append((f"modes[{i}].kind", MODES.unknown(m.kind)))

@@ -28,7 +28,9 @@ class Program:
 
 
 def _module_program(kind: str, python: str) -> Program:
-    return Program((python, "-m", KINDS[kind].python_module), module=True)
+    """``python -I -m <module>``: isolated (``-I``), so that neither the working directory nor ``PYTHONPATH`` can
+    put a module of someone else's before the engine's own."""
+    return Program((python, "-I", "-m", KINDS[kind].python_module), module=True)
 
 
 def own_python(kind: str) -> Path | None:
@@ -87,33 +89,37 @@ def _same_file(a: str, b: str) -> bool:
 
 def _same_program(given: Program, own: Program) -> bool:
     """Whether ``given`` runs what ``own`` runs: the same file for a program; for a Python running a module, the
-    same path (every virtual environment's ``python`` links to one interpreter: the environment is its folder)."""
+    same interpreter in the same folder (every virtual environment's ``python`` links to one interpreter: the
+    environment is the folder, ``python`` and ``python3`` of one ``bin`` are the same)."""
     if given.module or own.module:
-        return given.module == own.module and os.path.abspath(given.argv[0]) == os.path.abspath(own.argv[0])
+        a, b = Path(os.path.abspath(given.argv[0])), Path(os.path.abspath(own.argv[0]))
+        return given.module == own.module and a.parent == b.parent and _same_file(str(a), str(b))
     return _same_file(given.argv[0], own.argv[0])
 
 
 def consent_needed(s: Any) -> list[tuple[str, str]]:
-    """What a scenario ``s`` with a server engine would have kvbench run beyond the engine's own program serving
-    the scenario's model: ``(key path, reason)`` pairs for an ``engine.binary`` that is not kvbench's build of
-    the engine nor the engine's program on PATH (:func:`_default_program`), and for the server flags of
-    :func:`consent_reasons` in ``engine.args`` and each mode's ``args``. ``kvbench run`` refuses such a scenario
-    (and a run folder holding one) unless given ``--trust-server-config``; ``validate`` warns."""
+    """What a scenario ``s`` with a server engine would have kvbench run or fetch beyond the engine's own program
+    serving a model on this machine: ``(key path, reason)`` pairs for an ``engine.python`` or ``engine.binary`` that
+    is none of the programs kvbench picks itself (:func:`_own_programs`; one that is not found is
+    :func:`server_problems`' to refuse), an ``engine.model`` that a Hugging Face kind would fetch from the hub (no
+    such path here), and the server flags of :func:`consent_reasons` in ``engine.args`` and each mode's ``args``.
+    ``kvbench run`` refuses such a scenario (and a run folder holding one) unless given ``--trust-server-config``;
+    ``validate`` warns."""
     e = s.engine
     if e.kind not in STARTED_KINDS:
         return []
-    out = []
-    for key in ("python", "binary"):
-        if (given_text := getattr(e, key)) is None:
-            continue
-        given, own = server_program(e), _own_programs(e.kind)
-        if given is None or not any(_same_program(given, p) for p in own):
-            kind = KINDS[e.kind]
-            name = f"the {kind.python_module} module's python" if key == "python" or not kind.program else \
-                kind.program[0]
-            out.append((f"engine.{key}", f"{given_text} is not kvbench's own {name} ({Path(sys.prefix) / 'bin'}"
-                        f"{', ' + str(Path(sys.prefix) / kind.own_env) if kind.own_env else ''}) nor {name} on "
-                        "PATH: kvbench would run this program"))
+    out, kind = [], KINDS[e.kind]
+    given = server_program(e) if e.python is not None or e.binary is not None else None
+    if given is not None:
+        key = "python" if e.python is not None else "binary"
+        own = _own_programs(e.kind)
+        if not any(_same_program(given, p) for p in own):
+            picks = "; ".join(" ".join(p.argv) for p in own) or "none found here"
+            out.append((f"engine.{key}", f"{getattr(e, key)} is not a program kvbench picks itself for {kind.name} "
+                        f"({picks}): kvbench would run this program"))
+    if kind.model_format == "hf" and e.model is not None and not Path(e.model).exists():
+        out.append(("engine.model", f"{e.model} is no folder here: the {kind.name} server would fetch it from the "
+                                    "Hugging Face hub (leave engine.model out to serve the scenario's model)"))
     out += [("engine.args", why) for why in consent_reasons(e.kind, e.args)]
     for i, m in enumerate(s.modes):
         if isinstance(m, ServerMode):

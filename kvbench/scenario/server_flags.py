@@ -22,10 +22,11 @@ CONSENT_FLAGS: dict[str, tuple[str, ...]] = {k.name: k.consent_flags for k in KI
 
 
 def _flag_name(arg: str) -> str:
-    """A command-line word as the flag it sets: before any ``=``, underscores as dashes (vLLM takes
-    ``--max_num_seqs`` for ``--max-num-seqs``)."""
+    """A command-line word as the flag it sets: before any ``=`` and any ``.`` (vLLM folds
+    ``--kv-transfer-config.kv_connector X`` into ``--kv-transfer-config``'s JSON), underscores as dashes (vLLM
+    takes ``--max_num_seqs`` for ``--max-num-seqs``)."""
     name = arg.split("=", 1)[0]
-    return name.replace("_", "-") if name.startswith("--") else name
+    return name.split(".", 1)[0].replace("_", "-") if name.startswith("--") else name
 
 
 def _names(arg: str, flags: tuple[str, ...]) -> str | None:

@@ -96,6 +96,8 @@ class Launch:
         device: what the server computes on (``cpu`` or ``cuda``).
         kv_bytes: KV bytes the slots hold when full (``slots`` × ``ctx_per_slot`` tokens at 4 bytes per element),
             for an engine that sizes its KV space from it (vLLM on a CPU); None: not known.
+        offline: the model the server loads is on this machine (kvbench's export, or an ``engine.model`` path that
+            exists), so the server needs no model hub.
     """
 
     engine_model: str | None
@@ -107,6 +109,7 @@ class Launch:
     module: bool = False
     device: str = "cpu"
     kv_bytes: int | None = None
+    offline: bool = False
 
 
 @dataclass(frozen=True)

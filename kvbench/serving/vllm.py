@@ -39,14 +39,14 @@ def launch(at: Launch) -> tuple[list[str], list[str]]:
 def environment(at: Launch) -> dict[str, str]:
     """Loopback only (``VLLM_HOST_IP``, ``VLLM_LOOPBACK_IP``: else its engine process connects to the machine's
     network address), no usage statistics sent to vLLM's collector (``VLLM_NO_USAGE_STATS``, ``DO_NOT_TRACK``),
-    no hub access for the model kvbench exported (``HF_HUB_OFFLINE`` when ``engine.model`` is not given), the
+    no hub access for a model on this machine (``HF_HUB_OFFLINE`` when :attr:`Launch.offline`), the
     development endpoints for ``/reset_prefix_cache`` (``VLLM_SERVER_DEV_MODE``; they also answer ``/sleep`` and
     ``/collective_rpc`` to any process of this machine that finds the port) and, on a CPU, the KV space: the slots'
     full KV (:attr:`Launch.kv_bytes`) in whole GiB, at least 1 (``VLLM_CPU_KVCACHE_SPACE``), threads unbound
     (``VLLM_CPU_OMP_THREADS_BIND=nobind``: binding fails in a container that hides the CPU topology)."""
     env = {"VLLM_HOST_IP": "127.0.0.1", "VLLM_LOOPBACK_IP": "127.0.0.1", "VLLM_NO_USAGE_STATS": "1",
            "DO_NOT_TRACK": "1", "VLLM_SERVER_DEV_MODE": "1"}
-    if at.engine_model is None:
+    if at.offline:
         env["HF_HUB_OFFLINE"] = "1"
     if at.device == "cpu":
         env["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, math.ceil((at.kv_bytes or 0) / GIB)))
@@ -125,7 +125,7 @@ KIND = ServerKind(
     presets=presets(
         NAME,
         Preset("none", "no prefix caching (--no-enable-prefix-caching)", ("--no-enable-prefix-caching",), cold=True),
-        Preset("prefix-cache", "automatic prefix caching on the GPU (--enable-prefix-caching)",
+        Preset("prefix-cache", "automatic prefix caching in the device's KV cache (--enable-prefix-caching)",
                ("--enable-prefix-caching",)),
         Preset("cpu-offload", "prefix caching with a native CPU tier (--kv-offloading-backend native "
                "--kv-offloading-size GiB)", ("--enable-prefix-caching", "--kv-offloading-backend", "native",
@@ -148,7 +148,14 @@ KIND = ServerKind(
         "--config", "--download-dir", "--tokenizer", "--chat-template", "--ssl-keyfile", "--ssl-certfile",
         "--ssl-ca-certs", "--allowed-local-media-path", "--lora-modules", "--hf-token", "--hf-config-path",
         "--trust-remote-code", "--middleware", "--tool-parser-plugin", "--worker-cls", "--worker-extension-cls",
-        "--speculative-config", "--kv-transfer-config", "--data-parallel-address", "--log-config-file"),
+        "--speculative-config", "--kv-transfer-config", "--data-parallel-address", "--log-config-file",
+        # from `python -m vllm.entrypoints.openai.api_server --help=all` (vllm-cpu 0.32.0): code by name, plugins,
+        # files and folders, other machines and endpoints data is sent to
+        "--allowed-media-domains", "--distributed-executor-backend", "--ec-transfer-config", "--generation-config",
+        "--io-processor-plugin", "--kv-events-config", "--logits-processors", "--logging-config", "--master-addr",
+        "--mm-encoder-fp8-scale-path", "--mm-encoder-fp8-scale-save-path", "--model-class-overrides",
+        "--model-loader-extra-config", "--otlp-traces-endpoint", "--profiler-config", "--reasoning-parser-plugin",
+        "--scheduler-cls", "--tool-server", "--weight-transfer-config"),
     argparse=True,
     launch=launch,
     model_format="hf",

@@ -251,24 +251,30 @@ def test_engine_python_runs_the_engine_s_module_and_needs_consent(write_yaml):
     import sys
 
     from kvbench.bench.engines.server.engine import server_argv
-    from kvbench.scenario.programs import Program, consent_needed, server_program
+    from kvbench.scenario.programs import Program, consent_needed, own_python, server_program
 
     s = load_scenario(write_yaml(server_scenario(engine={"kind": "vllm", "python": sys.executable,
                                                          "model": "HuggingFaceTB/SmolLM2-135M-Instruct"})))
-    assert server_program(s.engine) == Program((sys.executable, "-m", "vllm.entrypoints.openai.api_server"), True)
+    assert server_program(s.engine) == Program((sys.executable, "-I", "-m", "vllm.entrypoints.openai.api_server"),
+                                               True)
     argv, env = server_argv(s, preset_of("vllm", s.modes[0]), s.modes[0], 4242, 2, 640, Path("/slots"),
                             kv_bytes=3 * 2**30 + 1)
-    assert argv[:3] == [sys.executable, "-m", "vllm.entrypoints.openai.api_server"] and "serve" not in argv
-    assert argv[3:9] == ["--max-model-len", "640", "--enable-prompt-tokens-details", "--dtype", "float32",
+    assert argv[:4] == [sys.executable, "-I", "-m", "vllm.entrypoints.openai.api_server"] and "serve" not in argv
+    assert argv[4:10] == ["--max-model-len", "640", "--enable-prompt-tokens-details", "--dtype", "float32",
                          "--enforce-eager"]
     assert argv[-11:] == ["--no-enable-prefix-caching", "--model", "HuggingFaceTB/SmolLM2-135M-Instruct", "--host",
                           "127.0.0.1", "--port", "4242", "--seed", "0", "--max-num-seqs", "2"]
     assert env == {"VLLM_HOST_IP": "127.0.0.1", "VLLM_LOOPBACK_IP": "127.0.0.1", "VLLM_NO_USAGE_STATS": "1",
                    "DO_NOT_TRACK": "1", "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "4",
-                   "VLLM_CPU_OMP_THREADS_BIND": "nobind"}  # engine.model given: the hub is the server's to use
-    [(path, why)] = consent_needed(s)
-    assert path == "engine.python" and why.startswith(f"{sys.executable} is not kvbench's own the "
-                                                      "vllm.entrypoints.openai.api_server module's python")
+                   "VLLM_CPU_OMP_THREADS_BIND": "nobind"}  # a hub id: no HF_HUB_OFFLINE, and consent needed
+    assert consent_needed(s) == [
+        ("engine.python", f"{sys.executable} is not a program kvbench picks itself for vllm ("
+         f"{' '.join(map(str, server_program(s.engine.model_copy(update={'python': None})).argv))}): kvbench "
+         "would run this program") if own_python("vllm") else
+        ("engine.python", f"{sys.executable} is not a program kvbench picks itself for vllm (none found here): "
+         "kvbench would run this program"),
+        ("engine.model", "HuggingFaceTB/SmolLM2-135M-Instruct is no folder here: the vllm server would fetch it "
+         "from the Hugging Face hub (leave engine.model out to serve the scenario's model)")]
 
 
 def test_engine_python_is_for_a_python_module_kind_and_never_beside_binary(write_yaml):
@@ -305,3 +311,48 @@ def test_pypi_s_sglang_is_refused_on_a_cpu_unless_another_build_is_named(write_y
     assert cpu_refusals(load_scenario(write_yaml(data)), "cuda") == []
     own = server_scenario(engine={"kind": "sglang", "python": "/usr/bin/python3"}, modes=[{"name": "none"}])
     assert cpu_refusals(load_scenario(write_yaml(own)), "cpu") == []
+
+
+@pytest.mark.parametrize("args, named", [
+    (["--kv-transfer-config.kv_connector_module_path", "nu_probe"], "--kv-transfer-config"),  # vLLM's dotted JSON
+    (["--kv_transfer_config.kv_connector=X"], "--kv-transfer-config"),
+    (["--reasoning-parser-plugin", "x.py"], "--reasoning-parser-plugin"),
+    (["--scheduler-cls", "mod.Cls"], "--scheduler-cls"),
+    (["--logits-processors", "mod.fn"], "--logits-processors"),
+    (["--tool-server", "example.com:80"], "--tool-server"),
+    (["--distributed-executor-backend", "ray"], "--distributed-executor-backend"),
+    (["--otlp-traces-endpoint", "example.com:4317"], "--otlp-traces-endpoint"),
+    (["--generation-config", "gen"], "--generation-config"),
+])
+def test_vllm_flags_that_run_code_or_reach_out_need_consent_in_every_spelling(args, named):
+    from kvbench.scenario.server_flags import consent_reasons
+
+    assert consent_reasons("vllm", args) == [
+        f"{args[0]}: {named} makes the server read or write files, fetch weights or code, run code or reach "
+        "another machine"]
+
+
+def test_a_missing_engine_python_is_refused_as_missing_not_as_a_consent_question(write_yaml):
+    from kvbench.scenario.programs import consent_needed, server_problems
+
+    s = load_scenario(write_yaml(server_scenario(engine={"kind": "vllm", "python": "/nonexistent/python"})))
+    assert consent_needed(s) == []
+    assert server_problems(s) == [("engine.python", "/nonexistent/python is not an executable file or a program on "
+                                                    "PATH")]
+
+
+def test_an_engine_model_path_that_is_no_folder_is_refused_for_a_hugging_face_kind(write_yaml):
+    assert problems_of(write_yaml, server_scenario(engine={"kind": "vllm", "model": "/nonexistent/dir"})) == [
+        ("engine.model", "/nonexistent/dir is not a folder: vllm loads a Hugging Face model directory (or a hub id "
+                         "such as HuggingFaceTB/SmolLM2-135M-Instruct)")]
+
+
+def test_every_python_of_kvbench_s_own_vllm_environment_is_its_own(write_yaml):
+    from kvbench.scenario.programs import consent_needed, own_python
+
+    if own_python("vllm") is None:
+        pytest.skip("vLLM's CPU build is not in .venv/vllm (`make vllm`)")
+    for name in ("python", "python3"):
+        s = load_scenario(write_yaml(server_scenario(engine={"kind": "vllm",
+                                                             "python": str(own_python("vllm").parent / name)})))
+        assert consent_needed(s) == []

@@ -87,7 +87,8 @@ def server_argv(s: Scenario, preset: Preset, mode: Any, port: int, slots: int, c
     args = [a.replace("{size}", size_text(size) if size is not None else "").replace("{slot_dir}", str(slot_dir))
             for a in preset.args]
     at = Launch(e.model or model_dir, s.model.name, port, slots, ctx_per_slot, s.seed,
-                module=program is not None and program.module, device=device, kv_bytes=kv_bytes)
+                module=program is not None and program.module, device=device, kv_bytes=kv_bytes,
+                offline=Path(e.model).exists() if e.model else model_dir is not None)
     head, own = kind.launch(at)
     env = kind.environment(at) if kind.environment is not None else {}
     return [*(program.argv if program else ()), *head, *e.args, *args, *mode.args, *own], env

@@ -60,10 +60,11 @@ def test_every_request_ran_and_nothing_of_vllm_is_left(run):
         assert r["server_prompt_tokens"] == r["prompt_tokens"]
     assert [s["mode_label"] for s in servers] == ["none", "prefix-cache"]
     for s in servers:
-        assert s["argv"][:3] == [str(PYTHON), "-m", "vllm.entrypoints.openai.api_server"]
+        assert s["argv"][:4] == [str(PYTHON), "-I", "-m", "vllm.entrypoints.openai.api_server"]
         assert s["argv"][s["argv"].index("--host") + 1] == "127.0.0.1" and s["version"] == "0.32.0"
         assert s["environment"]["VLLM_HOST_IP"] == s["environment"]["VLLM_LOOPBACK_IP"] == "127.0.0.1"
         assert s["environment"]["VLLM_NO_USAGE_STATS"] == "1" and s["environment"]["VLLM_CPU_KVCACHE_SPACE"] == "1"
+        assert s["environment"]["HF_HUB_OFFLINE"] == "1"  # the exported model is on this machine
 
 
 def test_every_start_is_verified_cold_by_the_probe_and_the_first_request(run):
