@@ -24,6 +24,7 @@ import httpx
 from kvbench.bench.engines.server.client import complete_openai
 from kvbench.bench.engines.server.process import ServerProcess, ServerStartError, free_port
 from kvbench.models.export import hf_directory
+from kvbench.scenario.programs import module_program
 from kvbench.serving import KINDS
 from kvbench.serving.kind import Launch
 
@@ -47,7 +48,7 @@ def main() -> int:
     port = free_port()
     at = Launch(None, model, port, 1, 512, 0, module=True, device="cpu", kv_bytes=0)
     head, own = kind.launch(at)
-    argv = [python, "-I", "-m", kind.python_module, *head, "--enable-prefix-caching", *own]
+    argv = [*module_program("vllm", python).argv, *head, "--enable-prefix-caching", *own]
     with tempfile.TemporaryDirectory(prefix="kvbench-vllm-check-") as tmp:
         log = Path(tmp) / "vllm.log"
         t0 = time.monotonic()

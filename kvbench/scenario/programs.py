@@ -27,7 +27,7 @@ class Program:
     module: bool = False
 
 
-def _module_program(kind: str, python: str) -> Program:
+def module_program(kind: str, python: str) -> Program:
     """``python -I -m <module>``: isolated (``-I``), so that neither the working directory nor ``PYTHONPATH`` can
     put a module of someone else's before the engine's own."""
     return Program((python, "-I", "-m", KINDS[kind].python_module), module=True)
@@ -47,13 +47,13 @@ def _own_programs(kind: str) -> list[Program]:
     puts llama-server) or on PATH, and kvbench's own interpreter where the kind's module is installed in it."""
     k, out = KINDS[kind], []
     if (python := own_python(kind)) is not None:
-        out.append(_module_program(kind, str(python)))
+        out.append(module_program(kind, str(python)))
     if k.program:
         found = shutil.which(k.program[0], path=str(Path(sys.prefix) / "bin")) or shutil.which(k.program[0])
         if found:
             out.append(Program((found, *k.program[1:])))
     if k.python_module and importlib.util.find_spec(k.python_module.split(".")[0]) is not None:
-        out.append(_module_program(kind, sys.executable))
+        out.append(module_program(kind, sys.executable))
     return out
 
 
@@ -70,12 +70,12 @@ def server_program(engine: EngineSpec) -> Program | None:
     kind = KINDS[engine.kind]
     if engine.python is not None:
         found = _executable(engine.python)
-        return _module_program(engine.kind, found) if found else None
+        return module_program(engine.kind, found) if found else None
     if engine.binary is not None:
         found = _executable(engine.binary)
         if found is None:
             return None
-        return Program((found, *kind.program[1:])) if kind.program else _module_program(engine.kind, found)
+        return Program((found, *kind.program[1:])) if kind.program else module_program(engine.kind, found)
     own = _own_programs(engine.kind)
     return own[0] if own else None
 

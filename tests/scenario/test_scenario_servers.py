@@ -351,7 +351,8 @@ def test_every_python_of_kvbench_s_own_vllm_environment_is_its_own(write_yaml):
     from kvbench.scenario.programs import consent_needed, own_python
 
     if own_python("vllm") is None:
-        pytest.skip("vLLM's CPU build is not in .venv/vllm (`make vllm`)")
+        pytest.skip("vLLM's CPU build is not installed in .venv/vllm, so there is no environment of kvbench's own "
+                    "to compare with: `make vllm` installs it (about 3 minutes; `make test` does it first)")
     for name in ("python", "python3"):
         s = load_scenario(write_yaml(server_scenario(engine={"kind": "vllm",
                                                              "python": str(own_python("vllm").parent / name)})))

@@ -33,7 +33,7 @@ from kvbench.bench.engines.server.tiers import host_tier
 from kvbench.bench.trial import ServerTrial
 from kvbench.errors import SymlinkRefused
 from kvbench.scenario import Scenario
-from kvbench.scenario.programs import server_program
+from kvbench.scenario.programs import Program, server_program
 from kvbench.scenario.servers import Preset, preset_of, size_text
 from kvbench.serving import KINDS, metrics_kind
 from kvbench.serving.kind import Launch
@@ -69,7 +69,7 @@ def reusable_tokens(requests: Sequence[Any]) -> dict[str, int]:
 
 def server_argv(s: Scenario, preset: Preset, mode: Any, port: int, slots: int, ctx_per_slot: int,
                 slot_dir: Path, model_dir: str | None = None, device: str = "cpu",
-                kv_bytes: int | None = None) -> tuple[list[str], dict[str, str]]:
+                kv_bytes: int | None = None, program: Program | None = None) -> tuple[list[str], dict[str, str]]:
     """The command line of ``mode``'s server and the variables its environment gets over kvbench's: the program
     (:func:`~kvbench.scenario.programs.server_program`), the kind's words before the flags (vLLM's model as
     ``serve``'s positional word, its defaults), the engine's flags, the preset's, the mode's (a later flag wins
@@ -78,11 +78,12 @@ def server_argv(s: Scenario, preset: Preset, mode: Any, port: int, slots: int, c
     cannot name these either: :func:`~kvbench.scenario.server_flags.reserved_flag_problems`). ``slots``: parallel
     requests; ``ctx_per_slot``: tokens each holds; ``model_dir``: what the server loads when ``engine.model`` is
     not given (the scenario's model exported as a Hugging Face directory, :func:`load_server_engine`);
-    ``device``: what it computes on; ``kv_bytes``: the slots' full KV (bytes). The kind's
+    ``device``: what it computes on; ``kv_bytes``: the slots' full KV (bytes); ``program``: the server's program
+    when the caller has it already (default: looked up). The kind's
     :attr:`~kvbench.serving.kind.ServerKind.launch` gives the words around the scenario's and
     :attr:`~kvbench.serving.kind.ServerKind.environment` the variables."""
     e, kind = s.engine, KINDS[s.engine.kind]
-    program = server_program(e)
+    program = program or server_program(e)
     size = mode.size if mode.size is not None else (preset.size[1] if preset.size else None)
     args = [a.replace("{size}", size_text(size) if size is not None else "").replace("{slot_dir}", str(slot_dir))
             for a in preset.args]
@@ -223,8 +224,9 @@ class ServerEngine:
             if preset.slots:
                 slot_dir.mkdir(exist_ok=True)
             port = free_port()
+            program = server_program(e)
             argv, env = server_argv(self.s, preset, mode, port, slots, self.ctx_per_slot, slot_dir, self.model_dir,
-                                    self.device.type, self.kv_bytes_per_token * self.ctx_per_slot * slots)
+                                    self.device.type, self.kv_bytes_per_token * self.ctx_per_slot * slots, program)
             log = servers_dir / f"{mode.label}-r{repeat}.log"
             n = 1
             while log.exists() or log.is_symlink():  # a resumed mode's new server: the earlier log stays
@@ -232,9 +234,8 @@ class ServerEngine:
                 log = servers_dir / f"{mode.label}-r{repeat}.{n}.log"
             proc = ServerProcess(argv, log, port=port, startup_timeout_s=e.startup_timeout_s,
                                  env={**os.environ, **env} if env else None)
-            module = (program := server_program(e)) is not None and program.module
             info.update(argv=argv, environment=env, log=str(log.relative_to(self.run_path)),
-                        version=None if module else program_version(argv))
+                        version=None if program is not None and program.module else program_version(argv))
             srv = ServerSession(self, mode, proc.url, proc, preset, info,
                                 slot_dir=slot_dir if preset.slots else None, host_tier=host_tier(self.kind, argv))
             info["host_tier_bytes"], info["host_tier"] = srv.host_tier
