@@ -8,6 +8,7 @@ The library does everything the ``kvbench`` command does, minus parsing flags an
     results = kvbench.load_results(run.run_dir)                            # Results: .trials, every trial
     kvbench.write_report(results, run.run_dir / "report")                  # tables, charts, Markdown, HTML
     costs = kvbench.cost_report(results, "costs", kvbench.Prices(gpu_per_hour=2.0))
+    m = kvbench.break_even_report(results, "map", kvbench.Prices(2.0))    # shared_prefix runs: the map
     p = kvbench.plan("llama-3.1-8b", prompt_tokens=32768, batch=8)         # analytic: no GPU, no weights
 
 Each name is imported on first use, so ``import kvbench`` (and ``kvbench validate``) loads neither torch nor
@@ -32,6 +33,7 @@ _ENTRYPOINTS = {
     "Results": "kvbench.results.load",
     "write_report": "kvbench.report.write",
     "cost_report": "kvbench.report.cost",
+    "break_even_report": "kvbench.report.break_even",
     "Prices": "kvbench.analysis.cost",
 }
 

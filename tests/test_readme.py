@@ -2,7 +2,8 @@
 
 A block with a top-level ``name`` is a whole scenario; any other block is a fragment, checked inside the README's
 first whole scenario (its keys replace that scenario's; a reuse workload drops prompt_tokens and batch_sizes, which
-it does not take); a workload fragment that offers multi_turn ``# or`` doc_qa is checked once with each.
+it does not take); a workload fragment that offers multi_turn ``# or`` doc_qa ``# or`` shared_prefix is checked once
+with each.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import yaml
 
 from conftest import ROOT
 from kvbench.scenario import load_scenario
+from kvbench.scenario.workload import REUSE_KINDS
 
 BLOCKS = re.findall(r"^```yaml\n(.*?)^```", (ROOT / "README.md").read_text(encoding="utf-8"), flags=re.S | re.M)
 BASE = next(yaml.safe_load(b) for b in BLOCKS if "name" in yaml.safe_load(b))
@@ -25,10 +27,11 @@ def _scenarios(block: dict) -> list[dict]:
         return [block]
     data = {**BASE, **block}
     wl = data["workload"]
-    if "multi_turn" in wl or "doc_qa" in wl:
+    offered = [k for k in REUSE_KINDS if k in wl]
+    if offered:
         data = {k: v for k, v in data.items() if k not in ("prompt_tokens", "batch_sizes")}
-        return [{**data, "workload": {k: v for k, v in wl.items() if k != drop}} for drop in ("doc_qa", "multi_turn")
-                if drop in wl] if "multi_turn" in wl and "doc_qa" in wl else [data]
+        return [{**data, "workload": {k: v for k, v in wl.items() if k not in offered or k == keep}}
+                for keep in offered]
     return [data]
 
 

@@ -133,13 +133,16 @@ def sampling_units(pairs: pd.DataFrame) -> tuple[pd.Series, str]:
     """The independent unit of each request pair, for a cluster bootstrap and the count a verdict needs, and its
     name: requests sent several at a time share the server, so at a concurrency above 1 a whole load (a run's
     repeat) is one unit (``"concurrent loads"``); one at a time, a conversation's turns (a document's questions)
-    share their history, so the unit is the conversation (``"conversations"``; ``"documents"``); requests of no
+    share their history, so the unit is the conversation (``"conversations"``; ``"documents"``; a shared prefix's
+    visits, ``"prefixes"``); requests of no
     conversation are their own units (``"pairs"``)."""
     if "concurrency" in pairs and pd.to_numeric(pairs["concurrency"], errors="coerce").max() > 1:
         return pairs["run_path"].astype(str) + "#" + pairs["repeat"].astype(str), "concurrent loads"
     if "document" in pairs and pairs["document"].notna().all() and pairs["document"].duplicated().any():
-        doc_qa = "request_id" in pairs and pairs["request_id"].astype(str).str.startswith("d").all()
-        return pairs["document"].astype(str), "documents" if doc_qa else "conversations"
+        first = pairs["request_id"].astype(str).str[:1] if "request_id" in pairs else pd.Series("", index=pairs.index)
+        name = {"d": "documents", "s": "prefixes"}.get(first.iloc[0], "conversations") if first.nunique() == 1 \
+            else "conversations"
+        return pairs["document"].astype(str), name
     return pd.Series(np.arange(len(pairs)), index=pairs.index), "pairs"
 
 

@@ -27,16 +27,17 @@ N_BOOT = 2000
 
 
 def _saving_interval(pairs: pd.DataFrame, hourly_warm: float, hourly_cold: float, n_boot: int,
-                     seed: int, overlap: tuple[float, float] = (1.0, 1.0)) -> tuple[float, float]:
-    """95% percentile-bootstrap interval (percent) of 1 − (hourly_warm ÷ tokens/s warm) ÷ (hourly_cold ÷ tokens/s
-    cold) over resamples of the request pairs by independent unit (:func:`~kvbench.analysis.reuse.sampling_units`:
-    a resample draws whole conversations, or whole loads at a concurrency above 1), tokens/s = Σ tokens ÷ (Σ e2e ×
-    ``overlap``) of the resampled pairs;
-    ``overlap`` (warm, cold): the seconds requests were in flight ÷ Σ e2e of each side (1 one at a time; below 1
-    when requests overlapped), so that the whole sample gives the point estimate; NaN with fewer than 5 pairs."""
+                     seed: int, overlap: tuple[float, float] = (1.0, 1.0)) -> tuple[float, float, float, float]:
+    """95% percentile-bootstrap intervals of the saving, 1 − (hourly_warm ÷ tokens/s warm) ÷ (hourly_cold ÷
+    tokens/s cold) in percent, and of the difference in USD per 1M generated tokens, restore − recompute, over
+    resamples of the request pairs by independent unit (:func:`~kvbench.analysis.reuse.sampling_units`: a
+    resample draws whole conversations, or whole loads at a concurrency above 1), tokens/s = Σ tokens ÷ (Σ e2e ×
+    ``overlap``) of the resampled pairs; ``overlap`` (warm, cold): the seconds requests were in flight ÷ Σ e2e of
+    each side (1 one at a time; below 1 when requests overlapped), so that the whole sample gives the point
+    estimate. Returns ``(saving low, saving high, Δ USD low, Δ USD high)``; NaN with fewer than 5 pairs."""
     n = len(pairs)
     if n < 5 or n_boot <= 0:
-        return math.nan, math.nan
+        return math.nan, math.nan, math.nan, math.nan
     counts, index = cluster_draws(sampling_units(pairs)[0], n_boot, seed)
 
     def sums(values: pd.Series) -> np.ndarray:  # [n_boot]: Σ values of each resample's drawn units
@@ -44,9 +45,10 @@ def _saving_interval(pairs: pd.DataFrame, hourly_warm: float, hourly_cold: float
 
     tps_w = sums(pairs["n_output_tokens"] * pairs["batch_size"]) / (sums(pairs["e2e_s"]) * overlap[0])
     tps_c = sums(pairs["n_output_tokens_ref"] * pairs["batch_size_ref"]) / (sums(pairs["e2e_s_ref"]) * overlap[1])
-    saving = 100 * (1 - (hourly_warm / tps_w) / (hourly_cold / tps_c))
-    lo, hi = np.quantile(saving, [0.025, 0.975])
-    return float(lo), float(hi)
+    usd_w, usd_c = hourly_warm / (tps_w * 3600) * 1e6, hourly_cold / (tps_c * 3600) * 1e6
+    lo, hi = np.quantile(100 * (1 - usd_w / usd_c), [0.025, 0.975])
+    dlo, dhi = np.quantile(usd_w - usd_c, [0.025, 0.975])
+    return float(lo), float(hi), float(dlo), float(dhi)
 
 
 def busy_seconds(rows: pd.DataFrame) -> float:
@@ -123,7 +125,8 @@ def reuse_cost(trials: pd.DataFrame, prices: Prices, n_boot: int = N_BOOT, seed:
     charged, ``host 256.0 MiB, disk 3.2 KiB`` or ``none``, and ``charged_from`` where each figure comes from); a
     server mode's
     recompute side is ``none`` on the same requests (:func:`kvbench.analysis.reuse.recompute_side`); ``saving_pct`` = 1 − restore's ÷ recompute's with ``saving_ci_low`` /
-    ``saving_ci_high`` (see the module docstring), ``pairs``, ``pairs_busy_trials`` and ``saving_verdict`` ("" =
+    ``saving_ci_high`` (see the module docstring), ``delta_usd_per_million`` = restore's − recompute's USD per 1M
+    with ``delta_usd_ci_low`` / ``delta_usd_ci_high`` (the same resamples), ``pairs``, ``pairs_busy_trials`` and ``saving_verdict`` ("" =
     decided); ``prefill_saved_pct`` = Σ tokens restored ÷ Σ prompt tokens of the warm trials (the prefill
     compute not done); ``engine`` (a server run's, else None); ``ttft_saved_s`` = Σ (recompute − restore) TTFT ÷ requests; ``tokens_match`` as in
     :func:`kvbench.analysis.reuse.reuse_table`.
@@ -164,9 +167,11 @@ def reuse_cost(trials: pd.DataFrame, prices: Prices, n_boot: int = N_BOOT, seed:
         rec["saving_pct"] = 100 * (1 - rec["restore_usd_per_million"] / rec["recompute_usd_per_million"])
         pairs = pair_with_reference(warm, cold, on=["request_id"]) if "request_id" in part else warm.iloc[:0]
         hourly_warm = prices.gpu_per_hour + prices.host_per_gib_hour * host / GIB + prices.disk_per_gib_hour * disk / GIB
-        lo, hi = _saving_interval(pairs, hourly_warm, prices.gpu_per_hour, n_boot, seed,
-                                  (overlap["restore"], overlap["recompute"])) if len(pairs) else (
-            math.nan, math.nan)
+        lo, hi, dlo, dhi = _saving_interval(pairs, hourly_warm, prices.gpu_per_hour, n_boot, seed,
+                                            (overlap["restore"], overlap["recompute"])) if len(pairs) else (
+            math.nan,) * 4
+        rec.update(delta_usd_per_million=rec["restore_usd_per_million"] - rec["recompute_usd_per_million"],
+                   delta_usd_ci_low=dlo, delta_usd_ci_high=dhi)
         load = pair_load(pairs)
         busy, unknown = int(load["busy_trials"].sum()), int(load["load_unknown"].sum())
         labels, unit = sampling_units(pairs)

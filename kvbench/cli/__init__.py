@@ -11,6 +11,7 @@ import typer
 os.environ.setdefault("TQDM_DISABLE", "1")
 
 from kvbench.cli import compare, cost, env, models, plan, report, run, validate  # noqa: E402
+from kvbench.cli import map as map_cmd  # noqa: E402
 from kvbench.cli import list as list_cmd  # noqa: E402
 from kvbench.cli.common import out  # noqa: E402
 
@@ -37,6 +38,7 @@ app.command()(run.run)
 app.command()(report.report)
 app.command()(compare.compare)
 app.command()(cost.cost)
+app.command("map")(map_cmd.map_)
 app.command()(plan.plan)
 app.command()(validate.validate)
 app.command("env")(env.env_)

@@ -27,7 +27,7 @@ ONE_PANEL = {"left": 0.12, "right": 0.97, "bottom": 0.13, "top": 0.9}
 _LINESTYLES = ["-", "--", ":", "-."]
 
 
-def _pyplot() -> Any:
+def pyplot() -> Any:
     """matplotlib.pyplot on the Agg backend (no display needed)."""
     import matplotlib
 
@@ -39,7 +39,7 @@ def _pyplot() -> Any:
 
 def warm_up() -> None:
     """Import matplotlib and draw one tiny figure (fonts loaded), so that the first real chart is not slower."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(1, 1))
     ax.set_title("x")
     try:
@@ -76,11 +76,12 @@ def _log_axis(ax: Any, which: str, base: float = 10, ticks: Any = None) -> None:
     axis.set_minor_formatter(NullFormatter())
 
 
-def _save(fig: Any, path: Path) -> Path:
+def save_figure(fig: Any, path: Path) -> Path:
+    """Save ``fig`` as a PNG at ``path`` (110 dpi) and close it, saved or not; returns ``path``."""
     try:
         fig.savefig(path, dpi=110)
     finally:
-        _pyplot().close(fig)
+        pyplot().close(fig)
     return path
 
 
@@ -115,7 +116,7 @@ def saving_and_overhead(table: pd.DataFrame, group: str, colours: dict[str, Any]
     t = table[(table["group"] == group) & (table["mode"] != "none")]
     if t[["memory_saving_pct", "time_overhead_pct"]].notna().to_numpy().sum() == 0:
         return None
-    plt = _pyplot()
+    plt = pyplot()
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.2), gridspec_kw=TWO_PANELS)
     _per_mode_lines(a, t, "prompt_tokens", "memory_saving_pct", colours)
     _per_mode_lines(b, t, "prompt_tokens", "time_overhead_pct", colours,
@@ -130,7 +131,7 @@ def saving_and_overhead(table: pd.DataFrame, group: str, colours: dict[str, Any]
         ax.grid(alpha=0.3)
     a.legend(fontsize=7)
     fig.suptitle(group)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def throughput_vs_batch(table: pd.DataFrame, group: str, colours: dict[str, Any], path: Path) -> Path | None:
@@ -141,7 +142,7 @@ def throughput_vs_batch(table: pd.DataFrame, group: str, colours: dict[str, Any]
         return None
     longest = t.loc[t["throughput_tokens_per_s_median"].notna(), "prompt_tokens"].max()
     t = t[t["prompt_tokens"] == longest]
-    plt = _pyplot()
+    plt = pyplot()
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.2), gridspec_kw=TWO_PANELS)
     for mode, part in t.groupby("mode_label", sort=False):
         part = part.dropna(subset=["throughput_tokens_per_s_median"]).sort_values("batch_size")
@@ -169,7 +170,7 @@ def throughput_vs_batch(table: pd.DataFrame, group: str, colours: dict[str, Any]
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     fig.suptitle(group)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def bytes_per_token(table: pd.DataFrame, group: str, colours: dict[str, Any], path: Path) -> Path | None:
@@ -178,7 +179,7 @@ def bytes_per_token(table: pd.DataFrame, group: str, colours: dict[str, Any], pa
     t = table[(table["group"] == group) & (table["bytes_moved_per_token_median"] > 0)]
     if t.empty:
         return None
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 4.2), gridspec_kw=ONE_PANEL)
     t = t.assign(moved_mib=t["bytes_moved_per_token_median"] / MIB)
     _per_mode_lines(ax, t, "prompt_tokens", "moved_mib", colours)
@@ -188,7 +189,7 @@ def bytes_per_token(table: pd.DataFrame, group: str, colours: dict[str, Any], pa
     _log_axis(ax, "y")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def reuse_ttft(turns: pd.DataFrame, trials: pd.DataFrame, group: str, colours: dict[str, Any],
@@ -200,7 +201,7 @@ def reuse_ttft(turns: pd.DataFrame, trials: pd.DataFrame, group: str, colours: d
     pts = trials[(trials["group"] == group) & trials["status"].isin(MEASURED)]
     if t.empty or pts.empty:
         return None
-    plt = _pyplot()
+    plt = pyplot()
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.2), gridspec_kw=TWO_PANELS)
     for mode, part in t.groupby("mode_label", sort=False):
         part = part.sort_values("turn_index")
@@ -221,7 +222,7 @@ def reuse_ttft(turns: pd.DataFrame, trials: pd.DataFrame, group: str, colours: d
         ax.grid(alpha=0.3)
     a.legend(fontsize=7)
     fig.suptitle(f"{group}: restore vs recompute")
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def cost_bars(costs: pd.DataFrame, path: Path) -> Path | None:
@@ -230,7 +231,7 @@ def cost_bars(costs: pd.DataFrame, path: Path) -> Path | None:
     c = costs.dropna(subset=["usd_per_million"])
     if c.empty:
         return None
-    plt = _pyplot()
+    plt = pyplot()
     colours = mode_colours(list(costs["mode_label"]))
     points = list(dict.fromkeys(zip(c["group"], c["prompt_tokens"])))
     modes = list(dict.fromkeys(c["mode_label"]))
@@ -253,7 +254,7 @@ def cost_bars(costs: pd.DataFrame, path: Path) -> Path | None:
            ylabel="USD per 1M tokens")
     ax.grid(alpha=0.3, axis="y")
     ax.legend(fontsize=7)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def memory_timelines(trials: list[tuple[str, pd.DataFrame, Any]], title: str, path: Path) -> Path | None:
@@ -273,7 +274,7 @@ def memory_timelines(trials: list[tuple[str, pd.DataFrame, Any]], title: str, pa
     if not trials:
         return None
     height = 1.2 + 2.1 * len(trials)  # inches: fixed margins in inches, whatever the number of panels
-    plt = _pyplot()
+    plt = pyplot()
     fig, axes = plt.subplots(len(trials), 1, figsize=(8, height), sharey=True, squeeze=False,
                              gridspec_kw={"left": 0.09, "right": 0.87, "top": 1 - 0.75 / height,
                                           "bottom": 0.45 / height, "hspace": 0.75 * len(trials) / height})
@@ -301,7 +302,7 @@ def memory_timelines(trials: list[tuple[str, pd.DataFrame, Any]], title: str, pa
             ax.legend(lines[0] + more[0], lines[1] + more[1], fontsize=7, loc="lower right", ncols=2)
     axes[-1, 0].set_xlabel("time since trial start (s)")
     fig.suptitle(title)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 __all__ = ["TAB10", "bytes_per_token", "cost_bars", "memory_timelines", "mode_colours", "saving_and_overhead", "slug",

@@ -35,6 +35,9 @@ class Report:
     reuse: dict[str, dict[str, pd.DataFrame]] = field(default_factory=dict)
     #: a server run's load per mode (:func:`kvbench.analysis.server_load.server_load_table`), per group
     server_load: dict[str, pd.DataFrame] = field(default_factory=dict)
+    #: shared_prefix runs: the break-even map's cells as text (:func:`kvbench.report.break_even.map_display`),
+    #: per group and mode
+    break_even: dict[str, dict[str, pd.DataFrame]] = field(default_factory=dict)
     #: per scenario run on two or more machines, its "Machines" section (:mod:`kvbench.report.machines`)
     machines: dict[str, MachineSection] = field(default_factory=dict)
     charts: list[tuple[str, Path]] = field(default_factory=list)
@@ -104,6 +107,9 @@ def _extra_tables(rep: Report, group: str) -> list[tuple[str, pd.DataFrame]]:
         for key, title in (("turn", "Restore vs recompute per turn"),
                            ("length", "Restore vs recompute per prompt length")):
             out.append((title, reuse_display(rep.reuse[group][key]).drop(columns=["scenario"])))
+    for mode, frame in rep.break_even.get(group, {}).items():
+        out.append((f"Break-even map, {mode} (restore vs recompute; no memory charged: `kvbench map --host-price` "
+                    "charges it)", frame))
     if group in rep.server_load:
         out.append((f"Load per mode ({LOAD_CAPTION})",
                     server_load_display(rep.server_load[group]).drop(columns=["scenario"])))
@@ -183,6 +189,10 @@ GLOSSARY = """## Columns
   whole conversations (or documents; a server's whole loads at a concurrency above 1) for their intervals, since
   the turns of one are not independent, and a verdict needs 5 of them. near tie: ids differ only where
   recompute's top-2 logits were within 1e-3.
+- break-even map (shared_prefix): per cell (prompt length × shared share × KV working set ÷ the engine's reuse
+  budget) the paired saving of restore against recompute with its interval over prefixes; pays or loses only with
+  a verdict (≥ 5 pairs from ≥ 5 prefixes, a quiet machine, an interval that excludes 0); model: the roofline
+  fitted to the run's trials, with its 95% prediction interval; ! marks a measured cell the model disagrees with.
 - plan: `kvbench plan`'s prediction for the trial (device KV under the mode's placement, host KV copied per decode
   step, and the decode-step roofline max(t_mem, t_link) from the run's measured memory and link bandwidths); ×:
   measured ÷ predicted.

@@ -16,7 +16,7 @@ from kvbench.models.config import read_config_file
 from kvbench.offload.architecture import Architecture, architecture_of
 from kvbench.arguments import count_arg, number_arg
 from kvbench.errors import BadFile, BadParameter, BadValue, ModelNotFound, UserError
-from kvbench.report.format import GIB, MIB, count_units, gib_or_mib
+from kvbench.report.format import GIB, MIB, count_units, gib_or_mib, number
 
 #: Host→device bandwidth (GB/s) plan assumes without a measurement, and how the summary says so.
 DEFAULT_LINK_GBPS = 50.0
@@ -236,5 +236,17 @@ def plan_note(p: Plan) -> str | None:
     return None
 
 
-__all__ = ["DEFAULT_LINK_GBPS", "DEFAULT_LINK_SOURCE", "RESERVE", "Plan", "capacity_cells", "model_config", "plan",
+def break_even_cells(grid: pd.DataFrame) -> pd.DataFrame:
+    """:func:`kvbench.analysis.plan_break_even.plan_break_even`'s grid as text: a row per prompt length, a column
+    per shared share, each cell the saving in percent (``−`` when restoring loses)."""
+    shares = sorted(grid["shared_pct"].unique())
+    rows = []
+    for n, part in grid.groupby("prompt_tokens", sort=True):
+        by = dict(zip(part["shared_pct"], part["saving_pct"]))
+        rows.append([f"{int(n):,}"] + [number(by.get(pct), "+.1f") + "%" for pct in shares])
+    return pd.DataFrame(rows, columns=["prompt tokens"] + [f"{int(p)}% shared" for p in shares], dtype=object)
+
+
+__all__ = ["DEFAULT_LINK_GBPS", "DEFAULT_LINK_SOURCE", "RESERVE", "Plan", "break_even_cells", "capacity_cells",
+           "model_config", "plan",
            "plan_note", "plan_warnings", "roofline_cells", "size_bytes", "summary_lines"]

@@ -12,6 +12,8 @@ from typing import Any
 
 import pandas as pd
 
+from kvbench.analysis.break_even import break_even_map
+from kvbench.analysis.cost import Prices
 from kvbench.analysis.points import point_table
 from kvbench.results.load import Results
 from kvbench.analysis.reuse import reuse_later_turns, reuse_table, reuse_trials
@@ -23,6 +25,8 @@ from kvbench.errors import BadParameter, UnwritableOutput, UserError
 from kvbench.report import charts, scratch_dir
 from kvbench.report.advice import (capacity_findings, capacity_recommendation, diagnoses, findings, recommendation,
                                    reuse_findings, reuse_recommendation)
+from kvbench.report.break_even import map_display, map_finding
+from kvbench.report.break_even_chart import break_even_heatmap
 from kvbench.report.chart_pool import chart_pool
 from kvbench.report.documents import Report, html_document, markdown, md_table
 from kvbench.report.machines import lost_lines, machine_sections
@@ -38,7 +42,8 @@ def write_report(results: Results, out_dir: str | Path, timelines: list[str] | N
                  pool: Any = None) -> Report:
     """Write the report of ``results`` into ``out_dir`` (created): ``summary.csv`` (the per-point table, raw
     numbers), ``summary.md``, ``reuse.csv`` (reuse workloads: :func:`kvbench.analysis.reuse.reuse_table` per turn and per
-    prompt length), the charts (PNG), ``report.md`` and ``report.html``.
+    prompt length), ``map.csv`` (shared_prefix runs: :func:`kvbench.analysis.break_even.break_even_map`, no
+    memory charged), the charts (PNG), ``report.md`` and ``report.html``.
 
     Args:
         results: from :func:`kvbench.results.load.load_results`.
@@ -120,6 +125,12 @@ def _write(results: Results, out: Path, timelines: list[str] | None, pool: Any) 
              for g, part in reuse_rows.groupby("group", sort=False)}
     colours = charts.mode_colours(list(table["mode_label"]) + list(reuse_rows["mode_label"]))
     jobs: list[tuple[str, Any, tuple]] = []
+    # shared_prefix runs: the break-even map, no memory charged (its saving in percent is the GPU price's then)
+    be = break_even_map(results.trials, Prices(1.0))
+    for (g, mode), part in be.cells.groupby(["group", "mode_label"], sort=False) if len(be.cells) else ():
+        jobs.append((f"{g}: break-even map, {mode}", break_even_heatmap,
+                     (part, f"{g}, {mode}: saving of restore against recompute",
+                      out / f"map_{charts.slug(g)}_{charts.slug(mode)}.png")))
     for g, frames in reuse.items():
         jobs.append((f"{g}: TTFT restore vs recompute", charts.reuse_ttft,
                      (frames["turn"], reuse_rows, g, colours, out / f"reuse_ttft_{charts.slug(g)}.png")))
@@ -177,6 +188,12 @@ def _write(results: Results, out: Path, timelines: list[str] | None, pool: Any) 
                 rep.findings[g] += reuse_findings(frames["turn"], g, later)
             rec = reuse_recommendation(frames["turn"], g, later, need_match=not server)
             rep.recommendations[g] = f"{rep.recommendations[g]} {rec}".strip()
+        if len(be.cells):
+            for (g, mode), part in be.cells.groupby(["group", "mode_label"], sort=False):
+                rep.break_even.setdefault(g, {})[mode] = map_display(part)
+                rep.findings.setdefault(g, []).append(map_finding(part, mode))
+            be.cells.to_csv(out / "map.csv", index=False)
+            rep.files["map.csv"] = out / "map.csv"
         rep.machines = machine_sections(results, table)
         for g in rep.diagnoses:
             rep.diagnoses[g] += lost_lines(results, g)

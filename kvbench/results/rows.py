@@ -188,6 +188,10 @@ REUSE_COLUMNS = _columns(
     ("store_disk_bytes", K.COUNT, "bytes", "the store's disk bytes after a warm trial (disk-slots: its slot files)"),
     ("store_evicted", K.COUNT, "", "chunks the store evicted so far"),
     ("store_corrupt", K.COUNT, "", "chunks the store found damaged so far"),
+    ("shared_prefix_tokens", K.COUNT, "tokens", "shared_prefix: the prompt's prefix shared with its prefix's visits"),
+    ("working_set_prompts", K.COUNT, "", "shared_prefix: the prefixes in rotation in the request's cell"),
+    ("kv_budget_tokens", K.COUNT, "tokens", "the KV the engine keeps for reuse in its first tier: the store's host "
+                                            "tier (in-process), the slots' context (a server)"),
 )
 #: Server engines only (README "Benchmark your server"): the request as the server saw it and the load it ran in.
 SERVER_COLUMNS = _columns(

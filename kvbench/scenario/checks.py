@@ -18,6 +18,7 @@ from kvbench.scenario.paths import match
 from kvbench.scenario.programs import cpu_refusals, server_notices, server_problems
 from kvbench.scenario.schema import Scenario
 from kvbench.scenario.servers import preset_of
+from kvbench.scenario.workload import prefix_tokens
 from kvbench.serving import KINDS
 from kvbench.models.locate import ALIASES
 
@@ -194,11 +195,21 @@ def _reuse_problems(s: Scenario, shape: Any, limit: int) -> list[tuple[str, str]
         problems.append(("workload.doc_qa.doc_tokens",
                          f"{dq.doc_tokens} tokens + up to {DOC_QA_OVERHEAD_TOKENS} for the question and chat template "
                          f"{why}; documents of at most {limit - DOC_QA_OVERHEAD_TOKENS} tokens fit"))
+    sp = s.workload.shared_prefix
+    if sp is not None:
+        for i, n in enumerate(sp.prompt_tokens):
+            if n > limit:
+                problems.append((f"workload.shared_prefix.prompt_tokens[{i}]",
+                                 f"{n} tokens {why}; the longest prompt allowed is {limit}"))
     if s.engine.server:  # a server keeps its own KV: kvbench's store does not apply
         return problems
     st = s.store_spec
-    longest = (mt.max_prompt_tokens or limit, "multi_turn.max_prompt_tokens") if mt is not None else \
-        (dq.doc_tokens, "doc_qa.doc_tokens")
+    if sp is not None:
+        longest = (max(prefix_tokens(n, pct) for n, pct, _ in sp.cells), "the longest shared prefix of "
+                   "workload.shared_prefix")
+    else:
+        longest = (mt.max_prompt_tokens or limit, "multi_turn.max_prompt_tokens") if mt is not None else \
+            (dq.doc_tokens, "doc_qa.doc_tokens")
     if st.chunk_tokens >= longest[0]:
         problems.append(("store.chunk_tokens", f"{st.chunk_tokens} tokens is not less than the longest prefix the "
                                                f"workload can share ({longest[1]}: {longest[0]} tokens): no whole "
@@ -231,8 +242,10 @@ def _server_memory_warning(s: Scenario) -> list[tuple[str, str]]:
     except (ModelNotFound, ValueError):
         return []  # reported by check_scenario
     mt, dq = s.workload.multi_turn, s.workload.doc_qa
+    sp = s.workload.shared_prefix
     longest = (mt.max_prompt_tokens or arch.max_positions if mt is not None else
-               dq.doc_tokens + DOC_QA_OVERHEAD_TOKENS if dq is not None else max(s.prompt_tokens or [1]))
+               dq.doc_tokens + DOC_QA_OVERHEAD_TOKENS if dq is not None else
+               max(sp.prompt_tokens) if sp is not None else max(s.prompt_tokens or [1]))
     ctx = min(arch.max_positions, longest + s.max_new_tokens + 16)
     slots = max(s.load_spec.levels)
     need = arch.cached_kv_bytes(ctx, kind.kv_element_bytes) * slots
@@ -251,8 +264,10 @@ def _poisson_burst(s: Scenario) -> list[tuple[str, str]]:
     if load.profile != "poisson" or load.concurrency is not None or load.rate is None:
         return []
     mt, dq = s.workload.multi_turn, s.workload.doc_qa
+    sp = s.workload.shared_prefix
     n = load.n_requests or (mt.conversations * mt.turns if mt is not None else dq.documents * dq.questions
-                            if dq is not None else len(s.prompt_tokens or []) * s.workload.n_prompts)
+                            if dq is not None else sp.requests if sp is not None
+                            else len(s.prompt_tokens or []) * s.workload.n_prompts)
     if not n or n / load.rate >= 1.0:
         return []
     return [("load.rate", f"{load.rate:g} requests/s with no load.concurrency cap sends all {n} requests within about "

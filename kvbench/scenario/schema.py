@@ -178,8 +178,8 @@ class Scenario(Strict):
     budget: Bytes | None = optional("Device KV budget in bytes; sizes such as '2GiB' or '512MB'.")
     capacity: CapacitySpec | None = optional("Bounds of the search when batch_sizes or prompt_tokens is auto (see "
         "CapacitySpec).")
-    store: StoreSpec | None = optional("The KV store of a reuse workload (workload.multi_turn or doc_qa; see "
-        "StoreSpec).")
+    store: StoreSpec | None = optional("The KV store of a reuse workload (workload.multi_turn, doc_qa or "
+        "shared_prefix; see StoreSpec).")
     monitor: MonitorSpec = Field(default_factory=MonitorSpec, description="Sampling (see MonitorSpec).")
     disk_dir: PathText | None = optional("Directory in which the disk tier (modes with host_max_tokens) makes its "
         "private temporary directory (relative to the scenario file; default: the system temporary directory).")
@@ -281,7 +281,7 @@ class Scenario(Strict):
                                      "the prompts the workload builds; remove it")
             return self
         if self.store is not None:
-            raise ValueError("store: is for a reuse workload (workload.multi_turn or workload.doc_qa)")
+            raise ValueError("store: is for a reuse workload (workload.multi_turn, doc_qa or shared_prefix)")
         missing = [k for k in ("prompt_tokens",) + (() if self.engine.server else ("batch_sizes",))
                    if getattr(self, k) is None]
         if missing:

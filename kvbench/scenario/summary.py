@@ -12,8 +12,13 @@ def _count(n: int, noun: str) -> str:
 
 
 def _reuse_shape(s: Scenario) -> tuple[str, int]:
-    """(``multi_turn: 3 conversations × 4 turns`` or ``doc_qa: 3 documents × 4 questions ...``, requests)."""
-    mt, dq = s.workload.multi_turn, s.workload.doc_qa
+    """(``multi_turn: 3 conversations × 4 turns``, ``doc_qa: 3 documents × 4 questions ...`` or ``shared_prefix:
+    6 cells ...``, requests)."""
+    mt, dq, sp = s.workload.multi_turn, s.workload.doc_qa, s.workload.shared_prefix
+    if sp is not None:
+        return (f"shared_prefix: {_count(len(sp.cells), 'cell')} ({_count(len(sp.prompt_tokens), 'prompt length')} × "
+                f"{len(sp.shared_pct)} prefix shares × {_count(len(sp.working_set), 'working set')}) × "
+                f"{_count(sp.visits, 'visit')} per prefix", sp.requests)
     if mt is not None:
         return (f"multi_turn: {_count(mt.conversations, 'conversation')} × {_count(mt.turns, 'turn')}",
                 mt.conversations * mt.turns)

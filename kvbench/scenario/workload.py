@@ -33,6 +33,9 @@ class MultiTurnSpec(Strict):
                              f"{self.max_prompt_tokens}")
         return self
 
+#: The reuse workloads, as ``workload`` keys.
+REUSE_KINDS = ("multi_turn", "doc_qa", "shared_prefix")
+
 #: A hit:miss ratio, ``'H:M'``.
 Ratio = whole_text(r"[1-9]\d{0,2}:\d{1,3}", "must be 'H:M' with whole numbers from 0 to 999, H ≥ 1, e.g. '3:1'")
 #: A language code as langdetect gives it.
@@ -92,6 +95,52 @@ class DocQASpec(Strict):
         return tuple(map(int, self.hit_miss_ratio.split(":"))) if self.hit_miss_ratio else None
 
 
+#: Percent of a prompt that is its shared prefix (0 to 99: a prompt wholly shared would be one request repeated).
+SharePct = Annotated[int, Field(strict=True, ge=0, le=99)]
+
+
+def prefix_tokens(tokens: int, shared_pct: int) -> int:
+    """The shared prefix of a ``tokens``-long prompt at ``shared_pct`` percent: tokens × pct ÷ 100 rounded half to
+    even, at most ``tokens`` − 1 (every visit keeps a suffix of its own)."""
+    return min(tokens - 1, round(tokens * shared_pct / 100))
+
+
+class SharedPrefixSpec(Strict):
+    """Shared-prefix reuse for the break-even map (``kvbench map``): cells of prompt length × shared share ×
+    working set. A cell has ``working_set`` prefixes (real text cut to exact token counts) each visited ``visits``
+    times, every visit with a suffix of its own: visit k of every prefix, then visit k + 1 (round robin). So a
+    cache must hold the KV of ``working_set`` prompts for a revisit to find its prefix: with a working set larger
+    than the cache, a least-recently-used cache has evicted each prefix just before it comes back (the case vLLM's
+    ``prefix_repetition`` dataset never makes, and the one an offload tier exists for)."""
+
+    prompt_tokens: Annotated[list[Tokens], Field(min_length=1, max_length=16)] = Field(
+        [256, 1024], description="Prompt lengths of the cells (exact token counts).")
+    shared_pct: Annotated[list[SharePct], Field(min_length=1, max_length=16)] = Field(
+        [0, 50, 95], description="Percent of each prompt that is its prefix, shared by the prefix's visits (0-99).")
+    working_set: Annotated[list[Annotated[int, Field(strict=True, ge=1, le=1000)]],
+                           Field(min_length=1, max_length=16)] = Field(
+        [5], description="Prefixes in rotation per cell (a verdict needs 5: a prefix's visits are not independent).")
+    visits: Annotated[int, Field(strict=True, ge=2, le=100)] = Field(
+        3, description="Requests per prefix (≥ 2): the first computes it, the later ones may reuse it.")
+
+    @field_validator("prompt_tokens", "shared_pct", "working_set")
+    @classmethod
+    def _distinct(cls, v: list[int]) -> list[int]:
+        if len(set(v)) != len(v):
+            raise ValueError("values must be distinct")
+        return v
+
+    @property
+    def cells(self) -> list[tuple[int, int, int]]:
+        """``(prompt_tokens, shared_pct, working_set)`` of every cell, in the order they run."""
+        return [(n, pct, w) for n in self.prompt_tokens for pct in self.shared_pct for w in self.working_set]
+
+    @property
+    def requests(self) -> int:
+        """Requests of the whole workload: Σ over cells of working set × visits."""
+        return len(self.prompt_tokens) * len(self.shared_pct) * sum(self.working_set) * self.visits
+
+
 class StoreSpec(Strict):
     """The KV store of a reuse workload (:class:`kvbench.offload.store.KVStore`); one per mode, fresh per repeat.
     Its disk tier goes under the scenario's ``disk_dir``."""
@@ -131,6 +180,8 @@ class WorkloadSpec(Strict):
     multi_turn: MultiTurnSpec | None = optional("Reuse workload: ShareGPT conversations turn by turn, each turn's KV "
         "restored from the store (see MultiTurnSpec).")
     doc_qa: DocQASpec | None = optional("Reuse workload: long documents, several questions each (see DocQASpec).")
+    shared_prefix: SharedPrefixSpec | None = optional("Reuse workload for the break-even map: prompts whose set "
+        "share is a prefix revisited under a set working set (see SharedPrefixSpec).")
 
     @model_validator(mode="before")
     @classmethod
@@ -138,24 +189,26 @@ class WorkloadSpec(Strict):
         """``multi_turn:`` or ``doc_qa:`` with no value (YAML null) asks for the workload with its defaults. (A
         saved scenario, as in run.json, holds both keys, the unused one null: nothing is changed then.)"""
         if isinstance(data, dict):
-            given = [k for k in ("multi_turn", "doc_qa") if k in data]
+            given = [k for k in REUSE_KINDS if k in data]
             if len(given) == 1 and data[given[0]] is None:
                 data = {**data, given[0]: {}}
         return data
 
     @property
-    def reuse(self) -> Literal["multi_turn", "doc_qa"] | None:
-        """The reuse workload (``multi_turn`` or ``doc_qa``), or None for independent prompts."""
-        return "multi_turn" if self.multi_turn else ("doc_qa" if self.doc_qa else None)
+    def reuse(self) -> Literal["multi_turn", "doc_qa", "shared_prefix"] | None:
+        """The reuse workload (``multi_turn``, ``doc_qa`` or ``shared_prefix``), or None for independent prompts."""
+        return next((k for k in REUSE_KINDS if getattr(self, k) is not None), None)
 
     @model_validator(mode="after")
     def _source_options(self) -> "WorkloadSpec":
-        if self.multi_turn and self.doc_qa:
-            raise ValueError("give multi_turn or doc_qa, not both")
+        given = [k for k in REUSE_KINDS if getattr(self, k) is not None]
+        if len(given) > 1:
+            raise ValueError(f"give one reuse workload, not {' and '.join(given)}")
         if self.multi_turn and self.source != "sharegpt":
             raise ValueError(f"multi_turn needs source: sharegpt (conversations), not {self.source}")
-        if self.doc_qa and self.source == "synthetic":
-            raise ValueError("doc_qa needs text documents: source sharegpt or files, not synthetic")
+        for kind in ("doc_qa", "shared_prefix"):
+            if getattr(self, kind) is not None and self.source == "synthetic":
+                raise ValueError(f"{kind} needs text documents: source sharegpt or files, not synthetic")
         if self.reuse and self.max_turns is not None:
             raise ValueError(f"`max_turns` does not apply to {self.reuse} (it builds its own prompts)")
         if self.source == "files" and not self.files:

@@ -79,8 +79,8 @@ def _documents(spec: "WorkloadSpec", longest_prompt: int | None) -> Sequence[Doc
 
 
 def make_stream(spec: "WorkloadSpec", tokenizer: Any, longest_prompt: int) -> Stream:
-    """The requests of a reuse workload (``spec.multi_turn`` or ``spec.doc_qa``), prompts of at most
-    ``longest_prompt`` tokens (the model's max positions less the tokens generated).
+    """The requests of a reuse workload (``spec.multi_turn``, ``spec.doc_qa`` or ``spec.shared_prefix``), prompts
+    of at most ``longest_prompt`` tokens (the model's max positions less the tokens generated).
 
     Raises:
         kvbench.workloads.sessions.NotEnoughRequests: the source holds too few long enough texts.
@@ -100,6 +100,12 @@ def make_stream(spec: "WorkloadSpec", tokenizer: Any, longest_prompt: int) -> St
                                    interleave=mt.interleave, min_prompt_tokens=mt.min_prompt_tokens,
                                    max_prompt_tokens=min(mt.max_prompt_tokens or longest_prompt, longest_prompt),
                                    seed=spec.seed, order=spec.order, keep=keep)
+    if spec.shared_prefix is not None:
+        from kvbench.workloads.shared_prefix import shared_prefix
+
+        sp = spec.shared_prefix
+        return shared_prefix(docs, tokenizer, cells=sp.cells, visits=sp.visits, seed=spec.seed, order=spec.order,
+                             keep=keep)
     dq = spec.doc_qa
     return sessions.doc_qa(docs, tokenizer, documents=dq.documents, questions=dq.questions, doc_tokens=dq.doc_tokens,
                            repeat_mode=dq.repeat_mode, ratio=dq.ratio, seed=spec.seed, order=spec.order,

@@ -41,6 +41,8 @@ class Request:
         turn_index: 1 for a conversation's first turn or a document's first question, 2 for the next, ...
         ids: the prompt's token ids.
         held: the ids whose KV a server holds after answering (``ids`` is a prefix of it).
+        shared_prefix_tokens: ``shared_prefix`` only: the tokens its prefix shares with the prefix's other visits.
+        working_set: ``shared_prefix`` only: the prefixes in rotation in its cell.
     """
 
     id: str
@@ -48,6 +50,8 @@ class Request:
     turn_index: int
     ids: tuple[int, ...]
     held: tuple[int, ...]
+    shared_prefix_tokens: int | None = None
+    working_set: int | None = None
 
 
 @dataclass
@@ -86,7 +90,8 @@ def conversation_turns(tokenizer: Any, doc: Document, turns: int) -> list[tuple[
     return out
 
 
-def _order(docs: Sequence[Document], seed: int, order: str) -> list[Document]:
+def order_documents(docs: Sequence[Document], seed: int, order: str) -> list[Document]:
+    """``docs`` in the order a workload tries them: ``longest`` first, or a shuffle seeded with ``seed``."""
     if order == "longest":
         return sorted(docs, key=lambda d: -d.chars)
     shuffled = list(docs)
@@ -107,7 +112,7 @@ def multi_turn(docs: Sequence[Document], tokenizer: Any, *, conversations: int, 
     """
     chosen: list[tuple[Document, list[tuple[list[int], list[int]]]]] = []
     too_long = 0
-    for doc in _order(docs, seed, order):
+    for doc in order_documents(docs, seed, order):
         users = [t for r, t in doc.turns if r == "user"]
         if len(users) < turns:
             continue
@@ -178,7 +183,7 @@ def doc_qa(docs: Sequence[Document], tokenizer: Any, *, documents: int, question
         NotEnoughRequests: fewer texts of at least ``doc_tokens`` tokens than needed.
     """
     extra = extra_documents(documents, questions, ratio)
-    found = _cut_documents(_order(docs, seed, order), tokenizer, documents + extra, doc_tokens, keep)
+    found = _cut_documents(order_documents(docs, seed, order), tokenizer, documents + extra, doc_tokens, keep)
     if len(found) < documents + extra:
         why = f" ({documents} documents + {extra} single-question ones for hit_miss_ratio)" if extra else ""
         raise NotEnoughRequests(f"only {len(found)} of {documents + extra} texts{why} have at least {doc_tokens} "

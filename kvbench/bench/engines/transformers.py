@@ -133,9 +133,12 @@ class TransformersEngine:
         self.reference = Reference()
 
     def describe(self, t: TrialSpec) -> dict[str, Any]:
-        """``device``, ``dtype``, ``kv_bytes_predicted`` and the plan predictions of ``t``."""
+        """``device``, ``dtype``, ``kv_bytes_predicted`` and the plan predictions of ``t``; for a reuse workload
+        ``kv_budget_tokens``, the tokens of KV the store's host tier holds."""
+        budget = {"kv_budget_tokens": int(self.s.store_spec.host_max_bytes) // self.store_token_bytes} \
+            if self.s.workload.reuse else {}
         return {"device": str(self.device), "dtype": str(self.m.dtype).removeprefix("torch."),
-                "kv_bytes_predicted": self.predict.kv_bytes_predicted(t), **self.predict.plan_prediction(t)}
+                "kv_bytes_predicted": self.predict.kv_bytes_predicted(t), **self.predict.plan_prediction(t), **budget}
 
     def preflight(self) -> list[str]:
         """Build every batch the sweep will use (they are cached for the trials); the reasons any cannot be built,

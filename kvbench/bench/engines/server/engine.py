@@ -289,12 +289,15 @@ class ServerEngine:
         return {"device": self.device_name, "dtype": None, "kv_bytes_predicted": None}
 
     def request_fields(self, t: ServerTrial) -> dict[str, Any]:
-        """The request's own fields every row of ``t`` has: its id, conversation, turn, whether it may reuse, the
+        """The request's own fields every row of ``t`` has: its id, conversation, turn, whether it may reuse, its
+        shared prefix and working set (``shared_prefix``), the slots' context in tokens (``kv_budget_tokens``), the
         engine, the load profile and level, the prompt tokens an earlier request held
         (``reusable_prompt_tokens``) and the prompt's digest."""
         req = t.request
         return {
             "request_id": req.id, "document": req.document, "turn_index": req.turn_index, "warm": t.warm,
+            "shared_prefix_tokens": req.shared_prefix_tokens, "working_set_prompts": req.working_set,
+            "kv_budget_tokens": self.ctx_per_slot * t.concurrency,
             "engine": self.kind, "load_profile": self.s.load_spec.profile, "concurrency": t.concurrency,
             "reusable_prompt_tokens": self.reusable.get(req.id), "prompt_sha256": ids_digest([list(req.ids)])}
 

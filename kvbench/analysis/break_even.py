@@ -1,0 +1,220 @@
+"""The break-even map (``kvbench map``): where restoring stored KV pays against recomputing it, cell by cell over
+prompt length × shared share × KV working set ÷ the engine's KV budget, measured where a ``shared_prefix`` run
+measured it and filled in by the fitted roofline (:mod:`kvbench.analysis.break_even_fit`) elsewhere.
+
+A measured cell is its requests' :func:`kvbench.analysis.reuse_cost.reuse_cost` (the paired saving in USD per 1M
+generated tokens, its interval over independent prefixes, pairs, the busy-machine check) with the paired TTFT and
+TPOT ratios. Its label goes through :func:`kvbench.analysis.intervals.judge` (via the saving's verdict):
+
+- ``pays``: a verdict, and the saving's interval lies above 0;
+- ``loses``: a verdict, and the interval lies below 0;
+- ``inconclusive``: no verdict: too few pairs or prefixes, a busy machine, the interval spans 0, nothing restored;
+- ``invalid``: restored ids differ from ``none``'s (a lossless restore that changes outputs is a bug).
+
+The working-set ratio is (prefixes in rotation × prompt tokens) ÷ ``kv_budget_tokens`` (the store's host tier
+in-process, the slots' context on a server); cells are grouped in panels by :data:`RATIO_EDGES`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from kvbench.analysis.break_even_fit import CellShape, Fit, fit_constants, predict_saving, tier_tokens
+from kvbench.analysis.cost import Prices
+from kvbench.analysis.intervals import cluster_median_interval, pair_with_reference
+from kvbench.analysis.reuse import recompute_side, reuse_trials, sampling_units
+from kvbench.analysis.reuse_cost import reuse_cost
+from kvbench.results.rows import MEASURED
+from kvbench.scenario.workload import prefix_tokens
+
+#: Panel edges of the working-set ratio: ≤ 0.5, 0.5–1, 1–2, 2–4, > 4 (1: the working set just fits the budget).
+RATIO_EDGES = (0.5, 1.0, 2.0, 4.0)
+#: The shared shares (percent) a map shows by default, besides those measured.
+DEFAULT_SHARES = (0, 25, 50, 75, 95)
+LABELS = ("pays", "loses", "inconclusive", "invalid")
+
+
+def ratio_panel(ratio: float) -> str:
+    """The panel of a working-set ratio: ``≤0.5×``, ``0.5–1×``, ``1–2×``, ``2–4×`` or ``>4×`` (upper edges
+    included); ``?`` when unknown."""
+    if ratio != ratio:
+        return "?"
+    lows = (0.0,) + RATIO_EDGES
+    for lo, hi in zip(lows, RATIO_EDGES):
+        if ratio <= hi:
+            return f"≤{hi:g}×" if lo == 0 else f"{lo:g}–{hi:g}×"
+    return f">{RATIO_EDGES[-1]:g}×"
+
+
+def panel_rank(panel: str) -> int:
+    """The order of a panel of :func:`ratio_panel` along the ratio: 0 for ``≤0.5×`` up to 4 for ``>4×``, 5 for
+    ``?``."""
+    names = [ratio_panel(e) for e in RATIO_EDGES] + [f">{RATIO_EDGES[-1]:g}×"]
+    return names.index(panel) if panel in names else len(names)
+
+
+def label(saving_verdict: str, saving_pct: float, tokens_match: Any) -> tuple[str, str]:
+    """``(label, why)`` of a measured cell (module docstring): never ``pays`` without a verdict, so never when the
+    saving's interval spans 0."""
+    if tokens_match is False:
+        return "invalid", "restored ids differ from none's"
+    if saving_verdict:
+        return "inconclusive", saving_verdict.removeprefix("inconclusive: ")
+    if saving_pct != saving_pct:
+        return "inconclusive", "no saving"
+    return ("pays", "") if saving_pct > 0 else ("loses", "")
+
+
+def map_rows(trials: pd.DataFrame) -> pd.DataFrame:
+    """The trials of ``shared_prefix`` runs (measured or not) with their cell: ``shared_pct`` (the prefix ÷ the
+    prompt, percent, rounded), ``working_set``, ``kv_ratio`` and ``panel``. Empty without such trials."""
+    rows = reuse_trials(trials)
+    if rows.empty or "shared_prefix_tokens" not in rows or rows["shared_prefix_tokens"].isna().all():
+        return rows.iloc[0:0]
+    rows = rows[rows["shared_prefix_tokens"].notna()].copy()
+    prompt = pd.to_numeric(rows["prompt_tokens"], errors="coerce")
+    rows["shared_pct"] = (100 * pd.to_numeric(rows["shared_prefix_tokens"]) / prompt).round().astype(int)
+    rows["working_set"] = pd.to_numeric(rows["working_set_prompts"], errors="coerce")
+    budget = pd.to_numeric(rows["kv_budget_tokens"], errors="coerce") if "kv_budget_tokens" in rows else np.nan
+    rows["kv_ratio"] = (rows["working_set"] * prompt / budget).round(3)
+    rows["panel"] = rows["kv_ratio"].map(ratio_panel)
+    return rows
+
+
+def _paired_ratio(warm: pd.DataFrame, cold: pd.DataFrame, metric: str) -> tuple[float, float, float]:
+    """Median restore ÷ recompute ``metric`` over request pairs, with its 95% cluster-bootstrap interval."""
+    pairs = pair_with_reference(warm, cold, on=["request_id"])
+    if pairs.empty:
+        return math.nan, math.nan, math.nan
+    ratio = (pd.to_numeric(pairs[metric], errors="coerce") / pd.to_numeric(pairs[f"{metric}_ref"], errors="coerce")
+             ).replace([np.inf, -np.inf], np.nan)
+    lo, hi = cluster_median_interval(ratio, sampling_units(pairs)[0], 2000, 0)
+    return float(ratio.median()), lo, hi
+
+
+CELL_KEYS = ["group", "mode_label", "prompt_tokens", "shared_pct", "panel"]
+
+
+def measured_cells(rows: pd.DataFrame, prices: Prices, host_tier: str = "configured") -> pd.DataFrame:
+    """One row per measured cell (group × mode × prompt length × shared share × panel) of :func:`map_rows`:
+    the :func:`~kvbench.analysis.reuse_cost.reuse_cost` columns, ``ttft_ratio`` / ``tpot_ratio`` with their
+    ``_ci_low`` / ``_ci_high``, ``kv_ratio``, ``working_set``, ``label`` and ``why``, ``source`` = ``measured``."""
+    out = []
+    for key, part in rows.groupby(["prompt_tokens", "shared_pct", "panel"], sort=True):
+        cost = reuse_cost(part, prices, host_tier=host_tier)
+        ok = part[part["status"].isin(MEASURED)]
+        for rec in cost.to_dict("records"):
+            mine = ok[(ok["group"] == rec["group"]) & (ok["mode_label"] == rec["mode_label"])]
+            warm, cold = mine[mine["warm"].astype(bool)], recompute_side(ok, mine, rec["group"])
+            for metric, name in (("ttft_s", "ttft_ratio"), ("tpot_s", "tpot_ratio")):
+                rec[name], rec[f"{name}_ci_low"], rec[f"{name}_ci_high"] = _paired_ratio(warm, cold, metric)
+            rec.update(zip(["prompt_tokens", "shared_pct", "panel"], key))
+            rec["kv_ratio"] = float(part["kv_ratio"].median())
+            rec["working_set"] = int(part["working_set"].median())
+            rec["label"], rec["why"] = label(rec["saving_verdict"], rec["saving_pct"], rec["tokens_match"])
+            rec["source"] = "measured"
+            out.append(rec)
+    return pd.DataFrame(out)
+
+
+@dataclass
+class BreakEvenMap:
+    """``cells``: measured and model-filled cells (``source`` = ``measured`` or ``model``), with the model's
+    ``predicted_saving_pct`` / ``_ci_low`` / ``_ci_high`` beside each and ``disagrees`` (a measured cell whose
+    interval and the prediction's do not overlap); ``fits``: (group, mode label) → :class:`Fit` (None: too few
+    trials to fit); ``notes``: what could not be filled, and why; ``files``: what
+    :func:`kvbench.report.break_even.break_even_report` wrote."""
+
+    cells: pd.DataFrame
+    fits: dict[tuple[str, str], Fit | None] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    files: list[Any] = field(default_factory=list)
+
+
+def _shape(rows: pd.DataFrame, cells: pd.DataFrame, tokens: int, pct: int) -> CellShape | None:
+    """A cell's :class:`CellShape` at ``tokens`` and ``pct`` from the measured trials of its group, mode and panel
+    (``rows``) and their cells: the share of a shared prefix its revisits restored, the tiers, visits, tokens
+    generated and the memory charged (medians)."""
+    warm = rows[rows["warm"].astype(bool) & (pd.to_numeric(rows["turn_index"]) >= 2)
+                & (pd.to_numeric(rows["shared_prefix_tokens"]) > 0)]
+    if warm.empty:
+        return None
+    k = pd.to_numeric(warm["tokens_restored"], errors="coerce").fillna(0)
+    share = float((k / pd.to_numeric(warm["shared_prefix_tokens"])).mean())
+    tiers = tier_tokens(warm).sum()
+    total = float(tiers.sum())
+    tier_share = {t: float(v) / total for t, v in tiers.items()} if total else {}
+    return CellShape(int(tokens), prefix_tokens(int(tokens), int(pct)), int(pd.to_numeric(rows["turn_index"]).max()),
+                     int(rows["working_set"].median()), share, tier_share, int(rows["n_output_tokens"].median()),
+                     float(cells["store_host_bytes"].median()) if len(cells) else 0.0,
+                     float(cells["store_disk_bytes"].median()) if len(cells) else 0.0)
+
+
+def break_even_map(trials: pd.DataFrame, prices: Prices, shares: tuple[int, ...] = DEFAULT_SHARES,
+                   contexts: tuple[int, ...] = (), host_tier: str = "configured") -> BreakEvenMap:
+    """The map of the ``shared_prefix`` trials in ``trials``: its measured cells (:func:`measured_cells`), the
+    constants fitted per group and mode (:func:`~kvbench.analysis.break_even_fit.fit_constants`) and, for every
+    cell of measured and ``shares`` × measured and ``contexts`` prompt lengths × measured panels that was not
+    measured, the model's prediction (``source`` = ``model``, ``label`` = ``model: pays`` / ``model: loses`` /
+    ``model: inconclusive`` by the same rule on the prediction's interval). Raises nothing; an empty map when no
+    trial is of a ``shared_prefix`` run."""
+    rows = map_rows(trials)
+    if rows.empty:
+        return BreakEvenMap(pd.DataFrame())
+    cells = measured_cells(rows, prices, host_tier)
+    ok = rows[rows["status"].isin(MEASURED)]
+    fits: dict[tuple[str, str], Fit | None] = {}
+    notes: list[str] = []
+    filled = []
+    for (group, mode), part in ok.groupby(["group", "mode_label"], sort=False):
+        server = "engine" in part and part["engine"].notna().all()
+        if server and part["mode"].eq("none").all():
+            continue  # a server run's `none`: the recompute side of its other modes
+        own = pd.concat([part, recompute_side(ok, part, group)]).drop_duplicates("trial_id")
+        if "contaminated" in own:
+            own = own[~own["contaminated"].fillna(False).astype(bool)]
+        fit = fits[(group, mode)] = fit_constants(own)
+        if fit is None:
+            notes.append(f"{group} {mode}: too few trials or prompt lengths to fit the model")
+            continue
+        mine = cells[(cells["group"] == group) & (cells["mode_label"] == mode)] if len(cells) else cells
+        lengths = sorted(set(part["prompt_tokens"].astype(int)) | set(contexts))
+        for panel, in_panel in part.groupby("panel", sort=True):
+            here = mine[mine["panel"] == panel] if len(mine) else mine
+            for tokens in lengths:
+                for pct in sorted(set(in_panel["shared_pct"].astype(int)) | set(shares)):
+                    shape = _shape(in_panel, here, tokens, pct)
+                    if shape is None:
+                        continue
+                    value, lo, hi = predict_saving(fit, shape, prices.gpu_per_hour, prices.host_per_gib_hour,
+                                                   prices.disk_per_gib_hour)
+                    filled.append({"group": group, "mode_label": mode, "prompt_tokens": tokens, "shared_pct": pct,
+                                   "panel": panel, "predicted_saving_pct": value, "predicted_ci_low": lo,
+                                   "predicted_ci_high": hi})
+    model = pd.DataFrame(filled, columns=CELL_KEYS + ["predicted_saving_pct", "predicted_ci_low",
+                                                      "predicted_ci_high"])
+    table = cells.merge(model, on=CELL_KEYS, how="outer") if len(cells) else model.assign(source="model")
+    table["source"] = table["source"].fillna("model")
+    measured = table["source"] == "measured"
+    table["disagrees"] = np.where(measured & table["predicted_ci_low"].notna() & table["saving_ci_low"].notna(),
+                                  (table["predicted_ci_low"] > table["saving_ci_high"])
+                                  | (table["predicted_ci_high"] < table["saving_ci_low"]), None)
+    model_only = ~measured
+    table.loc[model_only, "label"] = [
+        "model: pays" if lo > 0 else "model: loses" if hi < 0 else "model: inconclusive"
+        for lo, hi in zip(table.loc[model_only, "predicted_ci_low"], table.loc[model_only, "predicted_ci_high"])]
+    table.loc[model_only, "why"] = ""
+    order = {k: i for i, k in enumerate(dict.fromkeys(zip(ok["group"], ok["mode_label"])))}
+    table["_rank"] = [order.get(k, len(order)) for k in zip(table["group"], table["mode_label"])]
+    table["_panel"] = table["panel"].map(panel_rank)
+    table = table.sort_values(["_rank", "_panel", "prompt_tokens", "shared_pct"], ignore_index=True)
+    return BreakEvenMap(table.drop(columns=["_rank", "_panel"]), fits, notes)
+
+
+__all__ = ["BreakEvenMap", "CELL_KEYS", "DEFAULT_SHARES", "LABELS", "RATIO_EDGES", "break_even_map", "label",
+           "map_rows", "measured_cells", "panel_rank", "ratio_panel"]

@@ -1,0 +1,239 @@
+"""The break-even map's model: the prefill/restore roofline of a request, fitted to measured reuse trials, and its
+predictions for cells nobody measured.
+
+A request whose prompt has ``k`` tokens restored (from tier ``j``) and ``n`` prefilled has, in seconds,
+
+    TTFT = overhead + prefill × n + attention × n × (k + n / 2) + Σ_j restore_j × k_j
+    TPOT = decode + decode_per_token × (prompt tokens + generated tokens / 2)
+
+(the compute of a forward pass: a per-token part, the weights' matrix products, and the attention of each new
+token over the k + i tokens before it, Σ_{i<n} (k + i) ≈ n (k + n / 2); a restore copies each token's KV once, at
+the tier's bandwidth; a decode step reads the weights and the context's KV, averaged over the generated tokens:
+the roofline of :mod:`kvbench.analysis.plan`). The constants are least squares, each at least 0 (:func:`_lstsq`),
+over the measured trials (cold and warm) of one engine and mode; their 95% intervals are a percentile bootstrap
+drawing whole independent units (a prefix's visits: :func:`kvbench.analysis.reuse.sampling_units`),
+:data:`N_FIT_BOOT` refits. A restore
+tier's bandwidth (bytes/s) is its bytes per token ÷ its seconds per token, where the trials say how many bytes
+each token restored held (kvbench's own store; a server's cache does not say).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from kvbench.analysis.intervals import cluster_draws
+from kvbench.analysis.reuse import sampling_units
+
+#: Refits of the bootstrap over independent units.
+N_FIT_BOOT = 400
+#: The TTFT constants, in the order of :func:`ttft_features`' columns (restore tiers follow).
+TTFT_TERMS = ("overhead_s", "prefill_s_per_token", "attention_s_per_token_pair")
+#: The TPOT constants.
+TPOT_TERMS = ("decode_s", "decode_s_per_context_token")
+#: Restore tiers and the columns of bytes restored from them (``cache``: a server's prompt cache, bytes unknown).
+TIERS = (("host", "restore_host_bytes"), ("disk", "restore_disk_bytes"), ("cache", None))
+
+
+def tier_tokens(rows: pd.DataFrame) -> pd.DataFrame:
+    """Tokens restored per trial from each tier of :data:`TIERS`: ``tokens_restored`` split by the bytes restored
+    from the host and disk tiers (kvbench's store); all of it ``cache`` where no bytes were recorded (a server)."""
+    k = pd.to_numeric(rows["tokens_restored"], errors="coerce").fillna(0).to_numpy(float)
+    host = pd.to_numeric(rows.get("restore_host_bytes"), errors="coerce") if "restore_host_bytes" in rows else None
+    disk = pd.to_numeric(rows.get("restore_disk_bytes"), errors="coerce") if "restore_disk_bytes" in rows else None
+    h = host.fillna(0).to_numpy(float) if host is not None else np.zeros(len(rows))
+    d = disk.fillna(0).to_numpy(float) if disk is not None else np.zeros(len(rows))
+    total = h + d
+    known = total > 0
+    share = np.divide(h, total, out=np.zeros(len(rows)), where=known)
+    return pd.DataFrame({"host": np.where(known, k * share, 0.0), "disk": np.where(known, k * (1 - share), 0.0),
+                         "cache": np.where(known, 0.0, k)}, index=rows.index)
+
+
+def ttft_features(prefilled: np.ndarray, restored: np.ndarray, tiers: np.ndarray) -> np.ndarray:
+    """``[n, 3 + tiers]``: 1, n, n × (k + n / 2), then the tokens restored per tier (``tiers`` ``[n, T]``)."""
+    n, k = prefilled.astype(float), restored.astype(float)
+    return np.column_stack([np.ones_like(n), n, n * (k + n / 2), tiers])
+
+
+def tpot_features(context: np.ndarray) -> np.ndarray:
+    """``[n, 2]``: 1 and the mean context of the decode steps."""
+    return np.column_stack([np.ones(len(context)), context.astype(float)])
+
+
+@dataclass
+class Fit:
+    """The fitted constants of one engine and mode (seconds, seconds per token, bytes/s).
+
+    Attributes:
+        values: constant → its least-squares value (NaN where the trials cannot tell it: a tier never used).
+        low, high: constant → its 95% bootstrap interval.
+        tiers: the restore tiers the trials used (``restore_<tier>_s_per_token`` are in ``values``).
+        draws: constant → its ``N_FIT_BOOT`` bootstrap values (for prediction intervals).
+        bandwidth: tier → (bytes/s, low, high) where the trials give bytes per token.
+        trials, units: the trials fitted and the independent units they come from; ``runs``: their run folders.
+        residual_s: the root mean square TTFT residual; ``residuals``: every trial's e2e residual (seconds: TTFT's
+            and the decode steps' together), which a prediction interval draws from.
+    """
+
+    values: dict[str, float]
+    low: dict[str, float]
+    high: dict[str, float]
+    tiers: list[str]
+    draws: dict[str, np.ndarray]
+    bandwidth: dict[str, tuple[float, float, float]] = field(default_factory=dict)
+    trials: int = 0
+    units: int = 0
+    runs: list[str] = field(default_factory=list)
+    residual_s: float = math.nan
+    residuals: np.ndarray = field(default_factory=lambda: np.zeros(0))
+
+
+def _lstsq(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Least squares with every constant ≥ 0 (times and costs cannot be negative): fit, then fix the most negative
+    constant at 0 and refit the others, until none is negative (the active-set idea of Lawson & Hanson, *Solving
+    Least Squares Problems*, 1974, ch. 23, one constant at a time: exact for these few, well-separated terms)."""
+    active = list(range(x.shape[1]))
+    beta = np.zeros(x.shape[1])
+    while active:
+        sol = np.linalg.lstsq(x[:, active], y, rcond=None)[0]
+        if (sol >= 0).all():
+            beta[active] = sol
+            break
+        active.pop(int(np.argmin(sol)))
+    return beta
+
+
+def fit_constants(rows: pd.DataFrame, n_boot: int = N_FIT_BOOT, seed: int = 0) -> Fit | None:
+    """Fit the TTFT and TPOT constants (module docstring) to measured reuse trials of one engine and mode
+    (``prompt_tokens``, ``tokens_restored``, ``ttft_s``, ``tpot_s``, ``n_output_tokens``, ``document``,
+    ``request_id``; ``restore_host_bytes`` / ``restore_disk_bytes`` where recorded).
+
+    Returns:
+        The :class:`Fit`, or None with fewer trials than constants + 2 or fewer than 2 prompt lengths (the per-token
+        and per-pair prefill terms cannot be told apart then).
+    """
+    rows = rows.dropna(subset=["ttft_s", "prompt_tokens"]).reset_index(drop=True)
+    tiers_all = tier_tokens(rows)
+    tiers = [t for t, _ in TIERS if tiers_all[t].sum() > 0]
+    if len(rows) < len(TTFT_TERMS) + len(tiers) + 2 or rows["prompt_tokens"].nunique() < 2:
+        return None
+    k = pd.to_numeric(rows["tokens_restored"], errors="coerce").fillna(0).to_numpy(float)
+    prompt = rows["prompt_tokens"].to_numpy(float)
+    x = ttft_features(prompt - k, k, tiers_all[tiers].to_numpy(float))
+    y = rows["ttft_s"].to_numpy(float)
+    tp = rows.dropna(subset=["tpot_s"])
+    xt = tpot_features(tp["prompt_tokens"].to_numpy(float) + tp["n_output_tokens"].to_numpy(float) / 2)
+    yt = tp["tpot_s"].to_numpy(float)
+    names = list(TTFT_TERMS) + [f"restore_{t}_s_per_token" for t in tiers]
+    beta, beta_t = _lstsq(x, y), _lstsq(xt, yt) if len(tp) >= 2 else np.full(2, math.nan)
+    units = sampling_units(rows)[0] if "document" in rows else pd.Series(np.arange(len(rows)), index=rows.index)
+    counts, index = cluster_draws(units, n_boot, seed)
+    t_index = index[np.isin(rows.index, tp.index)]
+    boots, boots_t = [], []
+    for c in counts:  # each refit weighs every trial by how often its unit was drawn
+        w = c[index].astype(float)
+        if w.sum() == 0:
+            continue
+        sw = np.sqrt(w)
+        boots.append(_lstsq(x * sw[:, None], y * sw))
+        wt = np.sqrt(c[t_index].astype(float))
+        boots_t.append(_lstsq(xt * wt[:, None], yt * wt) if len(tp) >= 2 else np.full(2, math.nan))
+    b, bt = np.array(boots), np.array(boots_t)
+    values = dict(zip(names + list(TPOT_TERMS), [*beta, *beta_t]))
+    draws = dict(zip(names + list(TPOT_TERMS), [*b.T, *bt.T]))
+    low = {n: float(np.quantile(d, 0.025)) for n, d in draws.items()}
+    high = {n: float(np.quantile(d, 0.975)) for n, d in draws.items()}
+    bandwidth = {}
+    for tier, col in TIERS:
+        if col is None or tier not in tiers:
+            continue
+        per_token = float(pd.to_numeric(rows[col], errors="coerce").sum() / tiers_all[tier].sum())
+        name = f"restore_{tier}_s_per_token"
+
+        def rate(seconds: float) -> float:  # bytes/s of one token's bytes in ``seconds``; inf for 0 s
+            return per_token / seconds if seconds > 0 else math.inf
+
+        # bytes/s falls as s/token rises: the interval's ends swap
+        bandwidth[tier] = (rate(values[name]), rate(high[name]), rate(low[name]))
+    runs = sorted(rows["run_path"].astype(str).unique()) if "run_path" in rows else []
+    n_out = pd.to_numeric(rows["n_output_tokens"], errors="coerce").to_numpy(float)
+    ctx = prompt + n_out / 2
+    e2e_model = x @ beta + (n_out - 1) * (beta_t[0] + beta_t[1] * ctx)
+    e2e = pd.to_numeric(rows["e2e_s"], errors="coerce").to_numpy(float) if "e2e_s" in rows else np.full(len(rows),
+                                                                                                        np.nan)
+    resid = e2e - e2e_model
+    return Fit(values, low, high, tiers, draws, bandwidth, len(rows), int(units.nunique()), runs,
+               float(np.sqrt(np.mean((x @ beta - y) ** 2))), resid[np.isfinite(resid)])
+
+
+@dataclass(frozen=True)
+class CellShape:
+    """What a cell's requests look like, for :func:`predict_saving`: ``prompt_tokens``, ``prefix_tokens`` (shared),
+    ``visits`` per prefix and ``prefixes`` of them, ``restored_share`` (tokens restored by a revisit ÷ its shared
+    prefix, as measured at the same working set) split over ``tier_share`` (tier → share of the restored tokens), ``n_output`` tokens per
+    request, and the memory charged beside the device (``host_bytes``, ``disk_bytes``)."""
+
+    prompt_tokens: int
+    prefix_tokens: int
+    visits: int
+    prefixes: int
+    restored_share: float
+    tier_share: dict[str, float]
+    n_output: int
+    host_bytes: float = 0.0
+    disk_bytes: float = 0.0
+
+
+def _e2e(c: dict[str, np.ndarray], tiers: list[str], prompt: int, restored: float, tier_share: dict[str, float],
+         n_output: int) -> np.ndarray:
+    n = prompt - restored
+    ttft = (c["overhead_s"] + c["prefill_s_per_token"] * n + c["attention_s_per_token_pair"] * n * (restored + n / 2)
+            + sum(c[f"restore_{t}_s_per_token"] * restored * tier_share.get(t, 0.0) for t in tiers))
+    tpot = c["decode_s"] + c["decode_s_per_context_token"] * (prompt + n_output / 2)
+    return ttft + (n_output - 1) * tpot
+
+
+def predict_saving(fit: Fit, shape: CellShape, gpu_per_hour: float, host_per_gib_hour: float = 0.0,
+                   disk_per_gib_hour: float = 0.0, seed: int = 0) -> tuple[float, float, float]:
+    """The saving (percent) of restoring against recomputing a cell's requests, one at a time, under ``fit``:
+    ``(value, low, high)``. Per prefix, the recompute side prefills every visit whole; the restore side the first
+    visit whole and each later visit all but ``restored_share × prefix_tokens`` tokens, restored from the tiers in
+    ``tier_share``; USD per 1M = hourly price ÷ tokens/s (tokens/s = generated tokens ÷ Σ e2e), the restore side
+    charged ``host_bytes`` and ``disk_bytes`` (:meth:`kvbench.analysis.cost.Prices.per_million`).
+
+    The 95% prediction interval is for what a measurement of the cell would give: per bootstrap draw of the
+    constants, each of the cell's ``prefixes × visits`` requests on each side gets an e2e residual drawn from the
+    fit's (``fit.residuals``, seeded with ``seed``), so the interval holds both the constants' uncertainty and the
+    noise of a finite cell."""
+    restored = shape.restored_share * shape.prefix_tokens
+    hourly_w = gpu_per_hour + (host_per_gib_hour * shape.host_bytes + disk_per_gib_hour * shape.disk_bytes) / 2**30
+    n = shape.prefixes * shape.visits
+
+    def e2e_sums(c: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        whole = _e2e(c, fit.tiers, shape.prompt_tokens, 0.0, {}, shape.n_output)
+        part = _e2e(c, fit.tiers, shape.prompt_tokens, restored, shape.tier_share, shape.n_output)
+        return n * whole, shape.prefixes * (whole + (shape.visits - 1) * part)
+
+    def saving(cold: np.ndarray, warm: np.ndarray) -> np.ndarray:
+        return 100 * (1 - (hourly_w * warm) / (gpu_per_hour * cold))  # tokens are the same on both sides
+
+    cold, warm = e2e_sums({k: np.asarray(v) for k, v in fit.values.items()})
+    point = saving(cold, warm)
+    cold_d, warm_d = e2e_sums(fit.draws)
+    if len(fit.residuals):
+        rng = np.random.default_rng(seed)
+        noise = rng.choice(fit.residuals, size=(2, len(cold_d), n)).sum(axis=2)
+        cold_d, warm_d = cold_d + noise[0], warm_d + noise[1]
+    draws = saving(cold_d, warm_d)
+    draws = draws[np.isfinite(draws)]
+    if not np.isfinite(point) or not len(draws):
+        return math.nan, math.nan, math.nan
+    return float(point), float(np.quantile(draws, 0.025)), float(np.quantile(draws, 0.975))
+
+
+__all__ = ["CellShape", "Fit", "N_FIT_BOOT", "TIERS", "TPOT_TERMS", "TTFT_TERMS", "fit_constants", "predict_saving",
+           "tier_tokens", "tpot_features", "ttft_features"]

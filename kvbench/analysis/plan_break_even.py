@@ -1,0 +1,136 @@
+"""``kvbench plan --break-even``: where restoring a shared prefix pays against recomputing it, for a machine not
+at hand, from the break-even map's roofline (:mod:`kvbench.analysis.break_even_fit`) with constants either
+measured (a ``map.json`` that ``kvbench map`` wrote) or assumed from a model's config and a GPU's figures.
+
+Assumed constants (each named as assumed in the output):
+
+- prefill per token = 2 × parameters ÷ (peak FLOP/s × utilisation): a forward pass's matrix products, 2 FLOP per
+  weight per token (Kaplan et al., "Scaling Laws for Neural Language Models", 2020, §2.1);
+- attention per token pair = 4 × layers × heads × head_dim ÷ (peak FLOP/s × utilisation): QKᵀ and AV, a
+  multiply-add each per head element per pair of tokens;
+- restore per token = KV bytes per token ÷ link bandwidth (host tier → device);
+- decode step = weights bytes ÷ memory bandwidth, decode per context token = :data:`KV_PASSES` × KV bytes per token
+  ÷ memory bandwidth (the decode roofline of :mod:`kvbench.analysis.plan`);
+- per-request overhead = 0.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from kvbench.analysis.break_even_fit import CellShape, Fit, predict_saving
+from kvbench.analysis.plan import KV_PASSES
+from kvbench.errors import BadValue
+from kvbench.offload.architecture import Architecture
+from kvbench.scenario.workload import prefix_tokens
+
+#: The assumed GPU's peak dense bf16 FLOP/s (an H100 SXM's and an H200's: 989 TFLOP/s) and the share of it a
+#: prefill reaches.
+ASSUMED_TFLOPS, ASSUMED_UTILISATION = 989.0, 0.5
+#: The shared shares (percent) a plan shows.
+PLAN_SHARES = (0, 25, 50, 75, 95)
+
+
+@dataclass(frozen=True)
+class Constants:
+    """The roofline's constants (the names of :data:`~kvbench.analysis.break_even_fit.TTFT_TERMS`,
+    ``restore_host_s_per_token`` and :data:`~kvbench.analysis.break_even_fit.TPOT_TERMS`; seconds) and, per
+    constant, where it comes from (``measured: <runs>`` or ``assumed: <how>``)."""
+
+    values: dict[str, float]
+    source: dict[str, str]
+
+
+def assumed_constants(arch: Architecture, dtype_bytes: int, tflops: float, link_bytes_per_s: float,
+                      memory_bytes_per_s: float, utilisation: float = ASSUMED_UTILISATION) -> Constants:
+    """The constants the module docstring derives from a config and a GPU's figures.
+
+    Raises:
+        BadValue: a figure that is not finite and above 0.
+    """
+    for what, v in (("TFLOP/s", tflops), ("link bandwidth", link_bytes_per_s), ("memory bandwidth",
+                                                                                 memory_bytes_per_s)):
+        if not (v > 0 and math.isfinite(v)):
+            raise BadValue(f"the {what} must be a finite number above 0, not {v}")
+    flops = tflops * 1e12 * utilisation
+    per_token = arch.kv_bytes(1, dtype_bytes)
+    values = {"overhead_s": 0.0, "prefill_s_per_token": 2 * arch.parameters / flops,
+              "attention_s_per_token_pair": 4 * arch.layers * arch.heads * arch.head_dim / flops,
+              "restore_host_s_per_token": per_token / link_bytes_per_s,
+              "decode_s": arch.parameters * dtype_bytes / memory_bytes_per_s,
+              "decode_s_per_context_token": KV_PASSES * per_token / memory_bytes_per_s}
+    how = f"{tflops:g} TFLOP/s at {utilisation:.0%}"
+    source = {"overhead_s": "assumed: 0", "prefill_s_per_token": f"assumed: 2 × parameters ÷ ({how})",
+              "attention_s_per_token_pair": f"assumed: 4 × layers × heads × head_dim ÷ ({how})",
+              "restore_host_s_per_token": f"assumed: {per_token:,} KV bytes per token ÷ {link_bytes_per_s / 1e9:g} GB/s",
+              "decode_s": f"assumed: weights ÷ {memory_bytes_per_s / 1e9:g} GB/s",
+              "decode_s_per_context_token": f"assumed: {KV_PASSES} × KV bytes per token ÷ "
+                                            f"{memory_bytes_per_s / 1e9:g} GB/s"}
+    return Constants(values, source)
+
+
+def measured_constants(path: str | Path, scenario: str | None = None, mode: str | None = None) -> Constants:
+    """The constants ``kvbench map`` fitted, from its ``map.json`` (the first fitted scenario and mode, or the
+    ones named). A host restore tier missing from the fit (a server's cache is ``cache``) takes the fitted cache's.
+
+    Raises:
+        BadValue: the file cannot be read as a map.json, or holds no fitted constants (for that scenario and mode).
+    """
+    try:
+        doc = json.loads(Path(path).read_text())
+        fits = [f for f in doc["constants"] if (scenario is None or f["group"] == scenario)
+                and (mode is None or f["mode_label"] == mode)]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise BadValue(f"{path}: not a map.json of kvbench map ({exc})") from exc
+    if not fits:
+        raise BadValue(f"{path}: no fitted constants" + (f" for {scenario or '*'} {mode or '*'}" if scenario or mode
+                                                          else ""))
+    f = fits[0]
+    values = {k: float(v) for k, v in f["values"].items() if v is not None}
+    values.setdefault("restore_host_s_per_token", values.get("restore_cache_s_per_token", 0.0))
+    where = f"measured: {f['group']} {f['mode_label']}, runs {', '.join(f.get('runs') or ['?'])}"
+    return Constants(values, {k: where for k in values})
+
+
+def plan_break_even(constants: Constants, contexts: list[int], shares: tuple[int, ...] = PLAN_SHARES,
+                    visits: int = 3, new_tokens: int = 128, host_bytes: float = 0.0, gpu_per_hour: float = 1.0,
+                    host_per_gib_hour: float = 0.0) -> pd.DataFrame:
+    """Per prompt length × shared share: the saving (percent) of restoring a prefix that ``visits`` requests
+    share (the first computes it, every revisit restores it whole from the host tier) against recomputing every
+    prompt, with ``new_tokens`` generated per request, under ``constants``
+    (:func:`~kvbench.analysis.break_even_fit.predict_saving`: a point, no interval). Columns ``prompt_tokens``,
+    ``shared_pct``, ``saving_pct``, ``pays`` (saving above 0)."""
+    values = dict(constants.values)
+    fit = Fit(values, values, values, ["host"], {k: np.asarray([v]) for k, v in values.items()})
+    rows = []
+    for n in contexts:
+        for pct in shares:
+            shape = CellShape(n, prefix_tokens(n, pct), visits, 1, 1.0, {"host": 1.0}, new_tokens, host_bytes)
+            saving = predict_saving(fit, shape, gpu_per_hour, host_per_gib_hour)[0]
+            rows.append({"prompt_tokens": n, "shared_pct": pct, "saving_pct": saving, "pays": saving > 0})
+    return pd.DataFrame(rows)
+
+
+def contexts_up_to(tokens: int) -> list[int]:
+    """The prompt lengths a plan shows: powers of two from 1,024 (or ``tokens`` when smaller) up to ``tokens``,
+    and ``tokens`` itself, at most 8 (the longest kept)."""
+    out = [tokens]
+    while out[-1] // 2 >= 1024 and len(out) < 8:
+        out.append(out[-1] // 2)
+    return sorted(out)
+
+
+def constant_rows(constants: Constants) -> list[dict[str, Any]]:
+    """Each constant with its value and source, for the plan's table."""
+    return [{"constant": k, "value": v, "source": constants.source.get(k, "")} for k, v in constants.values.items()]
+
+
+__all__ = ["ASSUMED_TFLOPS", "ASSUMED_UTILISATION", "Constants", "PLAN_SHARES", "assumed_constants",
+           "constant_rows", "contexts_up_to", "measured_constants", "plan_break_even"]

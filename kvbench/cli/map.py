@@ -1,0 +1,117 @@
+"""``kvbench map``: the break-even map of ``shared_prefix`` runs: where restoring stored KV pays against
+recomputing it, measured with intervals, and the fitted model's prediction where nothing was measured."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.markup import escape
+
+from kvbench.cli.common import _fail, _load, _problems, _table, _terminated, err, handle_errors, out
+from kvbench.cli.cost import FLAGS
+
+
+def _whole_numbers(text: Optional[str], flag: str, low: int, high: int) -> tuple[int, ...]:
+    if text is None:
+        return ()
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        _fail(f"{flag} {text!r}: give whole numbers separated by commas, e.g. 0,25,50")
+    if not values or any(not low <= v <= high for v in values):
+        _fail(f"{flag} {text!r}: every value must be {low} to {high:,}")
+    return values
+
+
+def map_(
+    results: list[Path] = typer.Argument(None, help="Run directories of shared_prefix scenarios, trials.jsonl "
+                                         "files or folders of runs (default: the newest run under results/)."),
+    gpu_price: float = typer.Option(2.0, "--gpu-price", help="USD per GPU-hour (with no memory charged, the "
+                                    "saving in percent does not depend on it)."),
+    host_price: float = typer.Option(0.0, "--host-price", help="USD per GiB-hour of host memory held by KV."),
+    disk_price: float = typer.Option(0.0, "--disk-price", help="USD per GiB-hour of disk held by KV."),
+    shares: Optional[str] = typer.Option(None, "--shares", help="Shared shares (percent, 0-99) the model fills in "
+                                         "besides those measured; default 0,25,50,75,95."),
+    contexts: Optional[str] = typer.Option(None, "--contexts", help="Prompt lengths (tokens) the model fills in "
+                                           "besides those measured, e.g. 2048,4096."),
+    host_tier: str = typer.Option("configured", "--host-tier", help="Servers: charge a host KV tier as its flags "
+                                  "configure it (configured) or at the server's RSS growth (measured)."),
+    out_dir: Optional[str] = typer.Option(None, "--out", help="Where map.csv, map.json and the heatmaps go "
+                                          "(default: <first path>/report)."),
+    details: bool = typer.Option(False, "--details", help="One row per cell with every column, not the grids."),
+) -> None:
+    """The break-even map: per cell (prompt length × shared share × KV working set ÷ budget) the paired saving
+    of restore against recompute with its interval, pays / loses / inconclusive, and the fitted model's
+    prediction for the cells not measured."""
+    from kvbench.analysis.break_even import DEFAULT_SHARES, break_even_map
+    from kvbench.analysis.cost import Prices
+    from kvbench.report.break_even import constant_lines, map_display, map_grids, write_map
+
+    signal.signal(signal.SIGTERM, _terminated)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    with handle_errors(FLAGS):
+        prices = Prices(gpu_price, host_price, None, None, disk_price)
+    share_values = _whole_numbers(shares, "--shares", 0, 99) or DEFAULT_SHARES
+    context_values = _whole_numbers(contexts, "--contexts", 1, 2**24)
+    if not results:
+        from kvbench.results.newest import newest_run
+
+        found = newest_run("results")
+        if found is None:
+            _fail("no results given and no run under results/: give the run directories of a shared_prefix "
+                  "scenario (e.g. scenarios/break_even.yaml)")
+        out.print(f"mapping the newest run under results/: {found}", highlight=False, markup=False)
+        results = [found]
+    if out_dir is not None and not out_dir.strip():
+        _fail("--out is empty: give a directory")
+    first = results[0]
+    target = Path(out_dir) if out_dir else (first if first.is_dir() else first.parent) / "report"
+    from kvbench.results.run_dir import refuse_symlink_dir
+
+    with handle_errors():
+        refuse_symlink_dir(target)
+    loaded = _load(results)
+    with handle_errors(FLAGS):
+        m = break_even_map(loaded.trials, prices, share_values, context_values, host_tier)
+    if m.cells.empty:
+        _problems(loaded)
+        _fail("no shared_prefix trials in these results: the map needs a run of a scenario with "
+              "workload.shared_prefix (e.g. scenarios/break_even.yaml)")
+    for (group, mode), part in m.cells.groupby(["group", "mode_label"], sort=False):
+        if details:
+            out.print(_table(map_display(part), f"{group}, {mode}: restore vs recompute", "", left=("source", "label"),
+                             wrap=True, min_width={"label": 12}))
+            continue
+        for panel, grid in map_grids(part):
+            out.print(_table(grid, f"{group}, {mode}: saving of restore vs recompute, KV working set {panel} the "
+                             "budget", "", left=1, wrap=True, min_width={}))
+        for r in part[(part["source"] == "measured") & (part["label"] != "pays") & (part["label"] != "loses")
+                      ].to_dict("records"):
+            out.print(f"  {r['label']}: {int(r['prompt_tokens'])} tokens, {int(r['shared_pct'])}% shared, "
+                      f"{r['panel']}: {r['why']}", highlight=False, markup=False)
+        for r in part[part["disagrees"] == True].to_dict("records"):  # noqa: E712 (an object column)
+            out.print(f"  measured and model disagree: {int(r['prompt_tokens'])} tokens, {int(r['shared_pct'])}% "
+                      f"shared, {r['panel']}", highlight=False, markup=False)
+    out.print(f"USD per 1M generated tokens at {gpu_price:g} USD per GPU-hour, host {host_price:g} and disk "
+              f"{disk_price:g} USD per GiB-hour. KV working set: the prefixes in rotation × prompt tokens, against "
+              "the KV the engine keeps for reuse (the store's host tier; a server's slots). A measured cell: the "
+              "saving paired by request, with its 95% interval drawn by prefix; pays or loses only when that "
+              "interval excludes 0 on a quiet machine with ≥ 5 pairs from ≥ 5 prefixes, else ? (why: below the "
+              "grid). ≈: the fitted roofline's prediction with its 95% interval. --details: every column (TTFT "
+              "and TPOT ratios, Δ USD, pairs).", highlight=False, markup=False)
+    out.print("[bold]fitted constants[/] (least squares, each ≥ 0, 95% bootstrap intervals over prefixes):",
+              highlight=False)
+    for line in constant_lines(m):
+        out.print(f"  {escape(line)}", highlight=False)
+    _problems(loaded)
+    try:
+        with handle_errors():
+            files = write_map(m, target, prices)
+    except KeyboardInterrupt:
+        err.print(f"interrupted while writing the map's files in {target}: each is whole, new or from before",
+                  highlight=False, markup=False)
+        raise typer.Exit(130) from None
+    out.print(f"map: {', '.join(str(f) for f in files)}", highlight=False, markup=False)
