@@ -9,6 +9,9 @@ TPOT ratios. Its label goes through :func:`kvbench.analysis.intervals.judge` (vi
 - ``pays``: a verdict, and the saving's interval lies above 0;
 - ``loses``: a verdict, and the interval lies below 0;
 - ``inconclusive``: no verdict: too few pairs or prefixes, a busy machine, the interval spans 0, nothing restored;
+  or the interval does not clear the control: the saving the same mode shows at 0% shared, where nothing can be
+  reused (a server mode runs on a server process of its own, after ``none``'s: a shift of a few percent between
+  two processes is not reuse, and pairs within one process cannot see it);
 - ``invalid``: restored ids differ from ``none``'s (a lossless restore that changes outputs is a bug).
 
 The working-set ratio is (prefixes in rotation × prompt tokens) ÷ ``kv_budget_tokens`` (the store's host tier
@@ -119,7 +122,30 @@ def measured_cells(rows: pd.DataFrame, prices: Prices, host_tier: str = "configu
             rec["label"], rec["why"] = label(rec["saving_verdict"], rec["saving_pct"], rec["tokens_match"])
             rec["source"] = "measured"
             out.append(rec)
-    return pd.DataFrame(out)
+    table = pd.DataFrame(out)
+    if len(table):
+        _apply_control(table)
+    return table
+
+
+def _apply_control(cells: pd.DataFrame) -> None:
+    """The 0%-shared cells of a scenario and mode are its control: nothing can be reused there, so their saving is
+    what the mode shifts without reuse (a server process of its own, a store's lookups). A cell that would pay or
+    lose keeps its label only when its interval clears the control's band (the lowest low to the highest high of
+    the 0% cells' intervals); else it is inconclusive, the band said. Adds ``control_low`` / ``control_high``
+    (NaN without a control). In place."""
+    cells["control_low"], cells["control_high"] = np.nan, np.nan
+    for _, part in cells.groupby(["group", "mode_label"], sort=False):
+        zero = part[(part["shared_pct"] == 0) & part["saving_ci_low"].notna()]
+        if zero.empty:
+            continue
+        lo, hi = float(zero["saving_ci_low"].min()), float(zero["saving_ci_high"].max())
+        cells.loc[part.index, "control_low"], cells.loc[part.index, "control_high"] = lo, hi
+        for i in part.index[(part["shared_pct"] > 0) & part["label"].isin(["pays", "loses"])]:
+            if cells.at[i, "saving_ci_low"] <= hi and cells.at[i, "saving_ci_high"] >= lo:
+                cells.at[i, "label"] = "inconclusive"
+                cells.at[i, "why"] = (f"within the shift measured with nothing to reuse (0% shared: "
+                                      f"{lo:+.1f}% to {hi:+.1f}%)").replace("-", "−")
 
 
 @dataclass

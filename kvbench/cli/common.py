@@ -134,3 +134,31 @@ def _print_warnings(file: Path, s) -> None:
 
     for path, msg in scenario_warnings(s):
         err.print(f"[yellow]warning:[/] {escape(f'{file}: {path}: {msg}')}", highlight=False)
+
+
+def results_and_target(results: list[Path] | None, out_dir: str | None, verb: str, none_hint: str,
+                       what: str) -> tuple[list[Path], Path]:
+    """The paths a reading command works on (the newest run under ``results/`` when none are given, said with
+    ``verb``, e.g. ``costing``; none there fails with ``none_hint``) and the folder its files (``what``) go in:
+    ``out_dir``, else ``<first path>/report``, refused before any output when it is a symbolic link or not a
+    directory."""
+    from kvbench.results.run_dir import refuse_symlink_dir
+
+    if not results:
+        from kvbench.results.newest import newest_run
+
+        found = newest_run("results")
+        if found is None:
+            _fail(f"no results given and no run under results/: {none_hint}")
+        out.print(f"{verb} the newest run under results/: {found}", highlight=False, markup=False)
+        results = [found]
+    if out_dir is not None and not out_dir.strip():
+        _fail("--out is empty: give a directory")
+    first = results[0]
+    target = Path(out_dir) if out_dir else (first if first.is_dir() else first.parent) / "report"
+    with handle_errors():
+        refuse_symlink_dir(target)  # before any output: a refused run prints no table
+    if target.exists() and not target.is_dir():
+        _fail(f"{target} is not a directory: the {what} go in a directory (give another with --out)")
+    return results, target
+

@@ -9,7 +9,8 @@ from typing import Optional
 import typer
 from rich.markup import escape
 
-from kvbench.cli.common import _fail, _load, _problems, _table, _terminated, err, handle_errors, out
+from kvbench.cli.common import (_fail, _load, _problems, _table, _terminated, err, handle_errors, out,
+                                results_and_target)
 
 #: Library argument → flag, for the messages of :class:`kvbench.errors.BadParameter`.
 FLAGS = {"gpu_per_hour": "--gpu-price", "host_per_gib_hour": "--host-price", "disk_per_gib_hour": "--disk-price",
@@ -60,25 +61,8 @@ def cost(
         for line in rc.what_if_lines(prices, w, base_throughput, offload_throughput):
             out.print(line, highlight=False, markup=False)
         return
-    if not results:
-        from kvbench.results.newest import newest_run
-
-        found = newest_run("results")
-        if found is None:
-            _fail("no results given and no run under results/: give result directories, or --base-throughput and "
-                  "--offload-throughput for a what-if")
-        out.print(f"costing the newest run under results/: {found}", highlight=False, markup=False)
-        results = [found]
-    if out_dir is not None and not out_dir.strip():
-        _fail("--out is empty: give a directory")
-    first = results[0]
-    target = Path(out_dir) if out_dir else (first if first.is_dir() else first.parent) / "report"
-    from kvbench.results.run_dir import refuse_symlink_dir
-
-    with handle_errors():
-        refuse_symlink_dir(target)  # before any output: a refused run prints no table
-    if target.exists() and not target.is_dir():
-        _fail(f"{target} is not a directory: the cost files go in a directory (give another with --out)")
+    results, target = results_and_target(results, out_dir, "costing", "give result directories, or "
+                                         "--base-throughput and --offload-throughput for a what-if", "cost files")
     loaded = _load(results)
     failed = rc.failed_groups(loaded.trials)
     if failed and len(failed) == loaded.trials["group"].nunique():  # nothing to cost: said, and nothing written

@@ -10,7 +10,8 @@ from typing import Optional
 import typer
 from rich.markup import escape
 
-from kvbench.cli.common import _fail, _load, _problems, _table, _terminated, err, handle_errors, out
+from kvbench.cli.common import (_fail, _load, _problems, _table, _terminated, err, handle_errors, out,
+                                results_and_target)
 from kvbench.cli.cost import FLAGS
 
 
@@ -56,23 +57,8 @@ def map_(
         prices = Prices(gpu_price, host_price, None, None, disk_price)
     share_values = _whole_numbers(shares, "--shares", 0, 99) or DEFAULT_SHARES
     context_values = _whole_numbers(contexts, "--contexts", 1, 2**24)
-    if not results:
-        from kvbench.results.newest import newest_run
-
-        found = newest_run("results")
-        if found is None:
-            _fail("no results given and no run under results/: give the run directories of a shared_prefix "
-                  "scenario (e.g. scenarios/break_even.yaml)")
-        out.print(f"mapping the newest run under results/: {found}", highlight=False, markup=False)
-        results = [found]
-    if out_dir is not None and not out_dir.strip():
-        _fail("--out is empty: give a directory")
-    first = results[0]
-    target = Path(out_dir) if out_dir else (first if first.is_dir() else first.parent) / "report"
-    from kvbench.results.run_dir import refuse_symlink_dir
-
-    with handle_errors():
-        refuse_symlink_dir(target)
+    results, target = results_and_target(results, out_dir, "mapping", "give the run directories of a "
+                                         "shared_prefix scenario (e.g. scenarios/break_even.yaml)", "map's files")
     loaded = _load(results)
     with handle_errors(FLAGS):
         m = break_even_map(loaded.trials, prices, share_values, context_values, host_tier)

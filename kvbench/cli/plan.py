@@ -46,6 +46,8 @@ def plan(
     from kvbench.report import plan as rp
 
     warnings.showwarning = _show_warning
+    if not 2 <= visits <= 100 or not 1 <= new_tokens <= 2**24:
+        _fail("--visits must be 2 to 100 and --new-tokens 1 to 16,777,216")
     with handle_errors(FLAGS):
         p = rp.plan(model, prompt_tokens, batch, dtype, gpu_mem, host_mem, window, link_gbps, hbm_gbps, gpu_price,
                     link_source="--link-gbps", link_probe=last_link_probe)
@@ -75,8 +77,6 @@ def _break_even(p: Any, constants: Optional[Path], tflops: float, new_tokens: in
                                                    measured_constants, plan_break_even)
     from kvbench.report.plan import break_even_cells
 
-    if not 2 <= visits <= 100 or not 1 <= new_tokens <= 2**24:
-        _fail("--visits must be 2 to 100 and --new-tokens 1 to 16,777,216")
     with handle_errors(FLAGS):
         c = (measured_constants(constants) if constants is not None else
              assumed_constants(p.arch, p.dtype_bytes, tflops, p.link_gbps * 1e9, p.hbm_gbps * 1e9))
@@ -88,4 +88,6 @@ def _break_even(p: Any, constants: Optional[Path], tflops: float, new_tokens: in
                      f"per prefix, {new_tokens} new tokens each", "saving of USD per 1M generated tokens (no memory "
                      "charged) when every revisit restores its shared prefix whole from the host tier; the "
                      "constants' sources are above (measure yours: kvbench run scenarios/break_even.yaml, then "
-                     "kvbench map)", left=1, wrap=False, min_width={}))
+                     "kvbench map)" + ("; measured constants are those of that run's model and machine, "
+                                       "whatever MODEL is" if constants is not None else ""),
+                     left=1, wrap=False, min_width={}))

@@ -403,3 +403,23 @@ def test_the_library_call_writes_what_the_command_writes(tmp_path):
     assert set(m.cells["source"]) == {"measured", "model"} and m.fits[("be", "none")].trials == 180
     with pytest.raises(BadParameter, match=r"results must be kvbench.load_results\(...\), not str"):
         kvbench.break_even_report("results", tmp_path / "m", kvbench.Prices(2.0))
+
+
+def test_a_shift_seen_with_nothing_to_reuse_is_not_a_saving():
+    """The restore side 3% faster in every request, reuse or not (another server process): the 0% cells measure
+    that shift, and a cell that saves no more than it stays inconclusive, saying so."""
+    rows = synthetic_rows(noise=0.0005, shares=(0, 5, 95), lengths=(128, 1024))
+    cold = {r["request_id"]: r for r in rows if not r["warm"]}
+    for r in rows:
+        if r["warm"]:
+            if r["prompt_tokens"] == 128 and r["shared_prefix_tokens"] == 6:  # 5%: a few tokens, no real saving
+                r["tokens_restored"] = min(r["tokens_restored"], 2)
+                r["e2e_s"] = cold[r["request_id"]]["e2e_s"]
+            r["e2e_s"] *= 0.97
+    cells = measured_cells(map_rows(trials_frame(rows, "be")), Prices(2.0)).set_index(["prompt_tokens",
+                                                                                         "shared_pct"])
+    assert cells.loc[(128, 0), "saving_pct"] == pytest.approx(3.0, abs=0.5)
+    small = cells.loc[(128, 5)]
+    assert small["label"] == "inconclusive" and small["why"].startswith(
+        "within the shift measured with nothing to reuse (0% shared: +")
+    assert cells.loc[(1024, 95), "label"] == "pays" and cells.loc[(1024, 95), "control_high"] < 4
