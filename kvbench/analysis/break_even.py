@@ -31,7 +31,8 @@ from kvbench.analysis.break_even_fit import CellShape, Fit, fit_constants, predi
 from kvbench.analysis.cost import Prices
 from kvbench.analysis.intervals import cluster_median_interval, pair_with_reference
 from kvbench.analysis.reuse import recompute_side, reuse_trials, sampling_units
-from kvbench.analysis.reuse_cost import reuse_cost
+from kvbench.analysis.reuse_cost import HOST_TIER_BASES, reuse_cost
+from kvbench.errors import BadParameter
 from kvbench.results.rows import MEASURED
 from kvbench.scenario.workload import prefix_tokens
 
@@ -74,16 +75,29 @@ def label(saving_verdict: str, saving_pct: float, tokens_match: Any) -> tuple[st
 
 
 def map_rows(trials: pd.DataFrame) -> pd.DataFrame:
-    """The trials of ``shared_prefix`` runs (measured or not) with their cell: ``shared_pct`` (the prefix ÷ the
-    prompt, percent, rounded), ``working_set``, ``kv_ratio`` and ``panel``. Empty without such trials."""
+    """The trials of ``shared_prefix`` runs (measured or not) with their cell: ``shared_pct`` (the share the cell
+    asked for; for rows that do not say, the prefix ÷ the prompt, percent, rounded), ``working_set``, ``kv_ratio``
+    and ``panel`` (``?`` without a ``kv_budget_tokens`` above 0). Rows whose prefix is not 0 to prompt − 1 tokens or
+    whose working set is not at least 1 (a hand-edited file) are left out. Empty without such trials."""
     rows = reuse_trials(trials)
     if rows.empty or "shared_prefix_tokens" not in rows or rows["shared_prefix_tokens"].isna().all():
         return rows.iloc[0:0]
     rows = rows[rows["shared_prefix_tokens"].notna()].copy()
     prompt = pd.to_numeric(rows["prompt_tokens"], errors="coerce")
-    rows["shared_pct"] = (100 * pd.to_numeric(rows["shared_prefix_tokens"]) / prompt).round().astype(int)
-    rows["working_set"] = pd.to_numeric(rows["working_set_prompts"], errors="coerce")
+    shared = pd.to_numeric(rows["shared_prefix_tokens"], errors="coerce")
+    rows["working_set"] = pd.to_numeric(rows.get("working_set_prompts"), errors="coerce") \
+        if "working_set_prompts" in rows else np.nan
+    ok = (shared >= 0) & (shared < prompt) & (rows["working_set"] >= 1)
+    rows = rows[ok].copy()
+    if rows.empty:
+        return rows
+    prompt, shared = prompt[ok], shared[ok]
+    asked = pd.to_numeric(rows["shared_pct"], errors="coerce") if "shared_pct" in rows else \
+        pd.Series(np.nan, index=rows.index)
+    # the share the cell asked for (rows of a run before kvbench recorded it: the share its prefix has)
+    rows["shared_pct"] = asked.where(asked.between(0, 99), (100 * shared / prompt).round()).astype(int)
     budget = pd.to_numeric(rows["kv_budget_tokens"], errors="coerce") if "kv_budget_tokens" in rows else np.nan
+    budget = budget.where(budget > 0) if isinstance(budget, pd.Series) else budget
     rows["kv_ratio"] = (rows["working_set"] * prompt / budget).round(3)
     rows["panel"] = rows["kv_ratio"].map(ratio_panel)
     return rows
@@ -181,6 +195,19 @@ def _shape(rows: pd.DataFrame, cells: pd.DataFrame, tokens: int, pct: int) -> Ce
                      float(cells["store_disk_bytes"].median()) if len(cells) else 0.0)
 
 
+def check_map_arguments(prices: Any, shares: Any, contexts: Any, host_tier: Any) -> None:
+    """Refuse what :func:`break_even_map` cannot take (its Raises)."""
+    if not isinstance(prices, Prices):
+        raise BadParameter(f"{{prices}} must be kvbench.Prices(...), not {type(prices).__name__}", "prices")
+    for name, values, low, high in (("shares", shares, 0, 99), ("contexts", contexts, 1, 2**24)):
+        if isinstance(values, (str, bytes)) or not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+                                                      and low <= v <= high for v in values):
+            raise BadParameter(f"{{{name}}} must be whole numbers from {low} to {high:,}, not {values!r}", name)
+    if host_tier not in HOST_TIER_BASES:
+        raise BadParameter(f"{{host_tier}} must be one of {', '.join(HOST_TIER_BASES)}, not {host_tier!r}",
+                           "host_tier")
+
+
 def break_even_map(trials: pd.DataFrame, prices: Prices, shares: tuple[int, ...] = DEFAULT_SHARES,
                    contexts: tuple[int, ...] = (), host_tier: str = "configured") -> BreakEvenMap:
     """The map of the ``shared_prefix`` trials in ``trials``: its measured cells (:func:`measured_cells`), the
@@ -188,7 +215,14 @@ def break_even_map(trials: pd.DataFrame, prices: Prices, shares: tuple[int, ...]
     cell of measured and ``shares`` × measured and ``contexts`` prompt lengths × measured panels that was not
     measured, the model's prediction (``source`` = ``model``, ``label`` = ``model: pays`` / ``model: loses`` /
     ``model: inconclusive`` by the same rule on the prediction's interval). Raises nothing; an empty map when no
-    trial is of a ``shared_prefix`` run."""
+    trial is of a ``shared_prefix`` run.
+
+    Raises:
+        kvbench.errors.BadParameter: ``prices`` not a :class:`~kvbench.analysis.cost.Prices`, a share not a whole
+            number 0-99, a context not a whole number 1 to 2^24, or ``host_tier`` not one of
+            :data:`~kvbench.analysis.reuse_cost.HOST_TIER_BASES` (naming the argument).
+    """
+    check_map_arguments(prices, shares, contexts, host_tier)
     rows = map_rows(trials)
     if rows.empty:
         return BreakEvenMap(pd.DataFrame())
@@ -242,5 +276,6 @@ def break_even_map(trials: pd.DataFrame, prices: Prices, shares: tuple[int, ...]
     return BreakEvenMap(table.drop(columns=["_rank", "_panel"]), fits, notes)
 
 
-__all__ = ["BreakEvenMap", "CELL_KEYS", "DEFAULT_SHARES", "LABELS", "RATIO_EDGES", "break_even_map", "label",
+__all__ = ["BreakEvenMap", "CELL_KEYS", "DEFAULT_SHARES", "LABELS", "RATIO_EDGES", "break_even_map",
+           "check_map_arguments", "label",
            "map_rows", "measured_cells", "panel_rank", "ratio_panel"]

@@ -64,7 +64,7 @@ def tpot_features(context: np.ndarray) -> np.ndarray:
     return np.column_stack([np.ones(len(context)), context.astype(float)])
 
 
-@dataclass
+@dataclass(repr=False)
 class Fit:
     """The fitted constants of one engine and mode (seconds, seconds per token, bytes/s).
 
@@ -90,6 +90,9 @@ class Fit:
     runs: list[str] = field(default_factory=list)
     residual_s: float = math.nan
     residuals: np.ndarray = field(default_factory=lambda: np.zeros(0))
+
+    def __repr__(self) -> str:  # the draws and residuals are thousands of numbers
+        return f"Fit(trials={self.trials}, units={self.units}, values={self.values})"
 
 
 def _lstsq(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -221,14 +224,15 @@ def predict_saving(fit: Fit, shape: CellShape, gpu_per_hour: float, host_per_gib
     def saving(cold: np.ndarray, warm: np.ndarray) -> np.ndarray:
         return 100 * (1 - (hourly_w * warm) / (gpu_per_hour * cold))  # tokens are the same on both sides
 
-    cold, warm = e2e_sums({k: np.asarray(v) for k, v in fit.values.items()})
-    point = saving(cold, warm)
-    cold_d, warm_d = e2e_sums(fit.draws)
-    if len(fit.residuals):
-        rng = np.random.default_rng(seed)
-        noise = rng.choice(fit.residuals, size=(2, len(cold_d), n)).sum(axis=2)
-        cold_d, warm_d = cold_d + noise[0], warm_d + noise[1]
-    draws = saving(cold_d, warm_d)
+    with np.errstate(all="ignore"):  # constants of 0 or 1e308 (a hand-made file): NaN, said as no prediction
+        cold, warm = e2e_sums({k: np.asarray(v) for k, v in fit.values.items()})
+        point = saving(cold, warm)
+        cold_d, warm_d = e2e_sums(fit.draws)
+        if len(fit.residuals):
+            rng = np.random.default_rng(seed)
+            noise = rng.choice(fit.residuals, size=(2, len(cold_d), n)).sum(axis=2)
+            cold_d, warm_d = cold_d + noise[0], warm_d + noise[1]
+        draws = saving(cold_d, warm_d)
     draws = draws[np.isfinite(draws)]
     if not np.isfinite(point) or not len(draws):
         return math.nan, math.nan, math.nan

@@ -76,26 +76,53 @@ def assumed_constants(arch: Architecture, dtype_bytes: int, tflops: float, link_
     return Constants(values, source)
 
 
+#: The constants a measured fit must give (a restore tier: ``restore_host_s_per_token`` or a server's
+#: ``restore_cache_s_per_token``).
+REQUIRED = ("overhead_s", "prefill_s_per_token", "attention_s_per_token_pair", "decode_s",
+            "decode_s_per_context_token")
+
+
 def measured_constants(path: str | Path, scenario: str | None = None, mode: str | None = None) -> Constants:
-    """The constants ``kvbench map`` fitted, from its ``map.json`` (the first fitted scenario and mode, or the
-    ones named). A host restore tier missing from the fit (a server's cache is ``cache``) takes the fitted cache's.
+    """The constants ``kvbench map`` fitted, from its ``map.json``: the first fitted scenario and mode, or the
+    ones named (the source says which, and how many fits the file holds). A host restore tier missing from the fit
+    (a server's cache is ``cache``) takes the fitted cache's.
 
     Raises:
-        BadValue: the file cannot be read as a map.json, or holds no fitted constants (for that scenario and mode).
+        BadValue: the file cannot be read as JSON, has no ``constants`` list of fits (for that scenario and mode),
+            or a fit lacks a constant or gives one that is not a finite number of at least 0 (naming the file and
+            the key path).
     """
     try:
         doc = json.loads(Path(path).read_text())
-        fits = [f for f in doc["constants"] if (scenario is None or f["group"] == scenario)
-                and (mode is None or f["mode_label"] == mode)]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise BadValue(f"{path}: not a map.json of kvbench map ({exc})") from exc
-    if not fits:
+    except (OSError, ValueError) as exc:
+        raise BadValue(f"{path}: not a map.json of kvbench map: {getattr(exc, 'strerror', None) or exc}") from exc
+    fits = doc.get("constants") if isinstance(doc, dict) else None
+    if not isinstance(fits, list) or not all(isinstance(f, dict) for f in fits):
+        raise BadValue(f"{path}: constants: must be the list of fits kvbench map writes")
+    chosen = [(i, f) for i, f in enumerate(fits) if (scenario is None or f.get("group") == scenario)
+              and (mode is None or f.get("mode_label") == mode)]
+    if not chosen:
         raise BadValue(f"{path}: no fitted constants" + (f" for {scenario or '*'} {mode or '*'}" if scenario or mode
                                                           else ""))
-    f = fits[0]
-    values = {k: float(v) for k, v in f["values"].items() if v is not None}
+    i, f = chosen[0]
+    raw = f.get("values")
+    if not isinstance(raw, dict):
+        raise BadValue(f"{path}: constants[{i}].values: must be a mapping of constant → seconds")
+    values: dict[str, float] = {}
+    for k, v in raw.items():
+        if v is None and k not in REQUIRED:
+            continue
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+            raise BadValue(f"{path}: constants[{i}].values.{k}: must be a finite number of seconds, at least 0, "
+                           f"not {v!r}")
+        values[k] = float(v)
+    missing = [k for k in REQUIRED if k not in values]
+    if missing:
+        raise BadValue(f"{path}: constants[{i}].values: {', '.join(missing)} missing")
     values.setdefault("restore_host_s_per_token", values.get("restore_cache_s_per_token", 0.0))
-    where = f"measured: {f['group']} {f['mode_label']}, runs {', '.join(f.get('runs') or ['?'])}"
+    runs = f.get("runs") if isinstance(f.get("runs"), list) else []
+    more = f", the first of {len(fits)} fits" if len(fits) > 1 and scenario is None and mode is None else ""
+    where = f"measured: {f.get('group', '?')} {f.get('mode_label', '?')}{more}, runs {', '.join(map(str, runs)) or '?'}"
     return Constants(values, {k: where for k in values})
 
 

@@ -160,5 +160,8 @@ def results_and_target(results: list[Path] | None, out_dir: str | None, verb: st
         refuse_symlink_dir(target)  # before any output: a refused run prints no table
     if target.exists() and not target.is_dir():
         _fail(f"{target} is not a directory: the {what} go in a directory (give another with --out)")
+    blocked = next((p for p in target.parents if p.exists() and not p.is_dir()), None)
+    if blocked is not None:
+        _fail(f"{blocked} is not a directory: the {what} cannot go in {target} (give another with --out)")
     return results, target
 

@@ -15,14 +15,19 @@ from kvbench.cli.common import (_fail, _load, _problems, _table, _terminated, er
 from kvbench.cli.cost import FLAGS
 
 
-def _whole_numbers(text: Optional[str], flag: str, low: int, high: int) -> tuple[int, ...]:
+#: Library argument → flag, for the messages of :class:`kvbench.errors.BadParameter`.
+MAP_FLAGS = {**FLAGS, "shares": "--shares", "contexts": "--contexts"}
+
+
+def _whole_numbers(text: Optional[str], flag: str, low: int, high: int, example: str) -> tuple[int, ...]:
+    """The distinct whole numbers of a comma-separated flag, each ``low`` to ``high``; () when not given."""
     if text is None:
         return ()
-    try:
-        values = tuple(int(v) for v in text.split(",") if v.strip())
-    except ValueError:
-        _fail(f"{flag} {text!r}: give whole numbers separated by commas, e.g. 0,25,50")
-    if not values or any(not low <= v <= high for v in values):
+    parts = [v.strip() for v in text.split(",")]
+    if not all(p.isdigit() for p in parts):
+        _fail(f"{flag} {text!r}: give whole numbers separated by commas, e.g. {example}")
+    values = tuple(dict.fromkeys(int(v) for v in parts))
+    if any(not low <= v <= high for v in values):
         _fail(f"{flag} {text!r}: every value must be {low} to {high:,}")
     return values
 
@@ -55,12 +60,16 @@ def map_(
     signal.signal(signal.SIGINT, signal.default_int_handler)
     with handle_errors(FLAGS):
         prices = Prices(gpu_price, host_price, None, None, disk_price)
-    share_values = _whole_numbers(shares, "--shares", 0, 99) or DEFAULT_SHARES
-    context_values = _whole_numbers(contexts, "--contexts", 1, 2**24)
+    share_values = _whole_numbers(shares, "--shares", 0, 99, "0,25,50") or DEFAULT_SHARES
+    context_values = _whole_numbers(contexts, "--contexts", 1, 2**24, "2048,4096")
+    from kvbench.analysis.break_even import check_map_arguments
+
+    with handle_errors(MAP_FLAGS):
+        check_map_arguments(prices, share_values, context_values, host_tier)
     results, target = results_and_target(results, out_dir, "mapping", "give the run directories of a "
                                          "shared_prefix scenario (e.g. scenarios/break_even.yaml)", "map's files")
     loaded = _load(results)
-    with handle_errors(FLAGS):
+    with handle_errors(MAP_FLAGS):
         m = break_even_map(loaded.trials, prices, share_values, context_values, host_tier)
     if m.cells.empty:
         _problems(loaded)
@@ -86,8 +95,9 @@ def map_(
               "the KV the engine keeps for reuse (the store's host tier; a server's slots). A measured cell: the "
               "saving paired by request, with its 95% interval drawn by prefix; pays or loses only when that "
               "interval excludes 0 on a quiet machine with ≥ 5 pairs from ≥ 5 prefixes, else ? (why: below the "
-              "grid). ≈: the fitted roofline's prediction with its 95% interval. --details: every column (TTFT "
-              "and TPOT ratios, Δ USD, pairs).", highlight=False, markup=False)
+              "grid). ≈: the fitted roofline's prediction with its 95% interval."
+              + ("" if details else " --details: every column (TTFT and TPOT ratios, Δ USD, pairs)."),
+              highlight=False, markup=False)
     out.print("[bold]fitted constants[/] (least squares, each ≥ 0, 95% bootstrap intervals over prefixes):",
               highlight=False)
     for line in constant_lines(m):

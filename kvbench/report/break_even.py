@@ -16,7 +16,7 @@ from kvbench.analysis.break_even import DEFAULT_SHARES, BreakEvenMap, break_even
 from kvbench.analysis.cost import Prices
 from kvbench.analysis.intervals import pct_interval
 from kvbench.arguments import path_arg
-from kvbench.errors import BadParameter, UnwritableOutput, UserError
+from kvbench.errors import BadParameter, ResultsError, UnwritableOutput, UserError
 from kvbench.report.break_even_chart import break_even_heatmap
 from kvbench.report.charts import slug
 from kvbench.report.cost import _replacing
@@ -53,7 +53,8 @@ def map_display(cells: pd.DataFrame) -> pd.DataFrame:
                      pct_interval(r["saving_pct"], r["saving_ci_low"], r["saving_ci_high"]) if measured else "-",
                      (number(r["delta_usd_per_million"], "+,.2f") + (
                          f" [{r['delta_usd_ci_low']:+,.2f}, {r['delta_usd_ci_high']:+,.2f}]"
-                         if r["delta_usd_ci_low"] == r["delta_usd_ci_low"] else "")) if measured else "-",
+                         if r["delta_usd_ci_low"] == r["delta_usd_ci_low"] else "")).replace("-", "−")
+                     if measured else "-",
                      _ratio(r, "ttft_ratio") if measured else "-", _ratio(r, "tpot_ratio") if measured else "-",
                      units, r["label"] + (f": {r['why']}" if r.get("why") else ""),
                      predicted + (" !" if r.get("disagrees") is True else "")])
@@ -142,15 +143,30 @@ def break_even_report(results: Results, out_dir: str | Path, prices: Prices,
     has cells; the map's ``files`` are those written.
 
     Raises:
-        kvbench.errors.BadParameter: ``results`` is not a :class:`~kvbench.results.load.Results`.
+        kvbench.errors.BadParameter: ``results`` is not a :class:`~kvbench.results.load.Results`, or an argument
+            :func:`~kvbench.analysis.break_even.break_even_map` refuses.
+        kvbench.errors.ResultsError: ``results`` holds no trial of a ``shared_prefix`` run.
         kvbench.errors.SymlinkRefused, kvbench.errors.UnwritableOutput: as :func:`write_map`.
     """
     if not isinstance(results, Results):
         raise BadParameter(f"{{results}} must be kvbench.load_results(...), not {type(results).__name__}", "results")
     m = break_even_map(results.trials, prices, shares, contexts, host_tier)
-    if len(m.cells):
-        m.files = write_map(m, path_arg(out_dir, "out_dir"), prices)
+    if m.cells.empty:
+        raise ResultsError("no shared_prefix trials in these results: the map needs a run of a scenario with "
+                           "workload.shared_prefix (e.g. scenarios/break_even.yaml)")
+    m.files = write_map(m, path_arg(out_dir, "out_dir"), prices)
     return m
+
+
+def _finite(v: Any) -> Any:
+    """``v`` with every NaN or infinite float (a bandwidth too fast to tell) as None: JSON has neither."""
+    if isinstance(v, dict):
+        return {k: _finite(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_finite(x) for x in v]
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    return v
 
 
 def write_map(m: BreakEvenMap, out_dir: str | Path, prices: Prices) -> list[Path]:
@@ -175,7 +191,7 @@ def write_map(m: BreakEvenMap, out_dir: str | Path, prices: Prices) -> list[Path
         doc = {"prices": dataclasses.asdict(prices), "cells": json.loads(cells.to_json(orient="records")),
                "constants": fits, "notes": m.notes}
         paths.append(_replacing(out / "map.json", lambda tmp: tmp.write_text(
-            json.dumps(doc, indent=2, default=lambda v: None if isinstance(v, float) and v != v else v) + "\n")))
+            json.dumps(_finite(doc), indent=2, allow_nan=False) + "\n")))
         for (group, mode), part in cells.groupby(["group", "mode_label"], sort=False):
             png = _replacing(out / f"map_{slug(group)}_{slug(mode)}.png",
                              lambda tmp, p=part, g=group, md=mode: break_even_heatmap(

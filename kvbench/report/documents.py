@@ -108,8 +108,8 @@ def _extra_tables(rep: Report, group: str) -> list[tuple[str, pd.DataFrame]]:
                            ("length", "Restore vs recompute per prompt length")):
             out.append((title, reuse_display(rep.reuse[group][key]).drop(columns=["scenario"])))
     for mode, frame in rep.break_even.get(group, {}).items():
-        out.append((f"Break-even map, {mode} (restore vs recompute; no memory charged: `kvbench map --host-price` "
-                    "charges it)", frame))
+        out.append((f"Break-even map, {mode} (restore vs recompute, USD per 1M tokens at 2 USD per GPU-hour, no "
+                    "memory charged: `kvbench map --gpu-price --host-price` prices it)", frame))
     if group in rep.server_load:
         out.append((f"Load per mode ({LOAD_CAPTION})",
                     server_load_display(rep.server_load[group]).drop(columns=["scenario"])))
@@ -182,7 +182,7 @@ GLOSSARY = """## Columns
 - ids match none: the greedy token ids equal those of `none` on the same prompts.
 - capacity: the largest batch (or longest prompt) whose trial ended ok within the budget, found by doubling then
   bisection; each probe is a recorded trial.
-- reuse (multi_turn, doc_qa): each request runs twice per mode: recompute (cold, the whole prompt prefilled) and
+- reuse (multi_turn, doc_qa, shared_prefix): each request runs twice per mode: recompute (cold, the whole prompt prefilled) and
   restore (warm: the longest stored prefix, in whole chunks, loaded from the mode's KV store, then the rest
   prefilled); TTFT of restore includes the lookup and the copy. hit rate: stored chunks found ÷ whole chunks of
   the prompt; prefill saved: tokens restored ÷ prompt tokens. Restore ÷ recompute and the cost saving resample

@@ -34,6 +34,8 @@ from kvbench.report.samples import default_timelines, load_samples
 from kvbench.report.tables import capacity_frames, display_frame, plan_frame
 from kvbench.results.run_dir import refuse_symlink_dir
 
+#: USD per GPU-hour of the break-even map in a report (``kvbench map``'s default; no memory is charged).
+REPORT_GPU_PRICE = 2.0
 #: Panels per memory-timeline figure.
 TIMELINE_PANELS = 8
 
@@ -42,8 +44,9 @@ def write_report(results: Results, out_dir: str | Path, timelines: list[str] | N
                  pool: Any = None) -> Report:
     """Write the report of ``results`` into ``out_dir`` (created): ``summary.csv`` (the per-point table, raw
     numbers), ``summary.md``, ``reuse.csv`` (reuse workloads: :func:`kvbench.analysis.reuse.reuse_table` per turn and per
-    prompt length), ``map.csv`` (shared_prefix runs: :func:`kvbench.analysis.break_even.break_even_map`, no
-    memory charged), the charts (PNG), ``report.md`` and ``report.html``.
+    prompt length), the charts (PNG; for shared_prefix runs the break-even map's heatmaps,
+    :func:`kvbench.analysis.break_even.break_even_map` at :data:`REPORT_GPU_PRICE` with no memory charged),
+    ``report.md`` and ``report.html``.
 
     Args:
         results: from :func:`kvbench.results.load.load_results`.
@@ -125,12 +128,13 @@ def _write(results: Results, out: Path, timelines: list[str] | None, pool: Any) 
              for g, part in reuse_rows.groupby("group", sort=False)}
     colours = charts.mode_colours(list(table["mode_label"]) + list(reuse_rows["mode_label"]))
     jobs: list[tuple[str, Any, tuple]] = []
-    # shared_prefix runs: the break-even map, no memory charged (its saving in percent is the GPU price's then)
-    be = break_even_map(results.trials, Prices(1.0))
+    # shared_prefix runs: the break-even map at kvbench map's default prices (its files are kvbench map's: the
+    # report's heatmaps have names of their own)
+    be = break_even_map(results.trials, Prices(REPORT_GPU_PRICE))
     for (g, mode), part in be.cells.groupby(["group", "mode_label"], sort=False) if len(be.cells) else ():
         jobs.append((f"{g}: break-even map, {mode}", break_even_heatmap,
                      (part, f"{g}, {mode}: saving of restore against recompute",
-                      out / f"map_{charts.slug(g)}_{charts.slug(mode)}.png")))
+                      out / f"break_even_{charts.slug(g)}_{charts.slug(mode)}.png")))
     for g, frames in reuse.items():
         jobs.append((f"{g}: TTFT restore vs recompute", charts.reuse_ttft,
                      (frames["turn"], reuse_rows, g, colours, out / f"reuse_ttft_{charts.slug(g)}.png")))
@@ -192,8 +196,6 @@ def _write(results: Results, out: Path, timelines: list[str] | None, pool: Any) 
             for (g, mode), part in be.cells.groupby(["group", "mode_label"], sort=False):
                 rep.break_even.setdefault(g, {})[mode] = map_display(part)
                 rep.findings.setdefault(g, []).append(map_finding(part, mode))
-            be.cells.to_csv(out / "map.csv", index=False)
-            rep.files["map.csv"] = out / "map.csv"
         rep.machines = machine_sections(results, table)
         for g in rep.diagnoses:
             rep.diagnoses[g] += lost_lines(results, g)
@@ -219,4 +221,4 @@ def _write(results: Results, out: Path, timelines: list[str] | None, pool: Any) 
     return rep
 
 
-__all__ = ["TIMELINE_PANELS", "write_report"]
+__all__ = ["REPORT_GPU_PRICE", "TIMELINE_PANELS", "write_report"]

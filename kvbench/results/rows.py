@@ -190,6 +190,7 @@ REUSE_COLUMNS = _columns(
     ("store_corrupt", K.COUNT, "", "chunks the store found damaged so far"),
     ("shared_prefix_tokens", K.COUNT, "tokens", "shared_prefix: the prompt's prefix shared with its prefix's visits"),
     ("working_set_prompts", K.COUNT, "", "shared_prefix: the prefixes in rotation in the request's cell"),
+    ("shared_pct", K.COUNT, "", "shared_prefix: the percent of the prompt its cell asks to be shared"),
     ("kv_budget_tokens", K.COUNT, "tokens", "the KV the engine keeps for reuse in its first tier: the store's host "
                                             "tier (in-process), the slots' context (a server)"),
 )

@@ -17,8 +17,9 @@ def _reuse_shape(s: Scenario) -> tuple[str, int]:
     mt, dq, sp = s.workload.multi_turn, s.workload.doc_qa, s.workload.shared_prefix
     if sp is not None:
         return (f"shared_prefix: {_count(len(sp.cells), 'cell')} ({_count(len(sp.prompt_tokens), 'prompt length')} × "
-                f"{len(sp.shared_pct)} prefix shares × {_count(len(sp.working_set), 'working set')}) × "
-                f"{_count(sp.visits, 'visit')} per prefix", sp.requests)
+                f"{len(sp.shared_pct)} prefix shares × {_count(len(sp.working_set), 'working set')} of "
+                f"{', '.join(map(str, sp.working_set))} prefixes) × {_count(sp.visits, 'visit')} per prefix",
+                sp.requests)
     if mt is not None:
         return (f"multi_turn: {_count(mt.conversations, 'conversation')} × {_count(mt.turns, 'turn')}",
                 mt.conversations * mt.turns)

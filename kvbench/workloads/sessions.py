@@ -43,6 +43,7 @@ class Request:
         held: the ids whose KV a server holds after answering (``ids`` is a prefix of it).
         shared_prefix_tokens: ``shared_prefix`` only: the tokens its prefix shares with the prefix's other visits.
         working_set: ``shared_prefix`` only: the prefixes in rotation in its cell.
+        shared_pct: ``shared_prefix`` only: the share of the prompt its cell asks to be shared (percent).
     """
 
     id: str
@@ -52,6 +53,7 @@ class Request:
     held: tuple[int, ...]
     shared_prefix_tokens: int | None = None
     working_set: int | None = None
+    shared_pct: int | None = None
 
 
 @dataclass

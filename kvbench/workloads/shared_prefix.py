@@ -65,5 +65,5 @@ def shared_prefix(docs: Sequence[Document], tokenizer: Any, *, cells: Sequence[t
             for j in range(w):
                 ids = prefixes[j] + take(n - p)
                 requests.append(Request(f"s{c}-p{j}-v{v + 1}", f"s{c}-p{j}", v + 1, ids, ids,
-                                        shared_prefix_tokens=p, working_set=w))
+                                        shared_prefix_tokens=p, working_set=w, shared_pct=pct))
     return Stream(requests, [f"shared_prefix: {len(cells)} cells, {len(requests)} requests, {need:,} tokens of text"])

@@ -126,7 +126,7 @@ def test_shared_prefix_scenario_summary_and_one_reuse_workload():
     s = parse_scenario(base_scenario(prompt_tokens=[64, 128], shared_pct=[0, 90], working_set=[5], visits=2))
     assert s.workload.reuse == "shared_prefix" and s.workload.shared_prefix.requests == 2 * 2 * 5 * 2
     assert sweep_summary(s) == ("400 trials: shared_prefix: 4 cells (2 prompt lengths × 2 prefix shares × 1 working "
-                                "set) × 2 visits per prefix = 40 requests × 1 mode × cold and warm × 5 repeats; "
+                                "set of 5 prefixes) × 2 visits per prefix = 40 requests × 1 mode × cold and warm × 5 repeats; "
                                 "prompts are built from the data as it runs")
     data = base_scenario()
     data["workload"]["doc_qa"] = {}
@@ -383,11 +383,11 @@ def test_a_shared_prefix_run_restores_exactly_its_prefix_and_reports_its_map(tin
     assert {r["kv_budget_tokens"] for r in rows} == {2**20 // engine.store_token_bytes}
     rep = write_report(load_results([run.path]), tmp_path / "report")
     md = (tmp_path / "report" / "report.md").read_text()
-    assert "### Break-even map, none (restore vs recompute; no memory charged" in md
+    assert "### Break-even map, none (restore vs recompute, USD per 1M tokens at 2 USD per GPU-hour" in md
     assert any(f.startswith("break-even map, `none`: of 2 measured cells 2 inconclusive") for f in rep.findings[s.name])
-    assert (tmp_path / "report" / f"map_{s.name}_none.png").stat().st_size > 10_000
+    assert (tmp_path / "report" / f"break_even_{s.name}_none.png").stat().st_size > 10_000
     assert "data:image/png;base64" in (tmp_path / "report" / "report.html").read_text()
-    assert len(pd.read_csv(tmp_path / "report" / "map.csv")) >= 2
+    assert not (tmp_path / "report" / "map.csv").exists()  # kvbench map's files are its own
 
 
 def test_the_library_call_writes_what_the_command_writes(tmp_path):
@@ -423,3 +423,68 @@ def test_a_shift_seen_with_nothing_to_reuse_is_not_a_saving():
     assert small["label"] == "inconclusive" and small["why"].startswith(
         "within the shift measured with nothing to reuse (0% shared: +")
     assert cells.loc[(1024, 95), "label"] == "pays" and cells.loc[(1024, 95), "control_high"] < 4
+
+
+def test_hand_edited_inputs_give_one_line_errors(tmp_path):
+    """What a new user's bad inputs did (a null working set crashed the map; map.json edits crashed the plan):
+    rows that cannot be mapped are left out, map.json holds no Infinity, and each bad file or flag is one line."""
+    import kvbench
+    from typer.testing import CliRunner
+
+    from kvbench.cli import app
+    from kvbench.errors import BadParameter, BadValue, ResultsError
+    from kvbench.analysis.plan_break_even import measured_constants
+    from kvbench.results.run_dir import RunDir
+
+    rows = synthetic_rows(lengths=(128, 1024), noise=0.0)
+    for r in rows:  # restoring costs nothing: an infinite bandwidth, written as null
+        r["ttft_s"] -= TRUE["restore_host_s_per_token"] * r["tokens_restored"]
+        r["e2e_s"] -= TRUE["restore_host_s_per_token"] * r["tokens_restored"]
+    rows[0]["working_set_prompts"] = None
+    rows[1]["shared_prefix_tokens"] = 5000  # longer than the prompt
+    run = RunDir.create(tmp_path / "results", parse_scenario(base_scenario()).model_dump(mode="json"), {})
+    for r in rows:
+        run.append(r)
+    results = kvbench.load_results([run.path])
+    m = kvbench.break_even_report(results, tmp_path / "m", kvbench.Prices(2.0))
+    assert m.fits[("be", "none")].trials == 178
+    text = (tmp_path / "m" / "map.json").read_text()
+    assert "Infinity" not in text and "NaN" not in text
+    assert json.loads(text)["constants"][0]["bandwidth_bytes_per_s"]["host"][0] is None
+    for kwargs, name in (({"shares": (100,)}, "shares"), ({"contexts": (0,)}, "contexts"),
+                         ({"host_tier": "bogus"}, "host_tier"), ({"shares": "10,20"}, "shares")):
+        with pytest.raises(BadParameter) as e:
+            kvbench.break_even_report(results, tmp_path / "m", kvbench.Prices(2.0), **kwargs)
+        assert e.value.param == name
+    with pytest.raises(BadParameter, match="prices must be kvbench.Prices"):
+        kvbench.break_even_report(results, tmp_path / "m", 2.0)
+    empty = RunDir.create(tmp_path / "other", parse_scenario(base_scenario()).model_dump(mode="json"), {})
+    row = dict(rows[5])
+    for k in ("shared_prefix_tokens", "working_set_prompts", "kv_budget_tokens"):
+        row.pop(k)
+    empty.append(row)
+    with pytest.raises(ResultsError, match="no shared_prefix trials in these results"):
+        kvbench.break_even_report(kvbench.load_results([empty.path]), tmp_path / "m2", kvbench.Prices(2.0))
+    runner = CliRunner()
+    for flags, message in ((["--host-tier", "bogus"], "--host-tier must be one of configured, measured"),
+                           (["--shares", "10,,20"], "--shares '10,,20': give whole numbers separated by commas"),
+                           (["--out", str(tmp_path / "m" / "map.csv" / "sub")], "map.csv is not a directory")):
+        res = runner.invoke(app, ["map", str(run.path), *flags])
+        assert res.exit_code == 2 and message in res.output and "┏" not in res.output, (flags, res.output)
+    doc = json.loads(text)
+    for edit, message in ((lambda d: d.update(constants="x"), "constants: must be the list of fits"),
+                          (lambda d: d["constants"][0].update(values=[1, 2]), "constants[0].values: must be a mapping"),
+                          (lambda d: d["constants"][0]["values"].update(prefill_s_per_token="fast"),
+                           "constants[0].values.prefill_s_per_token: must be a finite number of seconds, at least 0, "
+                           "not 'fast'"),
+                          (lambda d: d["constants"][0]["values"].update(prefill_s_per_token=-1), "not -1"),
+                          (lambda d: d["constants"][0]["values"].pop("decode_s"), "decode_s missing")):
+        bad = json.loads(text)
+        edit(bad)
+        (tmp_path / "bad.json").write_text(json.dumps(bad))
+        with pytest.raises(BadValue, match=message.replace("[", r"\[").replace("]", r"\]")):
+            measured_constants(tmp_path / "bad.json")
+    assert doc["constants"][0]["group"] == "be"
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(BadValue, match="bad.json: not a map.json of kvbench map"):
+        measured_constants(tmp_path / "bad.json")

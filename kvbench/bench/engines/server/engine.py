@@ -297,6 +297,7 @@ class ServerEngine:
         return {
             "request_id": req.id, "document": req.document, "turn_index": req.turn_index, "warm": t.warm,
             "shared_prefix_tokens": req.shared_prefix_tokens, "working_set_prompts": req.working_set,
+            "shared_pct": req.shared_pct,
             "kv_budget_tokens": self.ctx_per_slot * t.concurrency,
             "engine": self.kind, "load_profile": self.s.load_spec.profile, "concurrency": t.concurrency,
             "reusable_prompt_tokens": self.reusable.get(req.id), "prompt_sha256": ids_digest([list(req.ids)])}
