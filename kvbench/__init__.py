@@ -34,6 +34,7 @@ _ENTRYPOINTS = {
     "write_report": "kvbench.report.write",
     "cost_report": "kvbench.report.cost",
     "break_even_report": "kvbench.report.break_even",
+    "write_llmd": "kvbench.report.llmd",
     "Prices": "kvbench.analysis.cost",
 }
 

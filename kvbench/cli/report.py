@@ -22,6 +22,9 @@ def report(
     out_dir: Optional[str] = typer.Option(None, "--out", help="Where to write (default: <first path>/report)."),
     timeline: list[str] = typer.Option([], "--timeline", help="A trial id whose memory timeline to draw "
                                        "(repeatable; default: every mode at each scenario's largest point)."),
+    fmt: str = typer.Option("kvbench", "--format", help="kvbench: tables, charts, report.md/.html; llm-d: one "
+                            "llm-d Benchmark Report v0.2.1 (JSON) per mode, into --out (default: "
+                            "<first path>/report/llm-d)."),
 ) -> None:
     """Tables, charts and a Markdown/HTML report of one or many runs: memory saved and time it cost per mode.
     Ctrl-C or SIGTERM stops it with exit 130, its chart workers killed and nothing written."""
@@ -35,8 +38,13 @@ def report(
 
     if out_dir is not None and not out_dir.strip():
         _fail("--out is empty: give a directory")
+    if fmt not in ("kvbench", "llm-d"):
+        _fail(f"--format {fmt!r}: one of kvbench, llm-d")
     first = paths[0]
     target = Path(out_dir) if out_dir else (first if first.is_dir() else first.parent) / "report"
+    if fmt == "llm-d":
+        _llmd(paths, Path(out_dir) if out_dir else target / "llm-d")
+        return
     try:
         with handle_errors({"timelines": "--timeline"}), chart_pool() as pool:  # its workers start as results load
             results = _load(paths)
@@ -78,3 +86,21 @@ def report(
     _problems(results)
     out.print(f"report: {rep.files['report.html']} (and report.md, summary.csv, {_count(len(rep.charts), 'chart')}) "
               f"in {target}", highlight=False, markup=False)
+
+
+def _llmd(paths: list[Path], target: Path) -> None:
+    """``--format llm-d``: the Benchmark Reports of ``paths``, one file per mode, listed."""
+    from kvbench.report.llmd import write_llmd
+
+    try:
+        with handle_errors():
+            results = _load(paths)
+            files = write_llmd(results, target)
+    except KeyboardInterrupt:
+        err.print(f"interrupted while writing the llm-d reports in {target}: each file is whole, new or from before",
+                  highlight=False, markup=False)
+        raise typer.Exit(130) from None
+    for f in files:
+        out.print(f"llm-d report: {f}", highlight=False, markup=False)
+    _problems(results)
+    out.print(f"{_count(len(files), 'llm-d Benchmark Report')} (v0.2.1) in {target}", highlight=False, markup=False)

@@ -19,7 +19,7 @@ from kvbench.arguments import path_arg
 from kvbench.errors import BadParameter, ResultsError, UnwritableOutput, UserError
 from kvbench.report.break_even_chart import break_even_heatmap
 from kvbench.report.charts import slug
-from kvbench.report.cost import _replacing
+from kvbench.report.cost import replacing
 from kvbench.report.format import number
 from kvbench.results.load import Results
 from kvbench.results.run_dir import refuse_symlink_dir
@@ -183,17 +183,17 @@ def write_map(m: BreakEvenMap, out_dir: str | Path, prices: Prices) -> list[Path
     try:
         out.mkdir(parents=True, exist_ok=True)
         cells = m.cells
-        paths = [_replacing(out / "map.csv", lambda tmp: cells.to_csv(tmp, index=False) or tmp)]
+        paths = [replacing(out / "map.csv", lambda tmp: cells.to_csv(tmp, index=False) or tmp)]
         fits = [{"group": g, "mode_label": mode, "values": f.values, "ci_low": f.low, "ci_high": f.high,
                  "bandwidth_bytes_per_s": {t: list(b) for t, b in f.bandwidth.items()}, "trials": f.trials,
                  "units": f.units, "runs": f.runs, "ttft_residual_s": f.residual_s}
                 for (g, mode), f in m.fits.items() if f is not None]
         doc = {"prices": dataclasses.asdict(prices), "cells": json.loads(cells.to_json(orient="records")),
                "constants": fits, "notes": m.notes}
-        paths.append(_replacing(out / "map.json", lambda tmp: tmp.write_text(
+        paths.append(replacing(out / "map.json", lambda tmp: tmp.write_text(
             json.dumps(_finite(doc), indent=2, allow_nan=False) + "\n")))
         for (group, mode), part in cells.groupby(["group", "mode_label"], sort=False):
-            png = _replacing(out / f"map_{slug(group)}_{slug(mode)}.png",
+            png = replacing(out / f"map_{slug(group)}_{slug(mode)}.png",
                              lambda tmp, p=part, g=group, md=mode: break_even_heatmap(
                                  p, f"{g}, {md}: saving of restore against recompute", tmp))
             if png is not None:

@@ -258,11 +258,11 @@ def reuse_verdicts(reuse: pd.DataFrame) -> list[str]:
     return lines
 
 
-def _replacing(path: Path, write: Any) -> Path | None:
+def replacing(path: Path, write: Any) -> Path | None:
     """Call ``write(tmp)`` on a new private file beside ``path`` and move it onto ``path`` (``os.replace``): a
     symbolic link or any other file already at ``path`` is replaced, never written through. Returns ``path``, or
     None (nothing left behind) when ``write`` returned None."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".kvbench-cost-", suffix=path.suffix)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".kvbench-", suffix=path.suffix)
     os.fchmod(fd, 0o644)  # what a plain write would leave, not mkstemp's 0600
     os.close(fd)
     try:
@@ -308,18 +308,18 @@ def _write_costs(costs: pd.DataFrame, out: Path, prices: Prices, reuse: pd.DataF
     paths = []
     doc: dict[str, Any] = {"prices": dataclasses.asdict(prices)}
     if len(costs):
-        paths.append(_replacing(out / "cost.csv", lambda tmp: costs.to_csv(tmp, index=False) or tmp))
+        paths.append(replacing(out / "cost.csv", lambda tmp: costs.to_csv(tmp, index=False) or tmp))
         doc.update(verdicts=verdicts(costs), rows=json.loads(costs.to_json(orient="records")))
     if reuse is not None and len(reuse):
-        paths.append(_replacing(out / "reuse_cost.csv", lambda tmp: reuse.to_csv(tmp, index=False) or tmp))
+        paths.append(replacing(out / "reuse_cost.csv", lambda tmp: reuse.to_csv(tmp, index=False) or tmp))
         doc["reuse"] = json.loads(reuse.to_json(orient="records"))
     if server_load is not None and len(server_load):
-        paths.append(_replacing(out / "goodput.csv", lambda tmp: server_load.to_csv(tmp, index=False) or tmp))
+        paths.append(replacing(out / "goodput.csv", lambda tmp: server_load.to_csv(tmp, index=False) or tmp))
         doc["server_load"] = json.loads(server_load.to_json(orient="records"))
-    paths.append(_replacing(out / "cost.json", lambda tmp: tmp.write_text(json.dumps(doc, indent=2) + "\n")))
-    png = _replacing(out / "cost.png", lambda tmp: charts.cost_bars(costs, tmp)) if len(costs) else None
+    paths.append(replacing(out / "cost.json", lambda tmp: tmp.write_text(json.dumps(doc, indent=2) + "\n")))
+    png = replacing(out / "cost.png", lambda tmp: charts.cost_bars(costs, tmp)) if len(costs) else None
     return paths + ([png] if png is not None else [])
 
 
-__all__ = ["CostReport", "compute_costs", "cost_display", "cost_report", "failed_groups", "reuse_cost_display",
-           "reuse_verdicts", "verdicts", "what_if_lines", "write_costs"]
+__all__ = ["CostReport", "compute_costs", "cost_display", "cost_report", "failed_groups", "replacing",
+           "reuse_cost_display", "reuse_verdicts", "verdicts", "what_if_lines", "write_costs"]

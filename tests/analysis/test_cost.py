@@ -40,7 +40,7 @@ def test_cost_replaces_links_in_the_report_directory_and_never_writes_through_th
         assert (run / "report" / name).is_file() and not (run / "report" / name).is_symlink()
     assert json.loads((run / "report" / "cost.json").read_text())["prices"]["gpu_per_hour"] == 2.0
     assert oct((run / "report" / "cost.json").stat().st_mode & 0o777) == oct(0o644)
-    assert not [p for p in (run / "report").iterdir() if p.name.startswith(".kvbench-cost-")]
+    assert not [p for p in (run / "report").iterdir() if p.name.startswith(".kvbench-")]
 
 
 def test_cost_refuses_a_report_path_that_is_a_file_before_any_table_and_names_the_file_it_cannot_write(tmp_path):
@@ -57,7 +57,7 @@ def test_cost_refuses_a_report_path_that_is_a_file_before_any_table_and_names_th
     (run / "report" / "cost.json" / "x").mkdir(parents=True)
     r = CliRunner().invoke(app, ["cost", "--gpu-price", "2", str(run)])
     assert r.exit_code == 2 and f"cannot write {run / 'report' / 'cost.json'}: " in " ".join(r.stderr.split())
-    assert not [p for p in (run / "report").iterdir() if p.name.startswith(".kvbench-cost-")]
+    assert not [p for p in (run / "report").iterdir() if p.name.startswith(".kvbench-")]
 
 
 def test_cost_per_million_tokens_is_the_articles_what_if():

@@ -1,0 +1,146 @@
+"""Issue 31 (the field's formats), export: `kvbench report --format llm-d` writes one llm-d Benchmark Report v0.2.1
+per mode, each valid against the schema llm-d-benchmark publishes (tests/data/llmd/, with its source and commit)
+and against the unit groups its pydantic model checks, with kvbench's medians in it and kvbench's own figures
+under results.observability.kvbench; read back, the files give the same TTFT and TPOT medians."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import jsonschema
+import pytest
+from typer.testing import CliRunner
+
+from golden_run import RUN as GOLDEN
+from kvbench.analysis.cost import Prices
+from kvbench.analysis.peer_cost import peer_cost_table
+from kvbench.analysis.server_load import server_load_table
+from kvbench.cli import app
+from kvbench.errors import SymlinkRefused
+from kvbench.report.llmd import llmd_reports, statistics, write_llmd
+from kvbench.results.load import load_results
+from kvbench.results.peers import load_peers
+from fake_servers import fake_env, nothing_left_running, run, scenario  # noqa: F401
+
+SCHEMA = json.loads((Path(__file__).resolve().parents[1] / "data" / "llmd" / "br_v0_2_1_json_schema.json")
+                    .read_text())
+#: The unit groups llm-d's pydantic model (schema_v0_2.py, base.py) checks per field and the JSON schema does not.
+TIME, GEN_LATENCY, QUANTITY = {"ms", "s"}, {"ms/token", "s/token"}, {"count", "pixels"}
+UNIT_GROUPS = {"time_to_first_token": TIME, "request_latency": TIME, "time_per_output_token": GEN_LATENCY,
+               "normalized_time_per_output_token": GEN_LATENCY, "inter_token_latency": GEN_LATENCY,
+               "input_length": QUANTITY, "output_length": QUANTITY, "input_token_rate": {"tokens/s"},
+               "output_token_rate": {"tokens/s"}, "total_token_rate": {"tokens/s"}, "request_rate": {"queries/s"},
+               "cache_hit_rate": {"percent", "fraction"}, "cpu_memory_usage": {"bytes", "MiB", "GiB"},
+               "session_duration": TIME, "session_rate": {"queries/s"}, "events_per_session": QUANTITY,
+               "input_tokens_per_session": QUANTITY, "output_tokens_per_session": QUANTITY}
+
+
+def units_of(node, path=""):
+    """Every (field, units) pair below ``node``: a Statistics object's field name and its units."""
+    if isinstance(node, dict):
+        if "units" in node and "mean" in node:
+            yield path.rsplit(".", 1)[-1], node["units"]
+        for k, v in node.items():
+            if k not in ("native", "kvbench"):
+                yield from units_of(v, f"{path}.{k}" if path else k)
+    elif isinstance(node, list):
+        for v in node:
+            yield from units_of(v, path)
+
+
+@pytest.fixture(scope="module")
+def server_run(tmp_path_factory) -> Path:
+    """2 conversations × 2 turns on the fake llama-server: none and prefix-cache."""
+    tmp = tmp_path_factory.mktemp("llmd")
+    with fake_env(tmp / "record.jsonl"):
+        return run(tmp, scenario())
+
+
+def test_statistics_gives_the_higher_percentiles_of_the_values_it_has():
+    s = statistics([4.0, 1.0, None, 3.0, float("nan"), 2.0], "s", scale=10)
+    assert s == {"units": "s", "mean": 25.0, "stddev": pytest.approx(11.1803, abs=1e-4), "min": 10.0, "max": 40.0,
+                 "p10": 20.0, "p25": 20.0, "p50": 30.0, "p75": 40.0, "p90": 40.0, "p95": 40.0, "p99": 40.0}
+    assert statistics([None], "s") is None
+
+
+def test_every_report_of_a_server_run_is_valid_v0_2_1_with_the_field_units(server_run):
+    reports = llmd_reports(load_results(server_run))
+    assert [name for name, _ in reports] == ["fake/none", "fake/prefix-cache"]
+    validator = jsonschema.Draft202012Validator(SCHEMA)
+    for name, doc in reports:
+        assert not list(validator.iter_errors(doc)), name
+        seen = dict(units_of(doc["results"]))
+        assert {"time_to_first_token", "time_per_output_token", "inter_token_latency", "request_latency",
+                "output_token_rate", "session_duration", "cache_hit_rate"} <= set(seen), name
+        for field, units in seen.items():
+            assert units in UNIT_GROUPS[field], (name, field, units)
+        assert doc["version"] == "0.2.1"
+        engine = doc["scenario"]["stack"][0]
+        assert engine["standardized"]["kind"] == "inference_engine" and engine["standardized"]["tool"] == "llama.cpp"
+        assert engine["native"]["config"]["argv"][0].endswith("fake_llama_server.py")
+
+
+def test_a_report_holds_kvbench_s_figures_and_counts(server_run):
+    results = load_results(server_run)
+    reports = dict(llmd_reports(results, Prices(3.0)))
+    none, cache = reports["fake/none"], reports["fake/prefix-cache"]
+    agg = none["results"]["request_performance"]["aggregate"]
+    assert agg["requests"]["total"] == 4 and agg["requests"]["failures"] == 0
+    assert agg["requests"]["output_length"]["p50"] == 4
+    sessions = none["results"]["session_performance"]["sessions"]
+    assert (sessions["total"], sessions["succeeded"], sessions["total_events"]) == (2, 2, 4)
+    assert sessions["events_per_session"]["mean"] == 2
+    load = none["scenario"]["load"]["standardized"]
+    assert load["tool"] == "kvbench" and load["source"] == "sampled" and load["concurrency"] == 1
+    assert load["output_seq_len"] == {"distribution": "fixed", "value": 4}
+    ext = cache["results"]["observability"]["kvbench"]
+    trials = results.trials[results.trials["mode_label"] == "prefix-cache"]
+    assert ext["mode"] == {"label": "prefix-cache", "kind": "prefix-cache", "options": {}}
+    assert ext["cache"] == {"cached_prompt_tokens": int(trials["cached_prompt_tokens"].sum()),
+                            "prompt_tokens": int(trials["prompt_tokens"].sum())}
+    assert ext["exactness"]["compared"] == 4
+    rate = cache["results"]["request_performance"]["aggregate"]["throughput"]["output_token_rate"]["mean"]
+    assert ext["cost"]["usd_per_million_output_tokens"] == pytest.approx(3.0 / (rate * 3600) * 1e6)
+    hit = cache["results"]["observability"]["components"][0]["aggregate"]["cache_hit_rate"]
+    assert hit == {"units": "fraction", "mean": pytest.approx(ext["cache"]["cached_prompt_tokens"]
+                                                              / ext["cache"]["prompt_tokens"])}
+
+
+def test_exported_reports_read_back_with_kvbench_s_medians(server_run, tmp_path):
+    results = load_results(server_run)
+    files = write_llmd(results, tmp_path / "llmd")
+    assert [f.name for f in files] == ["fake__none.json", "fake__prefix-cache.json"]
+    load = server_load_table(results.trials).set_index("mode_label")
+    table = peer_cost_table(load_peers(files), Prices(2.0)).set_index("label")
+    for f, mode in zip(files, ("none", "prefix-cache")):
+        row = table.loc[f.name]
+        assert row["median_source"] == "file"
+        assert row["ttft_s_p50"] == load.loc[mode, "ttft_p50_s"]
+        assert row["tpot_s_p50"] == load.loc[mode, "tpot_p50_s"]
+        assert row["itl_s_p50"] == load.loc[mode, "itl_p50_s"]
+        assert row["output_tokens_per_s"] == pytest.approx(load.loc[mode, "throughput_wall_tokens_per_s"])
+
+
+def test_an_in_process_run_gives_one_report_per_point():
+    reports = llmd_reports(load_results(GOLDEN))
+    names = [n for n, _ in reports]
+    assert names and all("-p" in n and "-b" in n for n in names)
+    validator = jsonschema.Draft202012Validator(SCHEMA)
+    for name, doc in reports:
+        assert not list(validator.iter_errors(doc)), name
+        assert doc["scenario"]["stack"][0]["standardized"]["tool"] == "kvbench-transformers"
+
+
+def test_the_cli_writes_the_reports_and_refuses_a_symlinked_folder(server_run, tmp_path):
+    r = CliRunner().invoke(app, ["report", str(server_run), "--format", "llm-d", "--out", str(tmp_path / "o")])
+    assert r.exit_code == 0, r.output
+    assert sorted(p.name for p in (tmp_path / "o").iterdir()) == ["fake__none.json", "fake__prefix-cache.json"]
+    assert "2 llm-d Benchmark Reports (v0.2.1) in" in r.output
+    r = CliRunner().invoke(app, ["report", str(server_run), "--format", "csv"])
+    assert r.exit_code == 2 and "--format 'csv': one of kvbench, llm-d" in r.output
+    os.symlink(tmp_path / "elsewhere", tmp_path / "link")
+    with pytest.raises(SymlinkRefused):
+        write_llmd(load_results(server_run), tmp_path / "link")
+    assert not (tmp_path / "elsewhere").exists()
