@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import signal
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 from rich.markup import escape
@@ -63,6 +63,11 @@ def cost(
         return
     results, target = results_and_target(results, out_dir, "costing", "give result directories, or "
                                          "--base-throughput and --offload-throughput for a what-if", "cost files")
+    if _peer_files(results):
+        if max_ttft_ms is not None or max_tpot_ms is not None:
+            _fail("--max-ttft-ms and --max-tpot-ms apply to kvbench runs, not to other tools' result files")
+        _peer_cost(results, target, prices)
+        return
     loaded = _load(results)
     failed = rc.failed_groups(loaded.trials)
     if failed and len(failed) == loaded.trials["group"].nunique():  # nothing to cost: said, and nothing written
@@ -120,6 +125,45 @@ def cost(
     try:
         with handle_errors():
             files = rc.write_costs(rep.table, target, prices, rep.reuse, rep.server_load)
+    except KeyboardInterrupt:
+        err.print(f"interrupted while writing the cost files in {target}: each is whole, new or from before",
+                  highlight=False, markup=False)
+        raise typer.Exit(130) from None
+    out.print(f"cost: {', '.join(str(f) for f in files)}", highlight=False, markup=False)
+
+
+def _peer_files(paths: list[Path]) -> bool:
+    """Whether ``paths`` are other tools' result files (GuideLLM, AIPerf, vllm bench serve, llm-d reports); mixing
+    them with kvbench runs fails."""
+    from kvbench.results.peers import peer_runs
+
+    with handle_errors():
+        kinds = [peer_runs(p) is not None for p in paths]
+    if any(kinds) and not all(kinds):
+        _fail("give kvbench runs or other tools' result files, not both: "
+              + ", ".join(str(p) for p, k in zip(paths, kinds) if not k) + " is no peer result")
+    return all(kinds)
+
+
+def _peer_cost(paths: list[Path], target: Path, prices: Any) -> None:
+    """``kvbench cost`` of other tools' result files: the table, the lines against the first file, the notes."""
+    from kvbench.analysis.peer_cost import peer_cost_table
+    from kvbench.report.peer_cost import CAPTION, peer_cost_display, peer_notes, peer_verdicts, write_peer_costs
+    from kvbench.results.peers import load_peers
+
+    with handle_errors():
+        runs = load_peers(list(paths))
+        table = peer_cost_table(runs, prices)
+    out.print(_table(peer_cost_display(table), f"cost per 1M generated tokens at {prices.gpu_per_hour:g} USD per "
+                     f"GPU-hour (other tools' results; the first is the reference)", CAPTION,
+                     left=("file", "tool"), wrap=("file", "tool"), min_width={"file": 24, "tool": 16}))
+    for line in peer_verdicts(table):
+        out.print(f"  {escape(line)}", highlight=False)
+    for line in peer_notes(runs):
+        out.print(f"note: {escape(line)}", highlight=False)
+    try:
+        with handle_errors():
+            files = write_peer_costs(table, target, prices, runs)
     except KeyboardInterrupt:
         err.print(f"interrupted while writing the cost files in {target}: each is whole, new or from before",
                   highlight=False, markup=False)

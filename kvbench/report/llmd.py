@@ -231,7 +231,7 @@ def kvbench_extension(rows: pd.DataFrame, all_rows: pd.DataFrame, servers: list[
         "extension_version": EXTENSION_VERSION,
         "doc": "kvbench README, 'llm-d Benchmark Reports'",
         "mode": {"label": first["mode_label"], "kind": first["mode"], "options": first.get("mode_options") or {}},
-        "exactness": {"compared": int(compared.sum()), "equal_to_none": int((match == True).sum()),  # noqa: E712
+        "exactness": {"compared": int(compared.sum()), "equal_to_none": int(match.map(lambda v: v is True).sum()),
                       "first_divergence_steps": sorted(int(s) for s in steps)},
         "cold_start": {"first_requests": len(cold), "verified": sum(bool(r["cold_verified"]) for r in cold),
                        "reset_probes": [s["cold_probe"] for s in servers if s.get("cold_probe")]},
@@ -252,7 +252,8 @@ def kvbench_extension(rows: pd.DataFrame, all_rows: pd.DataFrame, servers: list[
         "cost": {"gpu_usd_per_hour": prices.gpu_per_hour,
                  "usd_per_million_output_tokens": prices.per_million(throughput) if throughput > 0 else None,
                  "basis": "output_token_rate of this report; no host or disk memory charged"},
-        "machine_busy_requests": int((rows["machine_busy"] == True).sum()) if "machine_busy" in rows else 0,  # noqa: E712
+        "machine_busy_requests": int(rows["machine_busy"].map(lambda v: v is True).sum())
+        if "machine_busy" in rows else 0,
         "failed_requests": int((~all_rows["status"].isin(MEASURED)).sum()),
     }
     return ext

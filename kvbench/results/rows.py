@@ -261,7 +261,7 @@ class Metric:
     for different things: GuideLLM's ``time_per_output_token_ms`` includes TTFT (it is an NTPOT), AIPerf's
     ``inter_token_latency`` is vLLM's TPOT, inference-perf's ``inter_token_latency`` gives the tokens of one chunk
     gaps of 0 s. Read in their sources: vLLM ``vllm/benchmarks/serve.py`` (``calculate_metrics``), GuideLLM
-    ``src/guidellm/schemas/request_stats.py``, AIPerf ``aiperf/metrics/types/``, inference-perf
+    ``guidellm/schemas/base/request_stats.py`` (0.8), AIPerf ``aiperf/metrics/types/``, inference-perf
     ``inference_perf/reportgen/base.py``."""
 
     name: str
@@ -295,7 +295,7 @@ METRICS = (
     Metric("request_rate_wall_per_s", "requests/s", "measured requests ÷ the load's wall-clock seconds",
            "server_load", "request_throughput", "requests_per_second", "request_throughput", "requests_per_sec"),
     Metric("goodput_wall_per_s", "requests/s", "requests whose TTFT and TPOT meet the SLOs ÷ the load's "
-           "wall-clock seconds", "server_load", "request_goodput", "-", "goodput", "request_goodput"),
+           "wall-clock seconds", "server_load", "request_goodput", "request_goodput", "goodput", "request_goodput"),
     Metric("cached_token_share", "", "Σ cached prompt tokens ÷ Σ prompt tokens of a mode's requests "
            "(token-weighted hit rate)", "server_load", "-", "-",
            "overall_usage_prompt_cache_read_pct (percent; newer builds)",

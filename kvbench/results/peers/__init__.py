@@ -1,0 +1,114 @@
+"""Result files of the field's other tools, read into kvbench's names and units: GuideLLM (JSON or YAML), AIPerf
+(its artifact folder, ``profile_export.jsonl``, ``profile_export_aiperf.json``), ``vllm bench serve
+--save-result [--save-detailed]`` JSON and llm-d Benchmark Reports (v0.2, v0.2.1; JSON or YAML). Each becomes
+one or more :class:`~kvbench.results.peers.common.PeerRun` (per request where the file has them, else
+aggregates, said in its notes), normalised through the metric dictionary (:data:`kvbench.results.rows.METRICS`):
+GuideLLM's TPOT includes TTFT (kvbench's NTPOT), AIPerf's ITL is vLLM's TPOT."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+
+from kvbench.errors import BadFile, ResultsError
+from kvbench.results.peers import aiperf
+from kvbench.results.peers.common import LATENCIES, PeerRun
+from kvbench.results.peers.guidellm import is_guidellm, read_guidellm
+from kvbench.results.peers.llmd import is_llmd_report, read_llmd
+from kvbench.results.peers.vllm_bench import is_vllm_bench, read_vllm_bench
+from kvbench.safe_read import MAX_RUN_JSON_BYTES, read_json_file, read_regular, too_deep
+
+#: The tools whose files kvbench reads, as :attr:`PeerRun.tool` names them.
+TOOLS = ("guidellm", "aiperf", "vllm bench serve", "llm-d report")
+
+
+def _parse(path: Path) -> object:
+    """The JSON or YAML document in ``path`` (by its suffix; YAML loaded safely: no tags, no objects).
+
+    Raises:
+        ResultsError: not readable, too large, not UTF-8, not valid JSON/YAML, or nested too deeply.
+    """
+    try:
+        if path.suffix.lower() in (".yaml", ".yml"):
+            raw = read_regular(path, MAX_RUN_JSON_BYTES)
+            if len(raw) > MAX_RUN_JSON_BYTES:
+                raise BadFile(f"{path}: the file is over {MAX_RUN_JSON_BYTES:,} bytes")
+            try:
+                data = yaml.safe_load(raw.decode("utf-8-sig"))
+            except UnicodeDecodeError as exc:
+                raise BadFile(f"{path}: not UTF-8 text (byte {exc.start})") from None
+            except (yaml.YAMLError, RecursionError) as exc:
+                raise BadFile(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+            if too_deep(data):
+                raise BadFile(f"{path}: nested too deeply")
+            return data
+        return read_json_file(path)
+    except BadFile as exc:
+        raise ResultsError(str(exc)) from None
+
+
+def _first_line(path: Path) -> object:
+    try:
+        with open(path, "rb") as f:
+            line = f.readline(1 << 20)
+        return json.loads(line.decode("utf-8-sig"))
+    except (OSError, ValueError):
+        return None
+
+
+def peer_runs(path: str | Path) -> list[PeerRun] | None:
+    """The runs in ``path`` when it is a peer tool's result file (or an AIPerf artifact folder); None when it is
+    none of theirs (a kvbench run, or anything else).
+
+    Raises:
+        ResultsError: a peer file that cannot be read or is not of its tool's shape (naming the file and key).
+    """
+    p = Path(path)
+    if p.is_dir():
+        if (p / "trials.jsonl").exists():
+            return None
+        if (p / aiperf.RECORDS).is_file() or (p / aiperf.SUMMARY).is_file():
+            return [aiperf.read_aiperf(p)]
+        return None
+    if not p.is_file():
+        return None
+    suffix = p.suffix.lower()
+    if suffix == ".jsonl":
+        return [aiperf.read_aiperf(p)] if aiperf.is_aiperf_record(_first_line(p)) else None
+    if suffix not in (".json", ".yaml", ".yml"):
+        return None
+    data = _parse(p)
+    if is_guidellm(data):
+        return read_guidellm(p, data)
+    if aiperf.is_aiperf_summary(data):
+        return [aiperf.read_aiperf(p)]
+    if is_vllm_bench(data):
+        return [read_vllm_bench(p, data)]
+    if is_llmd_report(data):
+        return [read_llmd(p, data)]
+    return None
+
+
+def load_peers(paths: list[str | Path]) -> list[PeerRun]:
+    """The runs of every path in ``paths``, in order (:func:`peer_runs`).
+
+    Raises:
+        ResultsError: a path that does not exist, one that is no result of GuideLLM, AIPerf, ``vllm bench serve``
+            or an llm-d report (naming it and what kvbench reads), or one that cannot be read.
+    """
+    runs: list[PeerRun] = []
+    for path in paths:
+        if not Path(path).exists():
+            raise ResultsError(f"{path}: no such file or directory")
+        found = peer_runs(path)
+        if found is None:
+            raise ResultsError(f"{path}: not a result file kvbench imports (GuideLLM JSON/YAML, AIPerf's "
+                               "profile_export.jsonl or profile_export_aiperf.json, vllm bench serve JSON, "
+                               "llm-d Benchmark Report)")
+        runs += found
+    return runs
+
+
+__all__ = ["LATENCIES", "PeerRun", "TOOLS", "load_peers", "peer_runs"]

@@ -1,0 +1,82 @@
+"""llm-d Benchmark Reports (v0.2 and v0.2.1, JSON or YAML) read as aggregates-only
+:class:`~kvbench.results.peers.common.PeerRun` objects: a report holds statistics, never requests.
+
+Units are read from each Statistics object (``ms``/``s``, ``ms/token``/``s/token``). llm-d's own GuideLLM
+converter writes GuideLLM's ``time_per_output_token_ms`` (TTFT included) as ``time_per_output_token``: where the
+load generator is GuideLLM that figure is read as NTPOT, and said so.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from kvbench.errors import ResultsError
+from kvbench.results.peers.common import Doc, PeerRun, requests_frame
+
+TOOL = "llm-d report"
+VERSIONS = ("0.2", "0.2.1")
+#: Seconds per unit of a latency's ``units``.
+UNITS = {"ms": 1e-3, "s": 1.0, "ms/token": 1e-3, "s/token": 1.0}
+
+
+def is_llmd_report(data: Any) -> bool:
+    """A parsed document is an llm-d Benchmark Report (version 0.2 or 0.2.1)."""
+    return (isinstance(data, dict) and str(data.get("version")) in VERSIONS and isinstance(data.get("run"), dict)
+            and isinstance(data.get("results"), dict))
+
+
+def _stats(s: Doc) -> dict[str, float]:
+    units = s.text("units")
+    if units not in UNITS:
+        raise ResultsError(f"{s.file}: {s.where}.units: {units!r} is not a unit of time ({', '.join(UNITS)})")
+    return {k: v * UNITS[units] for k in ("p50", "mean", "p90", "p99")
+            if (v := s.number(k, optional=True)) is not None}
+
+
+def read_llmd(path: Path, data: Any) -> PeerRun:
+    """The aggregates of the Benchmark Report ``data`` (parsed from ``path``).
+
+    Raises:
+        kvbench.errors.ResultsError: a key the schema declares that is missing or of another type, or a unit the
+            field cannot have (naming the file and the key path).
+    """
+    doc = Doc(path, data)
+    load = doc.at("scenario", "load", "standardized", optional=True)
+    tool = load.text("tool", optional=True) if load is not None else None
+    agg = doc.at("results", "request_performance", "aggregate", optional=True)
+    aggregates: dict[str, dict[str, float]] = {}
+    notes = ["an llm-d report holds aggregates only: no requests to pair"]
+    rate = None
+    if agg is not None:
+        lat = agg.at("latency", optional=True)
+        guidellm_tpot = (tool or "").lower().startswith("guidellm")
+        names = {"time_to_first_token": "ttft_s", "normalized_time_per_output_token": "ntpot_s",
+                 "time_per_output_token": "ntpot_s" if guidellm_tpot else "tpot_s",
+                 "inter_token_latency": "tpot_s" if guidellm_tpot else "itl_s", "request_latency": "e2e_s"}
+        if guidellm_tpot:
+            notes.append("load by GuideLLM: its time_per_output_token includes TTFT, read as NTPOT; its "
+                         "inter_token_latency (decode only) as TPOT")
+        for field, name in names.items():
+            s = lat.at(field, optional=True) if lat is not None else None
+            if s is not None:
+                aggregates.setdefault(name, _stats(s))
+        out = agg.at("throughput", "output_token_rate", optional=True)
+        if out is not None:
+            if out.text("units") != "tokens/s":
+                raise ResultsError(f"{path}: {out.where}.units: must be 'tokens/s', not {out.data.get('units')!r}")
+            rate = out.number("mean")
+    conc = load.at("concurrency", optional=True) if load is not None else None
+    concurrency = int(conc.data) if conc is not None and isinstance(conc.data, int) else None
+    ext = doc.at("results", "observability", "kvbench", optional=True)
+    label = path.name
+    mode = ext.text("mode", "label") if ext is not None and ext.at("mode", "label", optional=True) else None
+    if mode is not None and mode not in label:
+        label += f" ({mode})"
+    version = load.text("tool_version", optional=True) if load is not None else None
+    return PeerRun(path=path, tool=TOOL, tool_version=f"{tool} {version}".strip() if tool else None, label=label,
+                   requests=requests_frame([]), aggregates=aggregates, output_tokens_per_s=rate,
+                   concurrency=concurrency, notes=notes)
+
+
+__all__ = ["TOOL", "VERSIONS", "is_llmd_report", "read_llmd"]

@@ -1,0 +1,162 @@
+"""Issue 31 (the field's formats), import: other tools' result files that are not what those tools write are
+refused with the file and the key path; the comparison of two files is paired, unpaired or inconclusive as the
+files allow; the numbers are kvbench's definitions whatever a tool calls them. Real files of the tools are in
+tests/results/test_peer_fixtures.py."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from kvbench.analysis.cost import Prices
+from kvbench.analysis.peer_cost import compare, medians, peer_cost_table
+from kvbench.cli import app
+from kvbench.errors import ResultsError
+from kvbench.results.peers import load_peers, peer_runs
+from kvbench.results.peers.common import PeerRun, requests_frame
+
+
+def vllm_doc(ttfts, latencies, outs, **over) -> dict:
+    """A ``vllm bench serve --save-detailed`` result of these requests (seconds, tokens)."""
+    n = len(ttfts)
+    doc = {"backend": "openai", "num_prompts": n, "max_concurrency": 1, "output_throughput": 10.0,
+           "median_ttft_ms": 1000 * sorted(ttfts)[n // 2], "ttfts": ttfts, "latencies": latencies,
+           "input_lens": [100] * n, "output_lens": outs, "itls": [[0.01] * (o - 1) for o in outs],
+           "start_times": [float(k) for k in range(n)], "errors": [""] * n}
+    return {**doc, **over}
+
+
+def write(path: Path, doc) -> Path:
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def run_of(e2e: list[float], tokens: int = 10, keys=None, pairing="prompt text", concurrency=1) -> PeerRun:
+    rows = [{"key": (keys[k] if keys else f"p{k}"), "prompt_tokens": 100, "n_output_tokens": tokens, "ttft_s": 0.1,
+             "tpot_s": None, "ntpot_s": None, "e2e_s": v, "itl_s": None, "start_s": float(k),
+             "cached_prompt_tokens": None, "ok": True} for k, v in enumerate(e2e)]
+    return PeerRun(Path("x.json"), "test", None, "x", requests_frame(rows), output_tokens_per_s=tokens / e2e[0],
+                   concurrency=concurrency, pairing=pairing)
+
+
+def test_a_vllm_file_becomes_requests_in_kvbench_definitions(tmp_path):
+    f = write(tmp_path / "v.json", vllm_doc([0.5, 0.3, 0.4], [1.5, 1.3, 1.4], [11, 11, 11]))
+    (run,) = load_peers([f])
+    assert run.tool == "vllm bench serve" and run.pairing == "request index" and run.concurrency == 1
+    r = run.requests
+    assert list(r["key"]) == ["#0", "#1", "#2"] and list(r["start_s"]) == [0.0, 1.0, 2.0]
+    assert r["tpot_s"].tolist() == pytest.approx([0.1, 0.1, 0.1])  # (e2e − TTFT) ÷ (n − 1)
+    assert r["ntpot_s"].tolist() == pytest.approx([1.5 / 11, 1.3 / 11, 1.4 / 11])
+    m = medians(run)
+    assert (m["ttft_s_p50"], m["e2e_s_p50"], m["itl_s_p50"], m["median_source"]) == (0.4, 1.4, 0.01, "requests")
+    assert run.aggregates["ttft_s"]["p50"] == pytest.approx(0.4)
+
+
+@pytest.mark.parametrize("edit, message", [
+    ({"ttfts": [0.5, "x"]}, "v.json: ttfts[1]: must be a number, not 'x'"),
+    ({"latencies": [1.0]}, "v.json: latencies: holds 1 values where ttfts holds 2"),
+    ({"output_lens": [3, 2.5]}, "v.json: output_lens[1]: must be a whole number, not 2.5"),
+    ({"ttfts": {"a": 1}}, "v.json: ttfts: must be a list, not dict"),
+    ({"output_throughput": float("inf")}, None),
+])
+def test_a_vllm_file_that_is_not_what_vllm_writes_is_refused_naming_the_key(tmp_path, edit, message):
+    doc = {**vllm_doc([0.5, 0.3], [1.5, 1.3], [3, 3]), **edit}
+    f = tmp_path / "v.json"
+    f.write_text(json.dumps(doc).replace("Infinity", "1e999"))
+    if message is None:  # a tool's non-finite figure is left out, not taken
+        assert load_peers([f])[0].output_tokens_per_s is None
+        return
+    with pytest.raises(ResultsError) as e:
+        load_peers([f])
+    assert str(e.value) == f"{tmp_path}/{message}"
+
+
+def test_files_that_are_no_peer_result_are_named_and_a_kvbench_run_is_not_taken_for_one(tmp_path):
+    f = write(tmp_path / "other.json", {"hello": 1})
+    assert peer_runs(f) is None
+    with pytest.raises(ResultsError, match=r"other.json: not a result file kvbench imports \(GuideLLM"):
+        load_peers([f])
+    with pytest.raises(ResultsError, match="nope.json: no such file or directory"):
+        load_peers([tmp_path / "nope.json"])
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "trials.jsonl").write_text("")
+    assert peer_runs(tmp_path / "run") is None
+    (tmp_path / "bad.yaml").write_text("a: [1, 2\n")
+    with pytest.raises(ResultsError, match=r"bad.yaml: not valid YAML"):
+        peer_runs(tmp_path / "bad.yaml")
+    (tmp_path / "tag.yaml").write_text("!!python/object/apply:os.system ['true']\n")
+    with pytest.raises(ResultsError, match="tag.yaml: not valid YAML"):
+        peer_runs(tmp_path / "tag.yaml")
+
+
+def test_an_llmd_report_with_a_unit_its_field_cannot_have_is_refused(tmp_path):
+    doc = {"version": "0.2.1", "run": {"uid": "u"}, "results": {"request_performance": {"aggregate": {
+        "requests": {"total": 1}, "latency": {"time_to_first_token": {"units": "tokens/s", "mean": 1.0}}}}}}
+    with pytest.raises(ResultsError) as e:
+        load_peers([write(tmp_path / "r.json", doc)])
+    assert str(e.value) == (f"{tmp_path}/r.json: results.request_performance.aggregate.latency.time_to_first_token"
+                            ".units: 'tokens/s' is not a unit of time (ms, s, ms/token, s/token)")
+
+
+def test_an_llmd_report_of_guidellm_reads_its_tpot_as_ntpot(tmp_path):
+    doc = {"version": "0.2", "run": {"uid": "u"}, "scenario": {"load": {"standardized": {
+        "tool": "guidellm", "tool_version": "0.8.1", "source": "random",
+        "input_seq_len": {"distribution": "fixed", "value": 10}}, "metadata": {}, "native": {}}},
+        "results": {"request_performance": {"aggregate": {"requests": {"total": 1}, "latency": {
+            "time_to_first_token": {"units": "ms", "mean": 100, "p50": 90},
+            "time_per_output_token": {"units": "ms/token", "mean": 30, "p50": 25},
+            "inter_token_latency": {"units": "ms/token", "mean": 20, "p50": 19}},
+            "throughput": {"output_token_rate": {"units": "tokens/s", "mean": 40}}}}}}
+    (run,) = load_peers([write(tmp_path / "g.json", doc)])
+    m = medians(run)
+    assert (m["ttft_s_p50"], m["ntpot_s_p50"], m["tpot_s_p50"]) == pytest.approx((0.09, 0.025, 0.019))
+    assert math.isnan(m["itl_s_p50"]) and m["median_source"] == "file"
+    assert any("includes TTFT" in n for n in run.notes) and run.tool_version == "guidellm 0.8.1"
+
+
+def test_paired_files_give_an_interval_over_the_pairs():
+    ref = run_of([2.0, 2.2, 1.8, 2.1, 1.9, 2.0])
+    cached = run_of([1.0, 1.1, 0.9, 1.05, 0.95, 1.0])
+    c = compare(ref, cached)
+    assert c["comparison"] == "paired by prompt text" and c["pairs"] == 6
+    assert c["saving_pct"] == pytest.approx(50.0) and 45 < c["saving_ci_low"] <= 50 <= c["saving_ci_high"] < 55
+    assert c["verdict"] == ""
+
+
+def test_files_whose_requests_do_not_match_are_compared_unpaired_and_few_requests_decide_nothing():
+    ref = run_of([2.0] * 6, keys=list("abcdef"))
+    other = run_of([1.0] * 4, keys=list("uvwx"))
+    c = compare(ref, other)
+    assert (c["comparison"], c["pairs"], c["saving_pct"]) == ("unpaired", 4, 50.0)
+    assert c["verdict"] == "inconclusive: 4 pairs, need 5"
+    assert compare(ref, run_of([1.0] * 6, concurrency=4))["verdict"] == "inconclusive: concurrency 4 vs 1"
+    noise = compare(run_of([1.0, 2.0, 1.0, 2.0, 1.0, 2.0]), run_of([2.0, 1.0, 2.0, 1.0, 2.0, 1.0]))
+    assert noise["verdict"] == "inconclusive: the interval includes no change"
+
+
+def test_the_cli_costs_peer_files_and_refuses_a_mix_with_kvbench_runs(tmp_path):
+    from golden_run import RUN
+
+    a = write(tmp_path / "a.json", vllm_doc([0.5] * 6, [2.0, 2.1, 1.9, 2.0, 2.2, 1.8], [11] * 6,
+                                          output_throughput=5.0))
+    b = write(tmp_path / "b.json", vllm_doc([0.1] * 6, [1.0, 1.05, 0.95, 1.0, 1.1, 0.9], [11] * 6,
+                                          output_throughput=10.0))
+    r = CliRunner().invoke(app, ["cost", "--gpu-price", "2", str(a), str(b), "--out", str(tmp_path / "o")],
+                           terminal_width=200)
+    assert r.exit_code == 0, r.output
+    assert "111.11" in r.output and "55.56" in r.output  # 2 USD ÷ (5 tokens/s × 3600) × 1e6; at 10 tokens/s
+    assert "b.json against tmp" not in r.output
+    assert ("b.json against " in r.output and "+50% [" in r.output and "(6 pairs, paired by request index): cheaper "
+            "(their files do not record the machine's load)" in " ".join(r.output.split()))
+    table = pd.read_csv(tmp_path / "o" / "peer_cost.csv")
+    assert table["usd_per_million"].round(2).tolist() == [111.11, 55.56]
+    r = CliRunner().invoke(app, ["cost", "--gpu-price", "2", str(a), str(RUN)])
+    assert r.exit_code == 2 and "give kvbench runs or other tools' result files, not both" in r.output
+    r = CliRunner().invoke(app, ["cost", "--gpu-price", "2", str(a), "--max-ttft-ms", "100"])
+    assert r.exit_code == 2 and "apply to kvbench runs" in r.output
+    assert peer_cost_table(load_peers([a]), Prices(2.0))["reference"].tolist() == [True]
