@@ -35,6 +35,7 @@ _ENTRYPOINTS = {
     "cost_report": "kvbench.report.cost",
     "break_even_report": "kvbench.report.break_even",
     "write_llmd": "kvbench.report.llmd",
+    "peer_cost_report": "kvbench.report.peer_cost",
     "Prices": "kvbench.analysis.cost",
 }
 
