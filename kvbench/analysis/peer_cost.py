@@ -82,8 +82,9 @@ def compare(reference: PeerRun, run: PeerRun) -> dict[str, Any]:
     a, b = _usable(reference), _usable(run)
     rng = np.random.default_rng(SEED)
     paired = reference.pairing == run.pairing and reference.pairing in ("prompt text", "request index")
-    pairs = a.merge(b, on=["key", "occurrence"], suffixes=("_a", "_b")) if paired else pd.DataFrame()
-    if paired and len(pairs) and pairs["key"].notna().all():
+    pairs = (a[a["key"].notna()].merge(b[b["key"].notna()], on=["key", "occurrence"], suffixes=("_a", "_b"))
+             if paired else pd.DataFrame())
+    if len(pairs):
         ea, ta = pairs["e2e_s_a"].to_numpy(float), pairs["n_output_tokens_a"].to_numpy(float)
         eb, tb = pairs["e2e_s_b"].to_numpy(float), pairs["n_output_tokens_b"].to_numpy(float)
         draws = rng.integers(0, len(pairs), size=(N_BOOT, len(pairs)))
