@@ -28,6 +28,7 @@ import pandas as pd
 from kvbench.arguments import paths_arg
 from kvbench.errors import BadFile, ForeignRow, RecordError, ResultsError
 from kvbench.results.frame import prepare_trials
+from kvbench.results.peers import peer_hint
 from kvbench.results.read import read_rows
 from kvbench.results.record import SCHEMA_VERSION, check_run_meta
 from kvbench.results.rows import retry_due
@@ -116,15 +117,15 @@ def _trial_files(paths: list[str | Path]) -> list[Path]:
         if not p.exists():
             raise ResultsError(f"{p}: no such file or directory")
         if p.is_file():
-            if p.suffix != ".jsonl":
-                raise ResultsError(f"{p}: not a trials.jsonl file or a run directory")
+            if p.suffix != ".jsonl" or peer_hint(p):
+                raise ResultsError(f"{p}: not a trials.jsonl file or a run directory{peer_hint(p)}")
             found.append(p)
         elif (p / "trials.jsonl").is_file():
             found.append(p / "trials.jsonl")
         else:
             inside = sorted(p.rglob("trials.jsonl"))
             if not inside:
-                raise ResultsError(f"{p}: no kvbench runs here (no trials.jsonl in it or below it)")
+                raise ResultsError(f"{p}: no kvbench runs here (no trials.jsonl in it or below it){peer_hint(p)}")
             found.extend(inside)
     unique: dict[Path, Path] = {}
     for f in found:

@@ -91,6 +91,16 @@ def peer_runs(path: str | Path) -> list[PeerRun] | None:
     return None
 
 
+def peer_hint(path: str | Path) -> str:
+    """What to say of a path a reader of kvbench runs was given: ``"; it is <tool>'s result: kvbench cost reads
+    it"`` when it is a peer tool's result file or folder, else ``""`` (also when it cannot be read)."""
+    try:
+        found = peer_runs(path)
+    except ResultsError:
+        return ""
+    return f"; it is {found[0].tool}'s result: kvbench cost reads it" if found else ""
+
+
 def load_peers(paths: list[str | Path]) -> list[PeerRun]:
     """The runs of every path in ``paths``, in order (:func:`peer_runs`).
 
@@ -111,4 +121,4 @@ def load_peers(paths: list[str | Path]) -> list[PeerRun]:
     return runs
 
 
-__all__ = ["LATENCIES", "PeerRun", "TOOLS", "load_peers", "peer_runs"]
+__all__ = ["LATENCIES", "PeerRun", "TOOLS", "load_peers", "peer_hint", "peer_runs"]
