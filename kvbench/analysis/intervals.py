@@ -232,7 +232,8 @@ def judge(pairs: int, busy_trials: int, load_unknown: int, low: float, high: flo
     if pairs < MIN_PAIRS:
         return f"inconclusive: {pairs} pair{'s' if pairs != 1 else ''}, need {MIN_PAIRS}"
     if units is not None and units[0] < MIN_PAIRS:
-        name = units[1] if units[0] != 1 else units[1].removesuffix("s")
+        name = units[1] if units[0] != 1 else (units[1].removesuffix("es") if units[1].endswith("xes")
+                                                else units[1].removesuffix("s"))
         return f"inconclusive: {units[0]} {name}, need {MIN_PAIRS}"
     if busy_trials:
         return f"inconclusive: the machine was busy during {busy_trials} of {trials} trials"

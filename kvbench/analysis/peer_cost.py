@@ -62,14 +62,16 @@ def _usable(run: PeerRun) -> pd.DataFrame:
     return r
 
 
-def compare(reference: PeerRun, run: PeerRun) -> dict[str, Any]:
+def compare(reference: PeerRun, run: PeerRun, prefix_chars: int | None = None) -> dict[str, Any]:
     """``run`` against ``reference``: ``saving_pct`` (see the module docstring) with ``saving_ci_low`` and
     ``saving_ci_high`` (95%, NaN without requests), ``pairs`` (matched requests; unpaired: the smaller file's
     requests), ``comparison`` (how: ``paired by prompt text``, ``paired by request index``, ``unpaired``,
     ``throughputs only``) and ``verdict`` (:func:`kvbench.analysis.intervals.judge`'s reason it is inconclusive,
-    or ``""``)."""
+    or ``""``). With ``prefix_chars`` (a shared-prefix workload) paired requests are grouped by the first so many
+    characters of their prompt (their prefix) and the interval resamples whole prefixes, as ``kvbench map`` draws
+    by prefix: ``prefixes`` is how many there were (None without)."""
     out: dict[str, Any] = {"saving_pct": math.nan, "saving_ci_low": math.nan, "saving_ci_high": math.nan,
-                           "pairs": 0}
+                           "pairs": 0, "prefixes": None}
     conc_differ = (reference.concurrency is not None and run.concurrency is not None
                    and reference.concurrency != run.concurrency)
     if not (reference.per_request and run.per_request) or conc_differ:
@@ -87,8 +89,18 @@ def compare(reference: PeerRun, run: PeerRun) -> dict[str, Any]:
     if len(pairs):
         ea, ta = pairs["e2e_s_a"].to_numpy(float), pairs["n_output_tokens_a"].to_numpy(float)
         eb, tb = pairs["e2e_s_b"].to_numpy(float), pairs["n_output_tokens_b"].to_numpy(float)
-        draws = rng.integers(0, len(pairs), size=(N_BOOT, len(pairs)))
-        boot = 100 * (1 - (eb[draws].sum(1) / tb[draws].sum(1)) / (ea[draws].sum(1) / ta[draws].sum(1)))
+        heads = pairs["prompt_head_a"] if "prompt_head_a" in pairs else pd.Series(dtype=object)
+        if prefix_chars is not None and len(heads) and heads.notna().all():
+            groups = pd.factorize(heads.str[:prefix_chars])[0]
+            members = [np.flatnonzero(groups == g) for g in range(groups.max() + 1)]
+            out["prefixes"] = len(members)
+            boot = np.empty(N_BOOT)
+            for k, pick in enumerate(rng.integers(0, len(members), size=(N_BOOT, len(members)))):
+                at = np.concatenate([members[g] for g in pick])
+                boot[k] = 100 * (1 - (eb[at].sum() / tb[at].sum()) / (ea[at].sum() / ta[at].sum()))
+        else:
+            draws = rng.integers(0, len(pairs), size=(N_BOOT, len(pairs)))
+            boot = 100 * (1 - (eb[draws].sum(1) / tb[draws].sum(1)) / (ea[draws].sum(1) / ta[draws].sum(1)))
         n, how = len(pairs), f"paired by {reference.pairing}"
         point = 100 * (1 - _seconds_per_token(eb, tb) / _seconds_per_token(ea, ta))
     else:
@@ -102,7 +114,8 @@ def compare(reference: PeerRun, run: PeerRun) -> dict[str, Any]:
         n, how = min(len(ea), len(eb)), "unpaired"
         point = 100 * (1 - _seconds_per_token(eb, tb) / _seconds_per_token(ea, ta))
     low, high = np.percentile(boot, [2.5, 97.5])
-    verdict = judge(n, 0, 0, float(low), float(high), no_change=0.0)
+    units = (out["prefixes"], "prefixes") if out["prefixes"] is not None else None
+    verdict = judge(n, 0, 0, float(low), float(high), no_change=0.0, units=units)
     return dict(out, saving_pct=point, saving_ci_low=float(low), saving_ci_high=float(high), pairs=n,
                 comparison=how, verdict=verdict)
 

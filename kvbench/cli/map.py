@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import signal
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 from rich.markup import escape
 
 from kvbench.cli.common import (_fail, _load, _problems, _table, _terminated, err, handle_errors, out,
                                 results_and_target)
-from kvbench.cli.cost import FLAGS
+from kvbench.cli.cost import FLAGS, _peer_files
 
 
 #: Library argument → flag, for the messages of :class:`kvbench.errors.BadParameter`.
@@ -68,6 +68,9 @@ def map_(
         check_map_arguments(prices, share_values, context_values, host_tier)
     results, target = results_and_target(results, out_dir, "mapping", "give the run directories of a "
                                          "shared_prefix scenario (e.g. scenarios/break_even.yaml)", "map's files")
+    if _peer_files(results):
+        _peer_map(results, target, prices)
+        return
     loaded = _load(results)
     with handle_errors(MAP_FLAGS):
         m = break_even_map(loaded.trials, prices, share_values, context_values, host_tier)
@@ -106,6 +109,36 @@ def map_(
     try:
         with handle_errors():
             files = write_map(m, target, prices)
+    except KeyboardInterrupt:
+        err.print(f"interrupted while writing the map's files in {target}: each is whole, new or from before",
+                  highlight=False, markup=False)
+        raise typer.Exit(130) from None
+    out.print(f"map: {', '.join(str(f) for f in files)}", highlight=False, markup=False)
+
+
+def _peer_map(paths: list[Path], target: Path, prices: Any) -> None:
+    """``kvbench map`` of other tools' shared-prefix result files: the measured cells, what was not mapped."""
+    from kvbench.analysis.peer_map import peer_map
+    from kvbench.report.peer_cost import MAP_CAPTION, peer_map_display, peer_notes, write_peer_map
+    from kvbench.results.peers import load_peers
+
+    with handle_errors():
+        runs = load_peers(list(paths))
+        table, lines = peer_map(runs, prices)
+    if table.empty:
+        _fail("nothing to map: " + "; ".join(lines))
+    out.print(_table(peer_map_display(table), f"break-even map of other tools' results at {prices.gpu_per_hour:g} "
+                     "USD per GPU-hour (measured cells only)", MAP_CAPTION, left=("tool", "restore", "recompute"),
+                     wrap=("restore", "recompute"), min_width={"restore": 14, "recompute": 14}))
+    for r in table.to_dict("records"):
+        said = r["why"] if r["why"].startswith(r["map_label"]) else f"{r['map_label']} ({r['why']})"
+        out.print(f"  {r['tool']}, {r['prompt_tokens']} tokens, {r['shared_pct']}% shared: {said}", highlight=False,
+                  markup=False)
+    for line in lines + [f"note: {n}" for n in peer_notes(runs)]:
+        out.print(line, highlight=False, markup=False)
+    try:
+        with handle_errors():
+            files = write_peer_map(table, lines, target, prices)
     except KeyboardInterrupt:
         err.print(f"interrupted while writing the map's files in {target}: each is whole, new or from before",
                   highlight=False, markup=False)

@@ -100,6 +100,46 @@ def write_peer_costs(table: pd.DataFrame, out_dir: str | Path, prices: Prices, r
         raise UnwritableOutput(exc.filename or out, exc.strerror or str(exc)) from exc
 
 
+MAP_CAPTION = ("per tool and cell (prompt tokens × shared share × prefixes in rotation, from the tool's own "
+               "configuration), the first file given is recompute, a later one restore; saving = 1 − restore's "
+               "request seconds per generated token ÷ recompute's, with its 95% interval drawn by prefix; pays or "
+               "loses only with ≥ 5 pairs from ≥ 5 prefixes and an interval that excludes 0")
+
+
+def peer_map_display(table: pd.DataFrame) -> pd.DataFrame:
+    """:func:`kvbench.analysis.peer_map.peer_map`'s cells as text cells."""
+    return pd.DataFrame([{
+        "tool": r["tool"], "prompt": f"{r['prompt_tokens']}", "shared %": f"{r['shared_pct']}",
+        "prefixes": f"{r['prefixes']}", "restore": r["label"], "recompute": r["reference"],
+        "TTFT ÷": number(r["ttft_ratio"], ".2f"),
+        "USD/1M": (f"{number(r['recompute_usd_per_million'], ',.2f')} → "
+                   f"{number(r['restore_usd_per_million'], ',.2f')}"),
+        "saving %": pct_interval(r["saving_pct"], r["saving_ci_low"], r["saving_ci_high"], 1).replace("%", ""),
+        "pairs": f"{int(r['pairs'])}", "label": r["map_label"]} for r in table.to_dict("records")])
+
+
+def write_peer_map(table: pd.DataFrame, lines: list[str], out_dir: str | Path, prices: Prices) -> list[Path]:
+    """``map_peers.csv`` (the cells) and ``map_peers.json`` (prices, cells, what was not mapped) in ``out_dir``
+    (created), each written beside its place and moved onto it; returns their paths.
+
+    Raises:
+        kvbench.errors.SymlinkRefused: ``out_dir`` is a symbolic link.
+        kvbench.errors.UnwritableOutput: a file cannot be written.
+    """
+    out = Path(out_dir)
+    refuse_symlink_dir(out)
+    doc = {"prices": dataclasses.asdict(prices), "cells": json.loads(table.to_json(orient="records")),
+           "not_mapped": lines}
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        return [replacing(out / "map_peers.csv", lambda tmp: table.to_csv(tmp, index=False) or tmp),
+                replacing(out / "map_peers.json", lambda tmp: tmp.write_text(json.dumps(doc, indent=2) + "\n"))]
+    except OSError as exc:
+        if isinstance(exc, UserError):
+            raise
+        raise UnwritableOutput(exc.filename or out, exc.strerror or str(exc)) from exc
+
+
 def peer_cost_report(paths: list[str | Path], out_dir: str | Path, prices: Prices) -> tuple[pd.DataFrame, list[Path]]:
     """``kvbench cost`` of peer result files as a library call: the table
     (:func:`kvbench.analysis.peer_cost.peer_cost_table`; the first file is the reference) and the files written.
@@ -115,4 +155,5 @@ def peer_cost_report(paths: list[str | Path], out_dir: str | Path, prices: Price
     return table, write_peer_costs(table, out_dir, prices, runs)
 
 
-__all__ = ["CAPTION", "peer_cost_display", "peer_cost_report", "peer_notes", "peer_verdicts", "write_peer_costs"]
+__all__ = ["CAPTION", "MAP_CAPTION", "peer_cost_display", "peer_cost_report", "peer_map_display", "peer_notes",
+           "peer_verdicts", "write_peer_costs", "write_peer_map"]

@@ -162,10 +162,16 @@ def test_the_cli_costs_peer_files_and_refuses_a_mix_with_kvbench_runs(tmp_path):
     assert peer_cost_table(load_peers([a]), Prices(2.0))["reference"].tolist() == [True]
 
 
-def test_report_and_map_say_a_peer_file_is_for_cost():
+def test_report_says_a_peer_file_is_for_cost_and_map_says_what_it_lacks():
     peers = Path(__file__).resolve().parents[1] / "data" / "peers"
-    r = CliRunner().invoke(app, ["map", str(peers / "vllm" / "cache.json")])
+    r = CliRunner().invoke(app, ["report", str(peers / "vllm" / "cache.json")])
     assert r.exit_code == 2 and " ".join(r.output.split()).endswith(
-        "cache.json: not a trials.jsonl file or a run directory; it is vllm bench serve's result: kvbench cost reads it")
+        "cache.json: not a trials.jsonl file or a run directory; it is vllm bench serve's result: kvbench cost and "
+        "kvbench map read it")
     r = CliRunner().invoke(app, ["report", str(peers / "aiperf" / "cache" / "profile_export.jsonl")])
-    assert r.exit_code == 2 and "it is aiperf's result: kvbench cost reads it" in " ".join(r.output.split())
+    assert r.exit_code == 2 and "it is aiperf's result: kvbench cost and kvbench map read it" in " ".join(
+        r.output.split())
+    r = CliRunner().invoke(app, ["map", str(peers / "vllm" / "cache.json")])
+    assert r.exit_code == 2 and " ".join(r.output.split()) == (
+        "error: nothing to map: peers/vllm/cache.json: not mapped: vllm bench serve's file does not say its shared "
+        "prefix")

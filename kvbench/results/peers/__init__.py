@@ -92,13 +92,13 @@ def peer_runs(path: str | Path) -> list[PeerRun] | None:
 
 
 def peer_hint(path: str | Path) -> str:
-    """What to say of a path a reader of kvbench runs was given: ``"; it is <tool>'s result: kvbench cost reads
-    it"`` when it is a peer tool's result file or folder, else ``""`` (also when it cannot be read)."""
+    """What to say of a path a reader of kvbench runs was given: ``"; it is <tool>'s result: kvbench cost and
+    kvbench map read it"`` when it is a peer tool's result file or folder, else ``""`` (also when it cannot be read)."""
     try:
         found = peer_runs(path)
     except ResultsError:
         return ""
-    return f"; it is {found[0].tool}'s result: kvbench cost reads it" if found else ""
+    return f"; it is {found[0].tool}'s result: kvbench cost and kvbench map read it" if found else ""
 
 
 def load_peers(paths: list[str | Path]) -> list[PeerRun]:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from kvbench.errors import BadFile, ResultsError
-from kvbench.results.peers.common import Doc, PeerRun, prompt_key, requests_frame, scaled
+from kvbench.results.peers.common import HEAD_CHARS, Doc, PeerRun, prompt_key, requests_frame, scaled
 from kvbench.safe_read import read_json_file, scan_rows
 
 TOOL = "aiperf"
@@ -84,12 +84,24 @@ def _record(r: Doc, prompts: dict[tuple[str, int], str]) -> dict[str, Any] | Non
     prompt = prompts.get((sid, turn)) if sid is not None else None
     start = meta.number("request_start_ns", optional=True)
     return {"key": prompt_key(prompt) if prompt is not None else None,
+            "prompt_head": prompt[:HEAD_CHARS] if prompt is not None else None,
             "prompt_tokens": count("input_sequence_length"), "n_output_tokens": n, "ttft_s": ttft, "tpot_s": tpot,
             "ntpot_s": e2e / n if e2e is not None and n else None, "e2e_s": e2e,
             "itl_s": _seconds(m.at("inter_chunk_latency", optional=True)),
             "start_s": None if start is None else start * 1e-9,
             "cached_prompt_tokens": count("usage_prompt_cache_read_tokens"),
             "ok": r.data.get("error") is None and not meta.data.get("was_cancelled")}
+
+
+def _prefix(doc: Doc) -> tuple[int | None, int | None]:
+    """The shared prefix of AIPerf's synthetic dataset (``input_config.datasets[].prefix_prompts``: ``length``
+    tokens, ``pool_size`` prefixes) where one dataset has one; (None, None) otherwise."""
+    sets = doc.at("input_config", "datasets", optional=True)
+    found = [d.at("prefix_prompts") for d in (sets.items() if sets is not None else [])
+             if d.at("prefix_prompts", optional=True) is not None]
+    if len(found) != 1:
+        return None, None
+    return found[0].count("length", optional=True), found[0].count("pool_size", optional=True)
 
 
 def _summary(path: Path) -> tuple[dict[str, dict[str, float]], float | None, int | None, str | None]:
@@ -133,6 +145,7 @@ def read_aiperf(path: Path) -> PeerRun:
     if not records.is_file() and not summary.is_file():
         raise ResultsError(f"{path}: no AIPerf results here ({RECORDS} or {SUMMARY})")
     aggregates, rate, conc, version = _summary(summary) if summary.is_file() else ({}, None, None, None)
+    prefix, count = _prefix(Doc(summary, read_json_file(summary))) if summary.is_file() else (None, None)
     rows, notes = [], ["AIPerf's inter_token_latency is decode only: read as TPOT; inter_chunk_latency as ITL"]
     if records.is_file():
         prompts = _prompts(folder)
@@ -156,10 +169,10 @@ def read_aiperf(path: Path) -> PeerRun:
         done = frame[frame["ok"]]
         wall = float((done["start_s"] + done["e2e_s"]).max())
         rate = float(done["n_output_tokens"].sum()) / wall if wall > 0 else None
-    return PeerRun(path=path, tool=TOOL, tool_version=version, label=f"{folder.parent.name}/{folder.name}",
+    return PeerRun(path=path, tool=TOOL, tool_version=version, label="/".join(folder.parts[-3:]),
                    requests=frame, aggregates=aggregates, output_tokens_per_s=rate, concurrency=conc,
                    pairing="prompt text" if len(frame) and frame["key"].notna().any() else
-                   ("" if not len(frame) else "none"), notes=notes)
+                   ("" if not len(frame) else "none"), notes=notes, shared_prefix_tokens=prefix, prefixes=count)
 
 
 __all__ = ["INPUTS", "RECORDS", "SUMMARY", "TOOL", "is_aiperf_record", "is_aiperf_summary", "read_aiperf"]

@@ -15,8 +15,11 @@ import pandas as pd
 from kvbench.errors import ResultsError
 
 #: The per-request columns of :attr:`PeerRun.requests`, in kvbench's names (seconds, tokens).
-REQUEST_COLUMNS = ("key", "prompt_tokens", "n_output_tokens", "ttft_s", "tpot_s", "ntpot_s", "e2e_s", "itl_s",
+REQUEST_COLUMNS = ("key", "prompt_head", "prompt_tokens", "n_output_tokens", "ttft_s", "tpot_s", "ntpot_s", "e2e_s",
+                   "itl_s",
                    "start_s", "cached_prompt_tokens", "ok")
+#: Characters of a prompt kept in :attr:`PeerRun.requests` (``prompt_head``).
+HEAD_CHARS = 64
 #: The latency metrics a peer run gives, in kvbench's names (:data:`kvbench.results.rows.METRICS`).
 LATENCIES = ("ttft_s", "tpot_s", "ntpot_s", "itl_s", "e2e_s")
 
@@ -42,6 +45,9 @@ class PeerRun:
         concurrency: requests the tool kept in flight (None: not said, e.g. a rate-driven load).
         pairing: how ``key`` was made (``prompt text``, ``request index``), or ``""`` with no requests.
         notes: what was normalised or is missing, one line each (shown with the tables).
+        shared_prefix_tokens: the tokens every prompt of a shared-prefix workload starts with, as the tool's
+            configuration says (None: not said, or not one prefix length).
+        prefixes: how many such prefixes the workload rotates over (its working set; None: not said).
     """
 
     path: Path
@@ -54,6 +60,8 @@ class PeerRun:
     concurrency: int | None = None
     pairing: str = ""
     notes: list[str] = field(default_factory=list)
+    shared_prefix_tokens: int | None = None
+    prefixes: int | None = None
 
     @property
     def per_request(self) -> bool:
@@ -201,4 +209,5 @@ def scaled(values: dict[str, float | None], scale: float) -> dict[str, float]:
     return {k: v * scale for k, v in values.items() if v is not None}
 
 
-__all__ = ["Doc", "LATENCIES", "PeerRun", "REQUEST_COLUMNS", "prompt_key", "requests_frame", "scaled", "tpot"]
+__all__ = ["Doc", "HEAD_CHARS", "LATENCIES", "PeerRun", "REQUEST_COLUMNS", "prompt_key", "requests_frame", "scaled",
+           "tpot"]

@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from kvbench.results.peers.common import Doc, PeerRun, prompt_key, requests_frame, scaled
+from kvbench.results.peers.common import HEAD_CHARS, Doc, PeerRun, prompt_key, requests_frame, scaled
 
 TOOL = "guidellm"
 
@@ -60,6 +60,7 @@ def _request(r: Doc, ok: bool) -> dict[str, Any]:
     itl_ms = r.number("inter_token_latency_ms", optional=True)
     prompt = _prompt(r)
     return {"key": prompt_key(prompt) if prompt is not None else None,
+            "prompt_head": prompt[:HEAD_CHARS] if prompt is not None else None,
             "prompt_tokens": r.count("prompt_tokens", optional=True), "n_output_tokens": n, "ttft_s": ttft,
             "tpot_s": None if itl_ms is None else itl_ms / 1e3,
             "ntpot_s": None if ntpot_ms is None else ntpot_ms / 1e3, "e2e_s": e2e, "itl_s": None,
@@ -78,6 +79,19 @@ def _aggregates(metrics: Doc) -> dict[str, dict[str, float]]:
                             "p90": s.number("percentiles", "p90", optional=True),
                             "p99": s.number("percentiles", "p99", optional=True)}, scale)
     return out
+
+
+def _prefix(doc: Doc, notes: list[str]) -> tuple[int | None, int | None]:
+    """The shared prefix of GuideLLM's synthetic data (``config.spec.data[].prefix_buckets``): its tokens and
+    count where there is one bucket; (None, None) otherwise, with a note where there are several."""
+    data = doc.at("config", "spec", "data", optional=True)
+    buckets = [b for d in (data.items() if data is not None and isinstance(data.data, list) else [])
+               if (found := d.at("prefix_buckets", optional=True)) is not None for b in found.items()]
+    if len(buckets) > 1:
+        notes.append("several prefix buckets: no one shared prefix to map")
+    if len(buckets) != 1:
+        return None, None
+    return buckets[0].count("prefix_tokens", optional=True), buckets[0].count("prefix_count", optional=True)
 
 
 def read_guidellm(path: Path, data: Any) -> list[PeerRun]:
@@ -99,7 +113,7 @@ def read_guidellm(path: Path, data: Any) -> list[PeerRun]:
             rows += [_request(r, ok) for r in (part.items() if part is not None else [])]
         strategy = b.text("config", "strategy", "type_", optional=True) if b.at("config", "strategy",
                                                                                    optional=True) else None
-        label = f"{path.parent.name}/{path.name}" + (f" [{strategy}]" if strategy and len(benchmarks) > 1 else "")
+        label = "/".join(path.parts[-3:]) + (f" [{strategy}]" if strategy and len(benchmarks) > 1 else "")
         if len(benchmarks) > 1 and not strategy:
             label += f" [{k}]"
         frame = requests_frame(rows)
@@ -111,12 +125,14 @@ def read_guidellm(path: Path, data: Any) -> list[PeerRun]:
                  "(decode only) as TPOT", "GuideLLM keeps no per-chunk times: no ITL"]
         if len(frame) and frame["key"].isna().any():
             notes.append("prompts not kept (GuideLLM's sample_size): those requests cannot be paired")
+        prefix, count = _prefix(doc, notes)
         runs.append(PeerRun(
             path=path, tool=TOOL, tool_version=version, label=label, requests=frame,
             aggregates=_aggregates(b.at("metrics")),
             output_tokens_per_s=tokens / duration if tokens is not None and duration else None,
             concurrency=1 if strategy == "synchronous" else (int(conc) if conc else None),
-            pairing="prompt text" if len(frame) else "", notes=notes))
+            pairing="prompt text" if len(frame) else "", notes=notes, shared_prefix_tokens=prefix,
+            prefixes=count))
     return runs
 
 

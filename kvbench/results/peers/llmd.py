@@ -74,9 +74,13 @@ def read_llmd(path: Path, data: Any) -> PeerRun:
     if mode is not None and mode not in label:
         label += f" ({mode})"
     version = load.text("tool_version", optional=True) if load is not None else None
+    prefix = load.at("prefix", optional=True) if load is not None else None
+    prefix_len = prefix.number("prefix_len", "value", optional=True) if prefix is not None else None
     return PeerRun(path=path, tool=TOOL, tool_version=f"{tool} {version}".strip() if tool else None, label=label,
                    requests=requests_frame([]), aggregates=aggregates, output_tokens_per_s=rate,
-                   concurrency=concurrency, notes=notes)
+                   concurrency=concurrency, notes=notes,
+                   shared_prefix_tokens=int(prefix_len) if prefix_len is not None else None,
+                   prefixes=prefix.count("num_prefixes", optional=True) if prefix is not None else None)
 
 
 __all__ = ["TOOL", "VERSIONS", "is_llmd_report", "read_llmd"]

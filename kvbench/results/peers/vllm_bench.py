@@ -50,7 +50,8 @@ def read_vllm_bench(path: Path, data: Any) -> PeerRun:
         for i in range(n):
             out = outs[i].count() if outs[i] is not None else None
             failed = bool(errors[i] is not None and errors[i].data) or not out
-            rows.append({"key": f"#{i}", "prompt_tokens": ins[i].count() if ins[i] is not None else None,
+            rows.append({"key": f"#{i}", "prompt_head": None,
+                         "prompt_tokens": ins[i].count() if ins[i] is not None else None,
                          "n_output_tokens": out, "ttft_s": ttfts[i], "tpot_s": tpot(lats[i], ttfts[i], out),
                          "ntpot_s": lats[i] / out if out else None, "e2e_s": lats[i],
                          "itl_s": itls[i].numbers() if itls[i] is not None else None, "start_s": starts[i],
@@ -70,7 +71,7 @@ def read_vllm_bench(path: Path, data: Any) -> PeerRun:
         if values:
             aggregates[name] = values
     conc = doc.count("max_concurrency", optional=True)
-    return PeerRun(path=path, tool=TOOL, tool_version=None, label=f"{path.parent.name}/{path.name}",
+    return PeerRun(path=path, tool=TOOL, tool_version=None, label="/".join(path.parts[-3:]),
                    requests=requests_frame(rows), aggregates=aggregates,
                    output_tokens_per_s=doc.number("output_throughput", optional=True), concurrency=conc,
                    pairing="request index" if rows else "", notes=notes)

@@ -1,0 +1,83 @@
+"""The break-even map of other tools' shared-prefix runs (``kvbench map`` given GuideLLM, AIPerf or llm-d result
+files): each file's cell is its tool, prompt length × shared share (its shared prefix as the tool's configuration
+says, ÷ the prompt) × prefixes in rotation; within a cell the first file given is the recompute side (e.g. the
+server's prompt cache off) and each later one is compared with it as :func:`kvbench.analysis.peer_cost.compare`
+does. A cell pays when that comparison carries a verdict (≥ 5 pairs from ≥ 5 prefixes) and its interval lies above
+0, loses when below, and is inconclusive otherwise, with the reason. Only measured cells: the fitted model of
+:mod:`kvbench.analysis.break_even` needs kvbench's own rows (restored tokens per tier, the budget), which these
+files do not hold."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pandas as pd
+
+from kvbench.analysis.cost import Prices
+from kvbench.analysis.intervals import judge
+from kvbench.analysis.peer_cost import LOAD_CAVEAT, compare, medians
+from kvbench.results.peers import PeerRun
+from kvbench.results.peers.common import HEAD_CHARS
+
+
+def cell_of(run: PeerRun) -> tuple[int, int, int] | str:
+    """``(prompt tokens, shared %, prefixes)`` of a run (the median prompt length of its requests, or the
+    aggregates' lengths are not known: then why not), or why it has no cell."""
+    if run.shared_prefix_tokens is None:
+        return f"{run.tool}'s file does not say its shared prefix"
+    if not run.per_request:
+        return "aggregates only: no requests to pair"
+    prompt = pd.to_numeric(run.requests["prompt_tokens"], errors="coerce").median()
+    if not prompt == prompt or prompt <= 0:
+        return "no prompt lengths"
+    pct = min(99, round(100 * run.shared_prefix_tokens / prompt))
+    return int(prompt), int(pct), int(run.prefixes or 1)
+
+
+def peer_map(runs: list[PeerRun], prices: Prices) -> tuple[pd.DataFrame, list[str]]:
+    """The measured cells of ``runs``: one row per run after the first of its cell with ``prompt_tokens``,
+    ``shared_pct``, ``prefixes``, ``reference`` and ``label`` (the files), ``tool``, ``saving_pct`` with
+    ``saving_ci_low``/``saving_ci_high``, ``usd_per_million`` of both sides (``recompute_usd_per_million``,
+    ``restore_usd_per_million`` at the tools' throughputs), ``ttft_ratio`` (restore ÷ recompute TTFT medians),
+    ``pairs``, ``prefixes_seen`` (the prefixes the paired prompts show; the interval is drawn by prefix; None where
+    the files keep no prompts), ``comparison``, ``map_label`` (pays, loses, inconclusive) and ``why``; and one line
+    per run that has no cell or no partner in its cell."""
+    cells: dict[tuple[str, int, int, int], list[PeerRun]] = {}
+    lines = []
+    for run in runs:
+        cell = cell_of(run)
+        if isinstance(cell, str):
+            lines.append(f"{run.label}: not mapped: {cell}")
+        else:
+            cells.setdefault((run.tool, *cell), []).append(run)
+    rows: list[dict[str, Any]] = []
+    for (_, prompt, pct, prefixes), members in cells.items():
+        if len(members) < 2:
+            lines.append(f"{members[0].label}: not mapped: the only file of its cell ({prompt} tokens, {pct}% "
+                         "shared): give the same workload without and with the cache")
+            continue
+        ref = members[0]
+        for run in members[1:]:
+            c = compare(ref, run, prefix_chars=min(HEAD_CHARS, run.shared_prefix_tokens or 1))
+            if not c["verdict"] and c["prefixes"] is None:  # no prompts to tell prefixes apart: the configured count
+                c["verdict"] = judge(c["pairs"], 0, 0, c["saving_ci_low"], c["saving_ci_high"], no_change=0.0,
+                                     units=(prefixes, "prefixes"))
+            ratio = medians(run)["ttft_s_p50"] / medians(ref)["ttft_s_p50"]
+            if c["verdict"]:
+                label, why = "inconclusive", c["verdict"]
+            elif c["saving_ci_low"] > 0:
+                label, why = "pays", LOAD_CAVEAT
+            else:
+                label, why = "loses", LOAD_CAVEAT
+            per = (lambda r: prices.per_million(r.output_tokens_per_s) if r.output_tokens_per_s else math.nan)
+            rows.append({"prompt_tokens": prompt, "shared_pct": pct, "prefixes": prefixes,
+                         "prefixes_seen": c["prefixes"], "reference": ref.label,
+                         "label": run.label, "tool": run.tool, **{k: c[k] for k in (
+                             "saving_pct", "saving_ci_low", "saving_ci_high", "pairs", "comparison")},
+                         "recompute_usd_per_million": per(ref), "restore_usd_per_million": per(run),
+                         "ttft_ratio": ratio, "map_label": label, "why": why})
+    return pd.DataFrame(rows), lines
+
+
+__all__ = ["cell_of", "peer_map"]

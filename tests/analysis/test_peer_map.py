@@ -1,0 +1,63 @@
+"""Issue 31 (the field's formats): `kvbench map` of other tools' shared-prefix runs. Real files: GuideLLM 0.8.1 and
+AIPerf 0.13.0 sent 15 requests over 5 shared prefixes of 256 tokens to llama-server, prompt cache off and on
+(tests/data/peers/map, `N=15 PREFIXES=5 TOOLS="guidellm aiperf" scripts/make_peer_fixtures.sh`); and the 6-request
+single-prefix files of tests/data/peers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from kvbench.analysis.cost import Prices
+from kvbench.analysis.peer_map import cell_of, peer_map
+from kvbench.cli import app
+from kvbench.results.peers import load_peers
+
+PEERS = Path(__file__).resolve().parents[1] / "data" / "peers"
+MAP = [PEERS / "map" / "guidellm" / "nocache" / "benchmarks.json", PEERS / "map" / "guidellm" / "cache" /
+       "benchmarks.json", PEERS / "map" / "aiperf" / "nocache", PEERS / "map" / "aiperf" / "cache"]
+
+
+def test_each_tool_s_cache_pays_over_five_prefixes_drawn_by_prefix():
+    table, lines = peer_map(load_peers(MAP), Prices(2.0))
+    assert lines == []
+    assert table["tool"].tolist() == ["guidellm", "aiperf"]
+    for r in table.to_dict("records"):
+        assert (r["shared_pct"], r["prefixes"], r["prefixes_seen"], r["pairs"]) == (80, 5, 5, 15)
+        assert r["map_label"] == "pays" and r["saving_ci_low"] > 0 and r["ttft_ratio"] < 0.5
+        assert r["restore_usd_per_million"] < r["recompute_usd_per_million"]
+    assert table["prompt_tokens"].tolist() == [321, 320]  # as llama-server counted GuideLLM's and AIPerf's prompts
+
+
+def test_one_prefix_is_one_observation_however_many_requests():
+    runs = load_peers([PEERS / "guidellm" / "nocache" / "benchmarks.json", PEERS / "guidellm" / "cache" /
+                       "benchmarks.json"])
+    table, _ = peer_map(runs, Prices(2.0))
+    (r,) = table.to_dict("records")
+    assert (r["pairs"], r["prefixes_seen"], r["map_label"], r["why"]) == (6, 1, "inconclusive",
+                                                                         "inconclusive: 1 prefix, need 5")
+
+
+def test_files_without_a_prefix_or_a_partner_are_named_not_mapped():
+    runs = load_peers([PEERS / "vllm" / "cache.json", PEERS / "aiperf" / "cache"])
+    assert cell_of(runs[0]) == "vllm bench serve's file does not say its shared prefix"
+    assert cell_of(runs[1]) == (320, 80, 1)
+    table, lines = peer_map(runs, Prices(2.0))
+    assert table.empty
+    assert lines == ["peers/vllm/cache.json: not mapped: vllm bench serve's file does not say its shared prefix",
+                     "peers/aiperf/cache: not mapped: the only file of its cell (320 tokens, 80% shared): give the "
+                     "same workload without and with the cache"]
+
+
+def test_the_cli_maps_peer_files_and_writes_its_files(tmp_path):
+    r = CliRunner().invoke(app, ["map", *map(str, MAP), "--out", str(tmp_path)], terminal_width=200)
+    assert r.exit_code == 0, r.output
+    text = " ".join(r.output.split())
+    assert "guidellm, 321 tokens, 80% shared: pays (their files do not record the machine's load)" in text
+    cells = pd.read_csv(tmp_path / "map_peers.csv")
+    assert cells["map_label"].tolist() == ["pays", "pays"]
+    assert cells["saving_pct"].tolist() == pytest.approx(
+        peer_map(load_peers(MAP), Prices(2.0))[0]["saving_pct"].tolist())
