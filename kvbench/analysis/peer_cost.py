@@ -116,6 +116,8 @@ def compare(reference: PeerRun, run: PeerRun, prefix_chars: int | None = None) -
     low, high = np.percentile(boot, [2.5, 97.5])
     units = (out["prefixes"], "prefixes") if out["prefixes"] is not None else None
     verdict = judge(n, 0, 0, float(low), float(high), no_change=0.0, units=units)
+    if reference.concurrency is None or run.concurrency is None:
+        how += ", a concurrency not in the files"  # request time per token is a cost only at one concurrency
     return dict(out, saving_pct=point, saving_ci_low=float(low), saving_ci_high=float(high), pairs=n,
                 comparison=how, verdict=verdict)
 
@@ -129,14 +131,16 @@ def peer_cost_table(runs: list[PeerRun], prices: Prices) -> pd.DataFrame:
     first, :func:`compare` against the first (``reference`` True on the first)."""
     rows = []
     for k, run in enumerate(runs):
-        ok = int(run.requests["ok"].sum()) if run.per_request else math.nan
+        ok = int(run.requests["ok"].sum()) if run.per_request else (
+            math.nan if run.reported_requests is None else run.reported_requests)
         rate = run.output_tokens_per_s
         cached = pd.to_numeric(run.requests["cached_prompt_tokens"], errors="coerce") if run.per_request \
             else pd.Series(dtype=float)
         known = run.requests.loc[cached.notna()] if len(cached) else run.requests.iloc[0:0]
         prompt = pd.to_numeric(known["prompt_tokens"], errors="coerce").sum() if len(known) else 0
         rec: dict[str, Any] = {
-            "cached_token_share": float(cached.sum() / prompt) if prompt > 0 else math.nan,
+            "cached_token_share": float(cached.sum() / prompt) if prompt > 0 else (
+                math.nan if run.per_request or run.reported_cached_share is None else run.reported_cached_share),
             "label": run.label, "tool": run.tool, "tool_version": run.tool_version or "",
             "requests": ok, "failed": int((~run.requests["ok"]).sum()) if run.per_request else math.nan,
             "concurrency": run.concurrency if run.concurrency is not None else math.nan, **medians(run),

@@ -64,8 +64,14 @@ def cost(
     results, target = results_and_target(results, out_dir, "costing", "give result directories, or "
                                          "--base-throughput and --offload-throughput for a what-if", "cost files")
     if _peer_files(results):
-        if max_ttft_ms is not None or max_tpot_ms is not None:
-            _fail("--max-ttft-ms and --max-tpot-ms apply to kvbench runs, not to other tools' result files")
+        given = [flag for flag, v in (("--max-ttft-ms", max_ttft_ms), ("--max-tpot-ms", max_tpot_ms),
+                                      ("--tokens-per-month", tokens_per_month),
+                                      ("--engineering-cost", engineering_cost)) if v is not None]
+        given += [flag for flag, v in (("--host-price", host_price), ("--disk-price", disk_price)) if v]
+        given += ["--host-tier"] if host_tier != "configured" else []
+        if given:
+            _fail(f"{', '.join(given)} {'apply' if len(given) > 1 else 'applies'} to kvbench runs, not to other "
+                  "tools' result files (they hold no memory figures or per-request SLO checks)")
         _peer_cost(results, target, prices)
         return
     loaded = _load(results)
@@ -135,14 +141,21 @@ def cost(
 def _peer_files(paths: list[Path]) -> bool:
     """Whether ``paths`` are other tools' result files (GuideLLM, AIPerf, vllm bench serve, llm-d reports); mixing
     them with kvbench runs fails."""
-    from kvbench.results.peers import peer_runs
+    from kvbench.results.peers import load_peers, peer_runs
 
     with handle_errors():
         kinds = [peer_runs(p) is not None for p in paths]
-    if any(kinds) and not all(kinds):
-        _fail("give kvbench runs or other tools' result files, not both: "
-              + ", ".join(str(p) for p, k in zip(paths, kinds) if not k) + " is no peer result")
-    return all(kinds)
+    if not any(kinds):
+        return False
+    for p, k in zip(paths, kinds):
+        if k:
+            continue
+        if (p / "trials.jsonl").exists() or (p.is_file() and p.suffix == ".jsonl") or (
+                p.is_dir() and next(p.rglob("trials.jsonl"), None) is not None):
+            _fail(f"give kvbench runs or other tools' result files, not both: {p} is a kvbench run")
+        with handle_errors():
+            load_peers([p])  # says why it is no result file
+    return True
 
 
 def _peer_cost(paths: list[Path], target: Path, prices: Any) -> None:

@@ -89,8 +89,18 @@ def report(
 
 
 def _llmd(paths: list[Path], target: Path) -> None:
-    """``--format llm-d``: the Benchmark Reports of ``paths``, one file per mode, listed."""
+    """``--format llm-d``: the Benchmark Reports of ``paths``, one file per mode, listed; a symbolic link at the
+    folder or at any folder between it and the first existing one is refused before anything is read."""
     from kvbench.report.llmd import write_llmd
+    from kvbench.results.run_dir import refuse_symlink_dir
+
+    with handle_errors():
+        for folder in (target, *target.parents):
+            refuse_symlink_dir(folder)
+            if folder.exists():
+                break
+    if target.exists() and not target.is_dir():
+        _fail(f"{target} is not a directory: the llm-d reports go in a directory (give another with --out)")
 
     try:
         with handle_errors():

@@ -15,7 +15,6 @@ extra keys, ``results.observability.kvbench`` (:func:`kvbench_extension`).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import re
@@ -31,10 +30,11 @@ from kvbench.analysis.cost import Prices
 from kvbench.analysis.latency import higher_percentile
 from kvbench.analysis.server_load import in_flight
 from kvbench.arguments import path_arg
-from kvbench.errors import UnwritableOutput, UserError
+from kvbench.errors import BadParameter, UnwritableOutput, UserError
 from kvbench.report.cost import replacing
+from kvbench.report.llmd_scenario import clean, load, stack
 from kvbench.results.load import Results
-from kvbench.results.rows import MEASURED
+from kvbench.results.rows import MEASURED, Status
 from kvbench.results.run_dir import refuse_symlink_dir
 from kvbench.version import __version__
 
@@ -64,9 +64,15 @@ def _rate(value: float, units: str) -> dict[str, Any] | None:
     return {"units": units, "mean": value} if value == value and math.isfinite(value) else None
 
 
-def _clean(d: dict[str, Any]) -> dict[str, Any]:
-    """``d`` without None values (the schema's optional fields are left out, never null)."""
-    return {k: v for k, v in d.items() if v is not None}
+def _finite(value: Any) -> Any:
+    """``value`` with every NaN or infinite float (a figure a run could not measure) as null, at any depth."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
 
 
 def _iso(t: datetime) -> str:
@@ -84,96 +90,6 @@ def _time(rows: pd.DataFrame) -> dict[str, Any] | None:
     return {"start": _iso(first), "end": _iso(last), "duration": f"PT{seconds:.3f}S"}
 
 
-def _flags(argv: list[str]) -> dict[str, Any]:
-    """A server's command line as ``native.args``: each ``--flag`` (or ``-f``) with the value that follows it,
-    null for a flag without one; the program itself is left out (it is ``native.config.argv``)."""
-    args: dict[str, Any] = {}
-    k = 1
-    while k < len(argv):
-        a = argv[k]
-        if a.startswith("-") and not re.fullmatch(r"-\d.*", a):
-            if "=" in a and a.startswith("--"):
-                name, value = a.split("=", 1)
-                args[name] = value
-            elif k + 1 < len(argv) and not (argv[k + 1].startswith("-") and not re.fullmatch(r"-\d.*", argv[k + 1])):
-                args[a] = argv[k + 1]
-                k += 1
-            else:
-                args[a] = None
-        k += 1
-    return args
-
-
-def _accelerator(env: dict[str, Any], row: dict[str, Any]) -> dict[str, Any]:
-    gpus = [g for g in env.get("gpus") or [] if isinstance(g, dict)]
-    name = row.get("gpu") or (gpus[0].get("name") if gpus else None)
-    return {"model": str(name or env.get("cpu") or "cpu"), "count": len(gpus) if name else 0,
-            "parallelism": {"tp": 1, "dp": 1, "dp_local": 1, "workers": 1, "ep": 1, "pp": 1}}
-
-
-def _stack(run: dict[str, Any], rows: pd.DataFrame, servers: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """``scenario.stack``: the engine as an ``inference_engine`` component: a server's command line, environment
-    and version as kvbench started it (run.json ``servers``), or kvbench's in-process transformers engine."""
-    first = rows.iloc[0].to_dict()
-    env = run.get("environment") or {}
-    model = (run.get("scenario") or {}).get("model")
-    model_name = model if isinstance(model, str) else (model or {}).get("name", "unknown") if model else "unknown"
-    if servers:
-        s = servers[0]
-        argv = [str(a) for a in s.get("argv") or []]
-        native = {"args": _flags(argv), "envars": dict(s.get("environment") or {}),
-                  "config": {"argv": argv, "log": s.get("log"), "servers": len(servers)}}
-        tool, version = str(s.get("engine") or first.get("engine")), str(s.get("version") or "unknown")
-    else:
-        versions = env.get("versions") or {}
-        native = {"args": {}, "envars": {}, "config": {"mode": first.get("mode"),
-                                                        "mode_options": first.get("mode_options") or {}}}
-        tool, version = "kvbench-transformers", f"kvbench {__version__}, transformers {versions.get('transformers')}"
-    cfg = hashlib.sha256(json.dumps(native, sort_keys=True, default=str).encode()).hexdigest()[:16]
-    return [{"metadata": {"label": tool, "cfg_id": cfg, "description": f"mode {first['mode_label']}"},
-             "standardized": {"kind": "inference_engine", "tool": tool, "tool_version": version, "role": "replica",
-                              "replicas": 1, "model": {"name": str(model_name)},
-                              "accelerator": _accelerator(env, first)},
-             "native": native}]
-
-
-def _seq_len(values: pd.Series) -> dict[str, Any] | None:
-    v = pd.to_numeric(values, errors="coerce").dropna()
-    if v.empty:
-        return None
-    if v.min() == v.max():
-        return {"distribution": "fixed", "value": int(v.iloc[0])}
-    return {"distribution": "other", "value": float(v.mean()), "std_dev": float(v.std(ddof=0)),
-            "min": int(v.min()), "max": int(v.max())}
-
-
-def _load(run: dict[str, Any], rows: pd.DataFrame) -> dict[str, Any]:
-    """``scenario.load``: kvbench as the load generator, the workload's lengths, concurrency (a server's slots,
-    the in-process batch) and rate; the scenario itself as ``native.config``."""
-    scenario = run.get("scenario") or {}
-    workload = scenario.get("workload") or {}
-    first = rows.iloc[0].to_dict()
-    source = workload.get("source") if isinstance(workload, dict) else None
-    load = scenario.get("load") or {}
-    std: dict[str, Any] = {"tool": "kvbench", "tool_version": __version__,
-                           "source": {"sharegpt": "sampled", "files": "sampled", "synthetic": "random"}.get(
-                               source, "unknown"),
-                           "input_seq_len": _seq_len(rows["prompt_tokens"]),
-                           "output_seq_len": _seq_len(rows["n_output_tokens"] if "n_output_tokens" in rows
-                                                      else rows["max_new_tokens"])}
-    conc = first.get("concurrency")
-    std["concurrency"] = int(conc) if conc == conc and conc is not None else int(first["batch_size"])
-    if isinstance(load, dict) and load.get("profile") == "poisson" and load.get("rate"):
-        std["rate_qps"] = float(load["rate"])
-    if "turn_index" in rows and isinstance(workload, dict) and workload.get("multi_turn"):
-        turns = pd.to_numeric(rows["turn_index"], errors="coerce").dropna()
-        std["multi_turn"] = {"enabled": True, "max_turns": _seq_len(turns.groupby(
-            [rows["document"], rows["repeat"]]).max()) if len(turns) else None}
-        std["multi_turn"] = _clean(std["multi_turn"])
-    return {"metadata": {"description": f"kvbench scenario {scenario.get('name', first.get('scenario'))}"},
-            "standardized": _clean(std), "native": {"args": {}, "envars": {}, "config": scenario}}
-
-
 def _sessions(rows: pd.DataFrame, all_rows: pd.DataFrame, wall_s: float) -> dict[str, Any] | None:
     """``results.session_performance`` of a multi-turn run: a session is one conversation of one repeat."""
     if "turn_index" not in rows or rows["turn_index"].isna().all() or rows["document"].isna().all():
@@ -186,7 +102,7 @@ def _sessions(rows: pd.DataFrame, all_rows: pd.DataFrame, wall_s: float) -> dict
     durations = ((start + pd.to_numeric(rows["e2e_s"], errors="coerce")).groupby([rows[k] for k in keys]).max()
                  - start.groupby([rows[k] for k in keys]).min()) if start is not None else pd.Series(dtype=float)
     total = len(set(map(tuple, all_rows[keys].to_numpy().tolist())))
-    return {"sessions": _clean({
+    return {"sessions": clean({
         "total": total, "succeeded": total - len(failed), "failed": len(failed),
         "total_events": int(len(all_rows)), "total_events_completed": int(ok.sum()),
         "session_rate": _rate(total / wall_s if wall_s > 0 else math.nan, "queries/s"),
@@ -238,7 +154,7 @@ def kvbench_extension(rows: pd.DataFrame, all_rows: pd.DataFrame, servers: list[
         "cache": {"cached_prompt_tokens": _sum(rows, "cached_prompt_tokens"),
                   "prompt_tokens": _sum(rows, "prompt_tokens")},
         "counters": [s["metrics_delta"] for s in servers if s.get("metrics_delta")],
-        "memory": _clean({"kv_device_peak_bytes": _peak(rows, "kv_device_peak_bytes"),
+        "memory": clean({"kv_device_peak_bytes": _peak(rows, "kv_device_peak_bytes"),
                           "kv_host_peak_bytes": _peak(rows, "kv_host_peak_bytes"),
                           "kv_host_allocated_peak_bytes": _peak(rows, "kv_host_allocated_peak_bytes"),
                           "pinned_host_allocated_peak_bytes": _peak(rows, "pinned_host_allocated_peak_bytes"),
@@ -246,7 +162,7 @@ def kvbench_extension(rows: pd.DataFrame, all_rows: pd.DataFrame, servers: list[
                           "server_host_tier_bytes": _peak(rows, "server_host_tier_bytes"),
                           "server_host_tier": first.get("server_host_tier") or None,
                           "server_slot_files_peak_bytes": _peak(rows, "store_disk_bytes")}),
-        "bytes_moved": _clean({"h2d_bytes": _sum(rows, "h2d_bytes"), "d2h_bytes": _sum(rows, "d2h_bytes"),
+        "bytes_moved": clean({"h2d_bytes": _sum(rows, "h2d_bytes"), "d2h_bytes": _sum(rows, "d2h_bytes"),
                                "disk_read_bytes": _sum(rows, "disk_read_bytes"),
                                "disk_write_bytes": _sum(rows, "disk_write_bytes")}),
         "cost": {"gpu_usd_per_hour": prices.gpu_per_hour,
@@ -254,43 +170,57 @@ def kvbench_extension(rows: pd.DataFrame, all_rows: pd.DataFrame, servers: list[
                  "basis": "output_token_rate of this report; no host or disk memory charged"},
         "machine_busy_requests": int(rows["machine_busy"].map(lambda v: v is True).sum())
         if "machine_busy" in rows else 0,
-        "failed_requests": int((~all_rows["status"].isin(MEASURED)).sum()),
+        "failed_requests": int((~all_rows["status"].isin(MEASURED)).sum())
+        * int(pd.to_numeric(all_rows["batch_size"], errors="coerce").fillna(1).iloc[0]),
     }
     return ext
 
 
-def _units(rows: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
-    """A report's rows: per group and mode label (a server mode holds its concurrency in the label), and for the
-    in-process engine per prompt length and batch too; reuse workloads' cold copies of a warm mode
-    (in-process ``warm`` False under an offload mode) stay with their mode."""
-    keys = ["group", "mode_label"]
-    server = "engine" in rows and rows["engine"].notna().any()
-    if not server:
-        keys += ["prompt_tokens", "batch_size"]
+def _units(trials: pd.DataFrame) -> list[tuple[str, pd.DataFrame, bool]]:
+    """``(name, rows, server)`` of each report: per run and mode label (a server mode holds its concurrency in the
+    label), for the in-process engine per prompt length and batch too; a unit none of whose trials ran here (all
+    ``skipped``) has none. ``name``: the group, ``@<run>`` where several runs share it, ``/<mode label>``."""
     out = []
-    for key, part in rows.groupby(keys, sort=False):
-        key = key if isinstance(key, tuple) else (key,)
-        suffix = "" if server else f"-p{key[2]}-b{key[3]}"
-        out.append((f"{key[0]}/{key[1]}{suffix}", part))
+    runs_of = trials.groupby("group")["run_path"].nunique()
+    for (_, group), part in trials.groupby(["run_path", "group"], sort=False):
+        server = bool("engine" in part and part["engine"].notna().any())
+        keys = ["mode_label"] + ([] if server else ["prompt_tokens", "batch_size"])
+        base = group if runs_of[group] == 1 else f"{group}@{part['run'].iloc[0]}"
+        for key, rows in part.groupby(keys, sort=False):
+            key = key if isinstance(key, tuple) else (key,)
+            if (rows["status"] == Status.SKIPPED).all():
+                continue
+            out.append((f"{base}/{key[0]}" + ("" if server else f"-p{key[1]}-b{key[2]}"), rows, server))
     return out
 
 
 def llmd_reports(results: Results, prices: Prices | None = None) -> list[tuple[str, dict[str, Any]]]:
     """One Benchmark Report v0.2.1 per mode of ``results`` (see the module docstring): ``(name, report)`` pairs,
-    ``name`` = ``<group>/<mode label>`` (in-process: ``-p<prompt>-b<batch>`` added). ``prices``: for the cost in
-    the extension (default 2 USD per GPU-hour, the map's). A mode whose requests all failed still gets a report
-    (``requests.total`` and ``failures``, no latency)."""
+    ``name`` = ``<group>/<mode label>`` (in-process: ``-p<prompt>-b<batch>`` added; ``<group>@<run>`` where several
+    runs share a group). ``prices``: for the cost in the extension (default 2 USD per GPU-hour, the map's). A mode
+    whose requests all failed still gets a report (``requests.total`` and ``failures``, no latency); one none of
+    whose trials ran here (all ``skipped``, e.g. ``hf-offloaded`` without CUDA) gets none. Requests are sequences:
+    an in-process trial of batch B is B requests.
+
+    Raises:
+        kvbench.errors.BadParameter: ``results`` is no :class:`~kvbench.results.load.Results`, ``prices`` no
+            :class:`~kvbench.analysis.cost.Prices`.
+    """
+    if not isinstance(results, Results):
+        raise BadParameter(f"{{results}} must be kvbench.load_results(...), not {type(results).__name__}", "results")
+    if prices is not None and not isinstance(prices, Prices):
+        raise BadParameter(f"{{prices}} must be a kvbench.Prices, not {type(prices).__name__}", "prices")
     prices = prices or Prices(2.0)
-    trials = results.trials
     runs = {r["path"]: r for r in results.runs}
     out = []
-    for name, all_rows in _units(trials):
+    for name, all_rows, server in _units(results.trials):
+        all_rows = all_rows[all_rows["status"] != Status.SKIPPED]
         rows = all_rows[all_rows["status"].isin(MEASURED)]
         run = runs.get(all_rows["run_path"].iloc[0], {})
         label = all_rows["mode_label"].iloc[0]
         servers = [s for s in run.get("servers") or [] if s.get("mode_label") == label]
-        server = "engine" in rows and rows["engine"].notna().any()
-        wall = in_flight(rows)[2] if server and len(rows) else float(pd.to_numeric(rows["e2e_s"]).sum())
+        wall = (in_flight(rows)[2] if server else float(pd.to_numeric(rows["e2e_s"]).sum())) if len(rows) else 0.0
+        sequences = int(pd.to_numeric(all_rows["batch_size"], errors="coerce").fillna(1).iloc[0])
         batch = pd.to_numeric(rows["batch_size"], errors="coerce").fillna(1)
         n_out = float((pd.to_numeric(rows.get("n_output_tokens"), errors="coerce").fillna(0) * batch).sum()) \
             if len(rows) else 0.0
@@ -302,8 +232,8 @@ def llmd_reports(results: Results, prices: Prices | None = None) -> list[tuple[s
                    "time_per_output_token": statistics(rows.get("tpot_s", []), "s/token"),
                    "inter_token_latency": statistics(gaps, "s/token"),
                    "request_latency": statistics(rows.get("e2e_s", []), "s")}
-        requests = {"total": int(len(all_rows) * (batch.max() if len(batch) else 1)),
-                    "failures": int((~all_rows["status"].isin(MEASURED)).sum()),
+        requests = {"total": len(all_rows) * sequences,
+                    "failures": int((~all_rows["status"].isin(MEASURED)).sum()) * sequences,
                     "input_length": statistics(rows["prompt_tokens"], "count"),
                     "output_length": statistics(rows.get("n_output_tokens", []), "count")}
         throughput = {"input_token_rate": _rate(per_s(n_in), "tokens/s"),
@@ -323,15 +253,15 @@ def llmd_reports(results: Results, prices: Prices | None = None) -> list[tuple[s
                                      ("power_consumption", "power_mean_w", "Watts")):
             if column in rows:
                 component[field] = statistics(rows[column], units)
-        stack = _stack(run, all_rows, servers)
+        engine = stack(run, all_rows, servers)
         observability: dict[str, Any] = {EXTENSION: kvbench_extension(rows, all_rows, servers,
                                                                        per_s(n_out), prices)}
-        component = _clean(component)
+        component = clean(component)
         if component:
-            observability["components"] = [{"component_label": stack[0]["metadata"]["label"],
+            observability["components"] = [{"component_label": engine[0]["metadata"]["label"],
                                             "aggregate": component}]
         results_doc = {"request_performance": {"aggregate": {
-            "requests": _clean(requests), "latency": _clean(latency), "throughput": _clean(throughput)}},
+            "requests": clean(requests), "latency": clean(latency), "throughput": clean(throughput)}},
             "observability": observability}
         sessions = _sessions(rows, all_rows, wall) if server else None
         if sessions:
@@ -339,11 +269,11 @@ def llmd_reports(results: Results, prices: Prices | None = None) -> list[tuple[s
         run_name = str(all_rows["run"].iloc[0])
         out.append((name, {
             "version": LLMD_VERSION,
-            "run": _clean({"uid": str(uuid.uuid5(uuid.NAMESPACE_URL, f"kvbench:{run_name}:{name}")),
+            "run": clean({"uid": str(uuid.uuid5(uuid.NAMESPACE_URL, f"kvbench:{run_name}:{name}")),
                            "eid": run_name, "time": _time(rows if len(rows) else all_rows),
-                           "description": f"kvbench {__version__}: {name}",
+                           "description": f"exported by kvbench {__version__}: {name}",
                            "keywords": ["kvbench", "kv-cache", str(all_rows['mode'].iloc[0])]}),
-            "scenario": {"stack": stack, "load": _load(run, all_rows)},
+            "scenario": {"stack": engine, "load": load(run, all_rows)},
             "results": results_doc}))
     return out
 
@@ -369,7 +299,7 @@ def write_llmd(results: Results, out_dir: str | Path, prices: Prices | None = No
         out.mkdir(parents=True, exist_ok=True)
         paths = []
         for name, doc in reports:
-            text = json.dumps(doc, indent=2, allow_nan=False) + "\n"
+            text = json.dumps(_finite(doc), indent=2, allow_nan=False) + "\n"
             paths.append(replacing(out / _file_name(name), lambda tmp, text=text: tmp.write_text(text)))
         return paths
     except OSError as exc:

@@ -13,7 +13,8 @@ import pandas as pd
 from kvbench.analysis.cost import Prices
 from kvbench.analysis.intervals import pct_interval
 from kvbench.analysis.peer_cost import LOAD_CAVEAT, peer_cost_table
-from kvbench.errors import UnwritableOutput, UserError
+from kvbench.arguments import path_arg, paths_arg
+from kvbench.errors import BadParameter, UnwritableOutput, UserError
 from kvbench.report.cost import replacing
 from kvbench.report.format import number
 from kvbench.results.peers import PeerRun
@@ -145,11 +146,16 @@ def peer_cost_report(paths: list[str | Path], out_dir: str | Path, prices: Price
     (:func:`kvbench.analysis.peer_cost.peer_cost_table`; the first file is the reference) and the files written.
 
     Raises:
+        kvbench.errors.BadParameter: ``paths`` is no path nor a list of them, ``out_dir`` no path, ``prices`` no
+            :class:`~kvbench.analysis.cost.Prices`.
         kvbench.errors.ResultsError: a path that is no peer result or cannot be read
             (:func:`kvbench.results.peers.load_peers`).
     """
     from kvbench.results.peers import load_peers
 
+    paths, out_dir = paths_arg(paths, "paths"), path_arg(out_dir, "out_dir")
+    if not isinstance(prices, Prices):
+        raise BadParameter(f"{{prices}} must be a kvbench.Prices, not {type(prices).__name__}", "prices")
     runs = load_peers(list(paths))
     table = peer_cost_table(runs, prices)
     return table, write_peer_costs(table, out_dir, prices, runs)

@@ -68,16 +68,16 @@ class _UniqueKeyLoader(yaml.SafeLoader):
             self._depth -= 1
 
 
-def _expanded_size(node: yaml.Node, memo: dict[int, int]) -> int:
+def expanded_size(node: yaml.Node, memo: dict[int, int]) -> int:
     """Values ``node`` stands for with every alias expanded, counted without expanding (memoised per node)."""
     known = memo.get(id(node))
     if known is not None:
         return known
     memo[id(node)] = 1  # a recursive alias counts once instead of looping
     if isinstance(node, yaml.SequenceNode):
-        size = 1 + sum(_expanded_size(n, memo) for n in node.value)
+        size = 1 + sum(expanded_size(n, memo) for n in node.value)
     elif isinstance(node, yaml.MappingNode):
-        size = 1 + sum(_expanded_size(k, memo) + _expanded_size(v, memo) for k, v in node.value)
+        size = 1 + sum(expanded_size(k, memo) + expanded_size(v, memo) for k, v in node.value)
     else:
         size = 1
     memo[id(node)] = size
@@ -143,7 +143,7 @@ def read_yaml(file: str | Path) -> Any:
                                         "it a text file, saved as UTF-8?)")]) from None
     try:
         node = loader.get_single_node()
-        if node is not None and _expanded_size(node, {}) > MAX_YAML_VALUES:
+        if node is not None and expanded_size(node, {}) > MAX_YAML_VALUES:
             raise ScenarioError(file, [("", f"the file expands to more than {MAX_YAML_VALUES:,} values through "
                                             "its aliases (*name): not a scenario")])
         data = loader.construct_document(node) if node is not None else None

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import jsonschema
 import pytest
 from typer.testing import CliRunner
 
-from golden_run import RUN as GOLDEN
+from golden_run import RUN as GOLDEN, copy_run
 from kvbench.analysis.cost import Prices
 from kvbench.analysis.peer_cost import peer_cost_table
 from kvbench.analysis.server_load import server_load_table
@@ -123,10 +124,11 @@ def test_exported_reports_read_back_with_kvbench_s_medians(server_run, tmp_path)
         assert row["output_tokens_per_s"] == pytest.approx(load.loc[mode, "throughput_wall_tokens_per_s"])
 
 
-def test_an_in_process_run_gives_one_report_per_point():
+def test_an_in_process_run_gives_one_report_per_point_that_ran():
     reports = llmd_reports(load_results(GOLDEN))
     names = [n for n, _ in reports]
-    assert names and all("-p" in n and "-b" in n for n in names)
+    assert len(names) == 20 and all("-p" in n and "-b" in n for n in names)
+    assert not [n for n in names if "hf-offloaded" in n]  # skipped: it needs CUDA, nothing ran here
     validator = jsonschema.Draft202012Validator(SCHEMA)
     for name, doc in reports:
         assert not list(validator.iter_errors(doc)), name
@@ -144,3 +146,65 @@ def test_the_cli_writes_the_reports_and_refuses_a_symlinked_folder(server_run, t
     with pytest.raises(SymlinkRefused):
         write_llmd(load_results(server_run), tmp_path / "link")
     assert not (tmp_path / "elsewhere").exists()
+
+
+def test_requests_and_failures_count_sequences_at_batch_two(tmp_path):
+    failed = iter(range(2))
+
+    def edit(row):
+        if row["mode_label"] == "full" and row["prompt_tokens"] == 32 and row["batch_size"] == 2 and \
+                next(failed, None) is not None:
+            return {k: row[k] for k in ("trial_id", "scenario", "mode", "mode_label", "mode_options", "prompt_tokens",
+                                        "batch_size", "max_new_tokens", "repeat") if k in row} | {
+                "status": "error", "message": "boom"}
+        return row
+
+    reports = dict(llmd_reports(load_results(copy_run(tmp_path, edit=edit))))
+    doc = reports["golden/full-p32-b2"]
+    requests = doc["results"]["request_performance"]["aggregate"]["requests"]
+    assert (requests["total"], requests["failures"]) == (10, 4)
+    assert doc["results"]["observability"]["kvbench"]["failed_requests"] == 4
+
+
+def test_an_in_process_run_and_a_server_run_export_together(server_run, tmp_path):
+    both = tmp_path / "both"
+    both.mkdir()
+    shutil.copytree(GOLDEN, both / "a")
+    shutil.copytree(server_run, both / "b")
+    files = write_llmd(load_results(both), tmp_path / "o")
+    names = [f.name for f in files]
+    assert "fake__none.json" in names and "golden__none-p32-b1.json" in names and len(names) == 22
+    validator = jsonschema.Draft202012Validator(SCHEMA)
+    for f in files:
+        assert not list(validator.iter_errors(json.loads(f.read_text()))), f.name
+
+
+def test_two_runs_of_one_scenario_give_a_report_each(tmp_path):
+    one, two = copy_run(tmp_path, "one"), copy_run(tmp_path, "two")
+    names = [n for n, _ in llmd_reports(load_results([one, two]))]
+    assert "golden@one/full-p32-b1" in names and "golden@two/full-p32-b1" in names and len(names) == 40
+
+
+def test_a_symlinked_report_folder_and_a_file_in_the_way_are_refused(server_run, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(server_run, run)
+    shutil.rmtree(run / "report", ignore_errors=True)
+    (tmp_path / "else").mkdir()
+    os.symlink(tmp_path / "else", run / "report")
+    r = CliRunner().invoke(app, ["report", str(run), "--format", "llm-d"])
+    assert r.exit_code == 2 and "is a symbolic link" in r.output
+    assert list((tmp_path / "else").iterdir()) == []
+    (tmp_path / "afile").write_text("")
+    r = CliRunner().invoke(app, ["report", str(run), "--format", "llm-d", "--out", str(tmp_path / "afile")])
+    assert r.exit_code == 2 and "afile is not a directory: the llm-d reports go in a directory" in r.output
+
+
+def test_a_folder_of_exported_reports_reads_back_with_counts_and_hit_rate(server_run, tmp_path):
+    write_llmd(load_results(server_run), tmp_path / "llmd")
+    table = peer_cost_table(load_peers([tmp_path / "llmd"]), Prices(2.0)).set_index("label")
+    trials = load_results(server_run).trials
+    cache = trials[trials["mode_label"] == "prefix-cache"]
+    row = table.loc["fake__prefix-cache.json"]
+    assert row["requests"] == 4
+    assert row["cached_token_share"] == pytest.approx(
+        cache["cached_prompt_tokens"].sum() / cache["prompt_tokens"].sum())

@@ -156,9 +156,12 @@ def test_the_cli_costs_peer_files_and_refuses_a_mix_with_kvbench_runs(tmp_path):
     table = pd.read_csv(tmp_path / "o" / "peer_cost.csv")
     assert table["usd_per_million"].round(2).tolist() == [111.11, 55.56]
     r = CliRunner().invoke(app, ["cost", "--gpu-price", "2", str(a), str(RUN)])
-    assert r.exit_code == 2 and "give kvbench runs or other tools' result files, not both" in r.output
-    r = CliRunner().invoke(app, ["cost", "--gpu-price", "2", str(a), "--max-ttft-ms", "100"])
-    assert r.exit_code == 2 and "apply to kvbench runs" in r.output
+    assert r.exit_code == 2 and "give kvbench runs or other tools' result files, not both: " in r.output
+    for flags in (["--max-ttft-ms", "100"], ["--host-price", "1"], ["--host-tier", "measured"]):
+        r = CliRunner().invoke(app, ["cost", "--gpu-price", "2", str(a), *flags])
+        assert r.exit_code == 2 and f"{flags[0]} applies to kvbench runs" in r.output, flags
+    r = CliRunner().invoke(app, ["cost", "--gpu-price", "2", str(a), str(tmp_path / "nope.json")])
+    assert r.exit_code == 2 and "nope.json: no such file or directory" in r.output
     assert peer_cost_table(load_peers([a]), Prices(2.0))["reference"].tolist() == [True]
 
 
@@ -175,3 +178,54 @@ def test_report_says_a_peer_file_is_for_cost_and_map_says_what_it_lacks():
     assert r.exit_code == 2 and " ".join(r.output.split()) == (
         "error: nothing to map: peers/vllm/cache.json: not mapped: vllm bench serve's file does not say its shared "
         "prefix")
+
+
+def test_a_yaml_alias_bomb_is_refused_before_it_expands(tmp_path):
+    text, prev = 'a: &a ["x","x","x","x","x","x","x","x","x"]\n', "a"
+    for name in "bcdefghi":
+        text += f"{name}: &{name} [" + ",".join([f"*{prev}"] * 9) + "]\n"
+        prev = name
+    (tmp_path / "bomb.yaml").write_text(text + 'version: "0.2.1"\nrun: {}\nresults: {x: *i}\n')
+    with pytest.raises(ResultsError, match="expands to more than 5,000,000 values through its aliases"):
+        peer_runs(tmp_path / "bomb.yaml")
+
+
+@pytest.mark.parametrize("edit, message", [
+    ({"output_lens": [10**400, 3]}, "output_lens[0]: must be a number within range, not a number of 401 digits"),
+    ({"latencies": [-1.5, 1.3]}, "request 0 (ttfts, latencies, itls): E2E -1.5 s is negative"),
+    ({"latencies": [0.4, 1.3]}, "request 0 (ttfts, latencies, itls): e2e 0.4 s is shorter than its TTFT 0.5 s"),
+    ({"output_throughput": -5.0}, "output_throughput: must be at least 0, not -5"),
+    ({"median_ttft_ms": -3.0}, "median_ttft_ms: must be at least 0, not -3"),
+])
+def test_impossible_figures_are_refused_naming_the_request_or_key(tmp_path, edit, message):
+    doc = {**vllm_doc([0.5, 0.3], [1.5, 1.3], [3, 3]), **edit}
+    f = tmp_path / "v.json"
+    f.write_text(json.dumps(doc))
+    with pytest.raises(ResultsError) as e:
+        load_peers([f])
+    assert str(e.value) == f"{f}: {message}"
+
+
+def test_a_guidellm_report_without_benchmarks_and_an_old_llmd_report_are_named(tmp_path):
+    peers = Path(__file__).resolve().parents[1] / "data" / "peers"
+    doc = json.loads((peers / "guidellm" / "cache" / "benchmarks.json").read_text())
+    with pytest.raises(ResultsError, match=r"g.json: benchmarks: empty: GuideLLM ran no benchmark"):
+        load_peers([write(tmp_path / "g.json", {**doc, "benchmarks": []})])
+    with pytest.raises(ResultsError, match=r"old.json: an llm-d Benchmark Report of version 0.1: kvbench reads "
+                                           r"versions 0.2 and 0.2.1"):
+        load_peers([write(tmp_path / "old.json", {"version": "0.1", "run": {}, "results": {}})])
+
+
+def test_files_of_one_name_are_told_apart_and_a_file_given_twice_is_said(tmp_path):
+    for d in ("r1", "r2"):
+        (tmp_path / d / "x").mkdir(parents=True)
+        write(tmp_path / d / "x" / "v.json", vllm_doc([0.5] * 2, [1.5] * 2, [3, 3]))
+    runs = load_peers([tmp_path / "r1" / "x" / "v.json", tmp_path / "r2" / "x" / "v.json"])
+    assert [r.label for r in runs] == ["r1/x/v.json", "r2/x/v.json"]
+    (tmp_path / "r3").mkdir()
+    write(tmp_path / "r3" / "v.json", vllm_doc([0.5] * 2, [1.5] * 2, [3, 3]))
+    (tmp_path / "r4").mkdir()
+    write(tmp_path / "r4" / "v.json", vllm_doc([0.5] * 2, [1.5] * 2, [3, 3]))
+    runs = load_peers([tmp_path / "r3" / "v.json", tmp_path / "r3" / "v.json"])
+    assert runs[0].label == str(tmp_path / "r3" / "v.json")
+    assert f"{tmp_path / 'r3' / 'v.json'} was given more than once" in runs[0].notes

@@ -19,9 +19,13 @@ from kvbench.results.peers.guidellm import is_guidellm, read_guidellm
 from kvbench.results.peers.llmd import is_llmd_report, read_llmd
 from kvbench.results.peers.vllm_bench import is_vllm_bench, read_vllm_bench
 from kvbench.safe_read import MAX_RUN_JSON_BYTES, read_json_file, read_regular, too_deep
+from kvbench.scenario.load import expanded_size
 
 #: The tools whose files kvbench reads, as :attr:`PeerRun.tool` names them.
 TOOLS = ("guidellm", "aiperf", "vllm bench serve", "llm-d report")
+#: Values a YAML result may hold once its aliases (``*name``) are expanded: a "billion laughs" file of 400 bytes
+#: expands to billions, which reading would walk.
+MAX_YAML_VALUES = 5_000_000
 
 
 def _parse(path: Path) -> object:
@@ -36,10 +40,20 @@ def _parse(path: Path) -> object:
             if len(raw) > MAX_RUN_JSON_BYTES:
                 raise BadFile(f"{path}: the file is over {MAX_RUN_JSON_BYTES:,} bytes")
             try:
-                data = yaml.safe_load(raw.decode("utf-8-sig"))
+                loader = yaml.SafeLoader(raw.decode("utf-8-sig"))
+                try:
+                    node = loader.get_single_node()
+                    if node is not None and expanded_size(node, {}) > MAX_YAML_VALUES:
+                        raise BadFile(f"{path}: the file expands to more than {MAX_YAML_VALUES:,} values through its "
+                                      "aliases (*name): not a result file")
+                    data = loader.construct_document(node) if node is not None else None
+                finally:
+                    loader.dispose()
             except UnicodeDecodeError as exc:
                 raise BadFile(f"{path}: not UTF-8 text (byte {exc.start})") from None
-            except (yaml.YAMLError, RecursionError) as exc:
+            except (yaml.YAMLError, RecursionError, ValueError) as exc:
+                if isinstance(exc, BadFile):
+                    raise
                 raise BadFile(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
             if too_deep(data):
                 raise BadFile(f"{path}: nested too deeply")
@@ -71,6 +85,10 @@ def peer_runs(path: str | Path) -> list[PeerRun] | None:
             return None
         if (p / aiperf.RECORDS).is_file() or (p / aiperf.SUMMARY).is_file():
             return [aiperf.read_aiperf(p)]
+        reports = sorted(f for f in p.glob("*.json") if f.is_file() and not f.is_symlink())
+        found = [peer_runs(f) for f in reports]
+        if reports and all(runs and runs[0].tool == "llm-d report" for runs in found):
+            return [run for runs in found for run in runs]  # a folder kvbench report --format llm-d wrote
         return None
     if not p.is_file():
         return None
@@ -91,6 +109,20 @@ def peer_runs(path: str | Path) -> list[PeerRun] | None:
     return None
 
 
+def _llmd_version(path: str | Path) -> str:
+    """The ``version`` of an llm-d report kvbench does not read (e.g. 0.1), else ``""``."""
+    p = Path(path)
+    if not p.is_file() or p.suffix.lower() not in (".json", ".yaml", ".yml"):
+        return ""
+    try:
+        data = _parse(p)
+    except ResultsError:
+        return ""
+    if isinstance(data, dict) and "run" in data and "results" in data and "version" in data:
+        return str(data["version"])
+    return ""
+
+
 def peer_hint(path: str | Path) -> str:
     """What to say of a path a reader of kvbench runs was given: ``"; it is <tool>'s result: kvbench cost and
     kvbench map read it"`` when it is a peer tool's result file or folder, else ``""`` (also when it cannot be read)."""
@@ -102,7 +134,8 @@ def peer_hint(path: str | Path) -> str:
 
 
 def load_peers(paths: list[str | Path]) -> list[PeerRun]:
-    """The runs of every path in ``paths``, in order (:func:`peer_runs`).
+    """The runs of every path in ``paths``, in order (:func:`peer_runs`); runs whose labels would be the same
+    are labelled by their whole path.
 
     Raises:
         ResultsError: a path that does not exist, one that is no result of GuideLLM, AIPerf, ``vllm bench serve``
@@ -114,11 +147,31 @@ def load_peers(paths: list[str | Path]) -> list[PeerRun]:
             raise ResultsError(f"{path}: no such file or directory")
         found = peer_runs(path)
         if found is None:
+            if _llmd_version(path):
+                raise ResultsError(f"{path}: an llm-d Benchmark Report of version {_llmd_version(path)}: kvbench "
+                                   "reads versions 0.2 and 0.2.1")
             raise ResultsError(f"{path}: not a result file kvbench imports (GuideLLM JSON/YAML, AIPerf's "
                                "profile_export.jsonl or profile_export_aiperf.json, vllm bench serve JSON, "
                                "llm-d Benchmark Report)")
         runs += found
+    _distinct_labels(runs)
     return runs
+
+
+def _distinct_labels(runs: list[PeerRun]) -> None:
+    """Runs whose labels are the same get their whole path as label (the same file given twice: a note)."""
+    seen: dict[str, list[PeerRun]] = {}
+    for run in runs:
+        seen.setdefault(run.label, []).append(run)
+    for label, same in seen.items():
+        if len(same) < 2:
+            continue
+        paths = [r.path.resolve() for r in same]
+        for run in same:
+            suffix = label[label.index(" ["):] if " [" in label else ""
+            run.label = f"{run.path}{suffix}"
+            if paths.count(run.path.resolve()) > 1:
+                run.notes.append(f"{run.path} was given more than once")
 
 
 __all__ = ["LATENCIES", "PeerRun", "TOOLS", "load_peers", "peer_hint", "peer_runs"]

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from kvbench.errors import BadFile, ResultsError
-from kvbench.results.peers.common import HEAD_CHARS, Doc, PeerRun, prompt_key, requests_frame, scaled
+from kvbench.results.peers.common import (HEAD_CHARS, Doc, PeerRun, check_requests, prompt_key, requests_frame,
+                                          scaled, short_label)
 from kvbench.safe_read import read_json_file, scan_rows
 
 TOOL = "aiperf"
@@ -116,16 +117,15 @@ def _summary(path: Path) -> tuple[dict[str, dict[str, float]], float | None, int
         unit = m.text("unit", optional=True) or "ms"
         if unit not in UNITS:
             raise ResultsError(f"{path}: {tag}.unit: {unit!r} is not a unit of time ({', '.join(UNITS)})")
-        out[name] = scaled({"p50": m.number("p50", optional=True), "mean": m.number("avg", optional=True),
-                            "p90": m.number("p90", optional=True), "p99": m.number("p99", optional=True)},
-                           UNITS[unit])
+        out[name] = scaled({k: m.number(key, optional=True, least=0) for k, key in (
+            ("p50", "p50"), ("mean", "avg"), ("p90", "p90"), ("p99", "p99"))}, UNITS[unit])
     rate = doc.at("output_token_throughput", optional=True)
     conc = doc.at("input_config", "loadgen", "concurrency", optional=True)  # before 0.13
     phases = doc.at("input_config", "phases", optional=True)
     for phase in phases.items() if phases is not None else []:
         if phase.text("kind", optional=True) == "profiling" and phase.has("concurrency"):
             conc = phase.at("concurrency")
-    return (out, rate.number("avg", optional=True) if rate is not None else None,
+    return (out, rate.number("avg", optional=True, least=0) if rate is not None else None,
             conc.count() if conc is not None else None, doc.text("aiperf_version", optional=True))
 
 
@@ -159,6 +159,7 @@ def read_aiperf(path: Path) -> PeerRun:
             row = _record(Doc(records, data, f"line {line}"), prompts)
             if row is not None:
                 rows.append(row)
+        check_requests(records, rows, "request {i}")
         notes += [f"{records}: line {i}: skipped ({why})" for i, why in skipped]
         if not prompts:
             notes.append(f"no {INPUTS} beside {RECORDS}: requests cannot be paired by prompt")
@@ -169,7 +170,7 @@ def read_aiperf(path: Path) -> PeerRun:
         done = frame[frame["ok"]]
         wall = float((done["start_s"] + done["e2e_s"]).max())
         rate = float(done["n_output_tokens"].sum()) / wall if wall > 0 else None
-    return PeerRun(path=path, tool=TOOL, tool_version=version, label="/".join(folder.parts[-3:]),
+    return PeerRun(path=path, tool=TOOL, tool_version=version, label=short_label(folder),
                    requests=frame, aggregates=aggregates, output_tokens_per_s=rate, concurrency=conc,
                    pairing="prompt text" if len(frame) and frame["key"].notna().any() else
                    ("" if not len(frame) else "none"), notes=notes, shared_prefix_tokens=prefix, prefixes=count)

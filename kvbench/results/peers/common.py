@@ -48,6 +48,8 @@ class PeerRun:
         shared_prefix_tokens: the tokens every prompt of a shared-prefix workload starts with, as the tool's
             configuration says (None: not said, or not one prefix length).
         prefixes: how many such prefixes the workload rotates over (its working set; None: not said).
+        reported_requests: an aggregates-only file's own count of successful requests (None: not said).
+        reported_cached_share: an aggregates-only file's prefix-cache hit rate as a fraction (None: not said).
     """
 
     path: Path
@@ -62,11 +64,33 @@ class PeerRun:
     notes: list[str] = field(default_factory=list)
     shared_prefix_tokens: int | None = None
     prefixes: int | None = None
+    reported_requests: int | None = None
+    reported_cached_share: float | None = None
 
     @property
     def per_request(self) -> bool:
         """The file holds its requests (not only aggregates)."""
         return len(self.requests) > 0
+
+
+def check_requests(file: Path, rows: list[dict[str, Any]], where: str) -> None:
+    """Refuse requests whose times cannot be: a negative TTFT, e2e or inter-chunk gap, or an e2e shorter than the
+    TTFT (``where``: how the message names a request, e.g. ``ttfts[{i}]``).
+
+    Raises:
+        ResultsError: naming the file, the request and the figures.
+    """
+    for i, r in enumerate(rows):
+        name = where.format(i=i)
+        for col in ("ttft_s", "e2e_s"):
+            if r.get(col) is not None and r[col] < 0:
+                raise ResultsError(f"{file}: {name}: {col.removesuffix('_s').upper()} {r[col]:g} s is negative")
+        if r.get("ttft_s") is not None and r.get("e2e_s") is not None and r["e2e_s"] < r["ttft_s"] - 1e-6:
+            raise ResultsError(f"{file}: {name}: e2e {r['e2e_s']:g} s is shorter than its TTFT {r['ttft_s']:g} s")
+        if r.get("tpot_s") is not None and r["tpot_s"] < 0:
+            raise ResultsError(f"{file}: {name}: TPOT {r['tpot_s']:g} s is negative")
+        if r.get("itl_s") and min(r["itl_s"]) < 0:
+            raise ResultsError(f"{file}: {name}: an inter-chunk gap of {min(r['itl_s']):g} s is negative")
 
 
 def requests_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
@@ -157,7 +181,12 @@ class Doc:
                     raise self._fail(node.where, f"must be a number, not {v[:40]!r}") from None
             else:
                 raise self._fail(node.where, f"must be a number, not {type(v).__name__}")
-        if not math.isfinite(v):
+        try:
+            finite = math.isfinite(v)
+        except OverflowError:  # an int past float's range
+            raise self._fail(node.where, "must be a number within range, not a number of "
+                                         f"{len(str(abs(int(v))))} digits") from None
+        if not finite:
             if optional:
                 return None
             raise self._fail(node.where, f"must be a finite number, not {v}")
@@ -204,10 +233,16 @@ class Doc:
         return [float(item.number()) for item in node.items()]
 
 
+def short_label(path: Path, parts: int = 3) -> str:
+    """A file's label: its last ``parts`` path components (fewer where the path has fewer; no root)."""
+    names = [p for p in path.parts if p not in (path.anchor, "")]
+    return "/".join(names[-parts:]) or str(path)
+
+
 def scaled(values: dict[str, float | None], scale: float) -> dict[str, float]:
     """``values`` without the missing ones, each times ``scale`` (ms → s: 1e-3)."""
     return {k: v * scale for k, v in values.items() if v is not None}
 
 
-__all__ = ["Doc", "HEAD_CHARS", "LATENCIES", "PeerRun", "REQUEST_COLUMNS", "prompt_key", "requests_frame", "scaled",
-           "tpot"]
+__all__ = ["Doc", "HEAD_CHARS", "LATENCIES", "PeerRun", "REQUEST_COLUMNS", "check_requests", "prompt_key",
+           "requests_frame", "scaled", "short_label", "tpot"]

@@ -16,7 +16,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from kvbench.results.peers.common import HEAD_CHARS, Doc, PeerRun, prompt_key, requests_frame, scaled
+from kvbench.errors import ResultsError
+from kvbench.results.peers.common import (HEAD_CHARS, Doc, PeerRun, check_requests, prompt_key, requests_frame,
+                                          scaled, short_label)
 
 TOOL = "guidellm"
 
@@ -75,9 +77,10 @@ def _aggregates(metrics: Doc) -> dict[str, dict[str, float]]:
         s = metrics.at(metric, "successful", optional=True)
         if s is None:
             continue
-        out[name] = scaled({"p50": s.number("median", optional=True), "mean": s.number("mean", optional=True),
-                            "p90": s.number("percentiles", "p90", optional=True),
-                            "p99": s.number("percentiles", "p99", optional=True)}, scale)
+        out[name] = scaled({"p50": s.number("median", optional=True, least=0),
+                            "mean": s.number("mean", optional=True, least=0),
+                            "p90": s.number("percentiles", "p90", optional=True, least=0),
+                            "p99": s.number("percentiles", "p99", optional=True, least=0)}, scale)
     return out
 
 
@@ -104,6 +107,8 @@ def read_guidellm(path: Path, data: Any) -> list[PeerRun]:
     doc = Doc(path, data)
     version = doc.text("metadata", "guidellm_version", optional=True)
     benchmarks = doc.at("benchmarks").items()
+    if not benchmarks:
+        raise ResultsError(f"{path}: benchmarks: empty: GuideLLM ran no benchmark")
     runs = []
     for k, b in enumerate(benchmarks):
         groups = b.at("requests")
@@ -113,12 +118,13 @@ def read_guidellm(path: Path, data: Any) -> list[PeerRun]:
             rows += [_request(r, ok) for r in (part.items() if part is not None else [])]
         strategy = b.text("config", "strategy", "type_", optional=True) if b.at("config", "strategy",
                                                                                    optional=True) else None
-        label = "/".join(path.parts[-3:]) + (f" [{strategy}]" if strategy and len(benchmarks) > 1 else "")
+        label = short_label(path) + (f" [{strategy}]" if strategy and len(benchmarks) > 1 else "")
         if len(benchmarks) > 1 and not strategy:
             label += f" [{k}]"
+        check_requests(path, rows, f"{b.where}.requests[{{i}}]")
         frame = requests_frame(rows)
         done = frame[frame["ok"]] if len(frame) else frame
-        duration = b.number("duration", optional=True)
+        duration = b.number("duration", optional=True, least=0)
         tokens = float(done["n_output_tokens"].sum()) if len(done) else None
         conc = b.number("config", "strategy", "streams", optional=True) if strategy == "concurrent" else None
         notes = ["GuideLLM's time_per_output_token_ms includes TTFT: read as NTPOT; its inter_token_latency_ms "

@@ -31,7 +31,7 @@ def _stats(s: Doc) -> dict[str, float]:
     if units not in UNITS:
         raise ResultsError(f"{s.file}: {s.where}.units: {units!r} is not a unit of time ({', '.join(UNITS)})")
     return {k: v * UNITS[units] for k in ("p50", "mean", "p90", "p99")
-            if (v := s.number(k, optional=True)) is not None}
+            if (v := s.number(k, optional=True, least=0)) is not None}
 
 
 def read_llmd(path: Path, data: Any) -> PeerRun:
@@ -46,7 +46,9 @@ def read_llmd(path: Path, data: Any) -> PeerRun:
     tool = load.text("tool", optional=True) if load is not None else None
     agg = doc.at("results", "request_performance", "aggregate", optional=True)
     aggregates: dict[str, dict[str, float]] = {}
-    notes = ["an llm-d report holds aggregates only: no requests to pair"]
+    notes = ["an llm-d report holds aggregates only: no requests to pair",
+             "an llm-d report's output rate is over the load's wall-clock time (idle time included); kvbench cost of "
+             "a kvbench run prices the time requests were in flight"]
     rate = None
     if agg is not None:
         lat = agg.at("latency", optional=True)
@@ -65,7 +67,16 @@ def read_llmd(path: Path, data: Any) -> PeerRun:
         if out is not None:
             if out.text("units") != "tokens/s":
                 raise ResultsError(f"{path}: {out.where}.units: must be 'tokens/s', not {out.data.get('units')!r}")
-            rate = out.number("mean")
+            rate = out.number("mean", least=0)
+    requests = agg.at("requests", optional=True) if agg is not None else None
+    total = requests.count("total", optional=True) if requests is not None else None
+    failures = (requests.count("failures", optional=True) or 0) if requests is not None else 0
+    hit = None
+    for component in (doc.at("results", "observability", "components", optional=True) or Doc(path, [])).items():
+        rate_doc = component.at("aggregate", "cache_hit_rate", optional=True)
+        if rate_doc is not None and hit is None:
+            units = rate_doc.text("units")
+            hit = rate_doc.number("mean", least=0) / (100 if units == "percent" else 1)
     conc = load.at("concurrency", optional=True) if load is not None else None
     concurrency = int(conc.data) if conc is not None and isinstance(conc.data, int) else None
     ext = doc.at("results", "observability", "kvbench", optional=True)
@@ -80,7 +91,8 @@ def read_llmd(path: Path, data: Any) -> PeerRun:
                    requests=requests_frame([]), aggregates=aggregates, output_tokens_per_s=rate,
                    concurrency=concurrency, notes=notes,
                    shared_prefix_tokens=int(prefix_len) if prefix_len is not None else None,
-                   prefixes=prefix.count("num_prefixes", optional=True) if prefix is not None else None)
+                   prefixes=prefix.count("num_prefixes", optional=True) if prefix is not None else None,
+                   reported_requests=None if total is None else max(total - failures, 0), reported_cached_share=hit)
 
 
 __all__ = ["TOOL", "VERSIONS", "is_llmd_report", "read_llmd"]

@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from kvbench.results.peers.common import Doc, PeerRun, requests_frame, scaled, tpot
+from kvbench.results.peers.common import Doc, PeerRun, check_requests, requests_frame, scaled, short_label, tpot
 
 TOOL = "vllm bench serve"
 
@@ -56,6 +56,7 @@ def read_vllm_bench(path: Path, data: Any) -> PeerRun:
                          "ntpot_s": lats[i] / out if out else None, "e2e_s": lats[i],
                          "itl_s": itls[i].numbers() if itls[i] is not None else None, "start_s": starts[i],
                          "cached_prompt_tokens": None, "ok": not failed})
+        check_requests(path, rows, "request {i} (ttfts, latencies, itls)")
         notes += ["vLLM's file keeps no prompts: requests are paired by index (the same request only when both "
                   "runs drew the same dataset with the same --seed)",
                   "vLLM's output_lens are its tokenizer's count of the text where the server's usage was not read "
@@ -64,16 +65,14 @@ def read_vllm_bench(path: Path, data: Any) -> PeerRun:
         notes.append("no per-request lists (run without --save-detailed): aggregates only")
     aggregates = {}
     for name, metric in (("ttft_s", "ttft"), ("tpot_s", "tpot"), ("itl_s", "itl"), ("e2e_s", "e2el")):
-        values = scaled({"p50": doc.number(f"median_{metric}_ms", optional=True),
-                         "mean": doc.number(f"mean_{metric}_ms", optional=True),
-                         "p90": doc.number(f"p90_{metric}_ms", optional=True),
-                         "p99": doc.number(f"p99_{metric}_ms", optional=True)}, 1e-3)
+        values = scaled({k: doc.number(f"{key}_{metric}_ms", optional=True, least=0) for k, key in (
+            ("p50", "median"), ("mean", "mean"), ("p90", "p90"), ("p99", "p99"))}, 1e-3)
         if values:
             aggregates[name] = values
     conc = doc.count("max_concurrency", optional=True)
-    return PeerRun(path=path, tool=TOOL, tool_version=None, label="/".join(path.parts[-3:]),
+    return PeerRun(path=path, tool=TOOL, tool_version=None, label=short_label(path),
                    requests=requests_frame(rows), aggregates=aggregates,
-                   output_tokens_per_s=doc.number("output_throughput", optional=True), concurrency=conc,
+                   output_tokens_per_s=doc.number("output_throughput", optional=True, least=0), concurrency=conc,
                    pairing="request index" if rows else "", notes=notes)
 
 
