@@ -19,9 +19,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from kvbench.analysis.cost import Prices
+from kvbench.analysis.cost import WHAT_IF_TOKENS_PER_S, Prices
 from kvbench.analysis.intervals import judge
 from kvbench.analysis.latency import higher_percentile
+from kvbench.errors import ResultsError
 from kvbench.results.peers import LATENCIES, PeerRun
 
 #: Resamples of each interval, and the seed that makes them repeatable.
@@ -66,20 +67,23 @@ def compare(reference: PeerRun, run: PeerRun, prefix_chars: int | None = None) -
     """``run`` against ``reference``: ``saving_pct`` (see the module docstring) with ``saving_ci_low`` and
     ``saving_ci_high`` (95%, NaN without requests), ``pairs`` (matched requests; unpaired: the smaller file's
     requests), ``comparison`` (how: ``paired by prompt text``, ``paired by request index``, ``unpaired``,
-    ``throughputs only``) and ``verdict`` (:func:`kvbench.analysis.intervals.judge`'s reason it is inconclusive,
-    or ``""``). With ``prefix_chars`` (a shared-prefix workload) paired requests are grouped by the first so many
-    characters of their prompt (their prefix) and the interval resamples whole prefixes, as ``kvbench map`` draws
-    by prefix: ``prefixes`` is how many there were (None without)."""
+    ``throughputs only``: aggregates only, or a concurrency that differs or that a file does not say) and ``verdict``
+    (:func:`kvbench.analysis.intervals.judge`'s reason it is inconclusive, or ``""``). With ``prefix_chars`` (a
+    shared-prefix workload) paired requests are grouped by the first so many characters of their prompt (their
+    prefix) and the interval resamples whole prefixes, as ``kvbench map`` draws by prefix: ``prefixes`` is how many
+    there were (None without)."""
     out: dict[str, Any] = {"saving_pct": math.nan, "saving_ci_low": math.nan, "saving_ci_high": math.nan,
                            "pairs": 0, "prefixes": None}
-    conc_differ = (reference.concurrency is not None and run.concurrency is not None
-                   and reference.concurrency != run.concurrency)
-    if not (reference.per_request and run.per_request) or conc_differ:
+    unknown = [r.label for r in (reference, run) if r.concurrency is None]
+    conc_differ = not unknown and reference.concurrency != run.concurrency
+    if not (reference.per_request and run.per_request) or conc_differ or unknown:
         a, b = reference.output_tokens_per_s, run.output_tokens_per_s
         if a and b:
             out["saving_pct"] = 100 * (1 - a / b)
-        why = (f"concurrency {run.concurrency} vs {reference.concurrency}" if conc_differ
-               else "aggregates only, no requests to compare")
+        why = ("aggregates only, no requests to compare" if not (reference.per_request and run.per_request)
+               else f"concurrency {run.concurrency} vs {reference.concurrency}" if conc_differ
+               else f"the concurrency of {unknown[0]} is not in its file (request time per token is a cost only at "
+                    "one concurrency)")
         return dict(out, comparison="throughputs only", verdict=f"inconclusive: {why}")
     a, b = _usable(reference), _usable(run)
     rng = np.random.default_rng(SEED)
@@ -116,8 +120,9 @@ def compare(reference: PeerRun, run: PeerRun, prefix_chars: int | None = None) -
     low, high = np.percentile(boot, [2.5, 97.5])
     units = (out["prefixes"], "prefixes") if out["prefixes"] is not None else None
     verdict = judge(n, 0, 0, float(low), float(high), no_change=0.0, units=units)
-    if reference.concurrency is None or run.concurrency is None:
-        how += ", a concurrency not in the files"  # request time per token is a cost only at one concurrency
+    if out["prefixes"] == 1:  # one prefix: no spread to draw an interval from
+        low = high = math.nan
+        verdict = "inconclusive: 1 prefix, need 5"
     return dict(out, saving_pct=point, saving_ci_low=float(low), saving_ci_high=float(high), pairs=n,
                 comparison=how, verdict=verdict)
 
@@ -128,15 +133,26 @@ def peer_cost_table(runs: list[PeerRun], prices: Prices) -> pd.DataFrame:
     without),
     ``failed``, ``concurrency``, :func:`medians`, ``output_tokens_per_s`` (the tool's), ``usd_per_million`` (at
     ``prices.gpu_per_hour``, no memory charged: a peer file says nothing of it), and for every run after the
-    first, :func:`compare` against the first (``reference`` True on the first)."""
+    first, :func:`compare` against the first (``reference`` True on the first).
+
+    Raises:
+        kvbench.errors.ResultsError: a file's output rate outside
+            :data:`~kvbench.analysis.cost.WHAT_IF_TOKENS_PER_S` (naming the file).
+    """
     rows = []
+    for run in runs:
+        rate = run.output_tokens_per_s
+        if rate is not None and rate != 0 and not WHAT_IF_TOKENS_PER_S[0] <= rate <= WHAT_IF_TOKENS_PER_S[1]:
+            raise ResultsError(f"{run.path}: an output rate of {rate:g} tokens/s is outside "
+                               f"{WHAT_IF_TOKENS_PER_S[0]:g} to {WHAT_IF_TOKENS_PER_S[1]:g}: not a measured rate")
     for k, run in enumerate(runs):
         ok = int(run.requests["ok"].sum()) if run.per_request else (
             math.nan if run.reported_requests is None else run.reported_requests)
         rate = run.output_tokens_per_s
-        cached = pd.to_numeric(run.requests["cached_prompt_tokens"], errors="coerce") if run.per_request \
+        done = run.requests[run.requests["ok"]] if run.per_request else run.requests
+        cached = pd.to_numeric(done["cached_prompt_tokens"], errors="coerce") if run.per_request \
             else pd.Series(dtype=float)
-        known = run.requests.loc[cached.notna()] if len(cached) else run.requests.iloc[0:0]
+        known = done.loc[cached.notna()] if len(cached) else done.iloc[0:0]
         prompt = pd.to_numeric(known["prompt_tokens"], errors="coerce").sum() if len(known) else 0
         rec: dict[str, Any] = {
             "cached_token_share": float(cached.sum() / prompt) if prompt > 0 else (

@@ -15,15 +15,15 @@ from typing import Any
 import pandas as pd
 
 from kvbench.analysis.cost import Prices
-from kvbench.analysis.intervals import judge
 from kvbench.analysis.peer_cost import LOAD_CAVEAT, compare, medians
 from kvbench.results.peers import PeerRun
 from kvbench.results.peers.common import HEAD_CHARS
 
 
 def cell_of(run: PeerRun) -> tuple[int, int, int] | str:
-    """``(prompt tokens, shared %, prefixes)`` of a run (the median prompt length of its requests, or the
-    aggregates' lengths are not known: then why not), or why it has no cell."""
+    """``(prompt tokens, shared %, prefixes)`` of a run (the median prompt length of its requests), or why it has
+    no cell: no prefix in its configuration, aggregates only (an llm-d report), a prefix as long as the prompt or
+    longer, no prefix count."""
     if run.shared_prefix_tokens is None:
         return f"{run.tool}'s file does not say its shared prefix"
     if not run.per_request:
@@ -31,28 +31,32 @@ def cell_of(run: PeerRun) -> tuple[int, int, int] | str:
     prompt = pd.to_numeric(run.requests["prompt_tokens"], errors="coerce").median()
     if not prompt == prompt or prompt <= 0:
         return "no prompt lengths"
-    pct = min(99, round(100 * run.shared_prefix_tokens / prompt))
-    return int(prompt), int(pct), int(run.prefixes or 1)
+    if run.shared_prefix_tokens >= prompt:
+        return f"its shared prefix ({run.shared_prefix_tokens} tokens) is not shorter than its prompts ({prompt:g})"
+    if not run.prefixes:
+        return "its file does not say how many prefixes it rotates over"
+    return int(prompt), round(100 * run.shared_prefix_tokens / prompt), int(run.prefixes)
 
 
 def peer_map(runs: list[PeerRun], prices: Prices) -> tuple[pd.DataFrame, list[str]]:
     """The measured cells of ``runs``: one row per run after the first of its cell with ``prompt_tokens``,
-    ``shared_pct``, ``prefixes``, ``reference`` and ``label`` (the files), ``tool``, ``saving_pct`` with
-    ``saving_ci_low``/``saving_ci_high``, ``usd_per_million`` of both sides (``recompute_usd_per_million``,
-    ``restore_usd_per_million`` at the tools' throughputs), ``ttft_ratio`` (restore ÷ recompute TTFT medians),
-    ``pairs``, ``prefixes_seen`` (the prefixes the paired prompts show; the interval is drawn by prefix; None where
-    the files keep no prompts), ``comparison``, ``map_label`` (pays, loses, inconclusive) and ``why``; and one line
-    per run that has no cell or no partner in its cell."""
-    cells: dict[tuple[str, int, int, int], list[PeerRun]] = {}
+    ``shared_pct``, ``prefixes``, ``concurrency`` (a cell's files share it), ``reference`` and ``label`` (the
+    files), ``tool``,
+    ``saving_pct`` with ``saving_ci_low``/``saving_ci_high``, ``usd_per_million`` of both sides
+    (``recompute_usd_per_million``, ``restore_usd_per_million`` at the tools' throughputs), ``ttft_ratio`` (restore ÷
+    recompute TTFT medians), ``pairs``, ``prefixes_seen`` (the prefixes the paired prompts show; the interval is
+    drawn by prefix; None where the files keep no prompts), ``comparison``, ``map_label`` (pays, loses, inconclusive)
+    and ``why``; and one line per run that has no cell or no partner in its cell."""
+    cells: dict[tuple[Any, ...], list[PeerRun]] = {}
     lines = []
     for run in runs:
         cell = cell_of(run)
         if isinstance(cell, str):
             lines.append(f"{run.label}: not mapped: {cell}")
         else:
-            cells.setdefault((run.tool, *cell), []).append(run)
+            cells.setdefault((run.tool, run.concurrency, *cell), []).append(run)
     rows: list[dict[str, Any]] = []
-    for (_, prompt, pct, prefixes), members in cells.items():
+    for (_, conc, prompt, pct, prefixes), members in cells.items():
         if len(members) < 2:
             lines.append(f"{members[0].label}: not mapped: the only file of its cell ({prompt} tokens, {pct}% "
                          "shared): give the same workload without and with the cache")
@@ -60,9 +64,12 @@ def peer_map(runs: list[PeerRun], prices: Prices) -> tuple[pd.DataFrame, list[st
         ref = members[0]
         for run in members[1:]:
             c = compare(ref, run, prefix_chars=min(HEAD_CHARS, run.shared_prefix_tokens or 1))
-            if not c["verdict"] and c["prefixes"] is None:  # no prompts to tell prefixes apart: the configured count
-                c["verdict"] = judge(c["pairs"], 0, 0, c["saving_ci_low"], c["saving_ci_high"], no_change=0.0,
-                                     units=(prefixes, "prefixes"))
+            if not c["verdict"] and c["prefixes"] is None:
+                c["verdict"] = "inconclusive: the files keep no prompts, so the interval cannot be drawn by prefix"
+            cached = pd.to_numeric(ref.requests["cached_prompt_tokens"], errors="coerce")
+            if not c["verdict"] and cached.sum() > 0:
+                c["verdict"] = (f"inconclusive: the recompute side {ref.label} reused {int(cached.sum())} cached "
+                                "prompt tokens: give the file without the cache first")
             ratio = medians(run)["ttft_s_p50"] / medians(ref)["ttft_s_p50"]
             if c["verdict"]:
                 label, why = "inconclusive", c["verdict"]
@@ -71,7 +78,7 @@ def peer_map(runs: list[PeerRun], prices: Prices) -> tuple[pd.DataFrame, list[st
             else:
                 label, why = "loses", LOAD_CAVEAT
             per = (lambda r: prices.per_million(r.output_tokens_per_s) if r.output_tokens_per_s else math.nan)
-            rows.append({"prompt_tokens": prompt, "shared_pct": pct, "prefixes": prefixes,
+            rows.append({"concurrency": conc, "prompt_tokens": prompt, "shared_pct": pct, "prefixes": prefixes,
                          "prefixes_seen": c["prefixes"], "reference": ref.label,
                          "label": run.label, "tool": run.tool, **{k: c[k] for k in (
                              "saving_pct", "saving_ci_low", "saving_ci_high", "pairs", "comparison")},

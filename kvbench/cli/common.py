@@ -165,3 +165,17 @@ def results_and_target(results: list[Path] | None, out_dir: str | None, verb: st
         _fail(f"{blocked} is not a directory: the {what} cannot go in {target} (give another with --out)")
     return results, target
 
+
+
+def _write_or_stop(what: str, target: Path, write: Any, label: str) -> None:
+    """Call ``write()`` (it returns the paths written) under :func:`handle_errors`; Ctrl-C while it writes stops
+    with exit 130, saying that each of ``what`` in ``target`` is whole, new or from before; then print
+    ``<label>: <paths>``."""
+    try:
+        with handle_errors():
+            files = write()
+    except KeyboardInterrupt:
+        err.print(f"interrupted while writing {what} in {target}: each is whole, new or from before",
+                  highlight=False, markup=False)
+        raise typer.Exit(130) from None
+    out.print(f"{label}: {', '.join(str(f) for f in files)}", highlight=False, markup=False)

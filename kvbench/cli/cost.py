@@ -9,8 +9,8 @@ from typing import Any, Optional
 import typer
 from rich.markup import escape
 
-from kvbench.cli.common import (_fail, _load, _problems, _table, _terminated, err, handle_errors, out,
-                                results_and_target)
+from kvbench.cli.common import (_fail, _load, _problems, _table, _terminated, _write_or_stop, err, handle_errors,
+                                out, results_and_target)
 
 #: Library argument → flag, for the messages of :class:`kvbench.errors.BadParameter`.
 FLAGS = {"gpu_per_hour": "--gpu-price", "host_per_gib_hour": "--host-price", "disk_per_gib_hour": "--disk-price",
@@ -64,14 +64,10 @@ def cost(
     results, target = results_and_target(results, out_dir, "costing", "give result directories, or "
                                          "--base-throughput and --offload-throughput for a what-if", "cost files")
     if _peer_files(results):
-        given = [flag for flag, v in (("--max-ttft-ms", max_ttft_ms), ("--max-tpot-ms", max_tpot_ms),
-                                      ("--tokens-per-month", tokens_per_month),
-                                      ("--engineering-cost", engineering_cost)) if v is not None]
-        given += [flag for flag, v in (("--host-price", host_price), ("--disk-price", disk_price)) if v]
-        given += ["--host-tier"] if host_tier != "configured" else []
-        if given:
-            _fail(f"{', '.join(given)} {'apply' if len(given) > 1 else 'applies'} to kvbench runs, not to other "
-                  "tools' result files (they hold no memory figures or per-request SLO checks)")
+        _kvbench_only({"--max-ttft-ms": max_ttft_ms, "--max-tpot-ms": max_tpot_ms, "--tokens-per-month":
+                       tokens_per_month, "--engineering-cost": engineering_cost, "--host-price": host_price,
+                       "--disk-price": disk_price, "--host-tier": host_tier != "configured"},
+                      "they hold no memory figures or per-request SLO checks")
         _peer_cost(results, target, prices)
         return
     loaded = _load(results)
@@ -138,6 +134,15 @@ def cost(
     out.print(f"cost: {', '.join(str(f) for f in files)}", highlight=False, markup=False)
 
 
+def _kvbench_only(flags: dict[str, Any], why: str) -> None:
+    """Fail naming the flags of ``flags`` that were given (not None, 0 or False): they apply to kvbench runs, not
+    to other tools' result files (``why``)."""
+    given = [flag for flag, v in flags.items() if v is not None and v is not False and v != 0]
+    if given:
+        _fail(f"{', '.join(given)} {'apply' if len(given) > 1 else 'applies'} to kvbench runs, not to other tools' "
+              f"result files ({why})")
+
+
 def _peer_files(paths: list[Path]) -> bool:
     """Whether ``paths`` are other tools' result files (GuideLLM, AIPerf, vllm bench serve, llm-d reports); mixing
     them with kvbench runs fails."""
@@ -174,11 +179,4 @@ def _peer_cost(paths: list[Path], target: Path, prices: Any) -> None:
         out.print(f"  {escape(line)}", highlight=False)
     for line in peer_notes(runs):
         out.print(f"note: {escape(line)}", highlight=False)
-    try:
-        with handle_errors():
-            files = write_peer_costs(table, target, prices, runs)
-    except KeyboardInterrupt:
-        err.print(f"interrupted while writing the cost files in {target}: each is whole, new or from before",
-                  highlight=False, markup=False)
-        raise typer.Exit(130) from None
-    out.print(f"cost: {', '.join(str(f) for f in files)}", highlight=False, markup=False)
+    _write_or_stop("the cost files", target, lambda: write_peer_costs(table, target, prices, runs), "cost")

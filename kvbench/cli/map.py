@@ -10,9 +10,9 @@ from typing import Any, Optional
 import typer
 from rich.markup import escape
 
-from kvbench.cli.common import (_fail, _load, _problems, _table, _terminated, err, handle_errors, out,
-                                results_and_target)
-from kvbench.cli.cost import FLAGS, _peer_files
+from kvbench.cli.common import (_fail, _load, _problems, _table, _terminated, _write_or_stop, err, handle_errors,
+                                out, results_and_target)
+from kvbench.cli.cost import FLAGS, _kvbench_only, _peer_files
 
 
 #: Library argument → flag, for the messages of :class:`kvbench.errors.BadParameter`.
@@ -69,6 +69,9 @@ def map_(
     results, target = results_and_target(results, out_dir, "mapping", "give the run directories of a "
                                          "shared_prefix scenario (e.g. scenarios/break_even.yaml)", "map's files")
     if _peer_files(results):
+        _kvbench_only({"--host-price": host_price, "--disk-price": disk_price, "--shares": shares,
+                       "--contexts": contexts, "--details": details, "--host-tier": host_tier != "configured"},
+                      "measured cells only, no memory figures")
         _peer_map(results, target, prices)
         return
     loaded = _load(results)
@@ -132,15 +135,8 @@ def _peer_map(paths: list[Path], target: Path, prices: Any) -> None:
                      wrap=("restore", "recompute"), min_width={"restore": 14, "recompute": 14}))
     for r in table.to_dict("records"):
         said = r["why"] if r["why"].startswith(r["map_label"]) else f"{r['map_label']} ({r['why']})"
-        out.print(f"  {r['tool']}, {r['prompt_tokens']} tokens, {r['shared_pct']}% shared: {said}", highlight=False,
-                  markup=False)
+        out.print(f"  {r['label']} ({r['tool']}, {r['prompt_tokens']} tokens, {r['shared_pct']}% shared): {said}",
+                  highlight=False, markup=False)
     for line in lines + [f"note: {n}" for n in peer_notes(runs)]:
         out.print(line, highlight=False, markup=False)
-    try:
-        with handle_errors():
-            files = write_peer_map(table, lines, target, prices)
-    except KeyboardInterrupt:
-        err.print(f"interrupted while writing the map's files in {target}: each is whole, new or from before",
-                  highlight=False, markup=False)
-        raise typer.Exit(130) from None
-    out.print(f"map: {', '.join(str(f) for f in files)}", highlight=False, markup=False)
+    _write_or_stop("the map's files", target, lambda: write_peer_map(table, lines, target, prices), "map")

@@ -43,6 +43,8 @@ def report(
     first = paths[0]
     target = Path(out_dir) if out_dir else (first if first.is_dir() else first.parent) / "report"
     if fmt == "llm-d":
+        if timeline:
+            _fail("--timeline draws a chart of the kvbench report; --format llm-d writes no chart")
         _llmd(paths, Path(out_dir) if out_dir else target / "llm-d")
         return
     try:

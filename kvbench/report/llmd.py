@@ -30,7 +30,7 @@ from kvbench.analysis.cost import Prices
 from kvbench.analysis.latency import higher_percentile
 from kvbench.analysis.server_load import in_flight
 from kvbench.arguments import path_arg
-from kvbench.errors import BadParameter, UnwritableOutput, UserError
+from kvbench.errors import BadParameter, ResultsError, UnwritableOutput, UserError
 from kvbench.report.cost import replacing
 from kvbench.report.llmd_scenario import clean, load, stack
 from kvbench.results.load import Results
@@ -182,10 +182,14 @@ def _units(trials: pd.DataFrame) -> list[tuple[str, pd.DataFrame, bool]]:
     ``skipped``) has none. ``name``: the group, ``@<run>`` where several runs share it, ``/<mode label>``."""
     out = []
     runs_of = trials.groupby("group")["run_path"].nunique()
+    bases: set[str] = set()
     for (_, group), part in trials.groupby(["run_path", "group"], sort=False):
         server = bool("engine" in part and part["engine"].notna().any())
         keys = ["mode_label"] + ([] if server else ["prompt_tokens", "batch_size"])
         base = group if runs_of[group] == 1 else f"{group}@{part['run'].iloc[0]}"
+        while base in bases:  # two runs in folders of one name
+            base += "+"
+        bases.add(base)
         for key, rows in part.groupby(keys, sort=False):
             key = key if isinstance(key, tuple) else (key,)
             if (rows["status"] == Status.SKIPPED).all():
@@ -291,10 +295,13 @@ def write_llmd(results: Results, out_dir: str | Path, prices: Prices | None = No
     Raises:
         kvbench.errors.SymlinkRefused: ``out_dir`` is a symbolic link.
         kvbench.errors.UnwritableOutput: a file cannot be written (naming it).
+        kvbench.errors.ResultsError: no trial of ``results`` ran (all skipped): nothing is written.
     """
     out = path_arg(out_dir, "out_dir")
     refuse_symlink_dir(out)
     reports = llmd_reports(results, prices)
+    if not reports:
+        raise ResultsError("nothing to export: no trial of these runs ran (every one was skipped)")
     try:
         out.mkdir(parents=True, exist_ok=True)
         paths = []

@@ -51,16 +51,20 @@ def stack(run: dict[str, Any], rows: pd.DataFrame, servers: list[dict[str, Any]]
     env = run.get("environment") or {}
     model = (run.get("scenario") or {}).get("model")
     model_name = model if isinstance(model, str) else (model or {}).get("name", "unknown") if model else "unknown"
-    if servers:
-        s = servers[0]
-        argv = [str(a) for a in s.get("argv") or []]
-        native = {"args": _flags(argv), "envars": dict(s.get("environment") or {}),
+    engine = first.get("engine") if isinstance(first.get("engine"), str) else None
+    if servers or engine:
+        s = servers[0] if servers and isinstance(servers[0], dict) else {}
+        argv = [str(a) for a in s.get("argv")] if isinstance(s.get("argv"), list) else []
+        env_vars = s.get("environment") if isinstance(s.get("environment"), dict) else {}
+        native = {"args": _flags(argv), "envars": {str(k): str(v) for k, v in env_vars.items()},
                   "config": {"argv": argv, "log": s.get("log"), "servers": len(servers)}}
-        tool, version = str(s.get("engine") or first.get("engine")), str(s.get("version") or "unknown")
+        tool = str(s.get("engine") or engine)
+        version = str(s.get("version") or "unknown (run.json names no server of this mode)")
     else:
         native = {"args": {}, "envars": {}, "config": {"mode": first.get("mode"),
                                                         "mode_options": first.get("mode_options") or {}}}
-        tool, version = "kvbench-transformers", f"kvbench {env.get('kvbench')}, transformers {env.get('transformers')}"
+        tool = "kvbench-transformers"
+        version = f"kvbench {env.get('kvbench') or 'unknown'}, transformers {env.get('transformers') or 'unknown'}"
     cfg = hashlib.sha256(json.dumps(native, sort_keys=True, default=str).encode()).hexdigest()[:16]
     return [{"metadata": {"label": tool, "cfg_id": cfg, "description": f"mode {first['mode_label']}"},
              "standardized": {"kind": "inference_engine", "tool": tool, "tool_version": version, "role": "replica",
@@ -87,7 +91,8 @@ def load(run: dict[str, Any], rows: pd.DataFrame) -> dict[str, Any]:
     first = rows.iloc[0].to_dict()
     source = workload.get("source") if isinstance(workload, dict) else None
     load = scenario.get("load") or {}
-    std: dict[str, Any] = {"tool": "kvbench", "tool_version": str((run.get("environment") or {}).get("kvbench")),
+    std: dict[str, Any] = {"tool": "kvbench", "tool_version": str((run.get("environment") or {}).get("kvbench")
+                                                                  or "unknown"),
                            "source": {"sharegpt": "sampled", "files": "sampled", "synthetic": "random"}.get(
                                source, "unknown"),
                            "input_seq_len": _seq_len(rows["prompt_tokens"]),

@@ -86,15 +86,20 @@ def write_peer_costs(table: pd.DataFrame, out_dir: str | Path, prices: Prices, r
         kvbench.errors.SymlinkRefused: ``out_dir`` is a symbolic link.
         kvbench.errors.UnwritableOutput: a file cannot be written.
     """
-    out = Path(out_dir)
-    refuse_symlink_dir(out)
     doc: dict[str, Any] = {"prices": dataclasses.asdict(prices), "rows": json.loads(table.to_json(orient="records")),
                            "verdicts": peer_verdicts(table), "notes": peer_notes(runs),
                            "files": [str(r.path) for r in runs]}
+    return _table_and_doc(table, doc, Path(out_dir), "peer_cost")
+
+
+def _table_and_doc(table: pd.DataFrame, doc: dict[str, Any], out: Path, stem: str) -> list[Path]:
+    """``<stem>.csv`` (``table``) and ``<stem>.json`` (``doc``) in ``out`` (created; a symbolic link refused), each
+    written beside its place and moved onto it."""
+    refuse_symlink_dir(out)
     try:
         out.mkdir(parents=True, exist_ok=True)
-        return [replacing(out / "peer_cost.csv", lambda tmp: table.to_csv(tmp, index=False) or tmp),
-                replacing(out / "peer_cost.json", lambda tmp: tmp.write_text(json.dumps(doc, indent=2) + "\n"))]
+        return [replacing(out / f"{stem}.csv", lambda tmp: table.to_csv(tmp, index=False) or tmp),
+                replacing(out / f"{stem}.json", lambda tmp: tmp.write_text(json.dumps(doc, indent=2) + "\n"))]
     except OSError as exc:
         if isinstance(exc, UserError):
             raise
@@ -127,18 +132,9 @@ def write_peer_map(table: pd.DataFrame, lines: list[str], out_dir: str | Path, p
         kvbench.errors.SymlinkRefused: ``out_dir`` is a symbolic link.
         kvbench.errors.UnwritableOutput: a file cannot be written.
     """
-    out = Path(out_dir)
-    refuse_symlink_dir(out)
     doc = {"prices": dataclasses.asdict(prices), "cells": json.loads(table.to_json(orient="records")),
            "not_mapped": lines}
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        return [replacing(out / "map_peers.csv", lambda tmp: table.to_csv(tmp, index=False) or tmp),
-                replacing(out / "map_peers.json", lambda tmp: tmp.write_text(json.dumps(doc, indent=2) + "\n"))]
-    except OSError as exc:
-        if isinstance(exc, UserError):
-            raise
-        raise UnwritableOutput(exc.filename or out, exc.strerror or str(exc)) from exc
+    return _table_and_doc(table, doc, Path(out_dir), "map_peers")
 
 
 def peer_cost_report(paths: list[str | Path], out_dir: str | Path, prices: Prices) -> tuple[pd.DataFrame, list[Path]]:

@@ -56,8 +56,21 @@ def test_the_cli_maps_peer_files_and_writes_its_files(tmp_path):
     r = CliRunner().invoke(app, ["map", *map(str, MAP), "--out", str(tmp_path)], terminal_width=200)
     assert r.exit_code == 0, r.output
     text = " ".join(r.output.split())
-    assert "guidellm, 321 tokens, 80% shared: pays (their files do not record the machine's load)" in text
+    assert ("guidellm/cache/benchmarks.json (guidellm, 321 tokens, 80% shared): pays (their files do not record "
+            "the machine's load)") in text
+    r = CliRunner().invoke(app, ["map", *map(str, MAP), "--host-price", "1"])
+    assert r.exit_code == 2 and "--host-price applies to kvbench runs" in r.output
     cells = pd.read_csv(tmp_path / "map_peers.csv")
     assert cells["map_label"].tolist() == ["pays", "pays"]
     assert cells["saving_pct"].tolist() == pytest.approx(
         peer_map(load_peers(MAP), Prices(2.0))[0]["saving_pct"].tolist())
+
+
+def test_a_cache_first_order_and_a_prefix_as_long_as_the_prompt_decide_nothing():
+    backwards = load_peers([MAP[1], MAP[0]])
+    (r,) = peer_map(backwards, Prices(2.0))[0].to_dict("records")
+    assert r["map_label"] == "inconclusive" and r["why"].startswith(
+        "inconclusive: the recompute side guidellm/cache/benchmarks.json reused 2590 cached prompt tokens")
+    long = load_peers([MAP[0]])[0]
+    long.shared_prefix_tokens = 400
+    assert cell_of(long) == "its shared prefix (400 tokens) is not shorter than its prompts (321)"

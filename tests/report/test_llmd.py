@@ -208,3 +208,35 @@ def test_a_folder_of_exported_reports_reads_back_with_counts_and_hit_rate(server
     assert row["requests"] == 4
     assert row["cached_token_share"] == pytest.approx(
         cache["cached_prompt_tokens"].sum() / cache["prompt_tokens"].sum())
+
+
+def test_odd_server_records_and_runs_in_folders_of_one_name_still_export(server_run, tmp_path):
+    for d in ("x", "y"):
+        shutil.copytree(server_run, tmp_path / d / "run")
+    meta = json.loads((tmp_path / "x" / "run" / "run.json").read_text())
+    meta["servers"][0]["environment"], meta["servers"][0]["argv"] = "FOO=1", "llama-server -t 1"
+    (tmp_path / "x" / "run" / "run.json").write_text(json.dumps(meta))
+    reports = llmd_reports(load_results([tmp_path / "x" / "run", tmp_path / "y" / "run"]))
+    names = [n for n, _ in reports]
+    assert len(names) == len(set(names)) == 4 and len({d["run"]["uid"] for _, d in reports}) == 4
+    native = reports[0][1]["scenario"]["stack"][0]["native"]
+    assert native["args"] == {} and native["envars"] == {}
+
+
+def test_a_server_run_without_its_servers_still_names_its_engine(server_run, tmp_path):
+    shutil.copytree(server_run, tmp_path / "run")
+    meta = json.loads((tmp_path / "run" / "run.json").read_text())
+    meta["servers"] = []
+    (tmp_path / "run" / "run.json").write_text(json.dumps(meta))
+    (_, doc), *_ = llmd_reports(load_results(tmp_path / "run"))
+    engine = doc["scenario"]["stack"][0]["standardized"]
+    assert engine["tool"] == "llama.cpp" and engine["tool_version"].startswith("unknown")
+
+
+def test_a_run_none_of_whose_trials_ran_exports_nothing(tmp_path):
+    skipped = copy_run(tmp_path, edit=lambda r: r if r["status"] == "skipped" else None)
+    r = CliRunner().invoke(app, ["report", str(skipped), "--format", "llm-d", "--out", str(tmp_path / "o")])
+    assert r.exit_code == 2 and "nothing to export: no trial of these runs ran" in r.output
+    assert not (tmp_path / "o").exists()
+    r = CliRunner().invoke(app, ["report", str(skipped), "--format", "llm-d", "--timeline", "x"])
+    assert r.exit_code == 2 and "--format llm-d writes no chart" in r.output

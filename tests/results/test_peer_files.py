@@ -100,7 +100,7 @@ def test_an_llmd_report_with_a_unit_its_field_cannot_have_is_refused(tmp_path):
     with pytest.raises(ResultsError) as e:
         load_peers([write(tmp_path / "r.json", doc)])
     assert str(e.value) == (f"{tmp_path}/r.json: results.request_performance.aggregate.latency.time_to_first_token"
-                            ".units: 'tokens/s' is not a unit of time (ms, s, ms/token, s/token)")
+                            ".units: 'tokens/s' is not a unit this field can have (ms, s)")
 
 
 def test_an_llmd_report_of_guidellm_reads_its_tpot_as_ntpot(tmp_path):
@@ -229,3 +229,66 @@ def test_files_of_one_name_are_told_apart_and_a_file_given_twice_is_said(tmp_pat
     runs = load_peers([tmp_path / "r3" / "v.json", tmp_path / "r3" / "v.json"])
     assert runs[0].label == str(tmp_path / "r3" / "v.json")
     assert f"{tmp_path / 'r3' / 'v.json'} was given more than once" in runs[0].notes
+
+
+def test_a_file_that_does_not_say_its_concurrency_is_compared_by_throughput_only(tmp_path):
+    a = write(tmp_path / "a.json", vllm_doc([0.5] * 6, [2.0] * 6, [11] * 6, output_throughput=5.0))
+    burst = vllm_doc([1.5] * 6, [6.0] * 6, [11] * 6, output_throughput=15.0)
+    b = write(tmp_path / "b.json", {k: v for k, v in burst.items() if k != "max_concurrency"})
+    c = compare(*load_peers([a, b]))
+    assert c["comparison"] == "throughputs only" and c["saving_pct"] == pytest.approx(100 * (1 - 5 / 15))
+    assert c["verdict"].startswith("inconclusive: the concurrency of ") and "b.json is not in its file" in c["verdict"]
+
+
+def test_a_sampled_guidellm_report_prices_all_its_tokens_and_says_so(tmp_path):
+    peers = Path(__file__).resolve().parents[1] / "data" / "peers"
+    doc = json.loads((peers / "guidellm" / "cache" / "benchmarks.json").read_text())
+    full = load_peers([peers / "guidellm" / "cache" / "benchmarks.json"])[0]
+    doc["benchmarks"][0]["requests"]["successful"] = doc["benchmarks"][0]["requests"]["successful"][:3]
+    (sampled,) = load_peers([write(tmp_path / "s.json", doc)])
+    assert len(sampled.requests) == 3 and sampled.output_tokens_per_s == pytest.approx(full.output_tokens_per_s)
+    assert any("3 of its 6 successful requests kept" in n for n in sampled.notes)
+
+
+def test_a_guidellm_sweep_names_each_benchmark_by_its_load(tmp_path):
+    peers = Path(__file__).resolve().parents[1] / "data" / "peers"
+    doc = json.loads((peers / "guidellm" / "cache" / "benchmarks.json").read_text())
+    second = json.loads(json.dumps(doc["benchmarks"][0]))
+    second["config"]["strategy"] = {"type_": "concurrent", "streams": 2}
+    doc["benchmarks"].append(second)
+    runs = load_peers([write(tmp_path / "sweep.json", doc)])
+    assert [r.label.split(" ", 1)[1] for r in runs] == ["[synchronous]", "[concurrent 2]"]
+    assert [r.concurrency for r in runs] == [1, 2]
+
+
+@pytest.mark.parametrize("request_args", ['{"body": [1]}', '"x"', "5", "[" * 5000 + "]" * 5000])
+def test_guidellm_request_args_of_another_shape_leave_the_request_unpaired(tmp_path, request_args):
+    peers = Path(__file__).resolve().parents[1] / "data" / "peers"
+    doc = json.loads((peers / "guidellm" / "cache" / "benchmarks.json").read_text())
+    doc["benchmarks"][0]["requests"]["successful"][0]["request_args"] = request_args
+    (run,) = load_peers([write(tmp_path / "g.json", doc)])
+    assert run.requests["key"].isna().tolist() == [True, False, False, False, False, False]
+
+
+def test_a_deeply_nested_first_line_is_no_peer_file_and_no_traceback(tmp_path):
+    deep = tmp_path / "deep.jsonl"
+    deep.write_text("[" * 200_000 + "]" * 200_000 + "\n")
+    assert peer_runs(deep) is None
+    r = CliRunner().invoke(app, ["report", str(deep)])
+    assert r.exit_code == 2 and "Traceback" not in r.output
+
+
+@pytest.mark.parametrize("edit, message", [
+    ({"results": {"observability": {"components": [{"component_label": "x", "aggregate": {
+        "cache_hit_rate": {"units": "fraction", "mean": 67}}}]}}}, "a hit rate above 100%"),
+    ({"results": {"observability": {"components": [{"component_label": "x", "aggregate": {
+        "cache_hit_rate": {"units": "bananas", "mean": 0.5}}}]}}}, "'bananas': a hit rate is 'percent' or 'fraction'"),
+    ({"results": {"request_performance": {"aggregate": {"requests": {"total": 30, "failures": 99}}}}},
+     "failures: 99 failures of 30 requests"),
+    ({"scenario": {"load": {"standardized": {"concurrency": True}}}}, "must be a number, not bool"),
+    ({"scenario": {"load": {"standardized": {"concurrency": -3}}}}, "must be at least 0, not -3"),
+])
+def test_an_llmd_report_with_impossible_figures_is_refused(tmp_path, edit, message):
+    doc = {"version": "0.2.1", "run": {"uid": "u"}, "results": {}, **edit}
+    with pytest.raises(ResultsError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        load_peers([write(tmp_path / "r.json", doc)])

@@ -40,7 +40,7 @@ def _parse(path: Path) -> object:
             if len(raw) > MAX_RUN_JSON_BYTES:
                 raise BadFile(f"{path}: the file is over {MAX_RUN_JSON_BYTES:,} bytes")
             try:
-                loader = yaml.SafeLoader(raw.decode("utf-8-sig"))
+                loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)(raw.decode("utf-8-sig"))
                 try:
                     node = loader.get_single_node()
                     if node is not None and expanded_size(node, {}) > MAX_YAML_VALUES:
@@ -68,7 +68,7 @@ def _first_line(path: Path) -> object:
         with open(path, "rb") as f:
             line = f.readline(1 << 20)
         return json.loads(line.decode("utf-8-sig"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None
 
 
@@ -85,11 +85,17 @@ def peer_runs(path: str | Path) -> list[PeerRun] | None:
             return None
         if (p / aiperf.RECORDS).is_file() or (p / aiperf.SUMMARY).is_file():
             return [aiperf.read_aiperf(p)]
-        reports = sorted(f for f in p.glob("*.json") if f.is_file() and not f.is_symlink())
+        reports = sorted(f for f in p.iterdir() if f.suffix.lower() in (".json", ".yaml", ".yml") and f.is_file()
+                         and not f.is_symlink())
         found = [peer_runs(f) for f in reports]
-        if reports and all(runs and runs[0].tool == "llm-d report" for runs in found):
-            return [run for runs in found for run in runs]  # a folder kvbench report --format llm-d wrote
-        return None
+        if not any(runs and runs[0].tool == "llm-d report" for runs in found):
+            return None
+        foreign = [f.name for f, runs in zip(reports, found) if not (runs and runs[0].tool == "llm-d report")]
+        if foreign:
+            raise ResultsError(f"{p}: a folder of llm-d reports holds files that are none: {', '.join(foreign[:3])}"
+                               + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else ""))
+        runs = [run for runs in found for run in runs]  # a folder kvbench report --format llm-d wrote
+        return sorted(runs, key=lambda r: not r.none_mode)  # `none` first: the reference
     if not p.is_file():
         return None
     suffix = p.suffix.lower()

@@ -91,7 +91,7 @@ def _record(r: Doc, prompts: dict[tuple[str, int], str]) -> dict[str, Any] | Non
             "itl_s": _seconds(m.at("inter_chunk_latency", optional=True)),
             "start_s": None if start is None else start * 1e-9,
             "cached_prompt_tokens": count("usage_prompt_cache_read_tokens"),
-            "ok": r.data.get("error") is None and not meta.data.get("was_cancelled")}
+            "ok": r.data.get("error") is None and not meta.data.get("was_cancelled") and bool(n)}
 
 
 def _prefix(doc: Doc) -> tuple[int | None, int | None]:

@@ -18,6 +18,8 @@ from kvbench.errors import ResultsError
 REQUEST_COLUMNS = ("key", "prompt_head", "prompt_tokens", "n_output_tokens", "ttft_s", "tpot_s", "ntpot_s", "e2e_s",
                    "itl_s",
                    "start_s", "cached_prompt_tokens", "ok")
+#: The longest time a request's figure may be (seconds; 11.6 days): past it a file holds no request's time.
+MAX_SECONDS = 1_000_000
 #: Characters of a prompt kept in :attr:`PeerRun.requests` (``prompt_head``).
 HEAD_CHARS = 64
 #: The latency metrics a peer run gives, in kvbench's names (:data:`kvbench.results.rows.METRICS`).
@@ -50,6 +52,7 @@ class PeerRun:
         prefixes: how many such prefixes the workload rotates over (its working set; None: not said).
         reported_requests: an aggregates-only file's own count of successful requests (None: not said).
         reported_cached_share: an aggregates-only file's prefix-cache hit rate as a fraction (None: not said).
+        none_mode: an llm-d report kvbench exported of its mode ``none`` (the reference of a folder of them).
     """
 
     path: Path
@@ -66,6 +69,7 @@ class PeerRun:
     prefixes: int | None = None
     reported_requests: int | None = None
     reported_cached_share: float | None = None
+    none_mode: bool = False
 
     @property
     def per_request(self) -> bool:
@@ -82,6 +86,10 @@ def check_requests(file: Path, rows: list[dict[str, Any]], where: str) -> None:
     """
     for i, r in enumerate(rows):
         name = where.format(i=i)
+        for col in ("ttft_s", "e2e_s"):
+            if r.get(col) is not None and r[col] > MAX_SECONDS:
+                raise ResultsError(f"{file}: {name}: {col.removesuffix('_s').upper()} {r[col]:g} s is past "
+                                   f"{MAX_SECONDS:,} s: not a request's time")
         for col in ("ttft_s", "e2e_s"):
             if r.get(col) is not None and r[col] < 0:
                 raise ResultsError(f"{file}: {name}: {col.removesuffix('_s').upper()} {r[col]:g} s is negative")

@@ -36,8 +36,11 @@ def _prompt(request: Doc) -> str | None:
     if raw is None:
         return None
     try:
-        body = json.loads(raw).get("body") or {}
-    except (ValueError, AttributeError):
+        args = json.loads(raw)
+    except (ValueError, RecursionError):
+        return None
+    body = args.get("body") if isinstance(args, dict) else None
+    if not isinstance(body, dict):
         return None
     if isinstance(body.get("prompt"), str):
         return body["prompt"]
@@ -59,7 +62,7 @@ def _request(r: Doc, ok: bool) -> dict[str, Any]:
     ntpot_ms = r.number("time_per_output_token_ms", optional=True)
     if e2e is None and ntpot_ms is not None and n:
         e2e = ntpot_ms / 1e3 * n  # their NTPOT is (last token − start) ÷ n
-    itl_ms = r.number("inter_token_latency_ms", optional=True)
+    itl_ms = r.number("inter_token_latency_ms", optional=True) if n is None or n > 1 else None  # decode needs 2
     prompt = _prompt(r)
     return {"key": prompt_key(prompt) if prompt is not None else None,
             "prompt_head": prompt[:HEAD_CHARS] if prompt is not None else None,
@@ -115,20 +118,29 @@ def read_guidellm(path: Path, data: Any) -> list[PeerRun]:
         rows = []
         for status, ok in (("successful", True), ("incomplete", False), ("errored", False)):
             part = groups.at(status, optional=True)
-            rows += [_request(r, ok) for r in (part.items() if part is not None else [])]
-        strategy = b.text("config", "strategy", "type_", optional=True) if b.at("config", "strategy",
-                                                                                   optional=True) else None
-        label = short_label(path) + (f" [{strategy}]" if strategy and len(benchmarks) > 1 else "")
-        if len(benchmarks) > 1 and not strategy:
-            label += f" [{k}]"
-        check_requests(path, rows, f"{b.where}.requests[{{i}}]")
+            got = [_request(r, ok) for r in (part.items() if part is not None else [])]
+            check_requests(path, got, f"{b.where}.requests.{status}[{{i}}]")
+            rows += got
+        strategy_doc = b.at("config", "strategy", optional=True)
+        strategy = strategy_doc.text("type_", optional=True) if strategy_doc is not None else None
+        conc = strategy_doc.number("streams", optional=True, least=1) if strategy == "concurrent" else None
+        rate = strategy_doc.number("rate", optional=True) if strategy_doc is not None else None
+        label = short_label(path)
+        if len(benchmarks) > 1:
+            label += f" [{strategy or k}" + (f" {conc:g}" if conc else f" {rate:g}/s" if rate else "") + "]"
         frame = requests_frame(rows)
         done = frame[frame["ok"]] if len(frame) else frame
         duration = b.number("duration", optional=True, least=0)
-        tokens = float(done["n_output_tokens"].sum()) if len(done) else None
-        conc = b.number("config", "strategy", "streams", optional=True) if strategy == "concurrent" else None
+        total = b.at("metrics", "output_token_count", "successful", optional=True)
+        tokens = total.number("total_sum", optional=True, least=0) if total is not None else None
+        if tokens is None:
+            tokens = float(done["n_output_tokens"].sum()) if len(done) else None
         notes = ["GuideLLM's time_per_output_token_ms includes TTFT: read as NTPOT; its inter_token_latency_ms "
                  "(decode only) as TPOT", "GuideLLM keeps no per-chunk times: no ITL"]
+        made = b.count("metrics", "request_totals", "successful", optional=True)
+        if made is not None and made > len(done):
+            notes.append(f"{label}: {len(done)} of its {made} successful requests kept (GuideLLM's sample_size): "
+                         "medians over those, tokens/s over all")
         if len(frame) and frame["key"].isna().any():
             notes.append("prompts not kept (GuideLLM's sample_size): those requests cannot be paired")
         prefix, count = _prefix(doc, notes)

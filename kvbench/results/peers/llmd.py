@@ -18,6 +18,10 @@ TOOL = "llm-d report"
 VERSIONS = ("0.2", "0.2.1")
 #: Seconds per unit of a latency's ``units``.
 UNITS = {"ms": 1e-3, "s": 1.0, "ms/token": 1e-3, "s/token": 1.0}
+#: The units each latency field may have (llm-d's pydantic model: TIME or GEN_LATENCY).
+FIELD_UNITS = {"time_to_first_token": ("ms", "s"), "request_latency": ("ms", "s"),
+               "normalized_time_per_output_token": ("ms/token", "s/token"),
+               "time_per_output_token": ("ms/token", "s/token"), "inter_token_latency": ("ms/token", "s/token")}
 
 
 def is_llmd_report(data: Any) -> bool:
@@ -26,10 +30,11 @@ def is_llmd_report(data: Any) -> bool:
             and isinstance(data.get("results"), dict))
 
 
-def _stats(s: Doc) -> dict[str, float]:
+def _stats(s: Doc, allowed: tuple[str, ...] = tuple(UNITS)) -> dict[str, float]:
     units = s.text("units")
-    if units not in UNITS:
-        raise ResultsError(f"{s.file}: {s.where}.units: {units!r} is not a unit of time ({', '.join(UNITS)})")
+    if units not in allowed:
+        what = "a unit of time" if allowed == tuple(UNITS) else "a unit this field can have"
+        raise ResultsError(f"{s.file}: {s.where}.units: {units!r} is not {what} ({', '.join(allowed)})")
     return {k: v * UNITS[units] for k in ("p50", "mean", "p90", "p99")
             if (v := s.number(k, optional=True, least=0)) is not None}
 
@@ -62,7 +67,7 @@ def read_llmd(path: Path, data: Any) -> PeerRun:
         for field, name in names.items():
             s = lat.at(field, optional=True) if lat is not None else None
             if s is not None:
-                aggregates.setdefault(name, _stats(s))
+                aggregates.setdefault(name, _stats(s, FIELD_UNITS[field]))
         out = agg.at("throughput", "output_token_rate", optional=True)
         if out is not None:
             if out.text("units") != "tokens/s":
@@ -71,14 +76,24 @@ def read_llmd(path: Path, data: Any) -> PeerRun:
     requests = agg.at("requests", optional=True) if agg is not None else None
     total = requests.count("total", optional=True) if requests is not None else None
     failures = (requests.count("failures", optional=True) or 0) if requests is not None else 0
+    if total is not None and failures > total:
+        raise ResultsError(f"{path}: {requests.where}.failures: {failures} failures of {total} requests")
     hit = None
     for component in (doc.at("results", "observability", "components", optional=True) or Doc(path, [])).items():
         rate_doc = component.at("aggregate", "cache_hit_rate", optional=True)
         if rate_doc is not None and hit is None:
-            units = rate_doc.text("units")
-            hit = rate_doc.number("mean", least=0) / (100 if units == "percent" else 1)
+            units, most = rate_doc.text("units"), {"percent": 100.0, "fraction": 1.0}
+            if units not in most:
+                raise ResultsError(f"{path}: {rate_doc.where}.units: {units!r}: a hit rate is 'percent' or 'fraction'")
+            hit = rate_doc.number("mean", least=0) / most[units]
+            if hit > 1:
+                raise ResultsError(f"{path}: {rate_doc.where}.mean: a hit rate above 100%")
     conc = load.at("concurrency", optional=True) if load is not None else None
-    concurrency = int(conc.data) if conc is not None and isinstance(conc.data, int) else None
+    concurrency = None
+    if conc is not None and not (isinstance(conc.data, float) and conc.data == float("inf")):
+        concurrency = conc.count()  # a whole number ≥ 0 (4.0 is 4; true, -3 and 2.5 refused)
+        if concurrency < 1 or isinstance(conc.data, bool):
+            raise ResultsError(f"{path}: {conc.where}: concurrency must be a whole number ≥ 1, not {conc.data!r}")
     ext = doc.at("results", "observability", "kvbench", optional=True)
     label = path.name
     mode = ext.text("mode", "label") if ext is not None and ext.at("mode", "label", optional=True) else None
@@ -92,7 +107,9 @@ def read_llmd(path: Path, data: Any) -> PeerRun:
                    concurrency=concurrency, notes=notes,
                    shared_prefix_tokens=int(prefix_len) if prefix_len is not None else None,
                    prefixes=prefix.count("num_prefixes", optional=True) if prefix is not None else None,
-                   reported_requests=None if total is None else max(total - failures, 0), reported_cached_share=hit)
+                   reported_requests=None if total is None else total - failures, reported_cached_share=hit,
+                   none_mode=ext is not None and ext.at("mode", "kind", optional=True) is not None
+                   and ext.data["mode"]["kind"] == "none")
 
 
 __all__ = ["TOOL", "VERSIONS", "is_llmd_report", "read_llmd"]
