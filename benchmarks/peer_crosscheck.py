@@ -12,6 +12,7 @@ synthetic text of that many tokens), not in length, and no prompt is cached: the
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import socket
@@ -41,11 +42,9 @@ def start_server(gguf: Path, log: Path) -> tuple[subprocess.Popen, str]:
                              "127.0.0.1", "--port", str(port), "-t", "1", "-np", "1", "-c", "2048", "--temp", "0",
                              "--metrics", "--no-webui"], stdout=log.open("w"), stderr=subprocess.STDOUT)
     for _ in range(240):
-        try:
+        with contextlib.suppress(httpx.HTTPError):  # not listening yet
             if httpx.get(f"{url}/health", timeout=1).status_code == 200:
                 return proc, url
-        except httpx.HTTPError:
-            pass
         if proc.poll() is not None:
             break
         time.sleep(0.5)

@@ -63,12 +63,13 @@ def cost(
         return
     results, target = results_and_target(results, out_dir, "costing", "give result directories, or "
                                          "--base-throughput and --offload-throughput for a what-if", "cost files")
-    if _peer_files(results):
+    peers = _peer_files(results)
+    if peers is not None:
         _kvbench_only({"--max-ttft-ms": max_ttft_ms, "--max-tpot-ms": max_tpot_ms, "--tokens-per-month":
                        tokens_per_month, "--engineering-cost": engineering_cost, "--host-price": host_price,
                        "--disk-price": disk_price, "--host-tier": host_tier != "configured"},
                       "they hold no memory figures or per-request SLO checks")
-        _peer_cost(results, target, prices)
+        _peer_cost(peers, target, prices)
         return
     loaded = _load(results)
     failed = rc.failed_groups(loaded.trials)
@@ -143,34 +144,35 @@ def _kvbench_only(flags: dict[str, Any], why: str) -> None:
               f"result files ({why})")
 
 
-def _peer_files(paths: list[Path]) -> bool:
-    """Whether ``paths`` are other tools' result files (GuideLLM, AIPerf, vllm bench serve, llm-d reports); mixing
-    them with kvbench runs fails."""
-    from kvbench.results.peers import load_peers, peer_runs
+def _peer_files(paths: list[Path]) -> list[Any] | None:
+    """The runs of ``paths`` when they are other tools' result files (GuideLLM, AIPerf, vllm bench serve, llm-d
+    reports), each file read once (:func:`kvbench.results.peers.peer_runs`, labels as
+    :func:`~kvbench.results.peers.load_peers` gives them); None when they are kvbench runs; mixing both fails."""
+    from kvbench.results.peers import distinct_labels, load_peers, peer_runs
 
     with handle_errors():
-        kinds = [peer_runs(p) is not None for p in paths]
-    if not any(kinds):
-        return False
-    for p, k in zip(paths, kinds):
-        if k:
+        found = [peer_runs(p) for p in paths]
+    if all(f is None for f in found):
+        return None
+    for p, f in zip(paths, found):
+        if f is not None:
             continue
         if (p / "trials.jsonl").exists() or (p.is_file() and p.suffix == ".jsonl") or (
                 p.is_dir() and next(p.rglob("trials.jsonl"), None) is not None):
             _fail(f"give kvbench runs or other tools' result files, not both: {p} is a kvbench run")
         with handle_errors():
             load_peers([p])  # says why it is no result file
-    return True
+    runs = [run for f in found for run in f or []]
+    distinct_labels(runs)
+    return runs
 
 
-def _peer_cost(paths: list[Path], target: Path, prices: Any) -> None:
-    """``kvbench cost`` of other tools' result files: the table, the lines against the first file, the notes."""
+def _peer_cost(runs: list[Any], target: Path, prices: Any) -> None:
+    """``kvbench cost`` of other tools' runs: the table, the lines against the first file, the notes."""
     from kvbench.analysis.peer_cost import peer_cost_table
     from kvbench.report.peer_cost import CAPTION, peer_cost_display, peer_notes, peer_verdicts, write_peer_costs
-    from kvbench.results.peers import load_peers
 
     with handle_errors():
-        runs = load_peers(list(paths))
         table = peer_cost_table(runs, prices)
     out.print(_table(peer_cost_display(table), f"cost per 1M generated tokens at {prices.gpu_per_hour:g} USD per "
                      f"GPU-hour (other tools' results; the first is the reference)", CAPTION,

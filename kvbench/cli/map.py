@@ -68,11 +68,12 @@ def map_(
         check_map_arguments(prices, share_values, context_values, host_tier)
     results, target = results_and_target(results, out_dir, "mapping", "give the run directories of a "
                                          "shared_prefix scenario (e.g. scenarios/break_even.yaml)", "map's files")
-    if _peer_files(results):
+    peers = _peer_files(results)
+    if peers is not None:
         _kvbench_only({"--host-price": host_price, "--disk-price": disk_price, "--shares": shares,
                        "--contexts": contexts, "--details": details, "--host-tier": host_tier != "configured"},
                       "measured cells only, no memory figures")
-        _peer_map(results, target, prices)
+        _peer_map(peers, target, prices)
         return
     loaded = _load(results)
     with handle_errors(MAP_FLAGS):
@@ -119,14 +120,12 @@ def map_(
     out.print(f"map: {', '.join(str(f) for f in files)}", highlight=False, markup=False)
 
 
-def _peer_map(paths: list[Path], target: Path, prices: Any) -> None:
-    """``kvbench map`` of other tools' shared-prefix result files: the measured cells, what was not mapped."""
+def _peer_map(runs: list[Any], target: Path, prices: Any) -> None:
+    """``kvbench map`` of other tools' shared-prefix runs: the measured cells, what was not mapped."""
     from kvbench.analysis.peer_map import peer_map
     from kvbench.report.peer_cost import MAP_CAPTION, peer_map_display, peer_notes, write_peer_map
-    from kvbench.results.peers import load_peers
 
     with handle_errors():
-        runs = load_peers(list(paths))
         table, lines = peer_map(runs, prices)
     if table.empty:
         _fail("nothing to map: " + "; ".join(lines))

@@ -117,8 +117,9 @@ def _trial_files(paths: list[str | Path]) -> list[Path]:
         if not p.exists():
             raise ResultsError(f"{p}: no such file or directory")
         if p.is_file():
-            if p.suffix != ".jsonl" or peer_hint(p):
-                raise ResultsError(f"{p}: not a trials.jsonl file or a run directory{peer_hint(p)}")
+            hint = peer_hint(p)  # the file read once
+            if p.suffix != ".jsonl" or hint:
+                raise ResultsError(f"{p}: not a trials.jsonl file or a run directory{hint}")
             found.append(p)
         elif (p / "trials.jsonl").is_file():
             found.append(p / "trials.jsonl")

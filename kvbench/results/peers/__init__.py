@@ -160,11 +160,11 @@ def load_peers(paths: list[str | Path]) -> list[PeerRun]:
                                "profile_export.jsonl or profile_export_aiperf.json, vllm bench serve JSON, "
                                "llm-d Benchmark Report)")
         runs += found
-    _distinct_labels(runs)
+    distinct_labels(runs)
     return runs
 
 
-def _distinct_labels(runs: list[PeerRun]) -> None:
+def distinct_labels(runs: list[PeerRun]) -> None:
     """Runs whose labels are the same get their whole path as label (the same file given twice: a note)."""
     seen: dict[str, list[PeerRun]] = {}
     for run in runs:
@@ -180,4 +180,4 @@ def _distinct_labels(runs: list[PeerRun]) -> None:
                 run.notes.append(f"{run.path} was given more than once")
 
 
-__all__ = ["LATENCIES", "PeerRun", "TOOLS", "load_peers", "peer_hint", "peer_runs"]
+__all__ = ["LATENCIES", "PeerRun", "TOOLS", "distinct_labels", "load_peers", "peer_hint", "peer_runs"]

@@ -105,8 +105,10 @@ def _prefix(doc: Doc) -> tuple[int | None, int | None]:
     return found[0].count("length", optional=True), found[0].count("pool_size", optional=True)
 
 
-def _summary(path: Path) -> tuple[dict[str, dict[str, float]], float | None, int | None, str | None]:
-    """Aggregates (seconds), output tokens/s, concurrency and AIPerf's version from its summary."""
+def _summary(path: Path) -> tuple[dict[str, dict[str, float]], float | None, int | None, str | None,
+                                  tuple[int | None, int | None]]:
+    """Aggregates (seconds), output tokens/s, concurrency, AIPerf's version and the shared prefix (:func:`_prefix`)
+    from its summary, read once."""
     doc = Doc(path, read_json_file(path))
     out = {}
     for name, tag in (("ttft_s", "time_to_first_token"), ("tpot_s", "inter_token_latency"),
@@ -126,7 +128,7 @@ def _summary(path: Path) -> tuple[dict[str, dict[str, float]], float | None, int
         if phase.text("kind", optional=True) == "profiling" and phase.has("concurrency"):
             conc = phase.at("concurrency")
     return (out, rate.number("avg", optional=True, least=0) if rate is not None else None,
-            conc.count() if conc is not None else None, doc.text("aiperf_version", optional=True))
+            conc.count() if conc is not None else None, doc.text("aiperf_version", optional=True), _prefix(doc))
 
 
 def read_aiperf(path: Path) -> PeerRun:
@@ -144,8 +146,8 @@ def read_aiperf(path: Path) -> PeerRun:
         summary = path if path.suffix == ".json" else summary
     if not records.is_file() and not summary.is_file():
         raise ResultsError(f"{path}: no AIPerf results here ({RECORDS} or {SUMMARY})")
-    aggregates, rate, conc, version = _summary(summary) if summary.is_file() else ({}, None, None, None)
-    prefix, count = _prefix(Doc(summary, read_json_file(summary))) if summary.is_file() else (None, None)
+    aggregates, rate, conc, version, (prefix, count) = (_summary(summary) if summary.is_file()
+                                                        else ({}, None, None, None, (None, None)))
     rows, notes = [], ["AIPerf's inter_token_latency is decode only: read as TPOT; inter_chunk_latency as ITL"]
     if records.is_file():
         prompts = _prompts(folder)
