@@ -11,7 +11,7 @@ from kvbench.offload.caches import DynamicOffloadCache, FullOffloadCache, Hierar
 from kvbench.offload.modes import make_cache
 from kvbench.offload.tiers import DiskTier, DiskTierError, History
 from kvbench.offload.transfer import Transfers
-from kvbench.bench.engines.decode import greedy_decode, left_pad
+from kvbench.bench.engines.decode import cache_keyword, greedy_decode, left_pad
 
 CPU = torch.device("cpu")
 NEW = 6
@@ -221,44 +221,45 @@ CACHE_OPS = [
 @pytest.mark.parametrize("kind,options", CACHE_OPS)
 def test_beam_search_crop_and_reuse_match_dynamic_cache(tiny_model, tmp_path, layout, kind, options):
     model = tiny_model.model
+    kv = cache_keyword(model)  # `cache` on transformers ≥ 5.2x, `past_key_values` before (5.17 on the GPU box)
 
     def fresh():
         return make_cache(kind, model.config, CPU, disk_dir=str(tmp_path), **options)
 
     ids = torch.arange(11, 51)[None]  # 40 tokens: with a host cap of 16, most of the history is on disk
     kw = dict(max_new_tokens=6, min_new_tokens=6, do_sample=False, pad_token_id=0, eos_token_id=None)
-    ref = model.generate(ids, num_beams=3, cache=DynamicCache(config=model.config), **kw)
-    out = model.generate(ids, num_beams=3, cache=fresh(), **kw)  # reorders across device, host and disk
+    ref = model.generate(ids, num_beams=3, **{kv: DynamicCache(config=model.config)}, **kw)
+    out = model.generate(ids, num_beams=3, **{kv: fresh()}, **kw)  # reorders across device, host and disk
     assert out.tolist() == ref.tolist()
 
     # crop then continue, and a second generate on the same cache
     ref_cache, cache = DynamicCache(config=model.config), fresh()
-    a = model.generate(ids, cache=ref_cache, **kw)
-    b = model.generate(ids, cache=cache, **kw)
+    a = model.generate(ids, **{kv: ref_cache}, **kw)
+    b = model.generate(ids, **{kv: cache}, **kw)
     assert a.tolist() == b.tolist()
     ref_cache.crop(-3)
     cache.crop(-3)
     assert cache.get_seq_length() == ref_cache.get_seq_length() == 40 + 6 - 1 - 3
-    nxt_ref = model(a[:, -4:-3], cache=ref_cache, use_cache=True).logits
-    nxt = model(a[:, -4:-3], cache=cache, use_cache=True).logits
+    nxt_ref = model(a[:, -4:-3], **{kv: ref_cache}, use_cache=True).logits
+    nxt = model(a[:, -4:-3], **{kv: cache}, use_cache=True).logits
     assert torch.equal(nxt_ref, nxt)
     cache.crop(-30)  # into the disk tier
     ref_cache.crop(-30)
-    assert torch.equal(model(a[:, 13:14], cache=ref_cache, use_cache=True).logits,
-                       model(a[:, 13:14], cache=cache, use_cache=True).logits)
+    assert torch.equal(model(a[:, 13:14], **{kv: ref_cache}, use_cache=True).logits,
+                       model(a[:, 13:14], **{kv: cache}, use_cache=True).logits)
 
     # batch changes, with most of the history on disk where there is a disk tier: 3 → 2 → 4 → 1 sequences
     three = torch.arange(5, 125).reshape(3, 40)
     ref_cache, cache = DynamicCache(config=model.config), fresh()
-    model(three, cache=ref_cache, use_cache=True)
-    model(three, cache=cache, use_cache=True)
+    model(three, **{kv: ref_cache}, use_cache=True)
+    model(three, **{kv: cache}, use_cache=True)
     for change, arg, rows in [("batch_select_indices", torch.tensor([2, 0]), 2), ("batch_repeat_interleave", 2, 4),
                               ("batch_select_indices", torch.tensor([1]), 1)]:
         getattr(ref_cache, change)(arg)
         getattr(cache, change)(arg)
         step = torch.full((rows, 1), 13)
-        assert torch.equal(model(step, cache=ref_cache, use_cache=True).logits,
-                           model(step, cache=cache, use_cache=True).logits), change
+        assert torch.equal(model(step, **{kv: ref_cache}, use_cache=True).logits,
+                           model(step, **{kv: cache}, use_cache=True).logits), change
     if "host_max_tokens" in options:
         assert cache.disk_bytes > 0
 
