@@ -19,6 +19,18 @@ def _tree(pid: int) -> list[psutil.Process]:
         return []
 
 
+def listening_pid(port: int) -> int | None:
+    """The process listening on TCP ``port`` of this machine (a server kvbench did not start, at a loopback
+    URL), so that its CPU counts as the trial's own and its memory is sampled; None when no process, or more than
+    one, listens there, or when the system does not tell (another user's process: psutil gives no PID for it)."""
+    try:
+        conns = psutil.net_connections(kind="tcp")
+    except (psutil.Error, OSError):
+        return None
+    pids = {c.pid for c in conns if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port}
+    return pids.pop() if len(pids) == 1 and None not in pids else None
+
+
 class ProcessTree:
     """A started server's processes: ``pid`` and its children, listed once when made, so that each reading (CPU
     beside requests in flight, RSS every sample) reads only their own counters instead of walking ``/proc``."""

@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import functools
 import os
+import urllib.parse
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -30,11 +31,12 @@ from kvbench.bench.engines.server.process import ServerProcess, free_port, probe
 from kvbench.bench.engines.server.session import ServerSession
 from kvbench.bench.engines.server.stream import ServerReplyError, printable
 from kvbench.bench.engines.server.tiers import host_tier
+from kvbench.bench.telemetry.server import listening_pid
 from kvbench.bench.trial import ServerTrial
 from kvbench.errors import SymlinkRefused
 from kvbench.scenario import Scenario
 from kvbench.scenario.programs import Program, server_program
-from kvbench.scenario.servers import Preset, preset_of, size_text
+from kvbench.scenario.servers import Preset, loopback_url, preset_of, size_text
 from kvbench.serving import KINDS, metrics_kind
 from kvbench.serving.kind import Launch
 
@@ -121,6 +123,16 @@ def _served_version(text: str | None) -> str | None:
         return printable(str(orjson.loads(text or "")["version"]), 200)
     except (orjson.JSONDecodeError, KeyError, TypeError):
         return None
+
+
+def running_pid(url: str) -> int | None:
+    """The process serving ``url`` when it is on this machine (a loopback URL): the one listening on its port
+    (:func:`~kvbench.bench.telemetry.server.listening_pid`); None for another machine's server, whose CPU is not
+    this machine's load."""
+    if not loopback_url(url):
+        return None
+    parts = urllib.parse.urlsplit(url)
+    return listening_pid(parts.port or (443 if parts.scheme == "https" else 80))
 
 
 class ServerEngine:
@@ -219,6 +231,8 @@ class ServerEngine:
         info: dict[str, Any] = {"mode_label": mode.label, "repeat": repeat, "engine": self.kind, "slots": slots}
         if not self.server_kind.started:
             srv = ServerSession(self, mode, e.url, None, preset, info, host_tier=host_tier(self.kind, None))
+            srv.pid = running_pid(e.url)
+            info["pid"] = srv.pid  # its CPU is the trial's own, its memory sampled; None: not on this machine's view
         else:
             slot_dir = servers_dir / f"{mode.label}-r{repeat}.slots"
             if preset.slots:
@@ -243,6 +257,7 @@ class ServerEngine:
         with srv.process if srv.process is not None else contextlib.nullcontext():
             if srv.process is not None:
                 srv.pid = srv.process.pid
+            if srv.pid is not None:
                 self.pid = srv.pid
                 if info.get("version") is None and self.server_kind.version_path:
                     info["version"] = _served_version(get_page(srv.url + self.server_kind.version_path, False))

@@ -99,3 +99,6 @@ def test_kind_openai_measures_a_running_server_and_checks_its_cold_start(tmp_pat
     assert rows["d0-q1-prefix-cache-r0"]["cold_verified"] is False
     servers = kvbench.load_results(res.run_dir).runs[0]["servers"]
     assert [(s["mode_label"], "argv" in s) for s in servers] == [("none", False), ("prefix-cache", False)]
+    # the server listens on this machine: its process is found, its memory sampled and its CPU the trial's own
+    assert [s["pid"] for s in servers] == [server.pid, server.pid]
+    assert all(r["server_rss_growth_bytes"] is not None for r in rows.values())
