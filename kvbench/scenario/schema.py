@@ -157,7 +157,8 @@ class Scenario(Strict):
     name: Annotated[str, AfterValidator(check_name)] = Field(
         description="Scenario name, used in the results directory name: letters, digits, '_', '.', '-'.")
     description: Annotated[str, AfterValidator(check_description)] = Field("", description="One line shown by `kvbench list scenarios`.")
-    model: ModelSpec = Field(description="The model (see ModelSpec).")
+    model: ModelSpec = Field(description="The model (see ModelSpec); a bare name (model: smollm2-135m) is "
+                             "short for model.name.")
     device: Device = Field("auto", description="auto | cpu | cuda | cuda:N (auto = cuda when available, else cpu).")
     engine: EngineSpec = Field(default_factory=EngineSpec, description="What runs the trials: transformers "
                                "(in-process, the default) or a server (see EngineSpec).")

@@ -178,10 +178,12 @@ class WorkloadSpec(Strict):
         "random", description="random: a seeded shuffle; longest: the longest conversations/documents first."
     )
     multi_turn: MultiTurnSpec | None = optional("Reuse workload: ShareGPT conversations turn by turn, each turn's KV "
-        "restored from the store (see MultiTurnSpec).")
-    doc_qa: DocQASpec | None = optional("Reuse workload: long documents, several questions each (see DocQASpec).")
+        "restored from the store (see MultiTurnSpec); the key with no value runs it with its defaults.")
+    doc_qa: DocQASpec | None = optional("Reuse workload: long documents, several questions each (see DocQASpec); the "
+        "key with no value runs it with its defaults.")
     shared_prefix: SharedPrefixSpec | None = optional("Reuse workload for the break-even map: prompts whose set "
-        "share is a prefix revisited under a set working set (see SharedPrefixSpec).")
+        "share is a prefix revisited under a set working set (see SharedPrefixSpec); the key with no value runs it "
+        "with its defaults.")
 
     @model_validator(mode="before")
     @classmethod
