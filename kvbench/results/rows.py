@@ -4,7 +4,7 @@ statuses a trial ends with, and the names of the aggregate columns the per-point
 A row is a JSON object. Units are in the names: ``_s`` seconds, ``_bytes`` bytes, ``_per_s`` per second,
 ``_percent`` percent of one CPU (or of the device), ``_tokens`` tokens. Columns marked for some modes are absent
 from other modes' rows, and a trial that did not run (``skipped``, ``error``) has only the columns that say what
-it was and why. The README's field table ("What a trial measures") documents :data:`TRIAL_COLUMNS` in the same
+it was and why. The field table of docs/metrics.md ("What a trial measures") documents :data:`TRIAL_COLUMNS` in the same
 order; ``tests/results/test_rows.py`` holds the two together.
 """
 
@@ -76,7 +76,7 @@ def _columns(*specs: tuple[str, Kind, str, str]) -> tuple[Column, ...]:
 
 
 K = Kind
-#: The columns of the README's field table, in its order.
+#: The columns of the docs' field table (docs/metrics.md), in its order.
 TRIAL_COLUMNS = _columns(
     ("trial_id", K.NAME, "", "p<N>-b<B>-<mode label>-r<repeat> (reuse: <request>-<label>-warm|cold-r<repeat>)"),
     ("scenario", K.TEXT, "", "the scenario's name"),
@@ -163,13 +163,13 @@ TRIAL_COLUMNS = _columns(
     ("busy_threshold_percent", K.NUMBER, "percent", "others' CPU above which the machine is busy"),
     ("machine_busy", K.FLAG, "", "others' CPU clearly above the threshold, or another GPU process (null: unknown)"),
 )
-#: ``kvbench plan``'s prediction for the trial (README "Measured vs predicted"; null for modes plan does not model).
+#: ``kvbench plan``'s prediction for the trial (docs/reports.md; null for modes plan does not model).
 PLAN_COLUMNS = _columns(
     ("plan_kv_device_bytes", K.NUMBER, "bytes", "device KV of the batch under plan's placement"),
     ("plan_link_bytes_per_step", K.NUMBER, "bytes", "host KV copied to the device per decode step, mean"),
     ("plan_tpot_s", K.NUMBER, "seconds", "the decode-step roofline averaged over the trial's steps"),
 )
-#: Reuse workloads only (README "Reuse"): the request, its restore from the mode's KV store and the store after it.
+#: Reuse workloads only (docs/scenarios.md): the request, its restore from the mode's KV store and the store after it.
 REUSE_COLUMNS = _columns(
     ("request_id", K.TEXT, "", "c<conversation>-t<turn> or d<document>-q<question>"),
     ("document", K.TEXT, "", "the document or conversation the request belongs to"),
@@ -194,7 +194,7 @@ REUSE_COLUMNS = _columns(
     ("kv_budget_tokens", K.COUNT, "tokens", "the KV the engine keeps for reuse in its first tier: the store's host "
                                             "tier (in-process), the slots' context (a server)"),
 )
-#: Server engines only (README "Benchmark your server"): the request as the server saw it and the load it ran in.
+#: Server engines only (docs/engines.md): the request as the server saw it and the load it ran in.
 SERVER_COLUMNS = _columns(
     ("engine", K.TEXT, "", "the serving engine (llama.cpp, vllm, sglang, openai)"),
     ("load_profile", K.TEXT, "", "how requests were sent (sequential, concurrent, poisson)"),
@@ -226,7 +226,7 @@ SERVER_COLUMNS = _columns(
     ("contaminated", K.FLAG, "", "a cold mode's request reused cached tokens (never the reference)"),
     ("cold_verified", K.FLAG, "", "the first request of a fresh server reused 0 tokens (null: not the first)"),
 )
-#: Where a trial ran (README "Run on a cluster"): every row has them, whichever executor ran it.
+#: Where a trial ran (docs/clusters.md): every row has them, whichever executor ran it.
 PLACEMENT_COLUMNS = _columns(
     ("machine", K.TEXT, "", "the scenario's placement kind it ran on (null: no placement)"),
     ("host", K.TEXT, "", "the host name of the machine that ran it"),
@@ -274,7 +274,7 @@ class Metric:
     inference_perf: str
 
 
-#: The metric dictionary (README "Metric dictionary", held to it by ``tests/results/test_rows.py``): per-request columns of
+#: The metric dictionary (docs/metrics.md, held to it by ``tests/results/test_rows.py``): per-request columns of
 #: the trial row, then a server run's per-mode figures (``server_load.csv``, ``goodput.csv``).
 METRICS = (
     Metric("ttft_s", "seconds", "request sent (a slot restore before it included) → first generated token",

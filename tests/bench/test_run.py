@@ -39,8 +39,8 @@ class Recording(RunProgress):
 
 
 def readme_python() -> str:
-    """The README's one Python example (section "From Python")."""
-    text = (ROOT / "README.md").read_text()
+    """The docs' one Python example of the whole library (docs/commands.md, section "From Python")."""
+    text = (ROOT / "docs" / "commands.md").read_text()
     blocks = text.split("```python\n")[1:]
     examples = [b.split("```")[0] for b in blocks if "import kvbench" in b]
     assert len(examples) == 1
@@ -48,15 +48,15 @@ def readme_python() -> str:
 
 
 @pytest.mark.slow
-def test_the_readme_example_runs_the_smoke_scenario_writes_its_report_and_costs(tmp_path, monkeypatch):
-    """The README's Python example, as written but for its output folders: run, load, report, cost, plan."""
+def test_the_docs_example_runs_the_smoke_scenario_writes_its_report_and_costs(tmp_path, monkeypatch):
+    """The docs' Python example, as written but for its output folders: run, load, report, cost, plan."""
     code = readme_python()
     assert 'out="results"' in code and '"costs"' in code
     code = code.replace('out="results"', f"out={str(tmp_path / 'results')!r}")
     code = code.replace('"costs"', repr(str(tmp_path / "costs")))
     monkeypatch.chdir(ROOT)
     names: dict = {}
-    exec(compile(code, "README.md", "exec"), names)
+    exec(compile(code, "docs/commands.md", "exec"), names)
     res, results, costs, p = names["run"], names["results"], names["costs"], names["p"]
     assert res.swept and not res.interrupted and res.device == "cpu"
     assert (res.written, res.already, res.planned) == (48, 0, 48)

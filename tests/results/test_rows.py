@@ -1,4 +1,4 @@
-"""The trial row's declaration (kvbench.results.rows): the README's field table documents it, its units follow the
+"""The trial row's declaration (kvbench.results.rows): the docs' field table (docs/metrics.md) documents it, its units follow the
 names, the schema check covers every declared column, and the runner writes no column it does not declare."""
 
 from __future__ import annotations
@@ -15,16 +15,17 @@ from kvbench.results.rows import (AGGREGATES, BY_NAME, COLUMNS, FRAME_COLUMNS, M
                                   REUSE_COLUMNS, SERVER_COLUMNS, TRIAL_COLUMNS, Kind, Status, agg)
 from kvbench.results.samples import SAMPLE_COLUMNS
 
-README = (ROOT / "README.md").read_text()
-#: Units a README meaning may name, as the declaration spells them.
+METRICS_PAGE = (ROOT / "docs" / "metrics.md").read_text()  # "What a trial measures" and the metric dictionary
+DOCS = "\n".join(p.read_text() for p in sorted((ROOT / "docs").rglob("*.md")))
+#: Units a documented meaning may name, as the declaration spells them.
 UNIT_WORDS = {"seconds": "seconds", "bytes": "bytes", "percent": "percent"}
 #: Columns whose unit is not in their name.
 UNIT_NOT_IN_NAME = {"window_final": "tokens", "tokens_restored": "tokens", "tokens_prefilled": "tokens"}
 
 
 def field_table() -> list[tuple[list[str], str]]:
-    """The rows of the README's field table ("What a trial measures"): (the columns a row names, its meaning)."""
-    section = README[README.index("## What a trial measures"):]
+    """The rows of the docs' field table ("What a trial measures"): (the columns a row names, its meaning)."""
+    section = METRICS_PAGE[METRICS_PAGE.index("# What a trial measures"):]
     lines = section[section.index("| field | meaning |"):].splitlines()[2:]
     out = []
     for line in lines:
@@ -36,7 +37,7 @@ def field_table() -> list[tuple[list[str], str]]:
 
 
 def unit_in_name(name: str) -> str:
-    """The unit a column's name says (README: units are in the names)."""
+    """The unit a column's name says (docs/metrics.md: units are in the names)."""
     if name in UNIT_NOT_IN_NAME:
         return UNIT_NOT_IN_NAME[name]
     if name.endswith("_bytes_per_s"):
@@ -56,21 +57,21 @@ def unit_in_name(name: str) -> str:
     return ""
 
 
-def test_the_readme_field_table_names_the_trial_columns_in_their_order():
+def test_the_docs_field_table_names_the_trial_columns_in_their_order():
     named = [name for names, _ in field_table() for name in names]
     assert named == [c.name for c in TRIAL_COLUMNS]
 
 
 def metric_table() -> list[str]:
-    """The README's metric dictionary as :data:`kvbench.results.rows.METRICS` declares it, one line per metric."""
+    """The docs' metric dictionary as :data:`kvbench.results.rows.METRICS` declares it, one line per metric."""
     def name(v: str) -> str:
         return "-" if v == "-" else f"`{v.split(' (')[0]}`" + (f" ({v.split(' (', 1)[1]}" if " (" in v else "")
     return [f"| `{m.name}` | {m.unit or '-'} | {m.definition} | {name(m.vllm)} | {name(m.guidellm)} | "
             f"{name(m.aiperf)} | {name(m.inference_perf)} |" for m in METRICS]
 
 
-def test_the_readme_metric_dictionary_is_the_declared_one():
-    section = README[README.index("### Metric dictionary"):]
+def test_the_docs_metric_dictionary_is_the_declared_one():
+    section = METRICS_PAGE[METRICS_PAGE.index("## Metric dictionary"):]
     lines = section[section.index("| kvbench |"):].splitlines()[2:]
     assert lines[:len(METRICS)] == metric_table()
     assert not lines[len(METRICS)].startswith("|")
@@ -78,18 +79,18 @@ def test_the_readme_metric_dictionary_is_the_declared_one():
     assert all(n in BY_NAME for n in row_metrics) and [BY_NAME[n].unit for n in row_metrics] == ["seconds"] * 5
 
 
-def test_the_readme_names_every_other_column():
-    missing = [c.name for c in PLAN_COLUMNS + REUSE_COLUMNS + SERVER_COLUMNS if f"`{c.name}`" not in README]
+def test_the_docs_name_every_other_column():
+    missing = [c.name for c in PLAN_COLUMNS + REUSE_COLUMNS + SERVER_COLUMNS if f"`{c.name}`" not in DOCS]
     assert missing == []
 
 
-def test_the_readme_samples_paragraph_names_every_samples_column():
-    section = README[README.index("`samples.csv` has one row"):]
+def test_the_docs_samples_paragraph_names_every_samples_column():
+    section = METRICS_PAGE[METRICS_PAGE.index("`samples.csv` has one row"):]
     paragraph = section[:section.index("\n\n")]
     assert [c for c in SAMPLE_COLUMNS if f"`{c}`" not in paragraph] == []
 
 
-def test_units_follow_the_names_and_the_readme():
+def test_units_follow_the_names_and_the_docs():
     assert [(c.name, c.unit) for c in COLUMNS + FRAME_COLUMNS if c.unit != unit_in_name(c.name)] == []
     for names, meaning in field_table():
         for word, unit in UNIT_WORDS.items():
@@ -104,7 +105,7 @@ def test_columns_are_declared_once_with_a_meaning():
     assert {c.name for c in COLUMNS if c.required} == {"trial_id", "status", "mode", "prompt_tokens", "batch_size"}
 
 
-def test_statuses_are_the_readme_s_and_plain_strings():
+def test_statuses_are_the_docs_and_plain_strings():
     status_row = next(meaning for names, meaning in field_table() if "status" in names)
     assert {s.value for s in Status} <= set(re.findall(r"`([a-z_]+)`", status_row))
     assert ROW_STATUSES == ("ok", "over_budget", "skipped", "error", "oom")
