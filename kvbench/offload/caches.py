@@ -8,6 +8,7 @@ import psutil
 import torch
 from transformers.cache_utils import Cache, DynamicSlidingWindowLayer
 
+from kvbench.offload.host_tiers import HostFormat
 from kvbench.offload.layer_types import layer_windows, tokens_held
 from kvbench.offload.layers import OffloadedLayer
 from kvbench.offload.policy import MIN_WINDOW, WindowPolicy
@@ -64,6 +65,11 @@ class OffloadedCache(Cache):
         disk_dir: where the disk tier makes its private directory (default: the system temporary directory).
         disk_page_cache: let the disk tier's pages stay in the page cache (no sync, no drop: faster, but disk reads
             and writes then time RAM); see :class:`~kvbench.offload.disk.DiskTier`.
+        host_formats: the host formats of K and V (:func:`~kvbench.offload.host_tiers.host_format`; default: the
+            model's dtype). ``host_bytes``, ``disk_bytes`` and the engine's ``*_bytes`` are then physical (what the
+            tiers hold and the link moves, scales included), ``host_logical_bytes``/``disk_logical_bytes`` (and
+            peaks) and the engine's ``*_logical_bytes`` the same tokens as the model's dtype; ``stored_bytes``
+            counts logical bytes, so that it still equals the analytic KV.
 
     Raises:
         ValueError: a negative window, ``host_max_tokens`` under one disk block, layer types kvbench cannot cache
@@ -72,7 +78,8 @@ class OffloadedCache(Cache):
     """
 
     def __init__(self, config: Any, device: torch.device, window: int = 0, pin: bool | None = None,
-                 host_max_tokens: int | None = None, disk_dir: str | None = None, disk_page_cache: bool = False):
+                 host_max_tokens: int | None = None, disk_dir: str | None = None, disk_page_cache: bool = False,
+                 host_formats: tuple[HostFormat, HostFormat] | None = None):
         if window < 0:
             raise ValueError(f"window must be >= 0 tokens, got {window}")
         if host_max_tokens is not None and host_max_tokens < DISK_BLOCK_TOKENS:
@@ -84,7 +91,7 @@ class OffloadedCache(Cache):
         pin = device.type == "cuda" if pin is None else pin
         layers: list[Any] = [
             DynamicSlidingWindowLayer(sliding_window=w) if w is not None
-            else OffloadedLayer(window, self.engine, pin, host_max_tokens, self.disk)
+            else OffloadedLayer(window, self.engine, pin, host_max_tokens, self.disk, *(host_formats or ()))
             for w in windows
         ]
         super().__init__(layers=layers)
@@ -98,6 +105,9 @@ class OffloadedCache(Cache):
         self._host = [0] * len(layers)
         self._disk = [0] * len(layers)
         self._stored = [0] * len(layers)
+        self._logical = [(0, 0)] * len(layers)
+        self.host_logical_bytes = self.disk_logical_bytes = self.host_logical_peak_bytes = 0
+        self.disk_logical_peak_bytes = 0
         self._pinned = [0] * len(layers)
         self.pinned_host_bytes = self.pinned_host_peak_bytes = 0
         self.host_allocated_bytes = self.host_allocated_peak_bytes = 0
@@ -121,7 +131,8 @@ class OffloadedCache(Cache):
         """(device, host, disk, stored) bytes of one layer; stored counts each token once (window + history)."""
         if isinstance(layer, OffloadedLayer):
             window = layer.keys.nbytes + layer.values.nbytes if layer.is_initialized else 0
-            return layer.device_bytes, layer.host_bytes, layer.disk_bytes, window + layer.host_bytes + layer.disk_bytes
+            return (layer.device_bytes, layer.host_bytes, layer.disk_bytes,
+                    window + layer.host_logical_bytes + layer.disk_logical_bytes)
         if getattr(layer, "is_initialized", False):
             n = layer.keys.nbytes + layer.values.nbytes
             return n, 0, 0, n
@@ -139,6 +150,11 @@ class OffloadedCache(Cache):
         self.stored_peak_bytes = max(self.stored_peak_bytes, self.stored_bytes)
         layer = self.layers[i]
         if isinstance(layer, OffloadedLayer):
+            (h0, k0), self._logical[i] = self._logical[i], (layer.host_logical_bytes, layer.disk_logical_bytes)
+            self.host_logical_bytes += self._logical[i][0] - h0
+            self.disk_logical_bytes += self._logical[i][1] - k0
+            self.host_logical_peak_bytes = max(self.host_logical_peak_bytes, self.host_logical_bytes)
+            self.disk_logical_peak_bytes = max(self.disk_logical_peak_bytes, self.disk_logical_bytes)
             keys, values = layer.keys_history, layer.values_history
             a = keys.nbytes + values.nbytes
             p = (keys.nbytes if keys.pinned else 0) + (values.nbytes if values.pinned else 0)
@@ -219,9 +235,10 @@ class FullOffloadCache(OffloadedCache):
     """The ``full`` mode: all history off the device (an :class:`OffloadedCache` with ``window=0``)."""
 
     def __init__(self, config: Any, device: torch.device, pin: bool | None = None,
-                 host_max_tokens: int | None = None, disk_dir: str | None = None, disk_page_cache: bool = False):
+                 host_max_tokens: int | None = None, disk_dir: str | None = None, disk_page_cache: bool = False,
+                 host_formats: tuple[HostFormat, HostFormat] | None = None):
         super().__init__(config, device, window=0, pin=pin, host_max_tokens=host_max_tokens, disk_dir=disk_dir,
-                         disk_page_cache=disk_page_cache)
+                         disk_page_cache=disk_page_cache, host_formats=host_formats)
 
 
 class HierarchicalCache(OffloadedCache):
@@ -244,7 +261,7 @@ class DynamicOffloadCache(OffloadedCache):
     brings the newest host tokens back) and recorded in :attr:`events`.
 
     Args:
-        config, device, pin, host_max_tokens, disk_dir, disk_page_cache: as :class:`OffloadedCache`.
+        config, device, pin, host_max_tokens, disk_dir, disk_page_cache, host_formats: as :class:`OffloadedCache`.
         min_window, max_window: the policy's bounds (tokens).
         budget_bytes: device KV budget (bytes); None = free memory less the reserve.
         reserve_bytes: memory left to activations and others when there is no budget.
@@ -255,14 +272,15 @@ class DynamicOffloadCache(OffloadedCache):
 
     def __init__(self, config: Any, device: torch.device, min_window: int = MIN_WINDOW, max_window: int | None = None,
                  budget_bytes: int | None = None, reserve_bytes: int | None = None, pin: bool | None = None,
-                 host_max_tokens: int | None = None, disk_dir: str | None = None, disk_page_cache: bool = False):
+                 host_max_tokens: int | None = None, disk_dir: str | None = None, disk_page_cache: bool = False,
+                 host_formats: tuple[HostFormat, HostFormat] | None = None):
         if budget_bytes is not None and budget_bytes <= 0:
             raise ValueError(f"budget_bytes must be > 0 bytes, got {budget_bytes}")
         if reserve_bytes is not None and reserve_bytes < 0:
             raise ValueError(f"reserve_bytes must be >= 0 bytes, got {reserve_bytes}")
         self.policy = WindowPolicy(min_window, max_window)
         super().__init__(config, device, window=self.policy.window, pin=pin, host_max_tokens=host_max_tokens,
-                         disk_dir=disk_dir, disk_page_cache=disk_page_cache)
+                         disk_dir=disk_dir, disk_page_cache=disk_page_cache, host_formats=host_formats)
         self.budget_bytes = budget_bytes
         self.reserve_bytes = reserve_bytes
         text = config.get_text_config() if hasattr(config, "get_text_config") else config

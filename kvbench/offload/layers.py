@@ -6,7 +6,9 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import DynamicLayer
 
-from kvbench.offload.tiers import DiskTier, History
+from kvbench.offload.history import History
+from kvbench.offload.host_tiers import HostFormat
+from kvbench.offload.tiers import DiskTier
 from kvbench.offload.transfer import Transfers
 
 
@@ -18,7 +20,8 @@ class OffloadedLayer(DynamicLayer):
     head_dim]``). ``update`` returns the concatenation of the history (brought to the device, prefetched when
     possible), the window and the new tokens, so attention covers all tokens exactly as with ``DynamicLayer``.
     Tokens that leave the window are copied to the host once (D2H); with ``window=0`` only the new tokens go D2H
-    each step.
+    each step. K and V leave the device in their host formats (``k_format``, ``v_format``: encoded on the device
+    before the copy, decoded on it after the copy back; the window stays in the model's dtype).
 
     Args:
         window: tokens kept on the device (0 = everything off the device: the ``full`` mode).
@@ -26,21 +29,26 @@ class OffloadedLayer(DynamicLayer):
         pin: page-lock host buffers (CUDA).
         host_max_tokens: cap of the host tier; older tokens spill to ``disk``.
         disk: the cache's disk tier (needed with ``host_max_tokens``).
+        k_format, v_format: the host formats of K and V (default: the model's dtype); see
+            :mod:`kvbench.offload.host_tiers`.
 
     Raises:
         ValueError: a negative window; see :class:`~kvbench.offload.tiers.History` for the host cap.
     """
 
     def __init__(self, window: int, engine: Transfers, pin: bool = False, host_max_tokens: int | None = None,
-                 disk: DiskTier | None = None):
+                 disk: DiskTier | None = None, k_format: HostFormat | None = None,
+                 v_format: HostFormat | None = None):
         super().__init__()
         if window < 0:
             raise ValueError(f"window must be >= 0 tokens, got {window}")
         self.window = window
         self.engine = engine
-        self.keys_history = History(pin, host_max_tokens, disk, seq_major=engine.cuda)
-        self.values_history = History(pin, host_max_tokens, disk, seq_major=engine.cuda)
-        self._fetched: tuple[int, list[tuple[torch.Tensor, object]], list[tuple[torch.Tensor, object]]] | None = None
+        self.keys_history = History(pin, host_max_tokens, disk, seq_major=engine.cuda, fmt=k_format)
+        self.values_history = History(pin, host_max_tokens, disk, seq_major=engine.cuda, fmt=v_format)
+        #: (history length, K stretches, V stretches): each stretch the format's parts on their way to the device
+        self._fetched: tuple[int, list[list[tuple[torch.Tensor, object]]], list[list[tuple[torch.Tensor, object]]]] \
+            | None = None
 
     # ------------------------------------------------------------------ transfers
 
@@ -49,18 +57,27 @@ class OffloadedLayer(DynamicLayer):
         n = self.keys_history.length
         if n == 0 or (self._fetched is not None and self._fetched[0] == n):
             return
-        k = [self.engine.to_device(p) for p in self.keys_history.parts(self.engine)]
-        v = [self.engine.to_device(p) for p in self.values_history.parts(self.engine)]
-        self._fetched = (n, k, v)
+        self._fetched = (n, self._send(self.keys_history), self._send(self.values_history))
+
+    def _send(self, history: History) -> list[list[tuple[torch.Tensor, object]]]:
+        """Start copying ``history``'s stretches to the device, still encoded (H2D counted physical and logical)."""
+        out = []
+        for stretch in history.parts(self.engine):
+            out.append([self.engine.to_device(p) for p in stretch])
+            self.engine.stats.h2d_logical_bytes += history.logical(sum(p.nbytes for p in stretch))
+        return out
 
     def _history_on_device(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """The history's parts on the device, oldest first, ``[batch, kv_heads, n, head_dim]`` views."""
+        """The history's stretches on the device, decoded, oldest first, ``[batch, kv_heads, n, head_dim]``."""
         if self.keys_history.length == 0:
             return [], []
         self.prefetch()
         _, k, v = self._fetched
         self._fetched = None  # used once: the next step's history includes this step's tokens
-        return [self.engine.ready(t, e) for t, e in k], [self.engine.ready(t, e) for t, e in v]
+        return self._decoded(self.keys_history, k), self._decoded(self.values_history, v)
+
+    def _decoded(self, history: History, sent: list[list[tuple[torch.Tensor, object]]]) -> list[torch.Tensor]:
+        return [history.decode([self.engine.ready(t, e) for t, e in stretch]) for stretch in sent]
 
     def offload(self) -> None:  # transformers' Cache may call this; the tiers are managed in update()
         """No-op: tokens move to the host in :meth:`update`."""
@@ -87,11 +104,17 @@ class OffloadedLayer(DynamicLayer):
         held = self.keys.shape[-2]
         if held > window:
             self.keys, self.values = self._spill(self.keys, self.values)
-        elif held < window and self.keys_history.host.length:
-            k = self.engine.to_device_now(self.keys_history.pop_tail(window - held, self.engine))
-            v = self.engine.to_device_now(self.values_history.pop_tail(window - held, self.engine))
+        elif held < window and self.keys_history.host_length:
+            k = self._back(self.keys_history, window - held)
+            v = self._back(self.values_history, window - held)
             self.keys = torch.cat([k, self.keys], dim=-2)
             self.values = torch.cat([v, self.values], dim=-2)
+
+    def _back(self, history: History, n: int) -> torch.Tensor:
+        """The newest ``n`` tokens of ``history``'s host tier, removed from it, on the device and decoded."""
+        parts = history.pop_tail(n, self.engine)
+        self.engine.stats.h2d_logical_bytes += history.logical(sum(p.nbytes for p in parts))
+        return history.decode([self.engine.to_device_now(p) for p in parts])
 
     # ------------------------------------------------------------------ CacheLayerMixin
 
@@ -157,7 +180,7 @@ class OffloadedLayer(DynamicLayer):
         self.keys, self.values = fn(self.keys), fn(self.values)
         if self.keys_history.length:
             for h in (self.keys_history, self.values_history):
-                h.replace(fn(h.view(self.engine)), self.engine)
+                h.map_batch(fn, self.engine)
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         """Reorder the batch (beam search) in every tier."""
@@ -183,15 +206,26 @@ class OffloadedLayer(DynamicLayer):
             return 0
         n = self.keys.nbytes + self.values.nbytes
         if self._fetched is not None and self.engine.cuda:
-            n += sum(t.nbytes for t, _ in self._fetched[1] + self._fetched[2])
+            n += sum(t.nbytes for stretch in self._fetched[1] + self._fetched[2] for t, _ in stretch)
         return n
 
     @property
     def host_bytes(self) -> int:
-        """Bytes of K/V history this layer holds in host memory (the filled part; capacity is up to 2× more)."""
+        """Bytes of K/V history this layer holds in host memory (the filled part; capacity is up to 2× more),
+        physical: as the host formats store it, scales included."""
         return self.keys_history.host_bytes + self.values_history.host_bytes
 
     @property
     def disk_bytes(self) -> int:
-        """Bytes of K/V history this layer holds on disk."""
+        """Bytes of K/V history this layer holds on disk, physical."""
         return self.keys_history.disk_bytes + self.values_history.disk_bytes
+
+    @property
+    def host_logical_bytes(self) -> int:
+        """:attr:`host_bytes` as the model's dtype (equal unless a host format is smaller)."""
+        return self.keys_history.host_logical_bytes + self.values_history.host_logical_bytes
+
+    @property
+    def disk_logical_bytes(self) -> int:
+        """:attr:`disk_bytes` as the model's dtype."""
+        return self.keys_history.disk_logical_bytes + self.values_history.disk_logical_bytes

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 
 from kvbench.offload.architecture import Architecture
 from kvbench.offload.policy import MIN_WINDOW
@@ -66,6 +66,34 @@ class ModeOptions(BaseModel):
 
 _HOST_CAP = "Tokens kept in host memory; older ones spill to disk."
 
+#: The host tier's formats (:data:`kvbench.offload.host_tiers.HOST_DTYPES`, which says what each keeps).
+HostDtype = Literal["model", "float32", "bfloat16", "float16", "int8", "fp8"]
+
+
+class HostTierOptions(ModeOptions):
+    """The host tier's format, for the modes that keep history off the device: K and V as the model's dtype
+    (default), another float dtype, or quantized (int8, fp8) with one scale per token and head; the device keeps
+    the model's dtype. See :mod:`kvbench.offload.host_tiers`."""
+
+    host_dtype: HostDtype | None = Field(None, description="The format of K and V in the host and disk tiers and "
+                                         "on the link: model (default) | float32 | bfloat16 | float16 | int8 | fp8.")
+    k_dtype: HostDtype | None = Field(None, description="The keys' format, over host_dtype (keys are the more "
+                                      "sensitive to quantization).")
+    v_dtype: HostDtype | None = Field(None, description="The values' format, over host_dtype.")
+    hadamard: StrictBool | None = Field(None, description="true: rotate K and V by a Hadamard matrix before "
+                                        "they are encoded (spreads outlier channels; head_dim a power of two).")
+
+    @model_validator(mode="after")
+    def _host_formats(self) -> "HostTierOptions":
+        if self.host_dtype is not None and self.k_dtype is not None and self.v_dtype is not None:
+            raise ValueError("host_dtype is unused when k_dtype and v_dtype are both given: drop one")
+        return self
+
+    @property
+    def host_formats(self) -> tuple[str, str]:
+        """(K's, V's) host format names."""
+        return (self.k_dtype or self.host_dtype or "model", self.v_dtype or self.host_dtype or "model")
+
 
 class NoneMode(ModeOptions):
     """No offload: transformers DynamicCache, the baseline."""
@@ -79,14 +107,14 @@ class HfOffloadedMode(ModeOptions):
     kind: Literal["hf-offloaded"] = Field(description="Mode name.")
 
 
-class FullMode(ModeOptions):
+class FullMode(HostTierOptions):
     """All history in the host tier, layers prefetched to the device."""
 
     kind: Literal["full"] = Field(description="Mode name.")
     host_max_tokens: HostTokens | None = Field(None, description=_HOST_CAP)
 
 
-class HierarchicalMode(ModeOptions):
+class HierarchicalMode(HostTierOptions):
     """The last `window` tokens of every layer on the device, older ones on the host."""
 
     kind: Literal["hierarchical"] = Field(description="Mode name.")
@@ -94,7 +122,7 @@ class HierarchicalMode(ModeOptions):
     host_max_tokens: HostTokens | None = Field(None, description=_HOST_CAP)
 
 
-class DynamicMode(ModeOptions):
+class DynamicMode(HostTierOptions):
     """A window chosen each step from the budget and measured transfer and compute time."""
 
     kind: Literal["dynamic"] = Field(description="Mode name.")
@@ -107,8 +135,6 @@ class DynamicMode(ModeOptions):
         if self.max_window is not None and self.min_window > self.max_window:
             raise ValueError(f"min_window {self.min_window} is larger than max_window {self.max_window}")
         return self
-
-
 
 
 #: ``rule(shape, tokens, dtype_bytes, window) -> (device bytes, host bytes)`` of one sequence's KV at ``tokens``.
@@ -151,11 +177,24 @@ def _hf_offloaded_cache(config: Any, device: Any, options: dict[str, Any], budge
     return DynamicCache(config=config, offloading=True)
 
 
+def host_formats(options: dict[str, Any]) -> Any:
+    """The (K, V) host formats the options name (:func:`kvbench.offload.host_tiers.host_format`), or None for the
+    model's dtype unrotated. Raises ValueError where torch lacks fp8."""
+    k = options.get("k_dtype") or options.get("host_dtype")
+    v = options.get("v_dtype") or options.get("host_dtype")
+    if not (k or v or options.get("hadamard")):
+        return None
+    from kvbench.offload.host_tiers import host_format
+
+    return host_format(k, bool(options.get("hadamard"))), host_format(v, bool(options.get("hadamard")))
+
+
 def _full_cache(config: Any, device: Any, options: dict[str, Any], budget_bytes: int | None,
                 disk: dict[str, Any]) -> Any:
     from kvbench.offload.caches import FullOffloadCache
 
-    return FullOffloadCache(config, device, host_max_tokens=options["host_max_tokens"], **disk)
+    return FullOffloadCache(config, device, host_max_tokens=options["host_max_tokens"],
+                            host_formats=host_formats(options), **disk)
 
 
 def _hierarchical_cache(config: Any, device: Any, options: dict[str, Any], budget_bytes: int | None,
@@ -163,7 +202,7 @@ def _hierarchical_cache(config: Any, device: Any, options: dict[str, Any], budge
     from kvbench.offload.caches import HierarchicalCache
 
     return HierarchicalCache(config, device, window=options["window"], host_max_tokens=options["host_max_tokens"],
-                             **disk)
+                             host_formats=host_formats(options), **disk)
 
 
 def _window_policy_cache(config: Any, device: Any, options: dict[str, Any], budget_bytes: int | None,
@@ -171,7 +210,8 @@ def _window_policy_cache(config: Any, device: Any, options: dict[str, Any], budg
     from kvbench.offload.caches import DynamicOffloadCache
 
     return DynamicOffloadCache(config, device, min_window=options["min_window"], max_window=options["max_window"],
-                               budget_bytes=budget_bytes, host_max_tokens=options["host_max_tokens"], **disk)
+                               budget_bytes=budget_bytes, host_max_tokens=options["host_max_tokens"],
+                               host_formats=host_formats(options), **disk)
 
 
 @dataclass(frozen=True)

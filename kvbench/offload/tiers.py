@@ -5,8 +5,9 @@
   reserved with ``posix_fallocate`` before it is written, so a full disk is an ``OSError`` (ENOSPC/EFBIG). It is
   written and read with explicit I/O that, by default, syncs writes and keeps neither from the page cache (see
   :mod:`kvbench.offload.disk`).
-- :class:`History`: the two together, oldest tokens on disk; beyond ``host_max_tokens`` the host tier spills its
-  oldest tokens to disk in whole blocks of :data:`~kvbench.offload.disk.DISK_BLOCK_TOKENS`.
+- :class:`TieredBuffer`: the two together, oldest tokens on disk; beyond ``host_max_tokens`` the host tier spills
+  its oldest tokens to disk in whole blocks of :data:`~kvbench.offload.disk.DISK_BLOCK_TOKENS`. A layer's K or V
+  history (:class:`~kvbench.offload.history.History`) is one per part of its host format.
 
 Every method takes and gives the transformers layout ``[batch, kv_heads, seq, head_dim]`` (often a view). How a
 host buffer stores it depends on where the model computes:
@@ -28,7 +29,7 @@ import torch
 from kvbench.offload.disk import DISK_BLOCK_TOKENS, DiskTier, DiskTierError
 from kvbench.offload.transfer import Transfers
 
-__all__ = ["DiskBuffer", "DiskTier", "DiskTierError", "History", "HostBuffer", "MIN_CAPACITY", "grown_capacity"]
+__all__ = ["DiskBuffer", "DiskTier", "DiskTierError", "HostBuffer", "MIN_CAPACITY", "TieredBuffer", "grown_capacity"]
 
 #: Smallest capacity (tokens) of a host buffer; growth doubles it.
 MIN_CAPACITY = 256
@@ -203,7 +204,7 @@ class DiskBuffer:
     def _reserve(self, like: torch.Tensor, extra: int) -> None:
         b, h, _, d = like.shape
         if self.capacity and ((b, h, d), like.dtype) != (self._token, self._dtype):
-            if self.length:  # only an emptied buffer may change its batch (History.replace empties it first)
+            if self.length:  # only an emptied buffer may change its batch (TieredBuffer.replace empties it first)
                 raise ValueError(f"disk tier: {self.path} holds a batch of {self._token[0]}, got {b}")
             self.capacity = 0  # a new batch size: the file is laid out again from its start
         self._token, self._dtype = (b, h, d), like.dtype
@@ -269,8 +270,9 @@ class DiskBuffer:
         self.length = min(self.length, length)
 
 
-class History:
-    """K or V history of one layer across the host tier and, beyond ``host_max_tokens``, the disk tier.
+class TieredBuffer:
+    """One tensor's history (a layer's K or V, or one part of their host format) across the host tier and, beyond
+    ``host_max_tokens``, the disk tier.
 
     Oldest tokens are on disk, newer ones in host memory. When an append would take the host tier over
     ``host_max_tokens``, the oldest tokens (of the host tier, then of the incoming ones) go to disk in whole blocks

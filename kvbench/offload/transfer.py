@@ -23,7 +23,9 @@ import torch
 class TransferStats:
     """Bytes and copies moved, per direction (H2D = host→device, D2H = device→host, disk writes and reads), and
     ``stalls``: how many times compute waited for a host→device copy that had not finished (on CPU every copy
-    runs in the compute thread, so each counts)."""
+    runs in the compute thread, so each counts). The ``*_bytes`` are physical (what moved: a quantized host
+    format's parts, scales included); the ``*_logical_bytes`` the same tokens as the model's dtype, counted by
+    :class:`~kvbench.offload.history.History` (equal unless the host format is smaller)."""
 
     h2d_bytes: int = 0
     d2h_bytes: int = 0
@@ -34,6 +36,10 @@ class TransferStats:
     disk_write_count: int = 0
     disk_read_count: int = 0
     stalls: int = 0
+    h2d_logical_bytes: int = 0
+    d2h_logical_bytes: int = 0
+    disk_write_logical_bytes: int = 0
+    disk_read_logical_bytes: int = 0
 
 
 class Transfers:

@@ -26,8 +26,9 @@ def test_every_mode_is_in_the_scenario_union_with_its_defaults_once():
     union = typing.get_args(typing.get_args(Mode)[0])
     assert [m.options for m in MODES.values()] == list(union)
     assert MODES.names() == ["none", "hf-offloaded", "full", "hierarchical", "dynamic"]
-    assert MODES["dynamic"].defaults == {"min_window": 512, "max_window": None, "host_max_tokens": None}
-    assert MODES["hierarchical"].defaults == {"host_max_tokens": None}  # window must be given
+    host = {"host_dtype": None, "k_dtype": None, "v_dtype": None, "hadamard": None}
+    assert MODES["dynamic"].defaults == {**host, "min_window": 512, "max_window": None, "host_max_tokens": None}
+    assert MODES["hierarchical"].defaults == {**host, "host_max_tokens": None}  # window must be given
     assert [k for k, m in MODES.items() if m.needs_cuda] == ["hf-offloaded"]
 
 

@@ -9,7 +9,8 @@ from transformers import DynamicCache
 from kvbench.offload import layers
 from kvbench.offload.caches import DynamicOffloadCache, FullOffloadCache, HierarchicalCache, OffloadedCache
 from kvbench.offload.modes import make_cache
-from kvbench.offload.tiers import DiskTier, DiskTierError, History
+from kvbench.offload.history import History
+from kvbench.offload.tiers import DiskTier, DiskTierError, TieredBuffer
 from kvbench.offload.transfer import Transfers
 from kvbench.bench.engines.decode import cache_keyword, greedy_decode, left_pad
 
@@ -158,9 +159,9 @@ def test_greedy_ids_equal_dynamic_cache_on_smollm2(smol_model, kind, options, le
 
 @pytest.mark.parametrize("seq_major", [False, True], ids=["head-major", "seq-major"])
 @pytest.mark.parametrize("host_max_tokens", [None, 16])
-def test_history_gives_back_what_it_was_given_in_either_layout(tmp_path, seq_major, host_max_tokens):
+def test_a_tiered_buffer_gives_back_what_it_was_given_in_either_layout(tmp_path, seq_major, host_max_tokens):
     engine, disk = Transfers(CPU), DiskTier(tmp_path)
-    hist = History(host_max_tokens=host_max_tokens, disk=disk, seq_major=seq_major)
+    hist = TieredBuffer(host_max_tokens=host_max_tokens, disk=disk, seq_major=seq_major)
     g = torch.Generator().manual_seed(3)
     chunks = [torch.randn(2, 3, n, 4, generator=g) for n in (7, 1, 1, 40, 1, 300)]
     chunks[3] = chunks[3][:, :, ::2]  # a strided source of 20 tokens, as a slice of the device window is

@@ -52,7 +52,8 @@ def test_disk_key_is_strict_and_keeps_the_page_cache_only_when_asked(write_yaml)
 
 def test_unknown_key_inside_a_mode_lists_that_modes_keys(write_yaml):
     err = error_of(write_yaml, tiny_scenario(modes=[{"kind": "none"}, {"kind": "hierarchical", "windw": 64}]))
-    assert ("modes[1].windw", "unknown key 'windw'; did you mean 'window'? allowed keys: kind, window, host_max_tokens") in err.problems
+    assert ("modes[1].windw", "unknown key 'windw'; did you mean 'window'? allowed keys: kind, host_dtype, k_dtype, "
+            "v_dtype, hadamard, window, host_max_tokens") in err.problems
     assert ("modes[1].window", "required key is missing") in err.problems
 
 
@@ -76,7 +77,8 @@ def test_unknown_mode_suggests_the_closest_name(write_yaml):
 
 def test_dynamic_mode_bounds(write_yaml):
     s = load_scenario(write_yaml(tiny_scenario(modes=[{"kind": "dynamic"}])))
-    assert s.modes[0].options == {"min_window": 512, "max_window": None, "host_max_tokens": None}
+    assert s.modes[0].options == {"host_dtype": None, "k_dtype": None, "v_dtype": None, "hadamard": None,
+                                  "min_window": 512, "max_window": None, "host_max_tokens": None}
     assert s.modes[0].label == "dynamic(min_window=512)"
     err = error_of(write_yaml, tiny_scenario(modes=[{"kind": "dynamic", "min_window": 600, "max_window": 500}]))
     assert err.problems == [("modes[0]", "min_window 600 is larger than max_window 500")]
