@@ -24,3 +24,6 @@ timeout 420 "$PY" benchmarks/offload_overhead.py --device cuda --preset llama-3.
 # 3. the sampler's cost on CUDA, where each sample also makes five NVML calls (each releases the GIL)
 timeout 150 "$PY" benchmarks/sampler_overhead.py --device cuda --preset smollm2-1.7b --prompt-tokens 512 \
   --new-tokens 64 --rounds 20
+# 4. the quantized host tiers (issue 33): step time ÷ none and link bytes per step of full with each host format
+timeout 150 "$PY" benchmarks/host_tiers.py --device cuda --preset llama-3.1-8b --dtype bfloat16 --contexts 8192 \
+  --batch 8 --steps 8 --rounds 2 --no-quality

@@ -306,7 +306,11 @@ def _why_not(part: pd.DataFrame, max_ttft_s: float | None, max_tpot_s: float | N
         return "out of memory at every batch size"
     if (part["measured"] == 0).all():
         return f"never measured ({part['status'].iloc[0]})"
-    if part["tokens_match"].map(lambda v: v is False).all():
+    if "quality_ok" in part and part["quality_ok"].map(lambda v: v is False).all():
+        return str(part["quality"].iloc[0])  # "fails quality: KL … > max_kl …"
+    if part["tokens_match"].map(lambda v: v is False).all() and "quality_ok" not in part:
+        return "its outputs differ from none"
+    if part["tokens_match"].map(lambda v: v is False).all() and part["quality_ok"].map(lambda v: v is None).all():
         return "its outputs differ from none"
     if max_ttft_s is not None and (part["ttft_s_median"] > max_ttft_s).all():
         return f"TTFT above {max_ttft_s * 1e3:g} ms at every batch size"

@@ -18,12 +18,13 @@ from kvbench.results.frame import numeric
 from kvbench.results.rows import MEASURED, Status, agg
 
 #: Latency/throughput columns summarised with median, min, max and a bootstrap interval.
-SPREAD_METRICS = ("ttft_s", "tpot_s", "e2e_s", "throughput_tokens_per_s")
+SPREAD_METRICS = ("ttft_s", "tpot_s", "e2e_s", "throughput_tokens_per_s", "kl_mean", "token_agreement")
 #: Memory/traffic columns summarised by their median.
 MEDIAN_METRICS = ("decode_tokens_per_s", "kv_device_peak_bytes", "kv_host_peak_bytes", "kv_disk_peak_bytes",
                   "peak_device_allocated_bytes", "nvml_process_peak_bytes", "rss_peak_bytes", "kv_bytes_predicted",
                   "bytes_moved_per_token", "h2d_bytes_per_s", "h2d_bytes_per_step", "plan_kv_device_bytes",
-                  "plan_link_bytes_per_step", "plan_tpot_s")
+                  "plan_link_bytes_per_step", "plan_tpot_s", "kl_max", "agreement_to_divergence", "h2d_logical_bytes",
+                  "h2d_bytes")
 POINT_KEYS = ["group", "prompt_tokens", "batch_size", "mode_label"]
 #: A trial whose KV accounting differs from the analytic prediction by more than this fraction is flagged.
 KV_CHECK_TOLERANCE = 0.25
@@ -32,11 +33,38 @@ KV_CHECK_TOLERANCE = 0.25
 def qualifies(table: pd.DataFrame) -> pd.Series:
     """Per point of :func:`point_table`: every trial ended ``ok`` (ran to the end within the budget), every measured
     trial's greedy ids were compared with ``none``'s and equal them (``tokens_match`` True: a point never compared
-    does not qualify), and it was measured as many times as its scenario's ``repeats`` (a capacity probe, run once,
-    is not a cost point): the condition for recommending a mode or costing it."""
+    does not qualify) or, for a lossy mode, its quality meets the scenario's thresholds (``quality_ok`` True), and
+    it was measured as many times as its scenario's ``repeats`` (a capacity probe, run once, is not a cost point):
+    the condition for recommending a mode or costing it."""
     planned = table["repeats_planned"] if "repeats_planned" in table else pd.Series(np.nan, index=table.index)
-    return ((table["n_ok"] == table["trials"]) & table["tokens_match"].map(lambda v: v is True)
-            & (planned.isna() | (table["n_ok"] >= planned)))
+    quality = table["quality_ok"] if "quality_ok" in table else pd.Series(None, index=table.index, dtype=object)
+    # a lossy mode stands or falls by its quality (its ids may differ by design); any other by its ids
+    outputs = quality.map(lambda v: v is True) | (quality.isna() & table["tokens_match"].map(lambda v: v is True))
+    return ((table["n_ok"] == table["trials"]) & outputs & (planned.isna() | (table["n_ok"] >= planned)))
+
+
+def quality_check(table: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
+    """Per point: (``quality_ok``: None for a lossless mode (no quality columns), else whether the medians of
+    ``kl_mean`` and ``token_agreement`` are within the run's ``max_kl`` and ``min_agreement`` (a threshold not set
+    passes); ``quality``: the figures as text, with "fails quality" and the threshold crossed where one is)."""
+    ok, text = [], []
+    for _, r in table.iterrows():
+        kl, agree = r.get(agg("kl_mean", "median")), r.get(agg("token_agreement", "median"))
+        if kl is None or pd.isna(kl):
+            ok.append(None)
+            text.append("")
+            continue
+        crossed = []
+        if pd.notna(r.get("max_kl")) and kl > r["max_kl"]:
+            crossed.append(f"KL {kl:.3g} nats > max_kl {r['max_kl']:g}")
+        if pd.notna(r.get("min_agreement")) and pd.notna(agree) and agree < r["min_agreement"]:
+            crossed.append(f"agreement {agree:.1%} < min_agreement {r['min_agreement']:.1%}")
+        ok.append(not crossed)
+        figures = (f"KL {kl:.3g} nats [{r[agg('kl_mean', 'ci_low')]:.3g}, {r[agg('kl_mean', 'ci_high')]:.3g}], "
+                   f"agreement {agree:.1%}" if pd.notna(r.get(agg("kl_mean", "ci_low")))
+                   else f"KL {kl:.3g} nats, agreement {agree:.1%}")
+        text.append(f"fails quality: {'; '.join(crossed)} ({figures})" if crossed else figures)
+    return pd.Series(ok, index=table.index, dtype=object), pd.Series(text, index=table.index, dtype=object)
 
 
 def _itl_pooled(measured: pd.DataFrame, mpid: pd.Series) -> pd.DataFrame:
@@ -141,6 +169,9 @@ def point_table(trials: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> pd.D
     table["kv_check_flagged"] = table["kv_check_flagged"].fillna(0).astype(int)
     table["budget_bytes"] = numeric(df, "budget_bytes").groupby(pid, sort=False).max()
     table["repeats_planned"] = numeric(df, "repeats_planned").groupby(pid, sort=False).max()
+    for key in ("max_kl", "min_agreement"):
+        table[key] = numeric(df, key).groupby(pid, sort=False).max()
+    table["quality_ok"], table["quality"] = quality_check(table)
     table = table.reset_index(drop=True)
 
     kv, alloc = agg("kv_device_peak_bytes", "median"), agg("peak_device_allocated_bytes", "median")
@@ -163,4 +194,4 @@ def point_table(trials: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> pd.D
 
 
 __all__ = ["BOOTSTRAP_MIN_REPEATS", "KV_CHECK_TOLERANCE", "MEDIAN_METRICS", "POINT_KEYS", "SPREAD_METRICS", "median_ci",
-           "point_table", "qualifies"]
+           "point_table", "quality_check", "qualifies"]

@@ -37,8 +37,17 @@ def findings(table: pd.DataFrame, group: str) -> list[str]:
             continue
         out.append(f"at {point_text(r)}, `{r['mode_label']}` saved {r['memory_saving_pct']:.0f}% of device KV memory "
                    f"({r['kv_device_peak_bytes_median'] / MIB:,.1f} MiB left) for {_overhead(r)} TPOT "
-                   f"({ms(r['tpot_s_median'])} ms per token; {_pairs(r)})" + _verdict_tail(r))
+                   f"({ms(r['tpot_s_median'])} ms per token; {_pairs(r)})" + _verdict_tail(r) + _quality_tail(r))
     return out
+
+
+def _quality_tail(r: Any) -> str:
+    """A lossy mode's quality cost beside its saving: ``"; quality: KL … nats […], agreement …%"`` or ``"; fails
+    quality: …"``; empty for a lossless mode."""
+    q = r.get("quality") if hasattr(r, "get") else None
+    if not q:
+        return ""
+    return f"; {q}" if q.startswith("fails quality") else f"; quality vs none: {q}"
 
 
 def _overhead(r: Any) -> str:
@@ -90,7 +99,11 @@ def recommendation(table: pd.DataFrame, group: str) -> str:
     over = "" if missing(best["time_overhead_pct"]) else (f", {_overhead(best)} vs none, {int(best['pairs'])} "
                                                            f"pairs{_verdict_tail(best)}")
     text = (f"{head}; at {point_text(worst)} use `{best['mode_label']}`: it fits with the least TPOT "
-            f"({ms(best['tpot_s_median'])} ms{over}, device KV {best['kv_device_peak_bytes_median'] / MIB:,.1f} MiB)")
+            f"({ms(best['tpot_s_median'])} ms{over}, device KV {best['kv_device_peak_bytes_median'] / MIB:,.1f} MiB"
+            f"{_quality_tail(best)})")
+    failed = here[here["quality_ok"].map(lambda v: v is False)] if "quality_ok" in here else here.iloc[:0]
+    if not failed.empty:
+        text += "; not considered: " + ", ".join(f"`{r['mode_label']}` {r['quality']}" for _, r in failed.iterrows())
     close = [r["mode_label"] for _, r in ranked.iloc[1:].iterrows() if r["tpot_s_min"] <= best["tpot_s_max"]]
     if close:  # the TPOT ranges overlap: the measurements do not separate them
         text += (f"; {', '.join(f'`{m}`' for m in close)} overlap{'s' if len(close) == 1 else ''} its TPOT range "

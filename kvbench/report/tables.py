@@ -22,7 +22,7 @@ def display_frame(table: pd.DataFrame) -> pd.DataFrame:
             "tpot_s_ci_low", "tpot_s_ci_high", "throughput_tokens_per_s_median", "kv_device_peak_bytes_median",
             "peak_device_allocated_bytes_median", "memory_saving_pct", "time_overhead_pct", "time_overhead_ci_low",
             "time_overhead_ci_high", "throughput_ratio", "throughput_ratio_ci_low", "throughput_ratio_ci_high",
-            "pairs", "tpot_verdict", "itl_p99_s", "itl_n", "n_busy", "measured", "tokens_match"]
+            "pairs", "tpot_verdict", "itl_p99_s", "itl_n", "n_busy", "measured", "tokens_match", "quality"]
     rows = []
     # plain dicts of the columns used: far faster than iterrows, or to_dict of all ~100 columns, on 1000s of points
     for r in table[[c for c in used if c in table]].to_dict("records"):
@@ -46,7 +46,8 @@ def display_frame(table: pd.DataFrame) -> pd.DataFrame:
                **({"memory saving (%)": "ref", "time overhead (%)": "ref", "throughput (× none)": "ref", "pairs": "-",
                    "verdict": "-"} if r["mode"] == "none" and not missing(r["tpot_s_median"]) else {}),
                "busy trials": f"{int(r['n_busy'])} of {int(r['measured'])}",
-               "ids match none": match(r["tokens_match"])}
+               "ids match none": match(r["tokens_match"]),
+               "quality vs none": r.get("quality") or "-"}
         rows.append(rec)
     return pd.DataFrame(rows)
 
@@ -63,9 +64,10 @@ def itl_p99(r: dict) -> str:
 def terminal_frame(shown: pd.DataFrame, table: pd.DataFrame) -> pd.DataFrame:
     """The columns of :func:`display_frame`'s output that fit a terminal: TTFT median only; the overhead with its
     interval in whole percent; no scenario (one table per scenario), e2e, TPOT interval, ITL, allocator peak,
-    throughput ratio, verdict text (the findings give it) or busy count; shorter headers."""
+    throughput ratio, verdict or quality text (the findings give them) or busy count; shorter headers."""
     frame = shown.drop(columns=["scenario", "e2e (ms)", "TPOT 95% CI (ms)", "throughput (× none)", "ITL p99 (ms)",
-                                "verdict", "busy trials", *[c for c in shown.columns if c.startswith("device peak")]])
+                                "verdict", "busy trials", "quality vs none",
+                                *[c for c in shown.columns if c.startswith("device peak")]])
     frame["TTFT (ms)"] = [ms(v) for v in table["ttft_s_median"]]
     frame["time overhead (%)"] = ["ref" if m == "none" and c == "ref" else
                                   pct_interval(v, lo, hi).replace("%", "")

@@ -12,11 +12,12 @@ from typing import Any
 from kvbench.errors import ForeignRow
 
 #: Scenario keys left out of the digest: those that name it, those that only choose which trials run (a
-#: trial's id says its prompt length, batch, mode with its options and repeat) and ``executor`` (where they run: a
-#: run may be resumed on another executor; each row says its machine). Every other key (model, device, workload,
-#: max_new_tokens, budget, store, monitor, disk, placement, seed...) shapes what a trial measures.
+#: trial's id says its prompt length, batch, mode with its options and repeat), ``quality`` (thresholds the report
+#: applies) and ``executor`` (where they run: a run may be resumed on another executor; each row says its
+#: machine). Every other key (model, device, workload, max_new_tokens, budget, store, monitor, disk, placement,
+#: seed...) shapes what a trial measures.
 NOT_IN_DIGEST = frozenset({"name", "description", "prompt_tokens", "batch_sizes", "modes", "repeats", "warmup",
-                           "capacity", "executor"})
+                           "capacity", "quality", "executor"})
 
 
 def scenario_digest(scenario: dict[str, Any]) -> str:

@@ -131,6 +131,17 @@ class CapacitySpec(Strict):
 CAPACITY_DEFAULTS = {"batch_size": (1, 1), "prompt_tokens": (256, 64)}
 
 
+class QualitySpec(Strict):
+    """The quality a lossy mode (a host format that rounds K or V: ``host_dtype: int8``...) must keep against
+    ``none`` to be recommended or costed; beyond it the mode "fails quality", whatever it saves. Compared with the
+    medians over a point's trials of the quality columns (see docs/metrics.md)."""
+
+    max_kl: Annotated[float, Field(strict=False, ge=0, allow_inf_nan=False)] | None = optional(
+        "Largest mean KL(none ‖ mode) of the next-token distributions, nats (teacher-forced on none's ids).")
+    min_agreement: Annotated[float, Field(strict=False, ge=0, le=1, allow_inf_nan=False)] | None = optional(
+        "Smallest share of greedy ids equal to none's (token_agreement, 0 to 1).")
+
+
 
 
 #: An offload mode as a scenario gives it: the registered mode whose ``kind`` the mapping names.
@@ -179,6 +190,8 @@ class Scenario(Strict):
     budget: Bytes | None = optional("Device KV budget in bytes; sizes such as '2GiB' or '512MB'.")
     capacity: CapacitySpec | None = optional("Bounds of the search when batch_sizes or prompt_tokens is auto (see "
         "CapacitySpec).")
+    quality: QualitySpec | None = optional("Thresholds a lossy mode must meet (see QualitySpec); without them its "
+        "quality cost is reported beside its saving.")
     store: StoreSpec | None = optional("The KV store of a reuse workload (workload.multi_turn, doc_qa or "
         "shared_prefix; see StoreSpec).")
     monitor: MonitorSpec = Field(default_factory=MonitorSpec, description="Sampling (see MonitorSpec).")

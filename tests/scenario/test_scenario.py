@@ -33,7 +33,7 @@ def test_unknown_top_level_key_names_file_key_and_allowed_keys(write_yaml):
     assert str(err) == (
         f"{err.file}: prompt_tokenz: unknown key 'prompt_tokenz'; did you mean 'prompt_tokens'? allowed keys: name, "
         "description, model, device, engine, load, workload, prompt_tokens, max_new_tokens, batch_sizes, modes, "
-        "repeats, warmup, budget, capacity, store, monitor, disk_dir, disk, seed, executor, placement"
+        "repeats, warmup, budget, capacity, quality, store, monitor, disk_dir, disk, seed, executor, placement"
     )
     assert err.file.endswith("scenario.yaml")
 

@@ -20,7 +20,8 @@ from kvbench.bench.rows.reference import Reference
 from kvbench.bench.trial import ReuseTrial, TrialOutput, TrialSpec, bounds
 from kvbench.models import LoadedModel
 from kvbench.offload.caches import DynamicOffloadCache, OffloadedCache, kv_bytes
-from kvbench.offload.modes import ModeUnavailable, make_cache
+from kvbench.offload.modes import ModeUnavailable, host_formats, make_cache
+from kvbench.bench.engines.quality import quality_fields
 from kvbench.offload.disk import NO_DROP_REASON
 from kvbench.offload.cache_kv import restore, sequence_kv
 from kvbench.offload.store import KVStore
@@ -206,14 +207,30 @@ class TransformersEngine:
         if isinstance(t, ReuseTrial) and t.warm and store is None:
             raise ValueError(f"{t.trial_id}: a warm trial restores from its mode's store: run it in a session")
         self._host_preflight(t)
-        cache = make_cache(t.mode.kind, self.m.model.config, self.device,
-                           budget_bytes=int(self.s.budget) if self.s.budget is not None else None,
-                           disk_dir=self.s.disk_dir, disk_page_cache=self.s.disk.page_cache, **t.mode.options)
+        cache = self._cache(t)
         try:
-            return self._generate(t, cache, watch, keep_gaps, store)
+            out = self._generate(t, cache, watch, keep_gaps, store)
         finally:
             if isinstance(cache, OffloadedCache):
                 cache.close()
+        if self.lossy(t) and not isinstance(t, ReuseTrial):  # outside the trial's clock and its watch window
+            prompts = self.source.batch(t.prompt_tokens, t.batch_size, t.repeat)
+            ids, mask = (x.to(self.device) for x in left_pad(prompts, self.pad_id))
+            out.fields.update(quality_fields(self.m.model, ids, mask, out.ids, lambda: self._cache(t),
+                                             make_cache("none", self.m.model.config, self.device)))
+        return out
+
+    def _cache(self, t: TrialSpec) -> Any:
+        """A fresh cache of ``t``'s mode."""
+        return make_cache(t.mode.kind, self.m.model.config, self.device,
+                          budget_bytes=int(self.s.budget) if self.s.budget is not None else None,
+                          disk_dir=self.s.disk_dir, disk_page_cache=self.s.disk.page_cache, **t.mode.options)
+
+    def lossy(self, t: TrialSpec) -> bool:
+        """Whether ``t``'s mode holds K or V off the device in a format that rounds them for this model's dtype
+        (its trials then get the quality columns: :mod:`kvbench.bench.engines.quality`)."""
+        formats = host_formats(t.mode.options) if t.mode.kind != "none" else None
+        return formats is not None and not all(f.lossless(self.m.dtype) for f in formats)
 
     def _host_preflight(self, t: TrialSpec) -> None:
         """Refuse (ModeUnavailable → ``skipped``) a trial whose host tier cannot fit in the host memory left."""
@@ -311,8 +328,12 @@ class TransformersEngine:
             start = t_restore if restored else t0
             decode_s = (times[-1] - start) - (times[0] - start)  # e2e − TTFT, as the row's latencies
             fields.update(kv_disk_peak_bytes=cache.disk_peak_bytes,
+                          kv_host_logical_peak_bytes=cache.host_logical_peak_bytes,
+                          kv_disk_logical_peak_bytes=cache.disk_logical_peak_bytes,
                           kv_host_allocated_peak_bytes=cache.host_allocated_peak_bytes, h2d_bytes=stats.h2d_bytes,
-                          d2h_bytes=stats.d2h_bytes, h2d_count=stats.h2d_count, d2h_count=stats.d2h_count,
+                          d2h_bytes=stats.d2h_bytes, h2d_logical_bytes=stats.h2d_logical_bytes,
+                          d2h_logical_bytes=stats.d2h_logical_bytes, h2d_count=stats.h2d_count,
+                          d2h_count=stats.d2h_count,
                           disk_read_bytes=stats.disk_read_bytes, disk_write_bytes=stats.disk_write_bytes,
                           transfer_stalls=stats.stalls, pinned=cache.pinned,
                           # the decode steps' copy rate, to set against the link bandwidth in run.json

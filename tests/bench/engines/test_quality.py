@@ -1,0 +1,75 @@
+"""The quality of a lossy host format against `none` (kvbench.bench.engines.quality): KL on constructed
+distributions, agreement on constructed ids, teacher forcing, and a run whose threshold turns a mode into "fails
+quality" in the report, the recommendation and the cost."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import yaml
+from transformers import DynamicCache
+
+import kvbench
+from conftest import tiny_scenario
+from kvbench.analysis.points import point_table, qualifies
+from kvbench.bench.engines.decode import greedy_decode, left_pad
+from kvbench.bench.engines.quality import agreement, kl_divergence, step_logprobs
+from kvbench.report.advice import findings
+
+
+def test_kl_divergence_of_constructed_distributions():
+    p = torch.tensor([[0.5, 0.5], [0.9, 0.1], [1.0, 0.0], [0.5, 0.5]]).log()
+    q = torch.tensor([[0.25, 0.75], [0.9, 0.1], [0.5, 0.5], [1.0, 0.0]]).log()
+    kl = kl_divergence(p, q)
+    assert kl[0].item() == pytest.approx(0.5 * math.log(2) + 0.5 * math.log(2 / 3), rel=1e-6)  # 0.1438 nats
+    assert kl[1].item() == pytest.approx(0.0, abs=1e-7)
+    assert kl[2].item() == pytest.approx(math.log(2), rel=1e-6)  # p's 0 adds nothing, not NaN
+    assert kl[3].item() == math.inf  # q gives 0 where p does not
+
+
+def test_agreement_counts_positions_and_steps_before_the_first_difference():
+    assert agreement([[1, 2, 3, 4]], [[1, 2, 9, 4]]) == (0.75, 0.5)
+    assert agreement([[1, 2, 3, 4], [5, 6, 7, 8]], [[1, 2, 3, 4], [0, 6, 7, 8]]) == (7 / 8, (1.0 + 0.0) / 2)
+
+
+def test_teacher_forcing_on_a_cache_s_own_greedy_ids_is_its_free_run(tiny_model):
+    model = tiny_model.model
+    ids, mask = left_pad([list(range(5, 25)), list(range(30, 41))], pad_id=0)
+    greedy, _, _ = greedy_decode(model, ids, mask, DynamicCache(config=model.config), 6, lambda: 0.0)
+    free_ids, free = step_logprobs(model, ids, mask, DynamicCache(config=model.config), 6)
+    forced_ids, forced = step_logprobs(model, ids, mask, DynamicCache(config=model.config), 6, forced=greedy)
+    assert free_ids.tolist() == forced_ids.tolist() == greedy.tolist()
+    assert free.shape == (2, 6, 49152) and torch.equal(free, forced)
+    assert torch.allclose(free.exp().sum(-1), torch.ones(2, 6))
+
+
+def test_a_threshold_turns_a_lossy_mode_into_fails_quality_and_a_lossless_one_gets_no_quality(tmp_path):
+    modes = [{"kind": "none"}, {"kind": "full", "host_dtype": "fp8"}, {"kind": "full", "host_dtype": "float32"}]
+    data = tiny_scenario(modes=modes, prompt_tokens=[16], batch_sizes=[2], max_new_tokens=6, repeats=5,
+                         quality={"max_kl": 1e-12, "min_agreement": 0.5})
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(data))
+    run = kvbench.run_scenario(tmp_path / "s.yaml", out=tmp_path / "res")
+    rows = {r["trial_id"].rsplit("-r", 1)[0]: r for r in run.rows if r["repeat"] == 0}
+    fp8 = next(r for k, r in rows.items() if "fp8" in k)
+    f32 = next(r for k, r in rows.items() if "float32" in k)
+    assert 0 < fp8["kl_mean"] <= fp8["kl_max"] < 1e-3 and fp8["token_agreement"] == 1.0
+    assert fp8["agreement_to_divergence"] == 1.0
+    assert all(f32.get(k) is None for k in ("kl_mean", "token_agreement"))
+    # fp8 moves 1 byte + 4 / head_dim of scale per element where float32 moves 4
+    assert fp8["h2d_logical_bytes"] == f32["h2d_bytes"] and fp8["h2d_bytes"] * 64 == f32["h2d_bytes"] * 20
+    results = kvbench.load_results(run.run_dir)
+    table = point_table(results.trials)
+    by_mode = table.set_index("mode_label")
+    assert by_mode.loc["full(host_dtype=fp8)", "quality_ok"] is False
+    assert by_mode.loc["full(host_dtype=float32)", "quality_ok"] is None
+    assert by_mode.loc["full(host_dtype=fp8)", "quality"].startswith("fails quality: KL ")
+    assert "> max_kl 1e-12" in by_mode.loc["full(host_dtype=fp8)", "quality"]
+    assert dict(zip(table["mode_label"], qualifies(table))) == {
+        "none": True, "full(host_dtype=fp8)": False, "full(host_dtype=float32)": True}
+    lines = findings(table, "tiny")
+    assert any("`full(host_dtype=fp8)`" in f and "; fails quality: KL" in f for f in lines)
+    costs = kvbench.cost_report(results, tmp_path / "cost", kvbench.Prices(gpu_per_hour=2.0))
+    why = dict(zip(costs.table["mode_label"], costs.table["why"]))
+    assert why["full(host_dtype=fp8)"].startswith("fails quality: KL")
