@@ -4,6 +4,7 @@ mapping of errors to exit statuses (:func:`handle_errors`), warnings, and the ta
 from __future__ import annotations
 
 import contextlib
+import io
 import sys
 import traceback
 import warnings
@@ -15,7 +16,26 @@ import click
 import typer
 from rich.console import Console
 from rich.markup import escape
+from rich.cells import cell_len
+from rich.text import Text
 from rich.table import Table
+from typer.core import TyperCommand, TyperGroup
+
+
+
+class Command(TyperCommand):
+    """A command whose ``--help`` shows no ``<bool>`` metavar (Typer 0.29 with Click 8.5 prints one for it)."""
+
+    def get_help_option(self, ctx: click.Context) -> click.Option | None:
+        option = super().get_help_option(ctx)
+        if option is not None:
+            option.metavar = ""
+        return option
+
+
+class Group(TyperGroup, Command):
+    """A command group, its ``--help`` as :class:`Command`'s."""
+
 
 # Piped output (CI logs, README examples) gets 120 columns instead of Rich's 80.
 out = Console(width=None if sys.stdout.isatty() else 120, soft_wrap=True)
@@ -105,6 +125,64 @@ def _table(frame: Any, title: str, caption: str = "", *, left: int | Collection[
             cells = [f"[{MARK_STYLES[m]}]{c}[/]" if m else c for c, m in zip(cells, styles[r])]
         t.add_row(*cells)
     return t
+
+
+def _least_width(t: Table) -> int:
+    """Characters ``t`` needs with no column squeezed below its least: a wrapping column its ``min_width`` (else its
+    longest word), any other its widest cell; plus the borders and padding."""
+    width = 1
+    for col in t.columns:
+        cells = [Text.from_markup(c).plain if isinstance(c, str) else "" for c in col._cells] + [str(col.header)]
+        if col.no_wrap:
+            least = max(cell_len(c) for c in cells)
+        else:
+            least = col.min_width or max(cell_len(w) for c in cells for w in [*c.split(), ""])
+        width += max(least, col.min_width or 0) + 3
+    return width
+
+
+def _rendered_width(t: Table, width: int) -> int:
+    """The widest line of ``t`` (title and caption aside) as Rich draws it in ``width`` columns: more than
+    ``width`` where its columns cannot shrink enough."""
+    console = Console(file=io.StringIO(), width=width, soft_wrap=True, color_system=None)
+    title, caption = t.title, t.caption
+    t.title = t.caption = None
+    try:
+        console.print(t)
+    finally:
+        t.title, t.caption = title, caption
+    return max(cell_len(line) for line in console.file.getvalue().splitlines())
+
+
+def show(t: Table, keep: int = 3, first: Collection[str] = ()) -> None:
+    """Print a table without squeezing a column to nothing: piped output gets the width the table needs (a wide
+    line rather than a lost cell); a terminal too narrow for it loses the columns named in ``first``, in that
+    order, then columns from the right after the first ``keep``, and the caption names them (the report's files
+    have every column)."""
+    need = _least_width(t)
+    if need <= out.width:
+        out.print(t)
+        return
+    if not out.is_terminal:
+        width = out.width
+        out.width = need
+        try:
+            out.print(t)
+        finally:
+            out.width = width
+        return
+    for col in t.columns:  # wrapping columns at their least first: Rich does not shrink a long word's column
+        if not col.no_wrap and col.min_width:
+            col.max_width = col.min_width
+    dropped = []
+    order = [str(c.header) for c in t.columns]
+    while len(t.columns) > keep and max(_least_width(t), _rendered_width(t, out.width)) > out.width:
+        named = [i for name in first for i, c in enumerate(t.columns) if str(c.header) == escape(name)]
+        dropped.append(str(t.columns.pop(named[0] if named else -1).header))
+    dropped.sort(key=order.index)
+    note = f"left out at {out.width} columns: {', '.join(dropped)} (a wider terminal shows them)"
+    t.caption = f"{t.caption}; {escape(note)}" if t.caption else escape(note)
+    out.print(t)
 
 
 def _load(paths: list[Path]) -> Any:

@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 from rich.markup import escape
 
-from kvbench.cli.common import _fail, _load, _problems, _table, err, handle_errors, out
+from kvbench.cli.common import _fail, _load, _problems, _table, err, handle_errors, out, show
 
 
 def compare(
@@ -28,9 +28,9 @@ def compare(
         _fail(f"no point measured in both {run_a} and {run_b} (scenario, prompt length, batch size or a server's "
               f"concurrency, and mode must match): {unmatched_reason(a, b)}")
     cells, marks = compare_display(frame)
-    out.print(_table(cells, f"B / A  (A = {run_a}, B = {run_b})", "ratios of medians (ITL: of the pooled "
-                     "percentiles); green: B better, red: B worse by more than 5%", left=("scenario", "mode"),
-                     wrap=True, min_width={"mode": 12}, marks=marks))
+    show(_table(cells, f"B / A  (A = {run_a}, B = {run_b})", "ratios of medians (ITL: of the pooled "
+                "percentiles); green: B better, red: B worse by more than 5%", left=("scenario", "mode"),
+                wrap=True, min_width={"mode": 12}, marks=marks))
     if only_b:
         out.print(f"only in B: {', '.join(only_b)}", highlight=False, markup=False)
     _problems(a)

@@ -10,7 +10,7 @@ import typer
 from rich.markup import escape
 
 from kvbench.cli.common import (_fail, _load, _problems, _table, _terminated, _write_or_stop, err, handle_errors,
-                                out, results_and_target)
+                                out, results_and_target, show)
 
 #: Library argument → flag, for the messages of :class:`kvbench.errors.BadParameter`.
 FLAGS = {"gpu_per_hour": "--gpu-price", "host_per_gib_hour": "--host-price", "disk_per_gib_hour": "--disk-price",
@@ -80,28 +80,28 @@ def cost(
         rep = rc.compute_costs(loaded, prices, None if max_ttft_ms is None else max_ttft_ms / 1e3,
                                None if max_tpot_ms is None else max_tpot_ms / 1e3, host_tier)
     if len(rep.table):
-        out.print(_table(rc.cost_display(rep.table, tokens_per_month is not None, engineering_cost is not None),
-                         f"cost per 1M generated tokens at {gpu_price:g} USD per GPU-hour, host {host_price:g} and "
-                         f"disk {disk_price:g} USD per GiB-hour",
-                         "best qualifying batch per mode (all trials ok within the budget, ids equal to none's, "
-                         "measured `repeats` times, SLOs met); USD/1M with the 95% interval of its throughput; saving "
-                         "against none at the same prompt length, paired by repeat, with its 95% interval over the "
-                         "pairs (paired: it need not equal 1 − the two USD/1M medians)", left=("scenario", "mode"),
-                         wrap=True, min_width={}))
+        show(_table(rc.cost_display(rep.table, tokens_per_month is not None, engineering_cost is not None),
+                    f"cost per 1M generated tokens at {gpu_price:g} USD per GPU-hour, host {host_price:g} and "
+                    f"disk {disk_price:g} USD per GiB-hour",
+                    "best qualifying batch per mode (all trials ok within the budget, ids equal to none's, "
+                    "measured `repeats` times, SLOs met); USD/1M with the 95% interval of its throughput; saving "
+                    "against none at the same prompt length, paired by repeat, with its 95% interval over the "
+                    "pairs (paired: it need not equal 1 − the two USD/1M medians)", left=("scenario", "mode"),
+                    wrap=("scenario", "mode", "saving %")))
     if len(rep.reuse):
         cells, marks = rc.reuse_cost_display(rep.reuse)
         server = rep.reuse["engine"].notna().any()
-        out.print(_table(cells, f"reuse: cost per 1M generated tokens at {gpu_price:g} USD per GPU-hour, recompute vs "
-                         "restore", ("each server mode at its own concurrency; " if server else
-                                     "the same requests one at a time; ")
-                         + "cold = recompute every prompt, warm = restore stored prefixes (charged --host-price for "
-                         "the memory it holds beside the device, --disk-price for its disk: the charged column says "
-                         "what); tokens/s = generated tokens ÷ e2e time; saving with its 95% interval over request "
-                         "pairs, drawn by conversation; prefill saved = prompt tokens restored instead of computed"
-                         + ("; a server mode's cold side is `none` on the same requests and concurrency, its tokens/s "
-                            "÷ the time requests were in flight, a slot restore inside TTFT" if server else ""),
-                         left=("scenario", "mode"),
-                         wrap=[c for c in cells.columns if c != "scenario"], min_width={"mode": 12}, marks=marks))
+        show(_table(cells, f"reuse: cost per 1M generated tokens at {gpu_price:g} USD per GPU-hour, recompute vs "
+                    "restore", ("each server mode at its own concurrency; " if server else
+                                "the same requests one at a time; ")
+                    + "cold = recompute every prompt, warm = restore stored prefixes (charged --host-price for "
+                    "the memory it holds beside the device, --disk-price for its disk: the charged column says "
+                    "what); tokens/s = generated tokens ÷ e2e time; saving with its 95% interval over request "
+                    "pairs, drawn by conversation; prefill saved = prompt tokens restored instead of computed"
+                    + ("; a server mode's cold side is `none` on the same requests and concurrency, its tokens/s "
+                       "÷ the time requests were in flight, a slot restore inside TTFT" if server else ""),
+                    left=("scenario", "mode"),
+                    wrap=[c for c in cells.columns if c != "scenario"], min_width={"mode": 12}, marks=marks))
         for line in rc.reuse_verdicts(rep.reuse):
             out.print(f"  {escape(line)}", highlight=False)
     if len(rep.server_load) and (max_ttft_ms is not None or max_tpot_ms is not None):
@@ -110,10 +110,10 @@ def cost(
         slo = " and ".join(f"{k} ≤ {v:g} ms" for k, v in (("TTFT", max_ttft_ms), ("TPOT", max_tpot_ms))
                            if v is not None)
         for group, part in rep.server_load.groupby("group", sort=False):
-            out.print(_table(server_load_display(part).drop(columns=["scenario"]),
-                             f"{group}: goodput under {slo} per request", "goodput = requests meeting the SLO ÷ the "
-                             "seconds requests were in flight / ÷ the load's wall-clock seconds; " + LOAD_CAPTION,
-                             left=1, wrap=True))
+            show(_table(server_load_display(part).drop(columns=["scenario"]),
+                        f"{group}: goodput under {slo} per request", "goodput = requests meeting the SLO ÷ the "
+                        "seconds requests were in flight / ÷ the load's wall-clock seconds; " + LOAD_CAPTION,
+                        left=1, wrap=True))
     for group, lines in rep.verdicts().items():
         out.print(f"[bold]{escape(group)}:[/]", highlight=False)
         for line in lines:
@@ -174,9 +174,9 @@ def _peer_cost(runs: list[Any], target: Path, prices: Any) -> None:
 
     with handle_errors():
         table = peer_cost_table(runs, prices)
-    out.print(_table(peer_cost_display(table), f"cost per 1M generated tokens at {prices.gpu_per_hour:g} USD per "
-                     f"GPU-hour (other tools' results; the first is the reference)", CAPTION,
-                     left=("file", "tool"), wrap=("file", "tool"), min_width={"file": 24, "tool": 16}))
+    show(_table(peer_cost_display(table), f"cost per 1M generated tokens at {prices.gpu_per_hour:g} USD per "
+                f"GPU-hour (other tools' results; the first is the reference)", CAPTION,
+                left=("file", "tool"), wrap=("file", "tool"), min_width={"file": 24, "tool": 16}))
     for line in peer_verdicts(table):
         out.print(f"  {escape(line)}", highlight=False)
     for line in peer_notes(runs):

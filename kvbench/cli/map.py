@@ -11,7 +11,7 @@ import typer
 from rich.markup import escape
 
 from kvbench.cli.common import (_fail, _load, _problems, _table, _terminated, _write_or_stop, err, handle_errors,
-                                out, results_and_target)
+                                out, results_and_target, show)
 from kvbench.cli.cost import FLAGS, _kvbench_only, _peer_files
 
 
@@ -84,12 +84,12 @@ def map_(
               "workload.shared_prefix (e.g. scenarios/break_even.yaml)")
     for (group, mode), part in m.cells.groupby(["group", "mode_label"], sort=False):
         if details:
-            out.print(_table(map_display(part), f"{group}, {mode}: restore vs recompute", "", left=("source", "label"),
-                             wrap=True, min_width={"label": 12}))
+            show(_table(map_display(part), f"{group}, {mode}: restore vs recompute", "", left=("source", "label"),
+                        wrap=True, min_width={"label": 12}))
             continue
         for panel, grid in map_grids(part):
-            out.print(_table(grid, f"{group}, {mode}: saving of restore vs recompute, KV working set {panel} the "
-                             "budget", "", left=1, wrap=True, min_width={}))
+            show(_table(grid, f"{group}, {mode}: saving of restore vs recompute, KV working set {panel} the "
+                        "budget", "", left=1, wrap=True, min_width={}))
         for r in part[(part["source"] == "measured") & (part["label"] != "pays") & (part["label"] != "loses")
                       ].to_dict("records"):
             out.print(f"  {r['label']}: {int(r['prompt_tokens'])} tokens, {int(r['shared_pct'])}% shared, "
@@ -129,9 +129,9 @@ def _peer_map(runs: list[Any], target: Path, prices: Any) -> None:
         table, lines = peer_map(runs, prices)
     if table.empty:
         _fail("nothing to map: " + "; ".join(lines))
-    out.print(_table(peer_map_display(table), f"break-even map of other tools' results at {prices.gpu_per_hour:g} "
-                     "USD per GPU-hour (measured cells only)", MAP_CAPTION, left=("tool", "restore", "recompute"),
-                     wrap=("restore", "recompute"), min_width={"restore": 14, "recompute": 14}))
+    show(_table(peer_map_display(table), f"break-even map of other tools' results at {prices.gpu_per_hour:g} "
+                "USD per GPU-hour (measured cells only)", MAP_CAPTION, left=("tool", "restore", "recompute"),
+                wrap=("restore", "recompute"), min_width={"restore": 14, "recompute": 14}))
     for r in table.to_dict("records"):
         said = r["why"] if r["why"].startswith(r["map_label"]) else f"{r['map_label']} ({r['why']})"
         out.print(f"  {r['label']} ({r['tool']}, {r['prompt_tokens']} tokens, {r['shared_pct']}% shared): {said}",

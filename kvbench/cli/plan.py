@@ -11,7 +11,7 @@ from rich.markup import escape
 
 import pandas as pd
 
-from kvbench.cli.common import _fail, _show_warning, _table, err, handle_errors, out
+from kvbench.cli.common import _fail, _show_warning, _table, err, handle_errors, out, show
 
 #: Library argument → flag, for the messages of :class:`kvbench.errors.BadParameter`.
 FLAGS = {"prompt_tokens": "--prompt-tokens", "batch": "--batch", "dtype": "--dtype", "gpu_mem": "--gpu-mem",
@@ -53,15 +53,15 @@ def plan(
                     link_source="--link-gbps", link_probe=last_link_probe)
     for line in rp.summary_lines(p):
         out.print(line, highlight=False, markup=False)
-    out.print(_table(rp.capacity_cells(p), f"capacity at {prompt_tokens:,} tokens per sequence", "KV per sequence on "
-                     "the device (with the layers in flight) and in host memory; max batch: device KV within the GPU "
-                     "less weights and reserve, host KV within host memory", left=("mode",), wrap=True, min_width={},
-                     overflow="ellipsis"))
-    out.print(_table(rp.roofline_cells(p), f"decode step at batch {batch}", "memory: weights + 3 passes over the KV "
-                     "in device memory (the cache's torch.cat reads and writes it, attention reads it); link: history "
-                     "copied host→device; TPOT = the larger (copies overlapped); link-bound from: the batch from which "
-                     "the link sets it", left=("mode", "bound"), wrap=False,
-                     min_width={"mode": max(len(m.mode) for m in p.modes)}, overflow="ellipsis"))
+    show(_table(rp.capacity_cells(p), f"capacity at {prompt_tokens:,} tokens per sequence", "KV per sequence on "
+                "the device (with the layers in flight) and in host memory; max batch: device KV within the GPU "
+                "less weights and reserve, host KV within host memory", left=("mode",), wrap=True, min_width={},
+                overflow="ellipsis"))
+    show(_table(rp.roofline_cells(p), f"decode step at batch {batch}", "memory: weights + 3 passes over the KV "
+                "in device memory (the cache's torch.cat reads and writes it, attention reads it); link: history "
+                "copied host→device; TPOT = the larger (copies overlapped); link-bound from: the batch from which "
+                "the link sets it", left=("mode", "bound"), wrap=False,
+                min_width={"mode": max(len(m.mode) for m in p.modes)}, overflow="ellipsis"))
     for kind, text in rp.plan_warnings(p).items():
         hint = " (--host-mem and --gpu-mem set the limits)" if kind == "batch" else ""
         err.print(f"[yellow]warning:[/] {escape(text + hint)}", highlight=False)
@@ -81,13 +81,13 @@ def _break_even(p: Any, constants: Optional[Path], tflops: float, new_tokens: in
         c = (measured_constants(constants) if constants is not None else
              assumed_constants(p.arch, p.dtype_bytes, tflops, p.link_gbps * 1e9, p.hbm_gbps * 1e9))
         grid = plan_break_even(c, contexts_up_to(p.prompt_tokens), visits=visits, new_tokens=new_tokens)
-    out.print(_table(pd.DataFrame([[r["constant"], f"{r['value']:.4g}", r["source"]] for r in constant_rows(c)],
-                                  columns=["constant (s, s/token, s/token pair)", "value", "source"], dtype=object),
-                     "break-even constants", "", left=3, wrap=True, min_width={}))
-    out.print(_table(break_even_cells(grid), f"restore vs recompute: saving per request stream of {visits} visits "
-                     f"per prefix, {new_tokens} new tokens each", "saving of USD per 1M generated tokens (no memory "
-                     "charged) when every revisit restores its shared prefix whole from the host tier; the "
-                     "constants' sources are above (measure yours: kvbench run scenarios/break_even.yaml, then "
-                     "kvbench map)" + ("; measured constants are those of that run's model and machine, "
-                                       "whatever MODEL is" if constants is not None else ""),
-                     left=1, wrap=False, min_width={}))
+    show(_table(pd.DataFrame([[r["constant"], f"{r['value']:.4g}", r["source"]] for r in constant_rows(c)],
+                             columns=["constant (s, s/token, s/token pair)", "value", "source"], dtype=object),
+                "break-even constants", "", left=3, wrap=True, min_width={}))
+    show(_table(break_even_cells(grid), f"restore vs recompute: saving per request stream of {visits} visits "
+                f"per prefix, {new_tokens} new tokens each", "saving of USD per 1M generated tokens (no memory "
+                "charged) when every revisit restores its shared prefix whole from the host tier; the "
+                "constants' sources are above (measure yours: kvbench run scenarios/break_even.yaml, then "
+                "kvbench map)" + ("; measured constants are those of that run's model and machine, "
+                                  "whatever MODEL is" if constants is not None else ""),
+                left=1, wrap=False, min_width={}))

@@ -10,7 +10,7 @@ import typer
 from rich.markup import escape
 
 from kvbench.cli.common import (REUSE_WRAPPING, _count, _fail, _load, _problems, _table, _terminated, err,
-                                handle_errors, out)
+                                handle_errors, out, show)
 
 
 #: Points per scenario that `kvbench report` prints; summary.md and report.html have them all.
@@ -58,31 +58,32 @@ def report(
     for g in rep.recommendations:
         part = shown[rep.table["group"] == g] if shown is not None else []
         if len(part):
-            out.print(_table(part.head(REPORT_TERMINAL_ROWS), g, "medians over measured trials (TPOT: median "
-                             "[min–max]); saving of device KV and TPOT overhead against `none` at the same point"))
+            show(_table(part.head(REPORT_TERMINAL_ROWS), g, "medians over measured trials (TPOT: median "
+                        "[min–max]); saving of device KV and TPOT overhead against `none` at the same point"),
+                 first=("tok/s e2e", "TTFT ms", "pairs", "KV dev MiB", "TPOT ms"))
         if len(part) > REPORT_TERMINAL_ROWS:
             out.print(f"... and {len(part) - REPORT_TERMINAL_ROWS} more points: see summary.md",
                       highlight=False, markup=False)
         if g in rep.reuse:
-            out.print(_table(reuse_terminal(reuse_display(rep.reuse[g]["turn"])),
-                             f"{g}: restore vs recompute per turn", "TTFT median [min–max] over the requests of "
-                             "that turn and the repeats; restore includes the lookup and the copy; ÷: restore ÷ "
-                             "recompute paired by request, median [95% interval over the pairs, drawn by conversation; "
-                             "with 5 pairs their range]", wrap=REUSE_WRAPPING))
+            show(_table(reuse_terminal(reuse_display(rep.reuse[g]["turn"])),
+                        f"{g}: restore vs recompute per turn", "TTFT median [min–max] over the requests of "
+                        "that turn and the repeats; restore includes the lookup and the copy; ÷: restore ÷ "
+                        "recompute paired by request, median [95% interval over the pairs, drawn by conversation; "
+                        "with 5 pairs their range]", wrap=REUSE_WRAPPING))
         if g in rep.server_load:
-            out.print(_table(server_load_display(rep.server_load[g]).drop(columns=["scenario"]),
-                             f"{g}: load per mode", LOAD_CAPTION, left=1, wrap=True))
+            show(_table(server_load_display(rep.server_load[g]).drop(columns=["scenario"]),
+                        f"{g}: load per mode", LOAD_CAPTION, left=1, wrap=True))
         if g in rep.capacity:
-            out.print(_table(capacity_display(rep.capacity[g]), f"{g}: capacity within the budget",
-                             "probes in order, ✗ = did not fit; figures at the capacity"))
+            show(_table(capacity_display(rep.capacity[g]), f"{g}: capacity within the budget",
+                        "probes in order, ✗ = did not fit; figures at the capacity"))
         out.print(f"[bold]recommendation:[/] {escape(rep.recommendations[g])}", highlight=False)
         for f in rep.findings[g]:
             out.print(f"  - {escape(f)}", highlight=False)
         for d in rep.diagnoses[g]:
             out.print(f"  [yellow]![/] {escape(d)}", highlight=False)
     for base, sec in rep.machines.items():
-        out.print(_table(sec.table, f"{base}: machines", "hosts, GPU and driver its trials ran on; link: the median "
-                         "of their own pinned-copy probe; TPOT ÷ none's per machine below, paired by repeat"))
+        show(_table(sec.table, f"{base}: machines", "hosts, GPU and driver its trials ran on; link: the median "
+                    "of their own pinned-copy probe; TPOT ÷ none's per machine below, paired by repeat"))
         for f in sec.findings:
             out.print(f"  - {escape(f)}", highlight=False)
     _problems(results)

@@ -15,7 +15,16 @@ from rich.markup import escape
 from rich.table import Table
 
 from kvbench.bench.run import RunProgress
-from kvbench.cli.common import REUSE_WRAPPING, _fail, _show_warning, _table, _terminated, err, handle_errors, out
+from kvbench.cli.common import (REUSE_WRAPPING, _fail, _show_warning, _table, _terminated, err, handle_errors, out,
+                                show)
+
+
+def _same_ids(r: dict[str, Any]) -> str:
+    """The "same ids" cell: yes / NO, or a lossy mode's median KL against none (its ids may differ by design)."""
+    kl = r.get("kl_mean_median")
+    if kl is not None and kl == kl:
+        return f"KL {kl:.2g}"
+    return {True: "yes", False: "[red]NO[/]"}.get(r["tokens_match"], "-")
 
 
 def _summary_table(frame: Any, title: str) -> Table:
@@ -25,7 +34,8 @@ def _summary_table(frame: Any, title: str) -> Table:
         return spread(r, col, "()", median_precision=True, collapse=False)
 
     t = Table(title=escape(title), caption="median (min–max) over the measured repeats (ok, and over budget: *); "
-                                           "same ids: greedy ids equal to `none`'s; KV MiB: device KV peak")
+                                           "same ids: greedy ids equal to `none`'s (KL: a lossy host format's "
+                                           "median KL against none, nats); KV MiB: device KV peak")
     machines = frame["group"].nunique() > 1 if "group" in frame else False  # a run across placement kinds
     if machines:
         t.add_column("machine")
@@ -40,7 +50,7 @@ def _summary_table(frame: Any, title: str) -> Table:
             *([escape(str(r["group"]).rpartition(" @ ")[2])] if machines else []),
             str(r["prompt_tokens"]), str(r["batch_size"]), escape(r["mode_label"]),
             f"{r['n_ok']}/{r['trials']}" + ("[yellow]*[/]" if r["status"] == "over_budget" else ""),
-            {True: "yes", False: "[red]NO[/]"}.get(r["tokens_match"], "-"),
+            _same_ids(r),
             ms(r, "ttft_s"), ms(r, "tpot_s"),
             "-" if tps is None or tps != tps else f"{tps:,.1f}",
             mib(r["kv_device_peak_bytes_median"]), mib(r["rss_peak_bytes_median"]),
@@ -152,19 +162,19 @@ def run(
         how = ("recompute = `none` (the server recomputing every prompt), restore = the mode's server; restored = "
                "cached prompt tokens the server reported; hit % = of what earlier turns held" if sc.engine.server
                else "cold = recompute the whole prompt, warm = restore the stored prefix then prefill the rest")
-        out.print(_table(reuse_terminal(reuse_display(res.reuse)), title,
-                         f"{how}; TTFT median [min–max]; ÷: restore ÷ recompute TTFT paired by request, median [95% "
-                         "interval over the pairs, drawn by conversation; with 5 pairs their range]; = none: greedy "
-                         "ids equal to none's recompute",
-                         wrap=REUSE_WRAPPING))
+        show(_table(reuse_terminal(reuse_display(res.reuse)), title,
+                    f"{how}; TTFT median [min–max]; ÷: restore ÷ recompute TTFT paired by request, median [95% "
+                    "interval over the pairs, drawn by conversation; with 5 pairs their range]; = none: greedy "
+                    "ids equal to none's recompute",
+                    wrap=REUSE_WRAPPING))
     elif res.summary is not None:
-        out.print(_summary_table(res.summary, title))
+        show(_summary_table(res.summary, title))
     if res.capacity is not None:
         from kvbench.report.tables import capacity_display
 
         what = "batch" if sc.searched == "batch_size" else "prompt (tokens)"
-        out.print(_table(capacity_display(res.capacity), f"capacity: the largest {what} within the budget",
-                         "probes in order, ✗ = did not fit; figures at the capacity (median over its repeats)"))
+        show(_table(capacity_display(res.capacity), f"capacity: the largest {what} within the budget",
+                    "probes in order, ✗ = did not fit; figures at the capacity (median over its repeats)"))
     for line in res.failures:
         out.print(line, highlight=False, markup=False)
     if not res.swept:
