@@ -149,12 +149,26 @@ def run_scenario(scenario: str | Path | None = None, *, out: str | Path | None =
     if sc.engine.server:
         _server_consent(sc, where, trust_server_config, progress)
     rows = last_rows(finished)
-    if (rundir is not None and sc.searched is None and not sc.workload.reuse and not sc.engine.server
-            and _planned_ids(sc) <= {r["trial_id"] for r in rows if not retry_due(r)}):
-        return RunResult(sc, rundir.path, rows, already=len(rows), summary=point_summary(rows, sc),
-                         failures=failure_lines(finished))
+    if rundir is not None and sc.searched is None and _all_done(sc, rundir, rows):
+        requests = sc.workload.reuse or sc.engine.server
+        return RunResult(sc, rundir.path, rows, already=len(rows), failures=failure_lines(finished),
+                         summary=None if requests else point_summary(rows, sc),
+                         reuse=reuse_summary(rows, sc) if requests and rows else None)
     return _run(on_ray or sc, rundir, where, Path(out if out is not None else "results"), progress,
                 on_ray is not None)
+
+
+def _all_done(sc: Scenario, rundir: RunDir, rows: list[dict[str, Any]]) -> bool:
+    """Whether a resumed run has nothing left to run: every planned trial has a row that stands (a sweep of a
+    reuse workload or a server, whose trials depend on the requests drawn, by run.json's ``planned`` count and the
+    sweep having ended ``complete``), so a finished run prints its summary without loading a model, the workload
+    or a server."""
+    if any(retry_due(r) for r in rows):
+        return False
+    if sc.workload.reuse or sc.engine.server:
+        planned = rundir.meta.get("planned")
+        return rundir.meta.get("status") == "complete" and isinstance(planned, int) and len(rows) >= planned
+    return _planned_ids(sc) <= {r["trial_id"] for r in rows}
 
 
 def _planned_ids(sc: Scenario) -> set[str]:
@@ -411,7 +425,8 @@ def _sweep(sc: Scenario, rundir: RunDir, executor: Any, weights_bytes: int | Non
     if planned is not None and len(sc.placement or ()) > 1:  # every trial once per machine kind
         planned *= len(sc.placement)
     try:
-        rundir.update(weights_bytes=weights_bytes if not sc.engine.server else None, status="running")
+        rundir.update(weights_bytes=weights_bytes if not sc.engine.server else None, status="running",
+                      planned=planned)
         with progress.sweep(sc.name, planned, len(rundir.finished_trials())):
             res = run_sweep(sc, rundir, executor, on_trial=progress.trial_done, on_status=progress.status)
     except OSError as exc:  # writing the results: disk full, quota, removed directory

@@ -102,3 +102,7 @@ def test_kind_openai_measures_a_running_server_and_checks_its_cold_start(tmp_pat
     # the server listens on this machine: its process is found, its memory sampled and its CPU the trial's own
     assert [s["pid"] for s in servers] == [server.pid, server.pid]
     assert all(r["server_rss_growth_bytes"] is not None for r in rows.values())
+    # the server is gone: resuming the finished run prints its summary without asking it (or reading ShareGPT)
+    again = kvbench.run_scenario(resume=res.run_dir)
+    assert not again.swept and again.already == 4 and sorted(r["trial_id"] for r in again.rows) == sorted(rows)
+    assert list(again.reuse["mode_label"].unique()) == ["none", "prefix-cache"]
