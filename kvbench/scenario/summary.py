@@ -69,9 +69,13 @@ def _what(s: Scenario) -> str:
         how = ("one at a time" if load.profile == "sequential" else f"Poisson at {load.rate:g}/s"
                if load.profile == "poisson" else "concurrency " + ", ".join(map(str, levels)))
         per = f" × {_count(len(levels), 'concurrency level')}" if len(levels) > 1 else ""
+        from kvbench.serving import KINDS
+
+        per_run = ("one server start per mode, level and repeat" if KINDS[s.engine.kind].started else
+                   f"the running server at {s.engine.url} serves every mode, level and repeat (kvbench starts "
+                   "nothing)")
         return (f"{requests * len(s.modes) * s.repeats * len(levels)} requests on {s.engine.kind}: {shape} × "
-                f"{_count(len(s.modes), 'mode')}{per} × {_count(s.repeats, 'repeat')}, {how}; one server start per "
-                "mode, level and repeat")
+                f"{_count(len(s.modes), 'mode')}{per} × {_count(s.repeats, 'repeat')}, {how}; {per_run}")
     if s.workload.reuse:
         shape, requests = _reuse_shape(s)
         n = requests * len(s.modes) * 2 * s.repeats

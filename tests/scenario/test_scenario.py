@@ -338,6 +338,13 @@ def test_version_option_shows_no_metavar():
     assert line.split() == ["│", "--version", "Print", "the", "version.", "│"]
 
 
+@pytest.mark.parametrize("command", [[], ["run"], ["report"], ["list"], ["models"], ["models", "export"]])
+def test_help_options_show_no_metavar(command):
+    r = CliRunner().invoke(app, [*command, "--help"], env={"COLUMNS": "100"})
+    line = next(x for x in r.stdout.splitlines() if "--help" in x)
+    assert line.split() == ["│", "--help", "Show", "this", "message", "and", "exit.", "│"]
+
+
 def test_list_scenarios_elsewhere_points_to_dir_and_the_shipped_ones(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     r = CliRunner().invoke(app, ["list", "scenarios"])

@@ -35,6 +35,7 @@ from kvbench.bench.roles import Record
 from kvbench.bench.trial import ServerTrial, reference_first
 from kvbench.results.rows import Status
 from kvbench.scenario import Scenario
+from kvbench.serving import KINDS
 
 
 def mode_order(modes: Sequence[Any], repeat: int) -> list[Any]:
@@ -77,7 +78,9 @@ def server_sweep(s: Scenario, record: Record, engine: ServerEngine) -> None:
 def _run_mode(s: Scenario, record: Record, engine: ServerEngine, mode: Any, repeat: int, level: int,
               trials: list[ServerTrial], todo: list[ServerTrial]) -> None:
     if record.on_status:
-        record.on_status(f"starting the {engine.kind} server for {mode.label} (repeat {repeat})")
+        record.on_status(f"starting the {engine.kind} server for {mode.label} (repeat {repeat})"
+                         if KINDS[engine.kind].started else
+                         f"{mode.label} (repeat {repeat}) on the running server at {s.engine.url}")
     try:
         with engine.session(mode, repeat, level) as srv:
             record.run.update(servers=engine.servers)  # listed while it runs: a killed run still names it

@@ -170,6 +170,12 @@ def test_server_findings_name_the_history_reused_the_divergences_and_the_cold_st
     assert server_findings(t, "g", None, servers)[-1] == (
         "`prefix-cache` /metrics deltas over its servers, its unrecorded holds included (a run of an older kvbench, "
         "which did not read them apart): prompt_tokens 25, prompt_tokens_cached not reported")
+    t.loc[t["mode"] == "prefix-cache", "cached_prompt_tokens"] = 110  # the server matched more than the turns held
+    assert server_findings(t, "g", None, servers)[1] == (
+        "`prefix-cache`: from turn 2 on reused 110% of what earlier turns held (1 requests; the least 110%); 92% of "
+        "all prompt tokens came from the cache; over 100%: the server also matched tokens the conversation's earlier "
+        "turns did not send (another conversation's or an earlier mode's prompt with the same start: see the "
+        "cold-start check)")
 
 
 def test_hit_rate_up_latency_flat_is_a_finding_only_when_ttft_hardly_moved():
