@@ -1,8 +1,9 @@
 """A KV store for reuse: the KV of finished requests kept in token chunks, so that a request whose prompt starts
 with a stored prefix (a conversation's next turn, another question about a document) restores it, not recomputes it.
 
-- A chunk holds the K and V of consecutive tokens of one sequence, every layer: ``[layers, 2 (K, V), kv_heads,
-  tokens, head_dim]``. A sequence is cut into whole chunks of ``chunk_tokens`` and (``tails``, the default) one
+- A chunk holds the K and V of consecutive tokens of one sequence, every layer, in the store's host formats
+  (:mod:`kvbench.offload.host_tiers`; the model's dtype by default): K's parts then V's, each ``[layers, kv_heads,
+  tokens, *]`` (``head_dim``, or 1 for a scale). A sequence is cut into whole chunks of ``chunk_tokens`` and (``tails``, the default) one
   shorter **tail** chunk of the tokens after them, so a conversation's next turn restores the whole previous turn.
 - Keys are chained hashes: whole chunk i's is BLAKE2b-128(key_{i−1} ‖ its token ids), key_{−1} = empty, covering
   the whole prefix up to its end (as vLLM's prefix caching and LMCache); a tail's is the same hash after the key
@@ -17,7 +18,8 @@ with a stored prefix (a conversation's next turn, another question about a docum
 - Every chunk file carries a checksum (BLAKE2b-256 of its payload). A missing, truncated or corrupt file is a miss
   (with a :class:`StoreWarning`), and the prefix ends before it: restored KV is never wrong, only shorter.
 
-Sizes are bytes; one token of one sequence takes ``token_bytes`` = layers × 2 × kv_heads × head_dim × dtype bytes.
+Sizes are bytes as held (physical: the formats' parts, scales included); in the model's dtype one token of one
+sequence takes layers × 2 × kv_heads × head_dim × dtype bytes.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from pathlib import Path
 import torch
 
 from kvbench.offload.disk import drop_pages, sync_file
+from kvbench.offload.host_tiers import HostFormat
 from kvbench.offload.tiers import DiskTier
 
 #: First bytes of every chunk file.
@@ -85,6 +88,17 @@ class Prefix:
     tail_tokens: int = 0
 
 
+def _encoded(fmt: HostFormat, layers: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    """Every layer's ``[kv_heads, tokens, head_dim]`` in ``fmt``, each part stacked over layers and on the CPU:
+    ``[layers, kv_heads, tokens, *]``."""
+    encoded = [fmt.encode(x[None]) for x in layers]
+    return tuple(torch.cat(part).to("cpu", copy=True).contiguous() for part in zip(*encoded))
+
+
+def _nbytes(block: tuple[torch.Tensor, ...]) -> int:
+    return sum(p.nbytes for p in block)
+
+
 class KVStore:
     """KV chunks of finished requests, in host memory and on disk, keyed by chained token hashes, LRU-evicted.
 
@@ -100,6 +114,8 @@ class KVStore:
             cache after it is written and after each read (``posix_fadvise(DONTNEED)``), as the disk tier does.
         tails: also store the tokens after a sequence's last whole chunk as a shorter tail chunk (default True);
             False keeps whole chunks only.
+        formats: (K's, V's) :class:`~kvbench.offload.host_tiers.HostFormat` the chunks are held in, on the host and
+            on disk (default: the model's dtype); :meth:`get` decodes them to the dtype :meth:`put` was given.
 
     Raises:
         ValueError: ``chunk_tokens`` below 1, a negative cap, or a cap smaller than one chunk.
@@ -108,7 +124,7 @@ class KVStore:
 
     def __init__(self, chunk_tokens: int = 256, host_max_bytes: int = 2**30, disk_max_bytes: int = 0,
                  disk_dir: str | Path | None = None, token_bytes: int | None = None, page_cache: bool = False,
-                 tails: bool = True):
+                 tails: bool = True, formats: tuple[HostFormat, HostFormat] | None = None):
         if chunk_tokens < 1:
             raise ValueError(f"chunk_tokens must be at least 1, not {chunk_tokens}")
         if host_max_bytes < 0 or disk_max_bytes < 0:
@@ -117,7 +133,9 @@ class KVStore:
         self.chunk_tokens, self.tails, self.page_cache = chunk_tokens, tails, page_cache
         self.host_max_bytes, self.disk_max_bytes = host_max_bytes, disk_max_bytes
         self.chunk_bytes: int | None = None
-        self._host: dict[bytes, torch.Tensor] = {}
+        self.formats = formats or (HostFormat(), HostFormat())
+        self.dtype: torch.dtype | None = None  # the K/V dtype of the first put: what get decodes to
+        self._host: dict[bytes, tuple[torch.Tensor, ...]] = {}
         self._disk: dict[bytes, tuple[Path, int]] = {}  # key → (file, payload bytes)
         self._order: OrderedDict[bytes, None] = OrderedDict()  # every chunk, least recently used first
         self._children: dict[bytes, set[bytes]] = {}  # a chunk → the chunks whose prefix it ends
@@ -177,7 +195,13 @@ class KVStore:
             spans.append((tail_key(whole[-1] if whole else b"", token_ids[at:]), at, len(token_ids) - at))
         if not spans:
             return 0
-        token_bytes = len(keys) * 2 * shape[0] * shape[2] * keys[0].element_size()
+        kf, vf = self.formats
+        token_bytes = len(keys) * (kf.token_bytes(shape[0], shape[2], keys[0].dtype)
+                                   + vf.token_bytes(shape[0], shape[2], keys[0].dtype))
+        if self.dtype is None:
+            self.dtype = keys[0].dtype
+        elif keys[0].dtype != self.dtype:
+            raise ValueError(f"this store holds {self.dtype} K/V, not {keys[0].dtype}: one model and dtype per store")
         if self.chunk_bytes is None:
             self._check_caps(token_bytes * c)
         elif token_bytes * c != self.chunk_bytes:
@@ -189,8 +213,7 @@ class KVStore:
             if key in self._order:
                 continue
             span = slice(start, start + n)
-            block = torch.stack([torch.stack([k[:, span], v[:, span]]) for k, v in zip(keys, values)])
-            self._host[key] = block.to("cpu", copy=True).contiguous()
+            self._host[key] = (*_encoded(kf, [k[:, span] for k in keys]), *_encoded(vf, [v[:, span] for v in values]))
             self._order[key] = None
             parent = whole[i - 1] if i else b""
             if i:
@@ -227,7 +250,7 @@ class KVStore:
                 continue
             del self._order[k]
             if k in self._host:
-                self.host_bytes -= self._host.pop(k).nbytes
+                self.host_bytes -= _nbytes(self._host.pop(k))
             else:
                 path, nbytes = self._disk.pop(k)
                 path.unlink(missing_ok=True)
@@ -254,22 +277,24 @@ class KVStore:
                 self._drop(key)
                 continue
             block = self._host.pop(key)
-            self.host_bytes -= block.nbytes
+            self.host_bytes -= _nbytes(block)
             try:
                 self._write(key, block)
             except OSError as exc:  # e.g. the disk is full: the chunk is dropped, a later request recomputes it
                 warnings.warn(f"KV store: cannot write a chunk to {self.tier.path} ({exc.strerror or exc}); "
                               "dropped", StoreWarning, stacklevel=3)
                 self._host[key] = block  # back in place for _drop's accounting
-                self.host_bytes += block.nbytes
+                self.host_bytes += _nbytes(block)
                 self._drop(key)
             while self.disk_bytes > self.disk_max_bytes:  # at once: the disk never holds more than one extra chunk
                 self._drop(self._least_recent(self._disk))
 
-    def _write(self, key: bytes, block: torch.Tensor) -> None:
-        """Write a chunk file: magic, checksum, header length, header (dtype, shape), payload."""
-        payload = block.view(-1).view(torch.uint8).numpy().tobytes()
-        header = json.dumps({"dtype": str(block.dtype).removeprefix("torch."), "shape": list(block.shape)}).encode()
+    def _write(self, key: bytes, block: tuple[torch.Tensor, ...]) -> None:
+        """Write a chunk file: magic, checksum, header length, header (each part's dtype and shape), payload (the
+        parts' bytes one after another)."""
+        payload = b"".join(p.contiguous().view(-1).view(torch.uint8).numpy().tobytes() for p in block)
+        header = json.dumps([{"dtype": str(p.dtype).removeprefix("torch."), "shape": list(p.shape)}
+                             for p in block]).encode()
         path = self.tier.path / f"{key.hex()}.kv"
         tmp = path.with_suffix(".tmp")
         try:
@@ -292,7 +317,7 @@ class KVStore:
             if key in self._order:
                 self._order.move_to_end(key)
 
-    def _read(self, key: bytes) -> torch.Tensor | None:
+    def _read(self, key: bytes) -> tuple[torch.Tensor, ...] | None:
         """A disk chunk, or None (with a warning, the entry forgotten) when its file is missing or damaged."""
         path, nbytes = self._disk[key]
         try:
@@ -310,9 +335,16 @@ class KVStore:
                 raise ValueError(f"truncated: {len(payload)} of {nbytes} bytes")
             if hashlib.blake2b(payload, digest_size=_DIGEST).digest() != digest:
                 raise ValueError("checksum mismatch")
-            dtype = getattr(torch, header["dtype"])
-            return torch.frombuffer(bytearray(payload), dtype=torch.uint8).view(dtype).reshape(header["shape"])
-        except (OSError, ValueError, KeyError, AttributeError, RuntimeError) as exc:
+            flat, parts, at = torch.frombuffer(bytearray(payload), dtype=torch.uint8), [], 0
+            for part in header:
+                dtype = getattr(torch, part["dtype"])
+                size = dtype.itemsize * int(torch.Size(part["shape"]).numel())
+                parts.append(flat[at:at + size].view(dtype).reshape(part["shape"]))
+                at += size
+            if at != len(payload) or len(parts) != self.formats[0].parts + self.formats[1].parts:
+                raise ValueError("its parts do not fill its payload")
+            return tuple(parts)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, RuntimeError) as exc:
             why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
             warnings.warn(f"KV store chunk {path.name} unusable ({why}): counted as a miss", StoreWarning,
                           stacklevel=3)
@@ -357,7 +389,7 @@ class KVStore:
                 tier = "disk"
             else:
                 return False
-            sizes[tier] += block.nbytes
+            sizes[tier] += _nbytes(block)
             blocks.append(block)
             used.append(key)
             self.hits += 1
@@ -371,8 +403,11 @@ class KVStore:
         self._touch(used)
         if not blocks:
             return Prefix(0, [], [])
-        kv = torch.cat(blocks, dim=3)  # [layers, 2, kv_heads, tokens, head_dim]
-        return Prefix(kv.shape[3], list(kv[:, 0]), list(kv[:, 1]), sizes["host"], sizes["disk"], tail)
+        parts = [torch.cat(p, dim=2) for p in zip(*blocks)]  # each [layers, kv_heads, tokens, *]
+        kf, vf = self.formats
+        k = kf.decode(parts[:kf.parts], self.dtype)  # layers stand in for the batch: [layers, kv_heads, n, head_dim]
+        v = vf.decode(parts[kf.parts:], self.dtype)
+        return Prefix(k.shape[2], list(k), list(v), sizes["host"], sizes["disk"], tail)
 
 
 __all__ = ["KVStore", "MAGIC", "Prefix", "StoreWarning", "chunk_keys", "tail_key"]

@@ -326,3 +326,31 @@ def test_disk_chunks_are_synced_and_dropped_from_the_page_cache_unless_kept(tmp_
     assert p.disk_bytes == CHUNK_BYTES and torch.equal(p.keys[1], data[0][0][1])
     assert [resident_pages(f) > 0 for f in sorted(store.tier.path.glob("*.kv"))] == [page_cache] * 2
     store.close()
+
+
+def test_a_quantized_store_holds_int8_parts_on_host_and_disk_and_decodes_within_their_bound(tmp_path):
+    from kvbench.offload.host_tiers import Int8, host_format
+
+    # int8 K (DIM + 4 bytes per token and head) and bfloat16 V (2 × DIM): 3 × 2 × (8 + 8) = 96 bytes per token
+    token_bytes = LAYERS * HEADS * ((DIM + 4) + 2 * DIM)
+    store = KVStore(CHUNK, host_max_bytes=token_bytes * CHUNK, disk_max_bytes=4 * token_bytes * CHUNK,
+                    disk_dir=tmp_path, formats=(Int8(), host_format("bfloat16")))
+    seqs = [[s * 1000 + i for i in range(CHUNK + 3)] for s in range(2)]
+    data = [kv(CHUNK + 3, seed=s) for s in range(2)]
+    for s in range(2):
+        store.put(seqs[s], *data[s])
+    # 2 whole chunks and 2 tails: physical bytes, half of them on disk
+    assert store.host_bytes + store.disk_bytes == 2 * token_bytes * (CHUNK + 3)
+    assert store.disk_bytes > 0 and len(list(store.tier.path.glob("*.kv"))) >= 1
+    for s in range(2):  # sequence 0 comes back from disk, 1 from host
+        p = store.get(seqs[s])
+        assert p.tokens == CHUNK + 3 and p.host_bytes + p.disk_bytes == token_bytes * (CHUNK + 3)
+        for layer in range(LAYERS):
+            k, v = data[s][0][layer], data[s][1][layer]
+            assert p.keys[layer].dtype == p.values[layer].dtype == torch.float32
+            bound = k.abs().amax(-1, keepdim=True) / 254  # int8: within half a scale step
+            assert (p.keys[layer] - k).abs().le(bound + 1e-7).all() and not torch.equal(p.keys[layer], k)
+            assert torch.equal(p.values[layer], v.to(torch.bfloat16).float())
+    with pytest.raises(ValueError, match="this store holds torch.float32 K/V, not torch.float16"):
+        store.put([7] * CHUNK, *[[t.half() for t in x] for x in kv(CHUNK)])
+    store.close()

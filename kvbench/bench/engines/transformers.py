@@ -53,16 +53,31 @@ def disk_fields(cache: Any) -> tuple[dict[str, Any], dict[str, str]]:
             "disk_synced_bytes": tier.synced_bytes}, notes
 
 
-def make_store(s: Scenario, token_bytes: int) -> KVStore:
-    """A fresh KV store for one mode, as ``s.store_spec`` says; ``token_bytes``: one token's KV, every layer.
+def make_store(s: Scenario, shape: Any, dtype: Any, options: dict[str, Any] | None = None) -> KVStore:
+    """A fresh KV store for one mode, as ``s.store_spec`` says, holding K/V in the host formats the mode's
+    ``options`` name (``host_dtype``...; the model's ``dtype`` by default); ``shape``: the model's architecture.
 
     Raises:
         ValueError: a cap smaller than one chunk of ``token_bytes`` × ``chunk_tokens``.
         kvbench.offload.tiers.DiskTierError: the disk tier's directory cannot be made.
     """
     spec = s.store_spec
+    formats = _store_formats(options)
     return KVStore(spec.chunk_tokens, int(spec.host_max_bytes), int(spec.disk_max_bytes), s.disk_dir,
-                   token_bytes=token_bytes, page_cache=s.disk.page_cache)
+                   token_bytes=store_token_bytes(shape, dtype, options), page_cache=s.disk.page_cache,
+                   formats=formats)
+
+
+def _store_formats(options: dict[str, Any] | None) -> Any:
+    from kvbench.offload.host_tiers import HostFormat
+
+    return host_formats(options or {}) or (HostFormat(), HostFormat())
+
+
+def store_token_bytes(shape: Any, dtype: Any, options: dict[str, Any] | None = None) -> int:
+    """Bytes one token takes in a mode's KV store, every layer, in the host formats its ``options`` name (scales
+    included; :meth:`~kvbench.offload.architecture.Architecture.sequence_bytes_per_token` in the model's dtype)."""
+    return shape.layers * sum(f.token_bytes(shape.kv_heads, shape.head_dim, dtype) for f in _store_formats(options))
 
 
 #: What the in-process engine has: its own device memory, OOM told apart, one slot.
@@ -123,7 +138,7 @@ class TransformersEngine:
             pad = tok.eos_token_id
         self.pad_id = int(pad) if pad is not None else 0
         #: bytes of one token in the reuse workloads' KV store: it keeps every layer's whole sequence
-        self.store_token_bytes = loaded.shape.sequence_bytes_per_token(loaded.dtype.itemsize)
+        self.store_token_bytes = store_token_bytes(loaded.shape, loaded.dtype)
         self.predict = Predictor(scenario, loaded.shape, loaded.dtype.itemsize, loaded.weights_bytes, loaded.device,
                                  environment)
         #: reuse workloads: the KV store of each open session's mode (by label)
@@ -136,8 +151,9 @@ class TransformersEngine:
     def describe(self, t: TrialSpec) -> dict[str, Any]:
         """``device``, ``dtype``, ``kv_bytes_predicted`` and the plan predictions of ``t``; for a reuse workload
         ``kv_budget_tokens``, the tokens of KV the store's host tier holds."""
-        budget = {"kv_budget_tokens": int(self.s.store_spec.host_max_bytes) // self.store_token_bytes} \
-            if self.s.workload.reuse else {}
+        options = t.mode.options if t.mode.kind != "none" else None
+        budget = {"kv_budget_tokens": int(self.s.store_spec.host_max_bytes)
+                  // store_token_bytes(self.m.shape, self.m.dtype, options)} if self.s.workload.reuse else {}
         return {"device": str(self.device), "dtype": str(self.m.dtype).removeprefix("torch."),
                 "kv_bytes_predicted": self.predict.kv_bytes_predicted(t), **self.predict.plan_prediction(t), **budget}
 
@@ -151,7 +167,7 @@ class TransformersEngine:
             from kvbench.offload.tiers import DiskTierError
 
             try:
-                make_store(self.s, self.store_token_bytes).close()
+                make_store(self.s, self.m.shape, self.m.dtype).close()
             except (ValueError, DiskTierError) as exc:
                 problems.append(f"store: {exc}")
             return problems
@@ -186,7 +202,8 @@ class TransformersEngine:
         """
         if slots != 1:
             raise ValueError(f"the transformers engine runs one request at a time, not {slots}")
-        store = make_store(self.s, self.store_token_bytes) if self.s.workload.reuse else None
+        options = mode.options if mode.kind != "none" else None
+        store = make_store(self.s, self.m.shape, self.m.dtype, options) if self.s.workload.reuse else None
         if store is not None:
             self.stores[mode.label] = store
         try:

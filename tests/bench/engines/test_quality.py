@@ -73,3 +73,20 @@ def test_a_threshold_turns_a_lossy_mode_into_fails_quality_and_a_lossless_one_ge
     costs = kvbench.cost_report(results, tmp_path / "cost", kvbench.Prices(gpu_per_hour=2.0))
     why = dict(zip(costs.table["mode_label"], costs.table["why"]))
     assert why["full(host_dtype=fp8)"].startswith("fails quality: KL")
+
+
+def test_a_lossy_mode_s_kv_store_holds_its_format(tiny_model):
+    from kvbench.bench.engines.transformers import make_store, store_token_bytes
+    from kvbench.scenario import parse_scenario
+
+    s = parse_scenario(tiny_scenario(), "s.yaml")
+    shape = tiny_model.shape
+    logical = store_token_bytes(shape, torch.float32)
+    assert logical == shape.sequence_bytes_per_token(4)
+    int8 = store_token_bytes(shape, torch.float32, {"host_dtype": "int8"})
+    assert int8 * shape.head_dim * 4 == logical * (shape.head_dim + 4)  # head_dim + 4 bytes where 4 × head_dim
+    store = make_store(s, shape, torch.float32, {"host_dtype": "int8"})
+    keys = [torch.randn(shape.kv_heads, 5, shape.head_dim) for _ in range(shape.layers)]
+    store.put(list(range(5)), keys, keys)
+    assert store.host_bytes == 5 * int8 and [f.name for f in store.formats] == ["int8", "int8"]
+    store.close()
