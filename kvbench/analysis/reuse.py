@@ -29,7 +29,7 @@ def length_bin(tokens: pd.Series) -> pd.Series:
 
 #: Columns of a measured reuse trial that the tables read: a frame of failed trials only lacks them.
 MEASURED_COLUMNS = ("ttft_s", "e2e_s", "n_output_tokens", "tokens_restored", "store_hit_rate", "tokens_match",
-                    "first_divergence_step", "divergence_acceptable", "machine_busy")
+                    "first_divergence_step", "divergence_acceptable", "machine_busy", "kl_mean")
 
 
 def reuse_trials(trials: pd.DataFrame) -> pd.DataFrame:
@@ -52,7 +52,9 @@ def reuse_table(trials: pd.DataFrame, by: str = "turn_index") -> pd.DataFrame:
         to look up), ``restore_host_bytes`` / ``restore_disk_bytes`` (totals over the warm trials),
         ``warm_prompt_tokens`` and ``warm_tokens_restored`` (totals), ``prefill_saved_pct`` (Σ restored ÷ Σ prompt
         tokens of the warm trials), ``tokens_match`` (all warm and cold trials equal ``none``'s cold ids,
-        or the only divergences acceptable: "near tie"), ``failed`` (trials not measured).
+        or the only divergences acceptable: "near tie"), ``kl_mean`` and ``token_agreement`` (medians over the
+        warm trials of a lossy server preset's quality against ``none``, NaN for others) with the run's
+        ``max_kl`` and ``min_agreement``, ``failed`` (trials not measured).
     """
     rows = reuse_trials(trials).copy()
     if rows.empty:
@@ -82,6 +84,13 @@ def reuse_table(trials: pd.DataFrame, by: str = "turn_index") -> pd.DataFrame:
         rec["warm_tokens_restored"] = int(warm["tokens_restored"].sum()) if len(warm) else 0
         rec["prefill_saved_pct"] = 100 * rec["warm_tokens_restored"] / prompt if prompt else np.nan
         rec["tokens_match"] = ids_verdict(ok)
+        kl = pd.to_numeric(warm["kl_mean"], errors="coerce").dropna()
+        rec["kl_mean"] = float(kl.median()) if len(kl) else np.nan
+        agree = pd.to_numeric(warm.get("token_agreement"), errors="coerce").dropna() \
+            if "token_agreement" in warm else pd.Series(dtype=float)
+        rec["token_agreement"] = float(agree.median()) if len(agree) else np.nan
+        for key in ("max_kl", "min_agreement"):  # the run's quality thresholds (load_results), NaN without
+            rec[key] = float(pd.to_numeric(part[key], errors="coerce").max()) if key in part else np.nan
         out.append(rec)
     # groups and modes in the order they ran (`none` first), then by turn or length
     rank = {k: i for i, k in enumerate(dict.fromkeys(zip(rows["group"], rows["mode_label"])))}

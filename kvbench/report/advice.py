@@ -231,13 +231,18 @@ def reuse_recommendation(turns: pd.DataFrame, group: str, later: pd.DataFrame | 
         t = t[t["tokens_match"].isin([True, "near tie"])]
     else:
         t = t[t["mode"] != "none"]
+    failing = {m: why for m, part in t.groupby("mode_label", sort=False) if (why := _reuse_quality_fails(part))}
+    t = t[~t["mode_label"].isin(list(failing))]
+    dropped = "".join(f"; not considered: `{m}` {why}" for m, why in failing.items())
     if t.empty or t["warm_ttft_s"].isna().all():
-        return "no measured reuse after a first turn: nothing to recommend"
+        return f"no measured reuse after a first turn: nothing to recommend{dropped}"
     best = t.groupby("mode_label")["warm_ttft_s"].median().sort_values()
     mode = best.index[0]
     cold = t[t["mode_label"] == mode]["cold_ttft_s"].median()
+    kl = t[t["mode_label"] == mode]["kl_mean"].median() if "kl_mean" in t else float("nan")
     figures = (f"with `{mode}`, TTFT from turn 2 on is {best.iloc[0] * 1e3:,.0f} ms against {cold * 1e3:,.0f} ms "
-               "recomputing (median over turns)")
+               "recomputing (median over turns)"
+               + (f"; quality vs none: KL {kl:.3g} nats (top-k estimate)" if not missing(kl) else "") + dropped)
     p = None if later is None or later.empty else next(
         (r for r in later.to_dict("records") if r["group"] == group and r["mode_label"] == mode), None)
     if p is None:
@@ -250,6 +255,20 @@ def reuse_recommendation(turns: pd.DataFrame, group: str, later: pd.DataFrame | 
                 f"{figures}")
     return (f"keep finished requests' KV and restore it: {figures}; restore ÷ recompute {ratio} over "
             f"{int(p['pairs'])} request pairs")
+
+
+def _reuse_quality_fails(part: pd.DataFrame) -> str:
+    """"fails quality: …" where a lossy server preset's median KL or agreement (over its turns) is beyond the
+    run's ``max_kl`` or ``min_agreement``; "" otherwise."""
+    crossed = []
+    for col, key, beyond, text in (("kl_mean", "max_kl", lambda v, lim: v > lim, "KL {v:.3g} nats > max_kl {lim:g}"),
+                                   ("token_agreement", "min_agreement", lambda v, lim: v < lim,
+                                    "agreement {v:.1%} < min_agreement {lim:.1%}")):
+        if col in part and key in part:
+            v, lim = part[col].median(), part[key].max()
+            if not missing(v) and not missing(lim) and beyond(v, lim):
+                crossed.append(text.format(v=v, lim=lim))
+    return f"fails quality: {'; '.join(crossed)}" if crossed else ""
 
 
 def _fixed_at(fixed: str, value: Any) -> str:

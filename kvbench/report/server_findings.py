@@ -76,7 +76,7 @@ def server_findings(trials: pd.DataFrame, group: str, later: pd.DataFrame | None
                            "the cache but TTFT did not clearly drop (prefill is not what limits TTFT here, or the "
                            "restore costs what recompute does)")
         if kind != "none":
-            out.append(_matches(mode, part))
+            out.append(_quality(mode, part) or _matches(mode, part))
     cold = rows["cold_verified"] if "cold_verified" in rows else pd.Series(dtype=object)
     checked = cold.dropna()
     if len(checked):
@@ -121,6 +121,19 @@ def own_options(options: Any) -> list[str]:
             value = args[i + 1] if i + 1 < len(args) and not args[i + 1].startswith("-") else ""
             out.append(f"args {a} {value}".rstrip())
     return out
+
+
+def _quality(mode: str, part: pd.DataFrame) -> str | None:
+    """A lossy preset's quality against ``none`` (its ids differ by design: not an exactness finding), or None
+    for a mode without quality columns."""
+    kl = pd.to_numeric(part.get("kl_mean"), errors="coerce") if "kl_mean" in part else pd.Series(dtype=float)
+    if kl.dropna().empty:
+        return None
+    agree = pd.to_numeric(part["token_agreement"], errors="coerce").dropna()
+    worst = pd.to_numeric(part["kl_max"], errors="coerce").max()
+    method = next((m for m in part.get("kl_method", []) if isinstance(m, str)), "")
+    return (f"`{mode}` (lossy): KL(none ‖ mode) {kl.median():.3g} nats median over {int(kl.notna().sum())} requests "
+            f"(largest {worst:.3g}; {method}); greedy ids {agree.median():.1%} equal to `none`'s (median)")
 
 
 def _matches(mode: str, part: pd.DataFrame) -> str:

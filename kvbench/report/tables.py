@@ -106,7 +106,8 @@ def reuse_display(table: pd.DataFrame) -> pd.DataFrame:
             f"restored from host ({unit_name}, total)": size(r["restore_host_bytes"], unit),
             f"restored from disk ({unit_name}, total)": size(r["restore_disk_bytes"], unit),
             "prefill saved (%)": pct(r["prefill_saved_pct"]),
-            "ids match none": "near tie" if r["tokens_match"] == "near tie" else match(r["tokens_match"]),
+            "ids match none": (f"KL {r['kl_mean']:.2g}" if not missing(r.get("kl_mean")) else
+                               "near tie" if r["tokens_match"] == "near tie" else match(r["tokens_match"])),
             "trials": f"{r['n']} warm" + (f", {r['failed']} failed" if r["failed"] else ""),
         })
     return pd.DataFrame(rows)

@@ -96,6 +96,8 @@ TRIAL_COLUMNS = _columns(
     ("kl_mean", K.NUMBER, "", "lossy host formats: KL(none ‖ mode) of the next-token distributions in nats, "
      "teacher-forced on `none`'s ids, mean over steps and sequences"),
     ("kl_max", K.NUMBER, "", "lossy host formats: the largest of those KL divergences, nats"),
+    ("kl_method", K.TEXT, "", "how kl_mean was taken where not teacher-forced: a server's lossy preset, from its "
+     "top-k log-probabilities over the steps up to the first differing id"),
     ("notes", K.OBJECT, "", "why a column is null, per column"),
     ("status", K.STATUS, "", "how the trial ended (Status)"),
     ("message", K.TEXT, "", "the reason for a status other than ok"),

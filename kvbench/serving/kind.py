@@ -36,6 +36,8 @@ class Preset:
         needs_gpu: only useful with a GPU (the flag moves KV between GPU and host).
         cpu_refusal: why the preset cannot run on a CPU (the engine's own words where it says so), or None: kvbench
             refuses such a mode on a CPU before any server starts.
+        lossy: the server holds K/V rounded (a quantized cache type): its replies get quality columns against
+            ``none``'s (:func:`kvbench.bench.engines.quality.server_quality`), not an exactness check.
     """
 
     name: str
@@ -48,6 +50,7 @@ class Preset:
     slots: bool = False
     needs_gpu: bool = False
     cpu_refusal: str | None = None
+    lossy: bool = False
 
 
 def presets(kind: str, *entries: Preset) -> Registry[Preset]:

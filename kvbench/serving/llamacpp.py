@@ -87,6 +87,12 @@ KIND = ServerKind(
                {"cache_prompt": True}, slots=True),
         Preset("kv-on-host", "KV cache in host memory, computed on the GPU (-nkvo)", ("-nkvo",),
                {"cache_prompt": True}, needs_gpu=True),
+        Preset("kv-q8_0", "prefix reuse, K and V cached as q8_0 (--cache-type-k/-v q8_0): lossy, with quality "
+               "columns", ("--cache-ram", "0", "--cache-type-k", "q8_0", "--cache-type-v", "q8_0"),
+               {"cache_prompt": True}, lossy=True),
+        Preset("kv-q4_0", "prefix reuse, K and V cached as q4_0 (--cache-type-k/-v q4_0): lossy, with quality "
+               "columns", ("--cache-ram", "0", "--cache-type-k", "q4_0", "--cache-type-v", "q4_0"),
+               {"cache_prompt": True}, lossy=True),
     ),
     program=("llama-server",),
     install_hint="build it with `make llama-server` (into .venv/bin) or give engine.binary",
@@ -113,5 +119,5 @@ KIND = ServerKind(
     counters=COUNTERS,
     hit_counts=hit_counts,
     host_tier=host_tier,
-    kv_element_bytes=2,  # f16 K and V unless --cache-type-k/-v say otherwise
+    kv_element_bytes=2,  # f16 K and V unless --cache-type-k/-v say otherwise (kv-q8_0, kv-q4_0)
 )

@@ -8,6 +8,7 @@ import json
 import random
 import warnings
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -559,6 +560,25 @@ def test_reuse_recommendation_follows_the_paired_verdict():
     # restore measurably slower (a tiny model: the lookup costs more than the prefill it saves): no such advice
     assert run(1.2).startswith("restoring does not pay here: restore ÷ recompute 1.20 [1.20, 1.20] over 6 request "
                                "pairs")
+
+
+def test_a_lossy_server_preset_beyond_max_kl_fails_quality_and_is_not_recommended():
+    from kvbench.report.advice import reuse_recommendation
+
+    turns = pd.DataFrame([
+        {"group": "r", "turn_index": 2, "mode": "prefix-cache", "mode_label": "prefix-cache", "tokens_match": True,
+         "warm_ttft_s": 0.5, "cold_ttft_s": 1.0, "kl_mean": np.nan, "token_agreement": np.nan},
+        {"group": "r", "turn_index": 2, "mode": "kv-q4_0", "mode_label": "kv-q4_0", "tokens_match": False,
+         "warm_ttft_s": 0.4, "cold_ttft_s": 1.0, "kl_mean": 0.038, "token_agreement": 0.19}]).assign(max_kl=0.01,
+                                                                                                  min_agreement=0.5)
+    line = reuse_recommendation(turns, "r", need_match=False)
+    assert line == ("no paired restore ÷ recompute from turn 2 on: no recommendation; with `prefix-cache`, TTFT from "
+                    "turn 2 on is 500 ms against 1,000 ms recomputing (median over turns); not considered: `kv-q4_0` "
+                    "fails quality: KL 0.038 nats > max_kl 0.01; agreement 19.0% < min_agreement 50.0%")
+    # without thresholds the faster lossy preset is named, with its quality beside its figures
+    line = reuse_recommendation(turns.assign(max_kl=np.nan, min_agreement=np.nan), "r", need_match=False)
+    assert line.endswith("with `kv-q4_0`, TTFT from turn 2 on is 400 ms against 1,000 ms recomputing (median over "
+                         "turns); quality vs none: KL 0.038 nats (top-k estimate)")
 
 
 def test_the_sampling_unit_is_the_conversation_one_at_a_time_and_the_load_when_requests_overlap():

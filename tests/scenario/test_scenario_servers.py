@@ -77,7 +77,7 @@ def test_engine_keys_are_checked(write_yaml, engine, path, message):
 @pytest.mark.parametrize("modes, path, message", [
     ([{"name": "none"}, {"name": "prefix-cach"}], "modes[1]",
      "preset: unknown llama.cpp preset 'prefix-cach'; did you mean 'prefix-cache'? available: none, prefix-cache, "
-     "host-cache, disk-slots, kv-on-host"),
+     "host-cache, disk-slots, kv-on-host, kv-q8_0, kv-q4_0"),
     ([{"kind": "none"}], "modes[0]", "engine llama.cpp takes server configurations ({name: none}, {name: "
                                      "prefix-cache}, ...), not the offload mode kind none"),
     ([{"name": "none", "size": 5}], "modes[0]", "size: preset none of llama.cpp has no size"),

@@ -11,17 +11,26 @@ quality against ``none``, measured after the trial and outside its clock:
 
 ``none``'s ids and distributions come from a free-running greedy pass with transformers' ``DynamicCache`` on the
 same prompts (greedy decoding is deterministic, so its ids are the reference trial's).
+
+A server cannot be teacher-forced through its completion API and gives only its top-k log-probabilities
+(llama-server's ``n_probs``): :func:`server_quality` compares a lossy preset's reply with ``none``'s on the same
+prompt by :func:`topk_kl`, over the steps whose prefixes are still the same.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
 
 from kvbench.bench.engines.decode import cache_keyword
 
-__all__ = ["agreement", "kl_divergence", "quality_fields", "step_logprobs"]
+__all__ = ["QUALITY_TOP_K", "ServerQuality", "agreement", "kl_divergence", "quality_fields", "server_quality",
+           "step_logprobs", "topk_kl"]
+
+#: The top-k log-probabilities a server run with a lossy preset asks of every reply (llama.cpp ``n_probs``).
+QUALITY_TOP_K = 8
 
 
 @torch.inference_mode()
@@ -93,3 +102,79 @@ def quality_fields(model: Any, input_ids: torch.Tensor, attention_mask: torch.Te
     agree, until = agreement(ref_ids.tolist(), ids)
     return {"token_agreement": agree, "agreement_to_divergence": until, "kl_mean": float(kl.mean()),
             "kl_max": float(kl.max())}
+
+
+def topk_kl(ref: dict[int, float], other: dict[int, float]) -> float:
+    """Approximate ``KL(ref ‖ other)`` in nats from two top-k log-probability maps (token id → log p): the KL of
+    both distributions coarse-grained to ``ref``'s top-k tokens plus one bin for every other token. A token of
+    ``ref``'s top-k missing from ``other``'s is given ``other``'s smallest listed probability (its own is at most
+    that). Coarse-graining can only lower a KL (the data-processing inequality), so with ``other``'s
+    probabilities known this is a lower bound of the full KL; the stand-in for a missing token makes it an
+    estimate.
+
+    Raises:
+        ValueError: an empty map.
+    """
+    if not ref or not other:
+        raise ValueError("top-k KL needs the log-probabilities of both distributions")
+    floor = min(other.values())
+    p = {t: math.exp(lp) for t, lp in ref.items()}
+    q = {t: math.exp(other.get(t, floor)) for t in ref}
+    kl = sum(p[t] * (math.log(p[t]) - math.log(q[t])) for t in ref if p[t] > 0)
+    rest_p, rest_q = max(0.0, 1.0 - sum(p.values())), max(0.0, 1.0 - sum(q.values()))
+    if rest_p > 0:
+        kl += rest_p * (math.log(rest_p) - math.log(rest_q)) if rest_q > 0 else math.inf
+    return max(0.0, kl)
+
+
+def server_quality(ref_ids: list[int], ref_top: list[dict[int, float]], ids: list[int],
+                   top: list[dict[int, float]]) -> dict[str, Any]:
+    """The quality columns of a server reply (``ids``, ``top``: its generated ids and each step's top-k
+    log-probabilities) against ``none``'s on the same prompt: ``token_agreement`` and ``agreement_to_divergence``
+    as :func:`agreement`; ``kl_mean``, ``kl_max`` of :func:`topk_kl` over the steps up to and including the first
+    differing id (each conditioned on the same prefix; the later ones are not comparable).
+
+    Raises:
+        ValueError: replies of other lengths.
+    """
+    if not (len(ref_ids) == len(ref_top) == len(ids) == len(top)):
+        raise ValueError(f"replies of {len(ref_ids)} and {len(ids)} ids with {len(ref_top)} and {len(top)} "
+                         "distributions cannot be compared")
+    agree, until = agreement([ref_ids], [ids])
+    same = next((i for i, (a, b) in enumerate(zip(ref_ids, ids)) if a != b), len(ids) - 1)
+    kl = [topk_kl(r, o) for r, o in zip(ref_top[:same + 1], top[:same + 1])]
+    return {"token_agreement": agree, "agreement_to_divergence": until, "kl_mean": sum(kl) / len(kl) if kl else None,
+            "kl_max": max(kl) if kl else None}
+
+
+class ServerQuality:
+    """The quality of a server run's lossy presets: with one in the run (``lossy_run``), every request asks for
+    its top-k log-probabilities (:attr:`request`, ``none``'s included), ``none``'s replies are kept by prompt
+    digest, and a lossy preset's reply gets :func:`server_quality` against the one to its prompt."""
+
+    def __init__(self, lossy_run: bool):
+        self.request: dict[str, Any] = {"n_probs": QUALITY_TOP_K} if lossy_run else {}
+        self.reference: dict[str, tuple[list[int], list[dict[int, float]]]] = {}
+
+    def fields(self, digest: str, reference: bool, lossy: bool, ids: list[int] | None,
+               top: list[dict[int, float]] | None, notes: dict[str, str]) -> dict[str, Any]:
+        """A reply's quality columns (lossy presets only; {} otherwise), or a note in ``notes`` why there are none.
+
+        Args:
+            digest: the prompt's digest. reference: the reply is ``none``'s, not contaminated by a cache.
+            lossy: the reply's preset is lossy. ids, top: its generated ids and top-k log-probabilities.
+        """
+        if not self.request:
+            return {}
+        usable = ids is not None and top is not None
+        if reference and usable:
+            self.reference[digest] = (ids, top)
+        if not lossy:
+            return {}
+        ref = self.reference.get(digest)
+        if ref is None or not usable:
+            notes["kl_mean"] = ("no top-k log-probabilities from the server for this reply" if not usable else
+                                "no `none` reply to this prompt in this process (a resumed run) to compare with")
+            return {}
+        return {**server_quality(ref[0], ref[1], ids, top),
+                "kl_method": f"top-{QUALITY_TOP_K} (n_probs), steps up to the first differing id"}

@@ -15,7 +15,8 @@ import kvbench
 from conftest import tiny_scenario
 from kvbench.analysis.points import point_table, qualifies
 from kvbench.bench.engines.decode import greedy_decode, left_pad
-from kvbench.bench.engines.quality import agreement, kl_divergence, step_logprobs
+from kvbench.bench.engines.quality import (ServerQuality, agreement, kl_divergence, server_quality, step_logprobs,
+                                           topk_kl)
 from kvbench.report.advice import findings
 
 
@@ -90,3 +91,35 @@ def test_a_lossy_mode_s_kv_store_holds_its_format(tiny_model):
     store.put(list(range(5)), keys, keys)
     assert store.host_bytes == 5 * int8 and [f.name for f in store.formats] == ["int8", "int8"]
     store.close()
+
+
+def test_top_k_kl_of_constructed_distributions():
+    ln = math.log
+    # the same top-2 and the same rest: 0
+    assert topk_kl({1: ln(0.5), 2: ln(0.3)}, {1: ln(0.5), 2: ln(0.3)}) == pytest.approx(0.0, abs=1e-12)
+    # p = (0.5, 0.3, rest 0.2), q = (0.4, 0.4, rest 0.2): Σ p log p/q over the three bins
+    want = 0.5 * ln(0.5 / 0.4) + 0.3 * ln(0.3 / 0.4)
+    assert topk_kl({1: ln(0.5), 2: ln(0.3)}, {1: ln(0.4), 2: ln(0.4)}) == pytest.approx(want, rel=1e-9)
+    # token 2 outside q's top-2 takes q's smallest listed probability (0.1); q's rest: 1 - 0.6 - 0.1 = 0.3
+    want = 0.5 * ln(0.5 / 0.6) + 0.3 * ln(0.3 / 0.1) + 0.2 * ln(0.2 / 0.3)
+    assert topk_kl({1: ln(0.5), 2: ln(0.3)}, {1: ln(0.6), 3: ln(0.1)}) == pytest.approx(want, rel=1e-9)
+    with pytest.raises(ValueError, match="needs the log-probabilities of both"):
+        topk_kl({}, {1: 0.0})
+
+
+def test_server_quality_compares_steps_up_to_the_first_differing_id_and_needs_a_none_reply():
+    ln = math.log
+    same, other = {1: ln(0.9)}, {1: ln(0.6)}
+    q = server_quality([1, 1, 1, 1], [same] * 4, [1, 1, 2, 1], [same, other, other, other])
+    # steps 0, 1, 2 are conditioned on the same prefix (step 2 differs); step 3 is not compared
+    kl_other = topk_kl(same, other)
+    assert q == {"token_agreement": 0.75, "agreement_to_divergence": 0.5,
+                 "kl_mean": pytest.approx(2 * kl_other / 3), "kl_max": pytest.approx(kl_other)}
+    quality, notes = ServerQuality(lossy_run=True), {}
+    assert quality.request == {"n_probs": 8}
+    assert quality.fields("p", reference=False, lossy=True, ids=[1], top=[same], notes=notes) == {}
+    assert notes == {"kl_mean": "no `none` reply to this prompt in this process (a resumed run) to compare with"}
+    assert quality.fields("p", reference=True, lossy=False, ids=[1], top=[same], notes={}) == {}
+    got = quality.fields("p", reference=False, lossy=True, ids=[1], top=[other], notes={})
+    assert got["kl_mean"] == pytest.approx(kl_other) and got["kl_method"].startswith("top-8 (n_probs)")
+    assert ServerQuality(lossy_run=False).request == {}

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -52,7 +53,9 @@ class Reply:
     ``server_timings`` holds the server's own figures in seconds (``prompt_s``, ``prompt_per_token_s``,
     ``predicted_s``, ``per_token_s``; llama-server divides ``predicted_ms`` by the n-1 steps after the first token),
     {} where it sends none; ``stop_reason`` is llama.cpp's ``stop_type`` or
-    the OpenAI ``finish_reason``."""
+    the OpenAI ``finish_reason``. ``top_logprobs`` is, per generated token, its step's top-k log-probabilities
+    (token id → natural log; llama.cpp ``n_probs``), or None where the stream did not carry one for every
+    token."""
 
     t_sent: float
     token_times: list[float]
@@ -64,6 +67,7 @@ class Reply:
     cached_tokens: int | None
     server_timings: dict[str, float]
     stop_reason: str | None
+    top_logprobs: list[dict[int, float]] | None = None
 
 
 @dataclass
@@ -82,6 +86,7 @@ class _Acc:
     timings: dict[str, float] = field(default_factory=dict)
     stop_reason: str | None = None
     usage_tokens: int | None = None       # completion_tokens of the last usage seen (OpenAI)
+    top: list[dict[int, float]] = field(default_factory=list)  # llama.cpp n_probs: each token's top-k
 
     def tick(self, now: float, k: int) -> None:
         """A chunk carrying ``k`` tokens was parsed at clock ``now``."""
@@ -131,6 +136,19 @@ def _read_timings(acc: _Acc, timings: Any, counts: bool = True) -> None:
         acc.generated = _count(timings.get("predicted_n"))
 
 
+def _read_probabilities(acc: _Acc, probs: Any) -> None:
+    """Takes llama-server's ``completion_probabilities`` (``n_probs``): per token, ``top_logprobs``, a list of
+    ``{"id", "logprob"}``. An entry that is not so is skipped: the reply then has no ``top_logprobs``."""
+    if not isinstance(probs, list):
+        return
+    for entry in probs:
+        top = entry.get("top_logprobs") if isinstance(entry, dict) else None
+        if isinstance(top, list) and top and all(
+                isinstance(c, dict) and type(c.get("id")) is int and type(c.get("logprob")) in (int, float)
+                and math.isfinite(c["logprob"]) and c["logprob"] <= 0 for c in top):
+            acc.top.append({c["id"]: float(c["logprob"]) for c in top})
+
+
 def _take_llamacpp(acc: _Acc, line: int, event: dict, now: float) -> bool:
     """Takes one ``/completion`` chunk read at clock ``now``; True for the final one (``"stop": true``). The
     chunk's token count is the growth of ``tokens_predicted`` (which also counts a token whose text the server
@@ -146,6 +164,7 @@ def _take_llamacpp(acc: _Acc, line: int, event: dict, now: float) -> bool:
             raise acc.fault(line, "tokens is not a list of token ids")
         acc.ids.extend(tokens)
         acc.has_ids = acc.has_ids or bool(tokens)
+    _read_probabilities(acc, event.get("completion_probabilities"))
     predicted = _count(event.get("tokens_predicted"))
     k = predicted - len(acc.times) if predicted is not None else len(tokens or ())
     if k < 0:
@@ -284,7 +303,8 @@ def _reply(acc: _Acc, t_sent: float, asked: int) -> Reply:
     ids = acc.ids if acc.has_ids and len(acc.ids) == generated else None
     return Reply(t_sent=t_sent, token_times=acc.times, chunk_times=acc.chunks, ids=ids, text=text,
                  text_sha256=hashlib.sha256(text.encode("utf-8")).hexdigest(), prompt_tokens=acc.prompt_tokens,
-                 cached_tokens=acc.cached_tokens, server_timings=acc.timings, stop_reason=acc.stop_reason)
+                 cached_tokens=acc.cached_tokens, server_timings=acc.timings, stop_reason=acc.stop_reason,
+                 top_logprobs=acc.top if len(acc.top) == generated else None)
 
 
 def _body(defaults: dict, options: Mapping[str, Any], fixed: tuple[str, ...], asked: int) -> dict:

@@ -21,6 +21,7 @@ import numpy as np
 import orjson
 
 from kvbench.bench.engines.base import Capabilities
+from kvbench.bench.engines.quality import ServerQuality
 from kvbench.bench.trial import TrialOutput
 from kvbench.bench.rows.reference import Reference
 from kvbench.bench.rows.row import ids_digest
@@ -170,6 +171,7 @@ class ServerEngine:
         self.device_name = f"{self.kind} server ({device_type})"
         self.pid = os.getpid()
         self.reference = Reference()
+        self.quality = ServerQuality(any(self.preset(m).lossy for m in s.modes))
         self.capabilities = CAPABILITIES
         self.weights_bytes = None  # in the server's process, not read
         #: requests a later request of the same conversation follows (their ``held`` ids are sent after them)
@@ -333,6 +335,9 @@ class ServerEngine:
         if reply.prompt_tokens is not None and reply.prompt_tokens != len(req.ids):
             notes["server_prompt_tokens"] = (f"the server counted {reply.prompt_tokens} prompt tokens, kvbench sent "
                                              f"{len(req.ids)}")
+        preset = self.preset(t.mode)
+        fields = self.quality.fields(ids_digest([list(req.ids)]), preset.cold and not contaminated, preset.lossy,
+                                     reply.ids, reply.top_logprobs, notes)
         return TrialOutput(
             t_start=reply.t_sent, token_times=reply.token_times, chunk_times=reply.chunk_times,
             ids=[reply.ids] if reply.ids is not None else None, prompt_sha256=ids_digest([list(req.ids)]),
@@ -344,7 +349,7 @@ class ServerEngine:
                     "server_tpot_s": reply.server_timings.get("per_token_s"),
                     "server_prompt_s": reply.server_timings.get("prompt_s"), "stop_reason": reply.stop_reason,
                     "contaminated": contaminated,
-                    "cold_verified": (cached == 0) if first and cached is not None else None},
+                    "cold_verified": (cached == 0) if first and cached is not None else None, **fields},
             notes=notes,
             not_compared=(f"a cold mode's request reused {cached} cached prompt tokens: not taken as the reference"
                           if contaminated else None))

@@ -100,7 +100,7 @@ class ServerSession:
         """One streamed, greedy request of exactly ``n_tokens`` new tokens for prompt ``ids``, with the preset's
         and the mode's request options, on the kind's protocol."""
         e = self.engine
-        options = {**self.preset.request, **self.mode.request}
+        options = {**self.engine.quality.request, **self.preset.request, **self.mode.request}
         timeout, deadline = e.s.engine.request_timeout_s, e.s.engine.reply_timeout_s
         if e.server_kind.protocol == "completion":
             return await complete_llamacpp(client, self.url, ids, n_tokens, options, seed=e.s.seed,

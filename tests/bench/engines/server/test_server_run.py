@@ -106,3 +106,26 @@ def test_kind_openai_measures_a_running_server_and_checks_its_cold_start(tmp_pat
     again = kvbench.run_scenario(resume=res.run_dir)
     assert not again.swept and again.already == 4 and sorted(r["trial_id"] for r in again.rows) == sorted(rows)
     assert list(again.reuse["mode_label"].unique()) == ["none", "prefix-cache"]
+
+
+def test_a_q8_0_kv_cache_gets_quality_columns_from_the_servers_top_logprobs(tmp_path):
+    """kv-q8_0 is lossy by design: its replies are measured against none's (agreement, top-8 KL) and none's
+    requests ask for the top-8 too; the server starts with the cache types."""
+    data = {"name": "q8", "model": "smollm2-135m", "engine": {"kind": "llama.cpp"},
+            "workload": {"source": "sharegpt", "seed": 0, "n_prompts": 2}, "prompt_tokens": [200],
+            "max_new_tokens": 12, "repeats": 1, "warmup": 0, "seed": 0,
+            "modes": [{"name": "none"}, {"name": "kv-q8_0"}]}
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(data))
+    res = kvbench.run_scenario(tmp_path / "s.yaml", out=tmp_path / "res")
+    rows = {r["trial_id"]: r for r in res.rows}
+    assert len(rows) == 4 and all(r["status"] == "ok" for r in rows.values()), rows
+    for r in rows.values():
+        if r["mode"] == "none":
+            assert r.get("kl_mean") is None and r["tokens_match"] is True
+        else:
+            assert 0 <= r["kl_mean"] <= r["kl_max"] < 1.0 and 0 <= r["token_agreement"] <= 1
+            assert r["kl_method"] == "top-8 (n_probs), steps up to the first differing id"
+    servers = kvbench.load_results(res.run_dir).runs[0]["servers"]
+    argv = servers[1]["argv"]
+    assert argv[argv.index("--cache-type-k") + 1] == argv[argv.index("--cache-type-v") + 1] == "q8_0"
+    assert "--cache-type-k" not in servers[0]["argv"]

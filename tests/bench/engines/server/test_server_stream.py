@@ -145,6 +145,24 @@ def test_a_chunk_with_two_tokens_gives_two_equal_readings_and_one_chunk_reading(
     assert reply.server_timings == {"prompt_s": 0.25, "predicted_s": 0.04, "per_token_s": 0.02}
 
 
+def probs(*tops: dict[int, float]) -> list[dict]:
+    """llama-server's ``completion_probabilities`` (``n_probs``) of one chunk: per token its top log-probs."""
+    return [{"id": next(iter(t)), "logprob": next(iter(t.values())),
+             "top_logprobs": [{"id": i, "token": f"t{i}", "logprob": lp} for i, lp in t.items()]} for t in tops]
+
+
+def test_n_probs_top_logprobs_are_read_per_token_and_dropped_when_one_is_missing():
+    body = sse(chunk("a", [5], 1, completion_probabilities=probs({5: -0.1, 9: -2.5})),
+               chunk("bc", [6, 7], 3, completion_probabilities=probs({6: -0.2}, {7: 0.0, 3: -40.0})), final(3))
+    reply = llama(serve(body), n=3, options={"n_probs": 2})
+    assert reply.top_logprobs == [{5: -0.1, 9: -2.5}, {6: -0.2}, {7: 0.0, 3: -40.0}]
+    damaged = sse(chunk("a", [5], 1, completion_probabilities=probs({5: -0.1})),
+                  chunk("b", [6], 2, completion_probabilities=[{"top_logprobs": [{"id": 6, "logprob": 0.5}]}]),
+                  final(2))  # a log-probability above 0 is no log-probability
+    assert llama(serve(damaged), n=2).top_logprobs is None
+    assert llama(serve(sse(chunk("a", [5], 1), final(1))), n=1).top_logprobs is None
+
+
 def test_two_tokens_counted_by_their_ids_where_tokens_predicted_is_missing():
     events = [chunk("a", [5], 1), chunk("bc", [6, 7], 3), final(3)]
     for e in events:
