@@ -1,4 +1,4 @@
-# The README's commands (docs/getting-started.md has them all). `make quick` is the first run (about 35 s),
+# The README's commands (docs/getting-started.md has them all). `make quick` is the first run (35 to 50 s),
 # `make demo` runs the main job on real input;
 # `make demo-server` runs it on llama.cpp's llama-server; `make test` checks the layering (import-linter), builds
 # the docs (mkdocs --strict) and runs the tests. `make llama-server` builds llama-server once into .venv/bin (5 to 9
