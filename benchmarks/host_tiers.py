@@ -31,15 +31,13 @@ import statistics  # noqa: E402
 import torch  # noqa: E402
 from transformers import DynamicCache  # noqa: E402
 
-from kvbench.bench.engines.decode import Clock, cache_keyword, left_pad  # noqa: E402
+from kvbench.bench.engines.decode import Clock, left_pad  # noqa: E402
 from kvbench.bench.engines.quality import quality_fields, step_logprobs  # noqa: E402
-from kvbench.models import load  # noqa: E402
 from kvbench.offload.caches import OffloadedCache  # noqa: E402
 from kvbench.offload.modes import make_cache  # noqa: E402
-from kvbench.scenario import ModelSpec  # noqa: E402
 from kvbench.scenario.workload import WorkloadSpec  # noqa: E402
 from kvbench.workloads import make_source  # noqa: E402
-from offload_overhead import label, seeded, step_times  # noqa: E402
+from offload_overhead import label, load_model, prefill, seeded, step_times  # noqa: E402
 
 #: The host formats compared, as `full`'s options; the first two are the byte references.
 FORMATS: list[dict] = [{"host_dtype": "float32"}, {"host_dtype": "bfloat16"}, {"host_dtype": "fp8"},
@@ -53,13 +51,7 @@ def speed(m, args, clock) -> None:
     print(f"{'context':>8} {'mode':<44} {'step ms':>8} {'ratio':>6} {'min–max':>11} {'H2D KiB/step':>12} "
           f"{'logical KiB':>11} {'÷ fp32':>6} {'÷ bf16':>6}")
     for ctx in args.contexts:
-        g = torch.Generator().manual_seed(ctx)
-        ids = torch.randint(20, m.shape.vocab_size, (args.batch, ctx), generator=g).to(m.device)
-        prefilled = DynamicCache(config=m.model.config)
-        with torch.inference_mode():
-            logits = m.model(input_ids=ids, use_cache=True, logits_to_keep=1,
-                             **{cache_keyword(m.model): prefilled}).logits
-        first = logits[:, -1:].argmax(-1)
+        prefilled, first = prefill(m, ctx, args.batch)
         per_round: dict[str, list[float]] = {}
         moved: dict[str, tuple[float, float]] = {}
         for r in range(args.rounds):
@@ -122,12 +114,7 @@ def main() -> None:
                          ("--quality-tokens", [args.quality_tokens]), ("--quality-steps", [args.quality_steps])):
         if min(values) < 1:
             ap.error(f"{flag} must be >= 1, got {min(values)}")
-    spec = (ModelSpec(preset=args.preset, weights="random", dtype=args.dtype) if args.preset
-            else ModelSpec(name="smollm2-135m", dtype=args.dtype))
-    m = load(spec, args.device)
-    if max(args.contexts) + args.steps > m.shape.max_positions:
-        raise SystemExit(f"--contexts {max(args.contexts)} + --steps {args.steps} tokens is beyond {spec.label}'s "
-                         f"{m.shape.max_positions} positions")
+    spec, m = load_model(args)
     if not args.no_quality and m.tokenizer is None:
         raise SystemExit(f"{spec.label} has no tokenizer for the quality part: pass --no-quality")
     print(f"model {spec.label}, {m.device}, {str(m.dtype).removeprefix('torch.')}, torch {torch.__version__}, "

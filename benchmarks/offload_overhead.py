@@ -52,6 +52,29 @@ def seeded(kind: str, options: dict, model, device, prefilled: DynamicCache):
     return cache
 
 
+def load_model(args: argparse.Namespace):
+    """(spec, loaded model) of ``--preset`` (random weights) or the SmolLM2 GGUF in ``--dtype`` on ``--device``;
+    exits when ``--contexts`` + ``--steps`` pass the model's positions."""
+    spec = (ModelSpec(preset=args.preset, weights="random", dtype=args.dtype) if args.preset
+            else ModelSpec(name="smollm2-135m", dtype=args.dtype))
+    m = load(spec, args.device)
+    if max(args.contexts) + args.steps > m.shape.max_positions:
+        raise SystemExit(f"--contexts {max(args.contexts)} + --steps {args.steps} tokens is beyond {spec.label}'s "
+                         f"{m.shape.max_positions} positions")
+    return spec, m
+
+
+@torch.inference_mode()
+def prefill(m, ctx: int, batch: int) -> tuple[DynamicCache, torch.Tensor]:
+    """A DynamicCache holding the K/V of ``batch`` random prompts of ``ctx`` tokens (seeded by ``ctx``), and the
+    greedy next token of each (``[batch, 1]``)."""
+    g = torch.Generator().manual_seed(ctx)
+    ids = torch.randint(20, m.shape.vocab_size, (batch, ctx), generator=g).to(m.device)
+    prefilled = DynamicCache(config=m.model.config)
+    logits = m.model(input_ids=ids, use_cache=True, logits_to_keep=1, **{cache_keyword(m.model): prefilled}).logits
+    return prefilled, logits[:, -1:].argmax(-1)
+
+
 @torch.inference_mode()
 def step_times(model, cache, first_token: torch.Tensor, start: int, steps: int, clock) -> tuple[list[float], int]:
     """Seconds per decode step over ``steps`` greedy steps from position ``start``, and the peak device KV bytes
@@ -107,12 +130,7 @@ def main() -> None:
         ap.error(f"--host-max-tokens must hold at least one disk block of {DISK_BLOCK_TOKENS} tokens, "
                  f"got {args.host_max_tokens}")
 
-    spec = (ModelSpec(preset=args.preset, weights="random", dtype=args.dtype) if args.preset
-            else ModelSpec(name="smollm2-135m", dtype=args.dtype))
-    m = load(spec, args.device)
-    if max(args.contexts) + args.steps > m.shape.max_positions:
-        raise SystemExit(f"--contexts {max(args.contexts)} + --steps {args.steps} tokens is beyond {spec.label}'s "
-                         f"{m.shape.max_positions} positions")
+    spec, m = load_model(args)
     clock = Clock(m.device)
     modes = parse_modes(args.modes, args.window, args.host_max_tokens)
     if modes[0][0] != "none":
@@ -125,13 +143,7 @@ def main() -> None:
     print(f"{'context':>8} {'mode':<30} {'step ms':>9} {'min–max of rounds':>19} {'ratio':>6} {'min–max':>11} "
           f"{'H2D MiB/step':>12} {'÷ history':>9} {'peak dev KV MiB':>15} {'÷ 2 layers':>10}")
     for ctx in args.contexts:
-        g = torch.Generator().manual_seed(ctx)
-        ids = torch.randint(20, m.shape.vocab_size, (args.batch, ctx), generator=g).to(m.device)
-        prefilled = DynamicCache(config=m.model.config)
-        with torch.inference_mode():
-            logits = m.model(input_ids=ids, use_cache=True, logits_to_keep=1,
-                             **{cache_keyword(m.model): prefilled}).logits
-        first = logits[:, -1:].argmax(-1)
+        prefilled, first = prefill(m, ctx, args.batch)
         per_round: dict[str, list[float]] = {}
         h2d: dict[str, float] = {}
         peaks: dict[str, int] = {}
