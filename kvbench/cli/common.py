@@ -1,5 +1,6 @@
 """What every command shares: the consoles, the one way of failing (``error: …`` and an exit status), the one
-mapping of errors to exit statuses (:func:`handle_errors`), warnings, and the table renderer (:func:`_table`)."""
+mapping of errors to exit statuses (:func:`handle_errors`), warnings, the table renderer (:func:`_table`) and
+printer (:func:`show`), and the commands' ``--help`` (:class:`Command`, :class:`Group`)."""
 
 from __future__ import annotations
 
@@ -14,13 +15,12 @@ from typing import Any
 
 import click
 import typer
+from rich.cells import cell_len
 from rich.console import Console
 from rich.markup import escape
-from rich.cells import cell_len
-from rich.text import Text
 from rich.table import Table
+from rich.text import Text
 from typer.core import TyperCommand, TyperGroup
-
 
 
 class Command(TyperCommand):
@@ -179,9 +179,10 @@ def show(t: Table, keep: int = 3, first: Collection[str] = ()) -> None:
     while len(t.columns) > keep and max(_least_width(t), _rendered_width(t, out.width)) > out.width:
         named = [i for name in first for i, c in enumerate(t.columns) if str(c.header) == escape(name)]
         dropped.append(str(t.columns.pop(named[0] if named else -1).header))
-    dropped.sort(key=order.index)
-    note = f"left out at {out.width} columns: {', '.join(dropped)} (a wider terminal shows them)"
-    t.caption = f"{t.caption}; {escape(note)}" if t.caption else escape(note)
+    if dropped:
+        dropped.sort(key=order.index)
+        note = f"left out at {out.width} columns: {', '.join(dropped)} (a wider terminal shows them)"
+        t.caption = f"{t.caption}; {note}" if t.caption else note  # the headers are escaped already
     out.print(t)
 
 
