@@ -41,7 +41,8 @@ def _summary_table(frame: Any, title: str) -> Table:
         t.add_column("machine")
     for col in ("prompt", "batch", "mode", "ok", "same ids", "TTFT ms", "TPOT ms", "decode tok/s", "KV MiB", "RSS MiB"):
         if col == "mode":
-            t.add_column(col, overflow="fold", min_width=12)  # window sizes must stay readable
+            widest = max([12, *(len(str(m)) for m in frame["mode_label"])])
+            t.add_column(col, overflow="fold", min_width=min(28, widest))  # window sizes must stay readable
         else:
             t.add_column(col, justify="right", no_wrap=col.endswith("ms"))
     for r in frame.to_dict("records"):
