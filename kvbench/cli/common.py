@@ -171,9 +171,9 @@ def show(t: Table, keep: int = 3, first: Collection[str] = ()) -> None:
         finally:
             out.width = width
         return
-    for col in t.columns:  # wrapping columns at their least first: Rich does not shrink a long word's column
+    for col in t.columns:  # wrapping columns folded at 16 first: Rich does not shrink a long word's column
         if not col.no_wrap and col.min_width:
-            col.max_width = col.min_width
+            col.min_width = col.max_width = min(col.min_width, 16)
     dropped = []
     order = [str(c.header) for c in t.columns]
     while len(t.columns) > keep and max(_least_width(t), _rendered_width(t, out.width)) > out.width:

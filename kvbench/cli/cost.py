@@ -87,7 +87,7 @@ def cost(
                     "measured `repeats` times, SLOs met); USD/1M with the 95% interval of its throughput; saving "
                     "against none at the same prompt length, paired by repeat, with its 95% interval over the "
                     "pairs (paired: it need not equal 1 − the two USD/1M medians)", left=("scenario", "mode"),
-                    wrap=("scenario", "mode", "saving %")))
+                    wrap=("scenario", "mode", "saving %")), first=("scenario", "tokens/s", "pairs", "batch"))
     if len(rep.reuse):
         cells, marks = rc.reuse_cost_display(rep.reuse)
         server = rep.reuse["engine"].notna().any()

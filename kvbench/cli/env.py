@@ -12,7 +12,7 @@ from kvbench.cli.common import _fail, _show_warning, handle_errors, out
 
 def env_(
     device: str = typer.Option("auto", help="auto | cpu | cuda | cuda:N: the device whose link is probed."),
-    as_json: bool = typer.Option(False, "--json", help="Print the raw JSON (as stored in every run.json)."),
+    as_json: bool = typer.Option(False, "--json", metavar="", help="Print the raw JSON (as stored in every run.json)."),
 ) -> None:
     """Print the machine: CPU, memory, GPUs with their PCIe link, versions; on CUDA measure host↔device copy
     bandwidth (pinned and pageable, GB/s, median of 5 copies of 256 MiB)."""

@@ -31,7 +31,7 @@ def plan(
                                               "last `kvbench env` probe on a GPU, else 50)."),
     hbm_gbps: float = typer.Option(2000.0, "--hbm-gbps", help="Device memory bandwidth, GB/s."),
     gpu_price: Optional[float] = typer.Option(None, "--gpu-price", help="USD per GPU-hour: adds cost per 1M tokens."),
-    break_even: bool = typer.Option(False, "--break-even", help="Also: where restoring a shared prefix pays against "
+    break_even: bool = typer.Option(False, "--break-even", metavar="", help="Also: where restoring a shared prefix pays against "
                                     "recomputing it, per prompt length and shared share (the break-even map's "
                                     "roofline)."),
     constants: Optional[Path] = typer.Option(None, "--constants", help="--break-even with the constants `kvbench "

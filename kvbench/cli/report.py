@@ -60,7 +60,7 @@ def report(
         if len(part):
             show(_table(part.head(REPORT_TERMINAL_ROWS), g, "medians over measured trials (TPOT: median "
                         "[min–max]); saving of device KV and TPOT overhead against `none` at the same point"),
-                 first=("tok/s e2e", "TTFT ms", "pairs", "KV dev MiB", "TPOT ms"))
+                 first=("tok/s e2e", "TTFT ms", "pairs", "KV dev MiB", "TPOT ms", "trials"))
         if len(part) > REPORT_TERMINAL_ROWS:
             out.print(f"... and {len(part) - REPORT_TERMINAL_ROWS} more points: see summary.md",
                       highlight=False, markup=False)
@@ -69,7 +69,9 @@ def report(
                         f"{g}: restore vs recompute per turn", "TTFT median [min–max] over the requests of "
                         "that turn and the repeats; restore includes the lookup and the copy; ÷: restore ÷ "
                         "recompute paired by request, median [95% interval over the pairs, drawn by conversation; "
-                        "with 5 pairs their range]", wrap=REUSE_WRAPPING))
+                        "with 5 pairs their range]; = none: greedy ids equal to none's recompute (KL: a lossy "
+                        "preset's median top-k KL against none, nats)", wrap=REUSE_WRAPPING),
+                 first=("prompt", "pairs", "restored", "recompute TTFT ms"))
         if g in rep.server_load:
             show(_table(server_load_display(rep.server_load[g]).drop(columns=["scenario"]),
                         f"{g}: load per mode", LOAD_CAPTION, left=1, wrap=True))

@@ -23,7 +23,7 @@ def _same_ids(r: dict[str, Any]) -> str:
     """The "same ids" cell: yes / NO, or a lossy mode's median KL against none (its ids may differ by design)."""
     kl = r.get("kl_mean_median")
     if kl is not None and kl == kl:
-        return f"KL {kl:.2g}"
+        return f"KL {kl:#.2g}"
     return {True: "yes", False: "[red]NO[/]"}.get(r["tokens_match"], "-")
 
 
@@ -166,8 +166,8 @@ def run(
         show(_table(reuse_terminal(reuse_display(res.reuse)), title,
                     f"{how}; TTFT median [min–max]; ÷: restore ÷ recompute TTFT paired by request, median [95% "
                     "interval over the pairs, drawn by conversation; with 5 pairs their range]; = none: greedy "
-                    "ids equal to none's recompute",
-                    wrap=REUSE_WRAPPING))
+                    "ids equal to none's recompute (KL: a lossy preset's median top-k KL against none, nats)",
+                    wrap=REUSE_WRAPPING), first=("prompt", "pairs", "restored", "recompute TTFT ms"))
     elif res.summary is not None:
         show(_summary_table(res.summary, title))
     if res.capacity is not None:

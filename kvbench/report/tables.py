@@ -64,7 +64,8 @@ def itl_p99(r: dict) -> str:
 def terminal_frame(shown: pd.DataFrame, table: pd.DataFrame) -> pd.DataFrame:
     """The columns of :func:`display_frame`'s output that fit a terminal: TTFT median only; the overhead with its
     interval in whole percent; no scenario (one table per scenario), e2e, TPOT interval, ITL, allocator peak,
-    throughput ratio, verdict or quality text (the findings give them) or busy count; shorter headers."""
+    throughput ratio, verdict or quality text (the findings give them) or busy count; shorter headers. A lossy
+    mode's ``= none`` is its median KL against ``none`` ("fails" where it is beyond the run's thresholds)."""
     frame = shown.drop(columns=["scenario", "e2e (ms)", "TPOT 95% CI (ms)", "throughput (× none)", "ITL p99 (ms)",
                                 "verdict", "busy trials", "quality vs none",
                                 *[c for c in shown.columns if c.startswith("device peak")]])
@@ -74,6 +75,10 @@ def terminal_frame(shown: pd.DataFrame, table: pd.DataFrame) -> pd.DataFrame:
                                   for m, c, v, lo, hi in zip(table["mode"], shown["time overhead (%)"],
                                                              table["time_overhead_pct"], table["time_overhead_ci_low"],
                                                              table["time_overhead_ci_high"])]
+    if "kl_mean_median" in table:  # a lossy mode: its median KL against none (and whether it fails quality)
+        quality = table["quality_ok"] if "quality_ok" in table else pd.Series(None, index=table.index)
+        frame["ids match none"] = [c if missing(kl) else f"KL {kl:#.2g}" + (" fails" if ok is False else "")
+                                   for c, kl, ok in zip(frame["ids match none"], table["kl_mean_median"], quality)]
     kv = next(c for c in frame.columns if c.startswith("KV device peak"))
     return frame.rename(columns={"prompt (tokens)": "prompt", "TTFT (ms)": "TTFT ms", "TPOT (ms)": "TPOT ms",
                                  "tokens/s (e2e)": "tok/s e2e", kv: kv.replace("KV device peak (", "KV dev ").rstrip(")"),
@@ -106,7 +111,7 @@ def reuse_display(table: pd.DataFrame) -> pd.DataFrame:
             f"restored from host ({unit_name}, total)": size(r["restore_host_bytes"], unit),
             f"restored from disk ({unit_name}, total)": size(r["restore_disk_bytes"], unit),
             "prefill saved (%)": pct(r["prefill_saved_pct"]),
-            "ids match none": (f"KL {r['kl_mean']:.2g}" if not missing(r.get("kl_mean")) else
+            "ids match none": (f"KL {r['kl_mean']:#.2g}" if not missing(r.get("kl_mean")) else
                                "near tie" if r["tokens_match"] == "near tie" else match(r["tokens_match"])),
             "trials": f"{r['n']} warm" + (f", {r['failed']} failed" if r["failed"] else ""),
         })
