@@ -41,7 +41,7 @@ def _summary_table(frame: Any, title: str) -> Table:
         t.add_column("machine")
     for col in ("prompt", "batch", "mode", "ok", "same ids", "TTFT ms", "TPOT ms", "decode tok/s", "KV MiB", "RSS MiB"):
         if col == "mode":
-            widest = max([12, *(len(str(m)) for m in frame["mode_label"])])
+            widest = max([12, *(len(str(m)) for m in frame.get("mode_label", ()))])  # no rows: no column
             t.add_column(col, overflow="fold", min_width=min(28, widest))  # window sizes must stay readable
         else:
             t.add_column(col, justify="right", no_wrap=col.endswith("ms"))
