@@ -85,12 +85,13 @@ def quality(m, args) -> None:
     print(f"\nquality against none: {len(prompts)} ShareGPT prompts of {args.quality_tokens} tokens, "
           f"{args.quality_steps} greedy steps each")
     print(f"{'mode':<44} {'token_agreement':>15} {'to divergence':>13} {'kl_mean nats':>12} {'kl_max nats':>11}")
+    reference = step_logprobs(m.model, ids, mask, DynamicCache(config=m.model.config), args.quality_steps)
     for options in FORMATS:
         def fresh(options=options):
             return make_cache("full", m.model.config, m.device, **options)
 
         own, _ = step_logprobs(m.model, ids, mask, fresh(), args.quality_steps)  # the mode's own greedy run
-        q = quality_fields(m.model, ids, mask, own.tolist(), fresh, DynamicCache(config=m.model.config))
+        q = quality_fields(m.model, ids, mask, own.tolist(), fresh, reference)
         print(f"{label('full', options):<44} {q['token_agreement']:>15.4f} {q['agreement_to_divergence']:>13.4f} "
               f"{q['kl_mean']:>12.2e} {q['kl_max']:>11.2e}")
 

@@ -43,6 +43,17 @@ def qualifies(table: pd.DataFrame) -> pd.Series:
     return ((table["n_ok"] == table["trials"]) & outputs & (planned.isna() | (table["n_ok"] >= planned)))
 
 
+def quality_crossed(kl: float, agreement: float, max_kl: float, min_agreement: float) -> list[str]:
+    """The quality thresholds a lossy mode's median ``kl`` (nats) and ``agreement`` (0 to 1) cross, as text
+    (``"KL 0.0038 nats > max_kl 0.001"``); a threshold or figure that is NaN or None is not checked."""
+    crossed = []
+    if pd.notna(max_kl) and pd.notna(kl) and kl > max_kl:
+        crossed.append(f"KL {kl:.3g} nats > max_kl {max_kl:g}")
+    if pd.notna(min_agreement) and pd.notna(agreement) and agreement < min_agreement:
+        crossed.append(f"agreement {agreement:.1%} < min_agreement {min_agreement:.1%}")
+    return crossed
+
+
 def quality_check(table: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
     """Per point: (``quality_ok``: None for a lossless mode (no quality columns), else whether the medians of
     ``kl_mean`` and ``token_agreement`` are within the run's ``max_kl`` and ``min_agreement`` (a threshold not set
@@ -54,11 +65,7 @@ def quality_check(table: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
             ok.append(None)
             text.append("")
             continue
-        crossed = []
-        if pd.notna(r.get("max_kl")) and kl > r["max_kl"]:
-            crossed.append(f"KL {kl:.3g} nats > max_kl {r['max_kl']:g}")
-        if pd.notna(r.get("min_agreement")) and pd.notna(agree) and agree < r["min_agreement"]:
-            crossed.append(f"agreement {agree:.1%} < min_agreement {r['min_agreement']:.1%}")
+        crossed = quality_crossed(kl, agree, r.get("max_kl"), r.get("min_agreement"))
         ok.append(not crossed)
         figures = (f"KL {kl:.3g} nats [{r[agg('kl_mean', 'ci_low')]:.3g}, {r[agg('kl_mean', 'ci_high')]:.3g}], "
                    f"agreement {agree:.1%}" if pd.notna(r.get(agg("kl_mean", "ci_low")))
@@ -194,4 +201,4 @@ def point_table(trials: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> pd.D
 
 
 __all__ = ["BOOTSTRAP_MIN_REPEATS", "KV_CHECK_TOLERANCE", "MEDIAN_METRICS", "POINT_KEYS", "SPREAD_METRICS", "median_ci",
-           "point_table", "quality_check", "qualifies"]
+           "point_table", "quality_check", "quality_crossed", "qualifies"]

@@ -21,9 +21,10 @@ from kvbench.cli.common import (REUSE_WRAPPING, _fail, _show_warning, _table, _t
 
 def _same_ids(r: dict[str, Any]) -> str:
     """The "same ids" cell: yes / NO, or a lossy mode's median KL against none (its ids may differ by design)."""
-    kl = r.get("kl_mean_median")
-    if kl is not None and kl == kl:
-        return f"KL {kl:#.2g}"
+    from kvbench.report.format import kl_cell, missing
+
+    if not missing(r.get("kl_mean_median")):
+        return kl_cell(r["kl_mean_median"])
     return {True: "yes", False: "[red]NO[/]"}.get(r["tokens_match"], "-")
 
 

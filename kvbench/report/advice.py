@@ -9,7 +9,7 @@ from typing import Any
 import pandas as pd
 
 from kvbench.analysis.intervals import pct_interval
-from kvbench.analysis.points import KV_CHECK_TOLERANCE, qualifies
+from kvbench.analysis.points import KV_CHECK_TOLERANCE, qualifies, quality_crossed
 from kvbench.results.load import Results
 from kvbench.report.format import MIB, missing, ms, ratio_interval
 
@@ -260,14 +260,13 @@ def reuse_recommendation(turns: pd.DataFrame, group: str, later: pd.DataFrame | 
 def _reuse_quality_fails(part: pd.DataFrame) -> str:
     """"fails quality: …" where a lossy server preset's median KL or agreement (over its turns) is beyond the
     run's ``max_kl`` or ``min_agreement``; "" otherwise."""
-    crossed = []
-    for col, key, beyond, text in (("kl_mean", "max_kl", lambda v, lim: v > lim, "KL {v:.3g} nats > max_kl {lim:g}"),
-                                   ("token_agreement", "min_agreement", lambda v, lim: v < lim,
-                                    "agreement {v:.1%} < min_agreement {lim:.1%}")):
-        if col in part and key in part:
-            v, lim = part[col].median(), part[key].max()
-            if not missing(v) and not missing(lim) and beyond(v, lim):
-                crossed.append(text.format(v=v, lim=lim))
+    def median(col: str) -> float:
+        return part[col].median() if col in part else float("nan")
+
+    def limit(col: str) -> float:
+        return part[col].max() if col in part else float("nan")
+
+    crossed = quality_crossed(median("kl_mean"), median("token_agreement"), limit("max_kl"), limit("min_agreement"))
     return f"fails quality: {'; '.join(crossed)}" if crossed else ""
 
 

@@ -131,5 +131,11 @@ def match(v: Any) -> str:
     return "-" if missing(v) else ("yes" if v else "NO")
 
 
-__all__ = ["GIB", "MIB", "STATUSES", "ci", "count_units", "gib_or_mib", "match", "mib", "missing", "ms", "ms_range",
-           "number", "pct", "ratio", "ratio_interval", "size", "size_unit", "spread", "status_counts"]
+def kl_cell(kl: Any) -> str:
+    """A lossy mode's median KL against ``none`` in a table's ``= none`` cell: ``KL 0.050`` (two significant
+    digits, trailing zeros kept)."""
+    return f"KL {kl:#.2g}"
+
+
+__all__ = ["GIB", "MIB", "STATUSES", "ci", "count_units", "gib_or_mib", "kl_cell", "match", "mib", "missing", "ms",
+           "ms_range", "number", "pct", "ratio", "ratio_interval", "size", "size_unit", "spread", "status_counts"]

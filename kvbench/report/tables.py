@@ -8,8 +8,8 @@ import pandas as pd
 from kvbench.analysis.intervals import pct_interval
 from kvbench.analysis.latency import is_max_rank
 from kvbench.results.load import Results
-from kvbench.report.format import (MIB, STATUSES, ci, match, missing, ms, ms_range, pct, ratio, ratio_interval,
-                                   size, size_unit, spread, status_counts)
+from kvbench.report.format import (MIB, STATUSES, ci, kl_cell, match, missing, ms, ms_range, pct, ratio,
+                                   ratio_interval, size, size_unit, spread, status_counts)
 
 
 def display_frame(table: pd.DataFrame) -> pd.DataFrame:
@@ -77,7 +77,7 @@ def terminal_frame(shown: pd.DataFrame, table: pd.DataFrame) -> pd.DataFrame:
                                                              table["time_overhead_ci_high"])]
     if "kl_mean_median" in table:  # a lossy mode: its median KL against none (and whether it fails quality)
         quality = table["quality_ok"] if "quality_ok" in table else pd.Series(None, index=table.index)
-        frame["ids match none"] = [c if missing(kl) else f"KL {kl:#.2g}" + (" fails" if ok is False else "")
+        frame["ids match none"] = [c if missing(kl) else kl_cell(kl) + (" fails" if ok is False else "")
                                    for c, kl, ok in zip(frame["ids match none"], table["kl_mean_median"], quality)]
     kv = next(c for c in frame.columns if c.startswith("KV device peak"))
     return frame.rename(columns={"prompt (tokens)": "prompt", "TTFT (ms)": "TTFT ms", "TPOT (ms)": "TPOT ms",
@@ -111,7 +111,7 @@ def reuse_display(table: pd.DataFrame) -> pd.DataFrame:
             f"restored from host ({unit_name}, total)": size(r["restore_host_bytes"], unit),
             f"restored from disk ({unit_name}, total)": size(r["restore_disk_bytes"], unit),
             "prefill saved (%)": pct(r["prefill_saved_pct"]),
-            "ids match none": (f"KL {r['kl_mean']:#.2g}" if not missing(r.get("kl_mean")) else
+            "ids match none": (kl_cell(r["kl_mean"]) if not missing(r.get("kl_mean")) else
                                "near tie" if r["tokens_match"] == "near tie" else match(r["tokens_match"])),
             "trials": f"{r['n']} warm" + (f", {r['failed']} failed" if r["failed"] else ""),
         })

@@ -84,13 +84,13 @@ def agreement(ref_ids: list[list[int]], ids: list[list[int]]) -> tuple[float, fl
 
 
 def quality_fields(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, ids: list[list[int]],
-                   make_cache: Any, reference_cache: Any) -> dict[str, Any]:
-    """The quality columns of a lossy trial whose greedy ids were ``ids`` (``[batch][steps]``): ``none``'s pass on
-    ``reference_cache`` (a fresh ``DynamicCache``), then the mode's teacher-forced pass on ``make_cache()`` (a fresh
-    cache of the mode, closed afterwards): ``token_agreement``, ``agreement_to_divergence``, ``kl_mean``,
-    ``kl_max``."""
+                   make_cache: Any, reference: tuple[torch.Tensor, torch.Tensor]) -> dict[str, Any]:
+    """The quality columns of a lossy trial whose greedy ids were ``ids`` (``[batch][steps]``): the mode's
+    teacher-forced pass on ``make_cache()`` (a fresh cache of the mode, closed afterwards) against ``reference``,
+    ``none``'s free pass on the same prompts (:func:`step_logprobs` on a fresh ``DynamicCache``, as many steps):
+    ``token_agreement``, ``agreement_to_divergence``, ``kl_mean``, ``kl_max``."""
     steps = len(ids[0])
-    ref_ids, ref_logp = step_logprobs(model, input_ids, attention_mask, reference_cache, steps)
+    ref_ids, ref_logp = reference
     cache = make_cache()
     try:
         _, logp = step_logprobs(model, input_ids, attention_mask, cache, steps, forced=ref_ids)

@@ -17,11 +17,12 @@ from kvbench.bench.engines.base import Capabilities, Watch
 from kvbench.bench.telemetry.host_memory import host_memory_available
 from kvbench.bench.engines.predict import Predictor
 from kvbench.bench.rows.reference import Reference
+from kvbench.bench.rows.row import ids_digest
 from kvbench.bench.trial import ReuseTrial, TrialOutput, TrialSpec, bounds
 from kvbench.models import LoadedModel
 from kvbench.offload.caches import DynamicOffloadCache, OffloadedCache, kv_bytes
 from kvbench.offload.modes import ModeUnavailable, host_formats, make_cache
-from kvbench.bench.engines.quality import quality_fields
+from kvbench.bench.engines.quality import quality_fields, step_logprobs
 from kvbench.offload.disk import NO_DROP_REASON
 from kvbench.offload.cache_kv import restore, sequence_kv
 from kvbench.offload.store import KVStore
@@ -62,10 +63,9 @@ def make_store(s: Scenario, shape: Any, dtype: Any, options: dict[str, Any] | No
         kvbench.offload.tiers.DiskTierError: the disk tier's directory cannot be made.
     """
     spec = s.store_spec
-    formats = _store_formats(options)
     return KVStore(spec.chunk_tokens, int(spec.host_max_bytes), int(spec.disk_max_bytes), s.disk_dir,
                    token_bytes=store_token_bytes(shape, dtype, options), page_cache=s.disk.page_cache,
-                   formats=formats)
+                   formats=_store_formats(options))
 
 
 def _store_formats(options: dict[str, Any] | None) -> Any:
@@ -147,13 +147,14 @@ class TransformersEngine:
         self.weights_bytes = loaded.weights_bytes
         #: the ``none`` outputs every trial is compared with
         self.reference = Reference()
+        #: ((prompt digest, steps), none's ids and log-probabilities): the last reference of the quality columns
+        self._reference_pass: tuple[Any, Any] | None = None
 
     def describe(self, t: TrialSpec) -> dict[str, Any]:
         """``device``, ``dtype``, ``kv_bytes_predicted`` and the plan predictions of ``t``; for a reuse workload
         ``kv_budget_tokens``, the tokens of KV the store's host tier holds."""
-        options = t.mode.options if t.mode.kind != "none" else None
         budget = {"kv_budget_tokens": int(self.s.store_spec.host_max_bytes)
-                  // store_token_bytes(self.m.shape, self.m.dtype, options)} if self.s.workload.reuse else {}
+                  // store_token_bytes(self.m.shape, self.m.dtype, t.mode.options)} if self.s.workload.reuse else {}
         return {"device": str(self.device), "dtype": str(self.m.dtype).removeprefix("torch."),
                 "kv_bytes_predicted": self.predict.kv_bytes_predicted(t), **self.predict.plan_prediction(t), **budget}
 
@@ -202,8 +203,7 @@ class TransformersEngine:
         """
         if slots != 1:
             raise ValueError(f"the transformers engine runs one request at a time, not {slots}")
-        options = mode.options if mode.kind != "none" else None
-        store = make_store(self.s, self.m.shape, self.m.dtype, options) if self.s.workload.reuse else None
+        store = make_store(self.s, self.m.shape, self.m.dtype, mode.options) if self.s.workload.reuse else None
         if store is not None:
             self.stores[mode.label] = store
         try:
@@ -234,8 +234,17 @@ class TransformersEngine:
             prompts = self.source.batch(t.prompt_tokens, t.batch_size, t.repeat)
             ids, mask = (x.to(self.device) for x in left_pad(prompts, self.pad_id))
             out.fields.update(quality_fields(self.m.model, ids, mask, out.ids, lambda: self._cache(t),
-                                             make_cache("none", self.m.model.config, self.device)))
+                                             self._none_pass(ids, mask, len(out.ids[0]))))
         return out
+
+    def _none_pass(self, ids: Any, mask: Any, steps: int) -> tuple[Any, Any]:
+        """``none``'s free pass on these prompts (:func:`~kvbench.bench.engines.quality.step_logprobs`), computed
+        once for all the lossy modes that follow one another on the same prompts (the last one is kept)."""
+        key = (ids_digest(ids.tolist()), ids_digest(mask.tolist()), steps)
+        if self._reference_pass is None or self._reference_pass[0] != key:
+            cache = make_cache("none", self.m.model.config, self.device)
+            self._reference_pass = (key, step_logprobs(self.m.model, ids, mask, cache, steps))
+        return self._reference_pass[1]
 
     def _cache(self, t: TrialSpec) -> Any:
         """A fresh cache of ``t``'s mode."""
@@ -246,7 +255,7 @@ class TransformersEngine:
     def lossy(self, t: TrialSpec) -> bool:
         """Whether ``t``'s mode holds K or V off the device in a format that rounds them for this model's dtype
         (its trials then get the quality columns: :mod:`kvbench.bench.engines.quality`)."""
-        formats = host_formats(t.mode.options) if t.mode.kind != "none" else None
+        formats = host_formats(t.mode.options)
         return formats is not None and not all(f.lossless(self.m.dtype) for f in formats)
 
     def _host_preflight(self, t: TrialSpec) -> None:

@@ -335,12 +335,12 @@ class ServerEngine:
         if reply.prompt_tokens is not None and reply.prompt_tokens != len(req.ids):
             notes["server_prompt_tokens"] = (f"the server counted {reply.prompt_tokens} prompt tokens, kvbench sent "
                                              f"{len(req.ids)}")
-        preset = self.preset(t.mode)
-        fields = self.quality.fields(ids_digest([list(req.ids)]), preset.cold and not contaminated, preset.lossy,
-                                     reply.ids, reply.top_logprobs, notes)
+        preset, digest = self.preset(t.mode), ids_digest([list(req.ids)])
+        fields = self.quality.fields(digest, preset.cold and not contaminated, preset.lossy, reply.ids,
+                                     reply.top_logprobs, notes)
         return TrialOutput(
             t_start=reply.t_sent, token_times=reply.token_times, chunk_times=reply.chunk_times,
-            ids=[reply.ids] if reply.ids is not None else None, prompt_sha256=ids_digest([list(req.ids)]),
+            ids=[reply.ids] if reply.ids is not None else None, prompt_sha256=digest,
             output_sha256=reply.text_sha256, memory={},
             reuse={"tokens_restored": cached, "tokens_prefilled": len(req.ids) - cached if cached is not None else None,
                    "store_hit_rate": min(1.0, cached / reusable) if cached is not None and reusable else None},
