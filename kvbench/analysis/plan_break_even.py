@@ -4,14 +4,19 @@ measured (a ``map.json`` that ``kvbench map`` wrote) or assumed from a model's c
 
 Assumed constants (each named as assumed in the output):
 
-- prefill per token = 2 × parameters ÷ (peak FLOP/s × utilisation): a forward pass's matrix products, 2 FLOP per
-  weight per token (Kaplan et al., "Scaling Laws for Neural Language Models", 2020, §2.1);
-- attention per token pair = 4 × layers × heads × head_dim ÷ (peak FLOP/s × utilisation): QKᵀ and AV, a
-  multiply-add each per head element per pair of tokens;
-- restore per token = KV bytes per token ÷ link bandwidth (host tier → device);
-- decode step = weights bytes ÷ memory bandwidth, decode per context token = :data:`KV_PASSES` × KV bytes per token
-  ÷ memory bandwidth (the decode roofline of :mod:`kvbench.analysis.plan`);
+- prefill per token = 2 × active parameters ÷ (peak FLOP/s × utilisation): a forward pass's matrix products, 2 FLOP
+  per weight a token passes through (Kaplan et al., "Scaling Laws for Neural Language Models", 2020, §2.1; a
+  mixture of experts' routed experts count k of E: :mod:`kvbench.models.sizes`);
+- attention per token pair = attention FLOPs per pair ÷ (peak FLOP/s × utilisation): QKᵀ and AV, a multiply-add
+  each per head element per pair of tokens, 4 × layers × heads × head_dim (latent attention:
+  :mod:`kvbench.models.sizes`);
+- restore per token = KV bytes per token ÷ the tier's bandwidth (host tier → device over the link);
+- decode step = weights a one-token step reads ÷ memory bandwidth, decode per context token = :data:`KV_PASSES` ×
+  KV bytes per token ÷ memory bandwidth (the decode roofline of :mod:`kvbench.analysis.plan`);
 - per-request overhead = 0.
+
+Under N-way tensor parallelism the sizes are one GPU's share (:meth:`~kvbench.models.sizes.ModelSizes.split`) at
+one GPU's figures: the N GPUs compute, restore and read their shares side by side.
 """
 
 from __future__ import annotations
@@ -28,12 +33,11 @@ import pandas as pd
 from kvbench.analysis.break_even_fit import CellShape, Fit, predict_saving
 from kvbench.analysis.plan import KV_PASSES
 from kvbench.errors import BadValue
-from kvbench.offload.architecture import Architecture
+from kvbench.models.sizes import ModelSizes
 from kvbench.scenario.workload import prefix_tokens
 
-#: The assumed GPU's peak dense bf16 FLOP/s (an H100 SXM's and an H200's: 989 TFLOP/s) and the share of it a
-#: prefill reaches.
-ASSUMED_TFLOPS, ASSUMED_UTILISATION = 989.0, 0.5
+#: The share of a GPU's peak dense FLOP/s a prefill reaches (the GPU's figure: :mod:`kvbench.models.gpus`).
+ASSUMED_UTILISATION = 0.5
 #: The shared shares (percent) a plan shows.
 PLAN_SHARES = (0, 25, 50, 75, 95)
 
@@ -48,9 +52,10 @@ class Constants:
     source: dict[str, str]
 
 
-def assumed_constants(arch: Architecture, dtype_bytes: int, tflops: float, link_bytes_per_s: float,
+def assumed_constants(arch: ModelSizes, dtype_bytes: int, tflops: float, link_bytes_per_s: float,
                       memory_bytes_per_s: float, utilisation: float = ASSUMED_UTILISATION) -> Constants:
-    """The constants the module docstring derives from a config and a GPU's figures.
+    """The constants the module docstring derives from a model's sizes (one GPU's share under tensor parallelism),
+    a GPU's figures (TFLOP/s, memory bytes/s) and the tier's bytes/s (``link_bytes_per_s``).
 
     Raises:
         BadValue: a figure that is not finite and above 0.
@@ -61,16 +66,18 @@ def assumed_constants(arch: Architecture, dtype_bytes: int, tflops: float, link_
             raise BadValue(f"the {what} must be a finite number above 0, not {v}")
     flops = tflops * 1e12 * utilisation
     per_token = arch.kv_bytes(1, dtype_bytes)
-    values = {"overhead_s": 0.0, "prefill_s_per_token": 2 * arch.parameters / flops,
-              "attention_s_per_token_pair": 4 * arch.layers * arch.heads * arch.head_dim / flops,
+    values = {"overhead_s": 0.0, "prefill_s_per_token": 2 * arch.active_parameters / flops,
+              "attention_s_per_token_pair": arch.attention_flops_per_token_pair / flops,
               "restore_host_s_per_token": per_token / link_bytes_per_s,
-              "decode_s": arch.parameters * dtype_bytes / memory_bytes_per_s,
+              "decode_s": arch.weights_read(1) * dtype_bytes / memory_bytes_per_s,
               "decode_s_per_context_token": KV_PASSES * per_token / memory_bytes_per_s}
     how = f"{tflops:g} TFLOP/s at {utilisation:.0%}"
-    source = {"overhead_s": "assumed: 0", "prefill_s_per_token": f"assumed: 2 × parameters ÷ ({how})",
-              "attention_s_per_token_pair": f"assumed: 4 × layers × heads × head_dim ÷ ({how})",
+    pair = ("2 × layers × heads × (qk_nope_head_dim + qk_rope_head_dim + v_head_dim)" if arch.latent_kv
+            else "4 × layers × heads × head_dim")
+    source = {"overhead_s": "assumed: 0", "prefill_s_per_token": f"assumed: 2 × active parameters ÷ ({how})",
+              "attention_s_per_token_pair": f"assumed: {pair} ÷ ({how})",
               "restore_host_s_per_token": f"assumed: {per_token:,} KV bytes per token ÷ {link_bytes_per_s / 1e9:g} GB/s",
-              "decode_s": f"assumed: weights ÷ {memory_bytes_per_s / 1e9:g} GB/s",
+              "decode_s": f"assumed: weights read at batch 1 ÷ {memory_bytes_per_s / 1e9:g} GB/s",
               "decode_s_per_context_token": f"assumed: {KV_PASSES} × KV bytes per token ÷ "
                                             f"{memory_bytes_per_s / 1e9:g} GB/s"}
     return Constants(values, source)
@@ -159,5 +166,5 @@ def constant_rows(constants: Constants) -> list[dict[str, Any]]:
     return [{"constant": k, "value": v, "source": constants.source.get(k, "")} for k, v in constants.values.items()]
 
 
-__all__ = ["ASSUMED_TFLOPS", "ASSUMED_UTILISATION", "Constants", "PLAN_SHARES", "assumed_constants",
+__all__ = ["ASSUMED_UTILISATION", "Constants", "PLAN_SHARES", "assumed_constants",
            "constant_rows", "contexts_up_to", "measured_constants", "plan_break_even"]

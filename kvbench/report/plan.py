@@ -1,6 +1,9 @@
-"""``kvbench plan`` as a library: :func:`plan` resolves a model (a preset, a config.json or a model directory), checks
-its figures and applies the analytic model of :mod:`kvbench.analysis.plan`; the other functions word the result
-(summary lines, the capacity and decode-step tables as text cells, warnings). No GPU, no weights."""
+"""``kvbench plan`` as a library: :func:`plan` resolves a model (a preset, a config.json or a model directory) and a
+machine (a GPU or node preset, :mod:`kvbench.analysis.plan_machine`), checks the figures and applies both analytic
+models of offload: the reuse tier (:mod:`kvbench.analysis.plan_reuse`: finished KV restored when a prefix comes
+back, as vLLM's and LMCache's CPU tiers do) and kvbench's own decode-time streaming (:mod:`kvbench.analysis.plan`);
+the other functions word the result (summary lines, the fit check, the tables as text cells). No GPU, no
+weights."""
 
 from __future__ import annotations
 
@@ -12,15 +15,14 @@ from typing import Callable
 import pandas as pd
 
 from kvbench.analysis.plan import DTYPE_BYTES, ModePlan, cost_per_million, plan_modes
-from kvbench.models.config import read_config_file
-from kvbench.offload.architecture import Architecture, architecture_of
+from kvbench.analysis.plan_break_even import Constants, assumed_constants, contexts_up_to
+from kvbench.analysis.plan_machine import Machine, machine
+from kvbench.analysis.plan_reuse import REUSE_SHARES, reuse_table
+from kvbench.models.sizes import ModelSizes, read_model_sizes
 from kvbench.arguments import count_arg, number_arg
 from kvbench.errors import BadFile, BadParameter, BadValue, ModelNotFound, UserError
 from kvbench.report.format import GIB, MIB, count_units, gib_or_mib, number
 
-#: Host→device bandwidth (GB/s) plan assumes without a measurement, and how the summary says so.
-DEFAULT_LINK_GBPS = 50.0
-DEFAULT_LINK_SOURCE = "default; measure it with kvbench env on a GPU"
 #: Share of device memory kept for activations, the CUDA context and the allocator.
 RESERVE = 0.1
 
@@ -30,28 +32,41 @@ class Plan:
     """What :func:`plan` found. Sizes in bytes, bandwidths in GB/s (10^9 bytes per second).
 
     Attributes:
-        model: the name given; arch: its :class:`~kvbench.offload.architecture.Architecture`.
+        model: the name given; arch: its :class:`~kvbench.models.sizes.ModelSizes` (the whole model);
+            gpu_arch: one GPU's share of it under tensor parallelism (``arch`` itself at ``tp`` 1).
         prompt_tokens, batch, dtype, window: as given; dtype_bytes: bytes per element of ``dtype``.
-        gpu_bytes, host_bytes: device and host memory assumed.
-        link_gbps, link_source: the host→device bandwidth and where it came from; hbm_gbps: device memory's.
-        modes: :func:`~kvbench.analysis.plan.plan_modes` (``none``, ``full``, ``hierarchical``).
-        costs: USD per 1M generated tokens per mode (None without a GPU price).
+        machine: the GPU, its figures, the tensor-parallel GPUs and the host memory, each with its source
+            (:class:`~kvbench.analysis.plan_machine.Machine`).
+        modes: kvbench's streaming offload, :func:`~kvbench.analysis.plan.plan_modes` (``none``, ``full``,
+            ``hierarchical``) on one GPU.
+        costs: USD per 1M generated tokens per mode (None without a GPU price; nan for a mode priced at no batch).
+        constants: the assumed roofline constants of one GPU (:func:`~kvbench.analysis.plan_break_even.assumed_constants`).
+        reuse: the reuse tier's TTFT per prompt length and share (:func:`~kvbench.analysis.plan_reuse.reuse_table`).
     """
 
     model: str
-    arch: Architecture
+    arch: ModelSizes
+    gpu_arch: ModelSizes
     prompt_tokens: int
     batch: int
     dtype: str
     dtype_bytes: int
     window: int
-    gpu_bytes: int
-    host_bytes: int
-    link_gbps: float
-    link_source: str
-    hbm_gbps: float
+    machine: Machine
     modes: list[ModePlan]
     costs: list[float] | None
+    constants: Constants
+    reuse: pd.DataFrame
+
+    @property
+    def link_gbps(self) -> float:
+        """The host link's GB/s per direction (the machine's)."""
+        return self.machine.link_gbps
+
+    @property
+    def hbm_gbps(self) -> float:
+        """Device memory GB/s (the machine's)."""
+        return self.machine.hbm_gbps
 
 
 def model_config(model: str) -> Path:
@@ -96,31 +111,36 @@ def size_bytes(value: int | str, param: str) -> int:
     return int(n)
 
 
-def plan(model: str, prompt_tokens: int = 4096, batch: int = 1, dtype: str = "bf16", gpu_mem: int | str = "80GiB",
-         host_mem: int | str | None = None, window: int = 512, link_gbps: float | None = None,
-         hbm_gbps: float = 2000.0, gpu_price: float | None = None, link_source: str = "given",
-         link_probe: Callable[[], tuple[float, str] | None] | None = None) -> Plan:
-    """The KV footprint of ``model``, the largest batch per mode and a decode-step roofline.
+def plan(model: str, prompt_tokens: int = 4096, batch: int = 1, dtype: str = "bf16",
+         gpu_mem: int | str | None = None, host_mem: int | str | None = None, window: int = 512,
+         link_gbps: float | None = None, hbm_gbps: float | None = None, gpu_price: float | None = None,
+         link_source: str = "given", link_probe: Callable[[], tuple[float, str] | None] | None = None,
+         gpu: str = "h100", tp: int = 1, tflops: float | None = None) -> Plan:
+    """Both kinds of offload for ``model`` on ``tp`` GPUs of preset ``gpu``: the reuse tier's TTFT (restoring
+    finished KV against recomputing it) and kvbench's streaming offload (KV per sequence, the largest batch per
+    mode, a decode-step roofline).
 
     Args:
         model: a preset (``kvbench list presets``), a config.json or a model directory.
         prompt_tokens: context per sequence (tokens); batch: sequences decoded together.
         dtype: KV and weights dtype, a key of :data:`~kvbench.analysis.plan.DTYPE_BYTES`.
-        gpu_mem, host_mem: device memory and host memory for KV, bytes or sizes (``80GiB``); host default: this
-            machine's.
-        window: ``hierarchical``'s window (tokens on the device per layer).
-        link_gbps: host→device GB/s; without it, ``link_probe()`` (e.g. the last measured), else
-            :data:`DEFAULT_LINK_GBPS`. link_source: how the summary names a given ``link_gbps``.
-        hbm_gbps: device memory GB/s; gpu_price: USD per GPU-hour, for the cost per 1M tokens.
+        gpu: a GPU or node preset of :data:`kvbench.models.gpus.GPUS`; tp: GPUs the model is split over.
+        gpu_mem, hbm_gbps, tflops, link_gbps: one GPU's memory (bytes or a size such as ``80GiB``), memory GB/s,
+            dense TFLOP/s and host link GB/s per direction, replacing the preset's. Without ``link_gbps``,
+            ``link_probe()`` (the last measured) when it measured this kind of GPU. link_source: how the summary
+            names a given ``link_gbps``.
+        host_mem: host memory for the model's KV (bytes or a size); default: the node preset's, else not given
+            (never this machine's).
+        window: ``hierarchical``'s window (tokens on the device per layer); gpu_price: USD per GPU-hour, for the
+            cost per 1M tokens.
 
     Raises:
-        kvbench.errors.BadParameter: a dtype, count, bandwidth or size out of range or of another type (``param``
-            names it).
-        kvbench.errors.BadFile, kvbench.errors.ModelNotFound: a model that cannot be read or found.
+        kvbench.errors.BadParameter: a dtype, count, preset, bandwidth or size out of range or of another type, or
+            a ``tp`` the model's heads do not split over (``param`` names it).
+        kvbench.errors.BadFile, kvbench.errors.ModelNotFound: a model that cannot be read or found, or whose
+            expert or latent-attention fields kvbench cannot count (the message names the field).
         kvbench.errors.BadValue: figures past the analytic model's bounds, or a price out of range.
     """
-    import psutil
-
     if isinstance(model, Path):
         model = str(model)
     if not isinstance(model, str):
@@ -129,7 +149,7 @@ def plan(model: str, prompt_tokens: int = 4096, batch: int = 1, dtype: str = "bf
                                                                  (window, "window")))
     link_gbps, gpu_price = number_arg(link_gbps, "link_gbps", optional=True), number_arg(gpu_price, "gpu_price",
                                                                                           optional=True)
-    hbm_gbps = number_arg(hbm_gbps, "hbm_gbps")
+    hbm_gbps, tflops = number_arg(hbm_gbps, "hbm_gbps", optional=True), number_arg(tflops, "tflops", optional=True)
     if not isinstance(dtype, str) or dtype not in DTYPE_BYTES:
         raise BadParameter(f"{{dtype}} {dtype!r}: one of {', '.join(DTYPE_BYTES)}", "dtype")
     bad = [(n, v) for n, v, least in (("prompt_tokens", prompt_tokens, 1), ("batch", batch, 1), ("window", window, 0))
@@ -140,46 +160,79 @@ def plan(model: str, prompt_tokens: int = 4096, batch: int = 1, dtype: str = "bf
                            *(n for n in ("prompt_tokens", "batch", "window") if n != bad[0][0]))
     path = model_config(model)
     try:
-        arch = architecture_of(read_config_file(path))
+        arch = read_model_sizes(path)
     except UserError:
         raise
     except ValueError as exc:  # analysis.plan and offload.layer_types word a config they cannot model so
         raise BadFile(str(exc)) from None
     except (OSError, KeyError) as exc:
         raise BadFile(f"{path}: not a usable model config ({exc})") from None
-    if link_gbps is None:
-        probe = link_probe() if link_probe else None
-        link_gbps, link_source = probe if probe else (DEFAULT_LINK_GBPS, DEFAULT_LINK_SOURCE)
-    for name, v in (("link_gbps", link_gbps), ("hbm_gbps", hbm_gbps)):
-        if not (v > 0 and math.isfinite(v)):
-            raise BadParameter(f"{{{name}}} must be a finite number of GB/s above 0, not {v}", name)
-    gpu = size_bytes(gpu_mem, "gpu_mem")
-    host = size_bytes(host_mem, "host_mem") if host_mem is not None else psutil.virtual_memory().total
+    m = machine(gpu, tp, None if gpu_mem is None else size_bytes(gpu_mem, "gpu_mem"), hbm_gbps, tflops, link_gbps,
+                None if host_mem is None else size_bytes(host_mem, "host_mem"),
+                None if link_gbps is not None or link_probe is None else link_probe())
+    if link_gbps is not None:
+        m.sources["link_gbps"] = link_source
+    share = arch.split(m.tp)
     nbytes = DTYPE_BYTES[dtype]
     try:
-        modes = plan_modes(arch, prompt_tokens, batch, nbytes, gpu, host, link_gbps * 1e9, hbm_gbps * 1e9, window,
-                           RESERVE)
-        costs = [cost_per_million(gpu_price, m.tokens_per_s) for m in modes] if gpu_price is not None else None
+        modes = plan_modes(share, prompt_tokens, batch, nbytes, m.gpu_bytes, m.host_bytes, m.link_gbps * 1e9,
+                           m.hbm_gbps * 1e9, window, RESERVE, m.tp)
+        costs = ([cost_per_million(gpu_price * m.tp, x.tokens_per_s) if x.batch else math.nan for x in modes]
+                 if gpu_price is not None else None)
+        constants = assumed_constants(share, nbytes, m.tflops, m.link_gbps * 1e9, m.hbm_gbps * 1e9)
     except UserError:
         raise
     except ValueError as exc:  # analysis.plan names the figure and its bound
         raise BadValue(str(exc)) from None
-    return Plan(model, arch, prompt_tokens, batch, dtype, nbytes, window, gpu, host, link_gbps, link_source, hbm_gbps,
-                modes, costs)
+    return Plan(model, arch, share, prompt_tokens, batch, dtype, nbytes, window, m, modes, costs, constants,
+                reuse_table(constants, contexts_up_to(prompt_tokens)))
+
+
+def _parameters_line(p: Plan) -> str:
+    """Total (and, for a mixture of experts, active) parameters and the weights' bytes."""
+    a, n = p.arch, p.dtype_bytes
+    text = f"parameters: {count_units(a.parameters)} = weights {gib_or_mib(a.parameters * n)}"
+    if a.routed_experts:
+        text += (f"; {count_units(a.active_parameters)} active per token ({a.experts_per_token} of "
+                 f"{a.routed_experts} routed experts in {a.moe_layers} layers)")
+    return text
+
+
+def _group(m: Machine) -> str:
+    """How many GPUs the model takes (tensor parallel), of the node's when the preset is a node."""
+    if m.gpu.gpus_per_node > 1:
+        return f", {m.tp} of its {m.gpu.gpus_per_node} GPUs per copy of the model (tensor parallel)"
+    return f" × {m.tp} (tensor parallel)" if m.tp > 1 else ""
 
 
 def summary_lines(p: Plan) -> list[str]:
-    """The model, the KV per token and per sequence, and what was assumed."""
-    a, n = p.arch, p.dtype_bytes
+    """Which kinds of offload the tables model, the model's sizes with their formulas, and the machine's figures
+    with their sources (one GPU's share under tensor parallelism)."""
+    a, n, m, g = p.arch, p.dtype_bytes, p.machine, p.machine.gpu
     per_seq = a.kv_bytes(p.prompt_tokens, n)
-    return [f"{p.model}: {a.layers} layers ({a.layers - a.full_layers} with a sliding window), {a.kv_heads} kv "
-            f"heads × {a.head_dim}, {p.dtype}; {count_units(a.parameters)} parameters = weights "
-            f"{gib_or_mib(a.parameters * n)}",
-            f"KV: {per_seq / p.prompt_tokens:,.0f} bytes per token at {p.prompt_tokens:,} tokens "
-            f"({2 * a.kv_heads * a.head_dim * n * a.layers:,} for full attention in every layer); "
-            f"{gib_or_mib(per_seq)} per sequence, {gib_or_mib(per_seq * p.batch)} for batch {p.batch}",
-            f"assumed: GPU {gib_or_mib(p.gpu_bytes)} ({RESERVE:.0%} reserved), host {gib_or_mib(p.host_bytes)}, link "
-            f"{p.link_gbps:g} GB/s ({p.link_source}), device memory {p.hbm_gbps:g} GB/s"]
+    attention = (f"latent attention (kv_lora_rank {a.kv_lora_rank} + qk_rope_head_dim {a.qk_rope_head_dim})"
+                 if a.latent_kv else f"{a.kv_heads} kv heads × {a.head_dim}")
+    kv = f"KV: {a.sequence_bytes_per_token(n):,} bytes per token = {a.kv_formula(n)}"
+    if a.full_layers < a.layers:
+        kv += f" ({per_seq / p.prompt_tokens:,.0f} at {p.prompt_tokens:,} tokens: sliding layers hold their window)"
+    lines = [f"{p.model}: {a.layers} layers ({a.layers - a.full_layers} with a sliding window), {attention}, "
+             f"{p.dtype}", _parameters_line(p),
+             f"{kv}; {gib_or_mib(per_seq)} per sequence of {p.prompt_tokens:,} tokens, "
+             f"{gib_or_mib(per_seq * p.batch)} for batch {p.batch}",
+             f"GPU: {g.label}{_group(m)}; per GPU "
+             f"{gib_or_mib(m.gpu_bytes)} ({m.sources['gpu_mem']}; {RESERVE:.0%} reserved), "
+             f"{m.hbm_gbps:,.0f} GB/s ({m.sources['hbm_gbps']}), {m.tflops:,.0f} TFLOP/s dense bf16 "
+             f"({m.sources['tflops']}), link {m.link_gbps:g} GB/s per direction ({m.sources['link_gbps']})",
+             f"preset figures: {g.source}"]
+    if m.tp > 1:
+        s = p.gpu_arch
+        how = ("the latent, whole on every GPU" if a.latent_kv else f"{s.kv_heads} of {a.kv_heads} KV heads"
+               + (" (repeated)" if a.kv_heads < m.tp else ""))
+        lines.append(f"per GPU of {m.tp}: weights {gib_or_mib(s.parameters * n)}, KV "
+                     f"{s.sequence_bytes_per_token(n):,} bytes per token ({how})")
+    lines.append(f"host memory for KV: {m.sources['host_mem']}" if m.host_bytes is None
+                 else f"host memory for KV: {gib_or_mib(m.host_bytes)} ({m.sources['host_mem']})")
+    return lines
 
 
 def _unit(p: Plan) -> tuple[str, int]:
@@ -188,41 +241,69 @@ def _unit(p: Plan) -> tuple[str, int]:
 
 
 def capacity_cells(p: Plan) -> pd.DataFrame:
-    """Per mode: KV per sequence on the device and in host memory, and the largest batch that fits."""
+    """Per mode, on one GPU: KV per sequence on the device and in host memory, the largest batch each memory
+    allows (host ``not given`` without host memory) and the largest that fits."""
     name, unit = _unit(p)
-    return pd.DataFrame([[m.mode, f"{m.device_bytes_per_seq / unit:,.2f}", f"{m.host_bytes_per_seq / unit:,.2f}",
-                          f"{m.max_batch:,}"] for m in p.modes],
-                        columns=["mode", f"device KV/seq ({name})", f"host KV/seq ({name})", "max batch"], dtype=object)
+    rows = []
+    for m in p.modes:
+        host = "-" if m.host_bytes_per_seq == 0 else "not given" if m.host_max_batch is None else f"{m.host_max_batch:,}"
+        rows.append([m.mode, f"{m.device_bytes_per_seq / unit:,.2f}", f"{m.host_bytes_per_seq / unit:,.2f}",
+                     f"{m.device_max_batch:,}", host, f"{m.max_batch:,}"])
+    return pd.DataFrame(rows, columns=["mode", f"device KV/seq ({name})", f"host KV/seq ({name})", "device fits",
+                                       "host fits", "max batch"], dtype=object)
 
 
 def roofline_cells(p: Plan) -> pd.DataFrame:
-    """Per mode at the batch: link bytes per step, link and memory time, TPOT, tokens/s, what bounds the step, the
-    batch from which the link does, and (with a price) USD per 1M tokens."""
+    """Per mode at the batch it is priced at (the batch asked for, or its max batch when fewer fit): link bytes per
+    step, link and memory time, TPOT, tokens/s, what bounds the step, the batch from which the link does, and (with
+    a price) USD per 1M tokens; a mode no batch fits is named and not priced."""
     name, unit = _unit(p)
     rows = []
     for i, m in enumerate(p.modes):
-        cross = ("-" if m.link_bound_batch is None else "batch 1" if m.link_bound_batch < 1
-                 else f"batch {math.floor(m.link_bound_batch) + 1:,}")
-        rows.append([m.mode, f"{m.link_bytes_per_step / unit:,.2f}", f"{m.link_s * 1e3:,.1f}",
-                     f"{m.memory_s * 1e3:,.1f}", f"{m.step_s * 1e3:,.1f}", f"{m.tokens_per_s:,.1f}", "link" if m.bound == "link" else "memory",
-                     cross, *([f"{p.costs[i]:,.2f}"] if p.costs else [])])
-    cols = ["mode", f"link {name}", "link ms", "memory ms", "TPOT ms", "tok/s", "bound", "link-bound from"]
+        cross = "-" if m.link_bound_batch is None else f"batch {m.link_bound_batch:,}"
+        if not m.batch:
+            rows.append([m.mode, "0", *["-"] * 5, "does not fit", cross, *(["-"] if p.costs else [])])
+            continue
+        rows.append([m.mode, f"{m.batch:,}", f"{m.link_bytes_per_step / unit:,.2f}", f"{m.link_s * 1e3:,.1f}",
+                     f"{m.memory_s * 1e3:,.1f}", f"{m.step_s * 1e3:,.1f}", f"{m.tokens_per_s:,.1f}",
+                     "link" if m.bound == "link" else "memory", cross, *([f"{p.costs[i]:,.2f}"] if p.costs else [])])
+    cols = ["mode", "batch", f"link {name}", "link ms", "memory ms", "TPOT ms", "tok/s", "bound", "link-bound from"]
     return pd.DataFrame(rows, columns=cols + (["USD/1M tok"] if p.costs else []), dtype=object)
 
 
+def reuse_cells(p: Plan) -> pd.DataFrame:
+    """The reuse tier as text: a row per prompt length, its TTFT recomputed, its TTFT with each share of the prompt
+    restored (ms, and how many times faster), and the break-even share (``-`` where restoring never pays)."""
+    rows = []
+    for n, part in p.reuse.groupby("prompt_tokens", sort=True):
+        by = part.set_index("shared_pct")
+        even = part["break_even_share"].iloc[0]
+        rows.append([f"{int(n):,}", f"{part['recompute_s'].iloc[0] * 1e3:,.1f}"]
+                    + [f"{by.at[pct, 'restore_s'] * 1e3:,.1f} ({by.at[pct, 'speedup']:,.1f}×)" for pct in REUSE_SHARES]
+                    + ["-" if even != even else "any" if even == 0 else f"{even:.0%}"])
+    return pd.DataFrame(rows, columns=["prompt tokens", "recompute ms"] + [f"{pct}% restored ms" for pct in
+                                                                          REUSE_SHARES] + ["break-even share"],
+                        dtype=object)
+
+
 def plan_warnings(p: Plan) -> dict[str, str]:
-    """What the tables assume that does not hold, by kind: ``weights`` (they do not fit the GPU), ``batch`` (the batch
-    does not fit every mode), ``positions`` (the context is beyond the model's)."""
+    """The fit check, by kind, for before the tables: ``weights`` (one GPU's share of them does not fit: nothing is
+    priced), ``batch`` (modes priced at a smaller batch than asked, the most that fits), ``host`` (no host memory
+    given: offload modes' max batch counts the device alone), ``positions`` (the context is beyond the model's)."""
     out = {}
-    weights, room = p.arch.parameters * p.dtype_bytes, p.gpu_bytes * (1 - RESERVE)
+    weights, room = p.gpu_arch.parameters * p.dtype_bytes, p.machine.gpu_bytes * (1 - RESERVE)
     if weights > room:
-        out["weights"] = (f"the weights ({gib_or_mib(weights)}) do not fit in {gib_or_mib(room)} of the GPU "
-                          f"({RESERVE:.0%} reserved): no batch fits in any mode; the decode step above assumes they "
-                          "did")
-    over = [f"{m.mode} ({m.max_batch})" for m in p.modes if 0 < m.max_batch < p.batch]
-    if over and weights <= room:
-        out["batch"] = (f"batch {p.batch} does not fit every mode (max batch: {', '.join(over)}); the decode step "
-                        f"above is for batch {p.batch} anyway")
+        split = f", 1/{p.machine.tp} of the model on each GPU" if p.machine.tp > 1 else ""
+        out["weights"] = (f"the weights ({gib_or_mib(weights)}{split}) do not fit in {gib_or_mib(room)} of the GPU "
+                          f"({RESERVE:.0%} reserved): no batch fits in any mode, so nothing is priced")
+    over = [f"{m.mode} at {m.max_batch:,}" for m in p.modes if 0 < m.max_batch < p.batch]
+    none = [m.mode for m in p.modes if m.max_batch == 0]
+    if (over or none) and weights <= room:
+        out["batch"] = (f"batch {p.batch:,} does not fit every mode: " + "; ".join(
+            ([f"priced at the most that fits: {', '.join(over)}"] if over else [])
+            + ([f"not one sequence fits: {', '.join(none)}"] if none else [])))
+    if p.machine.host_bytes is None and any(m.host_bytes_per_seq for m in p.modes) and weights <= room:
+        out["host"] = "host memory not given: the offload modes' max batch counts the device alone"
     if p.arch.max_positions and p.prompt_tokens > p.arch.max_positions:
         out["positions"] = (f"{p.prompt_tokens:,} tokens is beyond the model's max_position_embeddings "
                             f"({p.arch.max_positions:,})")
@@ -247,6 +328,5 @@ def break_even_cells(grid: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["prompt tokens"] + [f"{int(p)}% shared" for p in shares], dtype=object)
 
 
-__all__ = ["DEFAULT_LINK_GBPS", "DEFAULT_LINK_SOURCE", "RESERVE", "Plan", "break_even_cells", "capacity_cells",
-           "model_config", "plan",
-           "plan_note", "plan_warnings", "roofline_cells", "size_bytes", "summary_lines"]
+__all__ = ["RESERVE", "Plan", "break_even_cells", "capacity_cells", "model_config", "plan", "plan_note",
+           "plan_warnings", "reuse_cells", "roofline_cells", "size_bytes", "summary_lines"]

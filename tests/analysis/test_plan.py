@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 from kvbench.cli import app
 from kvbench.analysis.plan import plan_modes
 from kvbench.models import preset_path
+from kvbench.models.sizes import read_model_sizes
 from kvbench.offload.architecture import architecture_of
 
 
@@ -20,7 +21,7 @@ def arch(name: str):
 
 
 def test_capacity_and_roofline_by_hand():
-    a = arch("llama-3.1-8b")
+    a = read_model_sizes(preset_path("llama-3.1-8b"))
     gib = 2**30
     modes = {m.mode: m for m in plan_modes(a, tokens=32768, batch=8, dtype_bytes=2, gpu_bytes=80 * gib,
                                            host_bytes=64 * gib, link_bytes_per_s=50e9, hbm_bytes_per_s=2000e9,
@@ -31,24 +32,49 @@ def test_capacity_and_roofline_by_hand():
     layer = seq // 32
     none, full, hier = modes["none"], modes["full"], modes["hierarchical(window=512)"]
     assert (none.device_bytes_per_seq, none.host_bytes_per_seq, none.max_batch) == (seq, 0, int(room // seq))
+    assert none.host_max_batch is None and none.batch == 8
     assert (full.device_bytes_per_seq, full.host_bytes_per_seq) == (2 * layer, seq)
     assert full.max_batch == min(int(room // (2 * layer)), 64 * gib // seq) == 16  # host-bound: 64 GiB / 4 GiB
+    assert (full.device_max_batch, full.host_max_batch) == (int(room // (2 * layer)), 16)
     assert hier.device_bytes_per_seq == 32 * 512 * 4096 + 2 * (32768 - 512) * 4096
     # 3 passes over the KV a step: the cache's torch.cat reads the history and writes it, attention reads it
     assert none.memory_s == pytest.approx((weights + 3 * 8 * seq) / 2000e9)
     assert full.link_bytes_per_step == 8 * seq and full.link_s == pytest.approx(8 * seq / 50e9)
     assert full.step_s == full.link_s and full.bound == "link" and none.bound == "device memory"
     assert full.tokens_per_s == pytest.approx(8 / full.step_s)
-    # the link bounds full from the batch where b × seq / L > (weights + b × seq) / M
-    b = full.link_bound_batch
-    assert b * seq / 50e9 == pytest.approx((weights + 3 * b * seq) / 2000e9)
+    # the link bounds full from the first batch where b × seq / L > (weights + 3 × b × seq) / M: here batch 1
+    assert full.link_bound_batch == 1 and 1 * seq / 50e9 > (weights + 3 * seq) / 2000e9
+    # at 512 tokens: b × 64 MiB / 50 GB/s > (16.06 GB + 3 × b × 64 MiB) / 2000 GB/s from b = 8,030,261,248 × 2 /
+    # 2000e9 ÷ (2^26 / 50e9 − 3 × 2^26 / 2000e9) = 6.21…, so batch 7
+    short = {m.mode: m for m in plan_modes(a, 512, 1, 2, 80 * gib, None, 50e9, 2000e9, 512)}
+    assert short["full"].link_bound_batch == 7 and short["none"].link_bound_batch is None
+
+
+def test_a_mode_is_priced_only_at_a_batch_that_fits():
+    """From the issue: plan priced `none` at a batch it said did not fit (the warning came after the tables)."""
+    a = read_model_sizes(preset_path("llama-3.1-8b"))
+    gib = 2**30
+    modes = {m.mode: m for m in plan_modes(a, 32768, 64, 2, 80 * gib, 1024 * gib, 50e9, 2000e9, 512)}
+    weights = 8_030_261_248 * 2
+    none = modes["none"]
+    assert none.max_batch == 14 and none.batch == 14  # not 64
+    assert none.memory_s == pytest.approx((weights + 3 * 14 * 2**32) / 2000e9)
+    assert modes["full"].batch == 64 and modes["full"].host_max_batch == 256
+    cli = CliRunner()
+    r = cli.invoke(app, ["plan", "llama-3.1-8b", "--prompt-tokens", "32768", "--batch", "64", "--host-mem", "1TiB"])
+    assert r.exit_code == 0, r.output
+    text = " ".join(r.output.split())
+    warning = "warning: batch 64 does not fit every mode: priced at the most that fits: none at 14"
+    assert warning in text and text.index(warning) < text.index("reuse tier") < text.index("decode step at batch 64")
+    assert "│ none │ 14 │" in " ".join(r.output.replace("  ", " ").split())
 
 
 def test_plan_command_output_and_errors(tmp_path):
     cli = CliRunner()
     r = cli.invoke(app, ["plan", "llama-2-70b", "--prompt-tokens", "4096", "--dtype", "fp16"])
     assert r.exit_code == 0, r.output
-    assert "KV: 327,680 bytes per token at 4,096 tokens" in r.output and "1.25 GiB per sequence" in r.output
+    assert "KV: 327,680 bytes per token = 2 × 80 layers × 8 kv heads × 128 head_dim × 2 bytes" in r.output
+    assert "1.25 GiB per sequence of 4,096 tokens" in r.output
     r = cli.invoke(app, ["plan", "lama-3.1-8b"])
     assert r.exit_code == 2 and "unknown model 'lama-3.1-8b': did you mean llama-3.1-8b" in r.output
     bad = tmp_path / "config.json"
@@ -83,6 +109,7 @@ def test_plan_command_output_and_errors(tmp_path):
     assert r.exit_code == 2 and f"{bad}: transformers cannot read this config: " in r.output
     r = cli.invoke(app, ["plan", "llama-2-70b", "--dtype", "fp16"])
     assert r.exit_code == 0 and "the weights (128.48 GiB) do not fit in 72.00 GiB of the GPU" in r.output
+    assert "nothing is priced" in r.output and "decode step at" not in r.output and "reuse tier" not in r.output
     r = cli.invoke(app, ["plan", "llama-3.1-8b", "--gpu-price", "0"])
     assert r.exit_code == 2 and "the price must be more than 0 and at most 1,000,000 USD per hour, not 0" in r.output
     r = cli.invoke(app, ["plan", "llama-3.1-8b", "--gpu-price", "1e308"])
@@ -91,33 +118,32 @@ def test_plan_command_output_and_errors(tmp_path):
     assert r.exit_code == 2 and "--gpu-mem 'lots': give bytes or a size such as 80GiB" in r.output
 
 
-def test_link_default_comes_from_the_last_env_probe(tmp_path, monkeypatch):
+def test_link_default_comes_from_the_preset_or_a_probe_of_the_same_gpu(tmp_path, monkeypatch):
+    """The last `kvbench env` link counts only for the GPU it measured: an H200's probe is not an A100's link."""
     from kvbench.bench.telemetry.machine import LAST_PROBE, last_link_probe, save_link_probe
 
     monkeypatch.setenv("KVBENCH_CACHE_DIR", str(tmp_path / "cache"))
     cli = CliRunner()
     r = cli.invoke(app, ["plan", "llama-3.1-8b"])
-    assert "link 50 GB/s (default; measure it with kvbench env on a GPU)" in r.output
+    assert "link 64 GB/s per direction (PCIe Gen5 x16, theoretical)" in r.output
     assert save_link_probe({"link_bandwidth": None}) is None and last_link_probe() is None
     env = {"measured_at": "2026-11-30T04:00:00Z", "gpus": [{"name": "NVIDIA H200"}],
            "link_bandwidth": {"h2d_pinned_gbps": 52.5, "d2h_pinned_gbps": 50.1}}
     assert save_link_probe(env) == tmp_path / "cache" / LAST_PROBE
     assert last_link_probe() == (52.5, "measured by kvbench env 2026-11-30T04:00:00Z on NVIDIA H200")
-    r = cli.invoke(app, ["plan", "llama-3.1-8b"])
-    assert "link 52.5 GB/s (measured by kvbench env 2026-11-30T04:00:00Z on NVIDIA H200)" in r.output
+    r = cli.invoke(app, ["plan", "llama-3.1-8b", "--gpu", "h200"])
+    assert "link 52.5 GB/s per direction (measured by kvbench env 2026-11-30T04:00:00Z on NVIDIA H200)" in r.output
+    for gpu in ("a100", "gh200"):  # GH200's name holds "H200": not the same GPU
+        r = cli.invoke(app, ["plan", "llama-3.1-8b", "--gpu", gpu])
+        assert "is another GPU's: not used" in " ".join(r.output.split()) and "52.5" not in r.output, r.output
     r = cli.invoke(app, ["plan", "llama-3.1-8b", "--link-gbps", "25", "--prompt-tokens", "32768", "--batch", "8",
                          "--host-mem", "20GiB"])
-    assert "link 25 GB/s (--link-gbps)" in r.output
-    assert ("warning: batch 8 does not fit every mode (max batch: full (5), hierarchical(window=512) (5)); the decode "
-            "step above is for batch 8 anyway") in r.output
+    assert "link 25 GB/s per direction (--link-gbps)" in r.output
+    assert ("warning: batch 8 does not fit every mode: priced at the most that fits: full at 5, "
+            "hierarchical(window=512) at 5") in " ".join(r.output.split())
     (tmp_path / "cache" / LAST_PROBE).write_text("{not json")
     with pytest.warns(UserWarning, match="ignored .*run kvbench env on a GPU"):
         assert last_link_probe() is None
-    save_link_probe({"link_bandwidth": {"h2d_pinned_gbps": True}})
-    with pytest.warns(UserWarning, match="h2d_pinned_gbps is True, not a number of GB/s above 0"):
-        assert last_link_probe() is None
-    save_link_probe({"link_bandwidth": {"h2d_pinned_gbps": 25}})
-    assert last_link_probe() == (25.0, "measured by kvbench env on a GPU")
 
 
 def test_mean_decode_step_compares_like_with_like():
