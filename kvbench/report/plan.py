@@ -201,7 +201,8 @@ def _parameters_line(p: Plan) -> str:
 def _group(m: Machine) -> str:
     """How many GPUs the model takes (tensor parallel), of the node's when the preset is a node."""
     if m.gpu.gpus_per_node > 1:
-        return f", {m.tp} of its {m.gpu.gpus_per_node} GPUs per copy of the model (tensor parallel)"
+        return (f", {m.tp} of its {m.gpu.gpus_per_node} GPUs per copy of the model"
+                + (" (tensor parallel)" if m.tp > 1 else ""))
     return f" × {m.tp} (tensor parallel)" if m.tp > 1 else ""
 
 
