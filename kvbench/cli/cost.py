@@ -80,27 +80,32 @@ def cost(
         rep = rc.compute_costs(loaded, prices, None if max_ttft_ms is None else max_ttft_ms / 1e3,
                                None if max_tpot_ms is None else max_tpot_ms / 1e3, host_tier)
     if len(rep.table):
+        widest = max(len(str(m)) for m in rep.table["mode_label"])
         show(_table(rc.cost_display(rep.table, tokens_per_month is not None, engineering_cost is not None),
                     f"cost per 1M generated tokens at {gpu_price:g} USD per GPU-hour, host {host_price:g} and "
                     f"disk {disk_price:g} USD per GiB-hour",
                     "best qualifying batch per mode (all trials ok within the budget, ids equal to none's, "
                     "measured `repeats` times, SLOs met); USD/1M with the 95% interval of its throughput; saving "
                     "against none at the same prompt length, paired by repeat, with its 95% interval over the "
-                    "pairs (paired: it need not equal 1 − the two USD/1M medians)", left=("scenario", "mode"),
-                    wrap=("scenario", "mode", "saving %")), first=("scenario", "tokens/s", "pairs", "batch"))
+                    "pairs (paired: it need not equal 1 − the two USD/1M medians); verdict: lowers or raises cost "
+                    "only when the pairs decide, else why not (the lines below say it whole)",
+                    left=("scenario", "mode", "verdict"), wrap=("scenario", "mode", "saving % vs none", "verdict"),
+                    min_width={"mode": min(28, max(12, widest)), "verdict": 12}), first=("scenario", "tokens/s", "pairs", "batch"))
     if len(rep.reuse):
         cells, marks = rc.reuse_cost_display(rep.reuse)
         server = rep.reuse["engine"].notna().any()
         show(_table(cells, f"reuse: cost per 1M generated tokens at {gpu_price:g} USD per GPU-hour, recompute vs "
                     "restore", ("each server mode at its own concurrency; " if server else
                                 "the same requests one at a time; ")
-                    + "cold = recompute every prompt, warm = restore stored prefixes (charged --host-price for "
+                    + "vs: what the saving is taken against, cold = that baseline (none: recompute every prompt, "
+                    "the reuse saving; a prefix-cache mode: the tier saving of a host or disk tier), warm = the mode "
+                    "restoring stored prefixes (charged --host-price for "
                     "the memory it holds beside the device, --disk-price for its disk: the charged column says "
                     "what); tokens/s = generated tokens ÷ e2e time; saving with its 95% interval over request "
                     "pairs, drawn by conversation; prefill saved = prompt tokens restored instead of computed"
                     + ("; a server mode's cold side is `none` on the same requests and concurrency, its tokens/s "
                        "÷ the time requests were in flight, a slot restore inside TTFT" if server else ""),
-                    left=("scenario", "mode"),
+                    left=("scenario", "mode", "vs", "verdict"),
                     wrap=[c for c in cells.columns if c != "scenario"], min_width={"mode": 12}, marks=marks))
         for line in rc.reuse_verdicts(rep.reuse):
             out.print(f"  {escape(line)}", highlight=False)

@@ -23,6 +23,7 @@ from kvbench.analysis.reuse_cost import HOST_TIER_BASES, reuse_cost
 from kvbench.arguments import path_arg, positive_seconds
 from kvbench.errors import BadParameter, UnwritableOutput, UserError
 from kvbench.report import charts
+from kvbench.report.cost_verdicts import baseline_cell, reuse_verdicts, verdict_cell, verdicts, with_baselines
 from kvbench.report.format import number
 from kvbench.results.rows import MEASURED
 from kvbench.results.run_dir import refuse_symlink_dir
@@ -99,21 +100,25 @@ def cost_report(results: Results, out_dir: str | Path, prices: Prices, max_ttft_
 
 def cost_display(table: pd.DataFrame, monthly: bool = False, payback: bool = False) -> pd.DataFrame:
     """:func:`kvbench.analysis.cost.cost_table` as text cells: scenario, prompt, mode, batch, tokens/s, USD/1M (with
-    the interval of its throughput), saving % (paired, with its interval; ``ref`` for ``none``; why nothing
-    qualified where nothing did), pairs, and with ``monthly`` USD/month, with ``payback`` payback months."""
-    cols = ["scenario", "prompt", "mode", "batch", "tokens/s", "USD/1M", "saving %", "pairs"] + \
+    the interval of its throughput), saving % against ``none`` (paired, with its interval; ``ref`` for ``none``; why
+    nothing qualified where nothing did), pairs, the verdict (:func:`~kvbench.report.cost_verdicts.verdict_cell`:
+    ``lowers cost``, ``raises cost`` or why the pairs do not decide), and with ``monthly`` USD/month, with
+    ``payback`` payback months."""
+    cols = ["scenario", "prompt", "mode", "batch", "tokens/s", "USD/1M", "saving % vs none", "pairs", "verdict"] + \
         (["USD/month"] if monthly else []) + (["payback months"] if payback else [])
     rows = []
     for r in table.to_dict("records"):
         if r["usd_per_million"] != r["usd_per_million"]:
-            cells = ["-", "-", "-", r["why"], "-"] + (["-"] if monthly else []) + (["-"] if payback else [])
+            cells = ["-", "-", "-", r["why"], "-", "-"] + (["-"] if monthly else []) + (["-"] if payback else [])
         else:
             usd = f"{r['usd_per_million']:,.2f}" + ("" if r["usd_ci_low"] != r["usd_ci_low"] else
                                                     f" [{r['usd_ci_low']:,.2f}–{r['usd_ci_high']:,.2f}]")
+            none = r["mode"] == "none"
             cells = [str(int(r["batch_size"])), f"{r['throughput_tokens_per_s']:,.2f}", usd,
-                     "ref" if r["mode"] == "none" else
+                     "ref" if none else
                      pct_interval(r["saving_pct"], r["saving_ci_low"], r["saving_ci_high"], 1).replace("%", ""),
-                     "-" if r["mode"] == "none" else str(int(r["pairs"]))]
+                     "-" if none else str(int(r["pairs"])),
+                     "ref" if none else verdict_cell(r["cost_verdict"], r["saving_pct"])]
             if monthly:
                 m = r["monthly_saving_usd"]
                 cells.append("-" if m is None or m != m else f"{m:,.0f}")
@@ -125,19 +130,22 @@ def cost_display(table: pd.DataFrame, monthly: bool = False, payback: bool = Fal
 
 
 def reuse_cost_display(reuse: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """:func:`kvbench.analysis.reuse_cost.reuse_cost` as text cells per scenario and mode: throughput and cost
-    recomputing (cold) vs restoring (warm), the saving with its interval, pairs, prefill and TTFT saved, and whether
-    the ids matched ``none``'s, and what memory was charged beside the device (``charged``). Returns (cells,
-    marks): marks has ``worse`` where restored ids differ, else ``""``."""
-    cols = ["scenario", "mode", "requests", "tok/s cold", "tok/s warm", "USD/1M cold", "USD/1M warm", "saving %",
-            "pairs", "prefill saved %", "TTFT saved ms", "= none", "charged"]
+    """:func:`kvbench.analysis.reuse_cost.reuse_cost` as text cells, one row per scenario × mode × baseline: what
+    the saving is taken against (``vs``: :func:`~kvbench.report.cost_verdicts.baseline_cell`; ``none`` where the
+    rows do not say), throughput and cost of the baseline (cold: ``none`` recomputing every prompt, or the
+    prefix-cache mode for a tier saving) vs the mode (warm: restoring), the saving with its interval, pairs, the
+    verdict, prefill and TTFT saved, whether the ids matched ``none``'s, and what memory was charged beside the
+    device (``charged``). Returns (cells, marks): marks has ``worse`` where restored ids differ, else ``""``."""
+    cols = ["scenario", "mode", "vs", "requests", "tok/s cold", "tok/s warm", "USD/1M cold", "USD/1M warm",
+            "saving %", "pairs", "verdict", "prefill saved %", "TTFT saved ms", "= none", "charged"]
     rows = []
-    for r in reuse.to_dict("records"):
-        rows.append([r["group"], r["mode_label"], str(r["requests"]), number(r["recompute_tokens_per_s"], ",.2f"),
-                     number(r["restore_tokens_per_s"], ",.2f"), number(r["recompute_usd_per_million"], ",.2f"),
-                     number(r["restore_usd_per_million"], ",.2f"),
+    for r in with_baselines(reuse).to_dict("records"):
+        rows.append([r["group"], r["mode_label"], baseline_cell(r["baseline"], r["saving_kind"]), str(r["requests"]),
+                     number(r["recompute_tokens_per_s"], ",.2f"), number(r["restore_tokens_per_s"], ",.2f"),
+                     number(r["recompute_usd_per_million"], ",.2f"), number(r["restore_usd_per_million"], ",.2f"),
                      pct_interval(r["saving_pct"], r["saving_ci_low"], r["saving_ci_high"], 1).replace("%", ""),
-                     str(r["pairs"]), number(r["prefill_saved_pct"], ".1f"), number(r["ttft_saved_s"] * 1e3, ",.0f"),
+                     str(r["pairs"]), verdict_cell(r["saving_verdict"], r["saving_pct"]),
+                     number(r["prefill_saved_pct"], ".1f"), number(r["ttft_saved_s"] * 1e3, ",.0f"),
                      {True: "yes", False: "NO", "near tie": "near tie"}.get(r["tokens_match"], "-"),
                      r.get("charged") or "-"])
     cells = pd.DataFrame(rows, columns=cols, dtype=object)
@@ -165,61 +173,6 @@ def what_if_lines(prices: Prices, w: dict[str, Any], base_tokens_per_s: float,
     return lines
 
 
-def verdicts(costs: pd.DataFrame) -> dict[str, list[str]]:
-    """Plain-language lines per group: at each prompt length, the cheapest qualifying mode and, for the cheapest
-    offload mode that engaged against ``none``, the paired saving with its interval and pair count (the mode's price
-    shown as ``none``'s less that paired saving, so both figures of a line agree; modes that held no KV off the
-    device are named as not engaged, not compared): "lowers cost" or "raises
-    cost" only when :func:`kvbench.analysis.intervals.judge` decides (≥ 5 pairs, a quiet machine, an interval that excludes
-    no change, plausible against the plan); otherwise why the measurements do not decide."""
-    out: dict[str, list[str]] = {}
-    for (group, prompt), part in costs.groupby(["group", "prompt_tokens"], sort=False):
-        lines = out.setdefault(group, [])
-        ok = part.dropna(subset=["usd_per_million"])
-        none = part[part["mode"] == "none"]
-        if ok.empty:
-            lines.append(f"at {prompt} tokens no mode qualified")
-            continue
-        best = ok.loc[ok["usd_per_million"].idxmin()]
-        if none.empty or none["usd_per_million"].isna().all():
-            why = none["why"].iloc[0] if len(none) else "not run"
-            lines.append(f"at {prompt} tokens `none` has no cost ({why}); `{best['mode_label']}` costs "
-                         f"{best['usd_per_million']:,.2f} USD per 1M tokens at batch {int(best['batch_size'])}")
-            continue
-        base, nb = none["usd_per_million"].iloc[0], int(none["batch_size"].iloc[0])
-        offload = ok[ok["mode"] != "none"]
-        if offload.empty:
-            lines.append(f"at {prompt} tokens only `none` qualified: {base:,.2f} USD per 1M tokens")
-            continue
-        idle = offload["cost_verdict"].fillna("").str.startswith("not engaged")
-        if idle.all():
-            names = ", ".join(f"`{m}`" for m in offload["mode_label"])
-            lines.append(f"at {prompt} tokens no offload mode engaged ({names}: no KV left the device): `none` "
-                         f"{base:,.2f} USD per 1M tokens")
-            continue
-        if idle.any():  # a mode that offloaded nothing is `none` under another name: not the one to compare
-            lines.append(f"at {prompt} tokens not engaged, so not compared: "
-                         + ", ".join(f"`{m}`" for m in offload.loc[idle, "mode_label"]))
-        offload = offload[~idle]
-        c = offload.loc[offload["usd_per_million"].idxmin()]
-        saving = pct_interval(c["saving_pct"], c["saving_ci_low"], c["saving_ci_high"])
-        raised = pct_interval(-c["saving_pct"], -c["saving_ci_high"], -c["saving_ci_low"])
-        n = f"{int(c['pairs'])} pair{'s' if int(c['pairs']) != 1 else ''}, batch {int(c['batch_size'])} vs none's {nb}"
-        # the mode's price as the pairs put it (none's × (1 − paired saving)): the two modes' medians need not
-        # imply the paired saving, so the line shows the paired figure on both sides
-        paired = base * (1 - c["saving_pct"] / 100) if c["saving_pct"] == c["saving_pct"] else c["usd_per_million"]
-        if c["cost_verdict"]:
-            lines.append(f"at {prompt} tokens {c['cost_verdict']}: `{c['mode_label']}` {paired:,.2f} vs `none` "
-                         f"{base:,.2f} USD per 1M tokens, paired saving {saving} ({n})")
-        elif c["saving_pct"] > 0:
-            lines.append(f"at {prompt} tokens `{c['mode_label']}` lowers cost to {paired:,.2f} USD per 1M tokens "
-                         f"from none's {base:,.2f} (paired saving {saving}; {n})")
-        else:
-            lines.append(f"at {prompt} tokens offload raises cost here: `none` {base:,.2f} USD per 1M tokens, the "
-                         f"cheapest offload mode `{c['mode_label']}` {paired:,.2f} (paired cost {raised}; {n})")
-    return out
-
-
 def failed_groups(trials: pd.DataFrame) -> dict[str, str]:
     """Per group none of whose trials (a server run's requests) was measured: one text saying that every one
     failed, how many with which statuses, and the first one's reason (its message as the row has it)."""
@@ -235,27 +188,6 @@ def failed_groups(trials: pd.DataFrame) -> dict[str, str]:
         out[group] = (f"{group}: every {what} failed: all {len(part)} ended {ended}; the first, "
                       f"{first['trial_id']}: {why}")
     return out
-
-
-def reuse_verdicts(reuse: pd.DataFrame) -> list[str]:
-    """One line per group × mode of :func:`reuse_cost`: restore lowers or raises the cost per 1M tokens against
-    recompute, with the saving's interval and pair count, or why the pairs do not decide."""
-    lines = []
-    for r in reuse.to_dict("records"):
-        saving = pct_interval(r["saving_pct"], r["saving_ci_low"], r["saving_ci_high"])
-        n = f"{r['pairs']} request pair{'s' if r['pairs'] != 1 else ''}" + (
-            f"; held beside the device: {r['charged']} ({r['charged_from']})" if r.get("charged") not in (None, "none")
-            else f"; {r['charged_from']}" if "not charged" in str(r.get("charged_from") or "") else "")
-        if r["saving_verdict"]:
-            lines.append(f"{r['group']}: `{r['mode_label']}` {r['saving_verdict']}: restore "
-                         f"{r['restore_usd_per_million']:,.2f} vs recompute {r['recompute_usd_per_million']:,.2f} USD "
-                         f"per 1M tokens, saving {saving} ({n})")
-        else:
-            what = "lowers" if r["saving_pct"] > 0 else "raises"
-            lines.append(f"{r['group']}: `{r['mode_label']}` restoring stored KV {what} the cost to "
-                         f"{r['restore_usd_per_million']:,.2f} USD per 1M tokens from recomputing's "
-                         f"{r['recompute_usd_per_million']:,.2f} (saving {saving}; {n})")
-    return lines
 
 
 def replacing(path: Path, write: Any) -> Path | None:
@@ -282,10 +214,13 @@ def replacing(path: Path, write: Any) -> Path | None:
 def write_costs(costs: pd.DataFrame, out_dir: str | Path, prices: Prices,
                 reuse: pd.DataFrame | None = None, server_load: pd.DataFrame | None = None) -> list[Path]:
     """``cost.csv``, ``cost.json`` (the table, the prices, the verdicts and, for reuse workloads, the
-    :func:`kvbench.analysis.reuse_cost.reuse_cost` rows; for server runs the load table with goodput,
+    :func:`kvbench.analysis.reuse_cost.reuse_cost` rows and their lines, ``reuse_verdicts``; for server runs the
+    load table with goodput,
     :func:`kvbench.analysis.server_load.server_load_table`, under ``server_load``) and ``cost.png`` (USD per 1M
     tokens per mode and prompt length) in ``out_dir`` (created), plus ``reuse_cost.csv`` when ``reuse`` has rows
-    and ``goodput.csv`` (the load table) when ``server_load`` has; returns their paths. Each file is
+    and ``goodput.csv`` (the load table) when ``server_load`` has; returns their paths. Every saving names what it
+    is taken against: ``cost.csv`` has ``baseline`` (``none``), ``reuse_cost.csv`` ``baseline`` and
+    ``saving_kind`` (``none`` and ``reuse`` where the rows do not say: an older kvbench). Each file is
     written beside its place and moved onto it, so a symbolic link there is replaced, never followed.
 
     Raises:
@@ -308,9 +243,14 @@ def _write_costs(costs: pd.DataFrame, out: Path, prices: Prices, reuse: pd.DataF
     paths = []
     doc: dict[str, Any] = {"prices": dataclasses.asdict(prices)}
     if len(costs):
+        if "baseline" not in costs:  # every saving of the cost table is against `none` at its prompt length
+            costs = costs.copy()
+            costs.insert(list(costs.columns).index("mode") + 1, "baseline", "none")
         paths.append(replacing(out / "cost.csv", lambda tmp: costs.to_csv(tmp, index=False) or tmp))
         doc.update(verdicts=verdicts(costs), rows=json.loads(costs.to_json(orient="records")))
     if reuse is not None and len(reuse):
+        reuse = with_baselines(reuse)
+        doc["reuse_verdicts"] = reuse_verdicts(reuse)
         paths.append(replacing(out / "reuse_cost.csv", lambda tmp: reuse.to_csv(tmp, index=False) or tmp))
         doc["reuse"] = json.loads(reuse.to_json(orient="records"))
     if server_load is not None and len(server_load):

@@ -8,11 +8,13 @@ import json
 import shutil
 import statistics
 
+import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
 from conftest import ROOT, paired_rows
 from kvbench.analysis.cost import Prices, cost_table
+from kvbench.analysis.intervals import pct_interval
 from kvbench.analysis.plan import cost_per_million
 from kvbench.analysis.points import point_table
 from kvbench.cli import app
@@ -256,3 +258,102 @@ def test_cost_charges_the_host_memory_held_and_prices_disk_apart():
         Prices(1.0, disk_per_gib_hour=-1)
     assert exc.value.worded(FLAGS) == ("--disk-price must be a finite number 0 or more and at most 1,000,000 USD "
                                        "per GiB-hour, not -1")
+
+
+def demo_costs():
+    """The issue's demo: `dynamic` has the cheapest median but one busy trial (inconclusive), `hierarchical` a
+    decided saving; `none` fits batch 1 only, both offload modes run batch 4."""
+    none = [0.10, 0.11, 0.10, 0.12, 0.10]
+    data = paired_rows({("none", 1): none, ("hierarchical", 4): [0.51, 0.52, 0.50, 0.515, 0.505],
+                        ("dynamic", 4): [0.48, 0.47, 0.49, 0.475, 0.48]}, busy={("dynamic", 4, 2)})
+    trials = trials_frame(data, "demo")
+    return cost_table(point_table(trials), Prices(2.0), trials), data
+
+
+def test_every_decided_saving_gets_a_line_before_an_undecided_cheaper_median():
+    """From the issue: `cost` printed a line only for the cheapest median (`dynamic`, inconclusive: busy) while
+    cost.csv held a decided saving for `hierarchical`. Every decided saving now has its line, first."""
+    from kvbench.report.cost import verdicts
+
+    costs, data = demo_costs()
+    by = costs.set_index("mode")
+    assert by.loc["dynamic", "usd_per_million"] < by.loc["hierarchical", "usd_per_million"]  # the cheaper median
+    assert by.loc["hierarchical", "cost_verdict"] == "" and by.loc["hierarchical", "saving_pct"] > 0
+    tput = {(r["mode"], r["repeat"]): r["throughput_tokens_per_s"] for r in data}
+    savings = [100 * (1 - tput[("none", k)] / tput[("hierarchical", k)]) for k in range(5)]
+    h = by.loc["hierarchical"]
+    assert h["saving_pct"] == pytest.approx(statistics.median(savings)) == pytest.approx(15.0, abs=0.1)
+    assert (h["saving_ci_low"], h["saving_ci_high"]) == (pytest.approx(min(savings)), pytest.approx(max(savings)))
+    lines = verdicts(costs)["demo"]
+    base = by.loc["none", "usd_per_million"]
+    assert lines == [
+        f"at 2048 tokens `hierarchical` lowers cost to {base * (1 - h['saving_pct'] / 100):,.2f} USD per 1M tokens "
+        f"from none's {base:,.2f} (paired saving +15% [+14%, +22%]; 5 pairs, batch 4 vs none's 1)",
+        f"at 2048 tokens inconclusive: the machine was busy during 1 of 10 trials: `dynamic` "
+        f"{base * (1 - by.loc['dynamic', 'saving_pct'] / 100):,.2f} vs `none` {base:,.2f} USD per 1M tokens, paired "
+        f"saving {pct_interval(*by.loc['dynamic', ['saving_pct', 'saving_ci_low', 'saving_ci_high']])} (5 pairs, "
+        "batch 4 vs none's 1)"]
+
+
+def test_the_cost_table_has_a_verdict_column():
+    from kvbench.report.cost import cost_display
+
+    costs, _ = demo_costs()
+    shown = cost_display(costs).set_index("mode")
+    assert list(shown.columns) == ["scenario", "prompt", "batch", "tokens/s", "USD/1M", "saving % vs none", "pairs",
+                                   "verdict"]
+    assert shown["verdict"].to_dict() == {"none": "ref", "hierarchical": "lowers cost",
+                                          "dynamic": "inconclusive: busy in 1 of 10 trials"}
+    assert shown.loc["hierarchical", "saving % vs none"] == "+15.0 [+13.5, +22.1]"
+
+
+def reuse_rows(with_baseline: bool):
+    """Rows as kvbench.analysis.reuse_cost.reuse_cost gives them: `host-cache` against `none` (reuse saving) and,
+    with baselines, against `prefix-cache` too (tier saving)."""
+    def row(mode, baseline, kind, pct, lo, hi, verdict, warm, cold):
+        r = {"group": "srv", "mode_label": mode, "mode": mode, "engine": "llamacpp", "requests": 15,
+             "recompute_tokens_per_s": 1e6 / cold / 3600, "restore_tokens_per_s": 1e6 / warm / 3600,
+             "recompute_usd_per_million": cold, "restore_usd_per_million": warm, "saving_pct": pct,
+             "saving_ci_low": lo, "saving_ci_high": hi, "pairs": 15, "units": 5, "unit": "conversations",
+             "pairs_busy_trials": 0, "saving_verdict": verdict, "prefill_saved_pct": 80.0, "ttft_saved_s": 0.5,
+             "tokens_match": True, "charged": "host 256.0 MiB", "charged_from": "host: --cache-ram 256 MiB, configured"}
+        return {**r, "baseline": baseline, "saving_kind": kind} if with_baseline else r
+
+    rows = [row("host-cache", "none", "reuse", 79.0, 68.0, 89.0, "", 45.11, 218.64)]
+    if with_baseline:
+        rows.append(row("host-cache", "prefix-cache", "tier", 12.0, 4.1, 19.8, "", 45.11, 51.26))
+        rows.append(row("disk-cache", "prefix-cache", "tier", 3.0, -2.0, 8.0,
+                        "inconclusive: the interval includes no change", 49.72, 51.26))
+    return pd.DataFrame(rows)
+
+
+def test_reuse_savings_name_their_baseline(tmp_path):
+    """A tier mode has two savings (against `none` and against the prefix-cache mode): the table, the lines and
+    reuse_cost.csv say which is which; rows of an older kvbench (no baseline column) are against `none`."""
+    from kvbench.report.cost import reuse_cost_display, reuse_verdicts, write_costs
+
+    cells, _ = reuse_cost_display(reuse_rows(True))
+    assert cells[["mode", "vs", "saving %", "verdict"]].to_numpy().tolist() == [
+        ["host-cache", "none", "+79.0 [+68.0, +89.0]", "lowers cost"],
+        ["host-cache", "prefix-cache (tier)", "+12.0 [+4.1, +19.8]", "lowers cost"],
+        ["disk-cache", "prefix-cache (tier)", "+3.0 [−2.0, +8.0]", "inconclusive: interval includes 0"]]
+    held = "held beside the device: host 256.0 MiB (host: --cache-ram 256 MiB, configured)"
+    assert reuse_verdicts(reuse_rows(True)) == [
+        "srv: `host-cache` restoring stored KV lowers the cost to 45.11 USD per 1M tokens from recomputing's 218.64 "
+        f"(reuse saving vs none: +79.0% [+68.0%, +89.0%], 15 request pairs from 5 conversations; {held})",
+        "srv: `host-cache` its tier lowers the cost to 45.11 USD per 1M tokens from `prefix-cache`'s 51.26 (tier "
+        f"saving vs prefix-cache: +12.0% [+4.1%, +19.8%], 15 request pairs from 5 conversations; {held})",
+        "srv: `disk-cache` inconclusive: the interval includes no change: 49.72 vs `prefix-cache` 51.26 USD per 1M "
+        "tokens (tier saving vs prefix-cache: +3.0% [−2.0%, +8.0%], 15 request pairs from 5 conversations; "
+        f"{held})"]
+    old = reuse_rows(False)
+    assert reuse_cost_display(old)[0]["vs"].tolist() == ["none"]
+    assert "(reuse saving vs none: +79.0%" in reuse_verdicts(old)[0]
+    costs, _ = demo_costs()
+    write_costs(costs, tmp_path, Prices(2.0), old)
+    written = pd.read_csv(tmp_path / "reuse_cost.csv")
+    assert written[["mode_label", "baseline", "saving_kind"]].to_numpy().tolist() == [["host-cache", "none", "reuse"]]
+    assert set(pd.read_csv(tmp_path / "cost.csv")["baseline"]) == {"none"}
+    doc = json.loads((tmp_path / "cost.json").read_text())
+    assert doc["reuse_verdicts"] == reuse_verdicts(old) and doc["verdicts"]["demo"][0].startswith(
+        "at 2048 tokens `hierarchical` lowers cost to ")
