@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+
+from kvbench.report.chart_axes import MARKERS, central_range, clip_axis, dodge
 from kvbench.results.rows import MEASURED
 
 MIB = 2**20
@@ -86,20 +88,28 @@ def save_figure(fig: Any, path: Path) -> Path:
 
 
 def _per_mode_lines(ax: Any, table: pd.DataFrame, x: str, y: str, colours: dict[str, Any],
-                    by_batch: bool = True, interval: tuple[str, str] | None = None) -> None:
-    """One line per mode (and batch size); with ``interval`` = (low column, high column), each point's 95%
-    interval as an error bar."""
+                    by_batch: bool = True, interval: tuple[str, str] | None = None) -> list[float]:
+    """One line per mode (and batch size), each batch size with its own marker and line style, every series
+    shifted a little along the (log₂) x axis (:func:`~kvbench.report.chart_axes.dodge`), so that equal lines stay
+    visible; with ``interval`` = (low column, high column), each point's 95% interval as an error bar. Returns
+    every value drawn (medians and interval ends), for :func:`~kvbench.report.chart_axes.clip_axis`."""
     batches = sorted(table["batch_size"].unique())
-    for mode, part in table.groupby("mode_label", sort=False):
-        for j, b in enumerate(batches if by_batch else [None]):
-            rows = part if b is None else part[part["batch_size"] == b]
-            rows = rows.dropna(subset=[y]).sort_values(x)
-            if rows.empty:
-                continue
-            label = mode if b is None or len(batches) == 1 else f"{mode}, batch {b}"
-            ax.plot(rows[x], rows[y], marker="o", color=colours[mode], linestyle=_LINESTYLES[j % 4], label=label)
-            if interval is not None and interval[0] in rows:
-                _error_bars(ax, rows[x], rows[y], rows[interval[0]], rows[interval[1]], colours[mode])
+    series = [(mode, j, b, part if b is None else part[part["batch_size"] == b])
+              for mode, part in table.groupby("mode_label", sort=False)
+              for j, b in enumerate(batches if by_batch else [None])]
+    series = [(mode, j, b, rows.dropna(subset=[y]).sort_values(x)) for mode, j, b, rows in series]
+    series = [s for s in series if not s[3].empty]
+    drawn: list[float] = []
+    for k, (mode, j, b, rows) in enumerate(series):
+        label = mode if b is None or len(batches) == 1 else f"{mode}, batch {b}"
+        xs = rows[x] * dodge(k, len(series))
+        ax.plot(xs, rows[y], marker=MARKERS[j % len(MARKERS)], markersize=5, color=colours[mode],
+                linestyle=_LINESTYLES[j % 4], label=label)
+        drawn += list(rows[y])
+        if interval is not None and interval[0] in rows:
+            _error_bars(ax, xs, rows[y], rows[interval[0]], rows[interval[1]], colours[mode])
+            drawn += list(rows[interval[0]]) + list(rows[interval[1]])
+    return drawn
 
 
 def _error_bars(ax: Any, x: pd.Series, y: pd.Series, low: pd.Series, high: pd.Series, colour: Any) -> None:
@@ -112,20 +122,23 @@ def _error_bars(ax: Any, x: pd.Series, y: pd.Series, low: pd.Series, high: pd.Se
 
 def saving_and_overhead(table: pd.DataFrame, group: str, colours: dict[str, Any], path: Path) -> Path | None:
     """The article's two panels for one group: memory saving % (device KV peak vs ``none``) and time overhead %
-    (TPOT vs ``none``) against prompt length, one line per mode and batch size. None when nothing to plot."""
+    (TPOT vs ``none``) against prompt length, one line per mode and batch size; the overhead axis is clipped to the
+    central range of its values (:func:`~kvbench.report.chart_axes.clip_axis`: values beyond it are marked at the
+    edge and labelled). None when nothing to plot."""
     t = table[(table["group"] == group) & (table["mode"] != "none")]
     if t[["memory_saving_pct", "time_overhead_pct"]].notna().to_numpy().sum() == 0:
         return None
     plt = pyplot()
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.2), gridspec_kw=TWO_PANELS)
     _per_mode_lines(a, t, "prompt_tokens", "memory_saving_pct", colours)
-    _per_mode_lines(b, t, "prompt_tokens", "time_overhead_pct", colours,
-                    interval=("time_overhead_ci_low", "time_overhead_ci_high"))
+    drawn = _per_mode_lines(b, t, "prompt_tokens", "time_overhead_pct", colours,
+                            interval=("time_overhead_ci_low", "time_overhead_ci_high"))
     a.set(title="Device KV memory saved vs none (exact bytes)", xlabel="prompt length (tokens)",
           ylabel="memory saving (%)")
     b.set(title="TPOT overhead vs none (paired; bars: 95% interval)", xlabel="prompt length (tokens)",
           ylabel="time overhead (%)")
     b.axhline(0, color="grey", linewidth=0.8)
+    clip_axis(b, drawn, unit="%")  # one busy trial's +1,600% would flatten every other point onto 0
     for ax in (a, b):
         _log_axis(ax, "x", 2, t["prompt_tokens"])
         ax.grid(alpha=0.3)
@@ -136,7 +149,7 @@ def saving_and_overhead(table: pd.DataFrame, group: str, colours: dict[str, Any]
 
 def throughput_vs_batch(table: pd.DataFrame, group: str, colours: dict[str, Any], path: Path) -> Path | None:
     """Throughput (tokens/s) and device KV peak (MiB) against batch size at the group's longest prompt, one line
-    per mode, with the budget line where one was set; over-budget points are marked ×."""
+    per mode, with the budget line where one was set; over-budget points are marked with a red × in both panels."""
     t = table[table["group"] == group]
     if t.empty or t["throughput_tokens_per_s_median"].notna().sum() == 0:
         return None
@@ -144,17 +157,21 @@ def throughput_vs_batch(table: pd.DataFrame, group: str, colours: dict[str, Any]
     t = t[t["prompt_tokens"] == longest]
     plt = pyplot()
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.2), gridspec_kw=TWO_PANELS)
+    marked = False  # the legend names the over-budget mark once
     for mode, part in t.groupby("mode_label", sort=False):
         part = part.dropna(subset=["throughput_tokens_per_s_median"]).sort_values("batch_size")
         if part.empty:
             continue
         a.plot(part["batch_size"], part["throughput_tokens_per_s_median"], marker="o", color=colours[mode], label=mode)
+        over = part[part["n_over_budget"] > 0]
+        a.scatter(over["batch_size"], over["throughput_tokens_per_s_median"], marker="x", s=80, color="red", zorder=3,
+                  label="over the budget" if len(over) and not marked else None)
+        marked = marked or len(over) > 0
         if "throughput_tokens_per_s_ci_low" in part:
             _error_bars(a, part["batch_size"], part["throughput_tokens_per_s_median"],
                         part["throughput_tokens_per_s_ci_low"], part["throughput_tokens_per_s_ci_high"], colours[mode])
         b.plot(part["batch_size"], part["kv_device_peak_bytes_median"] / MIB, marker="o", color=colours[mode],
                label=mode)
-        over = part[part["n_over_budget"] > 0]
         b.scatter(over["batch_size"], over["kv_device_peak_bytes_median"] / MIB, marker="x", s=80, color="red",
                   zorder=3)
     budget = t["budget_bytes"].dropna()
@@ -227,7 +244,9 @@ def reuse_ttft(turns: pd.DataFrame, trials: pd.DataFrame, group: str, colours: d
 
 def cost_bars(costs: pd.DataFrame, path: Path) -> Path | None:
     """USD per 1M generated tokens per mode, grouped by scenario and prompt length (bars; modes with no
-    qualifying point have none). None when nothing qualified."""
+    qualifying point have none), the axis clipped to the central range of the bars and their intervals
+    (:func:`~kvbench.report.chart_axes.central_range`; what lies beyond is labelled with its value at the top).
+    None when nothing qualified."""
     c = costs.dropna(subset=["usd_per_million"])
     if c.empty:
         return None
@@ -237,6 +256,7 @@ def cost_bars(costs: pd.DataFrame, path: Path) -> Path | None:
     modes = list(dict.fromkeys(c["mode_label"]))
     width = 0.8 / len(modes)
     fig, ax = plt.subplots(figsize=(max(6.5, 1.2 * len(points) * len(modes) ** 0.5), 4.2), gridspec_kw=ONE_PANEL)
+    drawn: list[tuple[float, float]] = []
     for j, mode in enumerate(modes):
         xs, ys, lo, hi = [], [], [], []
         for i, point in enumerate(points):
@@ -249,6 +269,13 @@ def cost_bars(costs: pd.DataFrame, path: Path) -> Path | None:
         ax.bar(xs, ys, width=width, color=colours[mode], label=mode)
         _error_bars(ax, pd.Series(xs, dtype=float), pd.Series(ys, dtype=float), pd.Series(lo, dtype=float),
                     pd.Series(hi, dtype=float), "black")
+        drawn += list(zip(xs, ys)) + list(zip(xs, lo)) + list(zip(xs, hi))
+    top = central_range([v for _, v in drawn])[1]  # a busy trial's interval end cannot stretch the axis
+    ax.set_ylim(0, top)
+    for x, v in drawn:  # a bar or interval end beyond the axis: its value at the edge
+        if v == v and v > top:
+            ax.annotate(f"▲ {v:,.0f}", (x, top), xytext=(0, -9), textcoords="offset points", ha="center",
+                        fontsize=6)
     ax.set_xticks(range(len(points)), [f"{g}\n{p} tokens" for g, p in points], fontsize=8)
     ax.set(title="Cost per 1M generated tokens (best qualifying batch; bars: 95% interval)",
            ylabel="USD per 1M tokens")
