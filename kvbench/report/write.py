@@ -28,7 +28,9 @@ from kvbench.report.advice import (capacity_findings, capacity_recommendation, d
 from kvbench.report.break_even import map_display, map_finding
 from kvbench.report.break_even_chart import break_even_heatmap
 from kvbench.report.chart_pool import chart_pool
-from kvbench.report.documents import Report, html_document, markdown, md_table
+from kvbench.report.cost_section import cost_markdown, cost_section
+from kvbench.report.documents import Report, markdown, md_table
+from kvbench.report.html_page import html_document
 from kvbench.report.machines import lost_lines, machine_sections
 from kvbench.report.samples import default_timelines, load_samples
 from kvbench.report.tables import capacity_frames, display_frame, plan_frame
@@ -46,7 +48,8 @@ def write_report(results: Results, out_dir: str | Path, timelines: list[str] | N
     numbers), ``summary.md``, ``reuse.csv`` (reuse workloads: :func:`kvbench.analysis.reuse.reuse_table` per turn and per
     prompt length), the charts (PNG; for shared_prefix runs the break-even map's heatmaps,
     :func:`kvbench.analysis.break_even.break_even_map` at :data:`REPORT_GPU_PRICE` with no memory charged),
-    ``report.md`` and ``report.html``.
+    ``report.md`` and ``report.html`` (with the cost section of :mod:`kvbench.report.cost_section`: each mode's
+    paired saving against its baseline, price-free; report.html as :mod:`kvbench.report.html_page` lays it out).
 
     Args:
         results: from :func:`kvbench.results.load.load_results`.
@@ -210,13 +213,17 @@ def _write(results: Results, out: Path, timelines: list[str] | None, pool: Any) 
             pd.concat([f for frames in reuse.values() for f in frames.values()], ignore_index=True).to_csv(
                 out / "reuse.csv", index=False)
             rep.files["reuse.csv"] = out / "reuse.csv"
+        costs = cost_section(results, table)
         csv_job = pool.submit(_write_csv, table, out / "summary.csv")  # 0.5 s for thousands of points
         (out / "summary.md").write_text(md_table(shown) + "\n")
         rep.files.update({"summary.csv": out / "summary.csv", "summary.md": out / "summary.md"})
         rep.charts = [(title, path) for (title, _, _), f in zip(jobs, futures) if (path := f.result()) is not None]
         csv_job.result()
-    (out / "report.md").write_text(markdown(results, rep, shown))
-    (out / "report.html").write_text(html_document(results, rep, shown))
+    head, glossary, rest = markdown(results, rep, shown).rpartition("\n## Columns\n")
+    cost_md = cost_markdown(costs)
+    (out / "report.md").write_text(f"{head}\n{cost_md}{glossary}{rest}" if cost_md and glossary else
+                                   head + glossary + rest + cost_md)
+    (out / "report.html").write_text(html_document(results, rep, shown, costs))
     rep.files.update({"report.md": out / "report.md", "report.html": out / "report.html"})
     return rep
 
