@@ -11,6 +11,7 @@ flight together), recomputing that ratio of sums on each resample; the verdict i
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -21,6 +22,7 @@ from kvbench.analysis.cost import GIB, Prices
 from kvbench.analysis.engaged import reuse_not_engaged
 from kvbench.analysis.intervals import cluster_draws, judge, pair_load, pair_with_reference
 from kvbench.analysis.reuse import ids_verdict, recompute_side, reuse_trials, sampling_units
+from kvbench.analysis.tier import baseline_label, tier_not_engaged, tier_of
 
 #: Bootstrap resamples of the saving's interval.
 N_BOOT = 2000
@@ -113,23 +115,32 @@ def server_host_bytes(warm: pd.DataFrame, cold: pd.DataFrame, basis: str = "conf
 
 
 def reuse_cost(trials: pd.DataFrame, prices: Prices, n_boot: int = N_BOOT, seed: int = 0,
-               host_tier: str = "configured") -> pd.DataFrame:
-    """Per group × mode of a reuse workload: throughput and cost recomputing vs restoring, and the saving.
+               host_tier: str = "configured", servers: Sequence[dict[str, Any]] = ()) -> pd.DataFrame:
+    """Per group × mode of a reuse workload: throughput and cost of the mode against its baseline, and the saving.
+
+    Every mode has its *reuse saving*, against recomputing every prompt (``baseline`` ``none``, ``saving_kind``
+    ``reuse``); a server's host/disk tier mode (:func:`kvbench.analysis.tier.tier_of`) has a second row, its
+    *tier saving*, against the same engine's prefix-cache mode of the group (``baseline`` its label, e.g.
+    ``prefix-cache`` or ``radix``; ``saving_kind`` ``tier``): the figure a user with prefix caching on needs.
 
     Throughput = Σ generated tokens ÷ Σ e2e seconds over the measured trials of each side (a server run: ÷ the
-    seconds it was answering them, :func:`busy_seconds`, since requests in flight together share the machine); USD per 1M generated
-    tokens from it (:meth:`kvbench.analysis.cost.Prices.per_million`; restore is also charged for what its store held
-    after a request, the medians of ``store_host_bytes`` at the host price and ``store_disk_bytes`` at the disk
-    price; ``store_bytes`` is their sum; a server mode is charged its host tier as ``host_tier`` says
-    (:func:`server_host_bytes`) and its slot files on disk, ``store_disk_bytes``; ``charged`` says what was
-    charged, ``host 256.0 MiB, disk 3.2 KiB`` or ``none``, and ``charged_from`` where each figure comes from); a
-    server mode's
-    recompute side is ``none`` on the same requests (:func:`kvbench.analysis.reuse.recompute_side`); ``saving_pct`` = 1 − restore's ÷ recompute's with ``saving_ci_low`` /
-    ``saving_ci_high`` (see the module docstring), ``delta_usd_per_million`` = restore's − recompute's USD per 1M
-    with ``delta_usd_ci_low`` / ``delta_usd_ci_high`` (the same resamples), ``pairs``, ``pairs_busy_trials`` and ``saving_verdict`` ("" =
-    decided); ``prefill_saved_pct`` = Σ tokens restored ÷ Σ prompt tokens of the warm trials (the prefill
-    compute not done); ``engine`` (a server run's, else None); ``ttft_saved_s`` = Σ (recompute − restore) TTFT ÷ requests; ``tokens_match`` as in
-    :func:`kvbench.analysis.reuse.reuse_table`.
+    seconds it was answering them, :func:`busy_seconds`, since requests in flight together share the machine); USD
+    per 1M generated tokens from it (:meth:`kvbench.analysis.cost.Prices.per_million`; restore is also charged for
+    what its store held after a request, the medians of ``store_host_bytes`` at the host price and
+    ``store_disk_bytes`` at the disk price; ``store_bytes`` is their sum; a server mode is charged its host tier as
+    ``host_tier`` says (:func:`server_host_bytes`) and its slot files on disk, ``store_disk_bytes``; ``charged``
+    says what was charged, ``host 256.0 MiB, disk 3.2 KiB`` or ``none``, and ``charged_from`` where each figure
+    comes from). The ``recompute_*`` columns are the baseline side's: a server mode's reuse baseline is ``none``
+    on the same requests (:func:`kvbench.analysis.reuse.recompute_side`), its tier baseline the prefix-cache
+    mode's requests at the same concurrency, charged what that mode holds. ``saving_pct`` = 1 − the mode's ÷ the
+    baseline's with ``saving_ci_low`` / ``saving_ci_high`` (see the module docstring), ``delta_usd_per_million``
+    = the mode's − the baseline's USD per 1M with ``delta_usd_ci_low`` / ``delta_usd_ci_high`` (the same
+    resamples), ``pairs``, ``units``, ``unit``, ``pairs_busy_trials`` and ``saving_verdict`` ("" = decided; a
+    reuse row that reused nothing and a tier row whose tier's own counters did not move are "not engaged":
+    :func:`kvbench.analysis.engaged.reuse_not_engaged`, :func:`kvbench.analysis.tier.tier_not_engaged`, which
+    reads ``servers``, run.json's server entries); ``prefill_saved_pct`` = Σ tokens restored ÷ Σ prompt tokens of
+    the warm trials (the prefill compute not done); ``engine`` (a server run's, else None); ``ttft_saved_s`` = Σ
+    (baseline − mode) TTFT ÷ requests; ``tokens_match`` as in :func:`kvbench.analysis.reuse.reuse_table`.
     """
     rows = reuse_trials(trials)
     rows = rows[rows["status"].isin(MEASURED)]
@@ -139,53 +150,84 @@ def reuse_cost(trials: pd.DataFrame, prices: Prices, n_boot: int = N_BOOT, seed:
         if server and part["mode"].eq("none").all():
             continue  # a server run's `none` is the recompute side of the other modes
         warm, cold = part[part["warm"].astype(bool)], recompute_side(rows, part, group)
-        rec: dict[str, Any] = {"group": group, "mode_label": mode, "mode": part["mode"].iloc[0],
-                               "engine": part["engine"].iloc[0] if server else None, "requests": len(warm)}
-        host, disk = (_median(warm, col) for col in ("store_host_bytes", "store_disk_bytes"))
-        charged, sources = [], []
-        if server:
-            host, source = server_host_bytes(warm, cold, host_tier)
-            sources.append(f"host: {source}" if source else "")
-            if disk:
-                sources.append("disk: slot files")
-        elif host or disk:
-            sources.append("the store, median after a request")
-        if host:
-            charged.append(f"host {_size(host)}")
-        if disk:
-            charged.append(f"disk {_size(disk)}")
-        rec.update(store_bytes=host + disk, store_host_bytes=host, store_disk_bytes=disk,
-                   charged=", ".join(charged) or "none", charged_from="; ".join(c for c in sources if c))
-        overlap = {}
-        for side, frame, h, d in (("recompute", cold, 0.0, 0.0), ("restore", warm, host, disk)):
-            total = frame["e2e_s"].astype(float).sum()
-            e2e = busy_seconds(frame) if server else total
-            overlap[side] = e2e / total if total > 0 else 1.0
-            tps = (frame["n_output_tokens"] * frame["batch_size"]).sum() / e2e if e2e > 0 else math.nan
-            rec[f"{side}_tokens_per_s"] = tps
-            rec[f"{side}_usd_per_million"] = prices.per_million(tps, h, d) if tps == tps else math.nan
-        rec["saving_pct"] = 100 * (1 - rec["restore_usd_per_million"] / rec["recompute_usd_per_million"])
-        pairs = pair_with_reference(warm, cold, on=["request_id"]) if "request_id" in part else warm.iloc[:0]
-        hourly_warm = prices.gpu_per_hour + prices.host_per_gib_hour * host / GIB + prices.disk_per_gib_hour * disk / GIB
-        lo, hi, dlo, dhi = _saving_interval(pairs, hourly_warm, prices.gpu_per_hour, n_boot, seed,
-                                            (overlap["restore"], overlap["recompute"])) if len(pairs) else (
-            math.nan,) * 4
-        rec.update(delta_usd_per_million=rec["restore_usd_per_million"] - rec["recompute_usd_per_million"],
-                   delta_usd_ci_low=dlo, delta_usd_ci_high=dhi)
-        load = pair_load(pairs)
-        busy, unknown = int(load["busy_trials"].sum()), int(load["load_unknown"].sum())
-        labels, unit = sampling_units(pairs)
-        rec.update(saving_ci_low=lo, saving_ci_high=hi, pairs=len(pairs), units=int(labels.nunique()), unit=unit,
-                   pairs_busy_trials=busy,
-                   saving_verdict=reuse_not_engaged(warm) or judge(len(pairs), busy, unknown, lo, hi, no_change=0.0,
-                                                                   units=(int(labels.nunique()), unit)))
-        prompt = warm["prompt_tokens"].sum()
-        rec["prefill_saved_pct"] = 100 * warm["tokens_restored"].sum() / prompt if prompt else math.nan
-        rec["ttft_saved_s"] = ((cold["ttft_s"].astype(float).sum() - warm["ttft_s"].astype(float).sum())
-                               / len(warm) if len(warm) and len(cold) == len(warm) else math.nan)
-        rec["tokens_match"] = ids_verdict(part)
-        out.append(rec)
+        engine = part["engine"].iloc[0] if server else None
+        rec: dict[str, Any] = {"group": group, "mode_label": mode, "mode": part["mode"].iloc[0], "engine": engine,
+                               "requests": len(warm)}
+        charge = _charges(warm, cold, server, host_tier)
+        out.append(_saving({**rec, "baseline": "none", "saving_kind": "reuse"}, warm, cold, charge, (0.0, 0.0),
+                           prices, n_boot, seed, server, reuse_not_engaged(warm)))
+        out[-1]["tokens_match"] = ids_verdict(part)
+        base = baseline_label(rows, part) if server and tier_of(engine, rec["mode"]) else None
+        if base is None:
+            continue
+        ref = rows[(rows["group"] == group) & (rows["mode_label"] == base) & rows["warm"].astype(bool)]
+        base_charge = _charges(ref, cold, server, host_tier)
+        out.append(_saving({**rec, "baseline": base, "saving_kind": "tier"}, warm, ref, charge,
+                           (base_charge[0], base_charge[1]), prices, n_boot, seed, server,
+                           tier_not_engaged(warm, servers, engine, mode)))
+        out[-1]["tokens_match"] = ids_verdict(part)
     return pd.DataFrame(out)
+
+
+def _charges(warm: pd.DataFrame, cold: pd.DataFrame, server: bool, host_tier: str) -> tuple[float, float, str, str]:
+    """``(host bytes, disk bytes, charged, charged_from)`` of a mode's ``warm`` trials (``cold``: its recompute
+    side, for a server's measured host basis): see :func:`reuse_cost`."""
+    host, disk = (_median(warm, col) for col in ("store_host_bytes", "store_disk_bytes"))
+    charged, sources = [], []
+    if server:
+        host, source = server_host_bytes(warm, cold, host_tier)
+        sources.append(f"host: {source}" if source else "")
+        if disk:
+            sources.append("disk: slot files")
+    elif host or disk:
+        sources.append("the store, median after a request")
+    if host:
+        charged.append(f"host {_size(host)}")
+    if disk:
+        charged.append(f"disk {_size(disk)}")
+    return host, disk, ", ".join(charged) or "none", "; ".join(c for c in sources if c)
+
+
+def _saving(rec: dict[str, Any], warm: pd.DataFrame, ref: pd.DataFrame, charge: tuple[float, float, str, str],
+            ref_charge: tuple[float, float], prices: Prices, n_boot: int, seed: int, server: bool,
+            not_engaged: str) -> dict[str, Any]:
+    """``rec`` with the cost of ``warm`` against the baseline trials ``ref`` (charged ``ref_charge``: host and
+    disk bytes), their paired saving with its interval and verdict (``not_engaged``: why there is none, or "")."""
+    host, disk, charged, charged_from = charge
+    rec.update(store_bytes=host + disk, store_host_bytes=host, store_disk_bytes=disk, charged=charged,
+               charged_from=charged_from)
+    overlap = {}
+    for side, frame, (h, d) in (("recompute", ref, ref_charge), ("restore", warm, (host, disk))):
+        total = frame["e2e_s"].astype(float).sum()
+        e2e = busy_seconds(frame) if server else total
+        overlap[side] = e2e / total if total > 0 else 1.0
+        tps = (frame["n_output_tokens"] * frame["batch_size"]).sum() / e2e if e2e > 0 else math.nan
+        rec[f"{side}_tokens_per_s"] = tps
+        rec[f"{side}_usd_per_million"] = prices.per_million(tps, h, d) if tps == tps else math.nan
+    rec["saving_pct"] = 100 * (1 - rec["restore_usd_per_million"] / rec["recompute_usd_per_million"])
+    pairs = pair_with_reference(warm, ref, on=["request_id"]) if "request_id" in warm else warm.iloc[:0]
+    lo, hi, dlo, dhi = _saving_interval(pairs, _hourly(prices, host, disk), _hourly(prices, *ref_charge), n_boot,
+                                        seed, (overlap["restore"], overlap["recompute"])) if len(pairs) else (
+        math.nan,) * 4
+    rec.update(delta_usd_per_million=rec["restore_usd_per_million"] - rec["recompute_usd_per_million"],
+               delta_usd_ci_low=dlo, delta_usd_ci_high=dhi)
+    load = pair_load(pairs)
+    busy, unknown = int(load["busy_trials"].sum()), int(load["load_unknown"].sum())
+    labels, unit = sampling_units(pairs)
+    rec.update(saving_ci_low=lo, saving_ci_high=hi, pairs=len(pairs), units=int(labels.nunique()), unit=unit,
+               pairs_busy_trials=busy,
+               saving_verdict=not_engaged or judge(len(pairs), busy, unknown, lo, hi, no_change=0.0,
+                                                   units=(int(labels.nunique()), unit)))
+    prompt = warm["prompt_tokens"].sum()
+    rec["prefill_saved_pct"] = 100 * warm["tokens_restored"].sum() / prompt if prompt else math.nan
+    rec["ttft_saved_s"] = ((ref["ttft_s"].astype(float).sum() - warm["ttft_s"].astype(float).sum())
+                           / len(warm) if len(warm) and len(ref) == len(warm) else math.nan)
+    return rec
+
+
+def _hourly(prices: Prices, host: float, disk: float) -> float:
+    """USD per hour of one GPU holding ``host`` and ``disk`` bytes of KV beside it."""
+    return prices.gpu_per_hour + prices.host_per_gib_hour * host / GIB + prices.disk_per_gib_hour * disk / GIB
 
 
 __all__ = ["N_BOOT", "reuse_cost"]

@@ -80,7 +80,7 @@ def compute_costs(results: Results, prices: Prices, max_ttft_s: float | None = N
                            "host_tier")
     points = point_table(results.trials)
     table = cost_table(points, prices, results.trials, max_ttft_s, max_tpot_s) if len(points) else points
-    return CostReport(prices, table, reuse_cost(results.trials, prices, host_tier=host_tier),
+    return CostReport(prices, table, reuse_cost(results.trials, prices, host_tier=host_tier, servers=results.servers),
                       server_load_table(results.trials, max_ttft_s, max_tpot_s))
 
 

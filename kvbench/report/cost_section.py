@@ -64,7 +64,7 @@ def cost_section(results: Results, points: pd.DataFrame) -> CostSection:
         if part["saving_pct"].notna().any():
             sec.offload[group] = offload_cells(part)
             sec.lines[group] = saving_lines(part)
-    reuse = reuse_cost(results.trials, PER_GPU_HOUR)
+    reuse = reuse_cost(results.trials, PER_GPU_HOUR, servers=results.servers)
     for group, part in with_baselines(reuse).groupby("group", sort=False) if len(reuse) else ():
         sec.reuse[group] = reuse_cells(part)
         sec.lines.setdefault(group, []).extend(reuse_lines(part))

@@ -29,6 +29,7 @@ import pandas as pd
 from kvbench.analysis.cost import Prices
 from kvbench.analysis.latency import higher_percentile
 from kvbench.analysis.server_load import in_flight
+from kvbench.analysis.tier import tier_hits, tier_not_engaged, tier_of
 from kvbench.arguments import path_arg
 from kvbench.errors import BadParameter, ResultsError, UnwritableOutput, UserError
 from kvbench.report.cost import replacing
@@ -36,6 +37,7 @@ from kvbench.report.llmd_scenario import clean, load, stack
 from kvbench.results.load import Results
 from kvbench.results.rows import MEASURED, Status
 from kvbench.results.run_dir import refuse_symlink_dir
+from kvbench.serving import KINDS
 from kvbench.version import __version__
 
 #: The Benchmark Report version written.
@@ -44,7 +46,7 @@ LLMD_VERSION = "0.2.1"
 PERCENTILES = {"p10": 10, "p25": 25, "p50": 50, "p75": 75, "p90": 90, "p95": 95, "p99": 99}
 #: The name and version of kvbench's extension under ``results.observability``.
 EXTENSION = "kvbench"
-EXTENSION_VERSION = 1
+EXTENSION_VERSION = 2
 
 
 def statistics(values: Any, units: str, scale: float = 1.0) -> dict[str, Any] | None:
@@ -134,7 +136,9 @@ def kvbench_extension(rows: pd.DataFrame, all_rows: pd.DataFrame, servers: list[
     prompt tokens); ``counters`` (each server's ``/metrics`` deltas, holds taken out); ``memory`` (peak device,
     host, host allocated, pinned and disk KV bytes; the host tier a server's flags configure); ``bytes_moved``
     (Σ host→device, device→host, disk read and write bytes); ``cost`` (USD per 1M generated tokens at
-    ``prices.gpu_per_hour`` and the throughput the report gives, no memory charged); ``machine_busy_requests``.
+    ``prices.gpu_per_hour`` and the throughput the report gives, no memory charged); ``tier`` (a host or disk tier
+    mode's tier, the baselines of its savings and what its own counters served: :func:`_tier`);
+    ``machine_busy_requests``.
     Bytes in bytes, times in seconds."""
     first = all_rows.iloc[0].to_dict()
     match = rows["tokens_match"] if "tokens_match" in rows else pd.Series(dtype=object)
@@ -168,12 +172,30 @@ def kvbench_extension(rows: pd.DataFrame, all_rows: pd.DataFrame, servers: list[
         "cost": {"gpu_usd_per_hour": prices.gpu_per_hour,
                  "usd_per_million_output_tokens": prices.per_million(throughput) if throughput > 0 else None,
                  "basis": "output_token_rate of this report; no host or disk memory charged"},
+        "tier": _tier(rows, servers, first),
         "machine_busy_requests": int(rows["machine_busy"].map(lambda v: v is True).sum())
         if "machine_busy" in rows else 0,
         "failed_requests": int((~all_rows["status"].isin(MEASURED)).sum())
         * int(pd.to_numeric(all_rows["batch_size"], errors="coerce").fillna(1).iloc[0]),
     }
     return ext
+
+
+def _tier(rows: pd.DataFrame, servers: list[dict[str, Any]], first: dict[str, Any]) -> dict[str, Any] | None:
+    """The extension's ``tier``: for a server mode with a host or disk tier on top of its prefix cache, the tier
+    (``host``/``disk``), the baselines its savings are taken against (``reuse_saving_vs``: ``none``;
+    ``tier_saving_vs``: the engine's prefix-cache preset), what its own counters served
+    (:func:`kvbench.analysis.tier.tier_hits`: ``served``, ``served_from``) and ``not_engaged`` (why it has no tier
+    verdict, ``""`` when it engaged); None for any other mode."""
+    engine, mode = first.get("engine"), first.get("mode")
+    tier = tier_of(engine, mode)
+    if tier is None:
+        return None
+    label = str(first["mode_label"])
+    served, source = tier_hits(rows, servers, engine, label)
+    return {"tier": tier, "reuse_saving_vs": "none", "tier_saving_vs": KINDS[engine].prefix_preset,
+            "served": served, "served_from": source or None,
+            "not_engaged": tier_not_engaged(rows, servers, engine, label)}
 
 
 def _units(trials: pd.DataFrame) -> list[tuple[str, pd.DataFrame, bool]]:

@@ -65,6 +65,12 @@ class Results:
     problems: list[str] = field(default_factory=list)
     lost: list[dict[str, Any]] = field(default_factory=list)
 
+    @property
+    def servers(self) -> list[dict[str, Any]]:
+        """Every run's ``servers`` entries (run.json: one per server started or used, with its mode label, repeat,
+        ``/metrics`` deltas and capacity facts), in the order of :attr:`runs`."""
+        return [s for run in self.runs for s in run.get("servers") or [] if isinstance(s, dict)]
+
 
 _LOST_HOST = re.compile(r"^worker lost \(host ([^)]*)\)")
 

@@ -217,6 +217,9 @@ SERVER_COLUMNS = _columns(
     ("cached_prompt_tokens", K.COUNT, "tokens", "prompt tokens the server reused (llama.cpp cache_n; OpenAI "
                                                 "cached_tokens; null: not reported)"),
     ("cached_prompt_share", K.NUMBER, "", "cached_prompt_tokens ÷ prompt_tokens"),
+    ("tier_hit_tokens", K.COUNT, "tokens", "cached prompt tokens the answering slot did not hold: served from a "
+                                           "host or disk tier (llama.cpp --cache-ram, a restored slot file); "
+                                           "null: not told per request (vLLM, SGLang: their /metrics by tier)"),
     ("reusable_prompt_tokens", K.COUNT, "tokens", "the longest start of the prompt an earlier request held (what a "
                                                   "cache could reuse)"),
     ("server_prompt_tokens", K.COUNT, "tokens", "the server's own count of the prompt"),

@@ -257,6 +257,19 @@ def _server_memory_warning(s: Scenario) -> list[tuple[str, str]]:
                                  f"machine's {total / 2**30:.1f} GiB: the server may fail to start or swap")]
 
 
+def _tier_capacity(s: Scenario) -> list[tuple[str, str]]:
+    """:func:`kvbench.scenario.tier_capacity.tier_capacity_warnings` with the scenario's model architecture (none
+    where it cannot be read: :func:`check_scenario` reports that)."""
+    from kvbench.errors import ModelNotFound
+    from kvbench.models import read_architecture
+    from kvbench.scenario.tier_capacity import tier_capacity_warnings
+
+    try:
+        return tier_capacity_warnings(s, read_architecture(s.model))
+    except (ModelNotFound, ValueError):
+        return []
+
+
 def _poisson_burst(s: Scenario) -> list[tuple[str, str]]:
     """A Poisson load with no cap on requests in flight whose arrivals all fall within a second: it measures one
     burst queued at the server's slots, not a rate."""
@@ -309,6 +322,7 @@ def scenario_warnings(s: Scenario, consent: bool = True) -> list[tuple[str, str]
         warns += [(path, f"{msg} (kvbench run refuses until it is found)") for path, msg in server_problems(s)]
         warns += server_notices(s, consent)
         warns += _server_memory_warning(s)
+        warns += _tier_capacity(s)
         warns += _reachable_concurrency(s)
         warns += _poisson_burst(s)
         if not s.device.startswith("cuda"):

@@ -297,4 +297,24 @@ def check_server_modes(kind: str, modes: list[Any]) -> list[tuple[int, str]]:
             out.append((i, f"size: preset {p.name} of {kind} has no size"))
         elif m.size is not None and p.whole_size and not float(m.size).is_integer():
             out.append((i, f"size: {m.size:g} {p.size[0]}: preset {p.name} of {kind} takes a whole number"))
+    out += _tier_baseline(kind, modes)
     return out
+
+
+def _tier_baseline(kind: str, modes: list[Any]) -> list[tuple[int, str]]:
+    """A host/disk tier mode (:attr:`~kvbench.serving.kind.Preset.tier`) in ``modes`` without the kind's
+    prefix-cache mode (:attr:`~kvbench.serving.kind.ServerKind.prefix_preset`) to take its tier saving against:
+    (index, message) for the first such mode, naming the mode to add."""
+    if kind == "transformers" or KINDS[kind].prefix_preset is None:
+        return []
+    base = KINDS[kind].prefix_preset
+    server = [m for m in modes if isinstance(m, ServerMode) and m.kind in PRESETS[kind]]
+    if any(m.kind == base for m in server):
+        return []
+    for i, m in enumerate(modes):
+        if m in server and PRESETS[kind][m.kind].tier is not None:
+            tier = PRESETS[kind][m.kind].tier
+            return [(i, f"{m.name} adds a {tier} tier on top of {kind}'s prefix cache; whether that tier pays is "
+                        f"its saving against the same server with the tier off, so add {{name: {base}}} to modes "
+                        f"(its tier saving's baseline; `none` is the baseline of the reuse saving)")]
+    return []

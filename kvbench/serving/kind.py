@@ -38,6 +38,10 @@ class Preset:
             refuses such a mode on a CPU before any server starts.
         lossy: the server holds K/V rounded (a quantized cache type): its replies get quality columns against
             ``none``'s (:func:`kvbench.bench.engines.quality.server_quality`), not an exactness check.
+        tier: ``"host"`` or ``"disk"`` for a KV tier on top of the engine's prefix cache (vLLM ``cpu-offload``,
+            SGLang ``hicache``, llama.cpp ``host-cache``...): its *tier saving* is taken against the kind's
+            :attr:`ServerKind.prefix_preset` at the same load, beside its *reuse saving* against ``none``; None
+            for a configuration without such a tier.
     """
 
     name: str
@@ -51,6 +55,7 @@ class Preset:
     needs_gpu: bool = False
     cpu_refusal: str | None = None
     lossy: bool = False
+    tier: Literal["host", "disk"] | None = None
 
 
 def presets(kind: str, *entries: Preset) -> Registry[Preset]:
@@ -101,6 +106,8 @@ class Launch:
             for an engine that sizes its KV space from it (vLLM on a CPU); None: not known.
         offline: the model the server loads is on this machine (kvbench's export, or an ``engine.model`` path that
             exists), so the server needs no model hub.
+        kv_flag: the scenario's flags size the KV space themselves (vLLM ``--kv-cache-memory-bytes``), so the kind
+            sets no size of its own (vLLM's CPU build: no ``VLLM_CPU_KVCACHE_SPACE``, which would override it).
     """
 
     engine_model: str | None
@@ -113,6 +120,44 @@ class Launch:
     device: str = "cpu"
     kv_bytes: int | None = None
     offline: bool = False
+    kv_flag: bool = False
+
+
+@dataclass(frozen=True)
+class KvSizing:
+    """What reading a device cache's size from a server's flags needs beside them.
+
+    Attributes:
+        gpu: the server computes on a GPU (else a CPU).
+        kv_bytes_per_token: KV bytes one token takes in every layer at the server's dtype.
+        weights_bytes: the weights' bytes at that dtype, or None where the config does not give their size.
+        gpu_bytes: the GPU's memory in bytes, and how it is known (NVML's, or an assumed GPU named).
+    """
+
+    gpu: bool
+    kv_bytes_per_token: int
+    weights_bytes: int | None
+    gpu_bytes: tuple[int, str]
+
+
+def fraction_capacity(argv: Sequence[str], flag: str, default: float | None, at: KvSizing
+                      ) -> tuple[float, str] | None:
+    """``(tokens, arithmetic)`` of a device cache sized as a fraction of the GPU's memory (vLLM
+    ``--gpu-memory-utilization``, SGLang ``--mem-fraction-static``): at most fraction × GPU memory − weights, ÷ KV
+    bytes per token (an upper bound: the engine also reserves activation memory); None on a CPU or where neither
+    the flag nor a ``default`` gives the fraction."""
+    given = number(last_value(argv, (flag,)))
+    frac = given if given is not None else default
+    if frac is None or not at.gpu:
+        return None
+    total, which = at.gpu_bytes
+    weights = at.weights_bytes or 0
+    kv = max(0.0, frac * total - weights)
+    told = "" if at.weights_bytes is not None else " (not subtracted: the config does not give their size)"
+    return kv / at.kv_bytes_per_token, (
+        f"at most {frac:g} ({flag}{'' if given is not None else ', its default'}) × {which} − "
+        f"{weights / GIB:.1f} GiB of weights{told} = {kv / GIB:,.1f} GiB ÷ {at.kv_bytes_per_token:,} B of KV per "
+        "token")
 
 
 @dataclass(frozen=True)
@@ -160,6 +205,20 @@ class ServerKind:
             (not known from flags).
         kv_element_bytes: bytes per KV element the server allocates by default (llama.cpp f16: 2), for the
             memory warning before a start; None: not estimated.
+        device_cache_tokens: the KV tokens the server keeps on its device, from a ``/metrics`` text (vLLM: its
+            ``num_gpu_blocks`` × ``block_size``), or None; a kind whose slots hold the context kvbench gives them
+            (llama.cpp) needs none: slots × context.
+        device_cache_from_flags: ``(tokens, arithmetic)`` of the KV the server keeps on its device as a command
+            line (its flags, the last occurrence winning) and a :class:`KvSizing` say, or None where they do not
+            tell; None: not read from flags.
+        device_cache_hint: the flags that size the device cache, as a message names them.
+        slot_per_unit: each of the server's slots holds one conversation or document at most (llama.cpp), so its
+            device cache holds as many as the load's concurrency.
+        tier_counters: the counters (kvbench's names, of :attr:`counters`) that move only when a host or disk tier
+            served a prompt or restored KV: the tier's own evidence that it engaged.
+        prefix_preset: the preset that is the kind's prefix caching with no host or disk tier (vLLM and llama.cpp
+            ``prefix-cache``, SGLang ``radix``): the baseline of a :attr:`Preset.tier` mode's tier saving, or None
+            (a kind without tier presets).
     """
 
     name: str
@@ -188,6 +247,12 @@ class ServerKind:
     version_path: str | None = None
     block_tokens: Callable[[str], int | None] | None = None
     cpu_refusal: str | None = None
+    prefix_preset: str | None = None
+    device_cache_tokens: Callable[[str], int | None] | None = None
+    tier_counters: tuple[str, ...] = ()
+    device_cache_from_flags: Callable[[list[str], KvSizing], tuple[float, str] | None] | None = None
+    device_cache_hint: str = ""
+    slot_per_unit: bool = False
 
 
 def last_value(argv: Sequence[str], flags: Iterable[str]) -> str | None:

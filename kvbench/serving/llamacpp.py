@@ -81,10 +81,10 @@ KIND = ServerKind(
         Preset("prefix-cache", "a slot reuses its common prefix (cache_prompt), no host cache", ("--cache-ram", "0"),
                {"cache_prompt": True}),
         Preset("host-cache", "slot states kept in host RAM (--cache-ram MiB) and prefix reuse",
-               ("--cache-ram", "{size}"), {"cache_prompt": True}, size=("MiB", 1024), whole_size=True),
+               ("--cache-ram", "{size}"), {"cache_prompt": True}, size=("MiB", 1024), whole_size=True, tier="host"),
         Preset("disk-slots", "kvbench saves a conversation's slot to disk after each turn and restores it before "
                "the next (--slot-save-path)", ("--cache-ram", "0", "--slot-save-path", "{slot_dir}"),
-               {"cache_prompt": True}, slots=True),
+               {"cache_prompt": True}, slots=True, tier="disk"),
         Preset("kv-on-host", "KV cache in host memory, computed on the GPU (-nkvo)", ("-nkvo",),
                {"cache_prompt": True}, needs_gpu=True),
         Preset("kv-q8_0", "prefix reuse, K and V cached as q8_0 (--cache-type-k/-v q8_0): lossy, with quality "
@@ -119,5 +119,7 @@ KIND = ServerKind(
     counters=COUNTERS,
     hit_counts=hit_counts,
     host_tier=host_tier,
+    prefix_preset="prefix-cache",
+    slot_per_unit=True,
     kv_element_bytes=2,  # f16 K and V unless --cache-type-k/-v say otherwise (kv-q8_0, kv-q4_0)
 )

@@ -9,7 +9,8 @@ before the HiCache breakdown report ``sglang:cached_tokens_total`` without a ``c
 
 from __future__ import annotations
 
-from kvbench.serving.kind import CounterSpec, Launch, Preset, ServerKind, counter, last_value, number, presets
+from kvbench.serving.kind import (CounterSpec, KvSizing, Launch, Preset, ServerKind, counter, fraction_capacity,
+                                  last_value, number, presets)
 
 NAME = "sglang"
 #: Why PyPI's SGLang cannot serve on a CPU (measured on 0.5.23 with sglang-kernel 0.4.10).
@@ -25,6 +26,16 @@ def launch(at: Launch) -> tuple[list[str], list[str]]:
     127.0.0.1 and the port, metrics on, the seed."""
     return [], ["--model-path", at.engine_model or at.scenario_model, "--host", "127.0.0.1", "--port",
                 str(at.port), "--enable-metrics", "--random-seed", str(at.seed)]
+
+
+def flag_capacity(argv: list[str], at: KvSizing) -> tuple[float, str] | None:
+    """The device pool in tokens from SGLang's flags: ``--max-total-tokens``, else ``--mem-fraction-static`` of the
+    GPU's memory (:func:`~kvbench.serving.kind.fraction_capacity`); None without either (SGLang's default
+    fraction depends on the GPU)."""
+    most = number(last_value(argv, ("--max-total-tokens",)))
+    if most is not None:
+        return most, f"{most:,.0f} tokens (--max-total-tokens)"
+    return fraction_capacity(argv, "--mem-fraction-static", None, at)
 
 
 def host_tier(argv: list[str]) -> tuple[int | None, str]:
@@ -64,7 +75,8 @@ KIND = ServerKind(
         Preset("none", "no radix cache (--disable-radix-cache)", ("--disable-radix-cache",), cold=True),
         Preset("radix", "the radix prefix cache on the GPU (the default)", ()),
         Preset("hicache", "radix cache with a host tier (--enable-hierarchical-cache --hicache-ratio R)",
-               ("--enable-hierarchical-cache", "--hicache-ratio", "{size}"), size=("× the GPU cache", 2.0)),
+               ("--enable-hierarchical-cache", "--hicache-ratio", "{size}"), size=("× the GPU cache", 2.0),
+               tier="host"),
     ),
     python_module="sglang.launch_server",
     install_hint="pip install sglang on a GPU machine, or give engine.binary",
@@ -82,4 +94,8 @@ KIND = ServerKind(
     hit_counts=hit_counts,
     host_tier=host_tier,
     cpu_refusal=CPU_REFUSAL,
+    prefix_preset="radix",
+    tier_counters=("cached_tokens_host", "cached_tokens_storage"),
+    device_cache_from_flags=flag_capacity,
+    device_cache_hint="--max-total-tokens",
 )

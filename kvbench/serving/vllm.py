@@ -14,7 +14,8 @@ from __future__ import annotations
 import math
 import re
 
-from kvbench.serving.kind import GIB, CounterSpec, Launch, Preset, ServerKind, counter, last_value, number, presets
+from kvbench.serving.kind import (GIB, CounterSpec, KvSizing, Launch, Preset, ServerKind, counter, fraction_capacity,
+                                  last_value, number, presets)
 
 NAME = "vllm"
 #: What vLLM's CPU build says when its native CPU offloading is asked for (0.32, measured here).
@@ -42,14 +43,16 @@ def environment(at: Launch) -> dict[str, str]:
     no hub access for a model on this machine (``HF_HUB_OFFLINE`` when :attr:`Launch.offline`), the
     development endpoints for ``/reset_prefix_cache`` (``VLLM_SERVER_DEV_MODE``; they also answer ``/sleep`` and
     ``/collective_rpc`` to any process of this machine that finds the port) and, on a CPU, the KV space: the slots'
-    full KV (:attr:`Launch.kv_bytes`) in whole GiB, at least 1 (``VLLM_CPU_KVCACHE_SPACE``), threads unbound
+    full KV (:attr:`Launch.kv_bytes`) in whole GiB, at least 1 (``VLLM_CPU_KVCACHE_SPACE``; not where the scenario's
+    ``--kv-cache-memory-bytes`` sizes it, :attr:`Launch.kv_flag`, which the variable would override), threads unbound
     (``VLLM_CPU_OMP_THREADS_BIND=nobind``: binding fails in a container that hides the CPU topology)."""
     env = {"VLLM_HOST_IP": "127.0.0.1", "VLLM_LOOPBACK_IP": "127.0.0.1", "VLLM_NO_USAGE_STATS": "1",
            "DO_NOT_TRACK": "1", "VLLM_SERVER_DEV_MODE": "1"}
     if at.offline:
         env["HF_HUB_OFFLINE"] = "1"
     if at.device == "cpu":
-        env["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, math.ceil((at.kv_bytes or 0) / GIB)))
+        if not at.kv_flag:
+            env["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, math.ceil((at.kv_bytes or 0) / GIB)))
         env["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
     return env
 
@@ -62,6 +65,32 @@ def block_tokens(metrics: str) -> int | None:
     None."""
     m = _BLOCK.search(metrics or "")
     return int(m.group(1)) if m else None
+
+
+_GPU_BLOCKS = re.compile(r'^vllm:cache_config_info\{[^}\n]*\bnum_gpu_blocks="(\d+)"', re.MULTILINE)
+
+
+def device_cache_tokens(metrics: str) -> int | None:
+    """The KV tokens vLLM keeps on its device (a GPU, or the CPU build's ``VLLM_CPU_KVCACHE_SPACE``): the
+    ``num_gpu_blocks`` × ``block_size`` labels of ``vllm:cache_config_info`` (the blocks it allocated after
+    profiling, ``--num-gpu-blocks-override`` included), or None."""
+    blocks, size = _GPU_BLOCKS.search(metrics or ""), block_tokens(metrics)
+    return int(blocks.group(1)) * size if blocks and size else None
+
+
+def flag_capacity(argv: list[str], at: KvSizing) -> tuple[float, str] | None:
+    """The device cache in tokens from vLLM's flags: ``--num-gpu-blocks-override`` × ``--block-size`` (default 16
+    on a GPU, 128 on the CPU build, as measured here); else ``--kv-cache-memory-bytes`` ÷ KV bytes per token; else
+    on a GPU ``--gpu-memory-utilization`` (default 0.9) of its memory (:func:`~kvbench.serving.kind.fraction_capacity`)."""
+    blocks = number(last_value(argv, ("--num-gpu-blocks-override",)))
+    if blocks is not None:
+        size = number(last_value(argv, ("--block-size",))) or (16 if at.gpu else 128)
+        return blocks * size, f"{blocks:,.0f} blocks (--num-gpu-blocks-override) × {size:g} tokens"
+    mem = number(last_value(argv, ("--kv-cache-memory-bytes",)))
+    if mem is not None:
+        return mem / at.kv_bytes_per_token, (f"{mem / GIB:,.2f} GiB (--kv-cache-memory-bytes) ÷ "
+                                             f"{at.kv_bytes_per_token:,} B per token")
+    return fraction_capacity(argv, "--gpu-memory-utilization", 0.9, at)
 
 
 def host_tier(argv: list[str]) -> tuple[int | None, str]:
@@ -130,10 +159,11 @@ KIND = ServerKind(
         Preset("cpu-offload", "prefix caching with a native CPU tier (--kv-offloading-backend native "
                "--kv-offloading-size GiB)", ("--enable-prefix-caching", "--kv-offloading-backend", "native",
                                              "--kv-offloading-size", "{size}"), size=("GiB", 8), needs_gpu=True,
+               tier="host",
                cpu_refusal=f'vLLM\'s CPU build ends at start with "{CPU_OFFLOAD_REFUSED}"'),
         Preset("lmcache", "prefix caching with LMCache as the KV connector (needs the lmcache package)",
                ("--enable-prefix-caching", "--kv-transfer-config",
-                '{"kv_connector":"LMCacheConnectorV1","kv_role":"kv_both"}'), needs_gpu=True,
+                '{"kv_connector":"LMCacheConnectorV1","kv_role":"kv_both"}'), needs_gpu=True, tier="host",
                cpu_refusal="LMCache moves KV between a CUDA GPU and its own tiers; vLLM's CPU build has no such "
                            f'device (its own native tier answers "{CPU_OFFLOAD_REFUSED}")'),
     ),
@@ -168,4 +198,10 @@ KIND = ServerKind(
     reset_path="/reset_prefix_cache",
     version_path="/version",
     block_tokens=block_tokens,
+    device_cache_tokens=device_cache_tokens,
+    device_cache_from_flags=flag_capacity,
+    device_cache_hint="--num-gpu-blocks-override or --kv-cache-memory-bytes",
+    tier_counters=("prompt_tokens_cached_host", "prompt_tokens_cached_disk", "external_prefix_cache_hits",
+                   "kv_offload_bytes_host_to_device", "kv_offload_tiering_read_bytes"),
+    prefix_preset="prefix-cache",
 )

@@ -34,15 +34,17 @@ def problems_of(write_yaml, data) -> list[tuple[str, str]]:
 
 def test_a_server_scenario_loads_with_its_presets_and_load(write_yaml):
     s = load_scenario(write_yaml(server_scenario(
-        modes=[{"name": "none"}, {"name": "ram", "preset": "host-cache", "size": 256, "args": ["--no-cache-idle-slots"],
-                                  "request": {"cache_prompt": True}}],
+        modes=[{"name": "none"}, {"name": "prefix-cache"},
+               {"name": "ram", "preset": "host-cache", "size": 256, "args": ["--no-cache-idle-slots"],
+                "request": {"cache_prompt": True}}],
         load={"profile": "concurrent", "concurrency": [1, 4]})))
     assert s.engine.server and s.engine.kind == "llama.cpp"
-    assert [(m.kind, m.label) for m in s.modes] == [("none", "none"), ("host-cache", "ram")]
-    assert s.modes[1].options == {"args": ["--no-cache-idle-slots"], "request": {"cache_prompt": True}, "size": 256.0}
-    assert preset_of("llama.cpp", s.modes[1]).args == ("--cache-ram", "{size}")
+    assert [(m.kind, m.label) for m in s.modes] == [("none", "none"), ("prefix-cache", "prefix-cache"),
+                                                    ("host-cache", "ram")]
+    assert s.modes[2].options == {"args": ["--no-cache-idle-slots"], "request": {"cache_prompt": True}, "size": 256.0}
+    assert preset_of("llama.cpp", s.modes[2]).args == ("--cache-ram", "{size}")
     assert s.load_spec.levels == [1, 4]
-    assert sweep_summary(s) == ("16 requests on llama.cpp: multi_turn: 2 conversations × 2 turns = 4 requests × 2 "
+    assert sweep_summary(s) == ("24 requests on llama.cpp: multi_turn: 2 conversations × 2 turns = 4 requests × 3 "
                                 "modes × 2 concurrency levels × 1 repeat, concurrency 1, 4; one server start per "
                                 "mode, level and repeat")
 
@@ -118,8 +120,9 @@ def test_offload_modes_need_the_transformers_engine_and_server_modes_a_server(wr
      "Input should be greater than or equal to 1 (got -2)"),
     ({"load": {"profile": "concurrent", "concurrency": "lots"}}, "load.concurrency",
      "must be a whole number or a list of whole numbers (got 'lots')"),
-    ({"modes": [{"name": "none"}, {"name": "disk-slots"}], "load": {"profile": "concurrent", "concurrency": 2}},
-     "modes[1]", "preset disk-slots saves and restores slot 0 around each turn: it runs one request at a time "
+    ({"modes": [{"name": "none"}, {"name": "prefix-cache"}, {"name": "disk-slots"}],
+      "load": {"profile": "concurrent", "concurrency": 2}},
+     "modes[2]", "preset disk-slots saves and restores slot 0 around each turn: it runs one request at a time "
                  "(load.concurrency 1)"),
 ])
 def test_server_scenario_shape_is_checked(write_yaml, over, path, message):
@@ -285,13 +288,13 @@ def test_engine_python_is_for_a_python_module_kind_and_never_beside_binary(write
         ("engine.binary", "not with engine.python (python runs the engine's module, binary is its program): give one")]
 
 
-@pytest.mark.parametrize("device, refused", [("cpu", ["modes[1]", "modes[2]"]), ("cuda", [])])
+@pytest.mark.parametrize("device, refused", [("cpu", ["modes[2]", "modes[3]"]), ("cuda", [])])
 def test_presets_vllm_s_cpu_build_cannot_run_are_refused_on_a_cpu(write_yaml, device, refused):
     from kvbench.scenario.programs import cpu_refusals
     from kvbench.serving.vllm import CPU_OFFLOAD_REFUSED
 
     s = load_scenario(write_yaml(server_scenario(engine={"kind": "vllm"}, modes=[
-        {"name": "none"}, {"name": "cpu-offload", "size": 2}, {"name": "lmcache"}])))
+        {"name": "none"}, {"name": "prefix-cache"}, {"name": "cpu-offload", "size": 2}, {"name": "lmcache"}])))
     found = cpu_refusals(s, device)
     assert [p for p, _ in found] == refused
     if found:

@@ -13,7 +13,9 @@ import pytest
 from kvbench.analysis.reuse import recompute_side
 from kvbench.analysis.reuse_cost import busy_seconds
 from kvbench.bench.engines.server.client import Reply
-from kvbench.bench.engines.server.engine import ServerEngine, common_prefix, reusable_tokens, server_argv
+from kvbench.bench.engines.server.engine import ServerEngine, server_argv
+from kvbench.bench.engines.server.requests import reusable_tokens
+from kvbench.bench.engines.server.session import common_prefix
 from kvbench.bench.plans.server import request_row
 from kvbench.bench.plans.server import at_level, mode_order
 from kvbench.report.server_findings import server_findings

@@ -55,7 +55,10 @@ class Reply:
     {} where it sends none; ``stop_reason`` is llama.cpp's ``stop_type`` or
     the OpenAI ``finish_reason``. ``top_logprobs`` is, per generated token, its step's top-k log-probabilities
     (token id → natural log; llama.cpp ``n_probs``), or None where the stream did not carry one for every
-    token."""
+    token. ``slot`` is the server slot that answered (llama.cpp ``id_slot``), else None; ``slot_kept`` the prompt
+    tokens that slot already held (the common prefix of the prompt with what the slot held after its previous
+    request on the same server), set by the session that tracks them
+    (:meth:`~kvbench.bench.engines.server.session.ServerSession.send`), else None."""
 
     t_sent: float
     token_times: list[float]
@@ -68,6 +71,8 @@ class Reply:
     server_timings: dict[str, float]
     stop_reason: str | None
     top_logprobs: list[dict[int, float]] | None = None
+    slot: int | None = None
+    slot_kept: int | None = None
 
 
 @dataclass
@@ -87,6 +92,7 @@ class _Acc:
     stop_reason: str | None = None
     usage_tokens: int | None = None       # completion_tokens of the last usage seen (OpenAI)
     top: list[dict[int, float]] = field(default_factory=list)  # llama.cpp n_probs: each token's top-k
+    slot: int | None = None               # llama.cpp id_slot of the final chunk
 
     def tick(self, now: float, k: int) -> None:
         """A chunk carrying ``k`` tokens was parsed at clock ``now``."""
@@ -180,6 +186,7 @@ def _take_llamacpp(acc: _Acc, line: int, event: dict, now: float) -> bool:
         acc.prompt_tokens = _count(event.get("tokens_evaluated"))
     stop = event.get("stop_type")
     acc.stop_reason = stop if isinstance(stop, str) else None
+    acc.slot = _count(event.get("id_slot"))
     return True
 
 
@@ -304,7 +311,7 @@ def _reply(acc: _Acc, t_sent: float, asked: int) -> Reply:
     return Reply(t_sent=t_sent, token_times=acc.times, chunk_times=acc.chunks, ids=ids, text=text,
                  text_sha256=hashlib.sha256(text.encode("utf-8")).hexdigest(), prompt_tokens=acc.prompt_tokens,
                  cached_tokens=acc.cached_tokens, server_timings=acc.timings, stop_reason=acc.stop_reason,
-                 top_logprobs=acc.top if len(acc.top) == generated else None)
+                 top_logprobs=acc.top if len(acc.top) == generated else None, slot=acc.slot)
 
 
 def _body(defaults: dict, options: Mapping[str, Any], fixed: tuple[str, ...], asked: int) -> dict:

@@ -29,6 +29,7 @@ from kvbench.bench.engines.server.client import Reply
 from kvbench.bench.engines.server.http import get_page, unreachable
 from kvbench.bench.engines.server.metrics import measured_deltas
 from kvbench.bench.engines.server.process import ServerProcess, free_port, probe_output
+from kvbench.bench.engines.server.requests import prompt_requests, reusable_tokens, working_set_tokens
 from kvbench.bench.engines.server.session import ServerSession
 from kvbench.bench.engines.server.stream import ServerReplyError, printable
 from kvbench.bench.engines.server.tiers import host_tier
@@ -50,24 +51,6 @@ CTX_MARGIN = 16
 #: What a server engine has: no memory of its own to give back (its server stops after each mode), no OOM told
 #: apart, as many requests in flight as the load's level gives it slots.
 CAPABILITIES = Capabilities(releases_memory=False, tells_oom=False, max_in_flight=None)
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    """How many leading ids ``a`` and ``b`` share."""
-    n = min(len(a), len(b))
-    if n == 0:
-        return 0
-    diff = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
-    return int(diff[0]) if diff.size else n
-
-
-def reusable_tokens(requests: Sequence[Any]) -> dict[str, int]:
-    """Per request id: the most leading prompt tokens any earlier request of the stream held (its ``held`` ids:
-    a turn's prompt and reply), i.e. what a server's cache could reuse, in tokens."""
-    out: dict[str, int] = {}
-    for i, q in enumerate(requests):
-        out[q.id] = max((common_prefix(q.ids, p.held) for p in requests[:i]), default=0)
-    return out
 
 
 def server_argv(s: Scenario, preset: Preset, mode: Any, port: int, slots: int, ctx_per_slot: int,
@@ -92,7 +75,8 @@ def server_argv(s: Scenario, preset: Preset, mode: Any, port: int, slots: int, c
             for a in preset.args]
     at = Launch(e.model or model_dir, s.model.name, port, slots, ctx_per_slot, s.seed,
                 module=program is not None and program.module, device=device, kv_bytes=kv_bytes,
-                offline=Path(e.model).exists() if e.model else model_dir is not None)
+                offline=Path(e.model).exists() if e.model else model_dir is not None,
+                kv_flag=any(a.split("=")[0] == "--kv-cache-memory-bytes" for a in [*e.args, *mode.args]))
     head, own = kind.launch(at)
     env = kind.environment(at) if kind.environment is not None else {}
     return [*(program.argv if program else ()), *head, *e.args, *args, *mode.args, *own], env
@@ -185,6 +169,8 @@ class ServerEngine:
         self.trust_env = not self.server_kind.started and s.engine.use_env_proxy
         self.servers: list[dict[str, Any]] = []
         self.reusable = reusable_tokens(source.requests)
+        #: the workload's working set: per conversation (document), its longest prompt with the reply held
+        self.working_set_tokens = working_set_tokens(source.requests, self.followed)
 
     def preflight(self) -> list[str]:
         """Why the requests cannot run (one line each): a prompt longer than the model's positions allow; an
@@ -275,7 +261,20 @@ class ServerEngine:
                                             f"{srv.url}/metrics"))
                 if self.server_kind.block_tokens is not None:  # prefix caching reuses whole blocks of these
                     info["cache_block_tokens"] = self.server_kind.block_tokens(srv.metrics_before or after or "")
+                info.update(self._capacity(srv.metrics_before or after or "", slots))
                 self.pid = os.getpid()
+
+    def _capacity(self, metrics: str, slots: int) -> dict[str, Any]:
+        """run.json's capacity facts of a server: ``device_cache_tokens`` (the KV tokens it keeps on its device:
+        the kind's reading of its ``/metrics``, vLLM's blocks × block size; llama.cpp's slots × the context kvbench
+        gave each; None: not known), where that figure comes from (``device_cache_source``) and the workload's
+        ``working_set_tokens`` (:attr:`working_set_tokens`)."""
+        reader = KINDS[self.kind if self.server_kind.counters else metrics_kind(metrics)].device_cache_tokens
+        tokens, source = (reader(metrics), "its /metrics") if reader is not None else (None, "")
+        if self.server_kind.started and self.server_kind.slot_per_unit:
+            tokens, source = self.ctx_per_slot * slots, f"{slots} slots × {self.ctx_per_slot} tokens of context"
+        return {"device_cache_tokens": tokens, "device_cache_source": source if tokens is not None else
+                "not reported by the server", "working_set_tokens": self.working_set_tokens}
 
     def model_name(self, url: str) -> str:
         """The model an OpenAI-compatible request names: ``engine.served_model``, else the first model the
@@ -328,6 +327,7 @@ class ServerEngine:
         is neither compared with nor taken as the reference."""
         req = t.request
         cached, reusable = reply.cached_tokens, self.reusable.get(req.id)
+        kept = reply.slot_kept
         contaminated = bool(self.preset(t.mode).cold and cached)
         notes = {}
         if cached is None:
@@ -345,6 +345,7 @@ class ServerEngine:
             reuse={"tokens_restored": cached, "tokens_prefilled": len(req.ids) - cached if cached is not None else None,
                    "store_hit_rate": min(1.0, cached / reusable) if cached is not None and reusable else None},
             fields={"cached_prompt_tokens": cached, "server_prompt_tokens": reply.prompt_tokens,
+                    "tier_hit_tokens": max(0, cached - kept) if cached is not None and kept is not None else None,
                     "cached_prompt_share": cached / len(req.ids) if cached is not None and req.ids else None,
                     "server_tpot_s": reply.server_timings.get("per_token_s"),
                     "server_prompt_s": reply.server_timings.get("prompt_s"), "stop_reason": reply.stop_reason,
@@ -360,18 +361,6 @@ class ServerEngine:
         warm = not self.preset(mode).cold
         return [dataclasses.replace(ServerTrial.of(q, mode, repeat, warm), concurrency=concurrency)
                 for q in requests]
-
-
-def prompt_requests(s: Scenario, source: Any) -> Any:
-    """A prompt workload as a request stream: for each of ``prompt_tokens``, ``workload.n_prompts`` prompts of
-    exactly that many tokens (requests ``p<N>-i<k>``, each its own document)."""
-    from kvbench.workloads.sessions import Request, Stream
-
-    out = []
-    for n in s.prompt_tokens:
-        for k, ids in enumerate(source.batch(n, s.workload.n_prompts, 0)):
-            out.append(Request(f"p{n}-i{k}", f"p{n}-i{k}", 1, tuple(ids), tuple(ids)))
-    return Stream(out)
 
 
 def load_server_engine(s: Scenario, run_path: Path) -> ServerEngine:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 
 from kvbench.bench.engines.server.client import Reply, complete_llamacpp, complete_openai
 from kvbench.bench.engines.server.http import get_page, get_page_async, server_client
@@ -66,6 +67,7 @@ class ServerSession:
         self.metrics_before: str | None = None
         self.slot_files: dict[str, str] = {}
         self.holds = Holds()
+        self.slot_tokens: dict[int, list[int]] = {}
 
     def facts(self) -> dict[str, Any]:
         """The run.json ``servers`` entry of this server (command line, version, log, slots, host tier and, once
@@ -98,13 +100,21 @@ class ServerSession:
 
     async def send(self, client: httpx.AsyncClient, ids: Sequence[int], n_tokens: int) -> Reply:
         """One streamed, greedy request of exactly ``n_tokens`` new tokens for prompt ``ids``, with the preset's
-        and the mode's request options, on the kind's protocol."""
+        and the mode's request options, on the kind's protocol. Where the reply names its slot (llama.cpp), its
+        ``slot_kept`` is the common prefix of ``ids`` with what that slot held after its previous request (prompt
+        and generated ids; none yet: 0), and the slot then holds this request's: cached tokens beyond
+        ``slot_kept`` came from elsewhere (llama.cpp's ``--cache-ram`` host cache, or a restored slot file)."""
         e = self.engine
         options = {**self.engine.quality.request, **self.preset.request, **self.mode.request}
         timeout, deadline = e.s.engine.request_timeout_s, e.s.engine.reply_timeout_s
         if e.server_kind.protocol == "completion":
-            return await complete_llamacpp(client, self.url, ids, n_tokens, options, seed=e.s.seed,
-                                           timeout_s=timeout, deadline_s=deadline)
+            reply = await complete_llamacpp(client, self.url, ids, n_tokens, options, seed=e.s.seed,
+                                            timeout_s=timeout, deadline_s=deadline)
+            if reply.slot is None:
+                return reply
+            kept = common_prefix(self.slot_tokens.get(reply.slot, []), ids)
+            self.slot_tokens[reply.slot] = [*ids, *(reply.ids or [])]
+            return dataclasses.replace(reply, slot_kept=kept)
         return await complete_openai(client, self.url, e.model_name(self.url), ids, n_tokens, options,
                                      seed=e.s.seed, timeout_s=timeout, deadline_s=deadline)
 
@@ -230,6 +240,15 @@ class ServerSession:
                 return False
             time.sleep(0.05)
         return True
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading ids ``a`` and ``b`` share."""
+    n = min(len(a), len(b))
+    if n == 0:
+        return 0
+    diff = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
+    return int(diff[0]) if diff.size else n
 
 
 def _server_s(reply: dict[str, Any], key: str) -> float | None:

@@ -125,7 +125,10 @@ def test_report_and_cost_name_the_server_findings_and_price_each_mode(basic):
     r = CliRunner().invoke(app, ["cost", "--gpu-price", "2", str(run_dir), "--out", str(tmp / "cost")])
     assert r.exit_code == 0, r.output
     costs = pd.read_csv(tmp / "cost" / "reuse_cost.csv")
-    assert list(costs["mode_label"]) == ["prefix-cache", "disk-slots"] and set(costs["engine"]) == {"llama.cpp"}
+    # disk-slots: its reuse saving against none, its tier saving against prefix-cache
+    assert list(zip(costs["mode_label"], costs["baseline"], costs["saving_kind"])) == [
+        ("prefix-cache", "none", "reuse"), ("disk-slots", "none", "reuse"), ("disk-slots", "prefix-cache", "tier")]
+    assert set(costs["engine"]) == {"llama.cpp"}
     assert (costs["recompute_usd_per_million"] > 0).all() and (costs["requests"] == 4).all()
     text = " ".join(r.output.split())
     assert all(f"`{m}` " in text and "USD per 1M tokens" in text for m in ("prefix-cache", "disk-slots"))

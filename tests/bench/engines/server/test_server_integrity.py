@@ -67,8 +67,14 @@ def test_the_restore_s_cost_flips_the_disk_slots_saving_and_every_tier_is_charge
     run_dir, _, _ = slow
     trials = kvbench.load_results(run_dir).trials
     prices = Prices(gpu_per_hour=2.0, host_per_gib_hour=0.5, disk_per_gib_hour=0.1)
-    costs = {r["mode_label"]: r for r in reuse_cost(trials, prices).to_dict("records")}
+    every = reuse_cost(trials, prices).to_dict("records")
+    costs = {r["mode_label"]: r for r in every if r["saving_kind"] == "reuse"}
     assert list(costs) == ["prefix-cache", "ram", "disk-slots", "off"]
+    # each conversation's turns run one after another on the one slot: the slot still holds the conversation, so
+    # neither tier serves a token the slot did not keep, and neither gets a tier verdict
+    tiers = {r["mode_label"]: r["saving_verdict"] for r in every if r["saving_kind"] == "tier"}
+    assert tiers == {m: "not engaged: its tier served nothing (prompt tokens served by the tier over 10 requests)"
+                     for m in ("ram", "disk-slots")}
     disk = costs["disk-slots"]
     assert disk["pairs"] == 10 and disk["saving_pct"] < 0 and disk["saving_ci_high"] < 0
     assert (disk["units"], disk["unit"]) == (5, "conversations")
@@ -132,7 +138,8 @@ def test_cost_writes_goodput_and_the_load_table(slow):
     assert r.exit_code == 0, r.output
     text = " ".join(r.output.split())
     assert "slow: `off` not engaged: 0 cached prompt tokens over 10 requests: restore " in text
-    charged = pd.read_csv(tmp / "cost" / "reuse_cost.csv").set_index("mode_label")["charged"]
+    reuse = pd.read_csv(tmp / "cost" / "reuse_cost.csv")
+    charged = reuse[reuse["baseline"] == "none"].set_index("mode_label")["charged"]
     assert (charged["ram"], charged["prefix-cache"]) == ("host 256.0 MiB", "none")
     assert "; held beside the device: host 256.0 MiB (host: --cache-ram 256 MiB, configured))" in text
     goodput = pd.read_csv(tmp / "cost" / "goodput.csv")
@@ -143,4 +150,6 @@ def test_cost_writes_goodput_and_the_load_table(slow):
 
     doc = json.loads((tmp / "cost" / "cost.json").read_text())
     assert [r["mode_label"] for r in doc["server_load"]] == list(MODES)
-    assert [r["mode_label"] for r in doc["reuse"]] == list(MODES[1:])
+    assert [(r["mode_label"], r["baseline"]) for r in doc["reuse"]] == [
+        ("prefix-cache", "none"), ("ram", "none"), ("ram", "prefix-cache"), ("disk-slots", "none"),
+        ("disk-slots", "prefix-cache"), ("off", "none")]

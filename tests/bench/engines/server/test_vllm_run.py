@@ -106,11 +106,12 @@ def test_the_metrics_deltas_are_the_measured_requests_own(run):
 
 @pytest.mark.parametrize("preset", ["cpu-offload", "lmcache"])
 def test_a_gpu_preset_is_refused_on_a_cpu_before_any_server_starts(tmp_path, preset):
-    (tmp_path / "s.yaml").write_text(yaml.safe_dump(vllm_scenario(modes=[{"name": "none"}, {"name": preset}])))
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(vllm_scenario(modes=[{"name": "none"}, {"name": "prefix-cache"},
+                                                                         {"name": preset}])))
     before = {p.pid for p in psutil.process_iter()}
     with pytest.raises(ScenarioError) as e:
         kvbench.run_scenario(tmp_path / "s.yaml", out=tmp_path / "res")
-    assert f"modes[1]: preset {preset} of vllm cannot run on a CPU" in str(e.value)
+    assert f"modes[2]: preset {preset} of vllm cannot run on a CPU" in str(e.value)
     assert CPU_OFFLOAD_REFUSED in str(e.value) and "run it on a GPU machine (device: cuda)" in str(e.value)
     assert not list(tmp_path.glob("res/*/servers")) and vllm_processes(before) == []
 

@@ -1,0 +1,97 @@
+"""The tier question: does a host or disk KV tier pay *on top of* the same engine's prefix cache?
+
+Two savings are named apart (DESIGN's terms): the *reuse saving* of a mode against ``none`` (recompute every
+prompt), and the *tier saving* of a host/disk tier mode (:attr:`kvbench.serving.kind.Preset.tier`: vLLM
+``cpu-offload`` and ``lmcache``, SGLang ``hicache``, llama.cpp ``host-cache`` and ``disk-slots``) against the same
+engine's prefix-cache mode with the tier off (:attr:`kvbench.serving.kind.ServerKind.prefix_preset`) at the same
+load. A tier engages only when its own counters moved: llama.cpp's cached tokens beyond what the answering slot
+held (``tier_hit_tokens``), vLLM's and SGLang's tier counters in the ``/metrics`` deltas of its servers
+(:attr:`~kvbench.serving.kind.ServerKind.tier_counters`); device prefix-cache hits never count.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import pandas as pd
+
+from kvbench.serving import KINDS
+
+
+def tier_of(engine: Any, mode: Any) -> str | None:
+    """``"host"`` or ``"disk"`` where preset ``mode`` of server kind ``engine`` adds that tier on top of the
+    kind's prefix cache, else None (the in-process engine, an unknown kind or preset)."""
+    kind = KINDS.get(str(engine)) if isinstance(engine, str) else None
+    preset = kind.presets.get(str(mode)) if kind is not None else None
+    return preset.tier if preset is not None else None
+
+
+def baseline_label(rows: pd.DataFrame, part: pd.DataFrame) -> str | None:
+    """The label of the mode in ``rows`` that runs the prefix-cache preset of ``part``'s engine in ``part``'s
+    group and at its concurrency (``prefix-cache@c4`` for ``host-cache@c4``), the first one run: the baseline of
+    a tier mode's (``part``'s rows) tier saving; None where there is none."""
+    engine = str(part["engine"].iloc[0])
+    base = KINDS[engine].prefix_preset if engine in KINDS else None
+    if base is None:
+        return None
+    same = rows[(rows["group"] == part["group"].iloc[0]) & (rows["mode"] == base)]
+    if "concurrency" in part and part["concurrency"].notna().any():
+        same = same[same["concurrency"].isin(part["concurrency"].dropna().unique())]
+    return str(same["mode_label"].iloc[0]) if len(same) else None
+
+
+def _servers_of(servers: Sequence[dict[str, Any]], label: str) -> list[dict[str, Any]]:
+    return [s for s in servers if isinstance(s, dict) and str(s.get("mode_label")) == label]
+
+
+def capacity_text(servers: Sequence[dict[str, Any]]) -> str:
+    """The token arithmetic of a run's servers: ``"the working set (9,120 tokens) fits the device cache (23,296
+    tokens)"`` or ``"... is 2.1x the device cache ..."``; ``""`` where either figure is missing (run.json's
+    ``working_set_tokens`` and ``device_cache_tokens``, the smallest device cache of the servers)."""
+    ws = [s.get("working_set_tokens") for s in servers if isinstance(s.get("working_set_tokens"), int)]
+    cap = [s.get("device_cache_tokens") for s in servers if isinstance(s.get("device_cache_tokens"), int)]
+    if not ws or not cap or min(cap) <= 0:
+        return ""
+    w, c = max(ws), min(cap)
+    if w <= c:
+        return f"the working set ({w:,} tokens) fits the device cache ({c:,} tokens)"
+    return f"the working set ({w:,} tokens) is {w / c:.1f}x the device cache ({c:,} tokens)"
+
+
+def tier_hits(warm: pd.DataFrame, servers: Sequence[dict[str, Any]], engine: str, label: str
+              ) -> tuple[float | None, str]:
+    """What a tier mode's own counters say it served: ``(amount, what)``, amount None where nothing of the tier's
+    was read. Per request, Σ ``tier_hit_tokens`` of ``warm`` (llama.cpp); else, over the mode's servers in
+    ``servers`` (run.json), Σ of the kind's :attr:`~kvbench.serving.kind.ServerKind.tier_counters` in their
+    ``metrics_delta``."""
+    if "tier_hit_tokens" in warm:
+        hits = pd.to_numeric(warm["tier_hit_tokens"], errors="coerce")
+        if hits.notna().any():
+            return float(hits.sum()), f"prompt tokens served by the tier over {int(hits.notna().sum())} requests"
+    names = KINDS[engine].tier_counters if engine in KINDS else ()
+    read: dict[str, float] = {}
+    for srv in _servers_of(servers, label):
+        for name, v in (srv.get("metrics_delta") or {}).items():
+            if name in names and isinstance(v, (int, float)):
+                read[name] = read.get(name, 0.0) + float(v)
+    if not read:
+        return None, ""
+    return sum(read.values()), ", ".join(f"{k} {v:,.0f}" for k, v in read.items())
+
+
+def tier_not_engaged(warm: pd.DataFrame, servers: Sequence[dict[str, Any]], engine: str, label: str) -> str:
+    """``""`` when tier mode ``label`` served something from its own tier (:func:`tier_hits` above 0), else why
+    it has no tier verdict, with the token arithmetic of its servers where run.json has it
+    (:func:`capacity_text`): ``"not engaged: the tier served 0 prompt tokens over 9 requests; the working set
+    (4,200 tokens) fits the device cache (8,448 tokens)"``."""
+    amount, what = tier_hits(warm, servers, engine, label)
+    if amount is not None and amount > 0:
+        return ""
+    arithmetic = capacity_text(_servers_of(servers, label))
+    why = ("its own counters were not read (no per-request tier hits, no tier counter in /metrics)"
+           if amount is None else f"its tier served nothing ({what})")
+    return f"not engaged: {why}" + (f"; {arithmetic}" if arithmetic else "")
+
+
+__all__ = ["baseline_label", "capacity_text", "tier_hits", "tier_not_engaged", "tier_of"]

@@ -1,0 +1,89 @@
+"""A tier scenario whose working set fits the device cache is warned about, with the token arithmetic; a tier mode
+without its prefix-cache baseline is refused; the shipped GPU tier scenarios force their tier."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kvbench.errors import ScenarioError
+from kvbench.scenario.checks import scenario_warnings
+from kvbench.scenario.load import load_scenario
+from kvbench.scenario.tier_capacity import tier_capacity_warnings, working_set
+from kvbench.models import read_architecture
+
+SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
+
+
+def vllm_gpu(args: list[str], conversations: int = 8, modes: list | None = None) -> dict:
+    return {"name": "t", "model": "smollm2-135m", "device": "cuda",
+            "engine": {"kind": "vllm", "args": args},
+            "workload": {"source": "sharegpt", "multi_turn": {"conversations": conversations, "turns": 3,
+                                                              "min_prompt_tokens": 1024,
+                                                              "max_prompt_tokens": 2048}},
+            "max_new_tokens": 8,
+            "modes": modes or [{"name": "none"}, {"name": "prefix-cache"}, {"name": "cpu-offload", "size": 4}]}
+
+
+def tier_warnings(write_yaml, data: dict) -> list[tuple[str, str]]:
+    s = load_scenario(write_yaml(data))
+    return tier_capacity_warnings(s, read_architecture(s.model))
+
+
+def test_a_vllm_gpu_scenario_whose_working_set_fits_the_gpu_cache_is_warned_with_the_arithmetic(write_yaml):
+    got = tier_warnings(write_yaml, vllm_gpu(["--kv-cache-memory-bytes", str(2**30)]))
+    # 1 GiB ÷ (2 × 30 layers × 3 kv heads × 64 × 2 B = 23,040 B per token in bf16) = 46,603 tokens; 8 × 2,048 fit
+    assert got == [("modes[2]", "cpu-offload: the working set (8 conversations, 8,192–16,384 tokens) fits the "
+                                "device cache (46,603 tokens: 1.00 GiB (--kv-cache-memory-bytes) ÷ 23,040 B per "
+                                "token), 2.8x over: the server never evicts, so its host tier is never read; make "
+                                "the device cache smaller than the working set (--num-gpu-blocks-override or "
+                                "--kv-cache-memory-bytes) or the working set larger")]
+    blocks = tier_warnings(write_yaml, vllm_gpu(["--num-gpu-blocks-override", "2048"]))
+    assert blocks[0][1].startswith("cpu-offload: the working set (8 conversations, 8,192–16,384 tokens) fits the "
+                                   "device cache (32,768 tokens: 2,048 blocks (--num-gpu-blocks-override) × 16 tokens)")
+
+
+def test_the_gpu_memory_arithmetic_is_said_where_only_the_utilization_is_given(write_yaml):
+    got = tier_warnings(write_yaml, vllm_gpu(["--gpu-memory-utilization", "0.5"]))
+    assert "at most 0.5 (--gpu-memory-utilization) × an 80 GiB GPU (an H100; no GPU answers here)" in got[0][1]
+
+
+def test_a_working_set_larger_than_the_device_cache_gets_no_warning(write_yaml):
+    assert tier_warnings(write_yaml, vllm_gpu(["--num-gpu-blocks-override", "256"], conversations=16)) == []
+
+
+def test_llama_cpp_warns_where_the_documents_fit_the_slots(write_yaml):
+    data = {"name": "t", "model": "smollm2-135m", "engine": {"kind": "llama.cpp"},
+            "workload": {"source": "sharegpt", "doc_qa": {"documents": 4, "questions": 2, "doc_tokens": 256}},
+            "max_new_tokens": 8, "load": {"profile": "concurrent", "concurrency": [1, 4]},
+            "modes": [{"name": "none"}, {"name": "prefix-cache"}, {"name": "host-cache"}]}
+    assert tier_warnings(write_yaml, data) == [
+        ("modes[2]", "host-cache: the working set (4 documents, 1,024–2,048 tokens) fits 4 slots (one conversation "
+                     "or document each, at concurrency 4): there its host tier is never read; use more documents "
+                     "than slots (load.concurrency)")]
+    data["load"]["concurrency"] = [1, 3]
+    assert tier_warnings(write_yaml, data) == []
+    s = load_scenario(write_yaml(data))
+    assert working_set(s) == (4, 1024, 2048, "documents")
+
+
+def test_a_tier_mode_without_its_prefix_cache_baseline_is_refused(write_yaml):
+    with pytest.raises(ScenarioError) as exc:
+        load_scenario(write_yaml(vllm_gpu([], modes=[{"name": "none"}, {"name": "cpu-offload"}])))
+    assert str(exc.value).endswith(
+        "modes[1]: cpu-offload adds a host tier on top of vllm's prefix cache; whether that tier pays is its saving "
+        "against the same server with the tier off, so add {name: prefix-cache} to modes (its tier saving's "
+        "baseline; `none` is the baseline of the reuse saving)")
+    sg = {**vllm_gpu([]), "engine": {"kind": "sglang"}, "modes": [{"name": "none"}, {"name": "hicache"}]}
+    with pytest.raises(ScenarioError, match=r"add \{name: radix\} to modes"):
+        load_scenario(write_yaml(sg))
+
+
+@pytest.mark.parametrize("name", ["vllm_offload.yaml", "sglang_hicache.yaml", "server_doc_qa.yaml",
+                                  "server_multi_turn.yaml"])
+def test_the_shipped_tier_scenarios_force_their_tier(name):
+    s = load_scenario(SCENARIOS / name)
+    assert [w for w in scenario_warnings(s) if "tier is never read" in w[1]] == []
+    units, least, most, _ = working_set(s)
+    assert units >= 5  # a verdict needs 5 independent units
