@@ -53,14 +53,17 @@ def __getattr__(name: str) -> Any:
 
 
 def plan(model: str, **options: Any) -> Any:
-    """What ``kvbench plan`` computes (:func:`kvbench.report.plan.plan`: KV per sequence, the largest batch per
-    mode, a decode-step roofline) with this machine's last measured host→device bandwidth
-    (:func:`kvbench.bench.telemetry.machine.last_link_probe`, saved by ``kvbench env``) unless ``link_gbps`` is given.
+    """What ``kvbench plan`` computes (:func:`kvbench.report.plan.plan`: on ``tp`` GPUs of a preset, the reuse
+    tier's TTFT restoring against recomputing, and kvbench's streaming offload: KV per sequence, the largest batch
+    per mode, a decode-step roofline), with the host→device bandwidth ``kvbench env`` last measured
+    (:func:`kvbench.bench.telemetry.machine.last_link_probe`) where it measured the same kind of GPU, unless
+    ``link_gbps`` is given.
 
     Args:
         model: a preset (``kvbench list presets``), a config.json or a model directory.
         **options: the other arguments of :func:`kvbench.report.plan.plan` (``prompt_tokens``, ``batch``,
-            ``dtype``, ``gpu_mem``, ``host_mem``, ``window``, ``link_gbps``, ``hbm_gbps``, ``gpu_price``).
+            ``dtype``, ``gpu``, ``tp``, ``gpu_mem``, ``host_mem``, ``window``, ``link_gbps``, ``hbm_gbps``,
+            ``tflops``, ``gpu_price``).
 
     Returns:
         A :class:`kvbench.report.plan.Plan`.

@@ -73,7 +73,7 @@ def reuse_table(trials: pd.DataFrame, by: str = "turn_index") -> pd.DataFrame:
             rec[f"{side}_ttft_s"] = v.median() if len(v) else np.nan
             rec[agg(f"{side}_ttft_s", "min")] = v.min() if len(v) else np.nan
             rec[agg(f"{side}_ttft_s", "max")] = v.max() if len(v) else np.nan
-        rec.update(_paired_ttft(warm, cold))
+        rec.update(paired_ttft(warm, cold))
         rec["tokens_restored"] = float(warm["tokens_restored"].median()) if len(warm) else np.nan
         hit = warm["store_hit_rate"].dropna().astype(float) if "store_hit_rate" in warm else pd.Series(dtype=float)
         rec["hit_rate"] = hit.mean() if len(hit) else np.nan
@@ -104,7 +104,7 @@ def reuse_table(trials: pd.DataFrame, by: str = "turn_index") -> pd.DataFrame:
 
 def reuse_later_turns(trials: pd.DataFrame, from_turn: int = 2) -> pd.DataFrame:
     """Restore ÷ recompute TTFT of every request from turn ``from_turn`` on, pooled per group × mode (the turns
-    that can restore a prefix), paired by request: the columns of :func:`_paired_ttft` with ``group`` and
+    that can restore a prefix), paired by request: the columns of :func:`paired_ttft` with ``group`` and
     ``mode_label``; empty without reuse trials."""
     rows = reuse_trials(trials)
     if rows.empty or "turn_index" not in rows:
@@ -113,7 +113,7 @@ def reuse_later_turns(trials: pd.DataFrame, from_turn: int = 2) -> pd.DataFrame:
     out = []
     for (group, mode), part in rows.groupby(["group", "mode_label"], sort=False):
         warm = part[part["warm"].astype(bool)]
-        out.append({"group": group, "mode_label": mode, **_paired_ttft(warm, recompute_side(rows, part, group))})
+        out.append({"group": group, "mode_label": mode, **paired_ttft(warm, recompute_side(rows, part, group))})
     return pd.DataFrame(out)
 
 
@@ -155,13 +155,14 @@ def sampling_units(pairs: pd.DataFrame) -> tuple[pd.Series, str]:
     return pd.Series(np.arange(len(pairs)), index=pairs.index), "pairs"
 
 
-def _paired_ttft(warm: pd.DataFrame, cold: pd.DataFrame) -> dict[str, Any]:
+def paired_ttft(warm: pd.DataFrame, cold: pd.DataFrame, not_engaged: str | None = None) -> dict[str, Any]:
     """Restore ÷ recompute TTFT paired by request (the warm and cold run of one request in one repeat ran back to
     back): ``ttft_ratio`` (median of the pair ratios), ``ttft_ratio_ci_low``/``_high`` (95% bootstrap with ≥ 5
     pairs, drawing whole independent units: :func:`sampling_units`), ``pairs``, ``units`` and ``unit`` (how many
     independent units the pairs come from, and what they are), ``pairs_busy_trials`` and ``ttft_verdict``
     (:func:`kvbench.analysis.intervals.judge`, which also needs 5 units; "" when the pairs decide that restore is
-    faster or slower)."""
+    faster or slower; first ``not_engaged``, why the mode has no verdict, by default
+    :func:`~kvbench.analysis.engaged.reuse_not_engaged`)."""
     pairs = pair_with_reference(warm, cold, on=["request_id"])
     ratio = (pd.to_numeric(pairs["ttft_s"], errors="coerce")
              / pd.to_numeric(pairs["ttft_s_ref"], errors="coerce")).replace([np.inf, -np.inf], np.nan)
@@ -171,7 +172,7 @@ def _paired_ttft(warm: pd.DataFrame, cold: pd.DataFrame) -> dict[str, Any]:
     n, busy, unknown = len(pairs), int(load["busy_trials"].sum()), int(load["load_unknown"].sum())
     return {"ttft_ratio": float(ratio.median()) if n else np.nan, "ttft_ratio_ci_low": lo, "ttft_ratio_ci_high": hi,
             "pairs": n, "units": int(clusters.nunique()), "unit": unit, "pairs_busy_trials": busy,
-            "ttft_verdict": reuse_not_engaged(warm) or judge(n, busy, unknown, lo, hi,
+            "ttft_verdict": (reuse_not_engaged(warm) if not_engaged is None else not_engaged) or judge(n, busy, unknown, lo, hi,
                                                              units=(int(clusters.nunique()), unit))}
 
 

@@ -69,7 +69,9 @@ def tier_hits(warm: pd.DataFrame, servers: Sequence[dict[str, Any]], engine: str
         hits = pd.to_numeric(warm["tier_hit_tokens"], errors="coerce")
         if hits.notna().any():
             return float(hits.sum()), f"prompt tokens served by the tier over {int(hits.notna().sum())} requests"
-    names = KINDS[engine].tier_counters if engine in KINDS else ()
+    # a server kvbench did not start has its /metrics read with whichever kind's names it exports
+    names = (KINDS[engine].tier_counters if engine in KINDS and KINDS[engine].started else
+             {n for k in KINDS.values() for n in k.tier_counters})
     read: dict[str, float] = {}
     for srv in _servers_of(servers, label):
         for name, v in (srv.get("metrics_delta") or {}).items():
@@ -94,4 +96,31 @@ def tier_not_engaged(warm: pd.DataFrame, servers: Sequence[dict[str, Any]], engi
     return f"not engaged: {why}" + (f"; {arithmetic}" if arithmetic else "")
 
 
-__all__ = ["baseline_label", "capacity_text", "tier_hits", "tier_not_engaged", "tier_of"]
+def tier_later_turns(trials: pd.DataFrame, servers: Sequence[dict[str, Any]] = (), from_turn: int = 2
+                     ) -> pd.DataFrame:
+    """Per group × server tier mode, its TTFT against its tier saving's baseline (the engine's prefix-cache mode
+    at the same concurrency: :func:`baseline_label`) from turn ``from_turn`` on, paired by request: ``group``,
+    ``mode_label``, ``baseline`` and the columns of :func:`kvbench.analysis.reuse.paired_ttft`, whose verdict is
+    "not engaged" where the tier's own counters did not move (:func:`tier_not_engaged`). Empty without tier
+    modes."""
+    from kvbench.analysis.reuse import paired_ttft, reuse_trials
+    from kvbench.results.rows import MEASURED
+
+    rows = reuse_trials(trials)
+    if rows.empty or "engine" not in rows or "turn_index" not in rows:
+        return pd.DataFrame()
+    rows = rows[rows["status"].isin(MEASURED) & rows["engine"].notna() & rows["warm"].astype(bool)
+                & (pd.to_numeric(rows["turn_index"], errors="coerce") >= from_turn)]
+    out = []
+    for (group, mode), part in rows.groupby(["group", "mode_label"], sort=False):
+        engine = str(part["engine"].iloc[0])
+        base = baseline_label(rows, part) if tier_of(engine, part["mode"].iloc[0]) else None
+        if base is None:
+            continue
+        ref = rows[(rows["group"] == group) & (rows["mode_label"] == base)]
+        out.append({"group": group, "mode_label": mode, "baseline": base,
+                    **paired_ttft(part, ref, tier_not_engaged(part, servers, engine, str(mode)))})
+    return pd.DataFrame(out)
+
+
+__all__ = ["baseline_label", "capacity_text", "tier_hits", "tier_later_turns", "tier_not_engaged", "tier_of"]

@@ -118,7 +118,7 @@ class HierarchicalMode(HostTierOptions):
     """The last `window` tokens of every layer on the device, older ones on the host."""
 
     kind: Literal["hierarchical"] = Field(description="Mode name.")
-    window: TokensOrZero = Field(description="Tokens per layer kept on the device (the article's gpu_cache_size).")
+    window: TokensOrZero = Field(description="Tokens per layer kept on the device (what offload tutorials call gpu_cache_size).")
     host_max_tokens: HostTokens | None = Field(None, description=_HOST_CAP)
 
 

@@ -241,7 +241,7 @@ def reuse_recommendation(turns: pd.DataFrame, group: str, later: pd.DataFrame | 
     cold = t[t["mode_label"] == mode]["cold_ttft_s"].median()
     kl = t[t["mode_label"] == mode]["kl_mean"].median() if "kl_mean" in t else float("nan")
     figures = (f"with `{mode}`, TTFT from turn 2 on is {best.iloc[0] * 1e3:,.0f} ms against {cold * 1e3:,.0f} ms "
-               "recomputing (median over turns)"
+               "recomputing every prompt (median over turns; the baseline is `none`)"
                + (f"; quality vs none: KL {kl:.3g} nats (top-k estimate)" if not missing(kl) else "") + dropped)
     p = None if later is None or later.empty else next(
         (r for r in later.to_dict("records") if r["group"] == group and r["mode_label"] == mode), None)

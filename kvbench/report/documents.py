@@ -3,9 +3,6 @@ and line from files escaped) and ``report.html`` (self-contained: images as data
 
 from __future__ import annotations
 
-import base64
-import html
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -61,15 +58,7 @@ def _cells(frame: pd.DataFrame) -> list[list[Any]]:
     return frame.to_numpy(dtype=object).tolist()
 
 
-def html_table(frame: pd.DataFrame) -> str:
-    """An HTML table of a frame of text cells (pandas' ``to_html`` takes seconds on thousands of rows)."""
-    e = html.escape
-    head = "".join(f"<th>{e(str(c))}</th>" for c in frame.columns)
-    body = "\n".join("<tr>" + "".join(f"<td>{e(str(v))}</td>" for v in row) + "</tr>" for row in _cells(frame))
-    return f"<table>\n<thead><tr>{head}</tr></thead>\n<tbody>\n{body}\n</tbody>\n</table>"
-
-
-def _env_lines(run: dict[str, Any]) -> list[str]:
+def env_lines(run: dict[str, Any]) -> list[str]:
     env = run["environment"]
     gpus = ", ".join(g.get("name", "?") for g in env.get("gpus") or []) or "none"
     link = env.get("link_bandwidth")
@@ -100,7 +89,7 @@ def _budget(sc: dict[str, Any]) -> str:
     return "none" if b is None else f"{b / MIB:,.0f} MiB" if isinstance(b, (int, float)) else str(b)
 
 
-def _extra_tables(rep: Report, group: str) -> list[tuple[str, pd.DataFrame]]:
+def extra_tables(rep: Report, group: str) -> list[tuple[str, pd.DataFrame]]:
     """The reuse, server-load, capacity and plan-vs-measured tables of a group, where it has them."""
     out = []
     if group in rep.reuse:
@@ -121,7 +110,7 @@ def _extra_tables(rep: Report, group: str) -> list[tuple[str, pd.DataFrame]]:
     return out
 
 
-def _of_group(shown: pd.DataFrame, group: str) -> pd.DataFrame | None:
+def of_group(shown: pd.DataFrame, group: str) -> pd.DataFrame | None:
     """The rows of the per-point table of one group, without the scenario column (None when it has none, e.g. a
     reuse workload's group)."""
     if "scenario" not in shown or not (shown["scenario"] == group).any():
@@ -142,10 +131,10 @@ def markdown(results: Results, rep: Report, shown: pd.DataFrame) -> str:
             lines += ["Diagnoses:", ""] + [f"- {md_line(d)}" for d in rep.diagnoses[g]] + [""]
         lines += ["Runs:", ""]
         for run in (r for r in results.runs if r.get("group") == g):
-            lines += [f"- {md_line(x)}" for x in _env_lines(run)] + [""]
-        if (mine := _of_group(shown, g)) is not None:
+            lines += [f"- {md_line(x)}" for x in env_lines(run)] + [""]
+        if (mine := of_group(shown, g)) is not None:
             lines += [md_table(mine), ""]
-        for title, frame in _extra_tables(rep, g):
+        for title, frame in extra_tables(rep, g):
             lines += [f"### {title}", "", md_table(frame), ""]
         lines += [f"![{md_escape(title)}]({path.name})" for title, path in rep.charts
                   if title.startswith(f"{g}: ")] + [""]
@@ -199,56 +188,4 @@ GLOSSARY = """## Columns
 """
 
 
-def _img(path: Path) -> str:
-    data = base64.b64encode(path.read_bytes()).decode()
-    return f'<img alt="{html.escape(path.stem)}" src="data:image/png;base64,{data}">'
-
-
-CSS = """body{font-family:system-ui,sans-serif;margin:2em;max-width:1400px;color:#222}
-.table{overflow-x:auto}table{border-collapse:collapse;font-size:13px;margin:1em 0}
-th,td{border:1px solid #ccc;padding:3px 6px;text-align:right;white-space:nowrap}th{background:#f3f3f3}
-th:nth-child(-n+4),td:nth-child(-n+4){text-align:left}img{max-width:100%;display:block;margin:1em 0}
-.rec{background:#eef6ee;padding:.6em;border-left:4px solid #4a4}.diag li{color:#8a3b00}
-.meta{color:#555;font-size:13px}code{background:#f3f3f3;padding:0 .2em}"""
-
-
-def _text(text: str) -> str:
-    """HTML of a plain-language line: escaped, with `code` spans."""
-    return re.sub(r"`([^`]+)`", r"<code>\1</code>", html.escape(text))
-
-
-def html_document(results: Results, rep: Report, shown: pd.DataFrame) -> str:
-    """``report.html``: what :func:`markdown` holds, as one self-contained page (charts embedded as data URIs)."""
-    e = html.escape
-    parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">', "<title>kvbench report</title>",
-             f"<style>{CSS}</style></head><body>", "<h1>kvbench report</h1>"]
-    for g in rep.recommendations:
-        parts += [f"<h2>{e(g)}</h2>", f'<p class="rec"><b>Recommendation:</b> {_text(rep.recommendations[g])}</p>',
-                  "<h3>Findings</h3><ul>"] + [f"<li>{_text(f)}</li>" for f in rep.findings[g]] + ["</ul>"]
-        if rep.diagnoses[g]:
-            parts += ['<h3>Diagnoses</h3><ul class="diag">'] + [f"<li>{_text(d)}</li>" for d in rep.diagnoses[g]]
-            parts += ["</ul>"]
-        parts += ['<div class="meta"><ul>']
-        for run in (r for r in results.runs if r.get("group") == g):
-            parts += [f"<li>{_text(x)}</li>" for x in _env_lines(run)]
-        parts += ["</ul></div>"]
-        if (mine := _of_group(shown, g)) is not None:
-            parts += ['<div class="table">', html_table(mine), "</div>"]
-        for title, frame in _extra_tables(rep, g):
-            parts += [f"<h3>{e(title)}</h3>", '<div class="table">', html_table(frame), "</div>"]
-        parts += [_img(p) for t, p in rep.charts if t.startswith(f"{g}: ")]
-    for base, sec in rep.machines.items():
-        parts += [f"<h2>Machines: {e(base)}</h2>", '<div class="table">', html_table(sec.table), "</div><ul>"]
-        parts += [f"<li>{_text(f)}</li>" for f in sec.findings] + ["</ul>"]
-    timelines = [p for t, p in rep.charts if t.startswith("memory timelines")]
-    if timelines:
-        parts += ["<h2>Memory timelines</h2>"] + [_img(p) for p in timelines]
-    if results.problems:
-        parts += ["<h2>Skipped or unknown</h2><ul>"] + [f"<li>{e(p)}</li>" for p in results.problems] + ["</ul>"]
-    parts += ["<h2>Columns</h2><ul>"]
-    parts += [f"<li>{e(x.strip('- ').replace(chr(10) + '  ', ' '))}</li>" for x in GLOSSARY.split("\n- ")[1:]]
-    parts += ["</ul></body></html>"]
-    return "\n".join(parts) + "\n"
-
-
-__all__ = ["CSS", "GLOSSARY", "Report", "html_document", "html_table", "markdown", "md_table"]
+__all__ = ["GLOSSARY", "Report", "env_lines", "extra_tables", "markdown", "md_table", "of_group"]

@@ -14,7 +14,7 @@ import pandas as pd
 
 from kvbench.report.cost_section import CAPTION, CostSection
 from kvbench.report.cost_verdicts import short_verdict
-from kvbench.report.documents import GLOSSARY, Report, _env_lines, _extra_tables, _of_group
+from kvbench.report.documents import GLOSSARY, Report, env_lines, extra_tables, of_group
 from kvbench.results.load import Results
 
 #: The per-point table's columns shown in the page's main table (the KV column is named by its unit); the rest
@@ -121,14 +121,14 @@ def html_document(results: Results, rep: Report, shown: pd.DataFrame, costs: Cos
             parts += ["</ul>"]
         parts += ['<div class="meta"><ul>']
         for run in (r for r in results.runs if r.get("group") == g):
-            parts += [f"<li>{_text(x)}</li>" for x in _env_lines(run)]
+            parts += [f"<li>{_text(x)}</li>" for x in env_lines(run)]
         parts += ["</ul></div>"]
-        if (mine := _of_group(shown, g)) is not None:
+        if (mine := of_group(shown, g)) is not None:
             parts += ['<div class="table">', table(main_columns(mine)), "</div>",
                       f"<details><summary>Every column ({len(mine.columns)})</summary>", '<div class="wide">',
                       table(mine), "</div></details>"]
         parts += cost_html(costs, g)
-        for title, frame in _extra_tables(rep, g):
+        for title, frame in extra_tables(rep, g):
             parts += [f"<h3>{e(title)}</h3>", '<div class="table">', table(frame), "</div>"]
         parts += [_img(p) for t, p in rep.charts if t.startswith(f"{g}: ")]
     for g in (g for g in costs.groups() if g not in rep.recommendations):

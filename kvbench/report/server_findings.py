@@ -9,6 +9,7 @@ from typing import Any
 
 import pandas as pd
 
+from kvbench.analysis.tier import tier_later_turns
 from kvbench.report.format import missing, ratio_interval
 from kvbench.results.rows import MEASURED
 from kvbench.scenario.servers import PRESETS
@@ -33,14 +34,32 @@ def _share(num: pd.Series, den: pd.Series) -> float | None:
     return float(n[ok].sum() / d[ok].sum()) if ok.any() and d[ok].sum() > 0 else None
 
 
+def tier_lines(tiers: pd.DataFrame, group: str) -> list[str]:
+    """One line per host or disk tier mode of ``group`` in ``tiers``
+    (:func:`kvbench.analysis.tier.tier_later_turns`): its TTFT against its tier saving's baseline, the same
+    engine's prefix-cache mode, with the interval, pairs and verdict ("not engaged" where its tier served
+    nothing)."""
+    if tiers is None or tiers.empty:
+        return []
+    out = []
+    for r in tiers[tiers["group"] == group].to_dict("records"):
+        ratio = ratio_interval(r["ttft_ratio"], r["ttft_ratio_ci_low"], r["ttft_ratio_ci_high"])
+        out.append(f"`{r['mode_label']}`: its tier on top of prefix caching, TTFT ÷ `{r['baseline']}`'s (the same "
+                   f"server, tier off) from turn 2 on: {ratio} over {int(r['pairs'])} request pairs"
+                   + (f": {r['ttft_verdict']}" if r["ttft_verdict"] else
+                      (": the tier is faster" if r["ttft_ratio"] < 1 else ": the tier is slower")))
+    return out
+
+
 def server_findings(trials: pd.DataFrame, group: str, later: pd.DataFrame | None, servers: list[dict[str, Any]]
                     ) -> list[str]:
     """The lines of a server group's findings (see the module docstring). ``later``:
-    :func:`kvbench.analysis.reuse.reuse_later_turns`; ``servers``: the run's ``servers`` (run.json)."""
+    :func:`kvbench.analysis.reuse.reuse_later_turns`; ``servers``: the run's ``servers`` (run.json); a host or
+    disk tier mode also gets its TTFT against the prefix-cache mode (:func:`tier_lines`)."""
     rows = server_rows(trials, group)
     if rows.empty:
         return []
-    out = []
+    out = tier_lines(tier_later_turns(trials, servers), group)
     pooled = {} if later is None or later.empty else {
         r["mode_label"]: r for r in later[later["group"] == group].to_dict("records")}
     for mode, part in rows.groupby("mode_label", sort=False):

@@ -173,9 +173,12 @@ def server_notices(s: Any, consent: bool = True) -> list[tuple[str, str]]:
     out = [(path, f"{why} (kvbench run refuses it without --trust-server-config)")
            for path, why in (consent_needed(s) if consent else [])]
     if e.kind not in STARTED_KINDS and e.url is not None:
-        if e.url.startswith("http://") and not loopback_url(e.url):
-            out.append(("engine.url", f"{e.url} is another machine over plain http: every prompt and reply "
-                                      "crosses the network unencrypted (use https:// or a tunnel)"))
+        urls = [("engine.url", e.url)] + [(f"modes[{i}].url", m.url) for i, m in enumerate(s.modes)
+                                          if getattr(m, "url", None) is not None]
+        for key, url in urls:
+            if url.startswith("http://") and not loopback_url(url):
+                out.append((key, f"{url} is another machine over plain http: every prompt and reply crosses the "
+                                 "network unencrypted (use https:// or a tunnel)"))
         if e.use_env_proxy:
             out.append(("engine.use_env_proxy", "every request goes through the proxy the environment names "
                                                 "(HTTP_PROXY / HTTPS_PROXY / ALL_PROXY): it sees every prompt and "

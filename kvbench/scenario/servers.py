@@ -88,37 +88,6 @@ def _request_keys(v: dict[str, Any]) -> dict[str, Any]:
     return v
 
 
-class ServerMode(Strict):
-    """A server configuration of a server run (``engine.kind`` other than transformers)."""
-
-    name: Annotated[str, AfterValidator(check_name)] = Field(
-        description="The mode's name in results and reports; a preset's name uses that preset.")
-    preset: str | None = optional("The engine's preset this configuration starts from (default: `name`; see "
-                                  "`kvbench list modes`).")
-    args: Flags = Field(default_factory=list, description="Extra server flags for this mode, after the preset's.")
-    request: Annotated[dict[str, Scalar], AfterValidator(_request_keys)] = Field(
-        default_factory=dict, description="Options sent with every request, over the preset's (e.g. "
-        "cache_prompt: false); the prompt, length and sampling keys are kvbench's.")
-    size: Annotated[float, Field(gt=0, le=2**20, allow_inf_nan=False)] | None = optional(
-        "The preset's size: llama.cpp host-cache --cache-ram MiB (default 1024), vLLM cpu-offload "
-        "--kv-offloading-size GiB (default 8), SGLang hicache --hicache-ratio (default 2).")
-
-    @property
-    def kind(self) -> str:
-        """The preset's name (``none`` is the reference every request's output is compared with)."""
-        return self.preset or self.name
-
-    @property
-    def label(self) -> str:
-        """The mode's name."""
-        return self.name
-
-    @property
-    def options(self) -> dict[str, Any]:
-        """What the scenario gave beyond the preset: ``args``, ``request``, ``size`` (for the row)."""
-        return {k: v for k, v in (("args", self.args), ("request", self.request), ("size", self.size)) if v}
-
-
 _URL = re.compile(r"https?://[A-Za-z0-9.\-\[\]:]+(:\d{1,5})?(/[\w\-./]*)?")
 
 
@@ -162,6 +131,41 @@ def loopback_url(url: str) -> bool:
             return False
     ip = getattr(ip, "ipv4_mapped", None) or ip
     return ip.is_loopback or ip.is_unspecified
+
+
+class ServerMode(Strict):
+    """A server configuration of a server run (``engine.kind`` other than transformers)."""
+
+    name: Annotated[str, AfterValidator(check_name)] = Field(
+        description="The mode's name in results and reports; a preset's name uses that preset.")
+    preset: str | None = optional("The engine's preset this configuration starts from (default: `name`; see "
+                                  "`kvbench list modes`).")
+    args: Flags = Field(default_factory=list, description="Extra server flags for this mode, after the preset's.")
+    request: Annotated[dict[str, Scalar], AfterValidator(_request_keys)] = Field(
+        default_factory=dict, description="Options sent with every request, over the preset's (e.g. "
+        "cache_prompt: false); the prompt, length and sampling keys are kvbench's.")
+    size: Annotated[float, Field(gt=0, le=2**20, allow_inf_nan=False)] | None = optional(
+        "The preset's size: llama.cpp host-cache --cache-ram MiB (default 1024), vLLM cpu-offload "
+        "--kv-offloading-size GiB (default 8), SGLang hicache --hicache-ratio (default 2).")
+    url: Annotated[str, AfterValidator(_url_text)] | None = optional(
+        "openai: the base URL of the running server this mode measures, where it is not engine.url (e.g. the "
+        "same deployment with its host tier on, for the tier preset).")
+
+    @property
+    def kind(self) -> str:
+        """The preset's name (``none`` is the reference every request's output is compared with)."""
+        return self.preset or self.name
+
+    @property
+    def label(self) -> str:
+        """The mode's name."""
+        return self.name
+
+    @property
+    def options(self) -> dict[str, Any]:
+        """What the scenario gave beyond the preset: ``args``, ``request``, ``size``, ``url`` (for the row)."""
+        return {k: v for k, v in (("args", self.args), ("request", self.request), ("size", self.size),
+                                  ("url", self.url)) if v}
 
 
 def _engine_kind(v: str) -> str:
@@ -293,6 +297,18 @@ def check_server_modes(kind: str, modes: list[Any]) -> list[tuple[int, str]]:
             continue
         p = PRESETS[kind][m.kind]
         out += [(i, f"args: {why}") for why in reserved_flag_problems(kind, m.args)]
+        if m.url is None and not KINDS[kind].started and p.tier is not None:
+            out.append((i, f"url: preset {p.name} measures the deployment with its tier on, another server than "
+                           "engine.url (the tier off): give that server's base URL"))
+        if m.url is not None:
+            if KINDS[kind].started:
+                out.append((i, f"url: kvbench starts {kind} itself for every mode; a mode's url is for kind "
+                               f"{RUNNING_KINDS_TEXT} (a server already running)"))
+            else:
+                try:
+                    _openai_url(m.url)
+                except ValueError as exc:
+                    out.append((i, str(exc)))
         if m.size is not None and p.size is None:
             out.append((i, f"size: preset {p.name} of {kind} has no size"))
         elif m.size is not None and p.whole_size and not float(m.size).is_integer():

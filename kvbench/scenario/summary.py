@@ -71,8 +71,11 @@ def _what(s: Scenario) -> str:
         per = f" × {_count(len(levels), 'concurrency level')}" if len(levels) > 1 else ""
         from kvbench.serving import KINDS
 
+        own = sorted({m.url for m in s.modes if getattr(m, "url", None) and m.url != s.engine.url})
         per_run = ("one server start per mode, level and repeat" if KINDS[s.engine.kind].started else
                    f"the running server at {s.engine.url} serves every mode, level and repeat (kvbench starts "
+                   "nothing)" if not own else
+                   f"the running servers at {', '.join([s.engine.url, *own])} serve their modes (kvbench starts "
                    "nothing)")
         return (f"{requests * len(s.modes) * s.repeats * len(levels)} requests on {s.engine.kind}: {shape} × "
                 f"{_count(len(s.modes), 'mode')}{per} × {_count(s.repeats, 'repeat')}, {how}; {per_run}")

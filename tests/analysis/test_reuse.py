@@ -573,12 +573,13 @@ def test_a_lossy_server_preset_beyond_max_kl_fails_quality_and_is_not_recommende
                                                                                                   min_agreement=0.5)
     line = reuse_recommendation(turns, "r", need_match=False)
     assert line == ("no paired restore ÷ recompute from turn 2 on: no recommendation; with `prefix-cache`, TTFT from "
-                    "turn 2 on is 500 ms against 1,000 ms recomputing (median over turns); not considered: `kv-q4_0` "
+                    "turn 2 on is 500 ms against 1,000 ms recomputing every prompt (median over turns; the baseline is "
+                    "`none`); not considered: `kv-q4_0` "
                     "fails quality: KL 0.038 nats > max_kl 0.01; agreement 19.0% < min_agreement 50.0%")
     # without thresholds the faster lossy preset is named, with its quality beside its figures
     line = reuse_recommendation(turns.assign(max_kl=np.nan, min_agreement=np.nan), "r", need_match=False)
-    assert line.endswith("with `kv-q4_0`, TTFT from turn 2 on is 400 ms against 1,000 ms recomputing (median over "
-                         "turns); quality vs none: KL 0.038 nats (top-k estimate)")
+    assert line.endswith("with `kv-q4_0`, TTFT from turn 2 on is 400 ms against 1,000 ms recomputing every prompt "
+                         "(median over turns; the baseline is `none`); quality vs none: KL 0.038 nats (top-k estimate)")
 
 
 def test_the_sampling_unit_is_the_conversation_one_at_a_time_and_the_load_when_requests_overlap():

@@ -107,3 +107,19 @@ def test_capacity_text_says_how_many_times_the_working_set_exceeds_the_device_ca
                           {"working_set_tokens": 9_000, "device_cache_tokens": 4_500}]) == \
         "the working set (9,000 tokens) is 2.2x the device cache (4,096 tokens)"
     assert capacity_text([{"working_set_tokens": 9_000}]) == ""
+
+
+def test_a_tier_mode_s_findings_give_its_ttft_against_prefix_cache_and_say_when_it_did_not_engage():
+    from kvbench.analysis.tier import tier_later_turns
+    from kvbench.report.server_findings import tier_lines
+
+    t = tier_later_turns(trials_frame(server_rows(), "s"))
+    assert t[["mode_label", "baseline", "pairs"]].values.tolist() == [["host-cache", "prefix-cache", 6]]
+    # TTFT 0.5 s against prefix-cache's 1.1 s in every pair
+    assert t["ttft_ratio"].iloc[0] == pytest.approx(0.5 / 1.1) and t["ttft_verdict"].iloc[0] == ""
+    assert tier_lines(t, "s") == ["`host-cache`: its tier on top of prefix caching, TTFT ÷ `prefix-cache`'s (the same "
+                                  "server, tier off) from turn 2 on: 0.45 [0.45, 0.45] over 6 request pairs: the "
+                                  "tier is faster"]
+    idle = tier_later_turns(trials_frame(server_rows(tier_hit=0), "s"))
+    assert idle["ttft_verdict"].iloc[0].startswith("not engaged: its tier served nothing")
+    assert tier_later_turns(trials_frame(server_rows(modes=("none", "prefix-cache")), "s")).empty

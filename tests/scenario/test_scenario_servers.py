@@ -360,3 +360,30 @@ def test_every_python_of_kvbench_s_own_vllm_environment_is_its_own(write_yaml):
         s = load_scenario(write_yaml(server_scenario(engine={"kind": "vllm",
                                                              "python": str(own_python("vllm").parent / name)})))
         assert consent_needed(s) == []
+
+
+def test_an_openai_mode_may_name_its_own_running_server_and_the_tier_preset_must(write_yaml):
+    from kvbench.scenario.programs import server_notices
+    from kvbench.scenario.summary import sweep_summary
+
+    openai = {"kind": "openai", "url": "http://127.0.0.1:8000"}
+    modes = [{"name": "none"}, {"name": "prefix-cache"},
+             {"name": "offload", "preset": "tier", "url": "http://10.0.0.7:8001"}]
+    s = load_scenario(write_yaml(server_scenario(engine=openai, modes=modes)))
+    assert s.modes[2].url == "http://10.0.0.7:8001" and s.modes[2].options == {"url": "http://10.0.0.7:8001"}
+    assert sweep_summary(s).endswith("the running servers at http://127.0.0.1:8000, http://10.0.0.7:8001 serve "
+                                     "their modes (kvbench starts nothing)")
+    assert server_notices(s) == [("modes[2].url", "http://10.0.0.7:8001 is another machine over plain http: every "
+                                                  "prompt and reply crosses the network unencrypted (use https:// "
+                                                  "or a tunnel)")]
+    assert problems_of(write_yaml, server_scenario(engine=openai, modes=modes[:2] + [
+        {"name": "offload", "preset": "tier"}])) == [
+        ("modes[2]", "url: preset tier measures the deployment with its tier on, another server than engine.url "
+                     "(the tier off): give that server's base URL")]
+    assert problems_of(write_yaml, server_scenario(engine=openai, modes=modes[:2] + [
+        {"name": "offload", "preset": "tier", "url": "http://127.0.0.1:8001/v1"}])) == [
+        ("modes[2]", "url: http://127.0.0.1:8001/v1 ends in /v1: give the server's base URL (http://127.0.0.1:8001); "
+                     "kvbench adds /v1/completions, /v1/models and /metrics itself")]
+    assert problems_of(write_yaml, server_scenario(modes=[{"name": "none", "url": "http://127.0.0.1:8001"}])) == [
+        ("modes[0]", "url: kvbench starts llama.cpp itself for every mode; a mode's url is for kind openai (a server "
+                     "already running)")]

@@ -80,7 +80,7 @@ def _run_mode(s: Scenario, record: Record, engine: ServerEngine, mode: Any, repe
     if record.on_status:
         record.on_status(f"starting the {engine.kind} server for {mode.label} (repeat {repeat})"
                          if KINDS[engine.kind].started else
-                         f"{mode.label} (repeat {repeat}) on the running server at {s.engine.url}")
+                         f"{mode.label} (repeat {repeat}) on the running server at {mode.url or s.engine.url}")
     try:
         with engine.session(mode, repeat, level) as srv:
             record.run.update(servers=engine.servers)  # listed while it runs: a killed run still names it

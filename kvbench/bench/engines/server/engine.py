@@ -174,7 +174,8 @@ class ServerEngine:
 
     def preflight(self) -> list[str]:
         """Why the requests cannot run (one line each): a prompt longer than the model's positions allow; an
-        ``openai`` server that does not answer at ``engine.url`` (asked for ``/v1/models``, 10 s at most), or,
+        ``openai`` server that does not answer at ``engine.url`` or a mode's ``url`` (asked for ``/v1/models``, 10 s
+        at most each), or,
         without ``engine.served_model``, lists no model there (the one it lists is the model sent)."""
         out = []
         too_long = [q.id for q in self.source.requests if len(q.ids) > self.longest_prompt]
@@ -182,16 +183,19 @@ class ServerEngine:
             out.append(f"{len(too_long)} requests ({', '.join(too_long[:3])}...) have prompts longer than "
                        f"{self.longest_prompt} tokens (the model's positions less max_new_tokens)")
         if not self.server_kind.started:
-            url = f"{self.s.engine.url}/v1/models"
-            if (why := unreachable(url, self.trust_env)) is not None:
-                out.append(f"engine.url: nothing answers at {url} ({why}): start the server first, or fix "
-                           "engine.url")
-            elif self.served_model is None and (name := _served_model(get_page(url, self.trust_env))) is None:
-                out.append(f"engine.url: {url} lists no served model (no 200 with an OpenAI model list: is this "
-                           "an OpenAI-compatible server, at its base URL?); give engine.served_model if it serves "
-                           "/v1/completions without /v1/models")
-            elif self.served_model is None:
-                self.served_model = name
+            keys = {self.s.engine.url: "engine.url"}
+            for i, m in enumerate(self.s.modes):
+                keys.setdefault(m.url or self.s.engine.url, f"modes[{i}].url")
+            for base, key in keys.items():
+                url = f"{base}/v1/models"
+                if (why := unreachable(url, self.trust_env)) is not None:
+                    out.append(f"{key}: nothing answers at {url} ({why}): start the server first, or fix {key}")
+                elif self.served_model is None and (name := _served_model(get_page(url, self.trust_env))) is None:
+                    out.append(f"{key}: {url} lists no served model (no 200 with an OpenAI model list: is this "
+                               "an OpenAI-compatible server, at its base URL?); give engine.served_model if it "
+                               "serves /v1/completions without /v1/models")
+                elif self.served_model is None:
+                    self.served_model = name
         return out
 
     def preset(self, mode: Any) -> Preset:
@@ -218,8 +222,10 @@ class ServerEngine:
         servers_dir.mkdir(exist_ok=True)
         info: dict[str, Any] = {"mode_label": mode.label, "repeat": repeat, "engine": self.kind, "slots": slots}
         if not self.server_kind.started:
-            srv = ServerSession(self, mode, e.url, None, preset, info, host_tier=host_tier(self.kind, None))
-            srv.pid = running_pid(e.url)
+            url = mode.url or e.url
+            srv = ServerSession(self, mode, url, None, preset, info, host_tier=host_tier(self.kind, None))
+            srv.pid = running_pid(url)
+            info["url"] = url
             info["pid"] = srv.pid  # its CPU is the trial's own, its memory sampled; None: not on this machine's view
         else:
             slot_dir = servers_dir / f"{mode.label}-r{repeat}.slots"

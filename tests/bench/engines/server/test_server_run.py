@@ -108,6 +108,47 @@ def test_kind_openai_measures_a_running_server_and_checks_its_cold_start(tmp_pat
     assert list(again.reuse["mode_label"].unique()) == ["none", "prefix-cache"]
 
 
+def test_kind_openai_measures_a_tier_mode_on_its_own_running_server(tmp_path):
+    """kind openai with two running servers: the tier preset's mode goes to its own url (a llama-server with a host
+    cache), the others to engine.url; its tier saving is taken against prefix-cache, and since neither the OpenAI
+    reply nor llama.cpp's /metrics says what a tier served, it is not engaged: no tier verdict from cached tokens."""
+    from kvbench.analysis.cost import Prices
+    from kvbench.analysis.reuse_cost import reuse_cost
+    from kvbench.bench.engines.server.process import ServerProcess, free_port
+    from kvbench.serving.llamacpp import gguf_file
+
+    gguf = gguf_file("smollm2-135m")
+
+    def server(port: int, ram: str, log: str) -> ServerProcess:
+        argv = [str(LLAMA_SERVER), "-m", gguf, "--host", "127.0.0.1", "--port", str(port), "-c", "2048", "-t", "1",
+                "--cache-ram", ram, "--metrics"]
+        return ServerProcess(argv, tmp_path / log, port=port, startup_timeout_s=120)
+
+    with server(free_port(), "0", "off.log") as off, server(free_port(), "256", "tier.log") as tier:
+        data = {
+            "name": "two_servers", "model": "smollm2-135m", "engine": {"kind": "openai", "url": off.url},
+            "workload": {"source": "sharegpt", "seed": 0, "doc_qa": {"documents": 1, "questions": 2,
+                                                                     "doc_tokens": 300}},
+            "max_new_tokens": 4, "repeats": 1, "warmup": 0, "seed": 0,
+            "modes": [{"name": "none", "request": {"cache_prompt": False}}, {"name": "prefix-cache"},
+                      {"name": "cpu-tier", "preset": "tier", "url": tier.url}],
+        }
+        (tmp_path / "s.yaml").write_text(yaml.safe_dump(data))
+        res = kvbench.run_scenario(tmp_path / "s.yaml", out=tmp_path / "res")
+        pids = (off.pid, tier.pid)
+    results = kvbench.load_results(res.run_dir)
+    assert [(s["mode_label"], s["url"], s["pid"]) for s in results.servers] == [
+        ("none", off.url, pids[0]), ("prefix-cache", off.url, pids[0]), ("cpu-tier", tier.url, pids[1])]
+    rows = {r["trial_id"]: r for r in res.rows}
+    assert all(r["status"] == "ok" for r in rows.values()), rows
+    assert rows["d0-q2-cpu-tier-r0"]["cached_prompt_tokens"] >= 300
+    costs = reuse_cost(results.trials, Prices(2.0), servers=results.servers)
+    tier_row = costs[costs["saving_kind"] == "tier"].iloc[0]
+    assert (tier_row["mode_label"], tier_row["baseline"]) == ("cpu-tier", "prefix-cache")
+    assert tier_row["saving_verdict"] == ("not engaged: its own counters were not read (no per-request tier hits, "
+                                          "no tier counter in /metrics)")
+
+
 def test_a_q8_0_kv_cache_gets_quality_columns_from_the_servers_top_logprobs(tmp_path):
     """kv-q8_0 is lossy by design: its replies are measured against none's (agreement, top-8 KL) and none's
     requests ask for the top-8 too; the server starts with the cache types."""
