@@ -119,11 +119,14 @@ CELL_KEYS = ["group", "mode_label", "prompt_tokens", "shared_pct", "panel"]
 
 def measured_cells(rows: pd.DataFrame, prices: Prices, host_tier: str = "configured") -> pd.DataFrame:
     """One row per measured cell (group × mode × prompt length × shared share × panel) of :func:`map_rows`:
-    the :func:`~kvbench.analysis.reuse_cost.reuse_cost` columns, ``ttft_ratio`` / ``tpot_ratio`` with their
-    ``_ci_low`` / ``_ci_high``, ``kv_ratio``, ``working_set``, ``label`` and ``why``, ``source`` = ``measured``."""
+    the :func:`~kvbench.analysis.reuse_cost.reuse_cost` columns of its reuse saving (restore against ``none``
+    recomputing; a tier mode's tier saving against prefix caching is ``kvbench cost``'s), ``ttft_ratio`` /
+    ``tpot_ratio`` with their ``_ci_low`` / ``_ci_high``, ``kv_ratio``, ``working_set``, ``label`` and ``why``,
+    ``source`` = ``measured``."""
     out = []
     for key, part in rows.groupby(["prompt_tokens", "shared_pct", "panel"], sort=True):
         cost = reuse_cost(part, prices, host_tier=host_tier)
+        cost = cost[cost["saving_kind"] == "reuse"] if len(cost) else cost
         ok = part[part["status"].isin(MEASURED)]
         for rec in cost.to_dict("records"):
             mine = ok[(ok["group"] == rec["group"]) & (ok["mode_label"] == rec["mode_label"])]

@@ -201,22 +201,38 @@ def cost_table(table: pd.DataFrame, prices: Prices, trials: pd.DataFrame | None 
     return out
 
 
-def _point_of(table: pd.DataFrame, rec: dict[str, Any]) -> pd.Series:
-    """The point-table row of a cost row's best point."""
-    return table[(table["group"] == rec["group"]) & (table["prompt_tokens"] == rec["prompt_tokens"])
-                 & (table["mode_label"] == rec["mode_label"]) & (table["batch_size"] == rec["batch_size"])].iloc[0]
+#: The columns that name a point: its group, prompt length, mode label and batch size.
+_POINT = ["group", "prompt_tokens", "mode_label", "batch_size"]
 
 
-def _best_trials(trials: pd.DataFrame | None, rec: dict[str, Any]) -> pd.DataFrame:
-    """The measured trials of a cost row's best point (empty without trials or a best point)."""
-    if trials is None or rec["batch_size"] != rec["batch_size"]:
-        return pd.DataFrame()
-    sel = ((trials["group"] == rec["group"]) & (trials["prompt_tokens"] == rec["prompt_tokens"])
-           & (trials["mode_label"] == rec["mode_label"]) & (trials["batch_size"] == rec["batch_size"])
-           & trials["status"].isin(MEASURED))
+def _key(rec: Any) -> tuple[Any, float, Any, float]:
+    """A point's :data:`_POINT` values as a dict key (lengths and batches as floats, however they were stored)."""
+    return rec["group"], float(rec["prompt_tokens"]), rec["mode_label"], float(rec["batch_size"])
+
+
+def _by_point(frame: pd.DataFrame | None) -> dict[tuple[Any, float, Any, float], pd.DataFrame]:
+    """``frame``'s rows per point (:func:`_key`), looked up once per cost row instead of filtering every row."""
+    if frame is None or frame.empty or any(c not in frame for c in _POINT):
+        return {}
+    return {_key(dict(zip(_POINT, k))): part for k, part in frame.groupby(_POINT, sort=False, dropna=False)}
+
+
+def _measured(trials: pd.DataFrame | None) -> pd.DataFrame | None:
+    """The measured trials of plain points (a reuse workload's, which carry ``warm``, are left out)."""
+    if trials is None:
+        return None
+    sel = trials["status"].isin(MEASURED)
     if "warm" in trials:
         sel &= trials["warm"].isna()
     return trials[sel]
+
+
+def _best_trials(trials: dict[tuple[Any, float, Any, float], pd.DataFrame], rec: dict[str, Any]) -> pd.DataFrame:
+    """The measured trials of a cost row's best point (``trials``: :func:`_by_point` of :func:`_measured`; empty
+    without trials or a best point)."""
+    if rec["batch_size"] != rec["batch_size"]:
+        return pd.DataFrame()
+    return trials.get(_key(rec), pd.DataFrame())
 
 
 def _cost_of_best(out: pd.DataFrame, table: pd.DataFrame, trials: pd.DataFrame | None, prices: Prices) -> None:
@@ -225,12 +241,13 @@ def _cost_of_best(out: pd.DataFrame, table: pd.DataFrame, trials: pd.DataFrame |
     the interval maps the point's throughput interval through the price (cost falls as throughput rises)."""
     cols: dict[str, list[Any]] = {k: [] for k in ("host_kv_bytes", "host_basis", "disk_kv_bytes", "usd_per_million",
                                                   "usd_ci_low", "usd_ci_high")}
+    points, by_point = _by_point(table), _by_point(_measured(trials))
     for rec in out.to_dict("records"):
         if rec["batch_size"] != rec["batch_size"]:
             for k, v in cols.items():
                 v.append("" if k == "host_basis" else math.nan)
             continue
-        point, mine = _point_of(table, rec), _best_trials(trials, rec)
+        point, mine = points[_key(rec)].iloc[0], _best_trials(by_point, rec)
         if len(mine):
             held = held_bytes(mine)
             h, d = float(held["host_bytes"].median()), float(held["disk_bytes"].median())
@@ -255,6 +272,7 @@ def _paired_savings(out: pd.DataFrame, trials: pd.DataFrame | None, prices: Pric
     ``cost_verdict`` of every offload row against ``none``'s row at the same group and prompt length (in place)."""
     recs = out.to_dict("records")
     none_rows = {(r["group"], r["prompt_tokens"]): r for r in recs if r["mode"] == "none"}
+    by_point = _by_point(_measured(trials))
     values: list[float] = []
     ids: list[int] = []
     meta = [{"pairs": 0, "busy": 0, "unknown": 0} for _ in recs]
@@ -262,7 +280,7 @@ def _paired_savings(out: pd.DataFrame, trials: pd.DataFrame | None, prices: Pric
         ref = none_rows.get((rec["group"], rec["prompt_tokens"]))
         if rec["mode"] == "none" or ref is None:
             continue
-        mine, theirs = _best_trials(trials, rec), _best_trials(trials, ref)
+        mine, theirs = _best_trials(by_point, rec), _best_trials(by_point, ref)
         if mine.empty or theirs.empty:
             continue
         pairs = pair_with_reference(mine.assign(usd=_trial_usd(mine, prices)),

@@ -28,16 +28,32 @@ def reuse_not_engaged(warm: pd.DataFrame) -> str:
     if warm.empty:
         return ""
     n = len(warm)
+    reqs = f"{n} request{'s' if n != 1 else ''}"
     if "engine" in warm and warm["engine"].notna().all():
         cached, disk = _total(warm, "cached_prompt_tokens"), _total(warm, "store_disk_bytes")
         if (cached or 0) > 0 or (disk or 0) > 0:
             return ""
         if cached is None:
-            return f"not engaged: the server reported no cached prompt tokens on any of {n} requests"
-        return f"not engaged: 0 cached prompt tokens over {n} requests" + (
+            return f"not engaged: the server reported no cached prompt tokens on any of {reqs}"
+        return f"not engaged: 0 cached prompt tokens over {reqs}" + (
             ", 0 bytes in its slot files" if disk is not None else "")
     restored = _total(warm, "tokens_restored")
-    return "" if (restored or 0) > 0 else f"not engaged: no stored token was restored over {n} requests"
+    return "" if (restored or 0) > 0 else f"not engaged: no stored token was restored over {reqs}"
+
+
+def warm_start(rows: pd.DataFrame) -> str:
+    """Of a server mode's rows (and its baseline's): ``""`` when every server it ran on was verified cold (the first
+    request of each reused 0 tokens: ``cold_verified``), else ``"inconclusive: 2 of 5 servers began warm (their
+    first request reused cached tokens): not a cold start"``. A server kvbench did not start (kind openai) keeps
+    what earlier modes and repeats left, unless reset; such a comparison measures that, not the mode."""
+    if "cold_verified" not in rows:
+        return ""
+    first = rows["cold_verified"].map(lambda v: v if isinstance(v, bool) else None).dropna()
+    warm = int((~first.astype(bool)).sum())
+    if not warm:
+        return ""
+    return (f"inconclusive: {warm} of {len(first)} servers began warm (their first request reused cached tokens): "
+            "not a cold start")
 
 
 def offload_not_engaged(point: dict) -> str:
@@ -54,4 +70,4 @@ def offload_not_engaged(point: dict) -> str:
     return "not engaged: no KV left the device (host and disk peaks 0)"
 
 
-__all__ = ["offload_not_engaged", "reuse_not_engaged"]
+__all__ = ["offload_not_engaged", "reuse_not_engaged", "warm_start"]

@@ -19,7 +19,7 @@ import pandas as pd
 
 from kvbench.results.rows import MEASURED
 from kvbench.analysis.cost import GIB, Prices
-from kvbench.analysis.engaged import reuse_not_engaged
+from kvbench.analysis.engaged import reuse_not_engaged, warm_start
 from kvbench.analysis.intervals import cluster_draws, judge, pair_load, pair_with_reference
 from kvbench.analysis.reuse import ids_verdict, recompute_side, reuse_trials, sampling_units
 from kvbench.analysis.tier import baseline_label, tier_not_engaged, tier_of
@@ -138,9 +138,12 @@ def reuse_cost(trials: pd.DataFrame, prices: Prices, n_boot: int = N_BOOT, seed:
     resamples), ``pairs``, ``units``, ``unit``, ``pairs_busy_trials`` and ``saving_verdict`` ("" = decided; a
     reuse row that reused nothing and a tier row whose tier's own counters did not move are "not engaged":
     :func:`kvbench.analysis.engaged.reuse_not_engaged`, :func:`kvbench.analysis.tier.tier_not_engaged`, which
-    reads ``servers``, run.json's server entries); ``prefill_saved_pct`` = Σ tokens restored ÷ Σ prompt tokens of
-    the warm trials (the prefill compute not done); ``engine`` (a server run's, else None); ``ttft_saved_s`` = Σ
-    (baseline − mode) TTFT ÷ requests; ``tokens_match`` as in :func:`kvbench.analysis.reuse.reuse_table`.
+    reads ``servers``, run.json's server entries; a server that began warm gets none either:
+    :func:`kvbench.analysis.engaged.warm_start`); ``prefill_saved_pct`` = Σ tokens restored ÷ Σ prompt tokens of
+    the warm trials (the prefill compute not done; a tier row: Σ ``tier_hit_tokens``, what the tier itself
+    served, NaN where not told per request); ``engine`` (a server run's, else None); ``ttft_saved_s`` = Σ
+    (baseline − mode) TTFT ÷ requests; ``tokens_match`` as in :func:`kvbench.analysis.reuse.reuse_table`. A server
+    group without a ``none`` mode has no reuse rows (nothing recomputed every prompt).
     """
     rows = reuse_trials(trials)
     rows = rows[rows["status"].isin(MEASURED)]
@@ -154,9 +157,10 @@ def reuse_cost(trials: pd.DataFrame, prices: Prices, n_boot: int = N_BOOT, seed:
         rec: dict[str, Any] = {"group": group, "mode_label": mode, "mode": part["mode"].iloc[0], "engine": engine,
                                "requests": len(warm)}
         charge = _charges(warm, cold, server, host_tier)
-        out.append(_saving({**rec, "baseline": "none", "saving_kind": "reuse"}, warm, cold, charge, (0.0, 0.0),
-                           prices, n_boot, seed, server, reuse_not_engaged(warm)))
-        out[-1]["tokens_match"] = ids_verdict(part)
+        if not server or rows.loc[rows["group"] == group, "mode"].eq("none").any():  # a reuse saving's baseline
+            out.append(_saving({**rec, "baseline": "none", "saving_kind": "reuse"}, warm, cold, charge, (0.0, 0.0),
+                               prices, n_boot, seed, server, reuse_not_engaged(warm) or warm_start(part)))
+            out[-1]["tokens_match"] = ids_verdict(part)
         base = baseline_label(rows, part) if server and tier_of(engine, rec["mode"]) else None
         if base is None:
             continue
@@ -164,8 +168,12 @@ def reuse_cost(trials: pd.DataFrame, prices: Prices, n_boot: int = N_BOOT, seed:
         base_charge = _charges(ref, cold, server, host_tier)
         out.append(_saving({**rec, "baseline": base, "saving_kind": "tier"}, warm, ref, charge,
                            (base_charge[0], base_charge[1]), prices, n_boot, seed, server,
-                           tier_not_engaged(warm, servers, engine, mode)))
+                           tier_not_engaged(warm, servers, engine, mode) or warm_start(pd.concat([part, ref]))))
         out[-1]["tokens_match"] = ids_verdict(part)
+        hits = pd.to_numeric(warm["tier_hit_tokens"], errors="coerce") if "tier_hit_tokens" in warm else None
+        prompt = warm["prompt_tokens"].sum()
+        out[-1]["prefill_saved_pct"] = (100 * hits.clip(lower=0).sum() / prompt if hits is not None
+                                        and hits.notna().any() and prompt else math.nan)
     return pd.DataFrame(out)
 
 

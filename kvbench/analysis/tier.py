@@ -11,6 +11,7 @@ held (``tier_hit_tokens``), vLLM's and SGLang's tier counters in the ``/metrics`
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -49,8 +50,10 @@ def capacity_text(servers: Sequence[dict[str, Any]]) -> str:
     """The token arithmetic of a run's servers: ``"the working set (9,120 tokens) fits the device cache (23,296
     tokens)"`` or ``"... is 2.1x the device cache ..."``; ``""`` where either figure is missing (run.json's
     ``working_set_tokens`` and ``device_cache_tokens``, the smallest device cache of the servers)."""
-    ws = [s.get("working_set_tokens") for s in servers if isinstance(s.get("working_set_tokens"), int)]
-    cap = [s.get("device_cache_tokens") for s in servers if isinstance(s.get("device_cache_tokens"), int)]
+    def counts(key: str) -> list[int]:
+        return [v for s in servers if isinstance(s, dict) and type(v := s.get(key)) is int and v > 0]
+
+    ws, cap = counts("working_set_tokens"), counts("device_cache_tokens")
     if not ws or not cap or min(cap) <= 0:
         return ""
     w, c = max(ws), min(cap)
@@ -67,15 +70,20 @@ def tier_hits(warm: pd.DataFrame, servers: Sequence[dict[str, Any]], engine: str
     ``metrics_delta``."""
     if "tier_hit_tokens" in warm:
         hits = pd.to_numeric(warm["tier_hit_tokens"], errors="coerce")
+        hits = hits[hits >= 0]
         if hits.notna().any():
-            return float(hits.sum()), f"prompt tokens served by the tier over {int(hits.notna().sum())} requests"
+            n = int(hits.notna().sum())
+            return float(hits.sum()), (f"{hits.sum():,.0f} prompt tokens served by the tier over {n} "
+                                       f"request{'s' if n != 1 else ''}")
     # a server kvbench did not start has its /metrics read with whichever kind's names it exports
     names = (KINDS[engine].tier_counters if engine in KINDS and KINDS[engine].started else
              {n for k in KINDS.values() for n in k.tier_counters})
     read: dict[str, float] = {}
     for srv in _servers_of(servers, label):
-        for name, v in (srv.get("metrics_delta") or {}).items():
-            if name in names and isinstance(v, (int, float)):
+        deltas = srv.get("metrics_delta")
+        for name, v in (deltas.items() if isinstance(deltas, dict) else ()):
+            if name in names and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) \
+                    and v >= 0:
                 read[name] = read.get(name, 0.0) + float(v)
     if not read:
         return None, ""
@@ -85,15 +93,18 @@ def tier_hits(warm: pd.DataFrame, servers: Sequence[dict[str, Any]], engine: str
 def tier_not_engaged(warm: pd.DataFrame, servers: Sequence[dict[str, Any]], engine: str, label: str) -> str:
     """``""`` when tier mode ``label`` served something from its own tier (:func:`tier_hits` above 0), else why
     it has no tier verdict, with the token arithmetic of its servers where run.json has it
-    (:func:`capacity_text`): ``"not engaged: the tier served 0 prompt tokens over 9 requests; the working set
-    (4,200 tokens) fits the device cache (8,448 tokens)"``."""
+    (:func:`capacity_text`): ``"not engaged: its tier served nothing (0 prompt tokens served by the tier over 9
+    requests); the working set (4,200 tokens) fits the device cache (8,448 tokens)"``, or ``"not measured: ..."``
+    where nothing of the tier's was read (a server whose replies and ``/metrics`` say nothing per tier).
+    Negative, non-finite or non-numeric readings (an edited file) count as not read."""
     amount, what = tier_hits(warm, servers, engine, label)
     if amount is not None and amount > 0:
         return ""
     arithmetic = capacity_text(_servers_of(servers, label))
-    why = ("its own counters were not read (no per-request tier hits, no tier counter in /metrics)"
-           if amount is None else f"its tier served nothing ({what})")
-    return f"not engaged: {why}" + (f"; {arithmetic}" if arithmetic else "")
+    if amount is None:
+        return ("not measured: the tier's own counters were not read (no per-request tier hits, no tier counter in "
+                "/metrics), so whether it served anything is unknown") + (f"; {arithmetic}" if arithmetic else "")
+    return f"not engaged: its tier served nothing ({what})" + (f"; {arithmetic}" if arithmetic else "")
 
 
 def tier_later_turns(trials: pd.DataFrame, servers: Sequence[dict[str, Any]] = (), from_turn: int = 2

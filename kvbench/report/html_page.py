@@ -129,7 +129,9 @@ def html_document(results: Results, rep: Report, shown: pd.DataFrame, costs: Cos
                       table(mine), "</div></details>"]
         parts += cost_html(costs, g)
         for title, frame in extra_tables(rep, g):
-            parts += [f"<h3>{e(title)}</h3>", '<div class="table">', table(frame), "</div>"]
+            head, _, note = title.partition(" (")  # a long caption under the heading, not in it
+            parts += [f"<h3>{e(head)}</h3>"] + ([f'<p class="meta">({e(note)}</p>'] if note else []) + [
+                '<div class="table">', table(frame), "</div>"]
         parts += [_img(p) for t, p in rep.charts if t.startswith(f"{g}: ")]
     for g in (g for g in costs.groups() if g not in rep.recommendations):
         parts += [f"<h2>{e(g)}</h2>"] + cost_html(costs, g)

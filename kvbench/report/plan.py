@@ -233,7 +233,24 @@ def summary_lines(p: Plan) -> list[str]:
                      f"{s.sequence_bytes_per_token(n):,} bytes per token ({how})")
     lines.append(f"host memory for KV: {m.sources['host_mem']}" if m.host_bytes is None
                  else f"host memory for KV: {gib_or_mib(m.host_bytes)} ({m.sources['host_mem']})")
+    lines.append(_device_cache_line(p))
     return lines
+
+
+def _device_cache_line(p: Plan) -> str:
+    """The KV tokens the GPUs of one copy of the model hold beside its weights: what a prefix cache keeps before it
+    evicts, so the working set a host or disk tier needs before it is ever read (and, with host memory given,
+    the tokens that memory holds)."""
+    n, per_gpu = p.dtype_bytes, p.gpu_arch.sequence_bytes_per_token(p.dtype_bytes)
+    room = p.machine.gpu_bytes * (1 - RESERVE) - p.gpu_arch.parameters * n
+    if room <= 0:
+        return "device KV cache: none (the weights fill the GPU)"
+    text = (f"device KV cache: {room / per_gpu:,.0f} tokens = ({gib_or_mib(p.machine.gpu_bytes)} less {RESERVE:.0%} "
+            f"and the weights) ÷ {per_gpu:,} bytes per token per GPU: a host or disk tier is read only for a "
+            "working set beyond it")
+    if p.machine.host_bytes:
+        text += f"; the host memory holds {p.machine.host_bytes / p.arch.sequence_bytes_per_token(n):,.0f} tokens"
+    return text
 
 
 def _unit(p: Plan) -> tuple[str, int]:

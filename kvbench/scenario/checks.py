@@ -17,6 +17,7 @@ from kvbench.scenario.messages import echo
 from kvbench.scenario.paths import match
 from kvbench.scenario.programs import cpu_refusals, server_notices, server_problems
 from kvbench.scenario.schema import Scenario
+from kvbench.scenario.server_verdicts import server_verdict_warnings
 from kvbench.scenario.servers import preset_of
 from kvbench.scenario.workload import prefix_tokens
 from kvbench.serving import KINDS
@@ -323,6 +324,7 @@ def scenario_warnings(s: Scenario, consent: bool = True) -> list[tuple[str, str]
         warns += server_notices(s, consent)
         warns += _server_memory_warning(s)
         warns += _tier_capacity(s)
+        warns += server_verdict_warnings(s)
         warns += _reachable_concurrency(s)
         warns += _poisson_burst(s)
         if not s.device.startswith("cuda"):

@@ -11,8 +11,9 @@ it. The arithmetic, per kind, from the flags the server would get (the engine's,
 - SGLang: ``--max-total-tokens``; else ``--mem-fraction-static`` × the GPU's memory − the weights (upper bound).
 - llama.cpp: its slots (the load's concurrency level) each hold one conversation or document, at most.
 
-KV bytes per token in the model's dtype (bf16 on a GPU, float32 on a CPU: what kvbench gives vLLM there). The GPU's
-memory is NVML's where a GPU answers, else an 80 GiB GPU (an H100), said in the message.
+KV bytes per token in the model's dtype (bf16 on a GPU, float32 on a CPU: what kvbench gives vLLM there); with
+tensor parallelism (vLLM ``--tensor-parallel-size``, SGLang ``--tp-size``) per GPU: its share of the weights and of
+the KV heads. The GPU's memory is NVML's where a GPU answers, else an 80 GiB GPU (an H100), said in the message.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any
 from kvbench.scenario.schema import Scenario
 from kvbench.scenario.servers import preset_of
 from kvbench.serving import KINDS
-from kvbench.serving.kind import GIB, KvSizing
+from kvbench.serving.kind import GIB, KvSizing, last_value, number
 
 #: The GPU memory assumed where no GPU answers here (bytes): an H100's 80 GiB.
 ASSUMED_GPU_BYTES = 80 * GIB
@@ -75,14 +76,21 @@ def device_tokens(s: Scenario, mode: Any, arch: Any) -> tuple[float, str] | None
     if kind.device_cache_from_flags is None:
         return None
     preset = preset_of(s.engine.kind, mode)
+    argv = [*s.engine.args, *preset.args, *mode.args]
     gpu = s.device.startswith("cuda")
     elem = 2 if gpu else 4
+    given = number(last_value(argv, kind.tp_flags)) if kind.tp_flags else None
+    tp = int(given) if given is not None and given >= 1 and given == int(given) else 1
     try:
-        weights: int | None = arch.parameters() * elem
+        weights: float | None = arch.parameters * elem / tp
     except ValueError:  # a config without the sizes the count needs (a GGUF's): an upper bound all the same
         weights = None
-    at = KvSizing(gpu, arch.kv_bytes(1, elem), weights, _gpu_bytes() if gpu else (0, ""))
-    return kind.device_cache_from_flags([*s.engine.args, *preset.args, *mode.args], at)
+    # each GPU holds its share of the KV heads (all of them replicated where there are fewer heads than GPUs)
+    per_token = arch.kv_bytes(1, elem) // min(tp, max(1, arch.kv_heads))
+    found = kind.device_cache_from_flags(argv, KvSizing(gpu, per_token, weights, _gpu_bytes() if gpu else (0, "")))
+    if found is None or tp == 1:
+        return found
+    return found[0], f"{found[1]}; per GPU of {tp} ({kind.tp_flags[0]} {tp}: weights and KV heads split)"
 
 
 def tier_capacity_warnings(s: Scenario, arch: Any) -> list[tuple[str, str]]:

@@ -129,14 +129,16 @@ class KvSizing:
 
     Attributes:
         gpu: the server computes on a GPU (else a CPU).
-        kv_bytes_per_token: KV bytes one token takes in every layer at the server's dtype.
-        weights_bytes: the weights' bytes at that dtype, or None where the config does not give their size.
+        kv_bytes_per_token: KV bytes one token takes in every layer at the server's dtype, on one GPU (its share
+            of the KV heads under tensor parallelism).
+        weights_bytes: one GPU's share of the weights' bytes at that dtype, or None where the config does not give
+            their size.
         gpu_bytes: the GPU's memory in bytes, and how it is known (NVML's, or an assumed GPU named).
     """
 
     gpu: bool
     kv_bytes_per_token: int
-    weights_bytes: int | None
+    weights_bytes: float | None
     gpu_bytes: tuple[int, str]
 
 
@@ -212,6 +214,8 @@ class ServerKind:
             line (its flags, the last occurrence winning) and a :class:`KvSizing` say, or None where they do not
             tell; None: not read from flags.
         device_cache_hint: the flags that size the device cache, as a message names them.
+        tp_flags: the flags that set the server's tensor parallelism (GPUs the weights and KV heads are split over),
+            the first as a message names it.
         slot_per_unit: each of the server's slots holds one conversation or document at most (llama.cpp), so its
             device cache holds as many as the load's concurrency.
         tier_counters: the counters (kvbench's names, of :attr:`counters`) that move only when a host or disk tier
@@ -253,6 +257,7 @@ class ServerKind:
     device_cache_from_flags: Callable[[list[str], KvSizing], tuple[float, str] | None] | None = None
     device_cache_hint: str = ""
     slot_per_unit: bool = False
+    tp_flags: tuple[str, ...] = ()
 
 
 def last_value(argv: Sequence[str], flags: Iterable[str]) -> str | None:

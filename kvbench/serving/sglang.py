@@ -97,5 +97,6 @@ KIND = ServerKind(
     prefix_preset="radix",
     tier_counters=("cached_tokens_host", "cached_tokens_storage"),
     device_cache_from_flags=flag_capacity,
+    tp_flags=("--tp-size", "--tp"),
     device_cache_hint="--max-total-tokens",
 )

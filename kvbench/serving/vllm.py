@@ -200,6 +200,7 @@ KIND = ServerKind(
     block_tokens=block_tokens,
     device_cache_tokens=device_cache_tokens,
     device_cache_from_flags=flag_capacity,
+    tp_flags=("--tensor-parallel-size", "-tp"),
     device_cache_hint="--num-gpu-blocks-override or --kv-cache-memory-bytes",
     tier_counters=("prompt_tokens_cached_host", "prompt_tokens_cached_disk", "external_prefix_cache_hits",
                    "kv_offload_bytes_host_to_device", "kv_offload_tiering_read_bytes"),

@@ -190,3 +190,14 @@ def test_plan_never_runs_or_offers_to_run_a_models_own_code(tmp_path):
     (tmp_path / "config.json").write_text("[" * 100_000 + "]" * 100_000)
     r = CliRunner().invoke(app, ["plan", str(tmp_path)])
     assert r.exit_code == 2 and "not valid JSON (nested more than 100 levels deep)" in r.output, r.output
+
+
+def test_plan_says_the_device_kv_cache_in_tokens_a_tier_must_exceed():
+    from kvbench.report.plan import plan, summary_lines
+
+    lines = summary_lines(plan("llama-3.1-8b", gpu="dgx-h100"))
+    # (80 GiB × 0.9 − 8,030,261,248 × 2 B) ÷ 131,072 B = 467,291.9; the node's 256 GiB per copy ÷ 131,072 B
+    assert lines[-1] == ("device KV cache: 467,292 tokens = (80.00 GiB less 10% and the weights) ÷ 131,072 bytes per "
+                         "token per GPU: a host or disk tier is read only for a working set beyond it; the host "
+                         "memory holds 2,097,152 tokens")
+    assert summary_lines(plan("llama-3.1-8b", gpu="h100", tp=8))[-1].startswith("device KV cache: 4,596,060 tokens")

@@ -78,12 +78,13 @@ def test_a_tier_whose_own_counters_did_not_move_is_not_engaged_with_the_arithmet
     reuse, tier = c.iloc[1], c.iloc[2]
     # its device hits still give it a reuse saving against none: the tier itself served nothing
     assert reuse["saving_verdict"] == ""
-    assert tier["saving_verdict"] == ("not engaged: its tier served nothing (prompt tokens served by the tier over "
+    assert tier["saving_verdict"] == ("not engaged: its tier served nothing (0 prompt tokens served by the tier over "
                                       "6 requests); the working set (3,000 tokens) fits the device cache (8,448 "
                                       "tokens)")
     unread = reuse_cost(trials_frame(server_rows(tier_hit=None), "s"), Prices(3600.0)).iloc[2]
-    assert unread["saving_verdict"] == ("not engaged: its own counters were not read (no per-request tier hits, "
-                                        "no tier counter in /metrics)")
+    assert unread["saving_verdict"] == ("not measured: the tier's own counters were not read (no per-request tier "
+                                        "hits, no tier counter in /metrics), so whether it served anything is "
+                                        "unknown")
 
 
 def test_vllm_and_sglang_tiers_engage_by_their_tier_counters_never_by_device_hits():
@@ -123,3 +124,20 @@ def test_a_tier_mode_s_findings_give_its_ttft_against_prefix_cache_and_say_when_
     idle = tier_later_turns(trials_frame(server_rows(tier_hit=0), "s"))
     assert idle["ttft_verdict"].iloc[0].startswith("not engaged: its tier served nothing")
     assert tier_later_turns(trials_frame(server_rows(modes=("none", "prefix-cache")), "s")).empty
+
+
+def test_a_server_that_began_warm_gets_no_verdict_and_no_none_means_no_reuse_saving():
+    rows = server_rows()
+    for r in rows:
+        r["cold_verified"] = True if r["request_id"] == "c0-t2" else None
+    first_tier = next(r for r in rows if r["mode"] == "host-cache")
+    first_tier["cold_verified"] = False  # a running server kept what an earlier repeat left
+    c = reuse_cost(trials_frame(rows, "s"), Prices(3600.0))
+    assert list(c["saving_verdict"]) == [
+        "", "inconclusive: 1 of 1 servers began warm (their first request reused cached tokens): not a cold start",
+        "inconclusive: 1 of 2 servers began warm (their first request reused cached tokens): not a cold start"]
+    # without `none` nothing recomputed every prompt: only the tier saving is taken
+    c = reuse_cost(trials_frame(server_rows(modes=("prefix-cache", "host-cache")), "s"), Prices(3600.0))
+    assert c[["mode_label", "baseline"]].values.tolist() == [["host-cache", "prefix-cache"]]
+    # the tier row's prefill saved is what the tier itself served: 300 of 600 prompt tokens
+    assert c["prefill_saved_pct"].iloc[0] == pytest.approx(50.0)

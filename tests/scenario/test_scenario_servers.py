@@ -87,7 +87,7 @@ def test_engine_keys_are_checked(write_yaml, engine, path, message):
      "n_predict: kvbench sets this on every request (reserved: ignore_eos, max_tokens, model, n_predict, n_probs, "
      "prompt, return_tokens, seed, stream, stream_options, temperature, top_k)"),
     ([{"name": "none", "window": 5}], "modes[0].window",
-     "unknown key 'window'; allowed keys: name, preset, args, request, size"),
+     "unknown key 'window'; allowed keys: name, preset, args, request, size, url"),
     ([{"window": 5}], "modes[0]", "each mode needs a `kind` (an offload mode: none, hf-offloaded, full, hierarchical, "
                                   "dynamic) or, for a server engine, a `name` (a server configuration)"),
     ([{"name": "none"}, {"name": "none"}], "modes", "duplicate mode(s) ['none']"),

@@ -3,6 +3,7 @@ without its prefix-cache baseline is refused; the shipped GPU tier scenarios for
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ from kvbench.scenario.tier_capacity import tier_capacity_warnings, working_set
 from kvbench.models import read_architecture
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
+PRESETS = Path(__file__).resolve().parents[2] / "kvbench" / "models" / "presets"
 
 
 def vllm_gpu(args: list[str], conversations: int = 8, modes: list | None = None) -> dict:
@@ -87,3 +89,24 @@ def test_the_shipped_tier_scenarios_force_their_tier(name):
     assert [w for w in scenario_warnings(s) if "tier is never read" in w[1]] == []
     units, least, most, _ = working_set(s)
     assert units >= 5  # a verdict needs 5 independent units
+
+
+def test_a_real_model_directory_subtracts_its_weights_and_tensor_parallelism_splits_them(write_yaml, tmp_path):
+    """A Hugging Face model directory (here Llama-3.1-8B's config alone): the weights (8,030,261,248 parameters in
+    bf16, 14.96 GiB) come off the GPU's memory; with --tensor-parallel-size 8 each GPU holds 1/8 of them and one
+    of the 8 KV heads (16,384 B per token)."""
+    model = tmp_path / "llama-3.1-8b"
+    model.mkdir()
+    shutil.copy(PRESETS / "llama-3.1-8b.json", model / "config.json")
+    data = {**vllm_gpu(["--gpu-memory-utilization", "0.9"]), "model": str(model)}
+    [(path, text)] = tier_warnings(write_yaml, data)
+    # 0.9 × 80 GiB − 14.96 GiB = 57.04 GiB ÷ 131,072 B per token = 467,291.9 tokens
+    assert path == "modes[2]" and ("fits the device cache (467,292 tokens: at most 0.9 (--gpu-memory-utilization) × "
+                                   "an 80 GiB GPU (an H100; no GPU answers here) − 15.0 GiB of weights = 57.0 GiB ÷ "
+                                   "131,072 B of KV per token)") in text
+    data["engine"]["args"] += ["--tensor-parallel-size", "8"]
+    [(_, text)] = tier_warnings(write_yaml, data)
+    # per GPU: 72 GiB − 1.87 GiB = 70.13 GiB ÷ 16,384 B = 4,596,059.9 tokens
+    assert ("fits the device cache (4,596,060 tokens: at most 0.9 (--gpu-memory-utilization) × an 80 GiB GPU (an "
+            "H100; no GPU answers here) − 1.9 GiB of weights = 70.1 GiB ÷ 16,384 B of KV per token; per GPU of 8 "
+            "(--tensor-parallel-size 8: weights and KV heads split))") in text

@@ -73,7 +73,7 @@ def test_the_restore_s_cost_flips_the_disk_slots_saving_and_every_tier_is_charge
     # each conversation's turns run one after another on the one slot: the slot still holds the conversation, so
     # neither tier serves a token the slot did not keep, and neither gets a tier verdict
     tiers = {r["mode_label"]: r["saving_verdict"] for r in every if r["saving_kind"] == "tier"}
-    assert tiers == {m: "not engaged: its tier served nothing (prompt tokens served by the tier over 10 requests)"
+    assert tiers == {m: "not engaged: its tier served nothing (0 prompt tokens served by the tier over 10 requests)"
                      for m in ("ram", "disk-slots")}
     disk = costs["disk-slots"]
     assert disk["pairs"] == 10 and disk["saving_pct"] < 0 and disk["saving_ci_high"] < 0

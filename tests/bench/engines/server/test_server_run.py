@@ -111,7 +111,8 @@ def test_kind_openai_measures_a_running_server_and_checks_its_cold_start(tmp_pat
 def test_kind_openai_measures_a_tier_mode_on_its_own_running_server(tmp_path):
     """kind openai with two running servers: the tier preset's mode goes to its own url (a llama-server with a host
     cache), the others to engine.url; its tier saving is taken against prefix-cache, and since neither the OpenAI
-    reply nor llama.cpp's /metrics says what a tier served, it is not engaged: no tier verdict from cached tokens."""
+    reply nor llama.cpp's /metrics says what a tier served, it is not measured: no tier verdict from cached
+    tokens."""
     from kvbench.analysis.cost import Prices
     from kvbench.analysis.reuse_cost import reuse_cost
     from kvbench.bench.engines.server.process import ServerProcess, free_port
@@ -145,8 +146,9 @@ def test_kind_openai_measures_a_tier_mode_on_its_own_running_server(tmp_path):
     costs = reuse_cost(results.trials, Prices(2.0), servers=results.servers)
     tier_row = costs[costs["saving_kind"] == "tier"].iloc[0]
     assert (tier_row["mode_label"], tier_row["baseline"]) == ("cpu-tier", "prefix-cache")
-    assert tier_row["saving_verdict"] == ("not engaged: its own counters were not read (no per-request tier hits, "
-                                          "no tier counter in /metrics)")
+    assert tier_row["saving_verdict"] == ("not measured: the tier's own counters were not read (no per-request tier "
+                                          "hits, no tier counter in /metrics), so whether it served anything is "
+                                          "unknown")
 
 
 def test_a_q8_0_kv_cache_gets_quality_columns_from_the_servers_top_logprobs(tmp_path):
