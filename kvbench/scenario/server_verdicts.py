@@ -21,7 +21,8 @@ def server_verdict_warnings(s: Scenario) -> list[tuple[str, str]]:
     if over and s.repeats < MIN_UNITS:
         out.append(("repeats", f"{s.repeats}: at concurrency {', '.join(map(str, over))} requests overlap, so a "
                                f"repeat's whole load is one independent unit and a verdict needs {MIN_UNITS}: "
-                               f"those levels will be inconclusive (repeats: {MIN_UNITS})"))
+                               f"those levels will be inconclusive (repeats: {MIN_UNITS}, or {MIN_UNITS} runs "
+                               "given to `kvbench cost` together)"))
     kind = KINDS.get(s.engine.kind)
     runs = s.repeats * len(s.load_spec.levels)
     if kind is not None and not kind.started and s.engine.cold_start == "check" and runs > 1:

@@ -110,3 +110,28 @@ def test_a_real_model_directory_subtracts_its_weights_and_tensor_parallelism_spl
     assert ("fits the device cache (4,596,060 tokens: at most 0.9 (--gpu-memory-utilization) × an 80 GiB GPU (an "
             "H100; no GPU answers here) − 1.9 GiB of weights = 70.1 GiB ÷ 16,384 B of KV per token; per GPU of 8 "
             "(--tensor-parallel-size 8: weights and KV heads split))") in text
+
+
+def test_validate_says_which_levels_cannot_reach_a_verdict_and_that_running_servers_begin_warm(write_yaml):
+    from kvbench.scenario.server_verdicts import server_verdict_warnings
+
+    data = {**vllm_gpu(["--num-gpu-blocks-override", "64"], conversations=16), "load": {
+        "profile": "concurrent", "concurrency": [1, 4]}, "repeats": 3}
+    assert server_verdict_warnings(load_scenario(write_yaml(data))) == [
+        ("repeats", "3: at concurrency 4 requests overlap, so a repeat's whole load is one independent unit and a "
+                    "verdict needs 5: those levels will be inconclusive (repeats: 5, or 5 runs given to `kvbench cost` "
+                    "together)")]
+    assert server_verdict_warnings(load_scenario(write_yaml({**data, "repeats": 5}))) == []
+    openai = {**data, "engine": {"kind": "openai", "url": "http://127.0.0.1:8000"}, "repeats": 5,
+              "modes": [{"name": "prefix-cache"}, {"name": "tier-on", "preset": "tier",
+                                                   "url": "http://127.0.0.1:8001"}]}
+    assert server_verdict_warnings(load_scenario(write_yaml(openai))) == [
+        ("engine.cold", "kvbench starts nothing for kind openai: of each mode's 10 repeats and levels on a running "
+                        "server only the first can begin cold, and the others get no verdict (a warm start); "
+                        "restart the servers before each run with repeats: 1 and one level, and give all the runs "
+                        "to `kvbench cost` together, or set cold: reset with the engine's reset_path")]
+    once = {**openai, "repeats": 1, "load": {"profile": "concurrent", "concurrency": 4}}
+    assert server_verdict_warnings(load_scenario(write_yaml(once))) == [
+        ("repeats", "1: at concurrency 4 requests overlap, so a repeat's whole load is one independent unit and a "
+                    "verdict needs 5: those levels will be inconclusive (repeats: 5, or 5 runs given to `kvbench cost` "
+                    "together)")]
