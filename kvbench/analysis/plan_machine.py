@@ -75,6 +75,10 @@ def machine(gpu: str, tp: int, gpu_bytes: int | None, hbm_gbps: float | None, tf
             sources[name] = "given"
     if host_bytes is not None:
         sources["host_mem"] = "given"
+    elif preset.host_gib is not None and tp > preset.gpus_per_node:  # a model over several nodes (GH200s)
+        nodes = -(-tp // preset.gpus_per_node)
+        host_bytes = int(preset.host_gib * 2**30) * nodes
+        sources["host_mem"] = f"{preset.host_source}, × {nodes} of them for the model's {tp} GPUs"
     elif preset.host_gib is not None:
         copies = preset.gpus_per_node // tp
         host_bytes = int(preset.host_gib * 2**30) // copies

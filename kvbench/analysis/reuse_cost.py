@@ -145,8 +145,8 @@ def reuse_cost(trials: pd.DataFrame, prices: Prices, n_boot: int = N_BOOT, seed:
     (baseline − mode) TTFT ÷ requests; ``tokens_match`` as in :func:`kvbench.analysis.reuse.reuse_table`. A server
     group without a ``none`` mode has no reuse rows (nothing recomputed every prompt).
     """
-    rows = reuse_trials(trials)
-    rows = rows[rows["status"].isin(MEASURED)]
+    every = reuse_trials(trials)
+    rows = every[every["status"].isin(MEASURED)]
     out = []
     for (group, mode), part in rows.groupby(["group", "mode_label"], sort=False):
         server = "engine" in part and part["engine"].notna().all()
@@ -161,14 +161,16 @@ def reuse_cost(trials: pd.DataFrame, prices: Prices, n_boot: int = N_BOOT, seed:
             out.append(_saving({**rec, "baseline": "none", "saving_kind": "reuse"}, warm, cold, charge, (0.0, 0.0),
                                prices, n_boot, seed, server, reuse_not_engaged(warm) or warm_start(part)))
             out[-1]["tokens_match"] = ids_verdict(part)
-        base = baseline_label(rows, part) if server and tier_of(engine, rec["mode"]) else None
+        base = baseline_label(every, part) if server and tier_of(engine, rec["mode"]) else None
         if base is None:
             continue
         ref = rows[(rows["group"] == group) & (rows["mode_label"] == base) & rows["warm"].astype(bool)]
         base_charge = _charges(ref, cold, server, host_tier)
+        missing = f"no tier verdict: `{base}` measured no request" if ref.empty else ""
         out.append(_saving({**rec, "baseline": base, "saving_kind": "tier"}, warm, ref, charge,
                            (base_charge[0], base_charge[1]), prices, n_boot, seed, server,
-                           tier_not_engaged(warm, servers, engine, mode) or warm_start(pd.concat([part, ref]))))
+                           missing or tier_not_engaged(warm, servers, engine, mode)
+                           or warm_start(pd.concat([part, ref]))))
         out[-1]["tokens_match"] = ids_verdict(part)
         hits = pd.to_numeric(warm["tier_hit_tokens"], errors="coerce") if "tier_hit_tokens" in warm else None
         prompt = warm["prompt_tokens"].sum()

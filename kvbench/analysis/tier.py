@@ -59,7 +59,7 @@ def capacity_text(servers: Sequence[dict[str, Any]]) -> str:
     w, c = max(ws), min(cap)
     if w <= c:
         return f"the working set ({w:,} tokens) fits the device cache ({c:,} tokens)"
-    return f"the working set ({w:,} tokens) is {w / c:.1f}x the device cache ({c:,} tokens)"
+    return f"the working set ({w:,} tokens) is {w / c:.{1 if w / c >= 1.1 else 3}f}x the device cache ({c:,} tokens)"
 
 
 def tier_hits(warm: pd.DataFrame, servers: Sequence[dict[str, Any]], engine: str, label: str

@@ -16,7 +16,7 @@ from kvbench.cli.common import _fail, _show_warning, _table, err, handle_errors,
 #: Library argument → flag, for the messages of :class:`kvbench.errors.BadParameter`.
 FLAGS = {"prompt_tokens": "--prompt-tokens", "batch": "--batch", "dtype": "--dtype", "gpu_mem": "--gpu-mem",
          "host_mem": "--host-mem", "window": "--window", "link_gbps": "--link-gbps", "hbm_gbps": "--hbm-gbps",
-         "gpu": "--gpu", "tp": "--tp", "tflops": "--tflops"}
+         "gpu": "--gpu", "tp": "--tp", "tflops": "--tflops", "gpu_price": "--gpu-price"}
 
 
 def plan(

@@ -201,6 +201,9 @@ def read_config_file(path: str | Path) -> Any:
     path = Path(path)
     raw = read_json_file(path, MAX_CONFIG_BYTES)  # BadFile: a FIFO, too large, invalid, too deep
     text = raw.get("text_config", raw) if isinstance(raw, dict) else {}
+    if not isinstance(text, dict):
+        shown = "null" if text is None else type(text).__name__
+        raise BadFile(f"{path}: text_config is {shown}, not an object of the language model's fields")
     missing = [k for k in PLAN_FIELDS if k not in text or text[k] is None]
     if missing:
         raise BadFile(f"{path}: the config has no {', '.join(missing)}")

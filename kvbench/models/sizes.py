@@ -172,6 +172,10 @@ def _attention(a: Architecture, fields: dict[str, Any], where: str) -> tuple[int
     layer, kv_lora_rank, qk_rope_head_dim)`` (the module docstring's formulas). Raises BadFile naming a missing
     or unusable latent-attention field."""
     if fields.get("kv_lora_rank") is None:
+        latent = [k for k in MLA_FIELDS[1:4] if fields.get(k) is not None]
+        if latent:  # transformers would default kv_lora_rank (DeepSeek's 512): a guess, never a count
+            raise BadFile(f"{where}: the config has {', '.join(latent)} (multi-head latent attention) but no "
+                          "kv_lora_rank: plan needs it for the KV per token")
         q, kv = a.heads * a.head_dim, a.kv_heads * a.head_dim
         params = 2 * a.hidden * q + 2 * a.hidden * kv + ((q + 2 * kv) if a.qkv_bias else 0)
         return params, 2 * kv, 4 * a.heads * a.head_dim, 0, 0

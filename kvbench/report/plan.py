@@ -14,7 +14,7 @@ from typing import Callable
 
 import pandas as pd
 
-from kvbench.analysis.plan import DTYPE_BYTES, ModePlan, cost_per_million, plan_modes
+from kvbench.analysis.plan import DTYPE_BYTES, MAX_USD_PER_HOUR, ModePlan, cost_per_million, plan_modes
 from kvbench.analysis.plan_break_even import Constants, assumed_constants, contexts_up_to
 from kvbench.analysis.plan_machine import Machine, machine
 from kvbench.analysis.plan_reuse import REUSE_SHARES, reuse_table
@@ -150,6 +150,9 @@ def plan(model: str, prompt_tokens: int = 4096, batch: int = 1, dtype: str = "bf
     link_gbps, gpu_price = number_arg(link_gbps, "link_gbps", optional=True), number_arg(gpu_price, "gpu_price",
                                                                                           optional=True)
     hbm_gbps, tflops = number_arg(hbm_gbps, "hbm_gbps", optional=True), number_arg(tflops, "tflops", optional=True)
+    if gpu_price is not None and not (math.isfinite(gpu_price) and 0 < gpu_price <= MAX_USD_PER_HOUR):
+        raise BadParameter(f"{{gpu_price}} must be more than 0 and at most {MAX_USD_PER_HOUR:,.0f} USD per GPU-hour, "
+                           f"not {gpu_price:g}", "gpu_price")
     if not isinstance(dtype, str) or dtype not in DTYPE_BYTES:
         raise BadParameter(f"{{dtype}} {dtype!r}: one of {', '.join(DTYPE_BYTES)}", "dtype")
     bad = [(n, v) for n, v, least in (("prompt_tokens", prompt_tokens, 1), ("batch", batch, 1), ("window", window, 0))
@@ -177,7 +180,7 @@ def plan(model: str, prompt_tokens: int = 4096, batch: int = 1, dtype: str = "bf
     try:
         modes = plan_modes(share, prompt_tokens, batch, nbytes, m.gpu_bytes, m.host_bytes, m.link_gbps * 1e9,
                            m.hbm_gbps * 1e9, window, RESERVE, m.tp)
-        costs = ([cost_per_million(gpu_price * m.tp, x.tokens_per_s) if x.batch else math.nan for x in modes]
+        costs = ([cost_per_million(gpu_price, x.tokens_per_s / m.tp) if x.batch else math.nan for x in modes]
                  if gpu_price is not None else None)
         constants = assumed_constants(share, nbytes, m.tflops, m.link_gbps * 1e9, m.hbm_gbps * 1e9)
     except UserError:

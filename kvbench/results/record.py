@@ -104,6 +104,20 @@ class _Capacity(_Open):
     trial_ids: list[str] = []
 
 
+#: A ``/metrics`` counter delta: a finite number that is not true or false, or null (not read).
+_Delta = Optional[Annotated[float, Field(strict=True, allow_inf_nan=False)]]
+
+
+class _Server(_Open):
+    """A server entry of run.json: the keys the reading code takes figures from (the rest are kept as written)."""
+
+    mode_label: _Text = None
+    metrics_delta: Optional[dict[str, _Delta]] = None
+    metrics_delta_holds: Optional[dict[str, _Delta]] = None
+    device_cache_tokens: _Count = None
+    working_set_tokens: _Count = None
+
+
 class _RunMeta(_Open):
     schema_version: int
     status: Optional[Literal[RUN_STATUSES]] = None  # type: ignore[valid-type]
@@ -114,7 +128,7 @@ class _RunMeta(_Open):
     scenario: Optional[dict[str, Any]] = None
     weights_bytes: _Count = None
     capacity: Optional[list[_Capacity]] = None
-    servers: Optional[list[dict[str, Any]]] = None
+    servers: Optional[list[_Server]] = None
 
 
 def _key(loc: tuple[Any, ...]) -> str:

@@ -296,6 +296,9 @@ def check_server_modes(kind: str, modes: list[Any]) -> list[tuple[int, str]]:
             out.append((i, f"preset: {PRESETS[kind].unknown(m.kind)}"))
             continue
         p = PRESETS[kind][m.kind]
+        if m.name in PRESETS[kind] and m.name != m.kind:
+            out.append((i, f"name: {m.name} is {kind}'s preset {m.name}, but this mode runs preset {m.kind}: a "
+                           "mode named after a preset runs that preset; give this one another name"))
         out += [(i, f"args: {why}") for why in reserved_flag_problems(kind, m.args)]
         if m.url is None and not KINDS[kind].started and p.tier is not None:
             out.append((i, f"url: preset {p.name} measures the deployment with its tier on, another server than "

@@ -68,6 +68,21 @@ def _gpu_bytes() -> tuple[int, str]:
         return ASSUMED_GPU_BYTES, "an 80 GiB GPU (an H100; no GPU answers here)"
 
 
+#: Bytes per KV element by the value of ``--kv-cache-dtype`` (a prefix) or ``--dtype`` (vLLM's and SGLang's names).
+_DTYPE_BYTES = (("fp8", 1), ("float32", 4), ("float", 4), ("float16", 2), ("half", 2), ("bfloat16", 2), ("fp4", 0.5))
+
+
+def _element_bytes(argv: list[str], default: float) -> float:
+    """Bytes per KV element a server started with ``argv`` stores: ``--kv-cache-dtype`` (``fp8*``: 1), else
+    ``--dtype`` (``float32``: 4; ``float16``, ``bfloat16``: 2), else ``default`` (the model's dtype on the device)."""
+    for flag in ("--kv-cache-dtype", "--dtype"):
+        value = (last_value(argv, (flag,)) or "").lower()
+        for name, size in _DTYPE_BYTES:
+            if value == name or (flag == "--kv-cache-dtype" and value.startswith(name)):
+                return size
+    return default
+
+
 def device_tokens(s: Scenario, mode: Any, arch: Any) -> tuple[float, str] | None:
     """``(tokens, arithmetic)``: the KV tokens the server of ``mode`` keeps on its device as its flags say (the
     kind's :attr:`~kvbench.serving.kind.ServerKind.device_cache_from_flags`; see the module docstring), and how
@@ -78,15 +93,16 @@ def device_tokens(s: Scenario, mode: Any, arch: Any) -> tuple[float, str] | None
     preset = preset_of(s.engine.kind, mode)
     argv = [*s.engine.args, *preset.args, *mode.args]
     gpu = s.device.startswith("cuda")
-    elem = 2 if gpu else 4
+    elem = _element_bytes(argv, 2 if gpu else 4)
     given = number(last_value(argv, kind.tp_flags)) if kind.tp_flags else None
     tp = int(given) if given is not None and given >= 1 and given == int(given) else 1
-    try:
-        weights: float | None = arch.parameters * elem / tp
+    try:  # the weights in the model's dtype (a KV-only fp8 leaves them as they are)
+        weights: float | None = arch.parameters * _element_bytes(
+            [a for a in argv if not a.startswith("--kv-cache-dtype")], 2 if gpu else 4) / tp
     except ValueError:  # a config without the sizes the count needs (a GGUF's): an upper bound all the same
         weights = None
     # each GPU holds its share of the KV heads (all of them replicated where there are fewer heads than GPUs)
-    per_token = arch.kv_bytes(1, elem) // min(tp, max(1, arch.kv_heads))
+    per_token = int(arch.kv_bytes(1, 4) * elem / 4) // min(tp, max(1, arch.kv_heads))
     found = kind.device_cache_from_flags(argv, KvSizing(gpu, per_token, weights, _gpu_bytes() if gpu else (0, "")))
     if found is None or tp == 1:
         return found

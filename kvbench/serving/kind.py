@@ -9,6 +9,7 @@ declarations, and so does the scenario's validation (:mod:`kvbench.scenario.serv
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -142,6 +143,11 @@ class KvSizing:
     gpu_bytes: tuple[int, str]
 
 
+def positive(value: float | None) -> float | None:
+    """``value`` when it is a finite number above 0, else None (a count or size a server would refuse)."""
+    return value if value is not None and math.isfinite(value) and value > 0 else None
+
+
 def fraction_capacity(argv: Sequence[str], flag: str, default: float | None, at: KvSizing
                       ) -> tuple[float, str] | None:
     """``(tokens, arithmetic)`` of a device cache sized as a fraction of the GPU's memory (vLLM
@@ -150,7 +156,7 @@ def fraction_capacity(argv: Sequence[str], flag: str, default: float | None, at:
     the flag nor a ``default`` gives the fraction."""
     given = number(last_value(argv, (flag,)))
     frac = given if given is not None else default
-    if frac is None or not at.gpu:
+    if frac is None or not at.gpu or not 0 < frac <= 1:
         return None
     total, which = at.gpu_bytes
     weights = at.weights_bytes or 0

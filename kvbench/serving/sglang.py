@@ -10,7 +10,7 @@ before the HiCache breakdown report ``sglang:cached_tokens_total`` without a ``c
 from __future__ import annotations
 
 from kvbench.serving.kind import (CounterSpec, KvSizing, Launch, Preset, ServerKind, counter, fraction_capacity,
-                                  last_value, number, presets)
+                                  last_value, number, positive, presets)
 
 NAME = "sglang"
 #: Why PyPI's SGLang cannot serve on a CPU (measured on 0.5.23 with sglang-kernel 0.4.10).
@@ -32,9 +32,10 @@ def flag_capacity(argv: list[str], at: KvSizing) -> tuple[float, str] | None:
     """The device pool in tokens from SGLang's flags: ``--max-total-tokens``, else ``--mem-fraction-static`` of the
     GPU's memory (:func:`~kvbench.serving.kind.fraction_capacity`); None without either (SGLang's default
     fraction depends on the GPU)."""
-    most = number(last_value(argv, ("--max-total-tokens",)))
-    if most is not None:
-        return most, f"{most:,.0f} tokens (--max-total-tokens)"
+    given = last_value(argv, ("--max-total-tokens",))
+    if given is not None:
+        most = positive(number(given))
+        return (most, "--max-total-tokens") if most is not None and most == int(most) else None
     return fraction_capacity(argv, "--mem-fraction-static", None, at)
 
 

@@ -15,7 +15,7 @@ import math
 import re
 
 from kvbench.serving.kind import (GIB, CounterSpec, KvSizing, Launch, Preset, ServerKind, counter, fraction_capacity,
-                                  last_value, number, presets)
+                                  last_value, number, positive, presets)
 
 NAME = "vllm"
 #: What vLLM's CPU build says when its native CPU offloading is asked for (0.32, measured here).
@@ -78,16 +78,38 @@ def device_cache_tokens(metrics: str) -> int | None:
     return int(blocks.group(1)) * size if blocks and size else None
 
 
+_HUMAN = re.compile(r"(\d+(?:\.\d+)?)([kKmMgGtT]?)")
+_MULTIPLIER = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "K": 2**10, "M": 2**20, "G": 2**30,
+               "T": 2**40}
+
+
+def human_int(text: str) -> float | None:
+    """A vLLM size flag's value as vLLM reads it (``human_readable_int``: ``1k`` 1,000, ``1K`` 1,024, ``25.6k``
+    25,600; no decimals with a binary suffix), or None where it is none of these."""
+    m = _HUMAN.fullmatch(text.strip())
+    if m is None or ("." in m.group(1) and m.group(2).isupper()):
+        return None
+    return float(m.group(1)) * _MULTIPLIER[m.group(2)]
+
+
 def flag_capacity(argv: list[str], at: KvSizing) -> tuple[float, str] | None:
     """The device cache in tokens from vLLM's flags: ``--num-gpu-blocks-override`` × ``--block-size`` (default 16
-    on a GPU, 128 on the CPU build, as measured here); else ``--kv-cache-memory-bytes`` ÷ KV bytes per token; else
-    on a GPU ``--gpu-memory-utilization`` (default 0.9) of its memory (:func:`~kvbench.serving.kind.fraction_capacity`)."""
-    blocks = number(last_value(argv, ("--num-gpu-blocks-override",)))
-    if blocks is not None:
-        size = number(last_value(argv, ("--block-size",))) or (16 if at.gpu else 128)
-        return blocks * size, f"{blocks:,.0f} blocks (--num-gpu-blocks-override) × {size:g} tokens"
-    mem = number(last_value(argv, ("--kv-cache-memory-bytes",)))
-    if mem is not None:
+    on a GPU, 128 on the CPU build, as measured here); else ``--kv-cache-memory-bytes`` (:func:`human_int`) ÷ KV
+    bytes per token; else on a GPU ``--gpu-memory-utilization`` (default 0.9, at most 1) of its memory
+    (:func:`~kvbench.serving.kind.fraction_capacity`). None where a given value is no count or size above 0 (NaN,
+    infinite, negative, not a number: vLLM would refuse it)."""
+    given = last_value(argv, ("--num-gpu-blocks-override",))
+    if given is not None:
+        blocks = positive(number(given))
+        size_given = last_value(argv, ("--block-size",))
+        size = positive(number(size_given)) if size_given is not None else (16 if at.gpu else 128)
+        return (blocks * size, f"{blocks:,.0f} blocks (--num-gpu-blocks-override) × {size:g} tokens") \
+            if blocks and size else None
+    given = last_value(argv, ("--kv-cache-memory-bytes",))
+    if given is not None:
+        mem = positive(human_int(given))
+        if mem is None:
+            return None
         return mem / at.kv_bytes_per_token, (f"{mem / GIB:,.2f} GiB (--kv-cache-memory-bytes) ÷ "
                                              f"{at.kv_bytes_per_token:,} B per token")
     return fraction_capacity(argv, "--gpu-memory-utilization", 0.9, at)

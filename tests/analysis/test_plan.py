@@ -111,9 +111,10 @@ def test_plan_command_output_and_errors(tmp_path):
     assert r.exit_code == 0 and "the weights (128.48 GiB) do not fit in 72.00 GiB of the GPU" in r.output
     assert "nothing is priced" in r.output and "decode step at" not in r.output and "reuse tier" not in r.output
     r = cli.invoke(app, ["plan", "llama-3.1-8b", "--gpu-price", "0"])
-    assert r.exit_code == 2 and "the price must be more than 0 and at most 1,000,000 USD per hour, not 0" in r.output
+    assert r.exit_code == 2 and "--gpu-price must be more than 0 and at most 1,000,000 USD per GPU-hour, not 0" in \
+        r.output
     r = cli.invoke(app, ["plan", "llama-3.1-8b", "--gpu-price", "1e308"])
-    assert r.exit_code == 2 and "at most 1,000,000 USD per hour, not 1e+308" in r.output
+    assert r.exit_code == 2 and "at most 1,000,000 USD per GPU-hour, not 1e+308" in r.output
     r = cli.invoke(app, ["plan", "llama-3.1-8b", "--gpu-mem", "lots"])
     assert r.exit_code == 2 and "--gpu-mem 'lots': give bytes or a size such as 80GiB" in r.output
 

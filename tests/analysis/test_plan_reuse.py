@@ -101,3 +101,16 @@ def test_host_memory_is_given_or_the_node_s_never_this_machine_s(monkeypatch):
 def test_machine_flags_are_checked(args, message):
     r = CliRunner().invoke(app, ["plan", "llama-3.1-8b", *args])
     assert r.exit_code == 2 and message in " ".join(r.output.split()), r.output
+
+
+def test_a_gpu_price_is_checked_per_gpu_and_named_by_its_flag():
+    from typer.testing import CliRunner
+
+    from kvbench.cli import app
+
+    mixtral = str(Path(__file__).parent.parent / "data" / "plan" / "mixtral-8x7b" / "config.json")
+    r = CliRunner().invoke(app, ["plan", mixtral, "--tp", "8", "--gpu-price", "200000"])
+    assert r.exit_code == 0, r.output  # 8 × 200,000 USD per hour is beyond one price's bound, each GPU's is not
+    r = CliRunner().invoke(app, ["plan", mixtral, "--tp", "8", "--gpu-price", "-1"])
+    assert r.exit_code == 2 and "--gpu-price must be more than 0 and at most 1,000,000 USD per GPU-hour, not -1" in \
+        " ".join(r.output.split())

@@ -141,3 +141,16 @@ def test_a_server_that_began_warm_gets_no_verdict_and_no_none_means_no_reuse_sav
     assert c[["mode_label", "baseline"]].values.tolist() == [["host-cache", "prefix-cache"]]
     # the tier row's prefill saved is what the tier itself served: 300 of 600 prompt tokens
     assert c["prefill_saved_pct"].iloc[0] == pytest.approx(50.0)
+
+
+def test_a_tier_mode_whose_baseline_measured_nothing_says_so():
+    rows = server_rows()
+    for r in rows:
+        if r["mode"] == "prefix-cache":
+            r["status"], r["message"] = "error", "the server died"
+    c = reuse_cost(trials_frame(rows, "s"), Prices(3600.0))
+    tier = c[c["saving_kind"] == "tier"].iloc[0]
+    assert (tier["baseline"], tier["pairs"]) == ("prefix-cache", 0)
+    assert tier["saving_verdict"] == "no tier verdict: `prefix-cache` measured no request"
+    assert capacity_text([{"working_set_tokens": 3_487, "device_cache_tokens": 3_486}]) == \
+        "the working set (3,487 tokens) is 1.000x the device cache (3,486 tokens)"

@@ -92,6 +92,9 @@ def test_experts_of_another_kind_are_refused_by_name(tmp_path, change, field):
 @pytest.mark.parametrize("drop, message", [
     ("qk_rope_head_dim", "has kv_lora_rank \\(multi-head latent attention\\) but no qk_rope_head_dim"),
     ("first_k_dense_replace", "has n_routed_experts but no first_k_dense_replace"),
+    # never priced as a dense model with 128 heads (1,998,848 B per token, 28x the latent)
+    ("kv_lora_rank", "has qk_rope_head_dim, qk_nope_head_dim, v_head_dim \\(multi-head latent attention\\) but no "
+                     "kv_lora_rank"),
 ])
 def test_deepseek_config_missing_a_field_is_refused_by_name(tmp_path, drop, message):
     cfg = json.loads(DEEPSEEK.read_text())
@@ -116,3 +119,16 @@ def test_gpu_presets_carry_datasheet_figures_and_sources():
     assert not measured_here(gpu_preset("h200"), "measured on NVIDIA GH200 480GB")
     assert measured_here(gpu_preset("h100"), "NVIDIA H100 80GB HBM3") and not measured_here(gpu_preset("h100"),
                                                                                             "NVIDIA H100 PCIe")
+
+
+def test_a_model_over_several_gh200s_has_the_host_memory_of_each():
+    from kvbench.analysis.plan_machine import machine
+
+    m = machine("gh200", 2, None, None, None, None, None)
+    assert m.host_bytes == 2 * 480 * 2**30 and m.sources["host_mem"].endswith(", × 2 of them for the model's 2 GPUs")
+
+
+def test_a_null_text_config_is_refused_in_one_line(tmp_path):
+    (tmp_path / "config.json").write_text('{"text_config": null}')
+    with pytest.raises(BadFile, match="text_config is null, not an object of the language model's fields"):
+        read_model_sizes(tmp_path / "config.json")

@@ -387,3 +387,12 @@ def test_an_openai_mode_may_name_its_own_running_server_and_the_tier_preset_must
     assert problems_of(write_yaml, server_scenario(modes=[{"name": "none", "url": "http://127.0.0.1:8001"}])) == [
         ("modes[0]", "url: kvbench starts llama.cpp itself for every mode; a mode's url is for kind openai (a server "
                      "already running)")]
+
+
+def test_a_mode_named_after_another_preset_is_refused(write_yaml):
+    modes = [{"name": "none", "preset": "prefix-cache"}, {"name": "host-cache"}]
+    assert problems_of(write_yaml, server_scenario(modes=modes)) == [
+        ("modes[0]", "name: none is llama.cpp's preset none, but this mode runs preset prefix-cache: a mode named "
+                     "after a preset runs that preset; give this one another name")]
+    load_scenario(write_yaml(server_scenario(modes=[{"name": "none"}, {"name": "prefix-cache", "preset":
+                                                                       "prefix-cache"}])))

@@ -135,3 +135,53 @@ def test_validate_says_which_levels_cannot_reach_a_verdict_and_that_running_serv
         ("repeats", "1: at concurrency 4 requests overlap, so a repeat's whole load is one independent unit and a "
                     "verdict needs 5: those levels will be inconclusive (repeats: 5, or 5 runs given to `kvbench cost` "
                     "together)")]
+
+
+@pytest.mark.parametrize("args, tokens", [
+    (["--kv-cache-memory-bytes", "1G"], 2**30 / 23_040),            # vLLM's human-readable sizes: G is 2^30
+    (["--kv-cache-memory-bytes", "1g"], 1e9 / 23_040),              # and g is 10^9
+    (["--kv-cache-memory-bytes", "1G", "--kv-cache-dtype", "fp8"], 2**30 / 11_520),
+    (["--kv-cache-memory-bytes", "1G", "--dtype", "float32"], 2**30 / 46_080),
+    (["--num-gpu-blocks-override", "64", "--block-size", "32"], 2_048),
+    (["--num-gpu-blocks-override", "nan"], None), (["--num-gpu-blocks-override", "inf"], None),
+    (["--num-gpu-blocks-override", "-5"], None), (["--num-gpu-blocks-override", "64", "--block-size", "0"], None),
+    (["--kv-cache-memory-bytes", "0"], None), (["--kv-cache-memory-bytes", "1.5G"], None),
+    (["--gpu-memory-utilization", "1.5"], None), (["--gpu-memory-utilization", "-0.5"], None),
+])
+def test_the_device_cache_is_read_as_vllm_reads_its_flags_and_never_from_nonsense(write_yaml, args, tokens):
+    from kvbench.scenario.tier_capacity import device_tokens
+
+    s = load_scenario(write_yaml(vllm_gpu(args)))
+    got = device_tokens(s, s.modes[2], read_architecture(s.model))
+    assert (got if got is None else got[0]) == (tokens if tokens is None else pytest.approx(tokens))
+
+
+def test_a_tier_saving_that_would_not_be_the_tier_s_is_warned_about(write_yaml):
+    from kvbench.scenario.server_verdicts import server_verdict_warnings
+
+    llama = {"name": "t", "model": "smollm2-135m", "engine": {"kind": "llama.cpp"},
+             "workload": {"source": "sharegpt", "doc_qa": {"documents": 6, "questions": 2, "doc_tokens": 256}},
+             "max_new_tokens": 8, "repeats": 5,
+             "modes": [{"name": "none"}, {"name": "prefix-cache", "request": {"cache_prompt": False}},
+                       {"name": "host-cache", "args": ["--cache-ram=0"]},
+                       {"name": "pc2", "preset": "prefix-cache", "args": ["--cache-ram", "512"]}]}
+    assert server_verdict_warnings(load_scenario(write_yaml(llama))) == [
+        ("modes[1]", "prefix-cache is the tier saving's baseline (prefix caching, tier off) but turns prefix caching "
+                     "off (cache_prompt: false): a tier saving against it is a reuse saving"),
+        ("modes[2]", "host-cache is a host tier mode whose flags turn its tier off (--cache-ram 0: no host tier): its "
+                     "tier saving would be prefix caching against itself")]
+    llama["modes"][1] = {"name": "prefix-cache", "args": ["--cache-ram", "512"]}
+    assert server_verdict_warnings(load_scenario(write_yaml(llama)))[0] == (
+        "modes[1]", "prefix-cache is the tier saving's baseline (prefix caching, tier off) but has a host tier of its "
+                    "own (--cache-ram 512 MiB): a tier saving against it is not one against prefix caching alone")
+    # vLLM reads the last of --enable-prefix-caching / --no-enable-prefix-caching: the preset's comes after the
+    # engine's flags, a mode's after the preset's
+    on = vllm_gpu(["--no-enable-prefix-caching", "--num-gpu-blocks-override", "64"], conversations=16)
+    assert server_verdict_warnings(load_scenario(write_yaml({**on, "repeats": 5}))) == []
+    on["modes"][1] = {"name": "prefix-cache", "args": ["--no-enable-prefix-caching"]}
+    assert [w[0] for w in server_verdict_warnings(load_scenario(write_yaml({**on, "repeats": 5})))] == ["modes[1]"]
+    same = {**on, "repeats": 1, "engine": {"kind": "openai", "url": "http://127.0.0.1:8000"},
+            "modes": [{"name": "prefix-cache"}, {"name": "t", "preset": "tier", "url": "http://127.0.0.1:8000/"}]}
+    assert server_verdict_warnings(load_scenario(write_yaml(same))) == [
+        ("modes[1].url", "http://127.0.0.1:8000 is engine.url: the tier mode would measure the same server as its "
+                         "baseline; give the deployment with the tier on")]
