@@ -17,7 +17,7 @@ import pandas as pd
 
 from kvbench.analysis.points import qualifies
 from kvbench.analysis.engaged import offload_not_engaged
-from kvbench.analysis.intervals import bootstrap_intervals, judge, pair_load, pair_with_reference
+from kvbench.analysis.intervals import PAIR_KEYS, bootstrap_intervals, judge, pair_load
 from kvbench.analysis.plan import MAX_USD_PER_HOUR, cost_per_million
 from kvbench.arguments import number_arg
 from kvbench.errors import BadParameter, BadValue
@@ -131,14 +131,6 @@ def held_bytes(trials: pd.DataFrame) -> pd.DataFrame:
                          "disk_bytes": pd.Series(disk, index=trials.index).fillna(0.0)}, index=trials.index)
 
 
-def _trial_usd(trials: pd.DataFrame, prices: Prices) -> pd.Series:
-    """USD per 1M generated tokens of each trial, from its own throughput and the memory it held."""
-    held = held_bytes(trials)
-    tput = pd.to_numeric(trials["throughput_tokens_per_s"], errors="coerce")
-    return pd.Series([prices.per_million(t, h, d) if t == t and t > 0 else math.nan
-                      for t, h, d in zip(tput, held["host_bytes"], held["disk_bytes"])], index=trials.index)
-
-
 def cost_table(table: pd.DataFrame, prices: Prices, trials: pd.DataFrame | None = None,
                max_ttft_s: float | None = None, max_tpot_s: float | None = None, n_boot: int = 2000,
                seed: int = 0) -> pd.DataFrame:
@@ -167,30 +159,38 @@ def cost_table(table: pd.DataFrame, prices: Prices, trials: pd.DataFrame | None 
         else why not; None for ``none``), ``monthly_saving_usd``, ``payback_months`` and ``why`` (why nothing
         qualified).
     """
+    keys = ["group", "prompt_tokens", "mode_label"]
+    ok = qualifies(table) & table["throughput_tokens_per_s_median"].notna()
+    if max_ttft_s is not None:
+        ok &= table["ttft_s_median"] <= max_ttft_s
+    if max_tpot_s is not None:
+        ok &= table["tpot_s_median"] <= max_tpot_s
+    # the best qualifying batch of each group × prompt length × mode (its first on a tie), in one pass
+    good = table[ok]
+    best = {k: good.loc[i] for k, i in good.groupby(keys, sort=False)["throughput_tokens_per_s_median"].idxmax()
+            .items()} if len(good) else {}
     rows = []
-    for (group, prompt, mode), part in table.groupby(["group", "prompt_tokens", "mode_label"], sort=False):
-        ok = part[qualifies(part) & part["throughput_tokens_per_s_median"].notna()]
-        if max_ttft_s is not None:
-            ok = ok[ok["ttft_s_median"] <= max_ttft_s]
-        if max_tpot_s is not None:
-            ok = ok[ok["tpot_s_median"] <= max_tpot_s]
-        rec: dict[str, Any] = {"group": group, "prompt_tokens": prompt, "mode_label": mode,
-                               "mode": part["mode"].iloc[0]}
-        if ok.empty:
-            rec["why"] = _why_not(part, max_ttft_s, max_tpot_s)
-            rows.append(rec)
-            continue
-        best = ok.loc[ok["throughput_tokens_per_s_median"].idxmax()]
-        rec.update(batch_size=best["batch_size"], throughput_tokens_per_s=best["throughput_tokens_per_s_median"],
-                   throughput_min=best["throughput_tokens_per_s_min"],
-                   throughput_max=best["throughput_tokens_per_s_max"], why="")
+    firsts = table.drop_duplicates(keys)[keys + ["mode"]].set_index(keys)["mode"]
+    missing = [k for k in firsts.index if k not in best]  # why nothing qualified: their points only, grouped once
+    parts = dict(tuple(table[pd.MultiIndex.from_frame(table[keys]).isin(missing)].groupby(keys, sort=False))) \
+        if missing else {}
+    for key, first in firsts.items():
+        rec: dict[str, Any] = dict(zip(keys, key), mode=first)
+        b = best.get(key)
+        if b is None:
+            rec["why"] = _why_not(parts[key], max_ttft_s, max_tpot_s)
+        else:
+            rec.update(batch_size=b["batch_size"], throughput_tokens_per_s=b["throughput_tokens_per_s_median"],
+                       throughput_min=b["throughput_tokens_per_s_min"],
+                       throughput_max=b["throughput_tokens_per_s_max"], why="")
         rows.append(rec)
     out = pd.DataFrame(rows)
     for col in ("batch_size", "throughput_tokens_per_s", "throughput_min", "throughput_max"):
         if col not in out:
             out[col] = math.nan
-    _cost_of_best(out, table, trials, prices)
-    _paired_savings(out, trials, prices, n_boot, seed)
+    measured = _measured(trials, prices)
+    _cost_of_best(out, table, measured, prices)
+    _paired_savings(out, measured, n_boot, seed)
     base = out[out["mode"] == "none"].set_index(["group", "prompt_tokens"])["usd_per_million"]
     ref = [base.get((g, p), math.nan) for g, p in zip(out["group"], out["prompt_tokens"])]
     # the monthly saving follows the paired saving: none's cost × the saving
@@ -210,48 +210,56 @@ def _key(rec: Any) -> tuple[Any, float, Any, float]:
     return rec["group"], float(rec["prompt_tokens"]), rec["mode_label"], float(rec["batch_size"])
 
 
-def _by_point(frame: pd.DataFrame | None) -> dict[tuple[Any, float, Any, float], pd.DataFrame]:
-    """``frame``'s rows per point (:func:`_key`), looked up once per cost row instead of filtering every row."""
-    if frame is None or frame.empty or any(c not in frame for c in _POINT):
-        return {}
-    return {_key(dict(zip(_POINT, k))): part for k, part in frame.groupby(_POINT, sort=False, dropna=False)}
-
-
-def _measured(trials: pd.DataFrame | None) -> pd.DataFrame | None:
-    """The measured trials of plain points (a reuse workload's, which carry ``warm``, are left out)."""
+def _measured(trials: pd.DataFrame | None, prices: Prices) -> pd.DataFrame | None:
+    """The measured trials of plain points (a reuse workload's, which carry ``warm``, are left out), each with what
+    it held (:func:`held_bytes`: ``_host``, ``_basis``, ``_disk``) and its own cost (``_usd``: USD per 1M
+    generated tokens from its throughput and that memory), computed once for every point."""
     if trials is None:
         return None
     sel = trials["status"].isin(MEASURED)
     if "warm" in trials:
         sel &= trials["warm"].isna()
-    return trials[sel]
+    out = trials[sel]
+    held = held_bytes(out)
+    tput = pd.to_numeric(out["throughput_tokens_per_s"], errors="coerce").to_numpy(dtype=float) \
+        if "throughput_tokens_per_s" in out else np.full(len(out), np.nan)
+    usd = [prices.per_million(t, h, d) if t == t and t > 0 else math.nan
+           for t, h, d in zip(tput, held["host_bytes"], held["disk_bytes"])]
+    return out.assign(_host=held["host_bytes"], _basis=held["host_basis"], _disk=held["disk_bytes"], _usd=usd)
 
 
-def _best_trials(trials: dict[tuple[Any, float, Any, float], pd.DataFrame], rec: dict[str, Any]) -> pd.DataFrame:
-    """The measured trials of a cost row's best point (``trials``: :func:`_by_point` of :func:`_measured`; empty
-    without trials or a best point)."""
-    if rec["batch_size"] != rec["batch_size"]:
-        return pd.DataFrame()
-    return trials.get(_key(rec), pd.DataFrame())
+def _held_per_point(measured: pd.DataFrame | None) -> dict[tuple[Any, float, Any, float], tuple[float, float, str]]:
+    """Per point (:func:`_key`) of ``measured`` (:func:`_measured`): the median host and disk bytes its trials
+    held and the most common basis of the host figure."""
+    if measured is None or measured.empty or any(c not in measured for c in _POINT):
+        return {}
+    by = measured.groupby(_POINT, sort=False, dropna=False)
+    med = by[["_host", "_disk"]].median()
+    basis = measured.groupby([*_POINT, "_basis"], sort=False, dropna=False).size().reset_index(name="n")
+    basis = basis.sort_values("n", ascending=False, kind="stable").drop_duplicates(_POINT).set_index(_POINT)["_basis"]
+    return {_key(dict(zip(_POINT, k))): (float(r["_host"]), float(r["_disk"]), str(basis.get(k, "")))
+            for k, r in med.iterrows()}
 
 
-def _cost_of_best(out: pd.DataFrame, table: pd.DataFrame, trials: pd.DataFrame | None, prices: Prices) -> None:
+def _cost_of_best(out: pd.DataFrame, table: pd.DataFrame, measured: pd.DataFrame | None, prices: Prices) -> None:
     """``host_kv_bytes``, ``host_basis``, ``disk_kv_bytes``, ``usd_per_million`` and its interval (in place): the
     held bytes are the medians over the best point's trials (the point table's filled KV medians without trials);
     the interval maps the point's throughput interval through the price (cost falls as throughput rises)."""
     cols: dict[str, list[Any]] = {k: [] for k in ("host_kv_bytes", "host_basis", "disk_kv_bytes", "usd_per_million",
                                                   "usd_ci_low", "usd_ci_high")}
-    points, by_point = _by_point(table), _by_point(_measured(trials))
+    points: dict[tuple[Any, float, Any, float], dict[str, Any]] = {}
+    for r in table.to_dict("records"):
+        points.setdefault(_key(r), r)
+    held = _held_per_point(measured)
     for rec in out.to_dict("records"):
         if rec["batch_size"] != rec["batch_size"]:
             for k, v in cols.items():
                 v.append("" if k == "host_basis" else math.nan)
             continue
-        point, mine = points[_key(rec)].iloc[0], _best_trials(by_point, rec)
-        if len(mine):
-            held = held_bytes(mine)
-            h, d = float(held["host_bytes"].median()), float(held["disk_bytes"].median())
-            basis = held["host_basis"].mode().iloc[0] if h else ""
+        point, mine = points[_key(rec)], held.get(_key(rec))
+        if mine is not None:
+            h, d, basis = mine
+            basis = basis if h else ""
         else:
             h = 0.0 if pd.isna(point["kv_host_peak_bytes_median"]) else float(point["kv_host_peak_bytes_median"])
             d = 0.0 if pd.isna(point["kv_disk_peak_bytes_median"]) else float(point["kv_disk_peak_bytes_median"])
@@ -267,35 +275,42 @@ def _cost_of_best(out: pd.DataFrame, table: pd.DataFrame, trials: pd.DataFrame |
         out[k] = v
 
 
-def _paired_savings(out: pd.DataFrame, trials: pd.DataFrame | None, prices: Prices, n_boot: int, seed: int) -> None:
+def _paired_savings(out: pd.DataFrame, measured: pd.DataFrame | None, n_boot: int, seed: int) -> None:
     """``saving_pct`` with ``saving_ci_low``/``saving_ci_high``, ``pairs``, ``pairs_busy_trials`` and
-    ``cost_verdict`` of every offload row against ``none``'s row at the same group and prompt length (in place)."""
+    ``cost_verdict`` of every offload row against ``none``'s row at the same group and prompt length (in place):
+    every row's best trials (``measured``: :func:`_measured`) paired with its ``none`` trials of the same run and
+    repeat in one merge (as :func:`~kvbench.analysis.intervals.pair_with_reference` pairs them)."""
     recs = out.to_dict("records")
     none_rows = {(r["group"], r["prompt_tokens"]): r for r in recs if r["mode"] == "none"}
-    by_point = _by_point(_measured(trials))
-    values: list[float] = []
-    ids: list[int] = []
     meta = [{"pairs": 0, "busy": 0, "unknown": 0} for _ in recs]
-    for i, rec in enumerate(recs):
-        ref = none_rows.get((rec["group"], rec["prompt_tokens"]))
-        if rec["mode"] == "none" or ref is None:
-            continue
-        mine, theirs = _best_trials(by_point, rec), _best_trials(by_point, ref)
-        if mine.empty or theirs.empty:
-            continue
-        pairs = pair_with_reference(mine.assign(usd=_trial_usd(mine, prices)),
-                                    theirs.assign(usd=_trial_usd(theirs, prices)), on=["group", "prompt_tokens"])
-        if pairs.empty:  # e.g. rows without a repeat index: nothing to pair
-            continue
+    wanted = [(i, rec, none_rows.get((rec["group"], rec["prompt_tokens"]))) for i, rec in enumerate(recs)]
+    wanted = [(i, rec, ref) for i, rec, ref in wanted if rec["mode"] != "none" and ref is not None
+              and rec["batch_size"] == rec["batch_size"] and ref["batch_size"] == ref["batch_size"]]
+    pairs = pd.DataFrame()
+    if measured is not None and wanted and all(k in measured for k in PAIR_KEYS):
+        keys = pd.DataFrame([{"_rec": i, "_mine": _key(rec), "_ref": _key(ref)} for i, rec, ref in wanted])
+        measured = measured[measured[PAIR_KEYS].notna().all(axis=1)]  # a null key pairs with nothing
+        measured = measured.assign(_point=list(zip(measured["group"], measured["prompt_tokens"].astype(float),
+                                                   measured["mode_label"], measured["batch_size"].astype(float))))
+        mine = keys.merge(measured, left_on="_mine", right_on="_point")
+        theirs = keys.merge(measured.drop_duplicates(["_point", *PAIR_KEYS]), left_on="_ref", right_on="_point")
+        pairs = mine.merge(theirs[["_rec", *PAIR_KEYS, "_usd", "machine_busy"]] if "machine_busy" in theirs
+                           else theirs[["_rec", *PAIR_KEYS, "_usd"]], on=["_rec", *PAIR_KEYS], suffixes=("", "_ref"))
+    if len(pairs):
         load = pair_load(pairs)
-        held = {f"{c}_median": pd.to_numeric(mine[c], errors="coerce").median() if c in mine else None
-                for c in ("kv_host_peak_bytes", "kv_disk_peak_bytes")}
-        meta[i] = {"pairs": len(pairs), "busy": int(load["busy_trials"].sum()),
-                   "unknown": int(load["load_unknown"].sum()),
-                   "idle": offload_not_engaged({"mode": rec["mode"], **held})}
-        values.extend((100 * (1 - pairs["usd"] / pairs["usd_ref"])).tolist())
-        ids.extend([i] * len(pairs))
-    series, pid = pd.Series(values, dtype=float), pd.Series(ids, dtype=np.int64)
+        per = pd.DataFrame({"_rec": pairs["_rec"], "busy": load["busy_trials"], "unknown": load["load_unknown"]})
+        counts = per.groupby("_rec").agg(pairs=("busy", "size"), busy=("busy", "sum"), unknown=("unknown", "sum"))
+        held = {c: pd.to_numeric(mine[c], errors="coerce").groupby(mine["_rec"]).median()
+                for c in ("kv_host_peak_bytes", "kv_disk_peak_bytes") if c in mine}
+        for i, row in counts.iterrows():
+            meta[i] = {"pairs": int(row["pairs"]), "busy": int(row["busy"]), "unknown": int(row["unknown"]),
+                       "idle": offload_not_engaged({"mode": recs[i]["mode"], **{
+                           f"{c}_median": held[c].get(i) if c in held else None
+                           for c in ("kv_host_peak_bytes", "kv_disk_peak_bytes")}})}
+        series = (100 * (1 - pairs["_usd"] / pairs["_usd_ref"])).astype(float).reset_index(drop=True)
+        pid = pairs["_rec"].astype(np.int64).reset_index(drop=True)
+    else:
+        series, pid = pd.Series([], dtype=float), pd.Series([], dtype=np.int64)
     medians = series.groupby(pid).median()
     ci = bootstrap_intervals(series, pid, n_boot, seed)
     out["saving_pct"] = [medians.get(i, math.nan) for i in range(len(recs))]
