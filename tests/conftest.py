@@ -135,3 +135,39 @@ def paired_rows(tpots: dict[tuple[str, int], list[float]], busy: set[tuple[str, 
                         "tokens_match": True, "machine_busy": (mode, batch, r) in busy,
                         "itl_s": [tpot] * 15})
     return out
+
+
+#: Chromium's flags for a headless, offline, reproducible page (no network services, no first-run, no sync).
+CHROMIUM_FLAGS = ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync")
+
+
+def require_chromium() -> tuple[str, str]:
+    """``(chromium, chromedriver)`` paths; without them the test is skipped on a developer's machine (the browser is
+    a system package the Python environment cannot bring) and fails in CI, whose .ci/run installs them."""
+    import shutil
+
+    chromium, driver = shutil.which("chromium"), shutil.which("chromedriver")
+    if not (chromium and driver):
+        if os.environ.get("CI"):
+            pytest.fail("Chromium is missing: .ci/run installs Debian's chromium and chromium-driver")
+        pytest.skip("needs a real browser: apt-get install chromium chromium-driver (CI installs them and fails "
+                    "without them)")
+    return chromium, driver
+
+
+def headless_chromium(profile: Path, *flags: str, log_console: bool = False):
+    """A headless Chromium driven by selenium (:func:`require_chromium` first), its profile in ``profile``, with
+    :data:`CHROMIUM_FLAGS` and ``flags``; ``log_console`` keeps the page's console messages for ``get_log``.
+    The caller quits it."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    chromium, driver = require_chromium()
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = chromium
+    for arg in (*CHROMIUM_FLAGS, *flags, f"--user-data-dir={profile}"):
+        opts.add_argument(arg)
+    if log_console:
+        opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    return webdriver.Chrome(service=Service(driver), options=opts)

@@ -17,7 +17,7 @@ import pandas as pd
 from kvbench.analysis.cost import Prices, cost_table
 from kvbench.analysis.intervals import pct_interval
 from kvbench.analysis.reuse_cost import reuse_cost
-from kvbench.report.cost_verdicts import baseline_cell, verdict_cell, with_baselines
+from kvbench.report.cost_verdicts import baseline_cell, verdict_cell, verdict_text, with_baselines
 from kvbench.report.documents import md_table
 from kvbench.report.format import number
 from kvbench.report.md_text import md_escape, md_line
@@ -125,11 +125,10 @@ def saving_lines(costs: pd.DataFrame) -> list[str]:
         nb = int(none[0]["batch_size"]) if none and none[0]["batch_size"] == none[0]["batch_size"] else None
         rows = [r for r in part if r["mode"] != "none" and r["saving_pct"] == r["saving_pct"]]
         for r in _decided_first(rows, "cost_verdict"):
-            verdict = (("lowers cost" if r["saving_pct"] > 0 else "raises cost") if r["cost_verdict"] == ""
-                       else r["cost_verdict"])
             lines.append(f"at {prompt} tokens `{r['mode_label']}` vs none: "
                          f"{pct_interval(r['saving_pct'], r['saving_ci_low'], r['saving_ci_high'], 1)}, "
-                         f"{int(r['pairs'])} pairs (batch {int(r['batch_size'])} vs none's {nb}): {verdict}")
+                         f"{int(r['pairs'])} pairs (batch {int(r['batch_size'])} vs none's {nb}): "
+                         f"{verdict_text(r['cost_verdict'], r['saving_pct'])}")
     return lines
 
 
@@ -138,11 +137,9 @@ def reuse_lines(reuse: pd.DataFrame) -> list[str]:
     +19.8%], 15 pairs from 5 conversations: lowers cost``; decided savings first, the largest first."""
     lines = []
     for r in _decided_first(reuse.to_dict("records"), "saving_verdict"):
-        verdict = (("lowers cost" if r["saving_pct"] > 0 else "raises cost") if r["saving_verdict"] == ""
-                   else r["saving_verdict"])
         lines.append(f"`{r['mode_label']}` vs `{r['baseline']}` ({r['saving_kind']} saving): "
                      f"{pct_interval(r['saving_pct'], r['saving_ci_low'], r['saving_ci_high'], 1)}, "
-                     f"{_pairs(r, ' pairs')}: {verdict}")
+                     f"{_pairs(r, ' pairs')}: {verdict_text(r['saving_verdict'], r['saving_pct'])}")
     return lines
 
 

@@ -56,14 +56,18 @@ def short_verdict(why: Any) -> str:
     return re.sub(r" \([^()]*\)$", "", text)
 
 
+def verdict_text(why: Any, saving_pct: float) -> str:
+    """A saving's verdict in full: ``lowers cost`` or ``raises cost`` when its pairs decide (``why`` is ``""``),
+    else why not, as given."""
+    return ("lowers cost" if saving_pct > 0 else "raises cost") if why == "" else str(why)
+
+
 def verdict_cell(why: Any, saving_pct: float) -> str:
-    """The ``verdict`` cell of a saving: ``lowers cost`` or ``raises cost`` when its pairs decide (``why`` is
-    ``""``), else why not (:func:`short_verdict`); ``-`` without a saving (nothing qualified)."""
+    """The ``verdict`` cell of a saving: :func:`verdict_text`, a reason in a few words (:func:`short_verdict`);
+    ``-`` without a saving (nothing qualified)."""
     if saving_pct != saving_pct or why is None or why != why:
         return "-"
-    if why == "":
-        return "lowers cost" if saving_pct > 0 else "raises cost"
-    return short_verdict(why)
+    return verdict_text(why, saving_pct) if why == "" else short_verdict(why)
 
 
 def _n(c: Any, nb: int) -> str:
@@ -183,5 +187,5 @@ def reuse_verdicts(reuse: pd.DataFrame) -> list[str]:
     return lines
 
 
-__all__ = ["BASELINE_DEFAULTS", "baseline_cell", "reuse_verdicts", "short_verdict", "verdict_cell", "verdicts",
-           "with_baselines"]
+__all__ = ["BASELINE_DEFAULTS", "baseline_cell", "reuse_verdicts", "short_verdict", "verdict_cell", "verdict_text",
+           "verdicts", "with_baselines"]

@@ -18,6 +18,7 @@ the KV heads. The GPU's memory is NVML's where a GPU answers, else an 80 GiB GPU
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from kvbench.scenario.schema import Scenario
@@ -53,8 +54,10 @@ def working_set(s: Scenario) -> tuple[int, int, int, str] | None:
     return None
 
 
+@functools.lru_cache(maxsize=1)
 def _gpu_bytes() -> tuple[int, str]:
-    """The GPU's memory in bytes and how it is known: NVML's first GPU, else :data:`ASSUMED_GPU_BYTES`."""
+    """The GPU's memory in bytes and how it is known: NVML's first GPU, else :data:`ASSUMED_GPU_BYTES` (asked once
+    per process, not once per mode)."""
     try:
         import pynvml
 

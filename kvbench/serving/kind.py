@@ -107,8 +107,8 @@ class Launch:
             for an engine that sizes its KV space from it (vLLM on a CPU); None: not known.
         offline: the model the server loads is on this machine (kvbench's export, or an ``engine.model`` path that
             exists), so the server needs no model hub.
-        kv_flag: the scenario's flags size the KV space themselves (vLLM ``--kv-cache-memory-bytes``), so the kind
-            sets no size of its own (vLLM's CPU build: no ``VLLM_CPU_KVCACHE_SPACE``, which would override it).
+        flags: the scenario's own flags for this server (``engine.args``, then the mode's), for a kind whose
+            defaults give way to them (vLLM's CPU KV space to ``--kv-cache-memory-bytes``).
     """
 
     engine_model: str | None
@@ -121,7 +121,7 @@ class Launch:
     device: str = "cpu"
     kv_bytes: int | None = None
     offline: bool = False
-    kv_flag: bool = False
+    flags: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

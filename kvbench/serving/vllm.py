@@ -44,14 +44,14 @@ def environment(at: Launch) -> dict[str, str]:
     development endpoints for ``/reset_prefix_cache`` (``VLLM_SERVER_DEV_MODE``; they also answer ``/sleep`` and
     ``/collective_rpc`` to any process of this machine that finds the port) and, on a CPU, the KV space: the slots'
     full KV (:attr:`Launch.kv_bytes`) in whole GiB, at least 1 (``VLLM_CPU_KVCACHE_SPACE``; not where the scenario's
-    ``--kv-cache-memory-bytes`` sizes it, :attr:`Launch.kv_flag`, which the variable would override), threads unbound
+    ``--kv-cache-memory-bytes`` in :attr:`Launch.flags` sizes it, which the variable would override), threads unbound
     (``VLLM_CPU_OMP_THREADS_BIND=nobind``: binding fails in a container that hides the CPU topology)."""
     env = {"VLLM_HOST_IP": "127.0.0.1", "VLLM_LOOPBACK_IP": "127.0.0.1", "VLLM_NO_USAGE_STATS": "1",
            "DO_NOT_TRACK": "1", "VLLM_SERVER_DEV_MODE": "1"}
     if at.offline:
         env["HF_HUB_OFFLINE"] = "1"
     if at.device == "cpu":
-        if not at.kv_flag:
+        if not any(a.split("=")[0] == "--kv-cache-memory-bytes" for a in at.flags):
             env["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, math.ceil((at.kv_bytes or 0) / GIB)))
         env["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
     return env

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import struct
 import subprocess
 import sys
 from pathlib import Path
 
-import pytest
+from conftest import require_chromium
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
@@ -28,11 +27,7 @@ def png_size(data: bytes) -> tuple[int, int]:
 
 
 def test_the_script_makes_every_image_in_headless_chromium(tmp_path):
-    if not (shutil.which("chromium") and shutil.which("chromedriver")):
-        if os.environ.get("CI"):
-            pytest.fail("Chromium is missing: .ci/run installs Debian's chromium and chromium-driver")
-        pytest.skip("needs a real browser: apt-get install chromium chromium-driver (CI installs them and fails "
-                    "without them)")
+    require_chromium()
     out = tmp_path / "images"
     r = subprocess.run([sys.executable, str(SCRIPT), "--out", str(out)], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr

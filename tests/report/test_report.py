@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 import statistics
 
 import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
+from conftest import headless_chromium
 from golden_run import DISK, DYN, FULL, PER_TOKEN, RUN, copy_run, rows_of
 from kvbench.analysis.points import point_table
 from kvbench.errors import ResultsError
@@ -128,24 +127,8 @@ def test_report_files_charts_and_diagnoses(golden, tmp_path):
 
 
 def test_html_report_loads_in_headless_chromium(golden, tmp_path):
-    chromium, driver = shutil.which("chromium"), shutil.which("chromedriver")
-    if not (chromium and driver):
-        if os.environ.get("CI"):
-            pytest.fail("Chromium is missing: .ci/run installs Debian's chromium and chromium-driver")
-        pytest.skip("needs a real browser: apt-get install chromium chromium-driver (CI installs them and fails "
-                    "without them)")
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
     rep = write_report(golden[0], tmp_path / "report")
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = chromium
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                f"--user-data-dir={tmp_path / 'profile'}"):
-        opts.add_argument(arg)
-    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    browser = webdriver.Chrome(service=Service(driver), options=opts)
+    browser = headless_chromium(tmp_path / "profile", log_console=True)
     try:
         browser.get(rep.files["report.html"].resolve().as_uri())
         images = browser.execute_script(

@@ -3,13 +3,12 @@ horizontal scrollbar (the per-point table's every column is in a closed <details
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 import struct
 
 import pytest
 
+from conftest import headless_chromium
 from golden_run import FULL, HIER, copy_run
 from kvbench.analysis.points import point_table
 from kvbench.report.cost_section import cost_section
@@ -39,22 +38,7 @@ def quiet_run(tmp_path, edit=None):
 @pytest.fixture
 def browser(tmp_path):
     """Headless Chromium with a viewport of exactly WIDTH CSS pixels (as tests/report/test_report.py opens it)."""
-    chromium, driver = shutil.which("chromium"), shutil.which("chromedriver")
-    if not (chromium and driver):
-        if os.environ.get("CI"):
-            pytest.fail("Chromium is missing: .ci/run installs Debian's chromium and chromium-driver")
-        pytest.skip("needs a real browser: apt-get install chromium chromium-driver (CI installs them and fails "
-                    "without them)")
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = chromium
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                "--force-device-scale-factor=1", f"--window-size={WIDTH},900", f"--user-data-dir={tmp_path / 'p'}"):
-        opts.add_argument(arg)
-    b = webdriver.Chrome(service=Service(driver), options=opts)
+    b = headless_chromium(tmp_path / "p", "--force-device-scale-factor=1", f"--window-size={WIDTH},900")
     b.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
                       {"width": WIDTH, "height": 900, "deviceScaleFactor": 1, "mobile": False})
     yield b

@@ -4,6 +4,7 @@ the rest of kvbench reads derived from it."""
 from __future__ import annotations
 
 import ast
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -92,3 +93,12 @@ def test_the_guide_s_example_kind_is_a_working_declaration():
     assert all(f in kind.reserved_flags for f in own if f.startswith("-") and f not in RESERVED_FLAGS[""])
     assert kind.hit_counts({"cached_tokens": 30.0, "prompt_tokens": 120.0}) == (30.0, 120.0)
     assert [p.name for p in kind.presets.values() if p.cold] == ["none"]
+
+
+def test_vllm_s_cpu_kv_space_gives_way_to_the_scenario_s_kv_cache_memory_bytes():
+    from kvbench.serving.vllm import environment
+
+    at = Launch("/m", "smollm2-135m", 4242, 1, 600, 0, device="cpu", kv_bytes=2**20)
+    assert environment(at)["VLLM_CPU_KVCACHE_SPACE"] == "1"
+    for flags in (("--kv-cache-memory-bytes", "70778880"), ("--kv-cache-memory-bytes=70778880",)):
+        assert "VLLM_CPU_KVCACHE_SPACE" not in environment(dataclasses.replace(at, flags=flags))

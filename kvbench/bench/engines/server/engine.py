@@ -76,7 +76,7 @@ def server_argv(s: Scenario, preset: Preset, mode: Any, port: int, slots: int, c
     at = Launch(e.model or model_dir, s.model.name, port, slots, ctx_per_slot, s.seed,
                 module=program is not None and program.module, device=device, kv_bytes=kv_bytes,
                 offline=Path(e.model).exists() if e.model else model_dir is not None,
-                kv_flag=any(a.split("=")[0] == "--kv-cache-memory-bytes" for a in [*e.args, *mode.args]))
+                flags=(*e.args, *mode.args))
     head, own = kind.launch(at)
     env = kind.environment(at) if kind.environment is not None else {}
     return [*(program.argv if program else ()), *head, *e.args, *args, *mode.args, *own], env
