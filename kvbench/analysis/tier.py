@@ -17,6 +17,8 @@ from typing import Any
 
 import pandas as pd
 
+from kvbench.analysis.reuse import paired_ttft, reuse_trials
+from kvbench.results.rows import MEASURED
 from kvbench.serving import KINDS
 
 
@@ -114,9 +116,6 @@ def tier_later_turns(trials: pd.DataFrame, servers: Sequence[dict[str, Any]] = (
     ``mode_label``, ``baseline`` and the columns of :func:`kvbench.analysis.reuse.paired_ttft`, whose verdict is
     "not engaged" where the tier's own counters did not move (:func:`tier_not_engaged`). Empty without tier
     modes."""
-    from kvbench.analysis.reuse import paired_ttft, reuse_trials
-    from kvbench.results.rows import MEASURED
-
     rows = reuse_trials(trials)
     if rows.empty or "engine" not in rows or "turn_index" not in rows:
         return pd.DataFrame()
