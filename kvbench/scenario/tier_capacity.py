@@ -86,10 +86,11 @@ def _element_bytes(argv: list[str], default: float) -> float:
     return default
 
 
-def device_tokens(s: Scenario, mode: Any, arch: Any) -> tuple[float, str] | None:
+def device_tokens(s: Scenario, mode: Any, arch: Any) -> tuple[float | None, str] | None:
     """``(tokens, arithmetic)``: the KV tokens the server of ``mode`` keeps on its device as its flags say (the
     kind's :attr:`~kvbench.serving.kind.ServerKind.device_cache_from_flags`; see the module docstring), and how
-    that figure was reached; None where the flags do not tell."""
+    that figure was reached; ``(None, why)`` for a value the server would refuse; None where the flags do not
+    tell."""
     kind = KINDS[s.engine.kind]
     if kind.device_cache_from_flags is None:
         return None
@@ -107,7 +108,7 @@ def device_tokens(s: Scenario, mode: Any, arch: Any) -> tuple[float, str] | None
     # each GPU holds its share of the KV heads (all of them replicated where there are fewer heads than GPUs)
     per_token = int(arch.kv_bytes(1, 4) * elem / 4) // min(tp, max(1, arch.kv_heads))
     found = kind.device_cache_from_flags(argv, KvSizing(gpu, per_token, weights, _gpu_bytes() if gpu else (0, "")))
-    if found is None or tp == 1:
+    if found is None or found[0] is None or tp == 1:
         return found
     return found[0], f"{found[1]}; per GPU of {tp} ({kind.tp_flags[0]} {tp}: weights and KV heads split)"
 
@@ -136,10 +137,15 @@ def tier_capacity_warnings(s: Scenario, arch: Any) -> list[tuple[str, str]]:
                             f"never read; use more {what} than slots (load.concurrency)"))
             continue
         cap = device_tokens(s, m, arch)
+        if cap is not None and cap[0] is None:
+            out.append((f"modes[{i}]", f"{m.name}: {cap[1]}: the server would refuse it, and the device cache "
+                                       "cannot be sized against the working set"))
+            continue
         if cap is None or most > cap[0]:
             continue
-        out.append((f"modes[{i}]", f"{m.name}: {have} fits the device cache ({cap[0]:,.0f} tokens: {cap[1]}), "
-                    f"{cap[0] / most:,.1f}x over: the server never evicts, so its {tier} tier is never read; make "
+        out.append((f"modes[{i}]", f"{m.name}: {have} fits the device cache ({cap[0]:,.0f} tokens: {cap[1]}; "
+                    f"{cap[0] / most:,.1f} times the working set at most): the server never evicts, so its {tier} "
+                    "tier is never read; make "
                     f"the device cache smaller than the working set ({kind.device_cache_hint}) or the working set "
                     f"larger"))
     return out

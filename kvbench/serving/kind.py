@@ -149,15 +149,17 @@ def positive(value: float | None) -> float | None:
 
 
 def fraction_capacity(argv: Sequence[str], flag: str, default: float | None, at: KvSizing
-                      ) -> tuple[float, str] | None:
+                      ) -> tuple[float | None, str] | None:
     """``(tokens, arithmetic)`` of a device cache sized as a fraction of the GPU's memory (vLLM
     ``--gpu-memory-utilization``, SGLang ``--mem-fraction-static``): at most fraction × GPU memory − weights, ÷ KV
     bytes per token (an upper bound: the engine also reserves activation memory); None on a CPU or where neither
-    the flag nor a ``default`` gives the fraction."""
+    the flag nor a ``default`` gives the fraction; ``(None, why)`` for a fraction outside (0, 1]."""
     given = number(last_value(argv, (flag,)))
     frac = given if given is not None else default
-    if frac is None or not at.gpu or not 0 < frac <= 1:
+    if frac is None or not at.gpu:
         return None
+    if not 0 < frac <= 1:
+        return None, f"{flag} {frac:g}: not a fraction of the GPU's memory above 0 and at most 1"
     total, which = at.gpu_bytes
     weights = at.weights_bytes or 0
     kv = max(0.0, frac * total - weights)
@@ -217,8 +219,8 @@ class ServerKind:
             ``num_gpu_blocks`` × ``block_size``), or None; a kind whose slots hold the context kvbench gives them
             (llama.cpp) needs none: slots × context.
         device_cache_from_flags: ``(tokens, arithmetic)`` of the KV the server keeps on its device as a command
-            line (its flags, the last occurrence winning) and a :class:`KvSizing` say, or None where they do not
-            tell; None: not read from flags.
+            line (its flags, the last occurrence winning) and a :class:`KvSizing` say, ``(None, why)`` for a value
+            the server would refuse, or None where they do not tell; None: not read from flags.
         device_cache_hint: the flags that size the device cache, as a message names them.
         tp_flags: the flags that set the server's tensor parallelism (GPUs the weights and KV heads are split over),
             the first as a message names it.
@@ -260,7 +262,7 @@ class ServerKind:
     prefix_preset: str | None = None
     device_cache_tokens: Callable[[str], int | None] | None = None
     tier_counters: tuple[str, ...] = ()
-    device_cache_from_flags: Callable[[list[str], KvSizing], tuple[float, str] | None] | None = None
+    device_cache_from_flags: Callable[[list[str], KvSizing], tuple[float | None, str] | None] | None = None
     device_cache_hint: str = ""
     slot_per_unit: bool = False
     tp_flags: tuple[str, ...] = ()

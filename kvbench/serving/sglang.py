@@ -28,14 +28,15 @@ def launch(at: Launch) -> tuple[list[str], list[str]]:
                 str(at.port), "--enable-metrics", "--random-seed", str(at.seed)]
 
 
-def flag_capacity(argv: list[str], at: KvSizing) -> tuple[float, str] | None:
+def flag_capacity(argv: list[str], at: KvSizing) -> tuple[float | None, str] | None:
     """The device pool in tokens from SGLang's flags: ``--max-total-tokens``, else ``--mem-fraction-static`` of the
     GPU's memory (:func:`~kvbench.serving.kind.fraction_capacity`); None without either (SGLang's default
-    fraction depends on the GPU)."""
+    fraction depends on the GPU); ``(None, why)`` for a value SGLang would refuse."""
     given = last_value(argv, ("--max-total-tokens",))
     if given is not None:
         most = positive(number(given))
-        return (most, "--max-total-tokens") if most is not None and most == int(most) else None
+        return (most, "--max-total-tokens") if most is not None and most == int(most) else (
+            None, f"--max-total-tokens {given}: not a whole number above 0")
     return fraction_capacity(argv, "--mem-fraction-static", None, at)
 
 

@@ -92,24 +92,26 @@ def human_int(text: str) -> float | None:
     return float(m.group(1)) * _MULTIPLIER[m.group(2)]
 
 
-def flag_capacity(argv: list[str], at: KvSizing) -> tuple[float, str] | None:
+def flag_capacity(argv: list[str], at: KvSizing) -> tuple[float | None, str] | None:
     """The device cache in tokens from vLLM's flags: ``--num-gpu-blocks-override`` × ``--block-size`` (default 16
     on a GPU, 128 on the CPU build, as measured here); else ``--kv-cache-memory-bytes`` (:func:`human_int`) ÷ KV
     bytes per token; else on a GPU ``--gpu-memory-utilization`` (default 0.9, at most 1) of its memory
-    (:func:`~kvbench.serving.kind.fraction_capacity`). None where a given value is no count or size above 0 (NaN,
-    infinite, negative, not a number: vLLM would refuse it)."""
+    (:func:`~kvbench.serving.kind.fraction_capacity`). ``(None, why)`` where a given value is no count or size above
+    0 (NaN, infinite, negative, not a number: vLLM would refuse it)."""
     given = last_value(argv, ("--num-gpu-blocks-override",))
     if given is not None:
         blocks = positive(number(given))
         size_given = last_value(argv, ("--block-size",))
         size = positive(number(size_given)) if size_given is not None else (16 if at.gpu else 128)
-        return (blocks * size, f"{blocks:,.0f} blocks (--num-gpu-blocks-override) × {size:g} tokens") \
-            if blocks and size else None
+        if blocks is None or size is None:
+            flag, value = ("--num-gpu-blocks-override", given) if blocks is None else ("--block-size", size_given)
+            return None, f"{flag} {value}: not a count above 0"
+        return blocks * size, f"{blocks:,.0f} blocks (--num-gpu-blocks-override) × {size:g} tokens"
     given = last_value(argv, ("--kv-cache-memory-bytes",))
     if given is not None:
         mem = positive(human_int(given))
         if mem is None:
-            return None
+            return None, f"--kv-cache-memory-bytes {given}: not a size above 0 as vLLM reads it (bytes, or 1k, 1K, 1G...)"
         return mem / at.kv_bytes_per_token, (f"{mem / GIB:,.2f} GiB (--kv-cache-memory-bytes) ÷ "
                                              f"{at.kv_bytes_per_token:,} B per token")
     return fraction_capacity(argv, "--gpu-memory-utilization", 0.9, at)

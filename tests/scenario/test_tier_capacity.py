@@ -38,12 +38,12 @@ def test_a_vllm_gpu_scenario_whose_working_set_fits_the_gpu_cache_is_warned_with
     # 1 GiB ÷ (2 × 30 layers × 3 kv heads × 64 × 2 B = 23,040 B per token in bf16) = 46,603 tokens; 8 × 2,048 fit
     assert got == [("modes[2]", "cpu-offload: the working set (8 conversations, 8,192–16,384 tokens) fits the "
                                 "device cache (46,603 tokens: 1.00 GiB (--kv-cache-memory-bytes) ÷ 23,040 B per "
-                                "token), 2.8x over: the server never evicts, so its host tier is never read; make "
+                                "token; 2.8 times the working set at most): the server never evicts, so its host tier is never read; make "
                                 "the device cache smaller than the working set (--num-gpu-blocks-override or "
                                 "--kv-cache-memory-bytes) or the working set larger")]
     blocks = tier_warnings(write_yaml, vllm_gpu(["--num-gpu-blocks-override", "2048"]))
     assert blocks[0][1].startswith("cpu-offload: the working set (8 conversations, 8,192–16,384 tokens) fits the "
-                                   "device cache (32,768 tokens: 2,048 blocks (--num-gpu-blocks-override) × 16 tokens)")
+                                   "device cache (32,768 tokens: 2,048 blocks (--num-gpu-blocks-override) × 16 tokens;")
 
 
 def test_the_gpu_memory_arithmetic_is_said_where_only_the_utilization_is_given(write_yaml):
@@ -103,13 +103,13 @@ def test_a_real_model_directory_subtracts_its_weights_and_tensor_parallelism_spl
     # 0.9 × 80 GiB − 14.96 GiB = 57.04 GiB ÷ 131,072 B per token = 467,291.9 tokens
     assert path == "modes[2]" and ("fits the device cache (467,292 tokens: at most 0.9 (--gpu-memory-utilization) × "
                                    "an 80 GiB GPU (an H100; no GPU answers here) − 15.0 GiB of weights = 57.0 GiB ÷ "
-                                   "131,072 B of KV per token)") in text
+                                   "131,072 B of KV per token;") in text
     data["engine"]["args"] += ["--tensor-parallel-size", "8"]
     [(_, text)] = tier_warnings(write_yaml, data)
     # per GPU: 72 GiB − 1.87 GiB = 70.13 GiB ÷ 16,384 B = 4,596,059.9 tokens
     assert ("fits the device cache (4,596,060 tokens: at most 0.9 (--gpu-memory-utilization) × an 80 GiB GPU (an "
             "H100; no GPU answers here) − 1.9 GiB of weights = 70.1 GiB ÷ 16,384 B of KV per token; per GPU of 8 "
-            "(--tensor-parallel-size 8: weights and KV heads split))") in text
+            "(--tensor-parallel-size 8: weights and KV heads split);") in text
 
 
 def test_validate_says_which_levels_cannot_reach_a_verdict_and_that_running_servers_begin_warm(write_yaml):
@@ -185,3 +185,11 @@ def test_a_tier_saving_that_would_not_be_the_tier_s_is_warned_about(write_yaml):
     assert server_verdict_warnings(load_scenario(write_yaml(same))) == [
         ("modes[1].url", "http://127.0.0.1:8000 is engine.url: the tier mode would measure the same server as its "
                          "baseline; give the deployment with the tier on")]
+
+
+def test_a_device_cache_flag_the_server_would_refuse_is_named(write_yaml):
+    got = tier_warnings(write_yaml, vllm_gpu(["--num-gpu-blocks-override", "nan"]))
+    assert got == [("modes[2]", "cpu-offload: --num-gpu-blocks-override nan: not a count above 0: the server would "
+                                "refuse it, and the device cache cannot be sized against the working set")]
+    got = tier_warnings(write_yaml, vllm_gpu(["--kv-cache-memory-bytes", "1.5G"]))
+    assert got[0][1].startswith("cpu-offload: --kv-cache-memory-bytes 1.5G: not a size above 0 as vLLM reads it")
