@@ -29,7 +29,7 @@ import pandas as pd
 
 from kvbench.analysis.break_even_fit import CellShape, Fit, fit_constants, predict_saving, tier_tokens
 from kvbench.analysis.cost import Prices
-from kvbench.analysis.intervals import cluster_median_interval, pair_with_reference
+from kvbench.analysis.intervals import pair_load, pair_with_reference, quiet_pairs, ratio_interval
 from kvbench.analysis.reuse import recompute_side, reuse_trials, sampling_units
 from kvbench.analysis.reuse_cost import HOST_TIER_BASES, reuse_cost
 from kvbench.errors import BadParameter
@@ -104,14 +104,17 @@ def map_rows(trials: pd.DataFrame) -> pd.DataFrame:
 
 
 def _paired_ratio(warm: pd.DataFrame, cold: pd.DataFrame, metric: str) -> tuple[float, float, float]:
-    """Median restore ÷ recompute ``metric`` over request pairs, with its 95% cluster-bootstrap interval."""
+    """Restore ÷ recompute ``metric`` over request pairs: Σ restore ÷ Σ recompute with its 95% interval, the jackknife over independent units (:func:`~kvbench.analysis.intervals.ratio_interval`); a busy
+    pair is counted elsewhere, never a figure (:func:`~kvbench.analysis.intervals.quiet_pairs`)."""
     pairs = pair_with_reference(warm, cold, on=["request_id"])
     if pairs.empty:
         return math.nan, math.nan, math.nan
-    ratio = (pd.to_numeric(pairs[metric], errors="coerce") / pd.to_numeric(pairs[f"{metric}_ref"], errors="coerce")
-             ).replace([np.inf, -np.inf], np.nan)
-    lo, hi = cluster_median_interval(ratio, sampling_units(pairs)[0], 2000, 0)
-    return float(ratio.median()), lo, hi
+    units = sampling_units(pairs)[0]
+    figure, interval = quiet_pairs(pair_load(pairs))
+    est = ratio_interval(pairs.loc[figure, metric], pairs.loc[figure, f"{metric}_ref"], units[figure])[0]
+    lo, hi = ratio_interval(pairs.loc[interval, metric], pairs.loc[interval, f"{metric}_ref"],
+                            units[interval])[1:] if interval.any() else (math.nan, math.nan)
+    return est, lo, hi
 
 
 CELL_KEYS = ["group", "mode_label", "prompt_tokens", "shared_pct", "panel"]

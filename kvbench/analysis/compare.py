@@ -80,15 +80,15 @@ def plain_server_rows(trials: pd.DataFrame) -> pd.DataFrame:
 
 
 def compare_table(trials: pd.DataFrame) -> pd.DataFrame:
-    """The measured points compare matches: :func:`kvbench.analysis.points.point_table`'s (no bootstrap) with
+    """The measured points compare matches: :func:`kvbench.analysis.points.point_table`'s with
     ``concurrency`` 0, then those of plain-prompt server runs (:func:`plain_server_rows`) per scenario × prompt
     length × concurrency × mode label (their ``batch_size`` 1), by the same aggregates."""
-    own = point_table(trials, n_boot=0).assign(concurrency=0)
+    own = point_table(trials).assign(concurrency=0)
     rows = plain_server_rows(trials)
     if len(rows):
         level = pd.to_numeric(rows["concurrency"], errors="coerce").fillna(1) if "concurrency" in rows else 1
         # the level as the batch size: point_table then pairs each mode with `none` at its own level
-        srv = point_table(rows.drop(columns="warm").assign(batch_size=level), n_boot=0)
+        srv = point_table(rows.drop(columns="warm").assign(batch_size=level))
         own = pd.concat([own, srv.assign(concurrency=srv["batch_size"], batch_size=1)], ignore_index=True)
     return own[own["measured"] > 0]
 

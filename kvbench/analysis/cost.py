@@ -17,7 +17,7 @@ import pandas as pd
 
 from kvbench.analysis.points import qualifies
 from kvbench.analysis.engaged import offload_not_engaged
-from kvbench.analysis.intervals import PAIR_KEYS, bootstrap_intervals, judge, pair_load
+from kvbench.analysis.intervals import PAIR_KEYS, judge, median_intervals, pair_load, quiet_pairs
 from kvbench.analysis.plan import MAX_USD_PER_HOUR, cost_per_million
 from kvbench.arguments import number_arg
 from kvbench.errors import BadParameter, BadValue
@@ -132,8 +132,7 @@ def held_bytes(trials: pd.DataFrame) -> pd.DataFrame:
 
 
 def cost_table(table: pd.DataFrame, prices: Prices, trials: pd.DataFrame | None = None,
-               max_ttft_s: float | None = None, max_tpot_s: float | None = None, n_boot: int = 2000,
-               seed: int = 0) -> pd.DataFrame:
+               max_ttft_s: float | None = None, max_tpot_s: float | None = None) -> pd.DataFrame:
     """Per group × prompt length × mode, the best measured point, its cost and, for offload modes, the paired
     saving against ``none``.
 
@@ -141,8 +140,9 @@ def cost_table(table: pd.DataFrame, prices: Prices, trials: pd.DataFrame | None 
     equal to ``none``'s, measured ``repeats`` times) and its median TTFT and TPOT meet the optional SLOs; of those,
     the batch with the highest median throughput is taken. The saving is paired (:mod:`kvbench.analysis.intervals`): repeat
     r of the mode at its best batch against repeat r of ``none`` at ``none``'s best batch in the same run, each
-    trial costed from its own throughput and held memory; the median of the pairs' savings with a 95% bootstrap
-    interval over pairs, and a verdict (:func:`kvbench.analysis.intervals.judge`; a saving at ``none``'s own batch is
+    trial costed from its own throughput and held memory; the median of the quiet pairs' savings (a busy pair is
+    counted, never a figure: :func:`~kvbench.analysis.intervals.quiet_pairs`) with its 95% interval
+    (:func:`~kvbench.analysis.intervals.median_interval`), and a verdict (:func:`kvbench.analysis.intervals.judge`; a saving at ``none``'s own batch is
     implausible: the roofline puts an offload mode's throughput at or below ``none``'s there).
 
     Args:
@@ -190,7 +190,7 @@ def cost_table(table: pd.DataFrame, prices: Prices, trials: pd.DataFrame | None 
             out[col] = math.nan
     measured = _measured(trials, prices)
     _cost_of_best(out, table, measured, prices)
-    _paired_savings(out, measured, n_boot, seed)
+    _paired_savings(out, measured)
     base = out[out["mode"] == "none"].set_index(["group", "prompt_tokens"])["usd_per_million"]
     ref = [base.get((g, p), math.nan) for g, p in zip(out["group"], out["prompt_tokens"])]
     # the monthly saving follows the paired saving: none's cost × the saving
@@ -275,7 +275,7 @@ def _cost_of_best(out: pd.DataFrame, table: pd.DataFrame, measured: pd.DataFrame
         out[k] = v
 
 
-def _paired_savings(out: pd.DataFrame, measured: pd.DataFrame | None, n_boot: int, seed: int) -> None:
+def _paired_savings(out: pd.DataFrame, measured: pd.DataFrame | None) -> None:
     """``saving_pct`` with ``saving_ci_low``/``saving_ci_high``, ``pairs``, ``pairs_busy_trials`` and
     ``cost_verdict`` of every offload row against ``none``'s row at the same group and prompt length (in place):
     every row's best trials (``measured``: :func:`_measured`) paired with its ``none`` trials of the same run and
@@ -307,12 +307,14 @@ def _paired_savings(out: pd.DataFrame, measured: pd.DataFrame | None, n_boot: in
                        "idle": offload_not_engaged({"mode": recs[i]["mode"], **{
                            f"{c}_median": held[c].get(i) if c in held else None
                            for c in ("kv_host_peak_bytes", "kv_disk_peak_bytes")}})}
-        series = (100 * (1 - pairs["_usd"] / pairs["_usd_ref"])).astype(float).reset_index(drop=True)
-        pid = pairs["_rec"].astype(np.int64).reset_index(drop=True)
+        series = (100 * (1 - pairs["_usd"] / pairs["_usd_ref"])).astype(float)
+        pid = pairs["_rec"].astype(np.int64)
+        figure, interval = quiet_pairs(load, pid)
     else:
         series, pid = pd.Series([], dtype=float), pd.Series([], dtype=np.int64)
-    medians = series.groupby(pid).median()
-    ci = bootstrap_intervals(series, pid, n_boot, seed)
+        figure = interval = pd.Series([], dtype=bool)
+    medians = series[figure].groupby(pid[figure]).median()
+    ci = median_intervals(series[interval], pid[interval])
     out["saving_pct"] = [medians.get(i, math.nan) for i in range(len(recs))]
     out["saving_ci_low"] = [ci["low"].get(i, math.nan) for i in range(len(recs))]
     out["saving_ci_high"] = [ci["high"].get(i, math.nan) for i in range(len(recs))]

@@ -5,10 +5,12 @@ e.g. the same workload without a cache) with an interval.
 The saving is taken on request time per generated token, S = Σ e2e ÷ Σ output tokens over the requests compared:
 at one concurrency a server's cost per token is proportional to it, so 100 × (1 − S_run ÷ S_reference) is the
 cost saving. Requests that both files hold (the same prompt text, or the same index where the tool keeps no
-prompt) give a paired comparison: its 95% interval resamples the pairs. Files whose requests cannot be matched
-give an unpaired one: each file's requests are resampled on their own, and the line says "unpaired". A file of
-aggregates only, or runs at different concurrencies, give the ratio of the tools' throughputs without an
-interval: inconclusive. The files carry no record of the machine's load, so a verdict from them says so.
+prompt) give a paired comparison: its 95% interval is the jackknife over independent units (a declared
+shared-prefix workload's prefixes, else the pairs), as for kvbench's own runs, with the same need for 5 units.
+Files whose requests cannot be matched give an unpaired one (each file's jackknife on its own; the line says
+"unpaired"). A file of aggregates only, or runs at different concurrencies, give the ratio of the tools'
+throughputs without an interval: inconclusive. The files carry no record of the machine's load, so no verdict is
+given from them unless the user says the machine was quiet (``--assume-quiet``), and the verdict then names it.
 """
 
 from __future__ import annotations
@@ -18,23 +20,25 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from scipy.stats import t as student_t
 
 from kvbench.analysis.cost import WHAT_IF_TOKENS_PER_S, Prices
-from kvbench.analysis.intervals import judge
-from kvbench.analysis.latency import higher_percentile
+from kvbench.analysis.intervals import jackknife_interval, judge, unit_sums
 from kvbench.errors import ResultsError
 from kvbench.results.peers import LATENCIES, PeerRun
+from kvbench.results.peers.common import HEAD_CHARS
 
-#: Resamples of each interval, and the seed that makes them repeatable.
-N_BOOT, SEED = 2000, 0
-#: What a verdict from peer files adds: kvbench cannot tell whether their machine was quiet.
-LOAD_CAVEAT = "their files do not record the machine's load"
+#: What a verdict from peer files adds: kvbench cannot tell whether their machine was quiet; the user said it was.
+LOAD_CAVEAT = "the machine assumed quiet (--assume-quiet): their files do not record its load"
+#: Why peer files give no verdict unless the user says the machine was quiet.
+NO_LOAD = "inconclusive: the files record no machine load (--assume-quiet if it was quiet)"
 
 
 def medians(run: PeerRun) -> dict[str, Any]:
     """Per metric of :data:`~kvbench.results.peers.common.LATENCIES` ``<metric>_p50`` (seconds): over the run's
-    successful requests (numpy's ``higher`` method, as kvbench's own tables; ITL over every gap) where it has
-    them, else the tool's own median; ``median_source``: ``requests`` or ``file``."""
+    successful requests (numpy's default ``linear`` method, as ``vllm bench serve`` computes its medians: between
+    the two middle values of an even count; ITL over every gap) where it has them, else the tool's own median;
+    ``median_source``: ``requests`` or ``file``."""
     out: dict[str, Any] = {}
     ok = run.requests[run.requests["ok"]] if run.per_request else run.requests
     for m in LATENCIES:
@@ -43,7 +47,7 @@ def medians(run: PeerRun) -> dict[str, Any]:
                 values = [g for v in ok["itl_s"] if isinstance(v, list) for g in v]
             else:
                 values = [float(v) for v in ok[m] if v is not None and v == v]
-            out[f"{m}_p50"] = higher_percentile(values, 50) if values else math.nan
+            out[f"{m}_p50"] = float(np.median(values)) if values else math.nan
         else:
             out[f"{m}_p50"] = run.aggregates.get(m, {}).get("p50", math.nan)
     out["median_source"] = "requests" if run.per_request else "file"
@@ -63,17 +67,59 @@ def _usable(run: PeerRun) -> pd.DataFrame:
     return r
 
 
-def compare(reference: PeerRun, run: PeerRun, prefix_chars: int | None = None) -> dict[str, Any]:
+def _spt(t: np.ndarray) -> np.ndarray:
+    """log(Σ e2e ÷ Σ tokens) of the sums ``[..., (e2e, tokens)]``."""
+    return np.log(t[..., 0] / t[..., 1])
+
+
+def _unpaired_interval(a: pd.DataFrame, b: pd.DataFrame, chars: int | None) -> tuple[float, float, int | None]:
+    """95% interval of log(S_b ÷ S_a) from two independent samples of requests: each side's delete-one-unit
+    jackknife variance (a unit: a prefix, its prompts' first ``chars`` characters, where the files declare one and
+    keep the prompts; else a request), summed, with a t of min(units a, units b) − 1 degrees of freedom.
+    Returns ``(low, high, prefixes)``: NaN ends with fewer than 2 units a side; ``prefixes`` the fewer of the two
+    sides' (None without)."""
+    sides, counts = [], []
+    for frame in (a, b):
+        heads = frame["prompt_head"] if "prompt_head" in frame else pd.Series(dtype=object)
+        by_prefix = chars is not None and len(heads) and heads.notna().all()
+        labels = heads.str[:chars] if by_prefix else pd.Series(np.arange(len(frame)))
+        sides.append(unit_sums(labels, [frame["e2e_s"].to_numpy(float), frame["n_output_tokens"].to_numpy(float)]))
+        counts.append(int(labels.nunique()) if by_prefix else None)
+    prefixes = min(counts) if None not in counts else None
+    k = min(len(x) for x in sides)
+    if k < 2:
+        return math.nan, math.nan, prefixes
+    var = 0.0
+    for sums in sides:
+        leave_out = _spt(sums.sum(axis=0)[None, :] - sums)
+        var += (len(sums) - 1) / len(sums) * float(((leave_out - leave_out.mean()) ** 2).sum())
+    est = float(_spt(sides[1].sum(axis=0)) - _spt(sides[0].sum(axis=0)))
+    half = float(student_t.ppf(0.975, k - 1)) * math.sqrt(var)
+    return est - half, est + half, prefixes
+
+
+def prefix_chars(run: PeerRun) -> int | None:
+    """How many leading characters of a prompt name its shared prefix, for a run whose file declares a
+    shared-prefix workload (``shared_prefix_tokens``): at most :data:`~kvbench.results.peers.common.HEAD_CHARS`
+    (one character per token at least); None for a workload of no declared prefix."""
+    return min(HEAD_CHARS, run.shared_prefix_tokens) if run.shared_prefix_tokens else None
+
+
+def compare(reference: PeerRun, run: PeerRun, assume_quiet: bool = False) -> dict[str, Any]:
     """``run`` against ``reference``: ``saving_pct`` (see the module docstring) with ``saving_ci_low`` and
     ``saving_ci_high`` (95%, NaN without requests), ``pairs`` (matched requests; unpaired: the smaller file's
     requests), ``comparison`` (how: ``paired by prompt text``, ``paired by request index``, ``unpaired``,
     ``throughputs only``: aggregates only, or a concurrency that differs or that a file does not say) and ``verdict``
-    (:func:`kvbench.analysis.intervals.judge`'s reason it is inconclusive, or ``""``). With ``prefix_chars`` (a
-    shared-prefix workload) paired requests are grouped by the first so many characters of their prompt (their
-    prefix) and the interval resamples whole prefixes, as ``kvbench map`` draws by prefix: ``prefixes`` is how many
-    there were (None without)."""
+    (why it is inconclusive, or ``""``: :func:`kvbench.analysis.intervals.judge`'s rule, as for kvbench's own
+    runs). The interval is the jackknife over independent units
+    (:func:`~kvbench.analysis.intervals.jackknife_interval`): for a file that declares a shared-prefix workload
+    (:func:`prefix_chars`) requests are grouped by their prefix and the prefixes are the units (``prefixes``: how
+    many, the fewer side's when unpaired; a verdict needs 5, as ``kvbench map``'s); otherwise each pair (unpaired:
+    each request) is one. The files record no machine
+    load, so without ``assume_quiet`` (the user's word that the machine was quiet) a comparison that would decide
+    is "inconclusive: the files record no machine load"; ``assumed_quiet`` says which applied."""
     out: dict[str, Any] = {"saving_pct": math.nan, "saving_ci_low": math.nan, "saving_ci_high": math.nan,
-                           "pairs": 0, "prefixes": None}
+                           "pairs": 0, "prefixes": None, "assumed_quiet": assume_quiet}
     unknown = [r.label for r in (reference, run) if r.concurrency is None]
     conc_differ = not unknown and reference.concurrency != run.concurrency
     if not (reference.per_request and run.per_request) or conc_differ or unknown:
@@ -86,54 +132,49 @@ def compare(reference: PeerRun, run: PeerRun, prefix_chars: int | None = None) -
                     "one concurrency)")
         return dict(out, comparison="throughputs only", verdict=f"inconclusive: {why}")
     a, b = _usable(reference), _usable(run)
-    rng = np.random.default_rng(SEED)
     paired = reference.pairing == run.pairing and reference.pairing in ("prompt text", "request index")
     pairs = (a[a["key"].notna()].merge(b[b["key"].notna()], on=["key", "occurrence"], suffixes=("_a", "_b"))
              if paired else pd.DataFrame())
+    units = None
     if len(pairs):
         ea, ta = pairs["e2e_s_a"].to_numpy(float), pairs["n_output_tokens_a"].to_numpy(float)
         eb, tb = pairs["e2e_s_b"].to_numpy(float), pairs["n_output_tokens_b"].to_numpy(float)
         heads = pairs["prompt_head_a"] if "prompt_head_a" in pairs else pd.Series(dtype=object)
-        if prefix_chars is not None and len(heads) and heads.notna().all():
-            groups = pd.factorize(heads.str[:prefix_chars])[0]
-            members = [np.flatnonzero(groups == g) for g in range(groups.max() + 1)]
-            out["prefixes"] = len(members)
-            boot = np.empty(N_BOOT)
-            for k, pick in enumerate(rng.integers(0, len(members), size=(N_BOOT, len(members)))):
-                at = np.concatenate([members[g] for g in pick])
-                boot[k] = 100 * (1 - (eb[at].sum() / tb[at].sum()) / (ea[at].sum() / ta[at].sum()))
+        chars = prefix_chars(run) or prefix_chars(reference)
+        if chars is not None and len(heads) and heads.notna().all():
+            labels = heads.str[:chars]
+            out["prefixes"] = int(labels.nunique())
+            units = (out["prefixes"], "prefixes")
         else:
-            draws = rng.integers(0, len(pairs), size=(N_BOOT, len(pairs)))
-            boot = 100 * (1 - (eb[draws].sum(1) / tb[draws].sum(1)) / (ea[draws].sum(1) / ta[draws].sum(1)))
+            labels = pd.Series(np.arange(len(pairs)))
+        sums = unit_sums(labels, [eb, tb, ea, ta])
+        _, lo, hi = jackknife_interval(sums, lambda t: _spt(t[..., :2]) - _spt(t[..., 2:]))
         n, how = len(pairs), f"paired by {reference.pairing}"
-        point = 100 * (1 - _seconds_per_token(eb, tb) / _seconds_per_token(ea, ta))
     else:
         ea, ta = a["e2e_s"].to_numpy(float), a["n_output_tokens"].to_numpy(float)
         eb, tb = b["e2e_s"].to_numpy(float), b["n_output_tokens"].to_numpy(float)
         if not len(ea) or not len(eb):
             return dict(out, comparison="unpaired", verdict="inconclusive: no successful requests")
-        da = rng.integers(0, len(ea), size=(N_BOOT, len(ea)))
-        db = rng.integers(0, len(eb), size=(N_BOOT, len(eb)))
-        boot = 100 * (1 - (eb[db].sum(1) / tb[db].sum(1)) / (ea[da].sum(1) / ta[da].sum(1)))
+        lo, hi, out["prefixes"] = _unpaired_interval(a, b, prefix_chars(run) or prefix_chars(reference))
+        units = (out["prefixes"], "prefixes") if out["prefixes"] is not None else None
         n, how = min(len(ea), len(eb)), "unpaired"
-        point = 100 * (1 - _seconds_per_token(eb, tb) / _seconds_per_token(ea, ta))
-    low, high = np.percentile(boot, [2.5, 97.5])
-    units = (out["prefixes"], "prefixes") if out["prefixes"] is not None else None
-    verdict = judge(n, 0, 0, float(low), float(high), no_change=0.0, units=units)
-    if out["prefixes"] == 1:  # one prefix: no spread to draw an interval from
-        low = high = math.nan
-        verdict = "inconclusive: 1 prefix, need 5"
-    return dict(out, saving_pct=point, saving_ci_low=float(low), saving_ci_high=float(high), pairs=n,
-                comparison=how, verdict=verdict)
+    point = 100 * (1 - _seconds_per_token(eb, tb) / _seconds_per_token(ea, ta))
+    low, high = 100 * (1 - math.exp(hi)) if hi == hi else math.nan, 100 * (1 - math.exp(lo)) if lo == lo else math.nan
+    verdict = judge(n, 0, 0 if assume_quiet else 2 * n, low, high, no_change=0.0, units=units)
+    if verdict.startswith("inconclusive: the machine's load is unknown"):
+        verdict = NO_LOAD
+    return dict(out, saving_pct=point, saving_ci_low=low, saving_ci_high=high, pairs=n, comparison=how,
+                verdict=verdict)
 
 
-def peer_cost_table(runs: list[PeerRun], prices: Prices) -> pd.DataFrame:
+def peer_cost_table(runs: list[PeerRun], prices: Prices, assume_quiet: bool = False) -> pd.DataFrame:
     """One row per run: ``label``, ``tool``, ``tool_version``, ``requests`` (successful; NaN for aggregates only),
     ``cached_token_share`` (Σ cached ÷ Σ prompt tokens of the requests whose cached tokens the file holds; NaN
     without),
     ``failed``, ``concurrency``, :func:`medians`, ``output_tokens_per_s`` (the tool's), ``usd_per_million`` (at
     ``prices.gpu_per_hour``, no memory charged: a peer file says nothing of it), and for every run after the
-    first, :func:`compare` against the first (``reference`` True on the first).
+    first, :func:`compare` against the first (``reference`` True on the first; ``assume_quiet``: the user's word
+    that the machine was quiet, see :func:`compare`).
 
     Raises:
         kvbench.errors.ResultsError: a file's output rate outside
@@ -163,9 +204,9 @@ def peer_cost_table(runs: list[PeerRun], prices: Prices) -> pd.DataFrame:
             "output_tokens_per_s": rate if rate else math.nan,
             "usd_per_million": prices.per_million(rate) if rate else math.nan, "reference": k == 0}
         if k:
-            rec.update(compare(runs[0], run))
+            rec.update(compare(runs[0], run, assume_quiet))
         rows.append(rec)
     return pd.DataFrame(rows)
 
 
-__all__ = ["LOAD_CAVEAT", "compare", "medians", "peer_cost_table"]
+__all__ = ["LOAD_CAVEAT", "NO_LOAD", "compare", "medians", "peer_cost_table", "prefix_chars"]

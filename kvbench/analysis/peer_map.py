@@ -15,9 +15,8 @@ from typing import Any
 import pandas as pd
 
 from kvbench.analysis.cost import Prices
-from kvbench.analysis.peer_cost import LOAD_CAVEAT, compare, medians
+from kvbench.analysis.peer_cost import LOAD_CAVEAT, NO_LOAD, compare, medians
 from kvbench.results.peers import PeerRun
-from kvbench.results.peers.common import HEAD_CHARS
 
 
 def cell_of(run: PeerRun) -> tuple[int, int, int] | str:
@@ -38,7 +37,7 @@ def cell_of(run: PeerRun) -> tuple[int, int, int] | str:
     return int(prompt), round(100 * run.shared_prefix_tokens / prompt), int(run.prefixes)
 
 
-def peer_map(runs: list[PeerRun], prices: Prices) -> tuple[pd.DataFrame, list[str]]:
+def peer_map(runs: list[PeerRun], prices: Prices, assume_quiet: bool = False) -> tuple[pd.DataFrame, list[str]]:
     """The measured cells of ``runs``: one row per run after the first of its cell with ``prompt_tokens``,
     ``shared_pct``, ``prefixes``, ``concurrency`` (a cell's files share it), ``reference`` and ``label`` (the
     files), ``tool``,
@@ -46,7 +45,8 @@ def peer_map(runs: list[PeerRun], prices: Prices) -> tuple[pd.DataFrame, list[st
     (``recompute_usd_per_million``, ``restore_usd_per_million`` at the tools' throughputs), ``ttft_ratio`` (restore ÷
     recompute TTFT medians), ``pairs``, ``prefixes_seen`` (the prefixes the paired prompts show; the interval is
     drawn by prefix; None where the files keep no prompts), ``comparison``, ``map_label`` (pays, loses, inconclusive)
-    and ``why``; and one line per run that has no cell or no partner in its cell."""
+    and ``why``; and one line per run that has no cell or no partner in its cell. ``assume_quiet``: the user's word
+    that the machine was quiet (:func:`~kvbench.analysis.peer_cost.compare`)."""
     cells: dict[tuple[Any, ...], list[PeerRun]] = {}
     lines = []
     for run in runs:
@@ -63,13 +63,13 @@ def peer_map(runs: list[PeerRun], prices: Prices) -> tuple[pd.DataFrame, list[st
             continue
         ref = members[0]
         for run in members[1:]:
-            c = compare(ref, run, prefix_chars=min(HEAD_CHARS, run.shared_prefix_tokens or 1))
-            if not c["verdict"] and c["prefixes"] is None:
-                c["verdict"] = "inconclusive: the files keep no prompts, so the interval cannot be drawn by prefix"
+            c = compare(ref, run, assume_quiet)
             cached = pd.to_numeric(ref.requests["cached_prompt_tokens"], errors="coerce")
-            if not c["verdict"] and cached.sum() > 0:
+            if cached.sum() > 0:
                 c["verdict"] = (f"inconclusive: the recompute side {ref.label} reused {int(cached.sum())} cached "
                                 "prompt tokens: give the file without the cache first")
+            elif c["prefixes"] is None and (not c["verdict"] or c["verdict"].startswith(NO_LOAD)):
+                c["verdict"] = "inconclusive: the files keep no prompts, so the interval cannot be drawn by prefix"
             ratio = medians(run)["ttft_s_p50"] / medians(ref)["ttft_s_p50"]
             if c["verdict"]:
                 label, why = "inconclusive", c["verdict"]

@@ -1,4 +1,4 @@
-"""The per-point table of ``kvbench report``: per point the median, min–max and a bootstrap interval of each
+"""The per-point table of ``kvbench report``: per point the median, min–max and a 95% interval of the median of each
 latency; the article's memory saving % and time overhead % against ``none`` at the same point. Pure functions over
 the trials frame (:func:`kvbench.results.load.load_results`, :func:`kvbench.results.frame.trials_frame`).
 
@@ -11,13 +11,13 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from kvbench.analysis.intervals import (BOOTSTRAP_MIN_REPEATS, add_comparisons, bootstrap_intervals, busy_flags,
-                                        median_ci, paired_point_stats)
+from kvbench.analysis.intervals import (MIN_INTERVAL_VALUES, add_comparisons, busy_flags, median_intervals,
+                                        paired_point_stats)
 from kvbench.analysis.latency import ITL_PERCENTILES
 from kvbench.results.frame import numeric
 from kvbench.results.rows import MEASURED, Status, agg
 
-#: Latency/throughput columns summarised with median, min, max and a bootstrap interval.
+#: Latency/throughput columns summarised with median, min, max and a 95% interval of the median.
 SPREAD_METRICS = ("ttft_s", "tpot_s", "e2e_s", "throughput_tokens_per_s", "kl_mean", "token_agreement")
 #: Memory/traffic columns summarised by their median.
 MEDIAN_METRICS = ("decode_tokens_per_s", "kv_device_peak_bytes", "kv_host_peak_bytes", "kv_disk_peak_bytes",
@@ -91,7 +91,7 @@ def _itl_pooled(measured: pd.DataFrame, mpid: pd.Series) -> pd.DataFrame:
     return out
 
 
-def point_table(trials: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
+def point_table(trials: pd.DataFrame) -> pd.DataFrame:
     """One row per point (group × prompt length × batch size × mode), in the order points first appear.
 
     Columns: the keys; ``mode`` (kind); ``trials``, ``measured`` (ok + over budget) and one count per status
@@ -99,8 +99,9 @@ def point_table(trials: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> pd.D
     :class:`~kvbench.results.rows.Status` order); ``status`` (``ok``, or the first other status) and its
     ``message``; ``tokens_match`` (False if any measured trial's ids differed from ``none``, None when never
     compared) and ``first_divergence_step``; for each of :data:`SPREAD_METRICS` its ``_median``/``_min``/``_max``
-    over measured trials and ``_ci_low``/``_ci_high`` (95% bootstrap interval of the median, with ≥ 5 measured
-    repeats; names by :func:`kvbench.results.rows.agg`); the medians of :data:`MEDIAN_METRICS`; ``kv_check_flagged``
+    over measured trials and ``_ci_low``/``_ci_high`` (95% interval of the median, with ≥ 5 measured repeats:
+    :func:`~kvbench.analysis.intervals.median_interval`; names by :func:`kvbench.results.rows.agg`); the medians
+    of :data:`MEDIAN_METRICS`; ``kv_check_flagged``
     (trials whose KV accounting is off the prediction by more than 25%) and ``kv_check_worst`` (that relative error);
     ``budget_bytes``; and against ``none`` at the same group, prompt length and batch size:
     ``memory_saving_pct`` = 100 × (1 − device KV peak / none's), ``measured_saving_pct`` (the same with the
@@ -155,7 +156,7 @@ def point_table(trials: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> pd.D
     medians.columns = [agg(col, "median") for col in medians.columns]
     table = table.join(stats).join(medians)
     for col in SPREAD_METRICS:
-        ci = bootstrap_intervals(values[col], mpid, n_boot, seed)
+        ci = median_intervals(values[col], mpid)
         table[agg(col, "ci_low")] = ci["low"]
         table[agg(col, "ci_high")] = ci["high"]
 
@@ -164,7 +165,7 @@ def point_table(trials: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> pd.D
     table["n_busy"] = busy_flags(busy).groupby(mpid).sum()
     table["n_busy"] = table["n_busy"].fillna(0).astype(int)
     table[agg("others_cpu_percent", "median")] = numeric(measured, "others_cpu_percent").groupby(mpid).median()
-    paired = paired_point_stats(measured, mpid, n_boot, seed)
+    paired = paired_point_stats(measured, mpid)
     table = table.join(paired)
     for c in ("pairs", "pairs_busy_trials", "pairs_load_unknown"):
         table[c] = table[c].fillna(0).astype(int) if c in table else 0
@@ -200,5 +201,5 @@ def point_table(trials: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> pd.D
     return table.replace([np.inf, -np.inf], np.nan)
 
 
-__all__ = ["BOOTSTRAP_MIN_REPEATS", "KV_CHECK_TOLERANCE", "MEDIAN_METRICS", "POINT_KEYS", "SPREAD_METRICS", "median_ci",
+__all__ = ["MIN_INTERVAL_VALUES", "KV_CHECK_TOLERANCE", "MEDIAN_METRICS", "POINT_KEYS", "SPREAD_METRICS",
            "point_table", "quality_check", "quality_crossed", "qualifies"]

@@ -10,11 +10,10 @@ import numpy as np
 import pandas as pd
 
 from kvbench.analysis.engaged import reuse_not_engaged
-from kvbench.analysis.intervals import cluster_median_interval, judge, pair_load, pair_with_reference
+from kvbench.analysis.intervals import judge, pair_load, pair_with_reference, quiet_pairs, ratio_interval
 from kvbench.results.rows import MEASURED, agg
 
 
-BOOT = 2000
 #: Prompt-length bins of the per-length table (tokens): [lower, upper).
 LENGTH_BINS = (0, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
 
@@ -139,7 +138,7 @@ def recompute_side(rows: pd.DataFrame, part: pd.DataFrame, group: str, where: di
 
 
 def sampling_units(pairs: pd.DataFrame) -> tuple[pd.Series, str]:
-    """The independent unit of each request pair, for a cluster bootstrap and the count a verdict needs, and its
+    """The independent unit of each request pair, for the jackknife over units and the count a verdict needs, and its
     name: requests sent several at a time share the server, so at a concurrency above 1 a whole load (a run's
     repeat) is one unit (``"concurrent loads"``); one at a time, a conversation's turns (a document's questions)
     share their history, so the unit is the conversation (``"conversations"``; ``"documents"``; a shared prefix's
@@ -157,20 +156,22 @@ def sampling_units(pairs: pd.DataFrame) -> tuple[pd.Series, str]:
 
 def paired_ttft(warm: pd.DataFrame, cold: pd.DataFrame, not_engaged: str | None = None) -> dict[str, Any]:
     """Restore ÷ recompute TTFT paired by request (the warm and cold run of one request in one repeat ran back to
-    back): ``ttft_ratio`` (median of the pair ratios), ``ttft_ratio_ci_low``/``_high`` (95% bootstrap with ≥ 5
-    pairs, drawing whole independent units: :func:`sampling_units`), ``pairs``, ``units`` and ``unit`` (how many
+    back): ``ttft_ratio`` (Σ restore TTFT ÷ Σ recompute TTFT of the quiet pairs: a busy pair is counted, never a figure) with
+    ``ttft_ratio_ci_low``/``_high`` (95%, with ≥ 5 pairs: the jackknife over independent units,
+    :func:`sampling_units`, of :func:`~kvbench.analysis.intervals.ratio_interval`), ``pairs``, ``units`` and ``unit`` (how many
     independent units the pairs come from, and what they are), ``pairs_busy_trials`` and ``ttft_verdict``
     (:func:`kvbench.analysis.intervals.judge`, which also needs 5 units; "" when the pairs decide that restore is
     faster or slower; first ``not_engaged``, why the mode has no verdict, by default
     :func:`~kvbench.analysis.engaged.reuse_not_engaged`)."""
     pairs = pair_with_reference(warm, cold, on=["request_id"])
-    ratio = (pd.to_numeric(pairs["ttft_s"], errors="coerce")
-             / pd.to_numeric(pairs["ttft_s_ref"], errors="coerce")).replace([np.inf, -np.inf], np.nan)
-    clusters, unit = sampling_units(pairs)  # one pair per unit: the plain bootstrap of the median, draw for draw
-    lo, hi = cluster_median_interval(ratio, clusters, BOOT, 0)
+    clusters, unit = sampling_units(pairs)
     load = pair_load(pairs)
+    figure, interval = quiet_pairs(load)
+    est = ratio_interval(pairs.loc[figure, "ttft_s"], pairs.loc[figure, "ttft_s_ref"], clusters[figure])[0]
+    lo, hi = ratio_interval(pairs.loc[interval, "ttft_s"], pairs.loc[interval, "ttft_s_ref"],
+                            clusters[interval])[1:] if interval.any() else (np.nan, np.nan)
     n, busy, unknown = len(pairs), int(load["busy_trials"].sum()), int(load["load_unknown"].sum())
-    return {"ttft_ratio": float(ratio.median()) if n else np.nan, "ttft_ratio_ci_low": lo, "ttft_ratio_ci_high": hi,
+    return {"ttft_ratio": est if n else np.nan, "ttft_ratio_ci_low": lo, "ttft_ratio_ci_high": hi,
             "pairs": n, "units": int(clusters.nunique()), "unit": unit, "pairs_busy_trials": busy,
             "ttft_verdict": (reuse_not_engaged(warm) if not_engaged is None else not_engaged) or judge(n, busy, unknown, lo, hi,
                                                              units=(int(clusters.nunique()), unit))}

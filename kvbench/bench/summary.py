@@ -24,7 +24,7 @@ def point_summary(rows: list[dict[str, Any]], s: Scenario) -> Any:
     machines = [r.get("machine") for r in rows]
     split = len({m for m in machines if m is not None}) > 1  # each placement kind is a group of its own
     group = pd.Series([f"{s.name} @ {m}" for m in machines]) if split else s.name
-    table = point_table(trials_frame(rows, group), n_boot=0)
+    table = point_table(trials_frame(rows, group))
     if s.searched is not None:  # probes run in search order; show them by size
         table = table.sort_values(["prompt_tokens", "batch_size"], kind="stable", ignore_index=True)
     elif s.prompt_tokens and s.batch_sizes:  # in plan order, as a cluster's workers finish points in any order

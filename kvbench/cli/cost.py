@@ -35,6 +35,9 @@ def cost(
     base_throughput: Optional[float] = typer.Option(None, "--base-throughput", help="What-if: tokens/s without "
                                                     "offload (with --offload-throughput; no results needed)."),
     offload_throughput: Optional[float] = typer.Option(None, "--offload-throughput", help="What-if: with offload."),
+    assume_quiet: bool = typer.Option(False, "--assume-quiet", help="Other tools' files only: they record no "
+                                      "machine load, so no verdict is given unless you say the machine was quiet "
+                                      "(the verdict then names it)."),
     out_dir: Optional[str] = typer.Option(None, "--out", help="Where cost.csv, cost.json and cost.png go "
                                            "(default: <first path>/report)."),
 ) -> None:
@@ -69,8 +72,10 @@ def cost(
                        tokens_per_month, "--engineering-cost": engineering_cost, "--host-price": host_price,
                        "--disk-price": disk_price, "--host-tier": host_tier != "configured"},
                       "they hold no memory figures or per-request SLO checks")
-        _peer_cost(peers, target, prices)
+        _peer_cost(peers, target, prices, assume_quiet)
         return
+    if assume_quiet:
+        _fail("--assume-quiet is for other tools' files: kvbench's runs record the machine's load")
     loaded = _load(results)
     failed = rc.failed_groups(loaded.trials)
     if failed and len(failed) == loaded.trials["group"].nunique():  # nothing to cost: said, and nothing written
@@ -172,13 +177,13 @@ def _peer_files(paths: list[Path]) -> list[Any] | None:
     return runs
 
 
-def _peer_cost(runs: list[Any], target: Path, prices: Any) -> None:
+def _peer_cost(runs: list[Any], target: Path, prices: Any, assume_quiet: bool) -> None:
     """``kvbench cost`` of other tools' runs: the table, the lines against the first file, the notes."""
     from kvbench.analysis.peer_cost import peer_cost_table
     from kvbench.report.peer_cost import CAPTION, peer_cost_display, peer_notes, peer_verdicts, write_peer_costs
 
     with handle_errors():
-        table = peer_cost_table(runs, prices)
+        table = peer_cost_table(runs, prices, assume_quiet)
     show(_table(peer_cost_display(table), f"cost per 1M generated tokens at {prices.gpu_per_hour:g} USD per "
                 f"GPU-hour (other tools' results; the first is the reference)", CAPTION,
                 left=("file", "tool"), wrap=("file", "tool"), min_width={"file": 24, "tool": 16}))

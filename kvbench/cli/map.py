@@ -45,6 +45,9 @@ def map_(
                                            "besides those measured, e.g. 2048,4096."),
     host_tier: str = typer.Option("configured", "--host-tier", help="Servers: charge a host KV tier as its flags "
                                   "configure it (configured) or at the server's RSS growth (measured)."),
+    assume_quiet: bool = typer.Option(False, "--assume-quiet", help="Other tools' files only: they record no "
+                                      "machine load, so no verdict is given unless you say the machine was quiet "
+                                      "(the verdict then names it)."),
     out_dir: Optional[str] = typer.Option(None, "--out", help="Where map.csv, map.json and the heatmaps go "
                                           "(default: <first path>/report)."),
     details: bool = typer.Option(False, "--details", metavar="", help="One row per cell with every column, not the grids."),
@@ -73,8 +76,10 @@ def map_(
         _kvbench_only({"--host-price": host_price, "--disk-price": disk_price, "--shares": shares,
                        "--contexts": contexts, "--details": details, "--host-tier": host_tier != "configured"},
                       "measured cells only, no memory figures")
-        _peer_map(peers, target, prices)
+        _peer_map(peers, target, prices, assume_quiet)
         return
+    if assume_quiet:
+        _fail("--assume-quiet is for other tools' files: kvbench's runs record the machine's load")
     loaded = _load(results)
     with handle_errors(MAP_FLAGS):
         m = break_even_map(loaded.trials, prices, share_values, context_values, host_tier)
@@ -120,13 +125,13 @@ def map_(
     out.print(f"map: {', '.join(str(f) for f in files)}", highlight=False, markup=False)
 
 
-def _peer_map(runs: list[Any], target: Path, prices: Any) -> None:
+def _peer_map(runs: list[Any], target: Path, prices: Any, assume_quiet: bool) -> None:
     """``kvbench map`` of other tools' shared-prefix runs: the measured cells, what was not mapped."""
     from kvbench.analysis.peer_map import peer_map
     from kvbench.report.peer_cost import MAP_CAPTION, peer_map_display, peer_notes, write_peer_map
 
     with handle_errors():
-        table, lines = peer_map(runs, prices)
+        table, lines = peer_map(runs, prices, assume_quiet)
     if table.empty:
         _fail("nothing to map: " + "; ".join(lines))
     show(_table(peer_map_display(table), f"break-even map of other tools' results at {prices.gpu_per_hour:g} "

@@ -153,14 +153,14 @@ def markdown(results: Results, rep: Report, shown: pd.DataFrame) -> str:
 GLOSSARY = """## Columns
 
 - TTFT: time to first token (prefill + first token); TPOT: time per output token after the first; e2e: whole
-  request. Medians over measured trials, [min–max]; 95% CI: percentile bootstrap of the median (≥ 5 repeats).
+  request. Medians over measured trials, [min–max]; 95% CI: the median's interpolated order statistics (≥ 5 repeats).
 - KV device peak: the cache's own accounting of key/value bytes on the compute device at peak; device peak: the
   torch allocator's peak minus the weights (CUDA only).
 - memory saving: 1 − KV device peak ÷ none's at the same point (exact bytes, the same in every repeat). time
   overhead and throughput (× none) are **paired**: repeat r of a mode next to repeat r of `none` at the same point
-  (they ran back to back), the median of the pair ratios with a 95% bootstrap interval over pairs (with exactly 5
-  pairs that interval is their range, min to max: a resample's median is the smallest ratio with probability 5.8%,
-  above 2.5%); pairs: how many. verdict: `decided` only with at least 5 pairs, no trial measured while the
+  (they ran back to back), the median of the quiet pairs' ratios (a busy pair is counted, never a figure) with a 95%
+  interval over pairs (with exactly 5 pairs that interval is their range, min to max, which covers the median 93.75%
+  of the time; docs/reports.md gives each interval's measured coverage); pairs: how many. verdict: `decided` only with at least 5 pairs, no trial measured while the
   machine was busy (other processes' CPU at or above the threshold, or another process on the GPU), and an
   interval that excludes no change (and never for a mode that held no KV off the device: "not engaged"); an
   offload mode faster than `none` at the same batch beyond its interval is implausible against the plan (the

@@ -337,7 +337,7 @@ def retry_due(row: dict) -> bool:
 
 def agg(column: str, stat: str) -> str:
     """The name of the aggregate column of ``column`` for ``stat`` (one of :data:`AGGREGATES`: ``median``, ``min``,
-    ``max``, and ``ci_low``/``ci_high`` for the 95% bootstrap interval): ``agg("ttft_s", "median")`` is
+    ``max``, and ``ci_low``/``ci_high`` for the 95% interval): ``agg("ttft_s", "median")`` is
     ``ttft_s_median``. ``column`` may be a trial column or a derived one (``ttft_ratio``).
 
     Raises:

@@ -208,7 +208,12 @@ def test_cells_pay_lose_or_stay_inconclusive():
     assert len(by) == 9 and set(cells["panel"]) == {"≤0.5×"} and set(cells["source"]) == {"measured"}
     big = by[(1024, 95)]
     assert big["label"] == "pays" and big["saving_ci_low"] > 0 and big["pairs"] == 15 and big["units"] == 5
-    assert big["delta_usd_per_million"] < 0 and big["delta_usd_ci_high"] < 0 and big["ttft_ratio"] < 0.2
+    cell = [r for r in synthetic_rows() if r["prompt_tokens"] == 1024 and r["request_id"].startswith("s8-")]
+    ttft = {warm: sum(r["ttft_s"] for r in cell if r["warm"] is warm) for warm in (True, False)}
+    assert big["delta_usd_per_million"] < 0 and big["delta_usd_ci_high"] < 0
+    # Σ restore ÷ Σ recompute TTFT: each prefix's first visit (nothing stored yet) costs as much as recompute
+    assert big["ttft_ratio"] == pytest.approx(ttft[True] / ttft[False]) and 0.4 < big["ttft_ratio"] < 0.45
+    assert big["ttft_ratio_ci_low"] < big["ttft_ratio"] < big["ttft_ratio_ci_high"]
     assert big["tpot_ratio"] == pytest.approx(1.0, abs=0.02)
     zero = by[(512, 0)]
     assert zero["label"] == "inconclusive" and zero["why"].startswith("not engaged")

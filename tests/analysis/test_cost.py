@@ -115,7 +115,7 @@ def test_cost_from_results_where_none_never_fits(tmp_path):
 
     golden = next(p for p in sorted((Path(__file__).resolve().parents[1] / "data" / "golden").iterdir()) if p.is_dir())
     trials = load_results([golden]).trials
-    table = point_table(trials, n_boot=0)
+    table = point_table(trials)
     costs = cost_table(table, Prices(2.0, tokens_per_month=1e8), trials)
     none96 = costs[(costs.prompt_tokens == 96) & (costs["mode"] == "none")].iloc[0]
     assert none96["why"] == "over the budget at every batch size" and none96["usd_per_million"] != none96[

@@ -199,20 +199,29 @@ def test_rows_with_a_null_repeat_pair_with_nothing():
     assert costs[costs["mode"] == "full"]["pairs"].iloc[0] == 0
 
 
-def test_a_cluster_bootstrap_draws_whole_conversations_and_is_the_plain_one_with_one_value_each():
-    from kvbench.analysis.intervals import bootstrap_intervals, cluster_draws, cluster_median_interval
+def test_the_jackknife_over_units_treats_a_unit_as_one_observation():
+    import math
 
-    rng = np.random.default_rng(3)
-    v = pd.Series(rng.random(9))
-    plain = bootstrap_intervals(v, pd.Series(0, index=v.index), 2000, 0)
-    assert cluster_median_interval(v, pd.Series(range(9)), 2000, 0) == (plain["low"].iloc[0], plain["high"].iloc[0])
+    from kvbench.analysis.intervals import cluster_draws, jackknife_interval, ratio_interval, unit_sums
+
+    # one value per unit: the jackknife of a mean is the t interval, mean ± t(K−1) × s/√K
+    v = pd.Series([1.0, 2.0, 4.0, 7.0, 11.0])
+    est, lo, hi = jackknife_interval(unit_sums(pd.Series(range(5)), [v, np.ones(5)]), lambda t: t[..., 0] / t[..., 1])
+    half = 2.7764451051977987 * v.std() / math.sqrt(5)
+    assert est == 5.0 and (lo, hi) == (pytest.approx(5.0 - half), pytest.approx(5.0 + half))
+    # three visits of one unit are one observation: the same interval as each unit's mean once
+    visits = pd.Series(np.repeat(v.to_numpy(), 3) + np.tile([-0.5, 0.0, 0.5], 5))
+    assert jackknife_interval(unit_sums(pd.Series(np.repeat(range(5), 3)), [visits, np.ones(15)]),
+                              lambda t: t[..., 0] / t[..., 1]) == pytest.approx((5.0, lo, hi))
+    # a ratio of sums, its interval on the log scale; one unit, or fewer than 5 pairs, give no interval
+    num, den = pd.Series([1.0, 2.0, 1.5, 1.0, 3.0, 0.5]), pd.Series([2.0, 4.0, 2.0, 2.0, 5.0, 1.0])
+    est, lo, hi = ratio_interval(num, den, pd.Series([0, 0, 1, 1, 2, 2]))
+    assert est == pytest.approx(9 / 16) and lo < est < hi
+    assert ratio_interval(num, den, pd.Series([0] * 6))[1:] == (pytest.approx(np.nan, nan_ok=True),) * 2
+    assert ratio_interval(num[:4], den[:4], pd.Series(range(4)))[1:] == (pytest.approx(np.nan, nan_ok=True),) * 2
     clusters = pd.Series(list("aabbbcdddeef"))
-    v = pd.Series(rng.random(12))
     counts, index = cluster_draws(clusters, 500, 1)
     assert counts.shape == (500, 6) and (counts.sum(axis=1) == 6).all() and list(index[:5]) == [0, 0, 1, 1, 1]
-    medians = [np.median(np.repeat(v.to_numpy(), counts[b][index])) for b in range(500)]
-    assert cluster_median_interval(v, clusters, 500, 1) == pytest.approx(tuple(np.quantile(medians, [0.025, 0.975])))
-    assert cluster_median_interval(v[:4], clusters[:4], 500, 1) == (pytest.approx(np.nan, nan_ok=True),) * 2
 
 
 def test_an_offload_mode_that_held_nothing_off_the_device_is_not_engaged():
@@ -229,3 +238,23 @@ def test_pairs_from_too_few_independent_units_carry_no_verdict():
     assert judge(18, 0, 0, 0.1, 0.3, units=(1, "concurrent loads")) == "inconclusive: 1 concurrent load, need 5"
     assert judge(4, 0, 0, 0.1, 0.3, units=(3, "conversations")) == "inconclusive: 4 pairs, need 5"
     assert judge(10, 0, 0, 0.1, 0.3, units=(5, "documents")) == ""
+
+
+def test_a_busy_pair_is_counted_but_never_sets_a_figure_or_an_interval_end():
+    # 6 repeats: the 6th pair's offload trial ran on a busy machine, 10x slower
+    data = paired_rows({("none", 1): [0.10] * 6, ("full", 1): [0.11, 0.12, 0.11, 0.12, 0.11, 1.1]},
+                       busy={("full", 1, 5)})
+    trials = trials_frame(data, "g")
+    full = point(point_table(trials), "full")
+    assert full["pairs"] == 6 and full["pairs_busy_trials"] == 1
+    assert full["tpot_verdict"] == "inconclusive: the machine was busy during 1 of 12 trials"
+    assert full["tpot_s_ratio"] == pytest.approx(1.1)  # the 5 quiet pairs' median, not 1.15 with the busy one
+    assert full["tpot_s_ratio_ci_high"] == pytest.approx(1.2)  # the quiet range: 5 pairs, not 11 from the busy one
+    costs = cost_table(point_table(trials), Prices(2.0), trials)
+    saving = costs[costs["mode"] == "full"].iloc[0]
+    quiet = [100 * (1 - (1 + 15 * t) / (1 + 15 * 0.10)) for t in (0.11, 0.12)]  # −6% and −12%
+    assert saving["saving_ci_low"] == pytest.approx(min(quiet)) and saving["pairs_busy_trials"] == 1
+    every = paired_rows({("none", 1): [0.10] * 5, ("full", 1): [0.11] * 5}, busy={("full", 1, r) for r in range(5)})
+    alone = point(point_table(trials_frame(every, "g")), "full")
+    assert alone["tpot_s_ratio"] == pytest.approx(1.1) and alone["tpot_s_ratio_ci_low"] != alone[
+        "tpot_s_ratio_ci_low"]  # every pair busy: the figure, with no interval

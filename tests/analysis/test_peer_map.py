@@ -22,7 +22,10 @@ MAP = [PEERS / "map" / "guidellm" / "nocache" / "benchmarks.json", PEERS / "map"
 
 
 def test_each_tool_s_cache_pays_over_five_prefixes_drawn_by_prefix():
-    table, lines = peer_map(load_peers(MAP), Prices(2.0))
+    unsaid = peer_map(load_peers(MAP), Prices(2.0))[0]
+    assert unsaid["why"].tolist() == ["inconclusive: the files record no machine load (--assume-quiet if it was "
+                                      "quiet)"] * 2 and unsaid["map_label"].tolist() == ["inconclusive"] * 2
+    table, lines = peer_map(load_peers(MAP), Prices(2.0), assume_quiet=True)
     assert lines == []
     assert table["tool"].tolist() == ["guidellm", "aiperf"]
     for r in table.to_dict("records"):
@@ -53,17 +56,18 @@ def test_files_without_a_prefix_or_a_partner_are_named_not_mapped():
 
 
 def test_the_cli_maps_peer_files_and_writes_its_files(tmp_path):
-    r = CliRunner().invoke(app, ["map", *map(str, MAP), "--out", str(tmp_path)], terminal_width=200)
+    r = CliRunner().invoke(app, ["map", *map(str, MAP), "--out", str(tmp_path), "--assume-quiet"],
+                           terminal_width=200)
     assert r.exit_code == 0, r.output
     text = " ".join(r.output.split())
-    assert ("guidellm/cache/benchmarks.json (guidellm, 321 tokens, 80% shared): pays (their files do not record "
-            "the machine's load)") in text
+    assert ("guidellm/cache/benchmarks.json (guidellm, 321 tokens, 80% shared): pays (the machine assumed quiet "
+            "(--assume-quiet): their files do not record its load)") in text
     r = CliRunner().invoke(app, ["map", *map(str, MAP), "--host-price", "1"])
     assert r.exit_code == 2 and "--host-price applies to kvbench runs" in r.output
     cells = pd.read_csv(tmp_path / "map_peers.csv")
     assert cells["map_label"].tolist() == ["pays", "pays"]
     assert cells["saving_pct"].tolist() == pytest.approx(
-        peer_map(load_peers(MAP), Prices(2.0))[0]["saving_pct"].tolist())
+        peer_map(load_peers(MAP), Prices(2.0), assume_quiet=True)[0]["saving_pct"].tolist())
 
 
 def test_a_cache_first_order_and_a_prefix_as_long_as_the_prompt_decide_nothing():

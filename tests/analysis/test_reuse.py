@@ -436,8 +436,8 @@ def test_reuse_table_and_cost_from_known_rows():
     assert list(t["turn_index"]) == [1, 2]
     two = t.iloc[1]
     assert two["cold_ttft_s"] == pytest.approx(0.6) and two["warm_ttft_s"] == pytest.approx(0.15)
-    # paired by request: 0.10 / 0.50 and 0.20 / 0.70, median of the two; too few pairs for a verdict
-    assert two["ttft_ratio"] == pytest.approx((0.2 + 0.2 / 0.7) / 2) and two["hit_rate"] == 1.0
+    # paired by request: (0.10 + 0.20) / (0.50 + 0.70), the workload's ratio; too few pairs for a verdict
+    assert two["ttft_ratio"] == pytest.approx(0.25) and two["hit_rate"] == 1.0
     assert two["pairs"] == 2 and two["ttft_verdict"] == "inconclusive: 2 pairs, need 5"
     assert two["prefill_saved_pct"] == pytest.approx(100 * 1024 / 1300) and two["tokens_match"] is True
     assert list(length_bin(pd.Series([0, 511, 512, 2047, 2048]))) == ["0-511", "0-511", "512-1023", "1024-2047",

@@ -210,21 +210,21 @@ def test_runs_of_different_scenarios_are_grouped_not_pooled(tmp_path):
     assert set(table["trials"]) == {5}
 
 
-@pytest.mark.parametrize("n", [5, 6, 7])
-def test_median_ci_equals_the_brute_force_bootstrap(n):
+def test_the_median_interval_is_the_interpolated_order_statistics():
     import numpy as np
 
-    from kvbench.analysis.points import median_ci
+    from kvbench.analysis.intervals import median_interval, order_statistic_rank
 
-    rng = np.random.default_rng(1)
-    values = np.sort(rng.lognormal(size=(40, n)), axis=1)
-    values[3] = values[3, 0]  # a point whose values are all equal
-    positions = rng.integers(0, n, size=(999, n))
-    lo, hi = median_ci(values, positions)
-    brute = np.quantile(np.median(values[:, positions], axis=2), [0.025, 0.975], axis=1)
-    assert lo == pytest.approx(brute[0]) and hi == pytest.approx(brute[1])
-    assert (lo <= np.median(values, axis=1)).all() and (np.median(values, axis=1) <= hi).all()
-    assert lo[3] == hi[3] == values[3, 0]
+    assert order_statistic_rank(5) == (1, 0.0)  # the range: 93.75%, the most 5 values give
+    k, lam = order_statistic_rank(10)  # γ_2 = 1 − 2 × 11/1024 = 97.85%, γ_3 = 1 − 2 × 56/1024 = 89.06%
+    share = (0.978515625 - 0.95) / (0.978515625 - 0.890625)
+    assert k == 2 and lam == pytest.approx(8 * share / (2 + 6 * share))
+    values = np.array([[float(i) for i in range(1, 11)], [3.0] * 10])
+    lo, hi = median_interval(values)
+    assert lo[0] == pytest.approx(2 + lam) and hi[0] == pytest.approx(9 - lam)
+    assert lo[1] == hi[1] == 3.0  # all equal
+    with pytest.raises(ValueError, match="needs 2 values or more, not 1"):
+        order_statistic_rank(1)
 
 
 def test_link_diagnoses_use_the_measured_bandwidth(tmp_path):

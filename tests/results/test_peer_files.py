@@ -122,10 +122,12 @@ def test_an_llmd_report_of_guidellm_reads_its_tpot_as_ntpot(tmp_path):
 def test_paired_files_give_an_interval_over_the_pairs():
     ref = run_of([2.0, 2.2, 1.8, 2.1, 1.9, 2.0])
     cached = run_of([1.0, 1.1, 0.9, 1.05, 0.95, 1.0])
-    c = compare(ref, cached)
+    c = compare(ref, cached, assume_quiet=True)
     assert c["comparison"] == "paired by prompt text" and c["pairs"] == 6
     assert c["saving_pct"] == pytest.approx(50.0) and 45 < c["saving_ci_low"] <= 50 <= c["saving_ci_high"] < 55
-    assert c["verdict"] == ""
+    assert c["verdict"] == "" and c["assumed_quiet"]
+    assert compare(ref, cached)["verdict"] == ("inconclusive: the files record no machine load (--assume-quiet if "
+                                               "it was quiet)")
 
 
 def test_files_whose_requests_do_not_match_are_compared_unpaired_and_few_requests_decide_nothing():
@@ -135,7 +137,7 @@ def test_files_whose_requests_do_not_match_are_compared_unpaired_and_few_request
     assert (c["comparison"], c["pairs"], c["saving_pct"]) == ("unpaired", 4, 50.0)
     assert c["verdict"] == "inconclusive: 4 pairs, need 5"
     assert compare(ref, run_of([1.0] * 6, concurrency=4))["verdict"] == "inconclusive: concurrency 4 vs 1"
-    noise = compare(run_of([1.0, 2.0, 1.0, 2.0, 1.0, 2.0]), run_of([2.0, 1.0, 2.0, 1.0, 2.0, 1.0]))
+    noise = compare(run_of([1.0, 2.0, 1.0, 2.0, 1.0, 2.0]), run_of([2.0, 1.0, 2.0, 1.0, 2.0, 1.0]), assume_quiet=True)
     assert noise["verdict"] == "inconclusive: the interval includes no change"
 
 
@@ -149,10 +151,19 @@ def test_the_cli_costs_peer_files_and_refuses_a_mix_with_kvbench_runs(tmp_path):
     r = CliRunner().invoke(app, ["cost", "--gpu-price", "2", str(a), str(b), "--out", str(tmp_path / "o")],
                            terminal_width=200)
     assert r.exit_code == 0, r.output
+    assert "(6 pairs, paired by request index): inconclusive: the files record no machine load" in " ".join(
+        r.output.split())
+    r = CliRunner().invoke(app, ["cost", "--gpu-price", "2", str(a), str(b), "--out", str(tmp_path / "o"),
+                                 "--assume-quiet"], terminal_width=200)
+    assert r.exit_code == 0, r.output
     assert "111.11" in r.output and "55.56" in r.output  # 2 USD ÷ (5 tokens/s × 3600) × 1e6; at 10 tokens/s
     assert "b.json against tmp" not in r.output
     assert ("b.json against " in r.output and "+50% [" in r.output and "(6 pairs, paired by request index): cheaper "
-            "(their files do not record the machine's load)" in " ".join(r.output.split()))
+            "(the machine assumed quiet (--assume-quiet): their files do not record its load)"
+            in " ".join(r.output.split()))
+    r = CliRunner().invoke(app, ["cost", "--gpu-price", "2", str(RUN), "--assume-quiet"])
+    assert r.exit_code == 2 and "--assume-quiet is for other tools' files: kvbench's runs record the machine's load" \
+        in " ".join(r.output.split())
     table = pd.read_csv(tmp_path / "o" / "peer_cost.csv")
     assert table["usd_per_million"].round(2).tolist() == [111.11, 55.56]
     r = CliRunner().invoke(app, ["cost", "--gpu-price", "2", str(a), str(RUN)])

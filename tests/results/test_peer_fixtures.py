@@ -8,12 +8,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
 from kvbench.analysis.cost import Prices
 from kvbench.analysis.peer_cost import compare, medians, peer_cost_table
 from kvbench.cli import app
+from kvbench.report.peer_cost import peer_verdicts
 from kvbench.results.peers import load_peers
 
 PEERS = Path(__file__).resolve().parents[1] / "data" / "peers"
@@ -75,11 +77,32 @@ def test_the_three_tools_agree_on_the_same_server_within_five_percent():
 def test_the_cache_saving_is_paired_and_the_cached_share_is_the_files():
     table = peer_cost_table([one("guidellm", "nocache"), one("guidellm", "cache")], Prices(2.0))
     on = table.iloc[1]
-    assert on["pairs"] == 6 and on["verdict"] == "" and on["saving_ci_low"] > 0
+    # one shared prefix (the files say so): 6 pairs of one unit decide nothing, as kvbench map says
+    assert on["pairs"] == 6 and on["prefixes"] == 1 and on["verdict"] == "inconclusive: 1 prefix, need 5"
+    assert on["saving_pct"] > 0 and on["saving_ci_low"] != on["saving_ci_low"]  # no interval from one unit
+    quiet = peer_cost_table([one("guidellm", "nocache"), one("guidellm", "cache")], Prices(2.0), assume_quiet=True)
+    assert quiet.iloc[1]["verdict"] == "inconclusive: 1 prefix, need 5"
     assert table.iloc[0]["cached_token_share"] == 0
     assert on["cached_token_share"] == pytest.approx(5 * 259 / (6 * 321))
     aiperf = peer_cost_table([one("aiperf", "nocache"), one("aiperf", "cache")], Prices(2.0)).iloc[1]
     assert aiperf["cached_token_share"] == pytest.approx(5 * 256 / (6 * 320))
+
+
+def test_peer_files_decide_only_when_the_user_says_the_machine_was_quiet():
+    runs = [one("vllm", "nocache"), one("vllm", "cache")]  # no declared prefix: 6 pairs by request index
+    on = peer_cost_table(runs, Prices(2.0)).iloc[1]
+    assert on["pairs"] == 6 and pd.isna(on["prefixes"]) and not on["assumed_quiet"]
+    assert on["verdict"] == "inconclusive: the files record no machine load (--assume-quiet if it was quiet)"
+    quiet = peer_cost_table(runs, Prices(2.0), assume_quiet=True).iloc[1]
+    assert quiet["assumed_quiet"] and quiet["verdict"] == "" and quiet["saving_ci_low"] > 0
+    line = peer_verdicts(peer_cost_table(runs, Prices(2.0), assume_quiet=True))[0]
+    assert line.endswith("cheaper (the machine assumed quiet (--assume-quiet): their files do not record its load)")
+
+
+def test_peer_medians_are_numpys_linear_ones():
+    run = one("vllm", "nocache")
+    ttfts = sorted(run.requests.loc[run.requests["ok"], "ttft_s"])  # 6 requests: between the 3rd and 4th
+    assert medians(run)["ttft_s_p50"] == pytest.approx((ttfts[2] + ttfts[3]) / 2)
 
 
 def test_kvbench_cost_prices_a_guidellm_result():

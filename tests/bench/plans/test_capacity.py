@@ -162,7 +162,7 @@ def test_batch_search_on_cpu_is_exact_and_records_every_probe(tiny_model, tmp_pa
     assert json.loads((run.path / "run.json").read_text())["capacity"] == found
 
     results = load_results([run.path])
-    table = point_table(results.trials, n_boot=0)
+    table = point_table(results.trials)
     frame = capacity_frame(found, table)
     assert list(frame["capacity"]) == [2, 4] and list(frame["tokens_match"]) == [True, True]
     full = frame[frame["mode_label"] == "full"].iloc[0]

@@ -381,7 +381,7 @@ def test_summary_keeps_over_budget_measurements_and_counts_only_ok():
             "kv_device_peak_bytes": 100, "rss_peak_bytes": 1000}
     rows = [{**base, "status": "over_budget", "message": "device KV peak 100 bytes > budget 50 bytes"},
             {**base, "status": "over_budget", "tpot_s": 0.3}, {**base, "status": "error", "tpot_s": None}]
-    r = point_table(trials_frame(rows, "x"), n_boot=0).to_dict("records")[0]
+    r = point_table(trials_frame(rows, "x")).to_dict("records")[0]
     assert (r["trials"], r["n_ok"], r["measured"], r["status"]) == (3, 0, 2, "over_budget")
     assert r["message"] == "device KV peak 100 bytes > budget 50 bytes"
     assert (r["tpot_s_median"], r["tpot_s_min"], r["tpot_s_max"]) == pytest.approx((0.2, 0.1, 0.3))
