@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from kvbench.analysis.break_even_fit import CellShape, Fit, fit_constants, predict_saving, tier_tokens
+from kvbench.analysis.break_even_fit import CellShape, Fit, beyond_range, fit_quiet, predict_saving, tier_tokens
 from kvbench.analysis.cost import Prices
 from kvbench.analysis.intervals import pair_load, pair_with_reference, quiet_pairs, ratio_interval
 from kvbench.analysis.reuse import recompute_side, reuse_trials, sampling_units
@@ -201,6 +201,24 @@ def _shape(rows: pd.DataFrame, cells: pd.DataFrame, tokens: int, pct: int) -> Ce
                      float(cells["store_disk_bytes"].median()) if len(cells) else 0.0)
 
 
+def fit_notes(group: str, mode: str, fit: Fit, contexts: tuple[int, ...] = ()) -> list[str]:
+    """What a map says of a fit's footing: the busy trials it left out, that it rests on busy trials only (its
+    model cells are then inconclusive), and the ``contexts`` (tokens) it extrapolates to beyond 2x of its
+    prompt lengths (:func:`~kvbench.analysis.break_even_fit.beyond_range`)."""
+    out = []
+    if fit.busy:
+        out.append(f"{group} {mode}: fitted to trials measured on a busy machine only ({fit.trials}): its "
+                   "constants are not a measurement of this machine, and its model cells are inconclusive")
+    elif fit.busy_left_out:
+        out.append(f"{group} {mode}: {fit.busy_left_out} trials measured on a busy machine left out of the fit")
+    far = beyond_range(fit.prompt_tokens, contexts)
+    if far:
+        low, high = fit.prompt_tokens
+        out.append(f"{group} {mode}: the model's cells at {', '.join(f'{n:,}' for n in far)} tokens extrapolate "
+                   f"beyond 2x the prompt lengths it was fitted to ({low:,}–{high:,} tokens)")
+    return out
+
+
 def check_map_arguments(prices: Any, shares: Any, contexts: Any, host_tier: Any) -> None:
     """Refuse what :func:`break_even_map` cannot take (its Raises)."""
     if not isinstance(prices, Prices):
@@ -217,11 +235,12 @@ def check_map_arguments(prices: Any, shares: Any, contexts: Any, host_tier: Any)
 def break_even_map(trials: pd.DataFrame, prices: Prices, shares: tuple[int, ...] = DEFAULT_SHARES,
                    contexts: tuple[int, ...] = (), host_tier: str = "configured") -> BreakEvenMap:
     """The map of the ``shared_prefix`` trials in ``trials``: its measured cells (:func:`measured_cells`), the
-    constants fitted per group and mode (:func:`~kvbench.analysis.break_even_fit.fit_constants`) and, for every
-    cell of measured and ``shares`` × measured and ``contexts`` prompt lengths × measured panels that was not
-    measured, the model's prediction (``source`` = ``model``, ``label`` = ``model: pays`` / ``model: loses`` /
-    ``model: inconclusive`` by the same rule on the prediction's interval). Raises nothing; an empty map when no
-    trial is of a ``shared_prefix`` run.
+    constants fitted per group and mode to its quiet trials (:func:`~kvbench.analysis.break_even_fit.fit_quiet`;
+    :func:`fit_notes` in ``notes``) and, for every cell of measured and ``shares`` × measured and ``contexts``
+    prompt lengths × measured panels that was not measured, the model's prediction (``source`` = ``model``,
+    ``label`` = ``model: pays`` / ``model: loses`` / ``model: inconclusive`` by the same rule on the prediction's
+    interval; always ``model: inconclusive`` from a fit of busy trials). An empty map when no trial is of a
+    ``shared_prefix`` run.
 
     Raises:
         kvbench.errors.BadParameter: ``prices`` not a :class:`~kvbench.analysis.cost.Prices`, a share not a whole
@@ -244,10 +263,11 @@ def break_even_map(trials: pd.DataFrame, prices: Prices, shares: tuple[int, ...]
         own = pd.concat([part, recompute_side(ok, part, group)]).drop_duplicates("trial_id")
         if "contaminated" in own:
             own = own[~own["contaminated"].fillna(False).astype(bool)]
-        fit = fits[(group, mode)] = fit_constants(own)
+        fit = fits[(group, mode)] = fit_quiet(own)
         if fit is None:
             notes.append(f"{group} {mode}: too few trials or prompt lengths to fit the model")
             continue
+        notes.extend(fit_notes(group, mode, fit, contexts))
         mine = cells[(cells["group"] == group) & (cells["mode_label"] == mode)] if len(cells) else cells
         lengths = sorted(set(part["prompt_tokens"].astype(int)) | set(contexts))
         for panel, in_panel in part.groupby("panel", sort=True):
@@ -271,10 +291,14 @@ def break_even_map(trials: pd.DataFrame, prices: Prices, shares: tuple[int, ...]
                                   (table["predicted_ci_low"] > table["saving_ci_high"])
                                   | (table["predicted_ci_high"] < table["saving_ci_low"]), None)
     model_only = ~measured
+    busy_fit = pd.Series([fits.get(k) is not None and fits[k].busy for k in zip(table["group"], table["mode_label"])],
+                         index=table.index)
     table.loc[model_only, "label"] = [
-        "model: pays" if lo > 0 else "model: loses" if hi < 0 else "model: inconclusive"
-        for lo, hi in zip(table.loc[model_only, "predicted_ci_low"], table.loc[model_only, "predicted_ci_high"])]
-    table.loc[model_only, "why"] = ""
+        "model: inconclusive" if busy else "model: pays" if lo > 0 else "model: loses" if hi < 0
+        else "model: inconclusive" for lo, hi, busy in zip(table.loc[model_only, "predicted_ci_low"],
+                                                          table.loc[model_only, "predicted_ci_high"],
+                                                          busy_fit[model_only])]
+    table.loc[model_only, "why"] = np.where(busy_fit[model_only], "fitted to trials on a busy machine", "")
     order = {k: i for i, k in enumerate(dict.fromkeys(zip(ok["group"], ok["mode_label"])))}
     table["_rank"] = [order.get(k, len(order)) for k in zip(table["group"], table["mode_label"])]
     table["_panel"] = table["panel"].map(panel_rank)
@@ -283,5 +307,5 @@ def break_even_map(trials: pd.DataFrame, prices: Prices, shares: tuple[int, ...]
 
 
 __all__ = ["BreakEvenMap", "CELL_KEYS", "DEFAULT_SHARES", "LABELS", "RATIO_EDGES", "break_even_map",
-           "check_map_arguments", "label",
+           "check_map_arguments", "fit_notes", "label",
            "map_rows", "measured_cells", "panel_rank", "ratio_panel"]

@@ -15,6 +15,12 @@ drawing whole independent units (a prefix's visits: :func:`kvbench.analysis.reus
 :data:`N_FIT_BOOT` refits. A restore
 tier's bandwidth (bytes/s) is its bytes per token ÷ its seconds per token, where the trials say how many bytes
 each token restored held (kvbench's own store; a server's cache does not say).
+
+A fit says what it rests on: the prompt lengths of its trials (:attr:`Fit.prompt_tokens`; a prediction beyond 2x
+of that range is an extrapolation: :func:`beyond_range`) and their machine load. :func:`fit_quiet` leaves out the
+trials measured while the machine was busy (their times hold the other load too: a tiny-model fit of busy trials
+read prefill 265 µs/token where its quietest trials ran at about 12); only where the quiet trials cannot be fitted
+are the busy ones, and that fit is marked busy (:attr:`Fit.busy`), never a measurement of the machine.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from kvbench.analysis.intervals import cluster_draws
+from kvbench.analysis.intervals import busy_flags, cluster_draws, load_known
 from kvbench.analysis.reuse import sampling_units
 
 #: Refits of the bootstrap over independent units.
@@ -34,6 +40,8 @@ N_FIT_BOOT = 400
 TTFT_TERMS = ("overhead_s", "prefill_s_per_token", "attention_s_per_token_pair")
 #: The TPOT constants.
 TPOT_TERMS = ("decode_s", "decode_s_per_context_token")
+#: A prediction at a prompt length more than this factor outside the fitted lengths is an extrapolation.
+EXTRAPOLATION_FACTOR = 2
 #: Restore tiers and the columns of bytes restored from them (``cache``: a server's prompt cache, bytes unknown).
 TIERS = (("host", "restore_host_bytes"), ("disk", "restore_disk_bytes"), ("cache", None))
 
@@ -77,6 +85,10 @@ class Fit:
         trials, units: the trials fitted and the independent units they come from; ``runs``: their run folders.
         residual_s: the root mean square TTFT residual; ``residuals``: every trial's e2e residual (seconds: TTFT's
             and the decode steps' together), which a prediction interval draws from.
+        prompt_tokens: the shortest and the longest prompt fitted (tokens).
+        busy: fitted to trials measured while the machine was busy (no quiet fit was possible): not a
+            measurement of the machine. ``busy_left_out``: busy trials left out of a quiet fit;
+            ``load_unknown``: fitted trials whose load was not recorded.
     """
 
     values: dict[str, float]
@@ -90,6 +102,10 @@ class Fit:
     runs: list[str] = field(default_factory=list)
     residual_s: float = math.nan
     residuals: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    prompt_tokens: tuple[int, int] = (0, 0)
+    busy: bool = False
+    busy_left_out: int = 0
+    load_unknown: int = 0
 
     def __repr__(self) -> str:  # the draws and residuals are thousands of numbers
         return f"Fit(trials={self.trials}, units={self.units}, values={self.values})"
@@ -170,7 +186,38 @@ def fit_constants(rows: pd.DataFrame, n_boot: int = N_FIT_BOOT, seed: int = 0) -
                                                                                                         np.nan)
     resid = e2e - e2e_model
     return Fit(values, low, high, tiers, draws, bandwidth, len(rows), int(units.nunique()), runs,
-               float(np.sqrt(np.mean((x @ beta - y) ** 2))), resid[np.isfinite(resid)])
+               float(np.sqrt(np.mean((x @ beta - y) ** 2))), resid[np.isfinite(resid)],
+               (int(prompt.min()), int(prompt.max())))
+
+
+def fit_quiet(rows: pd.DataFrame, n_boot: int = N_FIT_BOOT, seed: int = 0) -> Fit | None:
+    """:func:`fit_constants` of the trials not measured on a busy machine (``machine_busy`` True: left out and
+    counted in ``busy_left_out``; a trial whose load is unknown stays in, counted in ``load_unknown``). Where
+    those cannot be fitted but all the trials can, the fit of all of them, marked ``busy``. None when neither
+    can be fitted."""
+    busy = busy_flags(rows["machine_busy"]) if "machine_busy" in rows else pd.Series(False, index=rows.index)
+    fit = fit_constants(rows[~busy], n_boot, seed)
+    if fit is not None:
+        fit.busy_left_out = int(busy.sum())
+    elif busy.any():
+        fit = fit_constants(rows, n_boot, seed)
+        if fit is not None:
+            fit.busy = True
+    if fit is not None:
+        fitted = rows if fit.busy else rows[~busy]
+        fit.load_unknown = int((~load_known(fitted["machine_busy"])).sum()) if "machine_busy" in fitted \
+            else len(fitted)
+    return fit
+
+
+def beyond_range(prompt_tokens: tuple[int, int], lengths: list[int] | tuple[int, ...]) -> list[int]:
+    """The prompt ``lengths`` (tokens) more than :data:`EXTRAPOLATION_FACTOR` times outside the fitted range
+    ``prompt_tokens`` (shortest, longest): below shortest ÷ 2 or above longest × 2; sorted, each once. Empty
+    for a range of (0, 0) (not recorded)."""
+    low, high = prompt_tokens
+    if high <= 0:
+        return []
+    return sorted({int(n) for n in lengths if n < low / EXTRAPOLATION_FACTOR or n > high * EXTRAPOLATION_FACTOR})
 
 
 @dataclass(frozen=True)
@@ -239,5 +286,6 @@ def predict_saving(fit: Fit, shape: CellShape, gpu_per_hour: float, host_per_gib
     return float(point), float(np.quantile(draws, 0.025)), float(np.quantile(draws, 0.975))
 
 
-__all__ = ["CellShape", "Fit", "N_FIT_BOOT", "TIERS", "TPOT_TERMS", "TTFT_TERMS", "fit_constants", "predict_saving",
-           "tier_tokens", "tpot_features", "ttft_features"]
+__all__ = ["CellShape", "EXTRAPOLATION_FACTOR", "Fit", "N_FIT_BOOT", "TIERS", "TPOT_TERMS", "TTFT_TERMS",
+           "beyond_range", "fit_constants", "fit_quiet", "predict_saving", "tier_tokens", "tpot_features",
+           "ttft_features"]

@@ -30,9 +30,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from kvbench.analysis.break_even_fit import CellShape, Fit, predict_saving
+from kvbench.analysis.break_even_fit import EXTRAPOLATION_FACTOR, CellShape, Fit, beyond_range, predict_saving
 from kvbench.analysis.plan import KV_PASSES
-from kvbench.errors import BadValue
+from kvbench.errors import BadParameter, BadValue
 from kvbench.models.sizes import ModelSizes
 from kvbench.scenario.workload import prefix_tokens
 
@@ -46,10 +46,14 @@ PLAN_SHARES = (0, 25, 50, 75, 95)
 class Constants:
     """The roofline's constants (the names of :data:`~kvbench.analysis.break_even_fit.TTFT_TERMS`,
     ``restore_host_s_per_token`` and :data:`~kvbench.analysis.break_even_fit.TPOT_TERMS`; seconds) and, per
-    constant, where it comes from (``measured: <runs>`` or ``assumed: <how>``)."""
+    constant, where it comes from (``measured: <runs>`` or ``assumed: <how>``); measured ones also the shortest
+    and longest prompt (tokens) they were fitted to (None: assumed, or not recorded) and ``busy`` (fitted to
+    trials measured on a busy machine)."""
 
     values: dict[str, float]
     source: dict[str, str]
+    prompt_tokens: tuple[int, int] | None = None
+    busy: bool = False
 
 
 def assumed_constants(arch: ModelSizes, dtype_bytes: int, tflops: float, link_bytes_per_s: float,
@@ -89,15 +93,18 @@ REQUIRED = ("overhead_s", "prefill_s_per_token", "attention_s_per_token_pair", "
             "decode_s_per_context_token")
 
 
-def measured_constants(path: str | Path, scenario: str | None = None, mode: str | None = None) -> Constants:
+def measured_constants(path: str | Path, scenario: str | None = None, mode: str | None = None,
+                       allow_busy: bool = False) -> Constants:
     """The constants ``kvbench map`` fitted, from its ``map.json``: the first fitted scenario and mode, or the
-    ones named (the source says which, and how many fits the file holds). A host restore tier missing from the fit
-    (a server's cache is ``cache``) takes the fitted cache's.
+    ones named (the source says which, and how many fits the file holds), with the prompt lengths they rest on.
+    A host restore tier missing from the fit (a server's cache is ``cache``) takes the fitted cache's. A fit of
+    trials measured on a busy machine (``busy``) is refused unless ``allow_busy``; then its source says busy.
 
     Raises:
         BadValue: the file cannot be read as JSON, has no ``constants`` list of fits (for that scenario and mode),
-            or a fit lacks a constant or gives one that is not a finite number of at least 0 (naming the file and
-            the key path).
+            or a fit lacks a constant or gives one that is not a finite number of at least 0, or a
+            ``prompt_tokens`` that is not two whole numbers from 1 (naming the file and the key path).
+        BadParameter: the fit is busy and ``allow_busy`` is False (param ``allow_busy``).
     """
     try:
         doc = json.loads(Path(path).read_text())
@@ -127,10 +134,40 @@ def measured_constants(path: str | Path, scenario: str | None = None, mode: str 
     if missing:
         raise BadValue(f"{path}: constants[{i}].values: {', '.join(missing)} missing")
     values.setdefault("restore_host_s_per_token", values.get("restore_cache_s_per_token", 0.0))
+    span = f.get("prompt_tokens")
+    if span is not None and not (isinstance(span, list) and len(span) == 2 and all(
+            isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in span)):
+        raise BadValue(f"{path}: constants[{i}].prompt_tokens: must be [shortest, longest] prompt tokens, not "
+                       f"{span!r}")
     runs = f.get("runs") if isinstance(f.get("runs"), list) else []
     more = f", the first of {len(fits)} fits" if len(fits) > 1 and scenario is None and mode is None else ""
-    where = f"measured: {f.get('group', '?')} {f.get('mode_label', '?')}{more}, runs {', '.join(map(str, runs)) or '?'}"
-    return Constants(values, {k: where for k in values})
+    name = f"{f.get('group', '?')} {f.get('mode_label', '?')}"
+    busy = f.get("busy") is True
+    if busy and not allow_busy:
+        raise BadParameter(f"{path}: constants[{i}] ({name}) were fitted to {f.get('trials', '?')} trials measured "
+                           "on a busy machine: they are not a measurement of it; run the map's scenario again on a "
+                           "quiet machine, or pass {allow_busy} to use them anyway", "allow_busy")
+    where = (f"{'measured on a busy machine' if busy else 'measured'}: {name}{more}, runs "
+             f"{', '.join(map(str, runs)) or '?'}")
+    return Constants(values, {k: where for k in values}, tuple(span) if span else None, busy)
+
+
+def extrapolation_warning(constants: Constants, contexts: list[int]) -> str:
+    """Why a plan's prompt lengths ``contexts`` (tokens) go beyond what measured ``constants`` rest on: those
+    more than 2x outside their fitted prompt lengths (:func:`~kvbench.analysis.break_even_fit.beyond_range`),
+    or that the file does not say what they rest on; ``""`` for assumed constants or lengths within range."""
+    if not any(v.startswith("measured") for v in constants.source.values()):
+        return ""
+    if constants.prompt_tokens is None:
+        return ("the measured constants do not record the prompt lengths they were fitted to (a map.json of an "
+                "older kvbench): the savings below may be extrapolated")
+    far = beyond_range(constants.prompt_tokens, contexts)
+    if not far:
+        return ""
+    low, high = constants.prompt_tokens
+    return (f"the measured constants were fitted to prompts of {low:,}–{high:,} tokens; the savings at "
+            f"{', '.join(f'{n:,}' for n in far)} tokens extrapolate beyond {EXTRAPOLATION_FACTOR}x of that range "
+            f"({low / EXTRAPOLATION_FACTOR:,.0f}–{high * EXTRAPOLATION_FACTOR:,} tokens)")
 
 
 def plan_break_even(constants: Constants, contexts: list[int], shares: tuple[int, ...] = PLAN_SHARES,
@@ -167,4 +204,4 @@ def constant_rows(constants: Constants) -> list[dict[str, Any]]:
 
 
 __all__ = ["ASSUMED_UTILISATION", "Constants", "PLAN_SHARES", "assumed_constants",
-           "constant_rows", "contexts_up_to", "measured_constants", "plan_break_even"]
+           "constant_rows", "contexts_up_to", "extrapolation_warning", "measured_constants", "plan_break_even"]

@@ -16,7 +16,8 @@ from kvbench.cli.common import _fail, _show_warning, _table, err, handle_errors,
 #: Library argument → flag, for the messages of :class:`kvbench.errors.BadParameter`.
 FLAGS = {"prompt_tokens": "--prompt-tokens", "batch": "--batch", "dtype": "--dtype", "gpu_mem": "--gpu-mem",
          "host_mem": "--host-mem", "window": "--window", "link_gbps": "--link-gbps", "hbm_gbps": "--hbm-gbps",
-         "gpu": "--gpu", "tp": "--tp", "tflops": "--tflops", "gpu_price": "--gpu-price"}
+         "gpu": "--gpu", "tp": "--tp", "tflops": "--tflops", "gpu_price": "--gpu-price",
+         "allow_busy": "--allow-busy-fit"}
 
 
 def plan(
@@ -45,6 +46,8 @@ def plan(
                                              "map` measured (its map.json) instead of assumed ones."),
     new_tokens: int = typer.Option(128, "--new-tokens", help="--break-even: tokens generated per request."),
     visits: int = typer.Option(3, "--visits", help="--break-even: requests per shared prefix (≥ 2)."),
+    allow_busy_fit: bool = typer.Option(False, "--allow-busy-fit", help="--constants: use constants fitted to "
+                                        "trials measured on a busy machine (refused otherwise)."),
 ) -> None:
     """Both kinds of KV offload for a model config on a GPU preset (no GPU needed): the reuse tier (finished KV
     restored on reuse, as vLLM's and LMCache's CPU tiers do) and kvbench's decode-time streaming offload."""
@@ -89,17 +92,24 @@ def plan(
     if note := rp.plan_note(p):
         out.print(note, highlight=False)
     if priced and (break_even or constants is not None):
-        _break_even(p, constants, new_tokens, visits)
+        _break_even(p, constants, new_tokens, visits, allow_busy_fit)
 
 
-def _break_even(p: Any, constants: Optional[Path], new_tokens: int, visits: int) -> None:
-    """``--break-even``: the constants (measured or assumed, each said) and the saving per prompt length × share."""
-    from kvbench.analysis.plan_break_even import constant_rows, contexts_up_to, measured_constants, plan_break_even
+def _break_even(p: Any, constants: Optional[Path], new_tokens: int, visits: int, allow_busy: bool) -> None:
+    """``--break-even``: the constants (measured or assumed, each said) and the saving per prompt length × share;
+    a warning where measured constants are busy or extrapolated beyond 2x of the prompt lengths they rest on."""
+    from kvbench.analysis.plan_break_even import (constant_rows, contexts_up_to, extrapolation_warning,
+                                                   measured_constants, plan_break_even)
     from kvbench.report.plan import break_even_cells
 
     with handle_errors(FLAGS):
-        c = measured_constants(constants) if constants is not None else p.constants
-        grid = plan_break_even(c, contexts_up_to(p.prompt_tokens), visits=visits, new_tokens=new_tokens)
+        c = measured_constants(constants, allow_busy=allow_busy) if constants is not None else p.constants
+        contexts = contexts_up_to(p.prompt_tokens)
+        grid = plan_break_even(c, contexts, visits=visits, new_tokens=new_tokens)
+    for text in ("the measured constants were fitted to trials on a busy machine (--allow-busy-fit): the savings "
+                 "below are not a measurement of it" if c.busy else "", extrapolation_warning(c, contexts)):
+        if text:
+            err.print(f"[yellow]warning:[/] {escape(text)}", highlight=False)
     show(_table(pd.DataFrame([[r["constant"], f"{r['value']:.4g}", r["source"]] for r in constant_rows(c)],
                              columns=["constant (s, s/token, s/token pair)", "value", "source"], dtype=object),
                 "break-even constants", "", left=3, wrap=True, min_width={}))

@@ -113,7 +113,8 @@ def map_finding(cells: pd.DataFrame, mode: str) -> str:
 
 def constant_lines(m: BreakEvenMap) -> list[str]:
     """Per fitted scenario and mode: each constant with its 95% interval and unit, the restore bandwidths where
-    the trials give bytes, and the trials, units and runs it was fitted to."""
+    the trials give bytes, and what it was fitted to: trials, units, prompt lengths (tokens), machine load, runs;
+    then the map's notes."""
     lines = []
     for (group, mode), fit in m.fits.items():
         if fit is None:
@@ -130,8 +131,12 @@ def constant_lines(m: BreakEvenMap) -> list[str]:
             parts.append(f"{tier} restore bandwidth " + (
                 f"{bw / 1e9:,.3g} GB/s [{lo / 1e9:,.3g}, {hi / 1e9:,.3g}]" if math.isfinite(bw) else
                 "too fast to tell from these trials (its time is below their noise)"))
+        low, high = fit.prompt_tokens
+        load = ("BUSY: trials measured on a busy machine, not a measurement of it" if fit.busy else
+                f"{fit.busy_left_out} busy trials left out" if fit.busy_left_out else "no busy trial")
         lines.append(f"{group} {mode}: " + "; ".join(parts) + f" (fitted to {fit.trials} trials from {fit.units} "
-                     f"independent units, TTFT residual {fit.residual_s * 1e3:.1f} ms; runs: {', '.join(fit.runs)})")
+                     f"independent units, prompts of {low:,}–{high:,} tokens, {load}, TTFT residual "
+                     f"{fit.residual_s * 1e3:.1f} ms; runs: {', '.join(fit.runs)})")
     return lines + m.notes
 
 
@@ -171,7 +176,8 @@ def _finite(v: Any) -> Any:
 
 def write_map(m: BreakEvenMap, out_dir: str | Path, prices: Prices) -> list[Path]:
     """``map.csv`` (the cells, raw numbers), ``map.json`` (the prices, the cells and the fitted constants with their
-    intervals and sources) and ``map_<scenario>_<mode>.png`` (:func:`break_even_heatmap`) in ``out_dir``
+    intervals, sources and footing: ``prompt_tokens`` [shortest, longest], ``busy`` (fitted to busy trials only),
+    ``busy_trials_left_out``, ``load_unknown_trials``) and ``map_<scenario>_<mode>.png`` (:func:`break_even_heatmap`) in ``out_dir``
     (created); returns their paths. Each file is written beside its place and moved onto it.
 
     Raises:
@@ -186,7 +192,9 @@ def write_map(m: BreakEvenMap, out_dir: str | Path, prices: Prices) -> list[Path
         paths = [replacing(out / "map.csv", lambda tmp: cells.to_csv(tmp, index=False) or tmp)]
         fits = [{"group": g, "mode_label": mode, "values": f.values, "ci_low": f.low, "ci_high": f.high,
                  "bandwidth_bytes_per_s": {t: list(b) for t, b in f.bandwidth.items()}, "trials": f.trials,
-                 "units": f.units, "runs": f.runs, "ttft_residual_s": f.residual_s}
+                 "units": f.units, "runs": f.runs, "ttft_residual_s": f.residual_s,
+                 "prompt_tokens": list(f.prompt_tokens), "busy": f.busy, "busy_trials_left_out": f.busy_left_out,
+                 "load_unknown_trials": f.load_unknown}
                 for (g, mode), f in m.fits.items() if f is not None]
         doc = {"prices": dataclasses.asdict(prices), "cells": json.loads(cells.to_json(orient="records")),
                "constants": fits, "notes": m.notes}
