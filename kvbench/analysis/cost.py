@@ -333,6 +333,24 @@ def _paired_savings(out: pd.DataFrame, measured: pd.DataFrame | None) -> None:
     out["cost_verdict"] = verdicts
 
 
+def point_costs(table: pd.DataFrame, prices: Prices, trials: pd.DataFrame | None = None) -> pd.DataFrame:
+    """What ``kvbench cost`` charges every point of ``table`` (:func:`kvbench.analysis.points.point_table`), best
+    batch or not, by :func:`cost_table`'s rule: ``group``, ``prompt_tokens``, ``mode_label``, ``batch_size``,
+    ``throughput_tokens_per_s`` (the median of its measured trials), ``host_kv_bytes`` / ``host_basis`` /
+    ``disk_kv_bytes`` (bytes held, medians over ``trials``), ``usd_per_million`` with ``usd_ci_low`` /
+    ``usd_ci_high`` (USD per 1M generated tokens; NaN where the point does not qualify) and ``why`` (``""`` when it
+    qualifies, else why not: over the budget, failed, ids differ). One row per point, in ``table``'s order."""
+    ok = (qualifies(table) & table["throughput_tokens_per_s_median"].notna()).to_numpy()
+    out = table[_POINT].assign(throughput_tokens_per_s=table["throughput_tokens_per_s_median"]).reset_index(drop=True)
+    batch = out["batch_size"].copy()
+    out["batch_size"] = batch.where(ok)  # _cost_of_best costs the rows with a batch: those that qualify
+    _cost_of_best(out, table, _measured(trials, prices), prices)
+    out["batch_size"] = batch
+    out["why"] = ["" if good else _why_not(table.iloc[[i]], None, None).replace(" at every batch size", "")
+                  for i, good in enumerate(ok)]
+    return out
+
+
 def _why_not(part: pd.DataFrame, max_ttft_s: float | None, max_tpot_s: float | None) -> str:
     """Why no batch of a mode qualified, from its points' statuses and figures."""
     if (part["n_over_budget"] > 0).all():
@@ -354,4 +372,5 @@ def _why_not(part: pd.DataFrame, max_ttft_s: float | None, max_tpot_s: float | N
     return "no batch size qualified (over budget, failed or above an SLO)"
 
 
-__all__ = ["HOST_HELD_COLUMNS", "MAX_ENGINEERING_USD", "MAX_TOKENS_PER_MONTH", "WHAT_IF_TOKENS_PER_S", "Prices", "cost_table", "held_bytes", "what_if"]
+__all__ = ["HOST_HELD_COLUMNS", "MAX_ENGINEERING_USD", "MAX_TOKENS_PER_MONTH", "WHAT_IF_TOKENS_PER_S", "Prices",
+           "cost_table", "held_bytes", "point_costs", "what_if"]

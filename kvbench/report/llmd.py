@@ -26,8 +26,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from kvbench.analysis.cost import Prices
+from kvbench.analysis.cost import Prices, point_costs
+from kvbench.analysis.intervals import busy_flags, load_known
 from kvbench.analysis.latency import higher_percentile
+from kvbench.analysis.points import point_table
 from kvbench.analysis.server_load import in_flight
 from kvbench.analysis.tier import tier_hits, tier_not_engaged, tier_of
 from kvbench.arguments import path_arg
@@ -46,7 +48,7 @@ LLMD_VERSION = "0.2.1"
 PERCENTILES = {"p10": 10, "p25": 25, "p50": 50, "p75": 75, "p90": 90, "p95": 95, "p99": 99}
 #: The name and version of kvbench's extension under ``results.observability``.
 EXTENSION = "kvbench"
-EXTENSION_VERSION = 2
+EXTENSION_VERSION = 3
 
 
 def statistics(values: Any, units: str, scale: float = 1.0) -> dict[str, Any] | None:
@@ -128,17 +130,33 @@ def _peak(rows: pd.DataFrame, column: str) -> int | None:
     return int(v.max()) if len(v) else None
 
 
+def status(rows: pd.DataFrame, all_rows: pd.DataFrame, why: str = "") -> dict[str, Any]:
+    """The extension's ``status``: how a report's trials ended, so that a point over the budget, on a busy machine
+    or failed never reads as an ordinary result. ``result``: ``failed`` (no trial measured), ``over_budget`` (a
+    trial's device KV above the budget), ``partly_failed`` (some trials failed), ``busy`` (a measured trial ran
+    while the machine was busy), ``load_unknown`` (a measured trial's load not recorded) or ``ok``, the first that
+    applies; ``trials`` (count per status), ``busy_trials``, ``load_unknown_trials`` and ``why`` (why ``kvbench
+    cost`` gives the point no cost; ``""`` when it does)."""
+    counts = all_rows["status"].value_counts()
+    busy = int(busy_flags(rows["machine_busy"]).sum()) if "machine_busy" in rows else 0
+    unknown = int((~load_known(rows["machine_busy"])).sum()) if "machine_busy" in rows else len(rows)
+    result = ("failed" if rows.empty else "over_budget" if counts.get(Status.OVER_BUDGET, 0) else
+              "partly_failed" if len(rows) < len(all_rows) else "busy" if busy else
+              "load_unknown" if unknown else "ok")
+    return {"result": result, "trials": {str(k): int(v) for k, v in counts.items()}, "busy_trials": busy,
+            "load_unknown_trials": unknown, "why": why}
+
+
 def kvbench_extension(rows: pd.DataFrame, all_rows: pd.DataFrame, servers: list[dict[str, Any]],
-                      throughput: float, prices: Prices) -> dict[str, Any]:
+                      cost: dict[str, Any]) -> dict[str, Any]:
     """``results.observability.kvbench``: what the schema has no field for. ``extension_version``; ``mode``
     (label, kind, options); ``exactness`` (outputs compared with ``none``'s and equal; first divergence steps);
     ``cold_start`` (servers whose first request reused 0 tokens, and the reset probes); ``cache`` (Σ cached and Σ
     prompt tokens); ``counters`` (each server's ``/metrics`` deltas, holds taken out); ``memory`` (peak device,
     host, host allocated, pinned and disk KV bytes; the host tier a server's flags configure); ``bytes_moved``
-    (Σ host→device, device→host, disk read and write bytes); ``cost`` (USD per 1M generated tokens at
-    ``prices.gpu_per_hour`` and the throughput the report gives, no memory charged); ``tier`` (a host or disk tier
-    mode's tier, the baselines of its savings and what its own counters served: :func:`_tier`);
-    ``machine_busy_requests``.
+    (Σ host→device, device→host, disk read and write bytes); ``cost`` (given: :func:`_cost`); ``tier`` (a host or
+    disk tier mode's tier, the baselines of its savings and what its own counters served: :func:`_tier`);
+    ``status`` (:func:`status`, with ``cost``'s ``why``); ``machine_busy_requests``, ``failed_requests``.
     Bytes in bytes, times in seconds."""
     first = all_rows.iloc[0].to_dict()
     match = rows["tokens_match"] if "tokens_match" in rows else pd.Series(dtype=object)
@@ -169,10 +187,9 @@ def kvbench_extension(rows: pd.DataFrame, all_rows: pd.DataFrame, servers: list[
         "bytes_moved": clean({"h2d_bytes": _sum(rows, "h2d_bytes"), "d2h_bytes": _sum(rows, "d2h_bytes"),
                                "disk_read_bytes": _sum(rows, "disk_read_bytes"),
                                "disk_write_bytes": _sum(rows, "disk_write_bytes")}),
-        "cost": {"gpu_usd_per_hour": prices.gpu_per_hour,
-                 "usd_per_million_output_tokens": prices.per_million(throughput) if throughput > 0 else None,
-                 "basis": "output_token_rate of this report; no host or disk memory charged"},
+        "cost": cost,
         "tier": _tier(rows, servers, first),
+        "status": status(rows, all_rows, cost.get("why", "")),
         "machine_busy_requests": int(rows["machine_busy"].map(lambda v: v is True).sum())
         if "machine_busy" in rows else 0,
         "failed_requests": int((~all_rows["status"].isin(MEASURED)).sum())
@@ -196,6 +213,25 @@ def _tier(rows: pd.DataFrame, servers: list[dict[str, Any]], first: dict[str, An
     return {"tier": tier, "reuse_saving_vs": "none", "tier_saving_vs": KINDS[engine].prefix_preset,
             "served": served, "served_from": source or None,
             "not_engaged": tier_not_engaged(rows, servers, engine, label)}
+
+
+def _cost(point: dict[str, Any] | None, throughput: float, prices: Prices) -> dict[str, Any]:
+    """The extension's ``cost`` at ``prices``: an in-process report's is its point's in ``kvbench cost``
+    (``point``, a row of :func:`kvbench.analysis.cost.point_costs`: USD per 1M generated tokens from the median
+    of its trials' throughput, the host and disk KV it held charged; none where the point does not qualify, with
+    ``why``); a server mode's, at the report's output rate (``throughput``, tokens/s), no memory charged."""
+    prices_used = {"gpu_usd_per_hour": prices.gpu_per_hour, "host_usd_per_gib_hour": prices.host_per_gib_hour,
+                   "disk_usd_per_gib_hour": prices.disk_per_gib_hour}
+    if point is None:
+        return {**prices_used, "usd_per_million_output_tokens": prices.per_million(throughput)
+                if throughput > 0 else None, "basis": "output_token_rate of this report; no host or disk memory "
+                "charged", "why": ""}
+    usd = point["usd_per_million"]
+    return {**prices_used, "usd_per_million_output_tokens": usd if usd == usd else None,
+            "usd_ci": [point["usd_ci_low"], point["usd_ci_high"]] if usd == usd else None,
+            "host_kv_bytes": point["host_kv_bytes"], "disk_kv_bytes": point["disk_kv_bytes"],
+            "basis": "kvbench cost: the median throughput of the point's measured trials, its host and disk KV "
+                     "charged", "why": point["why"]}
 
 
 def _units(trials: pd.DataFrame) -> list[tuple[str, pd.DataFrame, bool]]:
@@ -238,6 +274,9 @@ def llmd_reports(results: Results, prices: Prices | None = None) -> list[tuple[s
         raise BadParameter(f"{{prices}} must be a kvbench.Prices, not {type(prices).__name__}", "prices")
     prices = prices or Prices(2.0)
     runs = {r["path"]: r for r in results.runs}
+    points = point_table(results.trials)
+    costs = {(r["group"], float(r["prompt_tokens"]), r["mode_label"], float(r["batch_size"])): r
+             for r in point_costs(points, prices, results.trials).to_dict("records")} if len(points) else {}
     out = []
     for name, all_rows, server in _units(results.trials):
         all_rows = all_rows[all_rows["status"] != Status.SKIPPED]
@@ -280,8 +319,11 @@ def llmd_reports(results: Results, prices: Prices | None = None) -> list[tuple[s
             if column in rows:
                 component[field] = statistics(rows[column], units)
         engine = stack(run, all_rows, servers)
-        observability: dict[str, Any] = {EXTENSION: kvbench_extension(rows, all_rows, servers,
-                                                                       per_s(n_out), prices)}
+        first = all_rows.iloc[0]
+        point = None if server else costs.get((first["group"], float(first["prompt_tokens"]), label,
+                                               float(first["batch_size"])))
+        ext = kvbench_extension(rows, all_rows, servers, _cost(point, per_s(n_out), prices))
+        observability: dict[str, Any] = {EXTENSION: ext}
         component = clean(component)
         if component:
             observability["components"] = [{"component_label": engine[0]["metadata"]["label"],
@@ -298,7 +340,9 @@ def llmd_reports(results: Results, prices: Prices | None = None) -> list[tuple[s
             "run": clean({"uid": str(uuid.uuid5(uuid.NAMESPACE_URL, f"kvbench:{run_name}:{name}")),
                            "eid": run_name, "time": _time(rows if len(rows) else all_rows),
                            "description": f"exported by kvbench {__version__}: {name}",
-                           "keywords": ["kvbench", "kv-cache", str(all_rows['mode'].iloc[0])]}),
+                           "keywords": ["kvbench", "kv-cache", str(all_rows['mode'].iloc[0])]
+                           + ([f"status:{ext['status']['result']}"] if ext["status"]["result"] not in (
+                               "ok", "load_unknown") else [])}),
             "scenario": {"stack": engine, "load": load(run, all_rows)},
             "results": results_doc}))
     return out
@@ -337,5 +381,5 @@ def write_llmd(results: Results, out_dir: str | Path, prices: Prices | None = No
         raise UnwritableOutput(exc.filename or out, exc.strerror or str(exc)) from exc
 
 
-__all__ = ["EXTENSION", "LLMD_VERSION", "PERCENTILES", "kvbench_extension", "llmd_reports", "statistics",
+__all__ = ["EXTENSION", "LLMD_VERSION", "PERCENTILES", "kvbench_extension", "llmd_reports", "statistics", "status",
            "write_llmd"]

@@ -164,6 +164,52 @@ def test_requests_and_failures_count_sequences_at_batch_two(tmp_path):
     requests = doc["results"]["request_performance"]["aggregate"]["requests"]
     assert (requests["total"], requests["failures"]) == (10, 4)
     assert doc["results"]["observability"]["kvbench"]["failed_requests"] == 4
+    state = doc["results"]["observability"]["kvbench"]["status"]
+    assert (state["result"], state["trials"]) == ("partly_failed", {"ok": 3, "error": 2})
+    assert "status:partly_failed" in doc["run"]["keywords"]
+
+
+def busy_slow_trial(row):
+    """A golden row with its load recorded: quiet, but for the 23.6 s trial of `full` at 32 tokens × batch 2
+    (repeat 0; its other repeats ran in 1.1–3.9 s), busy."""
+    slow = row["mode_label"] == "full" and row["prompt_tokens"] == 32 and row["batch_size"] == 2 \
+        and row["repeat"] == 0
+    return row | {"machine_busy": slow, "busy_threshold_percent": 50.0}
+
+
+def test_the_extension_s_cost_is_kvbench_cost_s_for_the_same_point(tmp_path):
+    """Today's cost pooled the busy 23.6 s trial into Σ tokens ÷ Σ seconds: 286.91 USD per 1M against
+    `kvbench cost`'s 56.08 (the median trial's throughput)."""
+    from kvbench.report.cost import compute_costs
+
+    results = load_results(copy_run(tmp_path, edit=busy_slow_trial))
+    prices = Prices(2.0, host_per_gib_hour=5.0)
+    reports = dict(llmd_reports(results, prices))
+    costs = compute_costs(results, prices).table.set_index(["prompt_tokens", "mode_label"])
+    full = reports["golden/full-p32-b2"]["results"]["observability"]["kvbench"]
+    assert costs.loc[(32, "full"), "batch_size"] == 2
+    assert full["cost"]["usd_per_million_output_tokens"] == pytest.approx(costs.loc[(32, "full"), "usd_per_million"],
+                                                                           rel=1e-12)
+    # 9.906 tokens/s, the median trial's: 56.08 USD per 1M of GPU + 0.45 for its 3.25 MiB of host KV at 5 USD/GiB-h
+    assert full["cost"]["usd_per_million_output_tokens"] == pytest.approx(56.53, abs=0.01)
+    assert full["cost"]["host_kv_bytes"] == 3_409_920
+    assert full["cost"]["usd_ci"] == pytest.approx([costs.loc[(32, "full"), "usd_ci_low"],
+                                                    costs.loc[(32, "full"), "usd_ci_high"]])
+    assert full["status"] == {"result": "busy", "trials": {"ok": 5}, "busy_trials": 1, "load_unknown_trials": 0,
+                              "why": ""}
+    quiet = reports["golden/full-p32-b1"]["results"]["observability"]["kvbench"]["status"]
+    assert quiet["result"] == "ok" and quiet["busy_trials"] == 0
+
+
+def test_a_point_over_the_budget_is_exported_with_its_status_and_no_cost():
+    reports = dict(llmd_reports(load_results(GOLDEN)))
+    doc = reports["golden/none-p96-b2"]
+    ext = doc["results"]["observability"]["kvbench"]
+    assert ext["cost"]["usd_per_million_output_tokens"] is None  # was 105.47, an ordinary result
+    assert (ext["status"]["result"], ext["status"]["trials"], ext["status"]["why"]) == (
+        "over_budget", {"over_budget": 5}, "over the budget")
+    assert "status:over_budget" in doc["run"]["keywords"]
+    assert not list(jsonschema.Draft202012Validator(SCHEMA).iter_errors(doc))
 
 
 def test_an_in_process_run_and_a_server_run_export_together(server_run, tmp_path):
