@@ -41,8 +41,27 @@ def reuse_trials(trials: pd.DataFrame) -> pd.DataFrame:
     return rows.assign(**{c: pd.Series(None, index=rows.index, dtype=object) for c in missing}) if missing else rows
 
 
+def with_cells(rows: pd.DataFrame) -> pd.DataFrame:
+    """``rows`` with a ``cell`` column where they are a break-even map run's (``shared_prefix_tokens`` set): the
+    cell a request belongs to, ``256 tokens, 80% shared, 5 prefixes`` (prompt tokens, the share the cell asked
+    for, else its prefix ÷ prompt, and the prefixes in rotation), so that a summary never pools cells into a
+    prompt length no trial had; ``""`` for rows of other runs. ``rows`` unchanged without such rows."""
+    if "shared_prefix_tokens" not in rows or rows["shared_prefix_tokens"].isna().all():
+        return rows
+    prompt = pd.to_numeric(rows["prompt_tokens"], errors="coerce")
+    shared = pd.to_numeric(rows["shared_prefix_tokens"], errors="coerce")
+    asked = pd.to_numeric(rows["shared_pct"], errors="coerce") if "shared_pct" in rows else shared * np.nan
+    pct = asked.where(asked.notna(), (100 * shared / prompt).round())
+    sets = pd.to_numeric(rows.get("working_set_prompts"), errors="coerce") if "working_set_prompts" in rows \
+        else shared * np.nan
+    cell = [f"{n:,.0f} tokens, {c:.0f}% shared" + (f", {w:.0f} prefixes" if w == w else "") if s == s else ""
+            for n, c, w, s in zip(prompt, pct, sets, shared)]
+    return rows.assign(cell=cell)
+
+
 def reuse_table(trials: pd.DataFrame, by: str = "turn_index") -> pd.DataFrame:
-    """TTFT recompute (cold) vs restore (warm) per group × mode × ``by`` (``turn_index`` or ``length_bin``).
+    """TTFT recompute (cold) vs restore (warm) per group × mode × ``by`` (``turn_index``, ``length_bin``, or
+    ``cell``: a break-even map run's cells, :func:`with_cells`, in the order they ran).
 
     Returns:
         One row per (group, mode_label, by): ``n`` (warm trials), ``prompt_tokens`` (median), ``cold_ttft_s``
@@ -55,7 +74,7 @@ def reuse_table(trials: pd.DataFrame, by: str = "turn_index") -> pd.DataFrame:
         warm trials of a lossy server preset's quality against ``none``, NaN for others) with the run's
         ``max_kl`` and ``min_agreement``, ``failed`` (trials not measured).
     """
-    rows = reuse_trials(trials).copy()
+    rows = with_cells(reuse_trials(trials)).copy()
     if rows.empty:
         return pd.DataFrame()
     rows["length_bin"] = length_bin(rows["prompt_tokens"])
@@ -98,7 +117,8 @@ def reuse_table(trials: pd.DataFrame, by: str = "turn_index") -> pd.DataFrame:
     if by == "turn_index":
         frame["turn_index"] = frame["turn_index"].astype("Int64")
     frame["_rank"] = [rank[k] for k in zip(frame["group"], frame["mode_label"])]
-    return frame.sort_values(["_rank", by], kind="stable", ignore_index=True).drop(columns="_rank")
+    order = ["_rank"] + ([] if by == "cell" else [by])  # cells as they ran, not as their labels sort
+    return frame.sort_values(order, kind="stable", ignore_index=True).drop(columns="_rank")
 
 
 def reuse_later_turns(trials: pd.DataFrame, from_turn: int = 2) -> pd.DataFrame:

@@ -23,7 +23,7 @@ from kvbench.analysis.cost import GIB, Prices
 from kvbench.analysis.engaged import reuse_not_engaged, warm_start
 from kvbench.analysis.intervals import (MIN_INTERVAL_VALUES, PAIR_KEYS, jackknife_interval, judge, pair_load,
                                         pair_with_reference, quiet_pairs, unit_sums)
-from kvbench.analysis.reuse import ids_verdict, recompute_side, reuse_trials, sampling_units
+from kvbench.analysis.reuse import ids_verdict, recompute_side, reuse_trials, sampling_units, with_cells
 from kvbench.analysis.tier import baseline_label, tier_not_engaged, tier_of
 
 def _saving_interval(pairs: pd.DataFrame, hourly_warm: float, hourly_cold: float,
@@ -141,19 +141,23 @@ def reuse_cost(trials: pd.DataFrame, prices: Prices,
     the warm trials (the prefill compute not done; a tier row: Σ ``tier_hit_tokens``, what the tier itself
     served, NaN where not told per request); ``engine`` (a server run's, else None); ``ttft_saved_s`` = Σ
     (baseline − mode) TTFT ÷ requests; ``tokens_match`` as in :func:`kvbench.analysis.reuse.reuse_table`. A server
-    group without a ``none`` mode has no reuse rows (nothing recomputed every prompt).
+    group without a ``none`` mode has no reuse rows (nothing recomputed every prompt). A break-even map run's
+    rows are costed per cell (``cell``: :func:`kvbench.analysis.reuse.with_cells`), each against its own cell.
     """
-    every = reuse_trials(trials)
+    every = with_cells(reuse_trials(trials))
     rows = every[every["status"].isin(MEASURED)]
+    cells = ["cell"] if "cell" in rows else []  # a map run: per cell, never pooled
     out = []
-    for (group, mode), part in rows.groupby(["group", "mode_label"], sort=False):
+    for key, part in rows.groupby(["group", "mode_label", *cells], sort=False):
+        group, mode = key[0], key[1]
+        where = {"cell": key[2]} if cells else None
         server = "engine" in part and part["engine"].notna().all()
         if server and part["mode"].eq("none").all():
             continue  # a server run's `none` is the recompute side of the other modes
-        warm, cold = part[part["warm"].astype(bool)], recompute_side(rows, part, group)
+        warm, cold = part[part["warm"].astype(bool)], recompute_side(rows, part, group, where)
         engine = part["engine"].iloc[0] if server else None
         rec: dict[str, Any] = {"group": group, "mode_label": mode, "mode": part["mode"].iloc[0], "engine": engine,
-                               "requests": len(warm)}
+                               "requests": len(warm), **(where or {})}
         charge = _charges(warm, cold, server, host_tier)
         if not server or rows.loc[rows["group"] == group, "mode"].eq("none").any():  # a reuse saving's baseline
             out.append(_saving({**rec, "baseline": "none", "saving_kind": "reuse"}, warm, cold, charge, (0.0, 0.0),
@@ -162,7 +166,8 @@ def reuse_cost(trials: pd.DataFrame, prices: Prices,
         base = baseline_label(every, part) if server and tier_of(engine, rec["mode"]) else None
         if base is None:
             continue
-        ref = rows[(rows["group"] == group) & (rows["mode_label"] == base) & rows["warm"].astype(bool)]
+        ref = rows[(rows["group"] == group) & (rows["mode_label"] == base) & rows["warm"].astype(bool)
+                   & (rows["cell"] == key[2] if cells else True)]
         base_charge = _charges(ref, cold, server, host_tier)
         missing = f"no tier verdict: `{base}` measured no request" if ref.empty else ""
         out.append(_saving({**rec, "baseline": base, "saving_kind": "tier"}, warm, ref, charge,

@@ -38,11 +38,14 @@ def point_summary(rows: list[dict[str, Any]], s: Scenario) -> Any:
 
 
 def reuse_summary(rows: list[dict[str, Any]], s: Scenario) -> Any:
-    """A reuse workload's table per turn index and mode (:func:`kvbench.analysis.reuse.reuse_table`)."""
+    """A reuse workload's table per turn index and mode (:func:`kvbench.analysis.reuse.reuse_table`); a break-even
+    map run's (``shared_prefix``) per cell and mode, never pooling its prompt lengths."""
     from kvbench.results.frame import trials_frame
     from kvbench.analysis.reuse import reuse_table
 
-    return reuse_table(trials_frame(rows, s.name))
+    frame = trials_frame(rows, s.name)
+    cells = "shared_prefix_tokens" in frame and frame["shared_prefix_tokens"].notna().any()
+    return reuse_table(frame, "cell" if cells else "turn_index")
 
 
 def capacity_summary(found: list[dict[str, Any]], points: Any) -> Any:

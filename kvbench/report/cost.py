@@ -23,7 +23,8 @@ from kvbench.analysis.reuse_cost import HOST_TIER_BASES, reuse_cost
 from kvbench.arguments import path_arg, positive_seconds
 from kvbench.errors import BadParameter, UnwritableOutput, UserError
 from kvbench.report import charts
-from kvbench.report.cost_verdicts import baseline_cell, reuse_verdicts, verdict_cell, verdicts, with_baselines
+from kvbench.report.cost_verdicts import (baseline_cell, mode_in_cell, reuse_verdicts, verdict_cell, verdicts,
+                                         with_baselines)
 from kvbench.report.format import number
 from kvbench.results.rows import MEASURED
 from kvbench.results.run_dir import refuse_symlink_dir
@@ -140,7 +141,7 @@ def reuse_cost_display(reuse: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]
             "saving %", "pairs", "verdict", "prefill saved %", "TTFT saved ms", "= none", "charged"]
     rows = []
     for r in with_baselines(reuse).to_dict("records"):
-        rows.append([r["group"], r["mode_label"], baseline_cell(r["baseline"], r["saving_kind"]), str(r["requests"]),
+        rows.append([r["group"], mode_in_cell(r), baseline_cell(r["baseline"], r["saving_kind"]), str(r["requests"]),
                      number(r["recompute_tokens_per_s"], ",.2f"), number(r["restore_tokens_per_s"], ",.2f"),
                      number(r["recompute_usd_per_million"], ",.2f"), number(r["restore_usd_per_million"], ",.2f"),
                      pct_interval(r["saving_pct"], r["saving_ci_low"], r["saving_ci_high"], 1).replace("%", ""),

@@ -17,7 +17,7 @@ import pandas as pd
 from kvbench.analysis.cost import Prices, cost_table
 from kvbench.analysis.intervals import pct_interval
 from kvbench.analysis.reuse_cost import reuse_cost
-from kvbench.report.cost_verdicts import baseline_cell, verdict_cell, verdict_text, with_baselines
+from kvbench.report.cost_verdicts import baseline_cell, mode_in_cell, verdict_cell, verdict_text, with_baselines
 from kvbench.report.documents import md_table
 from kvbench.report.format import number
 from kvbench.report.md_text import md_escape, md_line
@@ -88,7 +88,7 @@ def offload_cells(costs: pd.DataFrame) -> pd.DataFrame:
 def reuse_cells(reuse: pd.DataFrame) -> pd.DataFrame:
     """Rows of :func:`kvbench.analysis.reuse_cost.reuse_cost` at :data:`PER_GPU_HOUR` (with their baselines,
     :func:`~kvbench.report.cost_verdicts.with_baselines`) as text cells."""
-    return pd.DataFrame([{"mode": r["mode_label"], "vs": baseline_cell(r["baseline"], r["saving_kind"]),
+    return pd.DataFrame([{"mode": mode_in_cell(r), "vs": baseline_cell(r["baseline"], r["saving_kind"]),
                           "baseline GPU-h/1M": number(r["recompute_usd_per_million"], ",.2f"),
                           "mode GPU-h/1M": number(r["restore_usd_per_million"], ",.2f"),
                           "saving": pct_interval(r["saving_pct"], r["saving_ci_low"], r["saving_ci_high"], 1),

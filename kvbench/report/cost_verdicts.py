@@ -158,6 +158,13 @@ def _units(r: dict[str, Any]) -> str:
     return f"{text} from {int(units)} {name}"
 
 
+def mode_in_cell(r: dict[str, Any]) -> str:
+    """A reuse row's mode label, with its break-even map cell where it has one: ``full (256 tokens, 80% shared, 5
+    prefixes)``."""
+    cell = r.get("cell")
+    return str(r["mode_label"]) + (f" ({cell})" if isinstance(cell, str) and cell else "")
+
+
 def reuse_verdicts(reuse: pd.DataFrame) -> list[str]:
     """One line per row of :func:`kvbench.analysis.reuse_cost.reuse_cost` (a group × mode × baseline), naming what
     the saving is taken against: a reuse saving (restoring stored KV against ``none`` recomputing every prompt),
@@ -177,15 +184,15 @@ def reuse_verdicts(reuse: pd.DataFrame) -> list[str]:
         if r["saving_verdict"]:
             sides = (f"{mine:,.2f} vs `{r['baseline']}` {theirs:,.2f}" if tier else
                      f"restore {mine:,.2f} vs recompute {theirs:,.2f}")
-            lines.append(f"{r['group']}: `{r['mode_label']}` {r['saving_verdict']}: {sides} USD per 1M tokens "
+            lines.append(f"{r['group']}: `{mode_in_cell(r)}` {r['saving_verdict']}: {sides} USD per 1M tokens "
                          f"({figure})")
         else:
             what = "lowers" if r["saving_pct"] > 0 else "raises"
             lead = f"its tier {what} the cost" if tier else f"restoring stored KV {what} the cost"
-            lines.append(f"{r['group']}: `{r['mode_label']}` {lead} to {mine:,.2f} USD per 1M tokens from "
+            lines.append(f"{r['group']}: `{mode_in_cell(r)}` {lead} to {mine:,.2f} USD per 1M tokens from "
                          + (f"`{r['baseline']}`'s" if tier else "recomputing's") + f" {theirs:,.2f} ({figure})")
     return lines
 
 
-__all__ = ["BASELINE_DEFAULTS", "baseline_cell", "reuse_verdicts", "short_verdict", "verdict_cell", "verdict_text",
+__all__ = ["BASELINE_DEFAULTS", "baseline_cell", "mode_in_cell", "reuse_verdicts", "short_verdict", "verdict_cell", "verdict_text",
            "verdicts", "with_baselines"]

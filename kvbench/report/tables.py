@@ -87,17 +87,18 @@ def terminal_frame(shown: pd.DataFrame, table: pd.DataFrame) -> pd.DataFrame:
 
 
 def reuse_display(table: pd.DataFrame) -> pd.DataFrame:
-    """:func:`kvbench.analysis.reuse.reuse_table` formatted for people: TTFT of recompute (cold) and restore (warm) in ms
-    as ``median [min–max]``, their ratio, tokens restored (median), hit rate and bytes restored per tier (totals)."""
+    """:func:`kvbench.analysis.reuse.reuse_table` formatted for people, a row per turn, prompt-length bin or map cell:
+    TTFT of recompute (cold) and restore (warm) in ms as ``median [min–max]``, their ratio, tokens restored
+    (median), hit rate and bytes restored per tier (totals)."""
     if table.empty:
         return pd.DataFrame()
-    by = "turn" if "turn_index" in table else "prompt (tokens)"
+    by = "turn" if "turn_index" in table else "cell" if "cell" in table else "prompt (tokens)"
     unit_name, unit = size_unit(pd.concat([table["restore_host_bytes"], table["restore_disk_bytes"]]))
     rows = []
     for r in table.to_dict("records"):
         rows.append({
             "scenario": r["group"], "mode": r["mode_label"],
-            by: int(r["turn_index"]) if by == "turn" else r["length_bin"],
+            by: int(r["turn_index"]) if by == "turn" else r["cell"] if by == "cell" else r["length_bin"],
             "prompt (tokens, median)": f"{r['prompt_tokens']:,.0f}",
             "recompute TTFT (ms)": ms_range(r["cold_ttft_s"], r["cold_ttft_s_min"], r["cold_ttft_s_max"]),
             "restore TTFT (ms)": ms_range(r["warm_ttft_s"], r["warm_ttft_s_min"], r["warm_ttft_s_max"]),
@@ -120,8 +121,8 @@ def reuse_display(table: pd.DataFrame) -> pd.DataFrame:
 
 def reuse_terminal(shown: pd.DataFrame) -> pd.DataFrame:
     """The columns of :func:`reuse_display`'s output that fit a terminal, with shorter headers."""
-    keep = {"mode": "mode", "turn": "turn", "prompt (tokens)": "prompt", "prompt (tokens, median)": "prompt",
-            "recompute TTFT (ms)": "recompute TTFT ms", "restore TTFT (ms)": "restore TTFT ms",
+    keep = {"mode": "mode", "turn": "turn", "cell": "cell", "prompt (tokens)": "prompt",
+            "prompt (tokens, median)": "prompt", "recompute TTFT (ms)": "recompute TTFT ms", "restore TTFT (ms)": "restore TTFT ms",
             "restore ÷ recompute": "÷", "pairs": "pairs", "tokens restored": "restored", "hit rate (%)": "hit %",
             "ids match none": "= none"}
     frame = shown[[c for c in shown.columns if c in keep]]
