@@ -30,6 +30,8 @@ from kvbench.results.peers.common import HEAD_CHARS
 
 #: What a verdict from peer files adds: kvbench cannot tell whether their machine was quiet; the user said it was.
 LOAD_CAVEAT = "the machine assumed quiet (--assume-quiet): their files do not record its load"
+#: Why a shared-prefix comparison of files that keep no prompts gives no verdict.
+NO_PROMPTS = "inconclusive: the files keep no prompts, so the interval cannot be drawn by prefix"
 #: Why peer files give no verdict unless the user says the machine was quiet.
 NO_LOAD = "inconclusive: the files record no machine load (--assume-quiet if it was quiet)"
 
@@ -160,9 +162,13 @@ def compare(reference: PeerRun, run: PeerRun, assume_quiet: bool = False) -> dic
         n, how = min(len(ea), len(eb)), "unpaired"
     point = 100 * (1 - _seconds_per_token(eb, tb) / _seconds_per_token(ea, ta))
     low, high = 100 * (1 - math.exp(hi)) if hi == hi else math.nan, 100 * (1 - math.exp(lo)) if lo == lo else math.nan
-    verdict = judge(n, 0, 0 if assume_quiet else 2 * n, low, high, no_change=0.0, units=units)
-    if verdict.startswith("inconclusive: the machine's load is unknown"):
-        verdict = NO_LOAD
+    declared = [r.prefixes for r in (reference, run) if r.shared_prefix_tokens and r.prefixes]
+    no_prompts = units is None and bool(declared)  # a prefix workload whose prompts the files do not keep
+    if no_prompts:
+        units = (min(declared), "prefixes")
+    counted = judge(n, 0, 0, 1.0, 1.0, no_change=0.0, units=units)  # too few pairs or units, or ""
+    verdict = (counted or (NO_PROMPTS if no_prompts else "") or ("" if assume_quiet else NO_LOAD)
+               or judge(n, 0, 0, low, high, no_change=0.0, units=units))
     return dict(out, saving_pct=point, saving_ci_low=low, saving_ci_high=high, pairs=n, comparison=how,
                 verdict=verdict)
 
@@ -209,4 +215,4 @@ def peer_cost_table(runs: list[PeerRun], prices: Prices, assume_quiet: bool = Fa
     return pd.DataFrame(rows)
 
 
-__all__ = ["LOAD_CAVEAT", "NO_LOAD", "compare", "medians", "peer_cost_table", "prefix_chars"]
+__all__ = ["LOAD_CAVEAT", "NO_LOAD", "NO_PROMPTS", "compare", "medians", "peer_cost_table", "prefix_chars"]

@@ -15,7 +15,7 @@ from typing import Any
 import pandas as pd
 
 from kvbench.analysis.cost import Prices
-from kvbench.analysis.peer_cost import LOAD_CAVEAT, NO_LOAD, compare, medians
+from kvbench.analysis.peer_cost import LOAD_CAVEAT, compare, medians
 from kvbench.results.peers import PeerRun
 
 
@@ -68,8 +68,6 @@ def peer_map(runs: list[PeerRun], prices: Prices, assume_quiet: bool = False) ->
             if cached.sum() > 0:
                 c["verdict"] = (f"inconclusive: the recompute side {ref.label} reused {int(cached.sum())} cached "
                                 "prompt tokens: give the file without the cache first")
-            elif c["prefixes"] is None and (not c["verdict"] or c["verdict"].startswith(NO_LOAD)):
-                c["verdict"] = "inconclusive: the files keep no prompts, so the interval cannot be drawn by prefix"
             ratio = medians(run)["ttft_s_p50"] / medians(ref)["ttft_s_p50"]
             if c["verdict"]:
                 label, why = "inconclusive", c["verdict"]
