@@ -142,8 +142,8 @@ class SharedPrefixSpec(Strict):
 
 
 class StoreSpec(Strict):
-    """The KV store of a reuse workload (:class:`kvbench.offload.store.KVStore`); one per mode, fresh per repeat.
-    Its disk tier goes under the scenario's ``disk_dir``."""
+    """The KV store of a reuse workload (:class:`kvbench.offload.store.KVStore`); one per mode, fresh per repeat
+    and per ``shared_prefix`` cell. Its disk tier goes under the scenario's ``disk_dir``."""
 
     chunk_tokens: Tokens = Field(256, description="Tokens per whole stored chunk; a prefix is restored in whole "
                                  "chunks, then the shorter tail chunk stored after them.")

@@ -44,6 +44,7 @@ class Request:
         shared_prefix_tokens: ``shared_prefix`` only: the tokens its prefix shares with the prefix's other visits.
         working_set: ``shared_prefix`` only: the prefixes in rotation in its cell.
         shared_pct: ``shared_prefix`` only: the share of the prompt its cell asks to be shared (percent).
+        cell: ``shared_prefix`` only: its cell's index in the workload (cells run one after another).
     """
 
     id: str
@@ -54,6 +55,7 @@ class Request:
     shared_prefix_tokens: int | None = None
     working_set: int | None = None
     shared_pct: int | None = None
+    cell: int | None = None
 
 
 @dataclass

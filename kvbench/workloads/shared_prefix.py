@@ -35,7 +35,8 @@ def shared_prefix(docs: Sequence[Document], tokenizer: Any, *, cells: Sequence[t
                   seed: int = 0, order: str = "random", keep: Callable[[Document], bool] | None = None) -> Stream:
     """The requests of ``cells`` (``(prompt tokens, shared_pct, working set)`` each), cell after cell; within a
     cell visit 1 of every prefix, then visit 2, ... (round robin). Request ``s<cell>-p<prefix>-v<visit>`` of
-    document ``s<cell>-p<prefix>`` (a prefix's visits are one independent unit), ``turn_index`` the visit.
+    document ``s<cell>-p<prefix>`` (a prefix's visits are one independent unit), ``turn_index`` the visit, ``cell``
+    its cell's index.
 
     Raises:
         NotEnoughRequests: the source's text gives fewer tokens than the workload needs.
@@ -65,5 +66,5 @@ def shared_prefix(docs: Sequence[Document], tokenizer: Any, *, cells: Sequence[t
             for j in range(w):
                 ids = prefixes[j] + take(n - p)
                 requests.append(Request(f"s{c}-p{j}-v{v + 1}", f"s{c}-p{j}", v + 1, ids, ids,
-                                        shared_prefix_tokens=p, working_set=w, shared_pct=pct))
+                                        shared_prefix_tokens=p, working_set=w, shared_pct=pct, cell=c))
     return Stream(requests, [f"shared_prefix: {len(cells)} cells, {len(requests)} requests, {need:,} tokens of text"])

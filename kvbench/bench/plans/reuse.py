@@ -4,7 +4,8 @@ and restored from what the engine keeps for the mode (warm), side by side (their
 
 Per repeat each mode starts afresh (a session of its own, :meth:`~kvbench.bench.engines.base.Engine.session`: the
 transformers engine makes a new :class:`~kvbench.offload.store.KVStore` per mode, as ``store:`` says, its disk tier under the
-scenario's ``disk_dir``). Requests arrive in the workload's order; per request, ``none`` runs cold first (the
+scenario's ``disk_dir``); a ``shared_prefix`` workload's cells each get fresh sessions too, so what a cell's store
+holds, spills and is charged for is its own requests' KV, whatever cells ran before it. Requests arrive in the workload's order; per request, ``none`` runs cold first (the
 reference every trial's ids are compared with), then warm; the other modes alternate warm-first and cold-first
 from request to request, so neither side always runs right after the other. After a warm trial, what a server
 would hold (the prompt and, in a conversation, the reply it goes on with) is kept in the mode's store for the
@@ -13,6 +14,7 @@ later requests.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from contextlib import ExitStack
 from typing import Any
 
@@ -27,25 +29,44 @@ def reuse_sweep(s: Scenario, record: Record, engine: Engine) -> None:
     """Run (or, resuming, look up) every trial of a reuse workload; ``engine.source`` is its
     :class:`~kvbench.workloads.sessions.Stream`, ``record`` a :class:`~kvbench.bench.plans.sweep.Recorder` (its
     ``rows`` are the trials already written). Per repeat every mode has a session of its own
-    (:meth:`~kvbench.bench.engines.base.Engine.session`, opened through ``record``), open for the whole repeat (the modes interleave
-    request by request) and closed (disk files removed) on every exit path. A warm trial already recorded is not
-    rerun, but what it left for later requests is rebuilt
-    (:meth:`~kvbench.bench.engines.base.Session.refill`), so later turns see the same store."""
+    (:meth:`~kvbench.bench.engines.base.Engine.session`, opened through ``record``), open for the whole repeat (the
+    modes interleave request by request; a ``shared_prefix`` workload: for one cell, :func:`cell_parts`) and closed
+    (disk files removed) on every exit path. A warm trial already recorded is not rerun, but what it left for later
+    requests is rebuilt (:meth:`~kvbench.bench.engines.base.Session.refill`), so later turns see the same store."""
     modes = reference_first(s.modes)
-    requests = engine.source.requests
     for r in range(s.repeats):
-        with ExitStack() as stack:
-            sessions = {m.label: stack.enter_context(record.session(m, r)) for m in modes}
-            for i, req in enumerate(requests):
-                for m in modes:
-                    cold, warm = ReuseTrial.of(req, m, r, False), ReuseTrial.of(req, m, r, True)
-                    for t in [cold, warm] if m.kind == "none" or (i + r) % 2 == 0 else [warm, cold]:
-                        done = record.rows.get(t.trial_id)
-                        if done is not None:
-                            if t.warm and done.get("status") in MEASURED:
-                                sessions[m.label].refill(t)
-                            continue
-                        record(t)
+        i = 0  # the request's place in the workload: which side of a pair runs first
+        for part in cell_parts(engine.source.requests):
+            with ExitStack() as stack:
+                sessions = {m.label: stack.enter_context(record.session(m, r)) for m in modes}
+                for req in part:
+                    _request(record, modes, sessions, req, r, i)
+                    i += 1
+
+
+def _request(record: Record, modes: list[Any], sessions: dict[str, Any], req: Any, r: int, i: int) -> None:
+    """Run (or, resuming, look up and refill) the cold and warm trials of request ``req`` (the workload's
+    ``i``-th) in every mode of repeat ``r``, each in its mode's session of ``sessions``."""
+    for m in modes:
+        cold, warm = ReuseTrial.of(req, m, r, False), ReuseTrial.of(req, m, r, True)
+        for t in [cold, warm] if m.kind == "none" or (i + r) % 2 == 0 else [warm, cold]:
+            done = record.rows.get(t.trial_id)
+            if done is not None:
+                if t.warm and done.get("status") in MEASURED:
+                    sessions[m.label].refill(t)
+                continue
+            record(t)
+
+
+def cell_parts(requests: Sequence[Any]) -> list[list[Any]]:
+    """``requests`` cut where their ``cell`` changes (a ``shared_prefix`` workload's cells, in order); one part
+    of them all for a workload without cells."""
+    parts: list[list[Any]] = []
+    for q in requests:
+        if not parts or parts[-1][-1].cell != q.cell:
+            parts.append([])
+        parts[-1].append(q)
+    return parts
 
 
 def note_requests(run: Any, stream: Any) -> None:
