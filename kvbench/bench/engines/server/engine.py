@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import orjson
 
 from kvbench.bench.engines.base import Capabilities
 from kvbench.bench.engines.quality import ServerQuality
@@ -26,7 +25,7 @@ from kvbench.bench.trial import TrialOutput
 from kvbench.bench.rows.reference import Reference
 from kvbench.bench.rows.row import ids_digest
 from kvbench.bench.engines.server.client import Reply
-from kvbench.bench.engines.server.http import get_page, unreachable
+from kvbench.bench.engines.server.http import get_page, served_model, served_version, unreachable
 from kvbench.bench.engines.server.metrics import measured_deltas
 from kvbench.bench.engines.server.process import ServerProcess, free_port, probe_output
 from kvbench.bench.engines.server.requests import prompt_requests, reusable_tokens, working_set_tokens
@@ -92,22 +91,6 @@ def program_version(argv: Sequence[str]) -> str | None:
 def _version_of(program: str) -> str | None:
     text = (probe_output([program, "--version"]) or "").strip().splitlines()
     return printable(text[0], 200) if text else None
-
-
-def _served_model(text: str | None) -> str | None:
-    """The first model id of an OpenAI ``/v1/models`` reply's text (``data[0].id``), or None."""
-    try:
-        return str(orjson.loads(text or "")["data"][0]["id"])
-    except (orjson.JSONDecodeError, KeyError, IndexError, TypeError):
-        return None
-
-
-def _served_version(text: str | None) -> str | None:
-    """The ``version`` of a server's version endpoint's JSON text (vLLM ``/version``), or None."""
-    try:
-        return printable(str(orjson.loads(text or "")["version"]), 200)
-    except (orjson.JSONDecodeError, KeyError, TypeError):
-        return None
 
 
 def running_pid(url: str) -> int | None:
@@ -190,7 +173,7 @@ class ServerEngine:
                 url = f"{base}/v1/models"
                 if (why := unreachable(url, self.trust_env)) is not None:
                     out.append(f"{key}: nothing answers at {url} ({why}): start the server first, or fix {key}")
-                elif self.served_model is None and (name := _served_model(get_page(url, self.trust_env))) is None:
+                elif self.served_model is None and (name := served_model(get_page(url, self.trust_env))) is None:
                     out.append(f"{key}: {url} lists no served model (no 200 with an OpenAI model list: is this "
                                "an OpenAI-compatible server, at its base URL?); give engine.served_model if it "
                                "serves /v1/completions without /v1/models")
@@ -254,7 +237,7 @@ class ServerEngine:
             if srv.pid is not None:
                 self.pid = srv.pid
                 if info.get("version") is None and self.server_kind.version_path:
-                    info["version"] = _served_version(get_page(srv.url + self.server_kind.version_path, False))
+                    info["version"] = served_version(get_page(srv.url + self.server_kind.version_path, False))
             if e.cold_start == "reset":
                 srv.post(e.reset_path)
                 info["reset"] = e.reset_path
@@ -290,7 +273,7 @@ class ServerEngine:
             ServerReplyError: the server lists none.
         """
         if self.served_model is None:
-            self.served_model = _served_model(get_page(url + "/v1/models", self.trust_env))
+            self.served_model = served_model(get_page(url + "/v1/models", self.trust_env))
             if self.served_model is None:
                 raise ServerReplyError(f"{url}/v1/models: lists no served model; give engine.served_model", url)
         return self.served_model

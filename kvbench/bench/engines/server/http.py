@@ -5,6 +5,7 @@ opts in, no redirects followed, and no page held past :data:`MAX_PAGE_BYTES`."""
 from __future__ import annotations
 
 import httpx
+import orjson
 
 from kvbench.bench.engines.server.stream import printable
 
@@ -60,3 +61,19 @@ def unreachable(url: str, trust_env: bool = False, timeout_s: float = 10.0) -> s
             return None
     except httpx.HTTPError as exc:
         return f"{type(exc).__name__}: {printable(str(exc), 200)}"
+
+
+def served_model(text: str | None) -> str | None:
+    """The first model id of an OpenAI ``/v1/models`` reply's text (``data[0].id``), or None."""
+    try:
+        return str(orjson.loads(text or "")["data"][0]["id"])
+    except (orjson.JSONDecodeError, KeyError, IndexError, TypeError):
+        return None
+
+
+def served_version(text: str | None) -> str | None:
+    """The ``version`` of a server's version endpoint's JSON text (vLLM ``/version``), or None."""
+    try:
+        return printable(str(orjson.loads(text or "")["version"]), 200)
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        return None
