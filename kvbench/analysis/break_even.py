@@ -14,8 +14,11 @@ TPOT ratios. Its label goes through :func:`kvbench.analysis.intervals.judge` (vi
   two processes is not reuse, and pairs within one process cannot see it);
 - ``invalid``: restored ids differ from ``none``'s (a lossless restore that changes outputs is a bug).
 
-The working-set ratio is (prefixes in rotation × prompt tokens) ÷ ``kv_budget_tokens`` (the store's host tier
-in-process, the slots' context on a server); cells are grouped in panels by :data:`RATIO_EDGES`.
+The working-set ratio is the KV a cell's requests hold once all ran (``cell_kv_tokens``: every whole unit of a
+shared prefix once, each visit's own rest and tail; :func:`~kvbench.scenario.workload.cell_kv_tokens`) ÷ the KV
+the engine keeps for reuse (``kv_budget_tokens``: the store's host tier in-process; on a server its slots' context
+and its host RAM tier, llama.cpp's ``--cache-ram``); rows of runs before kvbench recorded ``cell_kv_tokens`` count
+prefixes × prompt tokens. Cells are grouped in panels by :data:`RATIO_EDGES`.
 """
 
 from __future__ import annotations
@@ -98,7 +101,9 @@ def map_rows(trials: pd.DataFrame) -> pd.DataFrame:
     rows["shared_pct"] = asked.where(asked.between(0, 99), (100 * shared / prompt).round()).astype(int)
     budget = pd.to_numeric(rows["kv_budget_tokens"], errors="coerce") if "kv_budget_tokens" in rows else np.nan
     budget = budget.where(budget > 0) if isinstance(budget, pd.Series) else budget
-    rows["kv_ratio"] = (rows["working_set"] * prompt / budget).round(3)
+    held = pd.to_numeric(rows["cell_kv_tokens"], errors="coerce") if "cell_kv_tokens" in rows else \
+        pd.Series(np.nan, index=rows.index)
+    rows["kv_ratio"] = (held.fillna(rows["working_set"] * prompt) / budget).round(3)
     rows["panel"] = rows["kv_ratio"].map(ratio_panel)
     return rows
 

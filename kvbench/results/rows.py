@@ -203,8 +203,12 @@ REUSE_COLUMNS = _columns(
     ("shared_prefix_tokens", K.COUNT, "tokens", "shared_prefix: the prompt's prefix shared with its prefix's visits"),
     ("working_set_prompts", K.COUNT, "", "shared_prefix: the prefixes in rotation in the request's cell"),
     ("shared_pct", K.COUNT, "", "shared_prefix: the percent of the prompt its cell asks to be shared"),
-    ("kv_budget_tokens", K.COUNT, "tokens", "the KV the engine keeps for reuse in its first tier: the store's host "
-                                            "tier (in-process), the slots' context (a server)"),
+    ("kv_budget_tokens", K.COUNT, "tokens", "the KV the engine keeps for reuse: the store's host tier (in-process), "
+                                            "the slots' context and its host RAM tier (a server)"),
+    ("share_unit_tokens", K.COUNT, "tokens", "shared_prefix: the units a shared prefix is held in (the store's "
+                                             "chunk; 1 on a server; 0: every prompt held whole, llama.cpp)"),
+    ("cell_kv_tokens", K.COUNT, "tokens", "shared_prefix: the KV the request's cell holds once its visits ran "
+                                          "(shared units once, each visit's own rest and tail)"),
 )
 #: Server engines only (docs/engines.md): the request as the server saw it and the load it ran in.
 SERVER_COLUMNS = _columns(

@@ -105,6 +105,17 @@ def prefix_tokens(tokens: int, shared_pct: int) -> int:
     return min(tokens - 1, round(tokens * shared_pct / 100))
 
 
+def cell_kv_tokens(tokens: int, prefix: int, prefixes: int, visits: int, unit: int) -> int:
+    """The KV tokens a ``shared_prefix`` cell holds once all its requests ran: its ``prefixes`` prefixes of
+    ``prefix`` tokens, each visited ``visits`` times with a ``tokens``-long prompt. A cache keeps KV in units of
+    ``unit`` tokens keyed by everything before them (the store's chunks, or 1 on a server sharing by token), so the
+    whole units of a prefix are held once and each visit holds the rest of its prompt: the unit its prefix ends
+    in, its suffix and its tail (a shorter last unit). ``unit`` 0: nothing is shared, every visit's prompt is
+    held whole (llama.cpp's slots and RAM cache keep whole prompt states)."""
+    shared = prefix // unit * unit if unit else 0
+    return prefixes * (shared + visits * (tokens - shared))
+
+
 class SharedPrefixSpec(Strict):
     """Shared-prefix reuse for the break-even map (``kvbench map``): cells of prompt length × shared share ×
     working set. A cell has ``working_set`` prefixes (real text cut to exact token counts) each visited ``visits``

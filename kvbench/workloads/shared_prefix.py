@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from kvbench.errors import NotEnoughRequests
-from kvbench.scenario.workload import prefix_tokens
+from kvbench.scenario.workload import cell_kv_tokens, prefix_tokens
 from kvbench.workloads.documents import Document
 from kvbench.workloads.sessions import Request, Stream, order_documents
 
@@ -68,3 +68,15 @@ def shared_prefix(docs: Sequence[Document], tokenizer: Any, *, cells: Sequence[t
                 requests.append(Request(f"s{c}-p{j}-v{v + 1}", f"s{c}-p{j}", v + 1, ids, ids,
                                         shared_prefix_tokens=p, working_set=w, shared_pct=pct, cell=c))
     return Stream(requests, [f"shared_prefix: {len(cells)} cells, {len(requests)} requests, {need:,} tokens of text"])
+
+
+def cell_tokens(requests: Sequence[Request], unit: int) -> dict[int, int]:
+    """Per cell index of a ``shared_prefix`` stream's ``requests``: the KV tokens its requests hold once all ran,
+    in units of ``unit`` tokens (:func:`~kvbench.scenario.workload.cell_kv_tokens`; visits: its requests ÷ its
+    prefixes). Empty for a stream without cells."""
+    cells: dict[int, list[Request]] = {}
+    for q in requests:
+        if q.cell is not None:
+            cells.setdefault(q.cell, []).append(q)
+    return {c: cell_kv_tokens(len(qs[0].ids), qs[0].shared_prefix_tokens, qs[0].working_set,
+                              len(qs) // qs[0].working_set, unit) for c, qs in cells.items()}

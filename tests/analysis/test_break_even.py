@@ -15,7 +15,7 @@ from kvbench.analysis.break_even_fit import CellShape, fit_constants, predict_sa
 from kvbench.analysis.cost import Prices
 from kvbench.results.frame import trials_frame
 from kvbench.scenario import ScenarioError, parse_scenario
-from kvbench.scenario.workload import prefix_tokens
+from kvbench.scenario.workload import cell_kv_tokens, prefix_tokens
 from kvbench.workloads.documents import Document
 from kvbench.workloads.sessions import NotEnoughRequests
 from kvbench.workloads.shared_prefix import shared_prefix
@@ -37,9 +37,10 @@ def tpot(prompt: float, n_out: int) -> float:
 
 def synthetic_rows(noise: float = 0.003, busy: bool = False, shares=(0, 50, 95), lengths=(128, 512, 1024),
                    prefixes: int = 5, visits: int = 3, seed: int = 0, budget: int = 100_000, mode: str = "none",
-                   restore_share: float = 1.0) -> list[dict]:
+                   restore_share: float = 1.0, unit: int | None = None) -> list[dict]:
     """Trials of a shared_prefix run made with :data:`TRUE`: per cell ``prefixes`` × ``visits`` requests, each
-    cold (everything prefilled) and warm (a revisit restores ``restore_share`` of its prefix from the host)."""
+    cold (everything prefilled) and warm (a revisit restores ``restore_share`` of its prefix from the host);
+    ``unit``: the store's chunk tokens, recorded with the KV each cell holds (else neither, as older runs)."""
     rng = np.random.default_rng(seed)
     rows, n_out = [], 4
     for c, (t, pct) in enumerate((t, pct) for t in lengths for pct in shares):
@@ -60,7 +61,9 @@ def synthetic_rows(noise: float = 0.003, busy: bool = False, shares=(0, 50, 95),
                         "tpot_s": step, "e2e_s": first + (n_out - 1) * step, "tokens_restored": k,
                         "store_hit_rate": 1.0 if k else None, "restore_host_bytes": k * TOKEN_BYTES,
                         "restore_disk_bytes": 0, "shared_prefix_tokens": p, "working_set_prompts": prefixes,
-                        "kv_budget_tokens": budget})
+                        "kv_budget_tokens": budget, **({} if unit is None else {
+                            "share_unit_tokens": unit,
+                            "cell_kv_tokens": cell_kv_tokens(t, p, prefixes, visits, unit)})})
     return rows
 
 
@@ -252,6 +255,15 @@ def test_the_map_fills_unmeasured_cells_from_the_model():
     assert cells.loc[(128, 0), "label"] == "inconclusive"  # measured: nothing to restore
     assert cells.loc[(1024, 95), "disagrees"] is False or cells.loc[(1024, 95), "disagrees"] == False  # noqa: E712
     assert set(m.fits) == {("be", "none")}
+
+
+def test_the_ratio_counts_every_chunk_a_cell_holds():
+    """5 prefixes × 3 visits, 16-token chunks, a budget of 2,000 tokens. At 95% shared a 256-token cell holds
+    5 × (240 + 3 × 16) = 1,440 tokens (0.72×: 0.5–1×), a 128-token one 5 × (112 + 3 × 16) = 800 (0.4×: ≤0.5×);
+    prefixes × prompt would say 0.64× and 0.32×."""
+    trials = trials_frame(synthetic_rows(shares=(95,), lengths=(128, 256), budget=2000, unit=16), "be")
+    assert map_rows(trials).groupby("prompt_tokens")["kv_ratio"].unique().map(list).to_dict() == {
+        128: [0.4], 256: [0.72]}
 
 
 def test_map_files_and_cli(tmp_path, write_yaml):

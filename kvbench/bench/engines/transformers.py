@@ -29,6 +29,7 @@ from kvbench.offload.store import KVStore
 from kvbench.bench.engines.stores import make_store, store_token_bytes
 from kvbench.scenario import Scenario
 from kvbench.workloads import PromptSource, TooLittleText
+from kvbench.workloads.shared_prefix import cell_tokens
 
 
 def is_oom(exc: BaseException) -> bool:
@@ -118,6 +119,8 @@ class TransformersEngine:
                                  environment)
         #: reuse workloads: the KV store of each open session's mode (by label)
         self.stores: dict[str, KVStore] = {}
+        #: shared_prefix: the KV tokens each cell's store holds once the cell ran (by cell index)
+        self.cell_tokens = cell_tokens(getattr(source, "requests", ()), scenario.store_spec.chunk_tokens)
         self.capabilities = CAPABILITIES
         self.weights_bytes = loaded.weights_bytes
         #: the ``none`` outputs every trial is compared with
@@ -127,9 +130,13 @@ class TransformersEngine:
 
     def describe(self, t: TrialSpec) -> dict[str, Any]:
         """``device``, ``dtype``, ``kv_bytes_predicted`` and the plan predictions of ``t``; for a reuse workload
-        ``kv_budget_tokens``, the tokens of KV the store's host tier holds."""
+        ``kv_budget_tokens``, the tokens of KV the store's host tier holds; for a ``shared_prefix`` cell's request
+        ``share_unit_tokens`` (the store's chunk) and ``cell_kv_tokens`` (what the cell's store holds once it ran)."""
         budget = {"kv_budget_tokens": int(self.s.store_spec.host_max_bytes)
                   // store_token_bytes(self.m.shape, self.m.dtype, t.mode.options)} if self.s.workload.reuse else {}
+        if isinstance(t, ReuseTrial) and t.request.cell is not None:
+            budget.update(share_unit_tokens=self.s.store_spec.chunk_tokens,
+                          cell_kv_tokens=self.cell_tokens[t.request.cell])
         return {"device": str(self.device), "dtype": str(self.m.dtype).removeprefix("torch."),
                 "kv_bytes_predicted": self.predict.kv_bytes_predicted(t), **self.predict.plan_prediction(t), **budget}
 

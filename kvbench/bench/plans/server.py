@@ -121,15 +121,17 @@ async def _requests(s: Scenario, record: Record, engine: ServerEngine, srv: Serv
         if watch is not None:
             watch.start()
         flight = Flight()
+        cell_of = {q.document: q.cell for q in engine.source.requests}
 
-        def held() -> dict[str, Any]:
+        def held(request: Any) -> dict[str, Any]:
             """What the mode holds now: its configured host tier, the server's RSS growth since its measured
-            requests began, its slot files on disk."""
+            requests began, the slot files on disk of ``request``'s cell (a ``shared_prefix`` cell's own, so
+            that it is not charged the files of cells before it; every file otherwise)."""
             rss = tree.rss_bytes() if tree is not None else None
+            files = [f for d, f in srv.slot_files.items() if cell_of.get(d) == request.cell]
             return {"server_host_tier_bytes": srv.host_tier[0], "server_host_tier": srv.host_tier[1],
                     "server_rss_growth_bytes": max(0, rss - rss_start) if rss is not None and rss_start is not None
-                    else None, **({"store_disk_bytes": files_bytes(srv.slot_dir, srv.slot_files.values())}
-                                  if srv.preset.slots else {})}
+                    else None, **({"store_disk_bytes": files_bytes(srv.slot_dir, files)} if srv.preset.slots else {})}
 
         async def send(t: ServerTrial) -> Any:
             was_first = first.pop("pending", False)
@@ -137,7 +139,7 @@ async def _requests(s: Scenario, record: Record, engine: ServerEngine, srv: Serv
                 record.on_start(t)
             with flight:
                 reply, facts = await srv.run(client, t, own, flight)
-            return reply, {**facts, **held()}, was_first
+            return reply, {**facts, **held(t.request)}, was_first
 
         def done(o: load_profiles.Outcome) -> None:
             """Build the row and hand it to the writer thread (the event loop keeps reading streams); a write

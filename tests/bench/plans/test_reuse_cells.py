@@ -1,5 +1,6 @@
 """A map cell's memory is its own: a ``shared_prefix`` run on the real (tiny) model gives every cell fresh stores,
-so the host and disk bytes it is charged do not depend on the cells run before it."""
+so the host and disk bytes it is charged do not depend on the cells run before it, and its working-set ratio
+counts every chunk its visits hold."""
 
 from __future__ import annotations
 
@@ -66,7 +67,13 @@ def test_a_cell_is_charged_only_its_own_chunks_in_either_order(tiny_model, smol_
     assert charges[0] == charges[1] == {  # bytes: 128 and 16 tokens; 120 (a whole chunk spilled) and 44 tokens
         64: {"store_host_bytes": 128 * TOKEN_BYTES, "store_disk_bytes": 16 * TOKEN_BYTES},  # of 0, 0, 32, 64
         72: {"store_host_bytes": 120 * TOKEN_BYTES, "store_disk_bytes": 44 * TOKEN_BYTES}}  # of 0, 24, 64, 104
-    for warm, _ in runs:
+    for warm, cells in runs:
+        # what a cell holds once it ran, all of it on the host or disk at its last warm trial: 192 and 224 tokens
+        # against 128 of host store (prefixes × prompt tokens would say 1.0× and 1.125×)
+        assert {(n, r["share_unit_tokens"], r["cell_kv_tokens"]) for (n, _), r in warm.items()} == {
+            (64, 16, 192), (72, 16, 224)}
+        assert cells[["kv_ratio", "panel"]].sort_index().to_dict("index") == {
+            64: {"kv_ratio": 1.5, "panel": "1–2×"}, 72: {"kv_ratio": 1.75, "panel": "1–2×"}}
         held = {(n, rid): (r["store_host_bytes"] // TOKEN_BYTES, r["store_disk_bytes"] // TOKEN_BYTES)
                 for (n, rid), r in warm.items()}
         assert held == {  # tokens on the host, on disk, after each warm trial (visit 1 of both, then visit 2)

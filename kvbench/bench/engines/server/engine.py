@@ -31,7 +31,7 @@ from kvbench.bench.engines.server.process import ServerProcess, free_port, probe
 from kvbench.bench.engines.server.requests import prompt_requests, reusable_tokens, working_set_tokens
 from kvbench.bench.engines.server.session import ServerSession
 from kvbench.bench.engines.server.stream import ServerReplyError, printable
-from kvbench.bench.engines.server.tiers import host_tier
+from kvbench.bench.engines.server.tiers import host_tier, tier_tokens
 from kvbench.bench.telemetry.server import listening_pid
 from kvbench.bench.trial import ServerTrial
 from kvbench.errors import SymlinkRefused
@@ -40,6 +40,7 @@ from kvbench.scenario.programs import Program, server_program
 from kvbench.scenario.servers import Preset, loopback_url, preset_of, size_text
 from kvbench.serving import KINDS, metrics_kind
 from kvbench.serving.kind import Launch
+from kvbench.workloads.shared_prefix import cell_tokens
 
 #: Tokens of the warm-up prompt sent before a mode's requests (unrecorded; shares no prefix with them).
 WARMUP_TOKENS = 32
@@ -154,6 +155,11 @@ class ServerEngine:
         self.reusable = reusable_tokens(source.requests)
         #: the workload's working set: per conversation (document), its longest prompt with the reply held
         self.working_set_tokens = working_set_tokens(source.requests, self.followed)
+        #: shared_prefix: the units a prefix is held in (0: whole prompts, llama.cpp) and each cell's KV in tokens
+        self.share_unit = 0 if self.server_kind.slot_per_unit else 1
+        self.cell_tokens = cell_tokens(source.requests, self.share_unit)
+        #: the host tier each mode's server was started with, in bytes (by label; 0: none or not known)
+        self.host_tiers: dict[str, int] = {}
 
     def preflight(self) -> list[str]:
         """Why the requests cannot run (one line each): a prompt longer than the model's positions allow; an
@@ -230,6 +236,7 @@ class ServerEngine:
             srv = ServerSession(self, mode, proc.url, proc, preset, info,
                                 slot_dir=slot_dir if preset.slots else None, host_tier=host_tier(self.kind, argv))
             info["host_tier_bytes"], info["host_tier"] = srv.host_tier
+        self.host_tiers[mode.label] = srv.host_tier[0] or 0
         self.servers.append(info)
         with srv.process if srv.process is not None else contextlib.nullcontext():
             if srv.process is not None:
@@ -295,15 +302,18 @@ class ServerEngine:
 
     def request_fields(self, t: ServerTrial) -> dict[str, Any]:
         """The request's own fields every row of ``t`` has: its id, conversation, turn, whether it may reuse, its
-        shared prefix and working set (``shared_prefix``), the slots' context in tokens (``kv_budget_tokens``), the
-        engine, the load profile and level, the prompt tokens an earlier request held
-        (``reusable_prompt_tokens``) and the prompt's digest."""
+        shared prefix, working set, share unit and cell's KV in tokens (``shared_prefix``), the KV it keeps for
+        reuse in tokens (``kv_budget_tokens``: the slots' context and the host tier its mode's server was started
+        with, :func:`~kvbench.bench.engines.server.tiers.tier_tokens`), the engine, the load profile and level, the
+        prompt tokens an earlier request held (``reusable_prompt_tokens``) and the prompt's digest."""
         req = t.request
         return {
             "request_id": req.id, "document": req.document, "turn_index": req.turn_index, "warm": t.warm,
             "shared_prefix_tokens": req.shared_prefix_tokens, "working_set_prompts": req.working_set,
-            "shared_pct": req.shared_pct,
-            "kv_budget_tokens": self.ctx_per_slot * t.concurrency,
+            "shared_pct": req.shared_pct, "cell_kv_tokens": self.cell_tokens.get(req.cell),
+            "share_unit_tokens": self.share_unit if req.cell is not None else None,
+            "kv_budget_tokens": self.ctx_per_slot * t.concurrency
+            + tier_tokens(self.host_tiers.get(t.mode.label), self.kv_bytes_per_token),
             "engine": self.kind, "load_profile": self.s.load_spec.profile, "concurrency": t.concurrency,
             "reusable_prompt_tokens": self.reusable.get(req.id), "prompt_sha256": ids_digest([list(req.ids)])}
 

@@ -40,4 +40,11 @@ def files_bytes(folder: Path | None, names: Iterable[str]) -> int:
     return total
 
 
-__all__ = ["files_bytes", "host_tier"]
+def tier_tokens(tier_bytes: int | None, kv_bytes_per_token: int) -> int:
+    """Tokens of KV a host tier of ``tier_bytes`` holds, at 2 bytes an element (f16: llama.cpp's KV cache type by
+    default; bf16: vLLM's and SGLang's on a GPU); ``kv_bytes_per_token``: every layer's K and V of one token at 4
+    bytes an element. 0 without a tier or where either size is not known."""
+    return int(tier_bytes) * 2 // kv_bytes_per_token if tier_bytes and kv_bytes_per_token else 0
+
+
+__all__ = ["files_bytes", "host_tier", "tier_tokens"]
