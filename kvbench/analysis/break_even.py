@@ -18,7 +18,9 @@ The working-set ratio is the KV a cell's requests hold once all ran (``cell_kv_t
 shared prefix once, each visit's own rest and tail; :func:`~kvbench.scenario.workload.cell_kv_tokens`) ÷ the KV
 the engine keeps for reuse (``kv_budget_tokens``: the store's host tier in-process; on a server its slots' context
 and its host RAM tier, llama.cpp's ``--cache-ram``); rows of runs before kvbench recorded ``cell_kv_tokens`` count
-prefixes × prompt tokens. Cells are grouped in panels by :data:`RATIO_EDGES`.
+prefixes × prompt tokens. Cells are grouped in panels by :data:`RATIO_EDGES`. The model fills a panel only with
+cells whose own ratio falls in it: a prompt length and share the run's working set cannot bring into a panel is
+left empty, and said so in the map's notes.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from kvbench.analysis.reuse import recompute_side, reuse_trials, sampling_units
 from kvbench.analysis.reuse_cost import HOST_TIER_BASES, reuse_cost
 from kvbench.errors import BadParameter
 from kvbench.results.rows import MEASURED
-from kvbench.scenario.workload import prefix_tokens
+from kvbench.scenario.workload import cell_kv_tokens, prefix_tokens
 
 #: Panel edges of the working-set ratio: ≤ 0.5, 0.5–1, 1–2, 2–4, > 4 (1: the working set just fits the budget).
 RATIO_EDGES = (0.5, 1.0, 2.0, 4.0)
@@ -108,9 +110,24 @@ def map_rows(trials: pd.DataFrame) -> pd.DataFrame:
     return rows
 
 
+def fill_ratio(rows: pd.DataFrame, tokens: int, pct: int) -> float:
+    """The working-set ratio a cell of ``tokens`` tokens at ``pct`` percent shared would have with the prefixes,
+    visits, share unit and budget of the measured cells ``rows`` (medians; :func:`map_rows`' rule: prefixes ×
+    ``tokens`` where they do not record their share unit); NaN without a budget."""
+    budget = pd.to_numeric(rows["kv_budget_tokens"], errors="coerce").median() if "kv_budget_tokens" in rows \
+        else math.nan
+    w = int(rows["working_set"].median())
+    unit = pd.to_numeric(rows["share_unit_tokens"], errors="coerce").median() if "share_unit_tokens" in rows \
+        else math.nan
+    held = w * tokens if unit != unit else cell_kv_tokens(tokens, prefix_tokens(tokens, pct), w, int(
+        pd.to_numeric(rows["turn_index"]).max()), int(unit))
+    return held / budget if budget > 0 else math.nan
+
+
 def _paired_ratio(warm: pd.DataFrame, cold: pd.DataFrame, metric: str) -> tuple[float, float, float]:
-    """Restore ÷ recompute ``metric`` over request pairs: Σ restore ÷ Σ recompute with its 95% interval, the jackknife over independent units (:func:`~kvbench.analysis.intervals.ratio_interval`); a busy
-    pair is counted elsewhere, never a figure (:func:`~kvbench.analysis.intervals.quiet_pairs`)."""
+    """Restore ÷ recompute ``metric`` over request pairs: Σ restore ÷ Σ recompute with its 95% interval, the
+    jackknife over independent units (:func:`~kvbench.analysis.intervals.ratio_interval`); a busy pair is counted
+    elsewhere, never a figure (:func:`~kvbench.analysis.intervals.quiet_pairs`)."""
     pairs = pair_with_reference(warm, cold, on=["request_id"])
     if pairs.empty:
         return math.nan, math.nan, math.nan
@@ -275,18 +292,27 @@ def break_even_map(trials: pd.DataFrame, prices: Prices, shares: tuple[int, ...]
         notes.extend(fit_notes(group, mode, fit, contexts))
         mine = cells[(cells["group"] == group) & (cells["mode_label"] == mode)] if len(cells) else cells
         lengths = sorted(set(part["prompt_tokens"].astype(int)) | set(contexts))
+        away: list[str] = []  # cells whose working set falls outside the panel they would fill
         for panel, in_panel in part.groupby("panel", sort=True):
             here = mine[mine["panel"] == panel] if len(mine) else mine
+            measured = set(zip(in_panel["prompt_tokens"].astype(int), in_panel["shared_pct"].astype(int)))
             for tokens in lengths:
                 for pct in sorted(set(in_panel["shared_pct"].astype(int)) | set(shares)):
                     shape = _shape(in_panel, here, tokens, pct)
                     if shape is None:
+                        continue
+                    ratio = fill_ratio(in_panel, tokens, pct)
+                    if (tokens, pct) not in measured and panel != "?" and ratio_panel(ratio) != panel:
+                        away.append(f"{tokens:,} tokens at {pct}% shared {ratio:.3g}×, not {panel}")
                         continue
                     value, lo, hi = predict_saving(fit, shape, prices.gpu_per_hour, prices.host_per_gib_hour,
                                                    prices.disk_per_gib_hour)
                     filled.append({"group": group, "mode_label": mode, "prompt_tokens": tokens, "shared_pct": pct,
                                    "panel": panel, "predicted_saving_pct": value, "predicted_ci_low": lo,
                                    "predicted_ci_high": hi})
+        if away:
+            notes.append(f"{group} {mode}: {len(away)} cells left empty, the run's prompts cannot reach their "
+                         f"panel (KV working set ÷ budget: {'; '.join(away[:3])}{'; ...' if len(away) > 3 else ''})")
     model = pd.DataFrame(filled, columns=CELL_KEYS + ["predicted_saving_pct", "predicted_ci_low",
                                                       "predicted_ci_high"])
     table = cells.merge(model, on=CELL_KEYS, how="outer") if len(cells) else model.assign(source="model")
@@ -312,5 +338,5 @@ def break_even_map(trials: pd.DataFrame, prices: Prices, shares: tuple[int, ...]
 
 
 __all__ = ["BreakEvenMap", "CELL_KEYS", "DEFAULT_SHARES", "LABELS", "RATIO_EDGES", "break_even_map",
-           "check_map_arguments", "fit_notes", "label",
+           "check_map_arguments", "fill_ratio", "fit_notes", "label",
            "map_rows", "measured_cells", "panel_rank", "ratio_panel"]

@@ -266,6 +266,21 @@ def test_the_ratio_counts_every_chunk_a_cell_holds():
         128: [0.4], 256: [0.72]}
 
 
+def test_no_model_cell_fills_a_panel_the_run_s_prompts_cannot_reach():
+    """The run of the test above: the model fills a panel only where a cell's own ratio falls, 128 tokens at 0%
+    (5 × 3 × 128 = 1,920: 0.96×) and 50% (5 × (64 + 3 × 64) = 1,280: 0.64×) in 0.5–1×; never 1,024 tokens (at
+    least 5 × (960 + 3 × 64) = 5,760: 2.88×). 14 of the 16 unmeasured cells stay empty, and the notes say so."""
+    trials = trials_frame(synthetic_rows(shares=(95,), lengths=(128, 256), budget=2000, unit=16), "be")
+    m = break_even_map(trials, Prices(2.0), shares=(0, 50, 95), contexts=(1024,))
+    cells = {(r["panel"], r["prompt_tokens"], r["shared_pct"]): r["source"] for r in m.cells.to_dict("records")}
+    assert cells == {("≤0.5×", 128, 95): "measured", ("0.5–1×", 128, 0): "model", ("0.5–1×", 128, 50): "model",
+                     ("0.5–1×", 256, 95): "measured"}
+    assert m.notes == [
+        "be none: 14 cells left empty, the run's prompts cannot reach their panel (KV working set ÷ budget: 128 "
+        "tokens at 95% shared 0.4×, not 0.5–1×; 256 tokens at 0% shared 1.92×, not 0.5–1×; 256 tokens at 50% "
+        "shared 1.28×, not 0.5–1×; ...)"]
+
+
 def test_map_files_and_cli(tmp_path, write_yaml):
     from typer.testing import CliRunner
 
