@@ -90,14 +90,18 @@ TRIAL_COLUMNS = _columns(
     ("scenario_digest", K.TEXT, "", "16 hex digits of the SHA-256 of what shapes the trial in run.json's scenario"),
     ("tokens_match", K.FLAG, "", "generated ids equal those of `none` on the same prompts (null: none to compare)"),
     ("first_divergence_step", K.COUNT, "", "first decode step where the ids differ from `none`'s"),
-    ("token_agreement", K.NUMBER, "", "lossy host formats: share of (sequence, step) ids equal to `none`'s"),
+    ("token_agreement", K.NUMBER, "", "lossy host formats: share of (sequence, step) ids equal to `none`'s (steps "
+     "after a differing id follow another prefix)"),
     ("agreement_to_divergence", K.NUMBER, "", "lossy host formats: mean share of steps before a sequence's first "
-     "differing id"),
+     "differing id (the agreement kvbench shows and min_agreement gates)"),
     ("kl_mean", K.NUMBER, "", "lossy host formats: KL(none ‖ mode) of the next-token distributions in nats, "
      "teacher-forced on `none`'s ids, mean over steps and sequences"),
     ("kl_max", K.NUMBER, "", "lossy host formats: the largest of those KL divergences, nats"),
-    ("kl_method", K.TEXT, "", "how kl_mean was taken where not teacher-forced: a server's lossy preset, from its "
-     "top-k log-probabilities over the steps up to the first differing id"),
+    ("kl_method", K.TEXT, "", "how kl_mean (or floor_kl_mean) was taken where not teacher-forced: on a server, a "
+     "lower bound from its top-k log-probabilities over the steps up to the first differing id"),
+    ("floor_kl_mean", K.NUMBER, "", "a server's lossless reuse preset (prefix-cache...) in a run with a lossy one: "
+     "its KL(none ‖ mode) taken as a lossy preset's kl_mean (a lower bound, nats): the floor to read those against"),
+    ("floor_kl_max", K.NUMBER, "", "the largest of those KL divergences, nats"),
     ("notes", K.OBJECT, "", "why a column is null, per column"),
     ("status", K.STATUS, "", "how the trial ended (Status)"),
     ("message", K.TEXT, "", "the reason for a status other than ok"),
@@ -268,8 +272,10 @@ FRAME_COLUMNS = _columns(
     ("group", K.TEXT, "", "the scenario name, or name @ run when runs of one name differ"),
     ("repeats_planned", K.NUMBER, "", "the repeats the run's scenario asked for"),
     ("max_kl", K.NUMBER, "", "the run's quality.max_kl: the largest mean KL a lossy mode may have, nats"),
-    ("min_agreement", K.NUMBER, "", "the run's quality.min_agreement: the smallest token_agreement a lossy mode "
-     "may have"),
+    ("max_server_kl", K.NUMBER, "", "the run's quality.max_server_kl: the largest lower bound of KL a server's "
+     "lossy preset may have, nats"),
+    ("min_agreement", K.NUMBER, "", "the run's quality.min_agreement: the smallest agreement_to_divergence a lossy "
+     "mode may have"),
     ("bytes_moved_per_token", K.NUMBER, "bytes", "host↔device and disk bytes per generated token"),
     ("h2d_bytes_per_step", K.NUMBER, "bytes", "h2d_bytes per decode step"),
     ("kv_measured_bytes", K.NUMBER, "bytes", "a measured trial's KV over all tiers (kv_stored_peak_bytes)"),

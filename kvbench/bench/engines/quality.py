@@ -13,8 +13,10 @@ quality against ``none``, measured after the trial and outside its clock:
 same prompts (greedy decoding is deterministic, so its ids are the reference trial's).
 
 A server cannot be teacher-forced through its completion API and gives only its top-k log-probabilities
-(llama-server's ``n_probs``): :func:`server_quality` compares a lossy preset's reply with ``none``'s on the same
-prompt by :func:`topk_kl`, over the steps whose prefixes are still the same.
+(llama-server's ``n_probs``): :func:`server_quality` compares a reply with ``none``'s on the same prompt by
+:func:`topk_kl`, a lower bound of the KL, over the steps whose prefixes are still the same: a lossy preset's reply
+(``kl_mean``, ``kl_max``), and a lossless reuse preset's (``floor_kl_mean``, ``floor_kl_max``: the server's cached
+and recomputed prompts are not bit-identical, so this is the floor a lossy preset's KL is read against).
 """
 
 from __future__ import annotations
@@ -26,11 +28,18 @@ import torch
 
 from kvbench.bench.engines.decode import cache_keyword
 
-__all__ = ["QUALITY_TOP_K", "ServerQuality", "agreement", "kl_divergence", "quality_fields", "server_quality",
-           "step_logprobs", "topk_kl"]
+__all__ = ["QUALITY_TOP_K", "REST_MIN", "ServerQuality", "agreement", "kl_divergence", "quality_fields",
+           "server_quality", "step_logprobs", "topk_kl"]
 
 #: The top-k log-probabilities a server run with a lossy preset asks of every reply (llama.cpp ``n_probs``).
-QUALITY_TOP_K = 8
+#: llama-server takes any number and returns at most its vocabulary; measured on SmolLM2-135M (16 tokens after a
+#: 200-token prompt, one thread): 1,000 cost no time beyond top-8's (1.15 s against 1.17 s a request, within the
+#: spread) and 1.5 MB of stream; 10,000 +0.3 s and 15 MB; the whole vocabulary (49,152) +2.7 s and 75 MB, with
+#: 4.7 MB lines (docs/engines.md).
+QUALITY_TOP_K = 1000
+#: Probability mass below which :func:`topk_kl`'s bin of unlisted tokens is float rounding, not measured (the
+#: listed probabilities are float32: a sum of a thousand is exact to about 1e-6), and is merged into a listed bin.
+REST_MIN = 1e-6
 
 
 @torch.inference_mode()
@@ -105,25 +114,29 @@ def quality_fields(model: Any, input_ids: torch.Tensor, attention_mask: torch.Te
 
 
 def topk_kl(ref: dict[int, float], other: dict[int, float]) -> float:
-    """Approximate ``KL(ref ‖ other)`` in nats from two top-k log-probability maps (token id → log p): the KL of
-    both distributions coarse-grained to ``ref``'s top-k tokens plus one bin for every other token. A token of
-    ``ref``'s top-k missing from ``other``'s is given ``other``'s smallest listed probability (its own is at most
-    that). Coarse-graining can only lower a KL (the data-processing inequality), so with ``other``'s
-    probabilities known this is a lower bound of the full KL; the stand-in for a missing token makes it an
-    estimate.
+    """A lower bound of ``KL(ref ‖ other)`` in nats from two top-k log-probability maps (token id → log p): the
+    KL of both distributions coarse-grained to the tokens both maps list (a bin each) plus one bin for every other
+    token, whose mass is 1 less the listed ones on either side. Every bin's probability is known, and
+    coarse-graining can only lower a KL (the data-processing inequality), so this is never above the full KL.
+    Where either side's other-token bin holds less than :data:`REST_MIN` (float rounding: the maps cover the
+    distribution), that bin is merged into ``ref``'s most probable listed one (a coarser partition, still a lower
+    bound).
 
     Raises:
         ValueError: an empty map.
     """
     if not ref or not other:
         raise ValueError("top-k KL needs the log-probabilities of both distributions")
-    floor = min(other.values())
-    p = {t: math.exp(lp) for t, lp in ref.items()}
-    q = {t: math.exp(other.get(t, floor)) for t in ref}
-    kl = sum(p[t] * (math.log(p[t]) - math.log(q[t])) for t in ref if p[t] > 0)
-    rest_p, rest_q = max(0.0, 1.0 - sum(p.values())), max(0.0, 1.0 - sum(q.values()))
-    if rest_p > 0:
-        kl += rest_p * (math.log(rest_p) - math.log(rest_q)) if rest_q > 0 else math.inf
+    common = sorted(ref.keys() & other.keys(), key=lambda t: -ref[t])
+    p = [math.exp(ref[t]) for t in common]
+    q = [math.exp(other[t]) for t in common]
+    rest_p, rest_q = 1.0 - sum(p), 1.0 - sum(q)
+    if rest_p >= REST_MIN and rest_q >= REST_MIN:
+        p.append(rest_p)
+        q.append(rest_q)
+    elif p:
+        p[0], q[0] = p[0] + max(rest_p, 0.0), q[0] + max(rest_q, 0.0)
+    kl = sum(a * (math.log(a) - math.log(b)) for a, b in zip(p, q) if a > 0)
     return max(0.0, kl)
 
 
@@ -131,8 +144,8 @@ def server_quality(ref_ids: list[int], ref_top: list[dict[int, float]], ids: lis
                    top: list[dict[int, float]]) -> dict[str, Any]:
     """The quality columns of a server reply (``ids``, ``top``: its generated ids and each step's top-k
     log-probabilities) against ``none``'s on the same prompt: ``token_agreement`` and ``agreement_to_divergence``
-    as :func:`agreement`; ``kl_mean``, ``kl_max`` of :func:`topk_kl` over the steps up to and including the first
-    differing id (each conditioned on the same prefix; the later ones are not comparable).
+    as :func:`agreement`; ``kl_mean``, ``kl_max`` of :func:`topk_kl` (lower bounds, nats) over the steps up to and
+    including the first differing id (each conditioned on the same prefix; the later ones are not comparable).
 
     Raises:
         ValueError: replies of other lengths.
@@ -149,32 +162,42 @@ def server_quality(ref_ids: list[int], ref_top: list[dict[int, float]], ids: lis
 
 class ServerQuality:
     """The quality of a server run's lossy presets: with one in the run (``lossy_run``), every request asks for
-    its top-k log-probabilities (:attr:`request`, ``none``'s included), ``none``'s replies are kept by prompt
-    digest, and a lossy preset's reply gets :func:`server_quality` against the one to its prompt."""
+    its top :data:`QUALITY_TOP_K` log-probabilities (:attr:`request`, ``none``'s included), ``none``'s replies are
+    kept by prompt digest, and a lossy preset's reply gets :func:`server_quality` against the one to its prompt;
+    a lossless reuse preset's reply gets the same KL as ``floor_kl_mean`` and ``floor_kl_max``."""
+
+    #: What ``kl_method`` says of every KL this class gives.
+    METHOD = (f"lower bound from the top-{QUALITY_TOP_K:,} log-probabilities (n_probs), steps up to the first "
+              "differing id")
 
     def __init__(self, lossy_run: bool):
         self.request: dict[str, Any] = {"n_probs": QUALITY_TOP_K} if lossy_run else {}
         self.reference: dict[str, tuple[list[int], list[dict[int, float]]]] = {}
 
     def fields(self, digest: str, reference: bool, lossy: bool, ids: list[int] | None,
-               top: list[dict[int, float]] | None, notes: dict[str, str]) -> dict[str, Any]:
-        """A reply's quality columns (lossy presets only; {} otherwise), or a note in ``notes`` why there are none.
+               top: list[dict[int, float]] | None, notes: dict[str, str], floor: bool = False) -> dict[str, Any]:
+        """A reply's quality columns (lossy presets; ``floor_kl_*`` for a lossless reuse one; {} otherwise), or a
+        note in ``notes`` why there are none.
 
         Args:
             digest: the prompt's digest. reference: the reply is ``none``'s, not contaminated by a cache.
             lossy: the reply's preset is lossy. ids, top: its generated ids and top-k log-probabilities.
+            floor: the reply's preset reuses a cache losslessly (its KL is the floor of the lossy presets').
         """
         if not self.request:
             return {}
         usable = ids is not None and top is not None
         if reference and usable:
             self.reference[digest] = (ids, top)
-        if not lossy:
+        if not (lossy or floor):
             return {}
+        key = "kl_mean" if lossy else "floor_kl_mean"
         ref = self.reference.get(digest)
         if ref is None or not usable:
-            notes["kl_mean"] = ("no top-k log-probabilities from the server for this reply" if not usable else
-                                "no `none` reply to this prompt in this process (a resumed run) to compare with")
+            notes[key] = ("no top-k log-probabilities from the server for this reply" if not usable else
+                          "no `none` reply to this prompt in this process (a resumed run) to compare with")
             return {}
-        return {**server_quality(ref[0], ref[1], ids, top),
-                "kl_method": f"top-{QUALITY_TOP_K} (n_probs), steps up to the first differing id"}
+        got = server_quality(ref[0], ref[1], ids, top)
+        if floor and not lossy:
+            got = {"floor_kl_mean": got["kl_mean"], "floor_kl_max": got["kl_max"]}
+        return {**got, "kl_method": self.METHOD}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 import yaml
@@ -100,11 +101,41 @@ def test_top_k_kl_of_constructed_distributions():
     # p = (0.5, 0.3, rest 0.2), q = (0.4, 0.4, rest 0.2): Σ p log p/q over the three bins
     want = 0.5 * ln(0.5 / 0.4) + 0.3 * ln(0.3 / 0.4)
     assert topk_kl({1: ln(0.5), 2: ln(0.3)}, {1: ln(0.4), 2: ln(0.4)}) == pytest.approx(want, rel=1e-9)
-    # token 2 outside q's top-2 takes q's smallest listed probability (0.1); q's rest: 1 - 0.6 - 0.1 = 0.3
-    want = 0.5 * ln(0.5 / 0.6) + 0.3 * ln(0.3 / 0.1) + 0.2 * ln(0.2 / 0.3)
+    # only token 1 is listed by both: bins {1} and the rest, p = (0.5, 0.5), q = (0.6, 0.4)
+    want = 0.5 * ln(0.5 / 0.6) + 0.5 * ln(0.5 / 0.4)
     assert topk_kl({1: ln(0.5), 2: ln(0.3)}, {1: ln(0.6), 3: ln(0.1)}) == pytest.approx(want, rel=1e-9)
     with pytest.raises(ValueError, match="needs the log-probabilities of both"):
         topk_kl({}, {1: 0.0})
+
+
+def test_top_k_kl_of_whole_vocabularies_is_the_kl_not_infinite():
+    """llama-server returns its whole vocabulary when n_probs is larger: both maps then cover the distribution,
+    and the float sums leave p a rest of 1e-16 where q's is 0 (a stand-in for an unlisted token made this
+    infinite)."""
+    ln = math.log
+    p, q = [0.6, 0.3, 0.1], [0.5, 0.3, 0.2]
+    want = sum(a * ln(a / b) for a, b in zip(p, q))  # 0.0401 nats
+    got = topk_kl({i: ln(v) for i, v in enumerate(p)}, {i: ln(v) for i, v in enumerate(q)})
+    assert got == pytest.approx(want, rel=1e-9) and want == pytest.approx(0.0400782, rel=1e-5)
+
+
+def test_top_k_kl_is_never_above_the_full_kl():
+    """On 2,000 constructed pairs of distributions over 12 tokens, each given as its top 1 to 11: the top-k KL
+    is at most the KL over the whole vocabulary (the data-processing inequality), and equals it where both top-k
+    are the whole vocabulary."""
+    rng = np.random.default_rng(0)
+    for _ in range(2000):
+        p, q = (rng.dirichlet(np.full(12, 0.3)) + 1e-12 for _ in range(2))
+        p, q = p / p.sum(), q / q.sum()
+        full = float(np.sum(p * np.log(p / q)))
+        k = int(rng.integers(1, 12))
+        assert topk_kl(_top(p, k), _top(q, k)) <= full + 1e-9
+        assert topk_kl(_top(p, 12), _top(q, 12)) == pytest.approx(full, rel=1e-6, abs=1e-9)
+
+
+def _top(d: np.ndarray, k: int) -> dict[int, float]:
+    """The top-``k`` log-probabilities of the distribution ``d`` as a server gives them (token id → log p)."""
+    return {int(i): float(np.log(d[i])) for i in np.argsort(-d)[:k]}
 
 
 def test_server_quality_compares_steps_up_to_the_first_differing_id_and_needs_a_none_reply():
@@ -116,10 +147,31 @@ def test_server_quality_compares_steps_up_to_the_first_differing_id_and_needs_a_
     assert q == {"token_agreement": 0.75, "agreement_to_divergence": 0.5,
                  "kl_mean": pytest.approx(2 * kl_other / 3), "kl_max": pytest.approx(kl_other)}
     quality, notes = ServerQuality(lossy_run=True), {}
-    assert quality.request == {"n_probs": 8}
+    assert quality.request == {"n_probs": 1000}
     assert quality.fields("p", reference=False, lossy=True, ids=[1], top=[same], notes=notes) == {}
     assert notes == {"kl_mean": "no `none` reply to this prompt in this process (a resumed run) to compare with"}
     assert quality.fields("p", reference=True, lossy=False, ids=[1], top=[same], notes={}) == {}
     got = quality.fields("p", reference=False, lossy=True, ids=[1], top=[other], notes={})
-    assert got["kl_mean"] == pytest.approx(kl_other) and got["kl_method"].startswith("top-8 (n_probs)")
+    assert got["kl_mean"] == pytest.approx(kl_other)
+    assert got["kl_method"] == ("lower bound from the top-1,000 log-probabilities (n_probs), steps up to the first "
+                                "differing id")
     assert ServerQuality(lossy_run=False).request == {}
+
+
+def test_a_lossless_reuse_presets_reply_gets_its_own_kl_as_the_floor():
+    """prefix-cache reuses f16 KV losslessly, but its cached and recomputed prompts are not bit-identical: its
+    reply gets the same KL as a lossy preset's, as floor_kl_mean / floor_kl_max, with no quality columns (it is
+    checked by its ids, not gated)."""
+    ln = math.log
+    ref = {1: ln(0.9), 2: ln(0.05)}
+    mine = {1: ln(0.8), 2: ln(0.1)}
+    want = 0.9 * ln(0.9 / 0.8) + 0.05 * ln(0.05 / 0.1) + 0.05 * ln(0.05 / 0.1)  # bins 1, 2, rest
+    quality = ServerQuality(lossy_run=True)
+    quality.fields("p", reference=True, lossy=False, ids=[1, 1], top=[ref, ref], notes={})
+    got = quality.fields("p", reference=False, lossy=False, ids=[1, 1], top=[ref, mine], notes={}, floor=True)
+    assert got == {"floor_kl_mean": pytest.approx(want / 2), "floor_kl_max": pytest.approx(want),
+                   "kl_method": ServerQuality.METHOD}
+    notes = {}
+    assert quality.fields("q", reference=False, lossy=False, ids=[1], top=[ref], notes=notes, floor=True) == {}
+    assert notes == {"floor_kl_mean": "no `none` reply to this prompt in this process (a resumed run) to compare "
+                                      "with"}

@@ -336,7 +336,7 @@ class ServerEngine:
                                              f"{len(req.ids)}")
         preset, digest = self.preset(t.mode), ids_digest([list(req.ids)])
         fields = self.quality.fields(digest, preset.cold and not contaminated, preset.lossy, reply.ids,
-                                     reply.top_logprobs, notes)
+                                     reply.top_logprobs, notes, floor=not preset.cold)
         return TrialOutput(
             t_start=reply.t_sent, token_times=reply.token_times, chunk_times=reply.chunk_times,
             ids=[reply.ids] if reply.ids is not None else None, prompt_sha256=digest,
