@@ -43,33 +43,53 @@ def qualifies(table: pd.DataFrame) -> pd.Series:
     return ((table["n_ok"] == table["trials"]) & outputs & (planned.isna() | (table["n_ok"] >= planned)))
 
 
-def quality_crossed(kl: float, agreement: float, max_kl: float, min_agreement: float) -> list[str]:
-    """The quality thresholds a lossy mode's median ``kl`` (nats) and ``agreement`` (0 to 1) cross, as text
-    (``"KL 0.0038 nats > max_kl 0.001"``); a threshold or figure that is NaN or None is not checked."""
+def quality_crossed(kl: float, agreement: float, max_kl: float, min_agreement: float, bound: bool = False
+                    ) -> list[str]:
+    """The quality thresholds a lossy mode's median ``kl`` (nats) and ``agreement`` (the share of steps before the
+    first differing id, 0 to 1) cross, as text (``"KL 0.0038 nats > max_kl 0.001"``); a threshold or figure that
+    is NaN or None is not checked. ``bound``: ``kl`` is a server's lower bound from its top-k log-probabilities,
+    and ``max_kl`` is the run's ``max_server_kl`` (the text says so: ``"KL ≥ 0.0038 nats > max_server_kl
+    0.001"``)."""
     crossed = []
     if pd.notna(max_kl) and pd.notna(kl) and kl > max_kl:
-        crossed.append(f"KL {kl:.3g} nats > max_kl {max_kl:g}")
+        crossed.append(f"KL ≥ {kl:.3g} nats > max_server_kl {max_kl:g}" if bound else
+                       f"KL {kl:.3g} nats > max_kl {max_kl:g}")
     if pd.notna(min_agreement) and pd.notna(agreement) and agreement < min_agreement:
-        crossed.append(f"agreement {agreement:.1%} < min_agreement {min_agreement:.1%}")
+        crossed.append(f"{agreement:.1%} of steps before the first differing id < min_agreement {min_agreement:.1%}")
     return crossed
+
+
+def agreement_text(agreement: float, first_step: float) -> str:
+    """Where a lossy mode's greedy ids first leave ``none``'s, in words: ``"ids as none's up to step 5 (31% of
+    steps before the first differing id)"``, or ``"ids as none's at every step"`` (``first_step`` NaN, 0-based;
+    ``agreement`` 0 to 1)."""
+    if pd.isna(first_step) and (pd.isna(agreement) or agreement >= 1):
+        return "ids as none's at every step"
+    step = "" if pd.isna(first_step) else f"first differing id at step {int(first_step)}, "
+    return f"{step}{agreement:.0%} of steps before the first differing id"
 
 
 def quality_check(table: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
     """Per point: (``quality_ok``: None for a lossless mode (no quality columns), else whether the medians of
-    ``kl_mean`` and ``token_agreement`` are within the run's ``max_kl`` and ``min_agreement`` (a threshold not set
-    passes); ``quality``: the figures as text, with "fails quality" and the threshold crossed where one is)."""
+    ``kl_mean`` and ``agreement_to_divergence`` are within the run's thresholds (a threshold not set passes):
+    ``max_kl`` for the in-process engine's KL, ``max_server_kl`` for a server's lower bound (``kl_bound``), and
+    ``min_agreement``; ``quality``: the figures as text, with "fails quality" and the threshold crossed where one
+    is)."""
     ok, text = [], []
     for _, r in table.iterrows():
-        kl, agree = r.get(agg("kl_mean", "median")), r.get(agg("token_agreement", "median"))
+        kl, agree = r.get(agg("kl_mean", "median")), r.get(agg("agreement_to_divergence", "median"))
         if kl is None or pd.isna(kl):
             ok.append(None)
             text.append("")
             continue
-        crossed = quality_crossed(kl, agree, r.get("max_kl"), r.get("min_agreement"))
+        bound = r.get("kl_bound") in (True,)
+        crossed = quality_crossed(kl, agree, r.get("max_server_kl" if bound else "max_kl"), r.get("min_agreement"),
+                                  bound)
         ok.append(not crossed)
-        figures = (f"KL {kl:.3g} nats [{r[agg('kl_mean', 'ci_low')]:.3g}, {r[agg('kl_mean', 'ci_high')]:.3g}], "
-                   f"agreement {agree:.1%}" if pd.notna(r.get(agg("kl_mean", "ci_low")))
-                   else f"KL {kl:.3g} nats, agreement {agree:.1%}")
+        sign = "≥ " if bound else ""
+        interval = (f" [{r[agg('kl_mean', 'ci_low')]:.3g}, {r[agg('kl_mean', 'ci_high')]:.3g}]"
+                    if pd.notna(r.get(agg("kl_mean", "ci_low"))) else "")
+        figures = f"KL {sign}{kl:.3g} nats{interval}, {agreement_text(agree, r.get('first_divergence_step'))}"
         text.append(f"fails quality: {'; '.join(crossed)} ({figures})" if crossed else figures)
     return pd.Series(ok, index=table.index, dtype=object), pd.Series(text, index=table.index, dtype=object)
 
@@ -177,8 +197,12 @@ def point_table(trials: pd.DataFrame) -> pd.DataFrame:
     table["kv_check_flagged"] = table["kv_check_flagged"].fillna(0).astype(int)
     table["budget_bytes"] = numeric(df, "budget_bytes").groupby(pid, sort=False).max()
     table["repeats_planned"] = numeric(df, "repeats_planned").groupby(pid, sort=False).max()
-    for key in ("max_kl", "min_agreement"):
+    for key in ("max_kl", "max_server_kl", "min_agreement"):
         table[key] = numeric(df, key).groupby(pid, sort=False).max()
+    # a server's KL (kl_method set) is a lower bound from its top-k log-probabilities
+    method = df["kl_method"] if "kl_method" in df else pd.Series(None, index=df.index, dtype=object)
+    table["kl_bound"] = method.map(lambda m: isinstance(m, str) and bool(m)).groupby(pid, sort=False).any() \
+        .astype(object)
     table["quality_ok"], table["quality"] = quality_check(table)
     table = table.reset_index(drop=True)
 
@@ -202,4 +226,4 @@ def point_table(trials: pd.DataFrame) -> pd.DataFrame:
 
 
 __all__ = ["MIN_INTERVAL_VALUES", "KV_CHECK_TOLERANCE", "MEDIAN_METRICS", "POINT_KEYS", "SPREAD_METRICS",
-           "point_table", "quality_check", "quality_crossed", "qualifies"]
+           "agreement_text", "point_table", "quality_check", "quality_crossed", "qualifies"]

@@ -70,9 +70,11 @@ def reuse_table(trials: pd.DataFrame, by: str = "turn_index") -> pd.DataFrame:
         to look up), ``restore_host_bytes`` / ``restore_disk_bytes`` (totals over the warm trials),
         ``warm_prompt_tokens`` and ``warm_tokens_restored`` (totals), ``prefill_saved_pct`` (Σ restored ÷ Σ prompt
         tokens of the warm trials), ``tokens_match`` (all warm and cold trials equal ``none``'s cold ids,
-        or the only divergences acceptable: "near tie"), ``kl_mean`` and ``token_agreement`` (medians over the
-        warm trials of a lossy server preset's quality against ``none``, NaN for others) with the run's
-        ``max_kl`` and ``min_agreement``, ``failed`` (trials not measured).
+        or the only divergences acceptable: "near tie"), ``kl_mean``, ``token_agreement`` and
+        ``agreement_to_divergence`` (medians over the warm trials of a lossy server preset's quality against
+        ``none``, NaN for others), ``floor_kl_mean`` (the same KL of a lossless reuse preset), ``kl_bound`` (the
+        KL is a server's lower bound, ``kl_method``) with the run's ``max_kl``, ``max_server_kl`` and
+        ``min_agreement``, ``failed`` (trials not measured).
     """
     rows = with_cells(reuse_trials(trials)).copy()
     if rows.empty:
@@ -102,12 +104,12 @@ def reuse_table(trials: pd.DataFrame, by: str = "turn_index") -> pd.DataFrame:
         rec["warm_tokens_restored"] = int(warm["tokens_restored"].sum()) if len(warm) else 0
         rec["prefill_saved_pct"] = 100 * rec["warm_tokens_restored"] / prompt if prompt else np.nan
         rec["tokens_match"] = ids_verdict(ok)
-        kl = pd.to_numeric(warm["kl_mean"], errors="coerce").dropna()
-        rec["kl_mean"] = float(kl.median()) if len(kl) else np.nan
-        agree = pd.to_numeric(warm.get("token_agreement"), errors="coerce").dropna() \
-            if "token_agreement" in warm else pd.Series(dtype=float)
-        rec["token_agreement"] = float(agree.median()) if len(agree) else np.nan
-        for key in ("max_kl", "min_agreement"):  # the run's quality thresholds (load_results), NaN without
+        for col in ("kl_mean", "token_agreement", "agreement_to_divergence", "floor_kl_mean"):
+            v = pd.to_numeric(warm[col], errors="coerce").dropna() if col in warm else pd.Series(dtype=float)
+            rec[col] = float(v.median()) if len(v) else np.nan
+        method = warm["kl_method"] if "kl_method" in warm else pd.Series(dtype=object)
+        rec["kl_bound"] = bool(method.map(lambda m: isinstance(m, str) and bool(m)).any())
+        for key in ("max_kl", "max_server_kl", "min_agreement"):  # the run's quality thresholds, NaN without
             rec[key] = float(pd.to_numeric(part[key], errors="coerce").max()) if key in part else np.nan
         out.append(rec)
     # groups and modes in the order they ran (`none` first), then by turn or length

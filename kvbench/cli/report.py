@@ -69,8 +69,9 @@ def report(
                         f"{g}: restore vs recompute per turn", "TTFT median [min–max] over the requests of "
                         "that turn and the repeats; restore includes the lookup and the copy; ÷: restore ÷ "
                         "recompute paired by request, median [95% interval over the pairs, drawn by conversation; "
-                        "with 5 pairs their range]; = none: greedy ids equal to none's recompute (KL: a lossy "
-                        "preset's median top-k KL against none, nats)", wrap=REUSE_WRAPPING),
+                        "with 5 pairs their range]; = none: greedy ids equal to none's recompute (KL ≥: a lossy "
+                        "preset's median KL against none, nats, a lower bound from the server's top-k "
+                        "log-probabilities)", wrap=REUSE_WRAPPING),
                  first=("prompt", "pairs", "restored", "recompute TTFT ms"))
         if g in rep.server_load:
             show(_table(server_load_display(rep.server_load[g]).drop(columns=["scenario"]),

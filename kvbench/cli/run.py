@@ -24,7 +24,7 @@ def _same_ids(r: dict[str, Any]) -> str:
     from kvbench.report.format import kl_cell, missing
 
     if not missing(r.get("kl_mean_median")):
-        return kl_cell(r["kl_mean_median"])
+        return kl_cell(r["kl_mean_median"], r.get("kl_bound"))
     return {True: "yes", False: "[red]NO[/]"}.get(r["tokens_match"], "-")
 
 
@@ -36,7 +36,8 @@ def _summary_table(frame: Any, title: str) -> Table:
 
     t = Table(title=escape(title), caption="median (min–max) over the measured repeats (ok, and over budget: *); "
                                            "same ids: greedy ids equal to `none`'s (KL: a lossy host format's "
-                                           "median KL against none, nats); KV MiB: device KV peak")
+                                           "median KL against none, nats; KL ≥: a server's lower bound); KV MiB: "
+                                           "device KV peak")
     machines = frame["group"].nunique() > 1 if "group" in frame else False  # a run across placement kinds
     if machines:
         t.add_column("machine")
@@ -167,7 +168,8 @@ def run(
         show(_table(reuse_terminal(reuse_display(res.reuse)), title,
                     f"{how}; TTFT median [min–max]; ÷: restore ÷ recompute TTFT paired by request, median [95% "
                     "interval over the pairs, drawn by conversation; with 5 pairs their range]; = none: greedy "
-                    "ids equal to none's recompute (KL: a lossy preset's median top-k KL against none, nats)",
+                    "ids equal to none's recompute (KL ≥: a lossy preset's median KL against none, nats, a "
+                    "lower bound from the server's top-k log-probabilities)",
                     wrap=REUSE_WRAPPING), first=("prompt", "pairs", "restored", "recompute TTFT ms"))
     elif res.summary is not None:
         show(_summary_table(res.summary, title))

@@ -242,7 +242,8 @@ def reuse_recommendation(turns: pd.DataFrame, group: str, later: pd.DataFrame | 
     kl = t[t["mode_label"] == mode]["kl_mean"].median() if "kl_mean" in t else float("nan")
     figures = (f"with `{mode}`, TTFT from turn 2 on is {best.iloc[0] * 1e3:,.0f} ms against {cold * 1e3:,.0f} ms "
                "recomputing every prompt (median over turns; the baseline is `none`)"
-               + (f"; quality vs none: KL {kl:.3g} nats (top-k estimate)" if not missing(kl) else "") + dropped)
+               + (f"; quality vs none: KL ≥ {kl:.3g} nats (a lower bound from the server's top-k "
+                  "log-probabilities)" if not missing(kl) else "") + dropped)
     p = None if later is None or later.empty else next(
         (r for r in later.to_dict("records") if r["group"] == group and r["mode_label"] == mode), None)
     if p is None:
@@ -258,15 +259,18 @@ def reuse_recommendation(turns: pd.DataFrame, group: str, later: pd.DataFrame | 
 
 
 def _reuse_quality_fails(part: pd.DataFrame) -> str:
-    """"fails quality: …" where a lossy server preset's median KL or agreement (over its turns) is beyond the
-    run's ``max_kl`` or ``min_agreement``; "" otherwise."""
+    """"fails quality: …" where a lossy server preset's median KL lower bound or agreement (the share of steps
+    before the first differing id, over its turns) is beyond the run's ``max_server_kl`` (``max_kl`` for a KL
+    that is not a server's bound) or ``min_agreement``; "" otherwise."""
     def median(col: str) -> float:
         return part[col].median() if col in part else float("nan")
 
     def limit(col: str) -> float:
         return part[col].max() if col in part else float("nan")
 
-    crossed = quality_crossed(median("kl_mean"), median("token_agreement"), limit("max_kl"), limit("min_agreement"))
+    bound = bool(part["kl_bound"].any()) if "kl_bound" in part else False
+    crossed = quality_crossed(median("kl_mean"), median("agreement_to_divergence"),
+                              limit("max_server_kl" if bound else "max_kl"), limit("min_agreement"), bound)
     return f"fails quality: {'; '.join(crossed)}" if crossed else ""
 
 

@@ -131,10 +131,10 @@ def match(v: Any) -> str:
     return "-" if missing(v) else ("yes" if v else "NO")
 
 
-def kl_cell(kl: Any) -> str:
-    """A lossy mode's median KL against ``none`` in a table's ``= none`` cell: ``KL 0.050`` (two significant
-    digits, trailing zeros kept)."""
-    return f"KL {kl:#.2g}"
+def kl_cell(kl: Any, bound: Any = False) -> str:
+    """A lossy mode's median KL against ``none`` (nats) in a table's ``= none`` cell: ``KL 0.050`` (two
+    significant digits, trailing zeros kept); ``KL ≥0.050`` where it is a server's lower bound (``bound`` True)."""
+    return f"KL {'≥' if bound in (True,) else ''}{kl:#.2g}"
 
 
 __all__ = ["GIB", "MIB", "STATUSES", "ci", "count_units", "gib_or_mib", "kl_cell", "match", "mib", "missing", "ms",

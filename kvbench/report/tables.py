@@ -77,8 +77,10 @@ def terminal_frame(shown: pd.DataFrame, table: pd.DataFrame) -> pd.DataFrame:
                                                              table["time_overhead_ci_high"])]
     if "kl_mean_median" in table:  # a lossy mode: its median KL against none (and whether it fails quality)
         quality = table["quality_ok"] if "quality_ok" in table else pd.Series(None, index=table.index)
-        frame["ids match none"] = [c if missing(kl) else kl_cell(kl) + (" fails" if ok is False else "")
-                                   for c, kl, ok in zip(frame["ids match none"], table["kl_mean_median"], quality)]
+        bound = table["kl_bound"] if "kl_bound" in table else pd.Series(False, index=table.index)
+        frame["ids match none"] = [c if missing(kl) else kl_cell(kl, b) + (" fails" if ok is False else "")
+                                   for c, kl, ok, b in zip(frame["ids match none"], table["kl_mean_median"], quality,
+                                                           bound)]
     kv = next(c for c in frame.columns if c.startswith("KV device peak"))
     return frame.rename(columns={"prompt (tokens)": "prompt", "TTFT (ms)": "TTFT ms", "TPOT (ms)": "TPOT ms",
                                  "tokens/s (e2e)": "tok/s e2e", kv: kv.replace("KV device peak (", "KV dev ").rstrip(")"),
@@ -112,7 +114,7 @@ def reuse_display(table: pd.DataFrame) -> pd.DataFrame:
             f"restored from host ({unit_name}, total)": size(r["restore_host_bytes"], unit),
             f"restored from disk ({unit_name}, total)": size(r["restore_disk_bytes"], unit),
             "prefill saved (%)": pct(r["prefill_saved_pct"]),
-            "ids match none": (kl_cell(r["kl_mean"]) if not missing(r.get("kl_mean")) else
+            "ids match none": (kl_cell(r["kl_mean"], r.get("kl_bound")) if not missing(r.get("kl_mean")) else
                                "near tie" if r["tokens_match"] == "near tie" else match(r["tokens_match"])),
             "trials": f"{r['n']} warm" + (f", {r['failed']} failed" if r["failed"] else ""),
         })

@@ -313,7 +313,7 @@ def _load(paths: list[str | Path]) -> Results:
     trials = pd.concat(frames, ignore_index=True, sort=False)
     # a point is measured as often as its scenario asked (a capacity probe, once, is not a measured point)
     trials["repeats_planned"] = trials["run_path"].map({r["path"]: _repeats(r["scenario"]) for r in runs})
-    for key in ("max_kl", "min_agreement"):  # the quality a lossy mode must keep (scenario quality:)
+    for key in ("max_kl", "max_server_kl", "min_agreement"):  # the quality a lossy mode must keep (quality:)
         trials[key] = trials["run_path"].map({r["path"]: _quality(r["scenario"], key) for r in runs})
     groups = trials["run_path"].map({r["path"]: r["group"] for r in runs})
     split: list[dict[str, Any]] = []  # a run measured on two or more placement kinds: one group per kind
@@ -338,7 +338,7 @@ def _repeats(scenario: dict[str, Any]) -> float:
 
 
 def _quality(scenario: dict[str, Any], key: str) -> float:
-    """A run's ``quality.max_kl`` or ``quality.min_agreement`` (NaN when it sets none)."""
+    """A run's ``quality.max_kl``, ``quality.max_server_kl`` or ``quality.min_agreement`` (NaN when it sets none)."""
     v = (scenario.get("quality") or {}).get(key) if isinstance(scenario.get("quality"), dict) else None
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else float("nan")
 

@@ -137,9 +137,14 @@ class QualitySpec(Strict):
     medians over a point's trials of the quality columns (see docs/metrics.md)."""
 
     max_kl: Annotated[float, Field(strict=False, ge=0, allow_inf_nan=False)] | None = optional(
-        "Largest mean KL(none ‖ mode) of the next-token distributions, nats (teacher-forced on none's ids).")
+        "Largest mean KL(none ‖ mode) of the next-token distributions, nats (teacher-forced on none's ids): the "
+        "in-process engine's host formats.")
+    max_server_kl: Annotated[float, Field(strict=False, ge=0, allow_inf_nan=False)] | None = optional(
+        "Largest lower bound of KL(none ‖ preset) a server's lossy preset (llama.cpp kv-q8_0, kv-q4_0) may have, "
+        "nats: from the server's top-k log-probabilities, not comparable with max_kl.")
     min_agreement: Annotated[float, Field(strict=False, ge=0, le=1, allow_inf_nan=False)] | None = optional(
-        "Smallest share of greedy ids equal to none's (token_agreement, 0 to 1).")
+        "Smallest share of greedy steps before the first id that differs from none's (agreement_to_divergence, "
+        "0 to 1).")
 
 
 

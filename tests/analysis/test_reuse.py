@@ -562,24 +562,30 @@ def test_reuse_recommendation_follows_the_paired_verdict():
                                "pairs")
 
 
-def test_a_lossy_server_preset_beyond_max_kl_fails_quality_and_is_not_recommended():
+def test_a_lossy_server_preset_is_gated_by_max_server_kl_not_the_in_process_max_kl():
+    """A server's KL is a lower bound from its top-k log-probabilities (kl_bound): the in-process max_kl does not
+    apply to it, max_server_kl does; the agreement gated is the share of steps before the first differing id."""
     from kvbench.report.advice import reuse_recommendation
 
     turns = pd.DataFrame([
         {"group": "r", "turn_index": 2, "mode": "prefix-cache", "mode_label": "prefix-cache", "tokens_match": True,
-         "warm_ttft_s": 0.5, "cold_ttft_s": 1.0, "kl_mean": np.nan, "token_agreement": np.nan},
+         "warm_ttft_s": 0.5, "cold_ttft_s": 1.0, "kl_mean": np.nan, "token_agreement": np.nan,
+         "agreement_to_divergence": np.nan, "kl_bound": False},
         {"group": "r", "turn_index": 2, "mode": "kv-q4_0", "mode_label": "kv-q4_0", "tokens_match": False,
-         "warm_ttft_s": 0.4, "cold_ttft_s": 1.0, "kl_mean": 0.038, "token_agreement": 0.19}]).assign(max_kl=0.01,
-                                                                                                  min_agreement=0.5)
-    line = reuse_recommendation(turns, "r", need_match=False)
-    assert line == ("no paired restore ÷ recompute from turn 2 on: no recommendation; with `prefix-cache`, TTFT from "
-                    "turn 2 on is 500 ms against 1,000 ms recomputing every prompt (median over turns; the baseline is "
-                    "`none`); not considered: `kv-q4_0` "
-                    "fails quality: KL 0.038 nats > max_kl 0.01; agreement 19.0% < min_agreement 50.0%")
+         "warm_ttft_s": 0.4, "cold_ttft_s": 1.0, "kl_mean": 0.038, "token_agreement": 0.75,
+         "agreement_to_divergence": 0.19, "kl_bound": True}]).assign(min_agreement=0.5)
+    line = reuse_recommendation(turns.assign(max_kl=0.01, max_server_kl=0.05), "r", need_match=False)
+    assert "not considered: `kv-q4_0` fails quality: 19.0% of steps before the first differing id < " \
+           "min_agreement 50.0%" in line and "max_kl" not in line
+    line = reuse_recommendation(turns.assign(max_kl=np.nan, max_server_kl=0.01), "r", need_match=False)
+    assert line.endswith("not considered: `kv-q4_0` fails quality: KL ≥ 0.038 nats > max_server_kl 0.01; 19.0% of "
+                         "steps before the first differing id < min_agreement 50.0%")
     # without thresholds the faster lossy preset is named, with its quality beside its figures
-    line = reuse_recommendation(turns.assign(max_kl=np.nan, min_agreement=np.nan), "r", need_match=False)
+    line = reuse_recommendation(turns.assign(max_kl=np.nan, max_server_kl=np.nan, min_agreement=np.nan), "r",
+                                need_match=False)
     assert line.endswith("with `kv-q4_0`, TTFT from turn 2 on is 400 ms against 1,000 ms recomputing every prompt "
-                         "(median over turns; the baseline is `none`); quality vs none: KL 0.038 nats (top-k estimate)")
+                         "(median over turns; the baseline is `none`); quality vs none: KL ≥ 0.038 nats (a lower "
+                         "bound from the server's top-k log-probabilities)")
 
 
 def test_the_sampling_unit_is_the_conversation_one_at_a_time_and_the_load_when_requests_overlap():
