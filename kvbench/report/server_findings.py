@@ -1,6 +1,7 @@
 """The findings of a server run (``engine`` other than transformers): per mode (a server configuration) how much
 of the reusable history the server's cache reused, whether cold starts were verified cold, how often its outputs
-equal ``none``'s, the ``/metrics`` counter deltas, and "hit rate up, latency flat"."""
+equal ``none``'s (a lossy preset: its KL lower bound beside the lossless reuse presets', the floor, and where its
+ids first differ), the ``/metrics`` counter deltas, and "hit rate up, latency flat"."""
 
 from __future__ import annotations
 
@@ -62,6 +63,8 @@ def server_findings(trials: pd.DataFrame, group: str, later: pd.DataFrame | None
     out = tier_lines(tier_later_turns(trials, servers), group)
     pooled = {} if later is None or later.empty else {
         r["mode_label"]: r for r in later[later["group"] == group].to_dict("records")}
+    floors = {mode: kl.median() for mode, part in rows.groupby("mode_label", sort=False)
+              if not (kl := _numbers(part, "floor_kl_mean")).empty}
     for mode, part in rows.groupby("mode_label", sort=False):
         kind = part["mode"].iloc[0]
         cached = pd.to_numeric(part.get("cached_prompt_tokens"), errors="coerce")
@@ -95,7 +98,9 @@ def server_findings(trials: pd.DataFrame, group: str, later: pd.DataFrame | None
                            "the cache but TTFT did not clearly drop (prefill is not what limits TTFT here, or the "
                            "restore costs what recompute does)")
         if kind != "none":
-            out.append(_quality(mode, part) or _matches(mode, part))
+            out.append(_quality(mode, part, floors) or _matches(mode, part))
+            if mode in floors:
+                out.append(_floor(mode, part))
     cold = rows["cold_verified"] if "cold_verified" in rows else pd.Series(dtype=object)
     checked = cold.dropna()
     if len(checked):
@@ -142,17 +147,44 @@ def own_options(options: Any) -> list[str]:
     return out
 
 
-def _quality(mode: str, part: pd.DataFrame) -> str | None:
-    """A lossy preset's quality against ``none`` (its ids differ by design: not an exactness finding), or None
-    for a mode without quality columns."""
-    kl = pd.to_numeric(part.get("kl_mean"), errors="coerce") if "kl_mean" in part else pd.Series(dtype=float)
-    if kl.dropna().empty:
+def _numbers(part: pd.DataFrame, col: str) -> pd.Series:
+    """A column of ``part`` as numbers without the missing ones (empty where ``part`` has no such column)."""
+    return pd.to_numeric(part[col], errors="coerce").dropna() if col in part else pd.Series(dtype=float)
+
+
+def _method(part: pd.DataFrame) -> str:
+    """How the KL of a mode's requests was taken (its rows' ``kl_method``)."""
+    return next((m for m in part.get("kl_method", []) if isinstance(m, str)), "")
+
+
+def _quality(mode: str, part: pd.DataFrame, floors: dict[str, float]) -> str | None:
+    """A lossy preset's quality against ``none`` (its ids differ by design: not an exactness finding): its KL, a
+    lower bound from the server's top-k log-probabilities, beside the lossless reuse presets' (``floors``: mode →
+    median ``floor_kl_mean``, nats); where its greedy ids first leave ``none``'s and the share of steps before
+    that; or None for a mode without quality columns."""
+    kl = _numbers(part, "kl_mean")
+    if kl.empty:
         return None
-    agree = pd.to_numeric(part["token_agreement"], errors="coerce").dropna()
-    worst = pd.to_numeric(part["kl_max"], errors="coerce").max()
-    method = next((m for m in part.get("kl_method", []) if isinstance(m, str)), "")
-    return (f"`{mode}` (lossy): KL(none ‖ mode) {kl.median():.3g} nats median over {int(kl.notna().sum())} requests "
-            f"(largest {worst:.3g}; {method}); greedy ids {agree.median():.1%} equal to `none`'s (median)")
+    worst = _numbers(part, "kl_max").max()
+    floor = "".join(f"; floor: `{m}` (lossless reuse) ≥ {v:.3g}" for m, v in floors.items())
+    steps = _numbers(part, "first_divergence_step")
+    compared = int(part["tokens_match"].notna().sum()) if "tokens_match" in part else 0
+    where = (f"first differing id at step {steps.median():g} (median over the {len(steps)} requests that differ; "
+             f"{compared - len(steps)} of {compared} never do)" if len(steps) else
+             f"no differing id in {compared} requests")
+    before = _numbers(part, "agreement_to_divergence")
+    share = f", {before.median():.0%} of steps before it (median)" if len(before) and len(steps) else ""
+    return (f"`{mode}` (lossy): KL(none ‖ mode) ≥ {kl.median():.3g} nats median over {len(kl)} requests (largest "
+            f"≥ {worst:.3g}; {_method(part)}{floor}); {where}{share}")
+
+
+def _floor(mode: str, part: pd.DataFrame) -> str:
+    """A lossless reuse preset's own KL against ``none`` (``floor_kl_mean``, nats): the floor of the lossy
+    presets'."""
+    kl = _numbers(part, "floor_kl_mean")
+    return (f"`{mode}` (lossless reuse): KL(none ‖ mode) ≥ {kl.median():.3g} nats median over {len(kl)} requests "
+            f"(largest ≥ {_numbers(part, 'floor_kl_max').max():.3g}; {_method(part)}): the floor a lossy preset's "
+            "KL is read against (the server's cached and recomputed prompts are not bit-identical)")
 
 
 def _matches(mode: str, part: pd.DataFrame) -> str:

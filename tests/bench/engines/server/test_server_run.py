@@ -152,22 +152,27 @@ def test_kind_openai_measures_a_tier_mode_on_its_own_running_server(tmp_path):
 
 
 def test_a_q8_0_kv_cache_gets_quality_columns_from_the_servers_top_logprobs(tmp_path):
-    """kv-q8_0 is lossy by design: its replies are measured against none's (agreement, top-8 KL) and none's
-    requests ask for the top-8 too; the server starts with the cache types."""
+    """kv-q8_0 is lossy by design: its replies are measured against none's (agreement, a KL lower bound from the
+    top-1,000 log-probabilities) and none's requests ask for them too; prefix-cache (lossless reuse) gets its own
+    KL as the floor; the server starts with the cache types."""
     data = {"name": "q8", "model": "smollm2-135m", "engine": {"kind": "llama.cpp"},
             "workload": {"source": "sharegpt", "seed": 0, "n_prompts": 2}, "prompt_tokens": [200],
             "max_new_tokens": 12, "repeats": 1, "warmup": 0, "seed": 0,
-            "modes": [{"name": "none"}, {"name": "kv-q8_0"}]}
+            "modes": [{"name": "none"}, {"name": "kv-q8_0"}, {"name": "prefix-cache"}]}
     (tmp_path / "s.yaml").write_text(yaml.safe_dump(data))
     res = kvbench.run_scenario(tmp_path / "s.yaml", out=tmp_path / "res")
     rows = {r["trial_id"]: r for r in res.rows}
-    assert len(rows) == 4 and all(r["status"] == "ok" for r in rows.values()), rows
+    assert len(rows) == 6 and all(r["status"] == "ok" for r in rows.values()), rows
+    method = "lower bound from the top-1,000 log-probabilities (n_probs), steps up to the first differing id"
     for r in rows.values():
         if r["mode"] == "none":
-            assert r.get("kl_mean") is None and r["tokens_match"] is True
+            assert r.get("kl_mean") is None and r.get("floor_kl_mean") is None and r["tokens_match"] is True
+        elif r["mode"] == "prefix-cache":
+            assert r.get("kl_mean") is None and 0 <= r["floor_kl_mean"] <= r["floor_kl_max"] < 1.0
+            assert r["kl_method"] == method
         else:
             assert 0 <= r["kl_mean"] <= r["kl_max"] < 1.0 and 0 <= r["token_agreement"] <= 1
-            assert r["kl_method"] == "top-8 (n_probs), steps up to the first differing id"
+            assert r["kl_method"] == method and r.get("floor_kl_mean") is None
     servers = kvbench.load_results(res.run_dir).runs[0]["servers"]
     argv = servers[1]["argv"]
     assert argv[argv.index("--cache-type-k") + 1] == argv[argv.index("--cache-type-v") + 1] == "q8_0"
