@@ -169,11 +169,13 @@ def _quality(mode: str, part: pd.DataFrame, floors: dict[str, float]) -> str | N
     floor = "".join(f"; floor: `{m}` (lossless reuse) ≥ {v:.3g}" for m, v in floors.items())
     steps = _numbers(part, "first_divergence_step")
     compared = int(part["tokens_match"].notna().sum()) if "tokens_match" in part else 0
-    where = (f"first differing id at step {steps.median():g} (median over the {len(steps)} requests that differ; "
-             f"{compared - len(steps)} of {compared} never do)" if len(steps) else
+    never = compared - len(steps)
+    where = (f"first differing id at step {steps.median():g} (median over the {len(steps)} requests that differ"
+             + (f"; {never} of {compared} never do)" if never else "; every one does)") if len(steps) else
              f"no differing id in {compared} requests")
     before = _numbers(part, "agreement_to_divergence")
-    share = f", {before.median():.0%} of steps before it (median)" if len(before) and len(steps) else ""
+    share = (f"; {before.median():.0%} of steps before a request's first differing id (median over "
+             f"{len(before)})") if len(before) and len(steps) else ""
     return (f"`{mode}` (lossy): KL(none ‖ mode) ≥ {kl.median():.3g} nats median over {len(kl)} requests (largest "
             f"≥ {worst:.3g}; {_method(part)}{floor}); {where}{share}")
 

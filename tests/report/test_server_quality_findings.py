@@ -43,7 +43,8 @@ def test_a_lossy_presets_kl_is_a_lower_bound_beside_the_floor_with_its_first_dif
     # share of steps before it: median of 2/16, 4/16, 12/16, 16/16 = 0.5
     assert q8 == ("`kv-q8_0` (lossy): KL(none ‖ mode) ≥ 0.003 nats median over 4 requests (largest ≥ 0.03; "
                   f"{METHOD}; floor: `prefix-cache` (lossless reuse) ≥ 0.00145); first differing id at step 4 "
-                  "(median over the 3 requests that differ; 1 of 4 never do), 50% of steps before it (median)")
+                  "(median over the 3 requests that differ; 1 of 4 never do); 50% of steps before a request's first "
+                  "differing id (median over 4)")
     floor = next(line for line in lines if line.startswith("`prefix-cache` (lossless reuse)"))
     assert floor == ("`prefix-cache` (lossless reuse): KL(none ‖ mode) ≥ 0.00145 nats median over 4 requests "
                      f"(largest ≥ 0.008; {METHOD}): the floor a lossy preset's KL is read against (the server's "
