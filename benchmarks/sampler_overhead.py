@@ -27,9 +27,11 @@ import os
 os.environ.setdefault("TQDM_DISABLE", "1")  # before transformers: its GGUF loader draws a progress bar
 
 import argparse  # noqa: E402
-import math  # noqa: E402
 import statistics  # noqa: E402
 
+import numpy as np  # noqa: E402
+
+from kvbench.analysis.intervals import MIN_INTERVAL_VALUES, median_interval  # noqa: E402
 from kvbench.models import LoadedModel, load  # noqa: E402
 from kvbench.bench.telemetry.monitor import Sampler  # noqa: E402
 from kvbench.offload.modes import make_cache  # noqa: E402
@@ -46,18 +48,13 @@ TARGET = 1.02
 STEP_PATTERN = (True, False, False, True)
 
 
-def median_ci(values: list[float], level: float = 0.95) -> tuple[float, float] | None:
-    """Distribution-free confidence interval of the median of ``values``: the order statistics at binomial(n, ½)
-    ranks k and n+1−k, the widest k whose two-sided tail is ≤ 1 − ``level`` (None when n is too small, n < 6 at
-    95%)."""
-    n, xs = len(values), sorted(values)
-    tail, k = 0.0, 0
-    while True:  # grow k while P(Bin(n, ½) ≤ k) stays within half the allowed error
-        nxt = tail + math.comb(n, k) / 2**n
-        if 2 * nxt > 1 - level:
-            break
-        tail, k = nxt, k + 1
-    return None if k == 0 else (xs[k - 1], xs[n - k])
+def median_ci(values: list[float]) -> tuple[float, float] | None:
+    """95% interval of the median of ``values``: kvbench's own (interpolated order statistics,
+    :func:`kvbench.analysis.intervals.median_interval`); None with fewer than 5 values."""
+    if len(values) < MIN_INTERVAL_VALUES:
+        return None
+    lo, hi = median_interval(np.sort(np.asarray(values, dtype=float))[None, :])
+    return float(lo[0]), float(hi[0])
 
 
 def summary(values: list[float], fmt: str = ".3f") -> str:
