@@ -276,6 +276,8 @@ def test_no_model_cell_fills_a_panel_the_run_s_prompts_cannot_reach():
     assert cells == {("≤0.5×", 128, 95): "measured", ("0.5–1×", 128, 0): "model", ("0.5–1×", 128, 50): "model",
                      ("0.5–1×", 256, 95): "measured"}
     assert m.notes == [
+        "be none: the model's cells at 1,024 tokens extrapolate beyond 2x the prompt lengths it was fitted to "
+        "(128–256 tokens)",
         "be none: 14 cells left empty, the run's prompts cannot reach their panel (KV working set ÷ budget: 128 "
         "tokens at 95% shared 0.4×, not 0.5–1×; 256 tokens at 0% shared 1.92×, not 0.5–1×; 256 tokens at 50% "
         "shared 1.28×, not 0.5–1×; ...)"]
