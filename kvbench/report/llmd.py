@@ -35,6 +35,7 @@ from kvbench.analysis.tier import tier_hits, tier_not_engaged, tier_of
 from kvbench.arguments import path_arg
 from kvbench.errors import BadParameter, ResultsError, UnwritableOutput, UserError
 from kvbench.report.cost import replacing
+from kvbench.report.llmd_cost import export_cost, server_costs
 from kvbench.report.llmd_scenario import clean, load, stack
 from kvbench.results.load import Results
 from kvbench.results.rows import MEASURED, Status
@@ -154,7 +155,7 @@ def kvbench_extension(rows: pd.DataFrame, all_rows: pd.DataFrame, servers: list[
     ``cold_start`` (servers whose first request reused 0 tokens, and the reset probes); ``cache`` (Σ cached and Σ
     prompt tokens); ``counters`` (each server's ``/metrics`` deltas, holds taken out); ``memory`` (peak device,
     host, host allocated, pinned and disk KV bytes; the host tier a server's flags configure); ``bytes_moved``
-    (Σ host→device, device→host, disk read and write bytes); ``cost`` (given: :func:`_cost`); ``tier`` (a host or
+    (Σ host→device, device→host, disk read and write bytes); ``cost`` (given: :func:`~kvbench.report.llmd_cost.export_cost`); ``tier`` (a host or
     disk tier mode's tier, the baselines of its savings and what its own counters served: :func:`_tier`);
     ``status`` (:func:`status`, with ``cost``'s ``why``); ``machine_busy_requests``, ``failed_requests``.
     Bytes in bytes, times in seconds."""
@@ -215,25 +216,6 @@ def _tier(rows: pd.DataFrame, servers: list[dict[str, Any]], first: dict[str, An
             "not_engaged": tier_not_engaged(rows, servers, engine, label)}
 
 
-def _cost(point: dict[str, Any] | None, throughput: float, prices: Prices) -> dict[str, Any]:
-    """The extension's ``cost`` at ``prices``: an in-process report's is its point's in ``kvbench cost``
-    (``point``, a row of :func:`kvbench.analysis.cost.point_costs`: USD per 1M generated tokens from the median
-    of its trials' throughput, the host and disk KV it held charged; none where the point does not qualify, with
-    ``why``); a server mode's, at the report's output rate (``throughput``, tokens/s), no memory charged."""
-    prices_used = {"gpu_usd_per_hour": prices.gpu_per_hour, "host_usd_per_gib_hour": prices.host_per_gib_hour,
-                   "disk_usd_per_gib_hour": prices.disk_per_gib_hour}
-    if point is None:
-        return {**prices_used, "usd_per_million_output_tokens": prices.per_million(throughput)
-                if throughput > 0 else None, "basis": "output_token_rate of this report; no host or disk memory "
-                "charged", "why": ""}
-    usd = point["usd_per_million"]
-    return {**prices_used, "usd_per_million_output_tokens": usd if usd == usd else None,
-            "usd_ci": [point["usd_ci_low"], point["usd_ci_high"]] if usd == usd else None,
-            "host_kv_bytes": point["host_kv_bytes"], "disk_kv_bytes": point["disk_kv_bytes"],
-            "basis": "kvbench cost: the median throughput of the point's measured trials, its host and disk KV "
-                     "charged", "why": point["why"]}
-
-
 def _units(trials: pd.DataFrame) -> list[tuple[str, pd.DataFrame, bool]]:
     """``(name, rows, server)`` of each report: per run and mode label (a server mode holds its concurrency in the
     label), for the in-process engine per prompt length and batch too; a unit none of whose trials ran here (all
@@ -277,6 +259,7 @@ def llmd_reports(results: Results, prices: Prices | None = None) -> list[tuple[s
     points = point_table(results.trials)
     costs = {(r["group"], float(r["prompt_tokens"]), r["mode_label"], float(r["batch_size"])): r
              for r in point_costs(points, prices, results.trials).to_dict("records")} if len(points) else {}
+    served = server_costs(results, prices)
     out = []
     for name, all_rows, server in _units(results.trials):
         all_rows = all_rows[all_rows["status"] != Status.SKIPPED]
@@ -320,9 +303,9 @@ def llmd_reports(results: Results, prices: Prices | None = None) -> list[tuple[s
                 component[field] = statistics(rows[column], units)
         engine = stack(run, all_rows, servers)
         first = all_rows.iloc[0]
-        point = None if server else costs.get((first["group"], float(first["prompt_tokens"]), label,
-                                               float(first["batch_size"])))
-        ext = kvbench_extension(rows, all_rows, servers, _cost(point, per_s(n_out), prices))
+        point = served.get((first["group"], label)) if server else costs.get(
+            (first["group"], float(first["prompt_tokens"]), label, float(first["batch_size"])))
+        ext = kvbench_extension(rows, all_rows, servers, export_cost(point, per_s(n_out), prices))
         observability: dict[str, Any] = {EXTENSION: ext}
         component = clean(component)
         if component:

@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 from golden_run import RUN as GOLDEN, copy_run
 from kvbench.analysis.cost import Prices
 from kvbench.analysis.peer_cost import peer_cost_table
+from kvbench.analysis.reuse_cost import reuse_cost
 from kvbench.analysis.server_load import server_load_table
 from kvbench.cli import app
 from kvbench.errors import SymlinkRefused
@@ -102,8 +103,17 @@ def test_a_report_holds_kvbench_s_figures_and_counts(server_run):
     assert ext["cache"] == {"cached_prompt_tokens": int(trials["cached_prompt_tokens"].sum()),
                             "prompt_tokens": int(trials["prompt_tokens"].sum())}
     assert ext["exactness"]["compared"] == 4
+    # the figure kvbench cost gives each side: Σ tokens ÷ Σ e2e of its requests, one at a time
+    served = reuse_cost(results.trials, Prices(3.0), servers=results.servers).set_index("mode_label")
+    own = {m: 3.0 / (float((t["n_output_tokens"] * t["batch_size"]).sum() / t["e2e_s"].sum()) * 3600) * 1e6
+           for m, t in results.trials.groupby("mode_label")}
+    assert ext["cost"]["usd_per_million_output_tokens"] == pytest.approx(own["prefix-cache"])
+    assert own["prefix-cache"] == pytest.approx(served.loc["prefix-cache", "restore_usd_per_million"])
+    none_cost = none["results"]["observability"]["kvbench"]["cost"]
+    assert none_cost["usd_per_million_output_tokens"] == pytest.approx(own["none"])
+    assert own["none"] == pytest.approx(served.loc["prefix-cache", "recompute_usd_per_million"])
     rate = cache["results"]["request_performance"]["aggregate"]["throughput"]["output_token_rate"]["mean"]
-    assert ext["cost"]["usd_per_million_output_tokens"] == pytest.approx(3.0 / (rate * 3600) * 1e6)
+    assert 3.0 / (rate * 3600) * 1e6 > 1.5 * own["prefix-cache"]  # the report's own rate: wall clock, gaps too
     hit = cache["results"]["observability"]["components"][0]["aggregate"]["cache_hit_rate"]
     assert hit == {"units": "fraction", "mean": pytest.approx(ext["cache"]["cached_prompt_tokens"]
                                                               / ext["cache"]["prompt_tokens"])}
