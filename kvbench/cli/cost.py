@@ -106,8 +106,8 @@ def cost(
                     "the reuse saving; a prefix-cache mode: the tier saving of a host or disk tier), warm = the mode "
                     "restoring stored prefixes (charged --host-price for "
                     "the memory it holds beside the device, --disk-price for its disk: the charged column says "
-                    "what); tokens/s = generated tokens ÷ e2e time; saving with its 95% interval over request "
-                    "pairs, drawn by conversation; prefill saved = prompt tokens restored instead of computed"
+                    "what); tokens/s = generated tokens ÷ e2e time; saving with its 95% interval (the jackknife "
+                    "over conversations of the request pairs); prefill saved = prompt tokens restored instead of computed"
                     + ("; a server mode's cold side is `none` on the same requests and concurrency, its tokens/s "
                        "÷ the time requests were in flight, a slot restore inside TTFT" if server else ""),
                     left=("scenario", "mode", "vs", "verdict"),

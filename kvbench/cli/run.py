@@ -166,8 +166,8 @@ def run(
                "cached prompt tokens the server reported; hit % = of what earlier turns held" if sc.engine.server
                else "cold = recompute the whole prompt, warm = restore the stored prefix then prefill the rest")
         show(_table(reuse_terminal(reuse_display(res.reuse)), title,
-                    f"{how}; TTFT median [min–max]; ÷: restore ÷ recompute TTFT paired by request, median [95% "
-                    "interval over the pairs, drawn by conversation; with 5 pairs their range]; = none: greedy "
+                    f"{how}; TTFT median [min–max]; ÷: restore ÷ recompute TTFT, Σ over request pairs [95% "
+                    "jackknife interval over conversations]; = none: greedy "
                     "ids equal to none's recompute (KL ≥: a lossy preset's median KL against none, nats, a "
                     "lower bound from the server's top-k log-probabilities)",
                     wrap=REUSE_WRAPPING), first=("prompt", "pairs", "restored", "recompute TTFT ms"))
