@@ -201,8 +201,8 @@ class EngineSpec(Strict):
                                 "HTTP_PROXY / HTTPS_PROXY / ALL_PROXY name (the proxy sees every prompt and adds "
                                 "its latency to every TTFT); otherwise kvbench never uses a proxy.")
     cold: Literal["restart", "reset", "check"] | None = optional(
-        "How each mode starts from an empty cache: restart the server (the default where kvbench starts it), call "
-        "reset_path (POST), or only check (the default for openai: a server already running); either way the first "
+        "How each mode starts from an empty cache: restart the server (the default, and the only way, where kvbench "
+        "starts it), call reset_path (POST; a server already running), or only check (the default for openai: a server already running); either way the first "
         "request's cached tokens must be 0, or the mode is reported as not cold.")
     reset_path: str | None = optional("The engine's cache-reset endpoint for cold: reset (POST), e.g. "
                                       "/reset_prefix_cache.")
@@ -245,6 +245,10 @@ class EngineSpec(Strict):
             raise ValueError(f"args: {bad[0]}")
         if self.cold == "reset" and self.reset_path is None:
             raise ValueError("reset_path: required with cold: reset (the engine's cache-reset endpoint)")
+        if self.cold == "reset" and KINDS[self.kind].started:
+            raise ValueError(f"cold: reset is for a server already running (kind {RUNNING_KINDS_TEXT}): kvbench "
+                             f"starts a fresh {self.kind} server per mode (cold: restart) and opens no reset "
+                             "endpoint on it")
         if self.reset_path is not None and not re.fullmatch(r"/[\w\-/]{1,200}", self.reset_path):
             raise ValueError("reset_path: must be a path such as /reset_prefix_cache")
         return self

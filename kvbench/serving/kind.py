@@ -186,8 +186,6 @@ class ServerKind:
         own_env: the folder under kvbench's environment (``<prefix>/<own_env>``) where ``make <kind>`` installs
             the kind into a virtual environment of its own, or None.
         environment: the variables set in the server's environment (over kvbench's), from a :class:`Launch`.
-        reset_path: the endpoint (POST) that empties the kind's prefix cache, used after the warm-up and checked by
-            a probe request (never by its reply), or None.
         version_path: the endpoint (GET) whose JSON ``version`` names the server's version (a Python-module program
             answers ``--version`` with Python's), or None.
         block_tokens: the KV block size in tokens from a ``/metrics`` text (prefix caching reuses whole blocks),
@@ -255,7 +253,6 @@ class ServerKind:
     host_tier: Callable[[list[str]], tuple[int | None, str]] | None = None
     kv_element_bytes: int | None = None
     environment: Callable[[Launch], dict[str, str]] | None = None
-    reset_path: str | None = None
     version_path: str | None = None
     block_tokens: Callable[[str], int | None] | None = None
     cpu_refusal: str | None = None

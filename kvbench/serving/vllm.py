@@ -37,17 +37,25 @@ def launch(at: Launch) -> tuple[list[str], list[str]]:
     return head, (["--model", model, *own] if at.module else own)
 
 
+#: Variables that open endpoints to any process of the machine or let vLLM's processes unpickle what they are sent,
+#: set off whatever kvbench's own environment says (``vllm/envs.py``): the development endpoints (``/collective_rpc``,
+#: ``/reset_prefix_cache``, ``/sleep``...), the LoRA endpoints that load adapters from any path, pickle in the
+#: messages between vLLM's processes.
+CLOSED = {"VLLM_SERVER_DEV_MODE": "0", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "0",
+          "VLLM_ALLOW_INSECURE_SERIALIZATION": "0"}
+
+
 def environment(at: Launch) -> dict[str, str]:
     """Loopback only (``VLLM_HOST_IP``, ``VLLM_LOOPBACK_IP``: else its engine process connects to the machine's
     network address), no usage statistics sent to vLLM's collector (``VLLM_NO_USAGE_STATS``, ``DO_NOT_TRACK``),
-    no hub access for a model on this machine (``HF_HUB_OFFLINE`` when :attr:`Launch.offline`), the
-    development endpoints for ``/reset_prefix_cache`` (``VLLM_SERVER_DEV_MODE``; they also answer ``/sleep`` and
-    ``/collective_rpc`` to any process of this machine that finds the port) and, on a CPU, the KV space: the slots'
-    full KV (:attr:`Launch.kv_bytes`) in whole GiB, at least 1 (``VLLM_CPU_KVCACHE_SPACE``; not where the scenario's
-    ``--kv-cache-memory-bytes`` in :attr:`Launch.flags` sizes it, which the variable would override), threads unbound
-    (``VLLM_CPU_OMP_THREADS_BIND=nobind``: binding fails in a container that hides the CPU topology)."""
+    no endpoint another process could use to write files or run code and no pickle between its processes
+    (:data:`CLOSED`), no hub access for a model on this machine (``HF_HUB_OFFLINE`` when :attr:`Launch.offline`)
+    and, on a CPU, the KV space: the slots' full KV (:attr:`Launch.kv_bytes`) in whole GiB, at least 1
+    (``VLLM_CPU_KVCACHE_SPACE``; not where the scenario's ``--kv-cache-memory-bytes`` in :attr:`Launch.flags` sizes
+    it, which the variable would override), threads unbound (``VLLM_CPU_OMP_THREADS_BIND=nobind``: binding fails in
+    a container that hides the CPU topology). A fresh server per mode starts cold: no cache reset is needed."""
     env = {"VLLM_HOST_IP": "127.0.0.1", "VLLM_LOOPBACK_IP": "127.0.0.1", "VLLM_NO_USAGE_STATS": "1",
-           "DO_NOT_TRACK": "1", "VLLM_SERVER_DEV_MODE": "1"}
+           "DO_NOT_TRACK": "1", **CLOSED}
     if at.offline:
         env["HF_HUB_OFFLINE"] = "1"
     if at.device == "cpu":
@@ -219,7 +227,6 @@ KIND = ServerKind(
     hit_counts=hit_counts,
     host_tier=host_tier,
     environment=environment,
-    reset_path="/reset_prefix_cache",
     version_path="/version",
     block_tokens=block_tokens,
     device_cache_tokens=device_cache_tokens,

@@ -268,7 +268,8 @@ def test_engine_python_runs_the_engine_s_module_and_needs_consent(write_yaml):
     assert argv[-11:] == ["--no-enable-prefix-caching", "--model", "HuggingFaceTB/SmolLM2-135M-Instruct", "--host",
                           "127.0.0.1", "--port", "4242", "--seed", "0", "--max-num-seqs", "2"]
     assert env == {"VLLM_HOST_IP": "127.0.0.1", "VLLM_LOOPBACK_IP": "127.0.0.1", "VLLM_NO_USAGE_STATS": "1",
-                   "DO_NOT_TRACK": "1", "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "4",
+                   "DO_NOT_TRACK": "1", "VLLM_SERVER_DEV_MODE": "0", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "0",
+                   "VLLM_ALLOW_INSECURE_SERIALIZATION": "0", "VLLM_CPU_KVCACHE_SPACE": "4",
                    "VLLM_CPU_OMP_THREADS_BIND": "nobind"}  # a hub id: no HF_HUB_OFFLINE, and consent needed
     assert consent_needed(s) == [
         ("engine.python", f"{sys.executable} is not a program kvbench picks itself for vllm ("
@@ -333,6 +334,14 @@ def test_vllm_flags_that_run_code_or_reach_out_need_consent_in_every_spelling(ar
     assert consent_reasons("vllm", args) == [
         f"{args[0]}: {named} makes the server read or write files, fetch weights or code, run code or reach "
         "another machine"]
+
+
+@pytest.mark.parametrize("kind", ["vllm", "sglang"])
+def test_cold_reset_is_refused_for_a_server_kvbench_starts_fresh_per_mode(write_yaml, kind):
+    engine = {"kind": kind, "cold": "reset", "reset_path": "/reset_prefix_cache"}
+    assert problems_of(write_yaml, server_scenario(engine=engine)) == [
+        ("engine.cold", f"reset is for a server already running (kind openai): kvbench starts a fresh {kind} server "
+                        "per mode (cold: restart) and opens no reset endpoint on it")]
 
 
 def test_a_missing_engine_python_is_refused_as_missing_not_as_a_consent_question(write_yaml):

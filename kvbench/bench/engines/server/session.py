@@ -75,7 +75,7 @@ class ServerSession:
         return self.info
 
     def post(self, path: str) -> None:
-        """``POST`` to ``path`` of the server (``engine.reset_path``).
+        """``POST`` to ``path`` of a server kvbench did not start (``engine.reset_path`` with ``cold: reset``).
 
         Raises:
             ServerReplyError: it failed or answered an HTTP error.
@@ -142,26 +142,12 @@ class ServerSession:
 
     async def warm_up(self, client: httpx.AsyncClient, n: int) -> None:
         """Send ``n`` unrecorded warm-up requests (:meth:`ServerEngine.warmup_ids
-        <kvbench.bench.engines.server.engine.ServerEngine.warmup_ids>`: they share no prefix with any
-        request). Then, for a kind with a reset endpoint (:attr:`~kvbench.serving.kind.ServerKind.reset_path`,
-        vLLM's ``/reset_prefix_cache``) on a server kvbench started, after at least one warm-up: the reset, and
-        the warm-up prompt sent again for one token as a probe, whose cached prompt tokens must be 0; what the
-        reset answered and what the probe found go into run.json (``cold_probe``): the cache is taken as emptied
-        by the probe, never by the reset's reply."""
+        <kvbench.bench.engines.server.engine.ServerEngine.warmup_ids>`: they share no prefix with any request, so
+        what they leave in the cache is nothing a request could reuse). No cache reset follows: each mode's server
+        starts fresh, and its first measured request's cached prompt tokens say whether it began cold
+        (``cold_verified``)."""
         for _ in range(n):
             await self.send(client, self.engine.warmup_ids(), self.engine.s.max_new_tokens)
-        reset = self.engine.server_kind.reset_path
-        if n < 1 or reset is None or self.process is None:
-            return
-        probe: dict[str, Any] = {"reset_path": reset}
-        try:
-            self.post(reset)
-            probe["reset"] = "ok"
-        except ServerReplyError as exc:
-            probe["reset"] = str(exc).splitlines()[0]
-        cached = (await self.send(client, self.engine.warmup_ids(), 1)).cached_tokens
-        probe.update(probe_cached_tokens=cached, verified=cached == 0 if cached is not None else None)
-        self.info["cold_probe"] = probe
 
     async def run(self, client: httpx.AsyncClient, t: ServerTrial, own: Any,
                   flight: Flight | None = None) -> tuple[Reply, dict[str, Any]]:

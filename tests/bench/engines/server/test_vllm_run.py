@@ -1,16 +1,20 @@
 """The server engine on the real vLLM: PyPI's CPU build in .venv/vllm (`make vllm`), serving SmolLM2 exported from
 its GGUF. One run for the module (2 conversations × 2 turns, none against prefix-cache, a warm-up, about 2
-minutes), checked for cold starts (the reset's probe and the first request), block-granular reuse, the /metrics
-deltas, outputs equal to none's, and no vLLM process left; and presets vLLM's CPU build cannot run refused before
-any server starts."""
+minutes), checked for cold starts (each fresh server's first request), no development or LoRA endpoint another
+process could use, block-granular reuse, the /metrics deltas, outputs equal to none's, and no vLLM process left; and
+presets vLLM's CPU build cannot run refused before any server starts."""
 
 from __future__ import annotations
 
+import os
+
+import httpx
 import psutil
 import pytest
 import yaml
 
 import kvbench
+from kvbench.bench.run import RunProgress
 from conftest import llama_multi_turn
 from kvbench.errors import ScenarioError
 from kvbench.scenario.programs import own_python
@@ -40,18 +44,43 @@ def vllm_scenario(**over) -> dict:
     return llama_multi_turn(name="real_vllm", engine={"kind": "vllm"}, warmup=1, **over)
 
 
+#: Endpoints that vLLM opens with VLLM_SERVER_DEV_MODE=1 (a process POSTing ``save_sharded_state`` to
+#: /collective_rpc has had the server overwrite a file of its choice) and with VLLM_ALLOW_RUNTIME_LORA_UPDATING.
+CLOSED_ENDPOINTS = ("/collective_rpc", "/reset_prefix_cache", "/sleep", "/wake_up", "/v1/load_lora_adapter")
+
+
+class KnockOnce(RunProgress):
+    """After the first measured request, POST to each of :data:`CLOSED_ENDPOINTS` of the vLLM server kvbench
+    started (its ``--port``, a child of this process), as another process of the machine would."""
+
+    def __init__(self):
+        self.answers: dict[str, int] = {}
+
+    def trial_done(self, row):
+        if self.answers:
+            return
+        argvs = [k.cmdline() for k in psutil.Process(os.getpid()).children()]
+        ports = {a[a.index("--port") + 1] for a in argvs if "vllm.entrypoints.openai.api_server" in a}
+        for port in ports:
+            for path in CLOSED_ENDPOINTS:
+                r = httpx.post(f"http://127.0.0.1:{port}{path}", json={"method": "save_sharded_state"}, timeout=30)
+                self.answers[f"{port}{path}"] = r.status_code
+
+
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    """The module's one run on the real vLLM, and the vLLM processes left after it."""
+    """The module's one run on the real vLLM, the status codes its endpoints answered another process, and the
+    vLLM processes left after it."""
     tmp = tmp_path_factory.mktemp("vllm")
     (tmp / "s.yaml").write_text(yaml.safe_dump(vllm_scenario()))
     before = {p.pid for p in psutil.process_iter()}
-    res = kvbench.run_scenario(tmp / "s.yaml", out=tmp / "res")
-    return res, kvbench.load_results(res.run_dir).runs[0]["servers"], vllm_processes(before)
+    knock = KnockOnce()
+    res = kvbench.run_scenario(tmp / "s.yaml", out=tmp / "res", progress=knock)
+    return res, kvbench.load_results(res.run_dir).runs[0]["servers"], vllm_processes(before), knock.answers
 
 
 def test_every_request_ran_and_nothing_of_vllm_is_left(run):
-    res, servers, left = run
+    res, servers, left, _ = run
     rows = res.rows
     assert len(rows) == 8 and all(r["status"] == "ok" for r in rows), [r.get("message") for r in rows]
     assert left == []
@@ -65,20 +94,27 @@ def test_every_request_ran_and_nothing_of_vllm_is_left(run):
         assert s["environment"]["VLLM_HOST_IP"] == s["environment"]["VLLM_LOOPBACK_IP"] == "127.0.0.1"
         assert s["environment"]["VLLM_NO_USAGE_STATS"] == "1" and s["environment"]["VLLM_CPU_KVCACHE_SPACE"] == "1"
         assert s["environment"]["HF_HUB_OFFLINE"] == "1"  # the exported model is on this machine
+        assert s["environment"]["VLLM_SERVER_DEV_MODE"] == s["environment"]["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "0"
 
 
-def test_every_start_is_verified_cold_by_the_probe_and_the_first_request(run):
-    res, servers, _ = run
-    for s in servers:  # the warm-up prompt, cached by the warm-up, found in no block after the reset
-        assert s["cold_probe"] == {"reset_path": "/reset_prefix_cache", "reset": "ok", "probe_cached_tokens": 0,
-                                   "verified": True}
-    assert [r["cold_verified"] for r in res.rows if r["request_id"] == "c0-t1"] == [True, True]
+def test_no_endpoint_another_process_could_use_to_write_files_or_run_code_is_open(run):
+    answers = run[3]
+    assert len(answers) == len(CLOSED_ENDPOINTS), answers  # one server listening, every endpoint asked
+    assert set(answers.values()) == {404}, answers
+
+
+def test_every_fresh_server_is_verified_cold_by_its_first_request_without_any_reset(run):
+    res, servers, _, _ = run
+    assert all("cold_probe" not in s and "reset" not in s for s in servers)  # no reset endpoint is called
+    first = [r for r in res.rows if r["request_id"] == "c0-t1"]  # the prompt none's server already processed
+    assert [r["cold_verified"] for r in first] == [True, True]
+    assert [r["cached_prompt_tokens"] for r in first] == [0, 0]
     none = [r for r in res.rows if r["mode"] == "none"]
     assert len(none) == 4 and all(r["cached_prompt_tokens"] == 0 and r["contaminated"] is False for r in none)
 
 
 def test_prefix_cache_reuses_the_history_in_whole_blocks_and_outputs_equal_none(run):
-    res, servers, _ = run
+    res, servers, _, _ = run
     block = servers[1]["cache_block_tokens"]
     assert block == 128 == servers[0]["cache_block_tokens"]
     prefix = [r for r in res.rows if r["mode"] == "prefix-cache"]
@@ -93,7 +129,7 @@ def test_prefix_cache_reuses_the_history_in_whole_blocks_and_outputs_equal_none(
 
 
 def test_the_metrics_deltas_are_the_measured_requests_own(run):
-    res, servers, _ = run
+    res, servers, _, _ = run
     prefix = [r for r in res.rows if r["mode"] == "prefix-cache"]
     none_delta, delta = servers[0]["metrics_delta"], servers[1]["metrics_delta"]
     assert none_delta["prefix_cache_queries"] == 0 and none_delta["prompt_tokens_cached"] == 0
@@ -116,16 +152,15 @@ def test_a_gpu_preset_is_refused_on_a_cpu_before_any_server_starts(tmp_path, pre
     assert not list(tmp_path.glob("res/*/servers")) and vllm_processes(before) == []
 
 
-def test_the_report_names_the_reset_probes_and_the_block_size(run, tmp_path):
+def test_the_report_names_the_cold_starts_and_the_block_size(run, tmp_path):
     from typer.testing import CliRunner
 
     from kvbench.cli import app
 
-    res, _, _ = run
+    res, _, _, _ = run
     r = CliRunner().invoke(app, ["report", str(res.run_dir), "--out", str(tmp_path / "report")])
     text = " ".join(r.output.split())
     assert r.exit_code == 0, r.output
-    assert ("cache resets: 2 of 2 servers found 0 cached tokens for the warm-up prompt sent again after "
-            "/reset_prefix_cache (the probe, not the reset's reply, says so)") in text
+    assert "cache resets" not in text
     assert "cached prompt tokens come in whole KV blocks of 128 tokens" in text
     assert "cold starts: 2 of 2 mode starts answered their first request with 0 cached tokens" in text
