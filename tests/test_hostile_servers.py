@@ -121,8 +121,8 @@ def test_vllm_abbreviations_of_flags_that_need_the_opt_in_need_it_too(tmp_path):
                                         "args": ["--trust-remote", "--download_dir=x"]},
                                 model="HuggingFaceTB/SmolLM2-135M-Instruct"), "s.yaml")
     got = [why for _, why in consent_needed(s)]
-    assert got[1:] == ["--trust-remote: --trust-remote-code makes the server read or write files, fetch weights or "
-                       "code, run code or reach another machine",
+    assert got[1:] == ["--trust-remote: --trust-remote-code makes the server run code (runs the model folder's own "
+                       "Python code)",
                        "--download_dir=x: --download-dir makes the server read or write files, fetch weights or "
                        "code, run code or reach another machine"]
 

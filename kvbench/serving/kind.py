@@ -59,6 +59,27 @@ class Preset:
     tier: Literal["host", "disk"] | None = None
 
 
+@dataclass(frozen=True)
+class CodeFlag:
+    """A server flag that makes the server import, load or evaluate code (kvbench runs it only with
+    ``--trust-server-config``).
+
+    Attributes:
+        flags: its spellings as the parser declares them, long first (``--compilation-config``, ``-cc``); kvbench
+            also refuses each as argparse and vLLM's parser read it (``_`` for ``-``, ``=value``, dotted keys,
+            unique prefixes).
+        loads: what code it makes the server run, said in a refusal.
+        source: the file of the engine's source that does it (docs list it).
+        safe: values of the flag that load nothing (vLLM 0.32's ``-O3`` is an optimization level; older vLLM read
+            ``-O`` as ``--compilation-config``); empty: every value counts.
+    """
+
+    flags: tuple[str, ...]
+    loads: str
+    source: str
+    safe: tuple[str, ...] = ()
+
+
 def presets(kind: str, *entries: Preset) -> Registry[Preset]:
     """The presets of ``kind`` as a registry (did-you-mean for a wrong name)."""
     return Registry(f"{kind} preset", ((p.name, p) for p in entries))
@@ -198,6 +219,8 @@ class ServerKind:
         consent_flags: flags that make the server read or write files, fetch weights or code, run code or reach
             another machine (run only with ``--trust-server-config``).
         consent_pattern: flag names of that kind given by pattern (with the reason), or None.
+        code_flags: flags that make the server import, load or evaluate code (:class:`CodeFlag`): refused without
+            ``--trust-server-config`` with what each loads.
         argparse: the server parses flags with argparse (a unique prefix of a long flag is taken for it).
         launch: (words after the program, kvbench's own flags last) from a :class:`Launch`, for a started kind.
         model_format: what ``engine.model`` must be: ``gguf`` (a GGUF file), ``hf`` (a Hugging Face model
@@ -243,6 +266,7 @@ class ServerKind:
     reserved_why: str = ""
     consent_flags: tuple[str, ...] = ()
     consent_pattern: tuple[re.Pattern[str], str] | None = None
+    code_flags: tuple[CodeFlag, ...] = ()
     argparse: bool = False
     launch: Callable[[Launch], tuple[list[str], list[str]]] | None = None
     model_format: Literal["gguf", "hf"] | None = None

@@ -9,8 +9,8 @@ before the HiCache breakdown report ``sglang:cached_tokens_total`` without a ``c
 
 from __future__ import annotations
 
-from kvbench.serving.kind import (CounterSpec, KvSizing, Launch, Preset, ServerKind, counter, fraction_capacity,
-                                  last_value, number, positive, presets)
+from kvbench.serving.kind import (CodeFlag, CounterSpec, KvSizing, Launch, Preset, ServerKind, counter,
+                                  fraction_capacity, last_value, number, positive, presets)
 
 NAME = "sglang"
 #: Why PyPI's SGLang cannot serve on a CPU (measured on 0.5.23 with sglang-kernel 0.4.10).
@@ -69,6 +69,26 @@ COUNTERS: tuple[CounterSpec, ...] = (
             "(tokens)", tier="storage", cache_source="storage*"),
 )
 
+#: SGLang's flags that import, load or evaluate code, read from its parser (0.5.23: plain argparse over the fields
+#: of ``sglang/srt/arg_groups/fields/*.py``, which takes ``--a=b`` and unique prefixes).
+CODE_FLAGS = (
+    CodeFlag(("--trust-remote-code",), "runs the model folder's own Python code",
+             "sglang/srt/arg_groups/fields/model.py"),
+    CodeFlag(("--enable-custom-logit-processor",), "runs the dill-pickled logit processor any client sends in a "
+             "request", "sglang/srt/sampling/custom_logit_processor.py"),
+    CodeFlag(("--custom-weight-loader",), "imports the functions it names", "sglang/srt/arg_groups/fields/model.py"),
+    CodeFlag(("--forward-hooks",), "imports the hook factories its JSON names",
+             "sglang/srt/model_executor/hook_manager.py"),
+    CodeFlag(("--hicache-storage-backend",), "dynamic imports the backend class --hicache-storage-backend-extra-config "
+             "names", "sglang/srt/mem_cache/storage/backend_factory.py"),
+    CodeFlag(("--hicache-storage-backend-extra-config",), "the module_path and class_name a dynamic storage backend "
+             "imports, or an @file it reads", "sglang/srt/mem_cache/storage/backend_factory.py"),
+    CodeFlag(("--unified-cache-external-linker-config",), "imports the module its linker_module_path names",
+             "sglang/srt/mem_cache/unified_cache/linker_config.py"),
+    CodeFlag(("--modelopt-checkpoint-restore-path",), "unpickles a ModelOpt checkpoint (mto.restore)",
+             "sglang/srt/model_loader/loader.py"),
+)
+
 KIND = ServerKind(
     name=NAME,
     meaning="SGLang's server (python -m sglang.launch_server), started by kvbench per mode",
@@ -85,8 +105,10 @@ KIND = ServerKind(
     reserved_flags=("--model-path", "--model", "--random-seed", "--enable-metrics"),
     consent_flags=(
         "--config", "--tokenizer-path", "--download-dir", "--chat-template", "--ssl-keyfile", "--ssl-certfile",
-        "--trust-remote-code", "--lora-paths", "--dist-init-addr", "--hicache-storage-backend",
-        "--speculative-draft-model-path"),
+        "--lora-paths", "--dist-init-addr", "--speculative-draft-model-path", "--lmcache-config-file",
+        "--flexkv-config-file", "--speculative-ngram-external-corpus-path", "--decrypted-config-file",
+        "--decrypted-draft-config-file"),
+    code_flags=CODE_FLAGS,
     argparse=True,
     launch=launch,
     model_format="hf",

