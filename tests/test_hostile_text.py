@@ -1,0 +1,85 @@
+"""Strings from input that act instead of reading as text: escape sequences, control characters and bidirectional
+overrides on the terminal, HTML and Markdown in report.md, ``$`` in charts, names that are not UTF-8, and mode
+labels that give the same file name. Each goes through :mod:`kvbench.safe_text` wherever it is shown or written."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from analysis.test_break_even import base_scenario, synthetic_rows
+from golden_run import copy_run
+from kvbench.cli import app
+from kvbench.scenario import parse_scenario
+
+PEERS = Path(__file__).parent / "data" / "peers"
+#: Clears the screen, reverses the text after it, and a C1 CSI (red).
+ESCAPES = "x\x1b[2J\u202eq\x9b1m"
+SHOWN = r"x\x1b[2J\u202eq\x9b1m"
+#: An image whose error handler runs, a link to script, a code span and math text for matplotlib.
+HTML = "<img src=x onerror=alert(1)>[a](javascript:alert(1))`c`$\\frac{a}{$"
+
+
+def _cli(*args: str):
+    r = CliRunner().invoke(app, list(args))
+    raw = [c for c in r.output if c in "\x1b\x07\x9b\u202e" or 0xD800 <= ord(c) <= 0xDFFF]
+    assert not raw, (raw, r.output)
+    return r
+
+
+def _labelled(tmp_path: Path, labels: dict[str, str], name: str = "b") -> Path:
+    def edit(row):
+        row["mode_label"] = labels.get(row["mode_label"], row["mode_label"])
+        return row
+    return copy_run(tmp_path, name, edit=edit)
+
+
+def _break_even_run(tmp_path: Path, label: str) -> Path:
+    from kvbench.results.run_dir import RunDir
+
+    run = RunDir.create(tmp_path / "results", parse_scenario(base_scenario()).model_dump(mode="json"), {})
+    for r in synthetic_rows(lengths=(128, 1024)):
+        run.append({**r, "mode_label": label})
+    return run.path
+
+
+def _broken(*args):
+    """A chart that cannot be drawn."""
+    raise ValueError("cannot\ndraw this")
+
+
+def _digest(*parts: str) -> str:
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:8]
+
+
+# the one sanitiser
+
+def test_visible_writes_each_control_bidi_and_undecodable_character_as_an_escape():
+    from kvbench.safe_text import visible
+
+    assert visible("a\x1b[2J\x00\x7f\x85\u202a\u2066\u2069\u200f\u2028b\udcff\ud800") == (
+        r"a\x1b[2J\x00\x7f\x85\u202a\u2066\u2069\u200f\u2028b\xff\ud800")
+    assert visible("tab\tand\nline, é, 漢字, $, <b>") == "tab\tand\nline, é, 漢字, $, <b>"
+
+
+def test_file_names_from_labels_are_safe_and_never_the_same_for_different_labels():
+    from kvbench.safe_text import file_stem, unique_stems
+
+    assert file_stem("hierarchical(window=16)") == "hierarchical_window_16"
+    assert file_stem("../../etc/passwd") == ".._.._etc_passwd"
+    assert file_stem("..") == f"x-{_digest('..')}" and file_stem("") == "x"
+    assert len(file_stem("a" * 300)) == 80 and file_stem("a" * 300).endswith(_digest("a" * 300))
+    assert unique_stems(["none", "none?", "none!", "None?", "full"]) == [
+        f"none-{_digest('none')}", f"none-{_digest('none?')}", f"none-{_digest('none!')}",
+        f"None-{_digest('None?')}", "full"]
+    assert unique_stems([("a_b", "c"), ("a", "b_c"), ("a", "b_c")]) == [
+        f"a_b_c-{_digest('a_b', 'c')}", f"a_b_c-{_digest('a', 'b_c')}", f"a_b_c-{_digest('a', 'b_c')}"]
+    planted = f"none-{_digest('none?')}"  # a label that is another's stem and digest
+    assert unique_stems(["none?", "none!", planted]) == [planted, f"none-{_digest('none!')}", f"{planted}-2"]
