@@ -83,3 +83,22 @@ def test_file_names_from_labels_are_safe_and_never_the_same_for_different_labels
         f"a_b_c-{_digest('a_b', 'c')}", f"a_b_c-{_digest('a', 'b_c')}", f"a_b_c-{_digest('a', 'b_c')}"]
     planted = f"none-{_digest('none?')}"  # a label that is another's stem and digest
     assert unique_stems(["none?", "none!", planted]) == [planted, f"none-{_digest('none!')}", f"{planted}-2"]
+
+
+# the terminal
+
+def test_escapes_in_a_mode_label_are_shown_not_run_by_report_and_cost(tmp_path):
+    run = _labelled(tmp_path, {"full": ESCAPES})
+    r = _cli("report", str(run))
+    assert r.exit_code == 0, r.output
+    assert f"│ {SHOWN} " in r.output  # its table cell
+    r = _cli("cost", str(run), "--gpu-price", "2")
+    assert r.exit_code == 0, r.output
+    assert f"│ {SHOWN} " in r.output  # its table cell
+
+
+def test_escapes_in_a_folder_name_are_shown_in_an_error(tmp_path):
+    where = tmp_path / "r\x1b]0;pwned\x07\u2066"  # sets the window title
+    r = _cli("report", str(where))
+    assert r.exit_code == 2
+    assert f"error: {tmp_path}/r\\x1b]0;pwned\\x07\\u2066" in " ".join(r.output.split()), r.output

@@ -1,6 +1,8 @@
-"""What every command shares: the consoles, the one way of failing (``error: …`` and an exit status), the one
-mapping of errors to exit statuses (:func:`handle_errors`), warnings, the table renderer (:func:`_table`) and
-printer (:func:`show`), and the commands' ``--help`` (:class:`Command`, :class:`Group`)."""
+"""What every command shares: the consoles (every character they print through :func:`kvbench.safe_text.visible`:
+no escape sequence, control character or bidirectional override from input reaches the terminal raw), the one way
+of failing (``error: …`` and an exit status), the one mapping of errors to exit statuses (:func:`handle_errors`),
+warnings, the table renderer (:func:`_table`) and printer (:func:`show`), and the commands' ``--help``
+(:class:`Command`, :class:`Group`)."""
 
 from __future__ import annotations
 
@@ -16,11 +18,15 @@ from typing import Any
 import click
 import typer
 from rich.cells import cell_len
-from rich.console import Console
+from rich.console import Console, ConsoleOptions, RenderHook, RenderResult
 from rich.markup import escape
+from rich.measure import Measurement
+from rich.segment import Segment
 from rich.table import Table
 from rich.text import Text
 from typer.core import TyperCommand, TyperGroup
+
+from kvbench.safe_text import visible
 
 
 class Command(TyperCommand):
@@ -37,18 +43,47 @@ class Group(TyperGroup, Command):
     """A command group, its ``--help`` as :class:`Command`'s."""
 
 
+class _Visible:
+    """A renderable drawn as the one it wraps, the text of each segment through :func:`visible` (Rich's own
+    control segments, e.g. cursor moves, pass as they are)."""
+
+    def __init__(self, inner: Any):
+        self.inner = inner
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        for seg in console.render(self.inner, options):
+            yield seg if seg.control else Segment(visible(seg.text), seg.style)
+
+    def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
+        return Measurement.get(console, options, self.inner)
+
+
+class _VisibleHook(RenderHook):
+    """Wraps everything a console prints in :class:`_Visible`: one guard for every line, table and message."""
+
+    def process_renderables(self, renderables: list[Any]) -> list[Any]:
+        return [_Visible(r) for r in renderables]
+
+
+def _console(**kwargs: Any) -> Console:
+    """A console that never wraps a long line and shows every character from input as :func:`visible` makes it."""
+    console = Console(soft_wrap=True, **kwargs)
+    console.push_render_hook(_VisibleHook())
+    return console
+
+
 # Piped output (CI logs, README examples) gets 120 columns instead of Rich's 80.
-out = Console(width=None if sys.stdout.isatty() else 120, soft_wrap=True)
-err = Console(stderr=True, soft_wrap=True)
+out = _console(width=None if sys.stdout.isatty() else 120)
+err = _console(stderr=True)
 
 
 def _show_warning(message: Any, category: type, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
-    err.print(f"[yellow]warning:[/] {escape(str(message))}", highlight=False)
+    err.print(f"[yellow]warning:[/] {escape(visible(message))}", highlight=False)
 
 
 def _fail(msg: str, code: int = 2) -> None:
     """Print ``error: msg`` (``msg`` as it is: paths and values from files are never read as markup) and exit."""
-    err.print(f"[red]error:[/] {escape(str(msg))}", highlight=False)
+    err.print(f"[red]error:[/] {escape(visible(msg))}", highlight=False)
     raise typer.Exit(code)
 
 
@@ -71,7 +106,7 @@ def handle_errors(flags: Mapping[str, str] | None = None) -> Iterator[None]:
     except UserError as exc:
         _fail(exc.worded(dict(flags or {})) if isinstance(exc, BadParameter) else str(exc))
     except Exception:
-        traceback.print_exc(file=sys.stderr)
+        err.print(traceback.format_exc(), end="", highlight=False, markup=False)
         err.print(f"[red]error:[/] {escape(BUG_LINE)}", highlight=False)
         raise typer.Exit(1) from None
 
@@ -98,7 +133,8 @@ MARK_STYLES = {"worse": "red", "better": "green"}
 def _table(frame: Any, title: str, caption: str = "", *, left: int | Collection[str] = 4,
            wrap: bool | Collection[str] = WRAPPING, min_width: Mapping[str, int] | None = None,
            overflow: str = "fold", marks: Any = None) -> Table:
-    """The one renderer: a Rich table of a DataFrame of text cells (cells, title and caption never read as markup).
+    """The one renderer: a Rich table of a DataFrame of text cells (cells, title and caption never read as markup,
+    and through :func:`visible` before the columns are measured).
 
     Args:
         left: the first so many columns, or the columns named, are left-aligned; the rest right-aligned.
@@ -108,19 +144,19 @@ def _table(frame: Any, title: str, caption: str = "", *, left: int | Collection[
         overflow: Rich's overflow of a cell wider than its column (``fold``, ``ellipsis``).
         marks: a frame of the same shape whose cells name a :data:`MARK_STYLES` key (or ``""``).
     """
-    t = Table(title=escape(title), caption=escape(caption) if caption else None)
+    t = Table(title=escape(visible(title)), caption=escape(visible(caption)) if caption else None)
     for i, col in enumerate(frame.columns):
         if min_width is None:
-            least = {"mode": min(28, max([12, *(len(str(v)) for v in frame[col])])), "trials": 9, "probes": 12,
+            least = {"mode": min(28, max([12, *(len(visible(v)) for v in frame[col])])), "trials": 9, "probes": 12,
                      "why it stops there": 16}.get(col)
         else:
             least = min_width.get(col)
-        t.add_column(escape(str(col)), justify="left" if (i < left if isinstance(left, int) else col in left)
+        t.add_column(escape(visible(col)), justify="left" if (i < left if isinstance(left, int) else col in left)
                      else "right", overflow=overflow, min_width=least,
                      no_wrap=not wrap if isinstance(wrap, bool) else col not in wrap)
     styles = marks.to_numpy(dtype=object).tolist() if marks is not None else None
     for r, row in enumerate(frame.itertuples(index=False)):
-        cells = [escape(str(v)) for v in row]
+        cells = [escape(visible(v)) for v in row]
         if styles:
             cells = [f"[{MARK_STYLES[m]}]{c}[/]" if m else c for c, m in zip(cells, styles[r])]
         t.add_row(*cells)
@@ -205,7 +241,7 @@ def _problems(results: Any) -> None:
     if results.problems:
         err.print(f"[yellow]warning:[/] {_count(len(results.problems), 'problem')} while loading:", highlight=False)
         for p in results.problems:
-            err.print(f"  {p}", highlight=False, markup=False)
+            err.print(f"  {visible(p)}", highlight=False, markup=False)
 
 
 def _print_warnings(file: Path, s) -> None:
