@@ -102,3 +102,23 @@ def test_escapes_in_a_folder_name_are_shown_in_an_error(tmp_path):
     r = _cli("report", str(where))
     assert r.exit_code == 2
     assert f"error: {tmp_path}/r\\x1b]0;pwned\\x07\\u2066" in " ".join(r.output.split()), r.output
+
+
+# report.md
+
+def test_a_chart_that_fails_is_one_line_and_every_other_file_is_written(tmp_path, monkeypatch):
+    from kvbench.report import break_even, charts
+
+    monkeypatch.setattr(charts, "bytes_per_token", _broken)
+    monkeypatch.setattr(break_even, "break_even_heatmap", _broken)
+    r = _cli("report", str(copy_run(tmp_path)), "--out", str(tmp_path / "rep"))
+    assert r.exit_code == 0, r.output
+    line = "golden: bytes moved per generated token: chart not drawn (ValueError: cannot draw this)"
+    assert f"  {line}" in r.output.splitlines()
+    assert f"- {line}" in (tmp_path / "rep" / "report.md").read_text().splitlines()
+    assert {"report.md", "report.html", "summary.csv", "saving_overhead_golden.png"} <= set(
+        os.listdir(tmp_path / "rep"))
+    r = _cli("map", str(_break_even_run(tmp_path, "none")), "--out", str(tmp_path / "map"))
+    assert r.exit_code == 0, r.output
+    assert "warning: map of be, none: chart not drawn (ValueError: cannot draw this)" in r.output
+    assert sorted(os.listdir(tmp_path / "map")) == ["map.csv", "map.json"]

@@ -111,6 +111,15 @@ def handle_errors(flags: Mapping[str, str] | None = None) -> Iterator[None]:
         raise typer.Exit(1) from None
 
 
+@contextlib.contextmanager
+def warnings_shown() -> Iterator[None]:
+    """Warnings raised inside (e.g. a chart that could not be drawn) printed as they come, one ``warning: …`` line
+    each on stderr, like every other warning of a command."""
+    with warnings.catch_warnings():
+        warnings.showwarning = _show_warning
+        yield
+
+
 def _terminated(signum: int, frame: object) -> None:
     """SIGTERM (e.g. `kill`, a job scheduler) stops the sweep like Ctrl-C: finished trials kept, temporary files
     removed, the run resumable."""
@@ -287,7 +296,7 @@ def _write_or_stop(what: str, target: Path, write: Any, label: str) -> None:
     with exit 130, saying that each of ``what`` in ``target`` is whole, new or from before; then print
     ``<label>: <paths>``."""
     try:
-        with handle_errors():
+        with handle_errors(), warnings_shown():
             files = write()
     except KeyboardInterrupt:
         err.print(f"interrupted while writing {what} in {target}: each is whole, new or from before",

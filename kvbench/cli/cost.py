@@ -10,7 +10,7 @@ import typer
 from rich.markup import escape
 
 from kvbench.cli.common import (_fail, _load, _problems, _table, _terminated, _write_or_stop, err, handle_errors,
-                                out, results_and_target, show)
+                                out, results_and_target, show, warnings_shown)
 
 #: Library argument → flag, for the messages of :class:`kvbench.errors.BadParameter`.
 FLAGS = {"gpu_per_hour": "--gpu-price", "host_per_gib_hour": "--host-price", "disk_per_gib_hour": "--disk-price",
@@ -136,7 +136,7 @@ def cost(
               + (f"; host memory held: {', '.join(bases)}" if bases else ""), highlight=False, markup=False)
     _problems(loaded)
     try:
-        with handle_errors():
+        with handle_errors(), warnings_shown():
             files = rc.write_costs(rep.table, target, prices, rep.reuse, rep.server_load)
     except KeyboardInterrupt:
         err.print(f"interrupted while writing the cost files in {target}: each is whole, new or from before",

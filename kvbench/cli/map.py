@@ -11,7 +11,7 @@ import typer
 from rich.markup import escape
 
 from kvbench.cli.common import (_fail, _load, _problems, _table, _terminated, _write_or_stop, err, handle_errors,
-                                out, results_and_target, show)
+                                out, results_and_target, show, warnings_shown)
 from kvbench.cli.cost import FLAGS, _kvbench_only, _peer_files
 
 
@@ -116,7 +116,7 @@ def map_(
         out.print(f"  {escape(line)}", highlight=False)
     _problems(loaded)
     try:
-        with handle_errors():
+        with handle_errors(), warnings_shown():
             files = write_map(m, target, prices)
     except KeyboardInterrupt:
         err.print(f"interrupted while writing the map's files in {target}: each is whole, new or from before",

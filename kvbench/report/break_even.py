@@ -18,11 +18,11 @@ from kvbench.analysis.intervals import pct_interval
 from kvbench.arguments import path_arg
 from kvbench.errors import BadParameter, ResultsError, UnwritableOutput, UserError
 from kvbench.report.break_even_chart import break_even_heatmap
-from kvbench.report.charts import slug
-from kvbench.report.cost import replacing
+from kvbench.report.cost import replacing, replacing_chart
 from kvbench.report.format import number
 from kvbench.results.load import Results
 from kvbench.results.run_dir import refuse_symlink_dir
+from kvbench.safe_text import unique_stems
 
 #: Names, units and scales of the fitted constants, for their lines (a restore tier's: ``restore <tier>``).
 UNITS = {"overhead_s": ("overhead", "ms", 1e3), "decode_s": ("decode step", "ms", 1e3),
@@ -177,8 +177,11 @@ def _finite(v: Any) -> Any:
 def write_map(m: BreakEvenMap, out_dir: str | Path, prices: Prices) -> list[Path]:
     """``map.csv`` (the cells, raw numbers), ``map.json`` (the prices, the cells and the fitted constants with their
     intervals, sources and footing: ``prompt_tokens`` [shortest, longest], ``busy`` (fitted to busy trials only),
-    ``busy_trials_left_out``, ``load_unknown_trials``) and ``map_<scenario>_<mode>.png`` (:func:`break_even_heatmap`) in ``out_dir``
-    (created); returns their paths. Each file is written beside its place and moved onto it.
+    ``busy_trials_left_out``, ``load_unknown_trials``) and ``map_<scenario>_<mode>.png``
+    (:func:`break_even_heatmap`; names as :func:`~kvbench.safe_text.unique_stems` makes them) in ``out_dir``
+    (created); returns their paths. Each file is written beside its place and moved onto it. A heatmap that
+    cannot be drawn is left out with a :class:`~kvbench.report.charts.ChartWarning` that says why; the other files
+    are written.
 
     Raises:
         kvbench.errors.SymlinkRefused: ``out_dir`` is a symbolic link.
@@ -200,10 +203,10 @@ def write_map(m: BreakEvenMap, out_dir: str | Path, prices: Prices) -> list[Path
                "constants": fits, "notes": m.notes}
         paths.append(replacing(out / "map.json", lambda tmp: tmp.write_text(
             json.dumps(_finite(doc), indent=2, allow_nan=False) + "\n")))
-        for (group, mode), part in cells.groupby(["group", "mode_label"], sort=False):
-            png = replacing(out / f"map_{slug(group)}_{slug(mode)}.png",
-                             lambda tmp, p=part, g=group, md=mode: break_even_heatmap(
-                                 p, f"{g}, {md}: saving of restore against recompute", tmp))
+        maps = list(cells.groupby(["group", "mode_label"], sort=False))
+        for ((group, mode), part), stem in zip(maps, unique_stems([key for key, _ in maps])):
+            png = replacing_chart(out / f"map_{stem}.png", lambda tmp, p=part, g=group, md=mode: break_even_heatmap(
+                p, f"{g}, {md}: saving of restore against recompute", tmp), f"map of {group}, {mode}")
             if png is not None:
                 paths.append(png)
         return [p for p in paths if p is not None]

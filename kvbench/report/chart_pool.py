@@ -24,8 +24,13 @@ class _InProcess:
     """A stand-in for a process pool that runs each job at once, in this process."""
 
     def submit(self, fn: Any, *args: Any) -> Future:
+        """Run ``fn(*args)`` now; its result, or the exception it raised, is the future's (as a worker's would
+        be)."""
         future: Future = Future()
-        future.set_result(fn(*args))
+        try:
+            future.set_result(fn(*args))
+        except Exception as exc:
+            future.set_exception(exc)
         return future
 
     def __enter__(self) -> "_InProcess":

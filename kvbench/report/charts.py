@@ -1,5 +1,10 @@
 """The charts of ``kvbench report`` (matplotlib, Agg backend, PNG; every figure is closed after saving).
 
+Text from input (group and mode names, trial ids) is drawn as plain text: :func:`save_figure` passes every text of a
+figure through :func:`kvbench.safe_text.visible` and turns math text and TeX off for it, so a ``$`` reads as a
+dollar sign. A chart that still fails is left out with one line (:func:`not_drawn`); the files beside it are
+written all the same.
+
 Every chart takes the per-point table of :func:`kvbench.analysis.points.point_table` (or samples) and a colour map from
 :func:`mode_colours`, so a mode has the same colour in every chart of a report. matplotlib is imported on first
 use (:func:`warm_up`), so that a report's chart workers can import it while the results are being loaded.
@@ -9,7 +14,6 @@ from __future__ import annotations
 
 import io
 import math
-import re
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +21,7 @@ import pandas as pd
 
 from kvbench.report.chart_axes import MARKERS, central_range, clip_axis, dodge
 from kvbench.results.rows import MEASURED
+from kvbench.safe_text import visible
 
 MIB = 2**20
 #: matplotlib's "tab10" colours, in order; modes beyond ten reuse them.
@@ -56,9 +61,14 @@ def mode_colours(labels: list[str]) -> dict[str, str]:
     return {m: TAB10[i % len(TAB10)] for i, m in enumerate(ordered)}
 
 
-def slug(text: str) -> str:
-    """A file-name-safe form of a group or trial name."""
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_") or "x"
+class ChartWarning(UserWarning):
+    """A chart that could not be drawn (:func:`not_drawn` says which and why); the files beside it are written."""
+
+
+def not_drawn(what: str, exc: BaseException) -> str:
+    """The one line that says the chart ``what`` was not drawn, with the error's text on one line."""
+    why = " ".join(str(exc).split())
+    return f"{what}: chart not drawn ({type(exc).__name__}{': ' + why if why else ''})"
 
 
 def _log_axis(ax: Any, which: str, base: float = 10, ticks: Any = None) -> None:
@@ -78,10 +88,36 @@ def _log_axis(ax: Any, which: str, base: float = 10, ticks: Any = None) -> None:
     axis.set_minor_formatter(NullFormatter())
 
 
+def _plain_text(fig: Any) -> None:
+    """Every text of ``fig`` through :func:`visible` (a control character or an undecodable byte as an escape),
+    read as plain text: no math text, no TeX. Tick labels that are drawn later come from their formatter's list,
+    which is passed through :func:`visible` here (:func:`save_figure` turns math off while they are made)."""
+    from matplotlib.text import Text
+    from matplotlib.ticker import FixedFormatter
+
+    for ax in fig.axes:
+        for axis in (ax.xaxis, ax.yaxis):
+            for formatter in (axis.get_major_formatter(), axis.get_minor_formatter()):
+                if isinstance(formatter, FixedFormatter):
+                    formatter.seq = [visible(x) for x in formatter.seq]
+    for text in fig.findobj(Text):
+        text.set_text(visible(text.get_text()))
+        text.set_parse_math(False)
+        text.set_usetex(False)
+
+
 def save_figure(fig: Any, path: Path) -> Path:
-    """Save ``fig`` as a PNG at ``path`` (110 dpi) and close it, saved or not; returns ``path``."""
+    """Save ``fig`` as a PNG at ``path`` (110 dpi), its texts plain (:func:`_plain_text`), and close it, saved or
+    not; returns ``path``. Nothing is left at ``path`` when saving fails."""
+    import matplotlib
+
     try:
-        fig.savefig(path, dpi=110)
+        _plain_text(fig)
+        with matplotlib.rc_context({"text.parse_math": False, "text.usetex": False}):
+            fig.savefig(path, dpi=110)
+    except BaseException:
+        path.unlink(missing_ok=True)
+        raise
     finally:
         pyplot().close(fig)
     return path
@@ -332,5 +368,5 @@ def memory_timelines(trials: list[tuple[str, pd.DataFrame, Any]], title: str, pa
     return save_figure(fig, path)
 
 
-__all__ = ["TAB10", "bytes_per_token", "cost_bars", "memory_timelines", "mode_colours", "saving_and_overhead", "slug",
-           "throughput_vs_batch", "warm_up"]
+__all__ = ["TAB10", "ChartWarning", "bytes_per_token", "cost_bars", "memory_timelines", "mode_colours", "not_drawn",
+           "saving_and_overhead", "throughput_vs_batch", "warm_up"]

@@ -8,6 +8,7 @@ import dataclasses
 import json
 import os
 import tempfile
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -212,6 +213,19 @@ def replacing(path: Path, write: Any) -> Path | None:
     return path
 
 
+def replacing_chart(path: Path, draw: Any, what: str) -> Path | None:
+    """:func:`replacing` for a chart (``draw(tmp)`` draws it): one that cannot be drawn (e.g. a text matplotlib
+    cannot lay out) gives a :class:`~kvbench.report.charts.ChartWarning` (:func:`~kvbench.report.charts.not_drawn`
+    of ``what``) and None, so that the files beside it are still written; an ``OSError`` raises as for any file."""
+    try:
+        return replacing(path, draw)
+    except OSError:
+        raise
+    except Exception as exc:
+        warnings.warn(charts.ChartWarning(charts.not_drawn(what, exc)), stacklevel=3)
+        return None
+
+
 def write_costs(costs: pd.DataFrame, out_dir: str | Path, prices: Prices,
                 reuse: pd.DataFrame | None = None, server_load: pd.DataFrame | None = None) -> list[Path]:
     """``cost.csv``, ``cost.json`` (the table, the prices, the verdicts and, for reuse workloads, the
@@ -258,9 +272,9 @@ def _write_costs(costs: pd.DataFrame, out: Path, prices: Prices, reuse: pd.DataF
         paths.append(replacing(out / "goodput.csv", lambda tmp: server_load.to_csv(tmp, index=False) or tmp))
         doc["server_load"] = json.loads(server_load.to_json(orient="records"))
     paths.append(replacing(out / "cost.json", lambda tmp: tmp.write_text(json.dumps(doc, indent=2) + "\n")))
-    png = replacing(out / "cost.png", lambda tmp: charts.cost_bars(costs, tmp)) if len(costs) else None
+    png = replacing_chart(out / "cost.png", lambda tmp: charts.cost_bars(costs, tmp), "cost") if len(costs) else None
     return paths + ([png] if png is not None else [])
 
 
 __all__ = ["CostReport", "compute_costs", "cost_display", "cost_report", "failed_groups", "replacing",
-           "reuse_cost_display", "reuse_verdicts", "verdicts", "what_if_lines", "write_costs"]
+           "replacing_chart", "reuse_cost_display", "reuse_verdicts", "verdicts", "what_if_lines", "write_costs"]

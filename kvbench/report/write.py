@@ -35,6 +35,7 @@ from kvbench.report.machines import lost_lines, machine_sections
 from kvbench.report.samples import default_timelines, load_samples
 from kvbench.report.tables import capacity_frames, display_frame, plan_frame
 from kvbench.results.run_dir import refuse_symlink_dir
+from kvbench.safe_text import unique_stems
 
 #: USD per GPU-hour of the break-even map in a report (``kvbench map``'s default; no memory is charged).
 REPORT_GPU_PRICE = 2.0
@@ -118,6 +119,25 @@ def _write_csv(table: pd.DataFrame, path: Path) -> Path:
     return path
 
 
+def _charts_drawn(jobs: list[tuple[str, Any, tuple]], futures: list[Any],
+                  problems: list[str]) -> list[tuple[str, Path]]:
+    """``(title, path)`` of each chart drawn; one that failed (e.g. a text matplotlib cannot draw) adds one line
+    to ``problems`` (:func:`~kvbench.report.charts.not_drawn`) and the report goes on without it. A file that
+    could not be written fails the report, as every other file does."""
+    drawn = []
+    for (title, _, _), future in zip(jobs, futures):
+        try:
+            path = future.result()
+        except OSError:
+            raise
+        except Exception as exc:
+            problems.append(charts.not_drawn(title, exc))
+            continue
+        if path is not None:
+            drawn.append((title, path))
+    return drawn
+
+
 def _write(results: Results, out: Path, timelines: list[str] | None, pool: Any) -> Report:
     table = point_table(results.trials)
     if any(r.get("capacity") for r in results.runs):  # a search's probes come in search order: show them by size
@@ -134,15 +154,17 @@ def _write(results: Results, out: Path, timelines: list[str] | None, pool: Any) 
     # shared_prefix runs: the break-even map at kvbench map's default prices (its files are kvbench map's: the
     # report's heatmaps have names of their own)
     be = break_even_map(results.trials, Prices(REPORT_GPU_PRICE))
-    for (g, mode), part in be.cells.groupby(["group", "mode_label"], sort=False) if len(be.cells) else ():
+    maps = list(be.cells.groupby(["group", "mode_label"], sort=False)) if len(be.cells) else []
+    for ((g, mode), part), stem in zip(maps, unique_stems([key for key, _ in maps])):
         jobs.append((f"{g}: break-even map, {mode}", break_even_heatmap,
-                     (part, f"{g}, {mode}: saving of restore against recompute",
-                      out / f"break_even_{charts.slug(g)}_{charts.slug(mode)}.png")))
+                     (part, f"{g}, {mode}: saving of restore against recompute", out / f"break_even_{stem}.png")))
+    named = list(dict.fromkeys([*groups, *reuse]))
+    stems = dict(zip(named, unique_stems(named)))
     for g, frames in reuse.items():
         jobs.append((f"{g}: TTFT restore vs recompute", charts.reuse_ttft,
-                     (frames["turn"], reuse_rows, g, colours, out / f"reuse_ttft_{charts.slug(g)}.png")))
+                     (frames["turn"], reuse_rows, g, colours, out / f"reuse_ttft_{stems[g]}.png")))
     for g in groups:
-        s = charts.slug(g)
+        s = stems[g]
         for title, fn, name in (("memory saving and time overhead vs prompt length", charts.saving_and_overhead,
                                  f"saving_overhead_{s}.png"),
                                 ("throughput and device KV vs batch size", charts.throughput_vs_batch,
@@ -152,7 +174,7 @@ def _write(results: Results, out: Path, timelines: list[str] | None, pool: Any) 
             jobs.append((f"{g}: {title}", fn, (table[table["group"] == g], g, colours, out / name)))
     picks = {"selected trials": list(timelines)} if timelines else default_timelines(results)
     samples = load_samples(results, [t for ids in picks.values() for t in ids])
-    for name, ids in picks.items():
+    for (name, ids), stem in zip(picks.items(), unique_stems(list(picks))):
         panels = []
         for tid in ids:
             if tid not in samples:
@@ -165,7 +187,7 @@ def _write(results: Results, out: Path, timelines: list[str] | None, pool: Any) 
             suffix = f"_{n}" if len(panels) > TIMELINE_PANELS else ""
             jobs.append((f"memory timelines: {name}{suffix.replace('_', ' part ')}", charts.memory_timelines,
                          (panels[k:k + TIMELINE_PANELS], f"{name}: memory over time",
-                          out / f"timelines_{charts.slug(name)}{suffix}.png")))
+                          out / f"timelines_{stem}{suffix}.png")))
     with contextlib.ExitStack() as stack:
         if pool is None:
             pool = stack.enter_context(chart_pool())
@@ -217,7 +239,7 @@ def _write(results: Results, out: Path, timelines: list[str] | None, pool: Any) 
         csv_job = pool.submit(_write_csv, table, out / "summary.csv")  # 0.5 s for thousands of points
         (out / "summary.md").write_text(md_table(shown) + "\n")
         rep.files.update({"summary.csv": out / "summary.csv", "summary.md": out / "summary.md"})
-        rep.charts = [(title, path) for (title, _, _), f in zip(jobs, futures) if (path := f.result()) is not None]
+        rep.charts = _charts_drawn(jobs, futures, results.problems)
         csv_job.result()
     head, glossary, rest = markdown(results, rep, shown).rpartition("\n## Columns\n")
     cost_md = cost_markdown(costs)
