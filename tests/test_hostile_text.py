@@ -106,6 +106,22 @@ def test_escapes_in_a_folder_name_are_shown_in_an_error(tmp_path):
 
 # report.md
 
+def test_report_md_carries_no_html_link_or_code_from_a_mode_label_and_charts_draw_its_dollars(tmp_path):
+    run = _break_even_run(tmp_path, HTML + "\x1b[2J")
+    r = _cli("report", str(run), "--out", str(tmp_path / "rep"))
+    assert r.exit_code == 0, r.output
+    md = (tmp_path / "rep" / "report.md").read_text()
+    assert not re.search(r"(?<!\\)<img|(?<!\\)\]\(javascript|\x1b", md)
+    label = (r"\<img src=x onerror=alert(1)\>\[a\](javascript:alert(1))\`c\`$\\frac{a}{$\\x1b\[2J")
+    assert (f"### Break-even map, {label} (restore vs recompute, USD per 1M tokens at 2 USD per GPU-hour, no "
+            "memory charged: `kvbench map --gpu-price --host-price` prices it)") in md.splitlines()
+    stem = "be_img_src_x_onerror_alert_1_a_javascript_alert_1_c_frac_a_2J"  # the ESC byte is one of the "_"
+    assert (tmp_path / "rep" / f"break_even_{stem}.png").stat().st_size > 1000
+    r = _cli("map", str(run), "--out", str(tmp_path / "map"))
+    assert r.exit_code == 0, r.output
+    assert sorted(os.listdir(tmp_path / "map")) == ["map.csv", "map.json", f"map_{stem}.png"]
+
+
 def test_a_chart_that_fails_is_one_line_and_every_other_file_is_written(tmp_path, monkeypatch):
     from kvbench.report import break_even, charts
 

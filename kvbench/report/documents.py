@@ -89,23 +89,26 @@ def _budget(sc: dict[str, Any]) -> str:
     return "none" if b is None else f"{b / MIB:,.0f} MiB" if isinstance(b, (int, float)) else str(b)
 
 
-def extra_tables(rep: Report, group: str) -> list[tuple[str, pd.DataFrame]]:
-    """The reuse, server-load, capacity and plan-vs-measured tables of a group, where it has them."""
+def extra_tables(rep: Report, group: str) -> list[tuple[str, str, pd.DataFrame]]:
+    """The reuse, server-load, capacity and plan-vs-measured tables of a group, where it has them: ``(heading,
+    caption, frame)``; a heading may hold text from files (a mode label), a caption (``""`` or kvbench's own words,
+    with `code` spans) never does."""
     out = []
     if group in rep.reuse:
         for key, title in (("turn", "Restore vs recompute per turn"),
                            ("length", "Restore vs recompute per prompt length")):
-            out.append((title, reuse_display(rep.reuse[group][key]).drop(columns=["scenario"])))
+            out.append((title, "", reuse_display(rep.reuse[group][key]).drop(columns=["scenario"])))
     for mode, frame in rep.break_even.get(group, {}).items():
-        out.append((f"Break-even map, {mode} (restore vs recompute, USD per 1M tokens at 2 USD per GPU-hour, no "
-                    "memory charged: `kvbench map --gpu-price --host-price` prices it)", frame))
+        out.append((f"Break-even map, {mode}", "restore vs recompute, USD per 1M tokens at 2 USD per GPU-hour, no "
+                    "memory charged: `kvbench map --gpu-price --host-price` prices it", frame))
     if group in rep.server_load:
-        out.append((f"Load per mode ({LOAD_CAPTION})",
+        out.append(("Load per mode", LOAD_CAPTION,
                     server_load_display(rep.server_load[group]).drop(columns=["scenario"])))
     if group in rep.capacity:
-        out.append(("Capacity within the budget (probes in order, ✗ = did not fit)", capacity_display(rep.capacity[group])))
+        out.append(("Capacity within the budget", "probes in order, ✗ = did not fit",
+                    capacity_display(rep.capacity[group])))
     if rep.plan is not None and (rep.plan["scenario"] == group).any():
-        out.append(("Measured vs kvbench plan's prediction (× = measured ÷ predicted)",
+        out.append(("Measured vs kvbench plan's prediction", "× = measured ÷ predicted",
                     rep.plan[rep.plan["scenario"] == group].drop(columns=["scenario"])))
     return out
 
@@ -134,8 +137,8 @@ def markdown(results: Results, rep: Report, shown: pd.DataFrame) -> str:
             lines += [f"- {md_line(x)}" for x in env_lines(run)] + [""]
         if (mine := of_group(shown, g)) is not None:
             lines += [md_table(mine), ""]
-        for title, frame in extra_tables(rep, g):
-            lines += [f"### {title}", "", md_table(frame), ""]
+        for head, caption, frame in extra_tables(rep, g):
+            lines += [f"### {md_escape(head)}" + (f" ({md_line(caption)})" if caption else ""), "", md_table(frame), ""]
         lines += [f"![{md_escape(title)}]({path.name})" for title, path in rep.charts
                   if title.startswith(f"{g}: ")] + [""]
     for base, sec in rep.machines.items():

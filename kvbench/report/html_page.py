@@ -16,6 +16,7 @@ from kvbench.report.cost_section import CAPTION, CostSection
 from kvbench.report.cost_verdicts import short_verdict
 from kvbench.report.documents import GLOSSARY, Report, env_lines, extra_tables, of_group
 from kvbench.results.load import Results
+from kvbench.safe_text import visible
 
 #: The per-point table's columns shown in the page's main table (the KV column is named by its unit); the rest
 #: are in the ``<details>`` below it.
@@ -38,12 +39,18 @@ _TEXT_COLUMNS = {"mode", "vs", "trials", "verdict", "ids match none", "= none", 
                  "probes", "quality vs none"}
 
 
+def _escape(text: object) -> str:
+    """``text`` as HTML text: its control characters and undecodable bytes as readable escapes
+    (:func:`~kvbench.safe_text.visible`), then HTML-escaped."""
+    return html.escape(visible(text))
+
+
 def _cell(value: object, figure: bool = False) -> str:
     """A cell's text, escaped. Words: a break opportunity after each comma or bracket that joins words (a mode
     label such as ``hierarchical(window=16,host_max_tokens=16)`` wraps there; ``1,024`` does not). A figure
     (``figure``): never broken inside, but its interval or range may go onto a line of its own
     (``1,162`` / ``[612–1,529]``) when the page is narrow."""
-    text = html.escape(str(value))
+    text = _escape(value)
     parts = re.split(r" (?=\[)", text) if figure else []
     if len(parts) > 1:
         return " ".join(f'<span class="n">{part}</span>' for part in parts)
@@ -73,7 +80,7 @@ def main_columns(frame: pd.DataFrame) -> pd.DataFrame:
 
 def _text(text: str) -> str:
     """HTML of a plain-language line: escaped, with `code` spans."""
-    return re.sub(r"`([^`]+)`", r"<code>\1</code>", html.escape(text))
+    return re.sub(r"`([^`]+)`", r"<code>\1</code>", _escape(text))
 
 
 def glossary_items() -> list[str]:
@@ -109,7 +116,7 @@ def html_document(results: Results, rep: Report, shown: pd.DataFrame, costs: Cos
     columns; every column in a ``<details>``), its cost section (``costs``), the other tables and the charts; the
     machines, the memory timelines, what was skipped and the glossary. ``shown`` is
     :func:`~kvbench.report.tables.display_frame`'s."""
-    e = html.escape
+    e = _escape
     parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
              '<meta name="viewport" content="width=device-width, initial-scale=1">', "<title>kvbench report</title>",
              f"<style>{CSS}</style></head><body>", "<h1>kvbench report</h1>"]
@@ -128,9 +135,8 @@ def html_document(results: Results, rep: Report, shown: pd.DataFrame, costs: Cos
                       f"<details><summary>Every column ({len(mine.columns)})</summary>", '<div class="wide">',
                       table(mine), "</div></details>"]
         parts += cost_html(costs, g)
-        for title, frame in extra_tables(rep, g):
-            head, _, note = title.partition(" (")  # a long caption under the heading, not in it
-            parts += [f"<h3>{e(head)}</h3>"] + ([f'<p class="meta">({e(note)}</p>'] if note else []) + [
+        for head, note, frame in extra_tables(rep, g):  # a long caption under the heading, not in it
+            parts += [f"<h3>{e(head)}</h3>"] + ([f'<p class="meta">({e(note)})</p>'] if note else []) + [
                 '<div class="table">', table(frame), "</div>"]
         parts += [_img(p) for t, p in rep.charts if t.startswith(f"{g}: ")]
     for g in (g for g in costs.groups() if g not in rep.recommendations):
