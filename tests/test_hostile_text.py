@@ -138,3 +138,34 @@ def test_a_chart_that_fails_is_one_line_and_every_other_file_is_written(tmp_path
     assert r.exit_code == 0, r.output
     assert "warning: map of be, none: chart not drawn (ValueError: cannot draw this)" in r.output
     assert sorted(os.listdir(tmp_path / "map")) == ["map.csv", "map.json"]
+
+
+# names that are not UTF-8
+
+def test_a_run_folder_that_is_not_utf8_is_reported_costed_and_exported_with_its_bytes_escaped(tmp_path):
+    run = copy_run(tmp_path, os.fsdecode(b"run\xff\xfe"))
+    shown = f"{tmp_path}/run\\xff\\xfe"
+    r = _cli("report", str(run))
+    assert r.exit_code == 0, r.output
+    assert f"report: {shown}/report/report.html" in r.output
+    assert "- run `run\\xff\\xfe` (complete, started 2026-11-30T01:13:02Z, 120 trials)" in (
+        run / "report" / "report.md").read_text().splitlines()
+    r = _cli("cost", str(run), "--gpu-price", "2")
+    assert r.exit_code == 0 and f"cost: {shown}/report/cost.csv" in r.output, r.output
+    r = _cli("report", "--format", "llm-d", str(run))
+    assert r.exit_code == 0 and f"llm-d report: {shown}/report/llm-d/golden__none-p32-b1.json" in r.output
+    doc = json.loads((run / "report" / "llm-d" / "golden__none-p32-b1.json").read_text())
+    assert doc["run"]["eid"] == "run\\xff\\xfe"
+
+
+def test_peer_files_whose_names_are_not_utf8_are_costed_with_their_bytes_escaped(tmp_path):
+    a = tmp_path / os.fsdecode(b"nocache\xff.json")
+    b = tmp_path / os.fsdecode(b"cache\xfe\x1b[2J.json")
+    shutil.copy(PEERS / "vllm" / "nocache.json", a)
+    shutil.copy(PEERS / "vllm" / "cache.json", b)
+    r = _cli("cost", "--gpu-price", "2", str(a), str(b), "--out", str(tmp_path / "o"))
+    assert r.exit_code == 0, r.output
+    base = f"{tmp_path.parent.name}/{tmp_path.name}"  # a label: the last three parts of the path
+    names = f"{base}/cache\\xfe\\x1b[2J.json against {base}/nocache\\xff.json"
+    assert names in r.output, [line for line in r.output.splitlines() if "against" in line]
+    assert names in (tmp_path / "o" / "peer_cost.json").read_text().replace("\\\\", "\\")

@@ -40,6 +40,7 @@ from kvbench.report.llmd_scenario import clean, load, stack
 from kvbench.results.load import Results
 from kvbench.results.rows import MEASURED, Status
 from kvbench.results.run_dir import refuse_symlink_dir
+from kvbench.safe_text import visible
 from kvbench.serving import KINDS
 from kvbench.version import __version__
 
@@ -317,12 +318,12 @@ def llmd_reports(results: Results, prices: Prices | None = None) -> list[tuple[s
         sessions = _sessions(rows, all_rows, wall) if server else None
         if sessions:
             results_doc["session_performance"] = sessions
-        run_name = str(all_rows["run"].iloc[0])
+        run_name, shown = visible(all_rows["run"].iloc[0]), visible(name)  # a folder's undecodable bytes as \xff
         out.append((name, {
             "version": LLMD_VERSION,
-            "run": clean({"uid": str(uuid.uuid5(uuid.NAMESPACE_URL, f"kvbench:{run_name}:{name}")),
+            "run": clean({"uid": str(uuid.uuid5(uuid.NAMESPACE_URL, f"kvbench:{run_name}:{shown}")),
                            "eid": run_name, "time": _time(rows if len(rows) else all_rows),
-                           "description": f"exported by kvbench {__version__}: {name}",
+                           "description": f"exported by kvbench {__version__}: {shown}",
                            "keywords": ["kvbench", "kv-cache", str(all_rows['mode'].iloc[0])]
                            + ([f"status:{ext['status']['result']}"] if ext["status"]["result"] not in (
                                "ok", "load_unknown") else [])}),

@@ -19,6 +19,7 @@ from kvbench.report.cost import replacing
 from kvbench.report.format import number
 from kvbench.results.peers import PeerRun
 from kvbench.results.run_dir import refuse_symlink_dir
+from kvbench.safe_text import visible
 
 CAPTION = ("cached = Σ cached ÷ Σ prompt tokens as the file reports them; medians (numpy's linear method, as vllm "
            "bench serve's) over each file's successful requests in kvbench's definitions (TPOT decode only; NTPOT in peer_cost.csv; * the tool's own median: "
@@ -88,7 +89,7 @@ def write_peer_costs(table: pd.DataFrame, out_dir: str | Path, prices: Prices, r
     """
     doc: dict[str, Any] = {"prices": dataclasses.asdict(prices), "rows": json.loads(table.to_json(orient="records")),
                            "verdicts": peer_verdicts(table), "notes": peer_notes(runs),
-                           "files": [str(r.path) for r in runs]}
+                           "files": [visible(r.path) for r in runs]}
     return _table_and_doc(table, doc, Path(out_dir), "peer_cost")
 
 

@@ -19,6 +19,7 @@ from kvbench.results.peers.guidellm import is_guidellm, read_guidellm
 from kvbench.results.peers.llmd import is_llmd_report, read_llmd
 from kvbench.results.peers.vllm_bench import is_vllm_bench, read_vllm_bench
 from kvbench.safe_read import MAX_RUN_JSON_BYTES, read_json_file, read_regular, too_deep
+from kvbench.safe_text import visible
 from kvbench.scenario.load import expanded_size
 
 #: The tools whose files kvbench reads, as :attr:`PeerRun.tool` names them.
@@ -175,7 +176,7 @@ def distinct_labels(runs: list[PeerRun]) -> None:
         paths = [r.path.resolve() for r in same]
         for run in same:
             suffix = label[label.index(" ["):] if " [" in label else ""
-            run.label = f"{run.path}{suffix}"
+            run.label = visible(f"{run.path}{suffix}")
             if paths.count(run.path.resolve()) > 1:
                 run.notes.append(f"{run.path} was given more than once")
 

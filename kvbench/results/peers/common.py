@@ -13,6 +13,7 @@ from typing import Any
 import pandas as pd
 
 from kvbench.errors import ResultsError
+from kvbench.safe_text import visible
 
 #: The per-request columns of :attr:`PeerRun.requests`, in kvbench's names (seconds, tokens).
 REQUEST_COLUMNS = ("key", "prompt_head", "prompt_tokens", "n_output_tokens", "ttft_s", "tpot_s", "ntpot_s", "e2e_s",
@@ -242,9 +243,11 @@ class Doc:
 
 
 def short_label(path: Path, parts: int = 3) -> str:
-    """A file's label: its last ``parts`` path components (fewer where the path has fewer; no root)."""
+    """A file's label: its last ``parts`` path components (fewer where the path has fewer; no root), through
+    :func:`~kvbench.safe_text.visible` (a name that is not UTF-8 shows its bytes as ``\xff``: every table, file
+    and chart can carry it)."""
     names = [p for p in path.parts if p not in (path.anchor, "")]
-    return "/".join(names[-parts:]) or str(path)
+    return visible("/".join(names[-parts:]) or str(path))
 
 
 def scaled(values: dict[str, float | None], scale: float) -> dict[str, float]:
