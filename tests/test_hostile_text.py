@@ -169,3 +169,20 @@ def test_peer_files_whose_names_are_not_utf8_are_costed_with_their_bytes_escaped
     names = f"{base}/cache\\xfe\\x1b[2J.json against {base}/nocache\\xff.json"
     assert names in r.output, [line for line in r.output.splitlines() if "against" in line]
     assert names in (tmp_path / "o" / "peer_cost.json").read_text().replace("\\\\", "\\")
+
+
+# llm-d file names
+
+def test_llmd_reports_of_labels_that_clean_to_one_name_are_all_written_and_counted(tmp_path):
+    run = _labelled(tmp_path, {"full": "none?", "hierarchical(window=16)": "none!"})
+    r = _cli("report", "--format", "llm-d", str(run), "--out", str(tmp_path / "l"))
+    assert r.exit_code == 0, r.output
+    files = sorted(os.listdir(tmp_path / "l"))
+    assert len(files) == 20 and "20 llm-d Benchmark Reports (v0.2.1)" in r.output
+    assert r.output.count("llm-d report: ") == 20
+    for p, b in ((32, 1), (32, 2), (96, 1), (96, 2)):
+        point = f"-p{p}-b{b}"
+        assert {f"golden__none{point}.json", f"golden__none_{point}-{_digest('golden', 'none?' + point)}.json",
+                f"golden__none_{point}-{_digest('golden', 'none!' + point)}.json"} <= set(files)
+    labels = {json.loads((tmp_path / "l" / f).read_text())["run"]["description"].rpartition("/")[2] for f in files}
+    assert {"none?-p32-b1", "none!-p32-b1", "none-p32-b1"} <= labels

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import uuid
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -40,7 +39,7 @@ from kvbench.report.llmd_scenario import clean, load, stack
 from kvbench.results.load import Results
 from kvbench.results.rows import MEASURED, Status
 from kvbench.results.run_dir import refuse_symlink_dir
-from kvbench.safe_text import visible
+from kvbench.safe_text import unique_stems, visible
 from kvbench.serving import KINDS
 from kvbench.version import __version__
 
@@ -332,15 +331,17 @@ def llmd_reports(results: Results, prices: Prices | None = None) -> list[tuple[s
     return out
 
 
-def _file_name(name: str) -> str:
-    """A report's file name: its name with anything but letters, digits, ``.``, ``-``, ``_`` and ``@`` as ``_``."""
-    return re.sub(r"[^A-Za-z0-9._@-]", "_", name.replace("/", "__")) + ".json"
+def file_names(names: list[str]) -> list[str]:
+    """The reports' file names, one per name and never two alike: ``<group>__<mode label>.json``, each part as
+    :func:`~kvbench.safe_text.unique_stems` makes it (``none?`` and ``none!`` of one group: ``g__none-04713f71``
+    and ``g__none-a47d933f``, 8 hex digits of each name)."""
+    return [f"{stem}.json" for stem in unique_stems([tuple(n.split("/", 1)) for n in names], sep="__")]
 
 
 def write_llmd(results: Results, out_dir: str | Path, prices: Prices | None = None) -> list[Path]:
     """:func:`llmd_reports` of ``results`` as JSON files in ``out_dir`` (created), one per mode
-    (``<group>__<mode label>.json``), each written beside its place and moved onto it (a symbolic link there is
-    replaced, never followed); returns their paths.
+    (``<group>__<mode label>.json``, :func:`file_names`), each written beside its place and moved onto it (a
+    symbolic link there is replaced, never followed); returns their paths.
 
     Raises:
         kvbench.errors.SymlinkRefused: ``out_dir`` is a symbolic link.
@@ -355,9 +356,9 @@ def write_llmd(results: Results, out_dir: str | Path, prices: Prices | None = No
     try:
         out.mkdir(parents=True, exist_ok=True)
         paths = []
-        for name, doc in reports:
+        for (_, doc), file in zip(reports, file_names([name for name, _ in reports])):
             text = json.dumps(_finite(doc), indent=2, allow_nan=False) + "\n"
-            paths.append(replacing(out / _file_name(name), lambda tmp, text=text: tmp.write_text(text)))
+            paths.append(replacing(out / file, lambda tmp, text=text: tmp.write_text(text)))
         return paths
     except OSError as exc:
         if isinstance(exc, UserError):
@@ -365,5 +366,5 @@ def write_llmd(results: Results, out_dir: str | Path, prices: Prices | None = No
         raise UnwritableOutput(exc.filename or out, exc.strerror or str(exc)) from exc
 
 
-__all__ = ["EXTENSION", "LLMD_VERSION", "PERCENTILES", "kvbench_extension", "llmd_reports", "statistics", "status",
-           "write_llmd"]
+__all__ = ["EXTENSION", "LLMD_VERSION", "PERCENTILES", "file_names", "kvbench_extension", "llmd_reports", "statistics",
+           "status", "write_llmd"]
