@@ -119,9 +119,10 @@ def compare(reference: PeerRun, run: PeerRun, assume_quiet: bool = False) -> dic
     many, the fewer side's when unpaired; a verdict needs 5, as ``kvbench map``'s); otherwise each pair (unpaired:
     each request) is one. The files record no machine
     load, so without ``assume_quiet`` (the user's word that the machine was quiet) a comparison that would decide
-    is "inconclusive: the files record no machine load"; ``assumed_quiet`` says which applied."""
+    is "inconclusive: the files record no machine load"; ``assumed_quiet`` says which applied. ``ttft_ratio``: Σ
+    TTFT of ``run``'s paired requests ÷ Σ of ``reference``'s, as kvbench's own map takes it (NaN unpaired)."""
     out: dict[str, Any] = {"saving_pct": math.nan, "saving_ci_low": math.nan, "saving_ci_high": math.nan,
-                           "pairs": 0, "prefixes": None, "assumed_quiet": assume_quiet}
+                           "pairs": 0, "prefixes": None, "assumed_quiet": assume_quiet, "ttft_ratio": math.nan}
     unknown = [r.label for r in (reference, run) if r.concurrency is None]
     conc_differ = not unknown and reference.concurrency != run.concurrency
     if not (reference.per_request and run.per_request) or conc_differ or unknown:
@@ -152,6 +153,10 @@ def compare(reference: PeerRun, run: PeerRun, assume_quiet: bool = False) -> dic
         sums = unit_sums(labels, [eb, tb, ea, ta])
         _, lo, hi = jackknife_interval(sums, lambda t: _spt(t[..., :2]) - _spt(t[..., 2:]))
         n, how = len(pairs), f"paired by {reference.pairing}"
+        ttft = pd.to_numeric(pairs["ttft_s_b"], errors="coerce"), pd.to_numeric(pairs["ttft_s_a"], errors="coerce")
+        both = ttft[0].notna() & ttft[1].notna()
+        if both.any() and ttft[1][both].sum() > 0:
+            out["ttft_ratio"] = float(ttft[0][both].sum() / ttft[1][both].sum())
     else:
         ea, ta = a["e2e_s"].to_numpy(float), a["n_output_tokens"].to_numpy(float)
         eb, tb = b["e2e_s"].to_numpy(float), b["n_output_tokens"].to_numpy(float)

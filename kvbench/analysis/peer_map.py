@@ -15,7 +15,7 @@ from typing import Any
 import pandas as pd
 
 from kvbench.analysis.cost import Prices
-from kvbench.analysis.peer_cost import LOAD_CAVEAT, compare, medians
+from kvbench.analysis.peer_cost import LOAD_CAVEAT, compare
 from kvbench.results.peers import PeerRun
 
 
@@ -42,8 +42,8 @@ def peer_map(runs: list[PeerRun], prices: Prices, assume_quiet: bool = False) ->
     ``shared_pct``, ``prefixes``, ``concurrency`` (a cell's files share it), ``reference`` and ``label`` (the
     files), ``tool``,
     ``saving_pct`` with ``saving_ci_low``/``saving_ci_high``, ``usd_per_million`` of both sides
-    (``recompute_usd_per_million``, ``restore_usd_per_million`` at the tools' throughputs), ``ttft_ratio`` (restore ÷
-    recompute TTFT medians), ``pairs``, ``prefixes_seen`` (the prefixes the paired prompts show; the interval is
+    (``recompute_usd_per_million``, ``restore_usd_per_million`` at the tools' throughputs), ``ttft_ratio`` (Σ restore ÷
+    Σ recompute TTFT of the paired requests, as kvbench's own map; NaN unpaired), ``pairs``, ``prefixes_seen`` (the prefixes the paired prompts show; the interval is
     drawn by prefix; None where the files keep no prompts), ``comparison``, ``map_label`` (pays, loses, inconclusive)
     and ``why``; and one line per run that has no cell or no partner in its cell. ``assume_quiet``: the user's word
     that the machine was quiet (:func:`~kvbench.analysis.peer_cost.compare`)."""
@@ -68,7 +68,7 @@ def peer_map(runs: list[PeerRun], prices: Prices, assume_quiet: bool = False) ->
             if cached.sum() > 0:
                 c["verdict"] = (f"inconclusive: the recompute side {ref.label} reused {int(cached.sum())} cached "
                                 "prompt tokens: give the file without the cache first")
-            ratio = medians(run)["ttft_s_p50"] / medians(ref)["ttft_s_p50"]
+            ratio = c["ttft_ratio"]
             if c["verdict"]:
                 label, why = "inconclusive", c["verdict"]
             elif c["saving_ci_low"] > 0:

@@ -68,10 +68,10 @@ def report(
             show(_table(reuse_terminal(reuse_display(rep.reuse[g]["turn"])),
                         f"{g}: restore vs recompute per turn", "TTFT median [min–max] over the requests of "
                         "that turn and the repeats; restore includes the lookup and the copy; ÷: restore ÷ "
-                        "recompute TTFT, Σ over request pairs [95% jackknife interval over conversations]; = "
-                        "none: greedy ids equal to none's recompute (KL ≥: a lossy "
-                        "preset's median KL against none, nats, a lower bound from the server's top-k "
-                        "log-probabilities)", wrap=REUSE_WRAPPING),
+                        "recompute TTFT, Σ over request pairs [95% jackknife interval over the independent "
+                        "units: conversations, documents or prefixes]; = none: greedy ids equal to none's "
+                        "recompute (KL ≥: a lossy preset's median KL against none, nats, a lower bound from the "
+                        "server's top-k log-probabilities)", wrap=REUSE_WRAPPING),
                  first=("prompt", "pairs", "restored", "recompute TTFT ms"))
         if g in rep.server_load:
             show(_table(server_load_display(rep.server_load[g]).drop(columns=["scenario"]),

@@ -167,9 +167,9 @@ def run(
                else "cold = recompute the whole prompt, warm = restore the stored prefix then prefill the rest")
         show(_table(reuse_terminal(reuse_display(res.reuse)), title,
                     f"{how}; TTFT median [min–max]; ÷: restore ÷ recompute TTFT, Σ over request pairs [95% "
-                    "jackknife interval over conversations]; = none: greedy "
-                    "ids equal to none's recompute (KL ≥: a lossy preset's median KL against none, nats, a "
-                    "lower bound from the server's top-k log-probabilities)",
+                    "jackknife interval over the independent units: conversations, documents or prefixes]; = "
+                    "none: greedy ids equal to none's recompute (KL ≥: a lossy preset's median KL against none, "
+                    "nats, a lower bound from the server's top-k log-probabilities)",
                     wrap=REUSE_WRAPPING), first=("prompt", "pairs", "restored", "recompute TTFT ms"))
     elif res.summary is not None:
         show(_summary_table(res.summary, title))

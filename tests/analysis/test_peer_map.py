@@ -30,9 +30,16 @@ def test_each_tool_s_cache_pays_over_five_prefixes_drawn_by_prefix():
     assert table["tool"].tolist() == ["guidellm", "aiperf"]
     for r in table.to_dict("records"):
         assert (r["shared_pct"], r["prefixes"], r["prefixes_seen"], r["pairs"]) == (80, 5, 5, 15)
-        assert r["map_label"] == "pays" and r["saving_ci_low"] > 0 and r["ttft_ratio"] < 0.5
+        assert r["map_label"] == "pays" and r["saving_ci_low"] > 0
         assert r["restore_usd_per_million"] < r["recompute_usd_per_million"]
     assert table["prompt_tokens"].tolist() == [321, 320]  # as llama-server counted GuideLLM's and AIPerf's prompts
+    # Σ restore ÷ Σ recompute TTFT over the 15 paired requests, as kvbench's own map (each prefix's first visit
+    # finds nothing cached)
+    runs = load_peers(MAP)
+    for r, (off, on) in zip(table.to_dict("records"), ((runs[0], runs[1]), (runs[2], runs[3]))):
+        both = off.requests.merge(on.requests, on="key", suffixes=("_off", "_on"))
+        assert len(both) == 15 and r["ttft_ratio"] == pytest.approx(both["ttft_s_on"].sum() / both["ttft_s_off"].sum())
+        assert 0.4 < r["ttft_ratio"] < 0.6
 
 
 def test_one_prefix_is_one_observation_however_many_requests():
