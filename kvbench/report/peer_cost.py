@@ -108,9 +108,10 @@ def _table_and_doc(table: pd.DataFrame, doc: dict[str, Any], out: Path, stem: st
 
 
 MAP_CAPTION = ("per tool and cell (prompt tokens × shared share × prefixes in rotation, from the tool's own "
-               "configuration), the first file given is recompute, a later one restore; saving = 1 − restore's "
-               "request seconds per generated token ÷ recompute's, with its 95% interval drawn by prefix; pays or "
-               "loses only with ≥ 5 pairs from ≥ 5 prefixes and an interval that excludes 0")
+               "configuration), the first file given is recompute, a later one restore; TTFT ÷: Σ restore ÷ Σ "
+               "recompute TTFT of the paired requests; saving = 1 − restore's request seconds per generated token "
+               "÷ recompute's, with its 95% jackknife interval over the prefixes; pays or loses only with ≥ 5 "
+               "pairs from ≥ 5 prefixes and an interval that excludes 0")
 
 
 def peer_map_display(table: pd.DataFrame) -> pd.DataFrame:
