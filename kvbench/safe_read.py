@@ -1,7 +1,10 @@
 """Reading files kvbench is given without trusting them: only regular files are read (a FIFO would block forever,
-``/dev/zero`` would fill the memory), with bounded sizes, bounded nesting and bounded trial-row lines. One reader of
-``trials.jsonl`` (:func:`scan_rows`) serves ``report``, ``cost``, ``compare`` and ``run --resume`` alike, so that a
-line one of them skips is skipped, with the same warning, by all of them."""
+``/dev/zero`` would fill the memory), with bounded sizes, bounded nesting, bounded whole numbers (every integer
+read converts to a float: one of 401 digits would not) and bounded trial-row lines, so that a parse
+takes time in proportion to a bounded size. One reader of ``trials.jsonl`` (:func:`scan_rows`) serves ``report``,
+``cost``, ``compare`` and ``run --resume`` alike, so that a line one of them skips is skipped, with the same
+warning, by all of them. Folders are searched to a bounded depth (:func:`find_below`): ``Path.rglob`` recurses,
+and a run 1,200 folders deep ended it in a ``RecursionError``."""
 
 from __future__ import annotations
 
@@ -21,6 +24,11 @@ MAX_ROW_BYTES = 16 << 20
 MAX_RUN_JSON_BYTES = 64 << 20
 #: Deepest nesting of lists and objects accepted in run.json and in a trial row.
 MAX_JSON_DEPTH = 100
+#: Most digits of a JSON integer kvbench reads: every such integer converts to a float (the largest is about
+#: 1.8e308; a tokenizer_config.json's ``model_max_length`` of 10^30 is read). Longer ones are refused unconverted.
+MAX_INT_DIGITS = 300
+#: Deepest folder below a folder given that :func:`find_below` searches.
+MAX_SEARCH_DEPTH = 32
 _BOM = b"\xef\xbb\xbf"
 
 
@@ -72,12 +80,29 @@ def too_deep(value: Any, limit: int = MAX_JSON_DEPTH) -> bool:
     return False
 
 
-def read_json_file(path: str | Path, limit: int = MAX_RUN_JSON_BYTES) -> Any:
-    """The JSON value in the regular file ``path`` (UTF-8, a BOM ignored), at most ``limit`` bytes and nested at most
-    :data:`MAX_JSON_DEPTH` levels.
+class _LongInteger(ValueError):
+    """A JSON integer of more than :data:`MAX_INT_DIGITS` digits."""
+
+
+def _bounded_int(text: str) -> int:
+    """``int(text)`` of a JSON integer literal of at most :data:`MAX_INT_DIGITS` digits (a sign aside).
 
     Raises:
-        BadFile: not a regular file, unreadable, too large, not UTF-8, not valid JSON or nested too deeply.
+        _LongInteger: it is longer.
+    """
+    if len(text.lstrip("-")) > MAX_INT_DIGITS:
+        raise _LongInteger(f"an integer of {len(text.lstrip('-')):,} digits (at most {MAX_INT_DIGITS} are read): "
+                           f"{text[:12]}...")
+    return int(text)
+
+
+def read_json_file(path: str | Path, limit: int = MAX_RUN_JSON_BYTES) -> Any:
+    """The JSON value in the regular file ``path`` (UTF-8, a BOM ignored), at most ``limit`` bytes, nested at most
+    :data:`MAX_JSON_DEPTH` levels, with integers of at most :data:`MAX_INT_DIGITS` digits.
+
+    Raises:
+        BadFile: not a regular file, unreadable, too large, not UTF-8, not valid JSON, nested too deeply or holding
+            a longer integer.
     """
     raw = read_regular(path, limit)
     if len(raw) > limit:
@@ -87,7 +112,9 @@ def read_json_file(path: str | Path, limit: int = MAX_RUN_JSON_BYTES) -> Any:
     except UnicodeDecodeError as exc:
         raise BadFile(f"{path}: not UTF-8 text (byte {exc.start})") from None
     try:
-        data = json.loads(text)
+        data = json.loads(text, parse_int=_bounded_int)
+    except _LongInteger as exc:
+        raise BadFile(f"{path}: not a file kvbench reads: {exc}") from None
     except RecursionError:
         raise BadFile(f"{path}: not valid JSON (nested more than {MAX_JSON_DEPTH} levels deep)") from None
     except ValueError as exc:
@@ -141,10 +168,40 @@ def scan_rows(path: str | Path) -> tuple[list[Any], list[int], list[tuple[int, s
     return values, lines, skipped
 
 
+def find_below(root: str | Path, name: str, depth: int = MAX_SEARCH_DEPTH) -> list[Path]:
+    """The entries called ``name`` in the folder ``root`` and in its folders down to ``depth`` levels below it,
+    sorted; folders reached through a symbolic link are not entered (as ``Path.rglob``). Searched without recursion.
+
+    Raises:
+        BadFile: ``root`` holds folders more than ``depth`` levels deep (naming the first one found): kvbench writes
+            none, and a search of all of them would not end in bounded time.
+    """
+    root = Path(root)
+    found: list[Path] = []
+    stack = [(root, 0)]
+    while stack:
+        folder, level = stack.pop()
+        try:
+            with os.scandir(folder) as entries:
+                listed = list(entries)
+        except OSError:
+            continue  # unreadable, or gone since: nothing of it to read (as rglob)
+        for entry in listed:
+            if entry.name == name:
+                found.append(folder / entry.name)
+            if entry.is_dir(follow_symlinks=False):
+                if level + 1 > depth:
+                    raise BadFile(f"{root}: folders nested more than {depth} levels deep below it (such as "
+                                  f"{folder / entry.name}): give the run directory itself")
+                stack.append((folder / entry.name, level + 1))
+    return sorted(found)
+
+
 def skipped_message(path: str | Path, line: int, why: str) -> str:
     """The one warning every reader gives for a skipped line of ``trials.jsonl``."""
     return f"{path}:{line}: {why}; skipped"
 
 
-__all__ = ["BadFile", "MAX_JSON_DEPTH", "MAX_ROW_BYTES", "MAX_RUN_JSON_BYTES", "open_regular", "read_json_file",
-           "read_regular", "scan_rows", "skipped_message", "too_deep"]
+__all__ = ["BadFile", "MAX_INT_DIGITS", "MAX_JSON_DEPTH", "MAX_ROW_BYTES", "MAX_RUN_JSON_BYTES", "MAX_SEARCH_DEPTH",
+           "find_below", "open_regular", "read_json_file", "read_regular", "scan_rows", "skipped_message",
+           "too_deep"]

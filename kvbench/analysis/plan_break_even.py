@@ -21,7 +21,6 @@ one GPU's figures: the N GPUs compute, restore and read their shares side by sid
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,10 +29,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from kvbench.analysis.break_even_fit import EXTRAPOLATION_FACTOR, CellShape, Fit, beyond_range, predict_saving
+from kvbench.analysis.break_even_fit import (EXTRAPOLATION_FACTOR, TIERS, TPOT_TERMS, TTFT_TERMS, CellShape, Fit,
+                                             beyond_range, predict_saving)
 from kvbench.analysis.plan import KV_PASSES
 from kvbench.errors import BadParameter, BadValue
 from kvbench.models.sizes import ModelSizes
+from kvbench.offload.modes import MAX_TOKENS
+from kvbench.safe_read import read_json_file
 from kvbench.scenario.workload import prefix_tokens
 
 #: The share of a GPU's peak dense FLOP/s a prefill reaches (the GPU's figure: :mod:`kvbench.models.gpus`).
@@ -87,10 +89,24 @@ def assumed_constants(arch: ModelSizes, dtype_bytes: int, tflops: float, link_by
     return Constants(values, source)
 
 
+#: The largest map.json read (bytes): kvbench map writes a few hundred KiB for a large map.
+MAX_MAP_JSON_BYTES = 16 << 20
+#: Runs a measured constant's source names (the rest counted), and characters kept of each name.
+SHOWN_RUNS, SHOWN_CHARS = 3, 120
+
+
+def _shown(value: Any) -> str:
+    """``value`` as text of at most :data:`SHOWN_CHARS` characters (cut with ``...``)."""
+    text = str(value)
+    return text if len(text) <= SHOWN_CHARS else text[:SHOWN_CHARS - 3] + "..."
+
+
 #: The constants a measured fit must give (a restore tier: ``restore_host_s_per_token`` or a server's
 #: ``restore_cache_s_per_token``).
 REQUIRED = ("overhead_s", "prefill_s_per_token", "attention_s_per_token_pair", "decode_s",
             "decode_s_per_context_token")
+#: Every constant a fit of kvbench map holds (any other key of a fit's values is refused).
+KNOWN = (*TTFT_TERMS, *(f"restore_{tier}_s_per_token" for tier, _ in TIERS), *TPOT_TERMS)
 
 
 def measured_constants(path: str | Path, scenario: str | None = None, mode: str | None = None,
@@ -100,16 +116,23 @@ def measured_constants(path: str | Path, scenario: str | None = None, mode: str 
     A host restore tier missing from the fit (a server's cache is ``cache``) takes the fitted cache's. A fit of
     trials measured on a busy machine (``busy``) is refused unless ``allow_busy``; then its source says busy.
 
+    The file is read by :func:`kvbench.safe_read.read_json_file` (a regular file of at most
+    :data:`MAX_MAP_JSON_BYTES`, bounded nesting and integers); the source names the first :data:`SHOWN_RUNS` runs
+    (and how many more), each cut to :data:`SHOWN_CHARS` characters, as are the scenario and mode.
+
     Raises:
-        BadValue: the file cannot be read as JSON, has no ``constants`` list of fits (for that scenario and mode),
-            or a fit lacks a constant or gives one that is not a finite number of at least 0, or a
-            ``prompt_tokens`` that is not two whole numbers from 1 (naming the file and the key path).
+        BadValue: the file is not a regular file, too large, or cannot be read as JSON (its reason), has no
+            ``constants`` list of fits (for that scenario and mode), or a fit lacks a constant, names one kvbench
+            map does not fit (:data:`KNOWN`) or gives one that is not a finite number of at least 0, or a
+            ``prompt_tokens`` that is not two whole numbers from 1 to 2^24, shortest first (naming the file and the
+            key path).
         BadParameter: the fit is busy and ``allow_busy`` is False (param ``allow_busy``).
     """
     try:
-        doc = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as exc:
-        raise BadValue(f"{path}: not a map.json of kvbench map: {getattr(exc, 'strerror', None) or exc}") from exc
+        doc = read_json_file(path, MAX_MAP_JSON_BYTES)
+    except ValueError as exc:  # BadFile: its message names the file
+        why = str(exc).removeprefix(f"{path}: ")
+        raise BadValue(f"{path}: not a map.json of kvbench map: {why}") from None
     fits = doc.get("constants") if isinstance(doc, dict) else None
     if not isinstance(fits, list) or not all(isinstance(f, dict) for f in fits):
         raise BadValue(f"{path}: constants: must be the list of fits kvbench map writes")
@@ -124,11 +147,14 @@ def measured_constants(path: str | Path, scenario: str | None = None, mode: str 
         raise BadValue(f"{path}: constants[{i}].values: must be a mapping of constant → seconds")
     values: dict[str, float] = {}
     for k, v in raw.items():
+        if k not in KNOWN:
+            raise BadValue(f"{path}: constants[{i}].values.{_shown(k)}: not a constant of kvbench map (its constants: "
+                           f"{', '.join(KNOWN)})")
         if v is None and k not in REQUIRED:
             continue
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-            raise BadValue(f"{path}: constants[{i}].values.{k}: must be a finite number of seconds, at least 0, "
-                           f"not {v!r}")
+            raise BadValue(f"{path}: constants[{i}].values.{_shown(k)}: must be a finite number of seconds, at "
+                           f"least 0, not {_shown(repr(v))}")
         values[k] = float(v)
     missing = [k for k in REQUIRED if k not in values]
     if missing:
@@ -136,19 +162,22 @@ def measured_constants(path: str | Path, scenario: str | None = None, mode: str 
     values.setdefault("restore_host_s_per_token", values.get("restore_cache_s_per_token", 0.0))
     span = f.get("prompt_tokens")
     if span is not None and not (isinstance(span, list) and len(span) == 2 and all(
-            isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in span)):
-        raise BadValue(f"{path}: constants[{i}].prompt_tokens: must be [shortest, longest] prompt tokens, not "
-                       f"{span!r}")
+            isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= MAX_TOKENS for n in span)
+            and span[0] <= span[1]):
+        raise BadValue(f"{path}: constants[{i}].prompt_tokens: must be [shortest, longest] prompt tokens, each 1 "
+                       f"to {MAX_TOKENS:,}, not {_shown(repr(span))}")
     runs = f.get("runs") if isinstance(f.get("runs"), list) else []
     more = f", the first of {len(fits)} fits" if len(fits) > 1 and scenario is None and mode is None else ""
-    name = f"{f.get('group', '?')} {f.get('mode_label', '?')}"
+    name = f"{_shown(f.get('group', '?'))} {_shown(f.get('mode_label', '?'))}"
     busy = f.get("busy") is True
     if busy and not allow_busy:
-        raise BadParameter(f"{path}: constants[{i}] ({name}) were fitted to {f.get('trials', '?')} trials measured "
+        trials = f.get("trials") if isinstance(f.get("trials"), int) else "?"
+        raise BadParameter(f"{path}: constants[{i}] ({name}) were fitted to {trials} trials measured "
                            "on a busy machine: they are not a measurement of it; run the map's scenario again on a "
                            "quiet machine, or pass {allow_busy} to use them anyway", "allow_busy")
-    where = (f"{'measured on a busy machine' if busy else 'measured'}: {name}{more}, runs "
-             f"{', '.join(map(str, runs)) or '?'}")
+    shown = ", ".join(_shown(r) for r in runs[:SHOWN_RUNS]) + (
+        f" and {len(runs) - SHOWN_RUNS:,} more" if len(runs) > SHOWN_RUNS else "")
+    where = f"{'measured on a busy machine' if busy else 'measured'}: {name}{more}, runs {shown or '?'}"
     return Constants(values, {k: where for k in values}, tuple(span) if span else None, busy)
 
 

@@ -271,7 +271,8 @@ def results_and_target(results: list[Path] | None, out_dir: str | None, verb: st
     if not results:
         from kvbench.results.newest import newest_run
 
-        found = newest_run("results")
+        with handle_errors():
+            found = newest_run("results")
         if found is None:
             _fail(f"no results given and no run under results/: {none_hint}")
         out.print(f"{verb} the newest run under results/: {found}", highlight=False, markup=False)

@@ -159,6 +159,7 @@ def _peer_files(paths: list[Path]) -> list[Any] | None:
     reports), each file read once (:func:`kvbench.results.peers.peer_runs`, labels as
     :func:`~kvbench.results.peers.load_peers` gives them); None when they are kvbench runs; mixing both fails."""
     from kvbench.results.peers import distinct_labels, load_peers, peer_runs
+    from kvbench.safe_read import find_below
 
     with handle_errors():
         found = [peer_runs(p) for p in paths]
@@ -167,8 +168,10 @@ def _peer_files(paths: list[Path]) -> list[Any] | None:
     for p, f in zip(paths, found):
         if f is not None:
             continue
-        if (p / "trials.jsonl").exists() or (p.is_file() and p.suffix == ".jsonl") or (
-                p.is_dir() and next(p.rglob("trials.jsonl"), None) is not None):
+        with handle_errors():  # BadFile: folders nested too deep to search
+            ours = (p / "trials.jsonl").exists() or (p.is_file() and p.suffix == ".jsonl") or (
+                p.is_dir() and bool(find_below(p, "trials.jsonl")))
+        if ours:
             _fail(f"give kvbench runs or other tools' result files, not both: {p} is a kvbench run")
         with handle_errors():
             load_peers([p])  # says why it is no result file

@@ -32,7 +32,7 @@ from kvbench.results.peers import peer_hint
 from kvbench.results.read import read_rows
 from kvbench.results.record import SCHEMA_VERSION, check_run_meta
 from kvbench.results.rows import retry_due
-from kvbench.safe_read import read_json_file, skipped_message
+from kvbench.safe_read import find_below, read_json_file, skipped_message
 
 
 @dataclass
@@ -130,7 +130,10 @@ def _trial_files(paths: list[str | Path]) -> list[Path]:
         elif (p / "trials.jsonl").is_file():
             found.append(p / "trials.jsonl")
         else:
-            inside = sorted(p.rglob("trials.jsonl"))
+            try:
+                inside = find_below(p, "trials.jsonl")
+            except BadFile as exc:
+                raise ResultsError(str(exc)) from None
             if not inside:
                 raise ResultsError(f"{p}: no kvbench runs here (no trials.jsonl in it or below it){peer_hint(p)}")
             found.extend(inside)

@@ -6,7 +6,7 @@ import contextlib
 from pathlib import Path
 
 from kvbench.results.run_dir import utc_now
-from kvbench.safe_read import read_json_file
+from kvbench.safe_read import find_below, read_json_file
 
 
 def _started(run: Path) -> str:
@@ -22,11 +22,15 @@ def _started(run: Path) -> str:
 def newest_run(root: str | Path) -> Path | None:
     """The run directory (one holding ``trials.jsonl``) at or below ``root`` that started last (run.json
     ``started_at``, else its trials file's time; ties go to the later path); None when there is none or ``root`` is
-    not a directory."""
+    not a directory.
+
+    Raises:
+        BadFile: ``root`` holds folders nested deeper than :func:`kvbench.safe_read.find_below` searches.
+    """
     root = Path(root)
     if not root.is_dir():
         return None
-    runs = [f.parent for f in root.rglob("trials.jsonl") if f.is_file()]
+    runs = [f.parent for f in find_below(root, "trials.jsonl") if f.is_file()]
     return max(runs, key=lambda r: (_started(r), str(r)), default=None)
 
 
