@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -37,15 +38,38 @@ from kvbench.analysis.cost import Prices
 from kvbench.analysis.intervals import pair_load, pair_with_reference, quiet_pairs, ratio_interval
 from kvbench.analysis.reuse import recompute_side, reuse_trials, sampling_units
 from kvbench.analysis.reuse_cost import HOST_TIER_BASES, reuse_cost
-from kvbench.errors import BadParameter
+from kvbench.errors import BadParameter, ResultsError
+from kvbench.offload.modes import MAX_TOKENS
 from kvbench.results.rows import MEASURED
-from kvbench.scenario.workload import cell_kv_tokens, prefix_tokens
+from kvbench.scenario.workload import MAX_VISITS, MAX_WORKING_SET, cell_kv_tokens, prefix_tokens
 
 #: Panel edges of the working-set ratio: ≤ 0.5, 0.5–1, 1–2, 2–4, > 4 (1: the working set just fits the budget).
 RATIO_EDGES = (0.5, 1.0, 2.0, 4.0)
 #: The shared shares (percent) a map shows by default, besides those measured.
 DEFAULT_SHARES = (0, 25, 50, 75, 95)
 LABELS = ("pays", "loses", "inconclusive", "invalid")
+#: Largest number of values ``shares`` and ``contexts`` may each give (a prediction per value of one × of the other
+#: × panels: 100 × 100 took 73 s and 2.1 GB).
+MAX_MAP_VALUES = 16
+#: The most a ``shared_prefix`` row's column may hold (what a scenario can ask for): the map sizes its predictions
+#: from them (prefixes × visits requests per cell).
+ROW_LIMITS = {"working_set_prompts": MAX_WORKING_SET, "turn_index": MAX_VISITS, "prompt_tokens": MAX_TOKENS}
+
+
+def check_row_limits(rows: pd.DataFrame) -> None:
+    """Refuse ``shared_prefix`` rows whose :data:`ROW_LIMITS` columns hold more than a scenario can ask for.
+
+    Raises:
+        ResultsError: ``<run>/trials.jsonl: <column> <value> is above <limit>, ...`` for the first such value.
+    """
+    for column, most in ROW_LIMITS.items():
+        values = pd.to_numeric(rows[column], errors="coerce") if column in rows else None
+        if values is None or not (values > most).any():
+            continue
+        at = values[values > most].index[0]
+        run = rows.at[at, "run_path"] if "run_path" in rows else "?"
+        raise ResultsError(f"{Path(str(run)) / 'trials.jsonl'}: {column} {int(values[at]):,} is above {most:,}, the "
+                           "most a shared_prefix scenario asks for: not a row kvbench wrote")
 
 
 def ratio_panel(ratio: float) -> str:
@@ -83,11 +107,16 @@ def map_rows(trials: pd.DataFrame) -> pd.DataFrame:
     """The trials of ``shared_prefix`` runs (measured or not) with their cell: ``shared_pct`` (the share the cell
     asked for; for rows that do not say, the prefix ÷ the prompt, percent, rounded), ``working_set``, ``kv_ratio``
     and ``panel`` (``?`` without a ``kv_budget_tokens`` above 0). Rows whose prefix is not 0 to prompt − 1 tokens or
-    whose working set is not at least 1 (a hand-edited file) are left out. Empty without such trials."""
+    whose working set is not at least 1 (a hand-edited file) are left out. Empty without such trials.
+
+    Raises:
+        ResultsError: a row holds more than :data:`ROW_LIMITS` allow (:func:`check_row_limits`).
+    """
     rows = reuse_trials(trials)
     if rows.empty or "shared_prefix_tokens" not in rows or rows["shared_prefix_tokens"].isna().all():
         return rows.iloc[0:0]
     rows = rows[rows["shared_prefix_tokens"].notna()].copy()
+    check_row_limits(rows)
     prompt = pd.to_numeric(rows["prompt_tokens"], errors="coerce")
     shared = pd.to_numeric(rows["shared_prefix_tokens"], errors="coerce")
     rows["working_set"] = pd.to_numeric(rows.get("working_set_prompts"), errors="coerce") \
@@ -246,6 +275,8 @@ def check_map_arguments(prices: Any, shares: Any, contexts: Any, host_tier: Any)
     if not isinstance(prices, Prices):
         raise BadParameter(f"{{prices}} must be kvbench.Prices(...), not {type(prices).__name__}", "prices")
     for name, values, low, high in (("shares", shares, 0, 99), ("contexts", contexts, 1, 2**24)):
+        if not isinstance(values, (str, bytes)) and hasattr(values, "__len__") and len(values) > MAX_MAP_VALUES:
+            raise BadParameter(f"{{{name}}} takes at most {MAX_MAP_VALUES} values, not {len(values):,}", name)
         if isinstance(values, (str, bytes)) or not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool)
                                                       and low <= v <= high for v in values):
             raise BadParameter(f"{{{name}}} must be whole numbers from {low} to {high:,}, not {values!r}", name)
@@ -266,8 +297,9 @@ def break_even_map(trials: pd.DataFrame, prices: Prices, shares: tuple[int, ...]
 
     Raises:
         kvbench.errors.BadParameter: ``prices`` not a :class:`~kvbench.analysis.cost.Prices`, a share not a whole
-            number 0-99, a context not a whole number 1 to 2^24, or ``host_tier`` not one of
-            :data:`~kvbench.analysis.reuse_cost.HOST_TIER_BASES` (naming the argument).
+            number 0-99, a context not a whole number 1 to 2^24, more than :data:`MAX_MAP_VALUES` of either, or
+            ``host_tier`` not one of :data:`~kvbench.analysis.reuse_cost.HOST_TIER_BASES` (naming the argument).
+        kvbench.errors.ResultsError: a row holds more than a scenario can ask for (:func:`check_row_limits`).
     """
     check_map_arguments(prices, shares, contexts, host_tier)
     rows = map_rows(trials)
@@ -337,6 +369,6 @@ def break_even_map(trials: pd.DataFrame, prices: Prices, shares: tuple[int, ...]
     return BreakEvenMap(table.drop(columns=["_rank", "_panel"]), fits, notes)
 
 
-__all__ = ["BreakEvenMap", "CELL_KEYS", "DEFAULT_SHARES", "LABELS", "RATIO_EDGES", "break_even_map",
-           "check_map_arguments", "fill_ratio", "fit_notes", "label",
+__all__ = ["BreakEvenMap", "CELL_KEYS", "DEFAULT_SHARES", "LABELS", "MAX_MAP_VALUES", "RATIO_EDGES", "ROW_LIMITS",
+           "break_even_map", "check_map_arguments", "check_row_limits", "fill_ratio", "fit_notes", "label",
            "map_rows", "measured_cells", "panel_rank", "ratio_panel"]

@@ -42,6 +42,9 @@ TTFT_TERMS = ("overhead_s", "prefill_s_per_token", "attention_s_per_token_pair")
 TPOT_TERMS = ("decode_s", "decode_s_per_context_token")
 #: A prediction at a prompt length more than this factor outside the fitted lengths is an extrapolation.
 EXTRAPOLATION_FACTOR = 2
+#: Requests per cell up to which a prediction draws every request's residual; beyond, the sum of a side's
+#: residuals is drawn from its normal limit (memory and time then do not grow with the cell).
+EXACT_NOISE_REQUESTS = 1_000
 #: Restore tiers and the columns of bytes restored from them (``cache``: a server's prompt cache, bytes unknown).
 TIERS = (("host", "restore_host_bytes"), ("disk", "restore_disk_bytes"), ("cache", None))
 
@@ -247,6 +250,17 @@ def _e2e(c: dict[str, np.ndarray], tiers: list[str], prompt: int, restored: floa
     return ttft + (n_output - 1) * tpot
 
 
+def residual_sums(residuals: np.ndarray, draws: int, n: int, seed: int = 0) -> np.ndarray:
+    """``[2, draws]``: per side and draw, the sum of ``n`` residuals (seconds) drawn with replacement from
+    ``residuals``; for ``n`` above :data:`EXACT_NOISE_REQUESTS`, drawn from the normal limit of that sum
+    (mean n × their mean, standard deviation √n × theirs: the central limit theorem), so that memory stays at
+    2 × ``draws`` × :data:`EXACT_NOISE_REQUESTS` numbers however large a cell."""
+    rng = np.random.default_rng(seed)
+    if n <= EXACT_NOISE_REQUESTS:
+        return rng.choice(residuals, size=(2, draws, n)).sum(axis=2)
+    return rng.normal(n * residuals.mean(), math.sqrt(n) * residuals.std(), size=(2, draws))
+
+
 def predict_saving(fit: Fit, shape: CellShape, gpu_per_hour: float, host_per_gib_hour: float = 0.0,
                    disk_per_gib_hour: float = 0.0, seed: int = 0) -> tuple[float, float, float]:
     """The saving (percent) of restoring against recomputing a cell's requests, one at a time, under ``fit``:
@@ -257,8 +271,8 @@ def predict_saving(fit: Fit, shape: CellShape, gpu_per_hour: float, host_per_gib
 
     The 95% prediction interval is for what a measurement of the cell would give: per bootstrap draw of the
     constants, each of the cell's ``prefixes × visits`` requests on each side gets an e2e residual drawn from the
-    fit's (``fit.residuals``, seeded with ``seed``), so the interval holds both the constants' uncertainty and the
-    noise of a finite cell."""
+    fit's (``fit.residuals``, seeded with ``seed``; :func:`residual_sums`), so the interval holds both the constants'
+    uncertainty and the noise of a finite cell."""
     restored = shape.restored_share * shape.prefix_tokens
     hourly_w = gpu_per_hour + (host_per_gib_hour * shape.host_bytes + disk_per_gib_hour * shape.disk_bytes) / 2**30
     n = shape.prefixes * shape.visits
@@ -276,8 +290,7 @@ def predict_saving(fit: Fit, shape: CellShape, gpu_per_hour: float, host_per_gib
         point = saving(cold, warm)
         cold_d, warm_d = e2e_sums(fit.draws)
         if len(fit.residuals):
-            rng = np.random.default_rng(seed)
-            noise = rng.choice(fit.residuals, size=(2, len(cold_d), n)).sum(axis=2)
+            noise = residual_sums(fit.residuals, len(cold_d), n, seed)
             cold_d, warm_d = cold_d + noise[0], warm_d + noise[1]
         draws = saving(cold_d, warm_d)
     draws = draws[np.isfinite(draws)]
@@ -286,6 +299,6 @@ def predict_saving(fit: Fit, shape: CellShape, gpu_per_hour: float, host_per_gib
     return float(point), float(np.quantile(draws, 0.025)), float(np.quantile(draws, 0.975))
 
 
-__all__ = ["CellShape", "EXTRAPOLATION_FACTOR", "Fit", "N_FIT_BOOT", "TIERS", "TPOT_TERMS", "TTFT_TERMS",
-           "beyond_range", "fit_constants", "fit_quiet", "predict_saving", "tier_tokens", "tpot_features",
-           "ttft_features"]
+__all__ = ["CellShape", "EXACT_NOISE_REQUESTS", "EXTRAPOLATION_FACTOR", "Fit", "N_FIT_BOOT", "TIERS", "TPOT_TERMS",
+           "TTFT_TERMS", "beyond_range", "fit_constants", "fit_quiet", "predict_saving", "residual_sums",
+           "tier_tokens", "tpot_features", "ttft_features"]

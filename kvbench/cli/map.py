@@ -3,6 +3,7 @@ recomputing it, measured with intervals, and the fitted model's prediction where
 
 from __future__ import annotations
 
+import re
 import signal
 from pathlib import Path
 from typing import Any, Optional
@@ -20,15 +21,21 @@ MAP_FLAGS = {**FLAGS, "shares": "--shares", "contexts": "--contexts"}
 
 
 def _whole_numbers(text: Optional[str], flag: str, low: int, high: int, example: str) -> tuple[int, ...]:
-    """The distinct whole numbers of a comma-separated flag, each ``low`` to ``high``; () when not given."""
+    """The distinct whole numbers of a comma-separated flag, each ``low`` to ``high`` and at most
+    :data:`~kvbench.analysis.break_even.MAX_MAP_VALUES` of them; () when not given. Digits are ASCII 0-9 only
+    (``str.isdigit`` also takes ² and other digits ``int`` refuses). Fails (exit 2) with one line otherwise."""
+    from kvbench.analysis.break_even import MAX_MAP_VALUES
+
     if text is None:
         return ()
-    parts = [v.strip() for v in text.split(",")]
-    if not all(p.isdigit() for p in parts):
-        _fail(f"{flag} {text!r}: give whole numbers separated by commas, e.g. {example}")
-    values = tuple(dict.fromkeys(int(v) for v in parts))
+    parts = [v.strip() for v in text.split(",", MAX_MAP_VALUES)]
+    if len(parts) > MAX_MAP_VALUES:
+        _fail(f"{flag}: give at most {MAX_MAP_VALUES} values (each adds a row or column of predictions)")
+    if not all(re.fullmatch(r"[0-9]+", p, re.ASCII) for p in parts):
+        _fail(f"{flag} {text[:80]!r}: give whole numbers separated by commas (digits 0-9), e.g. {example}")
+    values = tuple(dict.fromkeys(int(v) if len(v) <= 12 else high + 1 for v in parts))  # never int() of 10^6 digits
     if any(not low <= v <= high for v in values):
-        _fail(f"{flag} {text!r}: every value must be {low} to {high:,}")
+        _fail(f"{flag} {text[:80]!r}: every value must be {low} to {high:,}")
     return values
 
 

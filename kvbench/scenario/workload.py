@@ -99,6 +99,10 @@ class DocQASpec(Strict):
 SharePct = Annotated[int, Field(strict=True, ge=0, le=99)]
 
 
+#: The most prefixes a ``shared_prefix`` cell rotates over, and visits per prefix.
+MAX_WORKING_SET, MAX_VISITS = 1000, 100
+
+
 def prefix_tokens(tokens: int, shared_pct: int) -> int:
     """The shared prefix of a ``tokens``-long prompt at ``shared_pct`` percent: tokens × pct ÷ 100 rounded half to
     even, at most ``tokens`` − 1 (every visit keeps a suffix of its own)."""
@@ -128,10 +132,10 @@ class SharedPrefixSpec(Strict):
         [256, 1024], description="Prompt lengths of the cells (exact token counts).")
     shared_pct: Annotated[list[SharePct], Field(min_length=1, max_length=16)] = Field(
         [0, 50, 95], description="Percent of each prompt that is its prefix, shared by the prefix's visits (0-99).")
-    working_set: Annotated[list[Annotated[int, Field(strict=True, ge=1, le=1000)]],
+    working_set: Annotated[list[Annotated[int, Field(strict=True, ge=1, le=MAX_WORKING_SET)]],
                            Field(min_length=1, max_length=16)] = Field(
         [5], description="Prefixes in rotation per cell (a verdict needs 5: a prefix's visits are not independent).")
-    visits: Annotated[int, Field(strict=True, ge=2, le=100)] = Field(
+    visits: Annotated[int, Field(strict=True, ge=2, le=MAX_VISITS)] = Field(
         3, description="Requests per prefix (≥ 2): the first computes it, the later ones may reuse it.")
 
     @field_validator("prompt_tokens", "shared_pct", "working_set")
