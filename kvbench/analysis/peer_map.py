@@ -42,11 +42,12 @@ def peer_map(runs: list[PeerRun], prices: Prices, assume_quiet: bool = False) ->
     ``shared_pct``, ``prefixes``, ``concurrency`` (a cell's files share it), ``reference`` and ``label`` (the
     files), ``tool``,
     ``saving_pct`` with ``saving_ci_low``/``saving_ci_high``, ``usd_per_million`` of both sides
-    (``recompute_usd_per_million``, ``restore_usd_per_million`` at the tools' throughputs), ``ttft_ratio`` (Σ restore ÷
-    Σ recompute TTFT of the paired requests, as kvbench's own map; NaN unpaired), ``pairs``, ``prefixes_seen`` (the prefixes the paired prompts show; the interval is
-    drawn by prefix; None where the files keep no prompts), ``comparison``, ``map_label`` (pays, loses, inconclusive)
-    and ``why``; and one line per run that has no cell or no partner in its cell. ``assume_quiet``: the user's word
-    that the machine was quiet (:func:`~kvbench.analysis.peer_cost.compare`)."""
+    (``recompute_usd_per_million``, ``restore_usd_per_million`` at the tools' throughputs), ``ttft_ratio``
+    (Σ restore ÷ Σ recompute TTFT of the paired requests, as kvbench's own map; NaN unpaired), ``pairs``,
+    ``prefixes_seen`` (the prefixes the paired prompts show; the interval is drawn by prefix; None where the files
+    keep no prompts), ``comparison``, ``map_label`` (pays, loses, inconclusive) and ``why``; and one line per run that has no cell or no partner in its cell, or no TTFT ratio (NaN: no paired
+    request of the recompute side with a TTFT above 0 s). ``assume_quiet``: the user's word that the machine was
+    quiet (:func:`~kvbench.analysis.peer_cost.compare`)."""
     cells: dict[tuple[Any, ...], list[PeerRun]] = {}
     lines = []
     for run in runs:
@@ -69,6 +70,9 @@ def peer_map(runs: list[PeerRun], prices: Prices, assume_quiet: bool = False) ->
                 c["verdict"] = (f"inconclusive: the recompute side {ref.label} reused {int(cached.sum())} cached "
                                 "prompt tokens: give the file without the cache first")
             ratio = c["ttft_ratio"]
+            if ratio != ratio:
+                lines.append(f"{run.label}: TTFT ÷ n/a: the recompute side {ref.label} has no paired request with "
+                             "a TTFT above 0 s, so no ratio can be taken")
             if c["verdict"]:
                 label, why = "inconclusive", c["verdict"]
             elif c["saving_ci_low"] > 0:

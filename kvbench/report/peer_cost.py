@@ -115,11 +115,12 @@ MAP_CAPTION = ("per tool and cell (prompt tokens × shared share × prefixes in 
 
 
 def peer_map_display(table: pd.DataFrame) -> pd.DataFrame:
-    """:func:`kvbench.analysis.peer_map.peer_map`'s cells as text cells."""
+    """:func:`kvbench.analysis.peer_map.peer_map`'s cells as text cells (a TTFT ratio that cannot be taken:
+    ``n/a``)."""
     return pd.DataFrame([{
         "tool": r["tool"], "prompt": f"{r['prompt_tokens']}", "shared %": f"{r['shared_pct']}",
         "prefixes": f"{r['prefixes']}", "restore": r["label"], "recompute": r["reference"],
-        "TTFT ÷": number(r["ttft_ratio"], ".2f"),
+        "TTFT ÷": number(r["ttft_ratio"], ".2f") if r["ttft_ratio"] == r["ttft_ratio"] else "n/a",
         "USD/1M": (f"{number(r['recompute_usd_per_million'], ',.2f')} → "
                    f"{number(r['restore_usd_per_million'], ',.2f')}"),
         "saving %": pct_interval(r["saving_pct"], r["saving_ci_low"], r["saving_ci_high"], 1).replace("%", ""),

@@ -5,6 +5,7 @@ single-prefix files of tests/data/peers."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pandas as pd
@@ -85,3 +86,14 @@ def test_a_cache_first_order_and_a_prefix_as_long_as_the_prompt_decide_nothing()
     long = load_peers([MAP[0]])[0]
     long.shared_prefix_tokens = 400
     assert cell_of(long) == "its shared prefix (400 tokens) is not shorter than its prompts (321)"
+
+
+def test_a_peer_reference_of_zero_ttft_maps_with_no_ratio():
+    runs = load_peers(MAP[:2])
+    ref = runs[0]  # the recompute side
+    ref.requests["ttft_s"] = 0.0
+    table, lines = peer_map(runs, Prices(2.0), assume_quiet=True)
+    zero = table[table["reference"] == ref.label]
+    assert len(zero) and all(math.isnan(v) for v in zero["ttft_ratio"])
+    assert f"{zero['label'].iloc[0]}: TTFT ÷ n/a: the recompute side {ref.label} has no paired request with a " \
+           "TTFT above 0 s, so no ratio can be taken" in lines
