@@ -36,6 +36,30 @@ _GGUF_KEYS = {"block_count": "num_hidden_layers", "attention.head_count": "num_a
 
 #: The largest config.json (or tokenizer_config.json) read, in bytes: real ones are a few KiB.
 MAX_CONFIG_BYTES = 16 << 20
+#: The largest model shape kvbench takes from a model's files (a config.json, a GGUF header) for a model it builds,
+#: validates or exports, each far above any published model (Llama 3.1 405B: 126 layers, 128 heads, hidden size
+#: 16,384; Gemma 3: a vocabulary of 262,144): a file past them is refused before anything is built from it (a GGUF
+#: that claimed 200,000 layers kept transformers building them for minutes, at gigabytes).
+SHAPE_LIMITS = {"num_hidden_layers": 1_024, "num_attention_heads": 1_024, "num_key_value_heads": 1_024,
+                "head_dim": 4_096, "hidden_size": 65_536, "vocab_size": 2**21}
+
+
+def check_shape(fields: dict[str, Any], where: str | Path, names: dict[str, str] | None = None) -> None:
+    """Refuse a model shape (config field → value, as :data:`SHAPE_LIMITS` names them; other fields and None are
+    not looked at) whose sizes are not whole numbers from 1 to their :data:`SHAPE_LIMITS` bound.
+
+    Raises:
+        BadFile: ``<where>: <key> = <value>: ...`` naming the first such field (as ``names`` calls it in the
+            file: a GGUF's ``llama.block_count``) and its bound.
+    """
+    for key, most in SHAPE_LIMITS.items():
+        v = fields.get(key)
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= most:
+            shown = f"{v:,}" if isinstance(v, int) and not isinstance(v, bool) else repr(v)[:40]
+            raise BadFile(f"{where}: {(names or {}).get(key, key)} = {shown}: must be a whole number from 1 to "
+                          f"{most:,} (kvbench takes no larger model: no published one comes near)")
 
 
 def json_object(path: Path) -> dict[str, Any] | None:
@@ -86,31 +110,53 @@ def auto_map_modules(config: dict[str, Any]) -> list[str]:
     return sorted(modules)
 
 
-def _gguf_fields(path: Path) -> dict[str, Any] | None:
-    """Config fields from a GGUF header (architectures of :data:`GGUF_ARCHS`), None for another architecture."""
+def gguf_header(path: Path) -> tuple[Any, dict[str, Any]]:
+    """``(architecture, config fields)`` of a GGUF header, whatever its architecture: the keys of
+    :data:`_GGUF_KEYS` it holds (the vocabulary counted from its tokens where no size is given), checked by
+    :func:`check_shape`.
+
+    Raises:
+        BadFile: the header cannot be read as GGUF, or its shape is past :data:`SHAPE_LIMITS` (naming the key).
+    """
     from gguf import GGUFReader
 
-    fields = GGUFReader(path).fields
-    arch_field = fields.get("general.architecture")
-    arch = arch_field.contents() if arch_field is not None else None
-    if arch not in GGUF_ARCHS:
-        return None
-    out: dict[str, Any] = {"model_type": arch}
-    for suffix, key in _GGUF_KEYS.items():
-        f = fields.get(f"{arch}.{suffix}")
-        if f is not None:
-            out[key] = f.contents()
-    if "vocab_size" not in out and "tokenizer.ggml.tokens" in fields:
-        out["vocab_size"] = len(fields["tokenizer.ggml.tokens"].data)
-    return out
+    try:
+        fields = GGUFReader(path).fields
+        arch_field = fields.get("general.architecture")
+        arch = arch_field.contents() if arch_field is not None else None
+        out: dict[str, Any] = {}
+        names = {key: f"{arch}.{suffix}" for suffix, key in _GGUF_KEYS.items()}
+        for suffix, key in _GGUF_KEYS.items():
+            f = fields.get(f"{arch}.{suffix}")
+            if f is not None:
+                out[key] = f.contents()
+        if "vocab_size" not in out and "tokenizer.ggml.tokens" in fields:
+            out["vocab_size"] = len(fields["tokenizer.ggml.tokens"].data)
+            names["vocab_size"] = "tokenizer.ggml.tokens (its count)"
+    except (OSError, ValueError, KeyError, IndexError, TypeError) as exc:  # what gguf raises for a broken header
+        raise BadFile(f"{path}: not a GGUF header kvbench can read: {type(exc).__name__}: {str(exc)[:200]}") from None
+    check_shape(out, path, names)
+    return arch, out
+
+
+def _gguf_fields(path: Path) -> dict[str, Any] | None:
+    """Config fields from a GGUF header (architectures of :data:`GGUF_ARCHS`), None for another architecture.
+
+    Raises:
+        BadFile: as :func:`gguf_header`.
+    """
+    arch, out = gguf_header(path)
+    return {"model_type": arch, **out} if arch in GGUF_ARCHS else None
 
 
 def _light(data: dict[str, Any], where: str) -> SimpleNamespace:
     """A config object with the fields :func:`~kvbench.offload.architecture.architecture_of` reads.
 
     Raises:
-        BadFile: a required field is missing or not a positive whole number.
+        BadFile: a required field is missing or not a positive whole number, or a size is past
+            :data:`SHAPE_LIMITS`.
     """
+    check_shape(data, where)
     for key in REQUIRED:
         v = data.get(key)
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
@@ -169,10 +215,15 @@ def read_architecture(spec: ModelRef) -> Architecture:
     config.json and GGUF files kvbench reads itself: see :func:`read_config`; cached per spec).
 
     Raises:
-        ModelNotFound: the model cannot be found, or its config cannot be read or modelled (saying why).
+        ModelNotFound: the model cannot be found, or its config cannot be read or modelled, or its shape is past
+            :data:`SHAPE_LIMITS` (saying why).
     """
     try:
-        return architecture_of(read_config(spec))
+        arch = architecture_of(read_config(spec))
+        check_shape({"num_hidden_layers": len(arch.windows), "num_attention_heads": arch.heads,
+                     "num_key_value_heads": arch.kv_heads, "head_dim": arch.head_dim, "hidden_size": arch.hidden,
+                     "vocab_size": arch.vocab_size}, spec.name or spec.preset or spec.config or "?")
+        return arch
     except ModelNotFound:
         raise
     except (OSError, ValueError, KeyError) as exc:

@@ -2,7 +2,10 @@
 comparison runs the same weights: a GGUF's tensors dequantized by transformers' GGUF loader into a fresh model of
 the same config (``save_pretrained`` refuses the GGUF-loaded model itself), saved as safetensors with its
 tokenizer and chat template. The export is cached by the GGUF's sha256 under kvbench's cache folder
-(``models/``), written into a temporary folder and renamed into place, and reused while its record matches."""
+(``models/``), written into a temporary folder and renamed into place, and reused while its record matches.
+
+What the GGUF says of its shape is checked before transformers builds anything from it
+(:func:`kvbench.models.config.gguf_header`); the record is read bounded (:func:`kvbench.safe_read.read_json_file`)."""
 
 from __future__ import annotations
 
@@ -17,8 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from kvbench.cache_dir import cache_dir
-from kvbench.errors import BadParameter, ModelLoadError, SymlinkRefused, UnwritableOutput, UserError
+from kvbench.errors import BadFile, BadParameter, ModelLoadError, SymlinkRefused, UnwritableOutput, UserError
+from kvbench.models.config import gguf_header
 from kvbench.models.locate import locate
+from kvbench.safe_read import open_regular, read_json_file
 
 #: Bumped when what an export holds changes: an older export is then made again, not reused.
 EXPORT_FORMAT = 2
@@ -28,6 +33,8 @@ RECORD = "kvbench-export.json"
 DTYPES = ("float32", "bfloat16", "float16")
 #: Files every export has; a folder without them is not a finished export.
 NEEDED = ("config.json", "model.safetensors", "tokenizer_config.json", RECORD)
+#: The largest export record read (bytes): kvbench writes about 200.
+MAX_RECORD_BYTES = 64 << 10
 
 
 @dataclass(frozen=True)
@@ -46,11 +53,18 @@ class Exported:
 
 
 def file_sha256(path: Path) -> str:
-    """sha256 (hex) of the file at ``path``, read in 4 MiB blocks."""
+    """sha256 (hex) of the regular file at ``path``, read in 4 MiB blocks.
+
+    Raises:
+        ModelLoadError: it is not a regular file (a FIFO, ``/dev/zero``: never read) or cannot be read.
+    """
     h = hashlib.sha256()
-    with path.open("rb") as fh:
-        while block := fh.read(4 << 20):
-            h.update(block)
+    try:
+        with open_regular(path) as fh:
+            while block := fh.read(4 << 20):
+                h.update(block)
+    except BadFile as exc:
+        raise ModelLoadError(str(exc)) from None
     return h.hexdigest()
 
 
@@ -78,7 +92,9 @@ def export_gguf(gguf: Path, root: Path | None = None, dtype: str = "float32") ->
     Raises:
         BadParameter: ``dtype`` is none of :data:`DTYPES`.
         SymlinkRefused: ``root`` or the export's folder is a symbolic link kvbench did not make.
-        ModelLoadError: transformers cannot read the GGUF, or a folder in the export's place is no export of it.
+        ModelLoadError: the GGUF is not a regular file, its header cannot be read or gives a shape past
+            :data:`kvbench.models.config.SHAPE_LIMITS` (checked before anything is built), transformers cannot read
+            it, or a folder in the export's place is no export of it.
         UnwritableOutput: the folder cannot be written (disk full, no permission): nothing is left half-written.
     """
     _check_dtype(dtype)
@@ -93,6 +109,10 @@ def export_gguf(gguf: Path, root: Path | None = None, dtype: str = "float32") ->
         raise UnwritableOutput(root, "it is a file, not a folder", "the exported model")
     if final.exists():
         return Exported(final, digest, _check_record(final, digest, dtype))
+    try:  # before transformers builds a model of the shape the header claims
+        gguf_header(gguf)
+    except BadFile as exc:
+        raise ModelLoadError(str(exc)) from None
     tmp = root / f".{final.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
     try:
         root.mkdir(parents=True, exist_ok=True)
@@ -136,12 +156,13 @@ def _check_record(folder: Path, digest: str, dtype: str) -> bool:
         ModelLoadError: it is not (another folder in its place, or an export of an older format).
     """
     missing = [f for f in NEEDED if not (folder / f).is_file()]
+    why = f"it lacks {', '.join(missing)}" if missing else "its record is of another source, dtype or format"
     try:
-        rec = json.loads((folder / RECORD).read_text()) if not missing else {}
-    except (OSError, ValueError):
-        rec = {}
-    if missing or rec.get("sha256") != digest or rec.get("dtype") != dtype or rec.get("format") != EXPORT_FORMAT:
-        why = f"it lacks {', '.join(missing)}" if missing else "its record is of another source, dtype or format"
+        rec = read_json_file(folder / RECORD, MAX_RECORD_BYTES) if not missing else {}
+    except BadFile as exc:  # a planted record: too large, not JSON, not a regular file
+        rec, why = {}, f"its record cannot be read: {str(exc).removeprefix(f'{folder / RECORD}: ')}"
+    if not isinstance(rec, dict) or missing or rec.get("sha256") != digest or rec.get("dtype") != dtype or \
+            rec.get("format") != EXPORT_FORMAT:
         raise ModelLoadError(f"{folder} is no kvbench export of this model ({why}): remove it and export again")
     return True
 

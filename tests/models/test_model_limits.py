@@ -1,0 +1,98 @@
+"""What a model's files may claim: a shape past any published model is refused before transformers builds it, a
+planted export record is read bounded, and a GGUF that is no regular file is never hashed."""
+
+from __future__ import annotations
+
+import os
+import tracemalloc
+from pathlib import Path
+
+import pytest
+
+from kvbench.errors import ModelLoadError, ModelNotFound
+from kvbench.models import export as export_module
+from kvbench.models.config import read_architecture
+from kvbench.models.export import NEEDED, RECORD, export_gguf, file_sha256
+from kvbench.models.locate import locate
+from kvbench.scenario import ModelSpec
+
+
+def gguf_path() -> Path:
+    loc = locate("smollm2-135m")
+    return Path(loc.path) / loc.gguf_file
+
+
+def small_gguf(path: Path, **keys: int) -> Path:
+    """A GGUF header of SmolLM2's llama shape (no tensors) with ``keys`` (GGUFWriter ``add_<key>``) changed."""
+    from gguf import GGUFWriter
+
+    shape = {"block_count": 30, "embedding_length": 576, "head_count": 9, "head_count_kv": 3,
+             "context_length": 8192, "vocab_size": 49152, "feed_forward_length": 1536, **keys}
+    w = GGUFWriter(str(path), "llama")
+    for key, value in shape.items():
+        getattr(w, f"add_{key}")(value)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def _never_built(gguf, out, dtype):
+    raise AssertionError("transformers was asked to build the model")
+
+
+@pytest.mark.parametrize("key, value, shown", [("block_count", 200_000, "llama.block_count = 200,000: must be a "
+                                                "whole number from 1 to 1,024"),
+                                               ("head_count", 1 << 20, "llama.attention.head_count = 1,048,576: "
+                                                "must be a whole number from 1 to 1,024"),
+                                               ("vocab_size", 10**9, "llama.vocab_size = 1,000,000,000: must be a "
+                                                "whole number from 1 to 2,097,152")])
+def test_a_gguf_past_any_published_shape_is_refused_before_it_is_built(tmp_path, monkeypatch, key, value, shown):
+    gguf = small_gguf(tmp_path / "huge.gguf", **{key: value})
+    monkeypatch.setattr(export_module, "_write", _never_built)
+    with pytest.raises(ModelLoadError) as exc:
+        export_gguf(gguf, tmp_path / "models")
+    assert str(exc.value) == f"{gguf}: {shown} (kvbench takes no larger model: no published one comes near)"
+    assert not (tmp_path / "models").exists()
+    read_architecture.cache_clear()
+    with pytest.raises(ModelNotFound, match=f"cannot read the model's config: {gguf}: {shown}"):
+        read_architecture(ModelSpec(name=str(gguf)))
+
+
+def test_a_config_json_past_any_published_shape_is_refused(tmp_path):
+    (tmp_path / "config.json").write_text('{"model_type": "llama", "num_hidden_layers": 200000, '
+                                          '"num_attention_heads": 4, "hidden_size": 256, '
+                                          '"max_position_embeddings": 2048, "vocab_size": 1000}')
+    read_architecture.cache_clear()
+    with pytest.raises(ModelNotFound) as exc:
+        read_architecture(ModelSpec(config=str(tmp_path / "config.json"), weights="random"))
+    assert str(exc.value) == (f"cannot read the model's config: {tmp_path / 'config.json'}: num_hidden_layers = "
+                              "200,000: must be a whole number from 1 to 1,024 (kvbench takes no larger model: no "
+                              "published one comes near)")
+
+
+def test_a_planted_record_is_read_bounded(tmp_path):
+    digest = file_sha256(gguf_path())
+    folder = tmp_path / f"SmolLM2-135M-Instruct.Q4_1-{digest[:16]}-float32"
+    folder.mkdir()
+    for name in NEEDED:
+        (folder / name).write_text("{}")
+    with open(folder / RECORD, "wb") as f:  # 4 GB, sparse: read whole, a MemoryError
+        f.truncate(4 << 30)
+    tracemalloc.start()
+    try:
+        with pytest.raises(ModelLoadError) as exc:
+            export_gguf(gguf_path(), tmp_path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert str(exc.value) == (f"{folder} is no kvbench export of this model (its record cannot be read: the file is "
+                              "over 65,536 bytes): remove it and export again")
+    assert peak < 16 << 20
+
+
+def test_a_gguf_that_is_no_regular_file_is_never_read(tmp_path):
+    os.mkfifo(tmp_path / "model.gguf")
+    with pytest.raises(ModelLoadError, match=f"^{tmp_path / 'model.gguf'}: not a regular file$"):
+        export_gguf(tmp_path / "model.gguf", tmp_path / "models")
