@@ -5,14 +5,17 @@ tokenizer and chat template. The export is cached by the GGUF's sha256 under kvb
 (``models/``), written into a temporary folder and renamed into place, and reused while its record matches.
 
 What the GGUF says of its shape is checked before transformers builds anything from it
-(:func:`kvbench.models.config.gguf_header`); the record is read bounded (:func:`kvbench.safe_read.read_json_file`)."""
+(:func:`kvbench.models.config.gguf_header`); the record is read bounded (:func:`kvbench.safe_read.read_json_file`);
+a disk that fills while the weights are written (safetensors' own error, not an ``OSError``) is said as such."""
 
 from __future__ import annotations
 
 import copy
+import errno
 import hashlib
 import json
 import os
+import re
 import secrets
 import shutil
 from dataclasses import dataclass
@@ -198,5 +201,27 @@ def _write(gguf: Path, out: Path, dtype: str) -> None:
                              f"unexpected {list(result.unexpected_keys)[:3]})")
     fresh.tie_weights()
     out.mkdir()
-    fresh.save_pretrained(out, safe_serialization=True)
-    tokenizer.save_pretrained(out)
+    save_files(lambda: (fresh.save_pretrained(out, safe_serialization=True), tokenizer.save_pretrained(out)), out)
+
+
+#: The errno in safetensors' error text: ``I/O error: No space left on device (os error 28)`` (its Debug form:
+#: ``Os { code: 28, ... }``).
+_OS_CODE = re.compile(r"\(os error (\d+)\)|Os \{ code: (\d+)")
+
+
+def save_files(save: Any, out: Path) -> None:
+    """Run ``save()`` (writing into ``out``), with safetensors' own error for a failed write (a
+    ``SafetensorError``, not an ``OSError``: a full disk ended in a traceback) raised as the ``OSError`` it
+    holds.
+
+    Raises:
+        OSError: the write failed: the errno safetensors names (ENOSPC for a full disk), else EIO, with ``out``.
+    """
+    from safetensors import SafetensorError
+
+    try:
+        save()
+    except SafetensorError as exc:
+        code = _OS_CODE.search(str(exc))
+        number = int(code[1] or code[2]) if code else errno.EIO
+        raise OSError(number, os.strerror(number) if code else f"safetensors: {str(exc)[:200]}", str(out)) from exc

@@ -1,14 +1,20 @@
-"""What a model's files may claim: a shape past any published model is refused before transformers builds it, a
-planted export record is read bounded, and a GGUF that is no regular file is never hashed."""
+"""What a model's files may claim, and an export's way out when the disk fills: a shape past any published model is
+refused before transformers builds it, a planted export record is read bounded, a GGUF that is no regular file is
+never hashed, and a write that fails inside safetensors is one line naming the folder, with nothing left behind."""
 
 from __future__ import annotations
 
+import errno
 import os
+import subprocess
+import sys
 import tracemalloc
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
+from kvbench.cli import app
 from kvbench.errors import ModelLoadError, ModelNotFound
 from kvbench.models import export as export_module
 from kvbench.models.config import read_architecture
@@ -96,3 +102,43 @@ def test_a_gguf_that_is_no_regular_file_is_never_read(tmp_path):
     os.mkfifo(tmp_path / "model.gguf")
     with pytest.raises(ModelLoadError, match=f"^{tmp_path / 'model.gguf'}: not a regular file$"):
         export_gguf(tmp_path / "model.gguf", tmp_path / "models")
+
+
+def _disk_full(gguf, out, dtype):
+    from safetensors import SafetensorError
+
+    def save():
+        (out / "model.safetensors").write_bytes(b"\0" * 1000)
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    out.mkdir()
+    export_module.save_files(save, out)
+
+
+def test_a_full_disk_is_one_line_and_leaves_nothing(tmp_path, monkeypatch):
+    monkeypatch.setattr(export_module, "_write", _disk_full)
+    r = CliRunner().invoke(app, ["models", "export", "smollm2-135m", "--out", str(tmp_path)])
+    digest = file_sha256(gguf_path())
+    assert r.exit_code == 2 and "Traceback" not in r.output, r.output
+    assert r.output.replace("\n", "") == (f"error: cannot write the exported model to {tmp_path}/SmolLM2-135M-"
+                                          f"Instruct.Q4_1-{digest[:16]}-float32: No space left on device")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_safetensors_own_write_error_becomes_its_errno(tmp_path):
+    """The real writer on a file size limit (EFBIG, as ENOSPC would be: an errno inside a SafetensorError)."""
+    code = f"""
+import resource, signal, torch
+from pathlib import Path
+from safetensors.torch import save_file
+from kvbench.models.export import save_files
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
+try:
+    save_files(lambda: save_file({{"w": torch.zeros(1 << 20)}}, "{tmp_path}/w.safetensors"), Path("{tmp_path}"))
+except OSError as exc:
+    print(exc.errno, exc.strerror, exc.filename)
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(Path(export_module.__file__).parents[2])})
+    assert done.stdout.strip() == f"{errno.EFBIG} File too large {tmp_path}", done.stderr
