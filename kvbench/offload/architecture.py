@@ -158,4 +158,10 @@ def architecture_of(config: Any) -> Architecture:
     )
 
 
-__all__ = ["REQUIRED_FIELDS", "Architecture", "architecture_of"]
+def hadamard_fits(head_dim: int) -> bool:
+    """Whether a mode's ``hadamard: true`` can rotate heads of ``head_dim`` elements: the Sylvester Hadamard matrix
+    :func:`kvbench.offload.host_tiers.hadamard_matrix` builds exists only for a power of two."""
+    return head_dim >= 1 and not head_dim & (head_dim - 1)
+
+
+__all__ = ["REQUIRED_FIELDS", "Architecture", "architecture_of", "hadamard_fits"]

@@ -28,6 +28,8 @@ import functools
 
 import torch
 
+from kvbench.offload.architecture import hadamard_fits
+
 __all__ = ["Cast", "Fp8", "HOST_DTYPES", "Hadamard", "HostFormat", "Int8", "host_format", "hadamard_matrix"]
 
 #: The host tier's formats by name, with what each keeps (``kvbench list modes`` and the mode options take these).
@@ -161,7 +163,7 @@ def hadamard_matrix(n: int, device: torch.device | str = "cpu") -> torch.Tensor:
     Raises:
         ValueError: ``n`` is not a power of two.
     """
-    if n < 1 or n & (n - 1):
+    if not hadamard_fits(n):
         raise ValueError(f"hadamard needs a head_dim that is a power of two, got {n}")
     return _hadamard(n, torch.device(device))
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from kvbench.errors import TooManyFiles
+from kvbench.offload.architecture import hadamard_fits
 from kvbench.offload.disk import DISK_BLOCK_TOKENS
 from kvbench.offload.modes import MODES, SMALL_WINDOW_TOKENS
 from kvbench.scenario.messages import echo
@@ -157,6 +158,10 @@ def check_scenario(s: Scenario, *, check_model: bool = True) -> list[tuple[str, 
                                                         f"the longest prompt allowed is {limit}"))
             if s.workload.reuse and limit >= 1:
                 problems += _reuse_problems(s, shape, limit)
+            problems += [(f"modes[{i}].hadamard", f"true needs a head_dim that is a power of two (a head_dim × "
+                          f"head_dim Hadamard matrix); this model's head_dim is {shape.head_dim}: leave hadamard out")
+                         for i, m in enumerate(s.modes if not s.engine.server else ())
+                         if getattr(m, "hadamard", None) and not hadamard_fits(shape.head_dim)]
             for i, n in enumerate(s.prompt_tokens if limit >= 1 and isinstance(s.prompt_tokens, list) else []):
                 if n > limit:
                     problems.append(
