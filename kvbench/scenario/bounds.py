@@ -68,6 +68,37 @@ Seed = Annotated[int, Field(strict=True, ge=0, lt=SEED_LIMIT)]
 StrictBool = Annotated[bool, Field(strict=True)]
 
 
+def _figure(x: float) -> str:
+    return f"{int(x):,}" if float(x).is_integer() else f"{x:g}"
+
+
+def number(low: float, high: float | None = None, *, above: bool = False) -> Any:
+    """A finite number (a YAML integer or float, never ``true`` or ``"0.9"``) of at least ``low`` (above it with
+    ``above``) and at most ``high`` (None: no upper bound); anything else is refused naming the range (a
+    ValueError). Quoted text gets a hint, and text such as ``1e-3`` (YAML reads it as text) how to write it."""
+    lower = f"above {_figure(low)}" if above else f"of at least {_figure(low)}"
+    span = (f"from {_figure(low)} to {_figure(high)}" if high is not None and not above else
+            f"{lower}, at most {_figure(high)}" if high is not None else lower)
+
+    def check(v: Any) -> Any:
+        if isinstance(v, str):
+            hint = ("YAML reads 1e-3 as text: write 1.0e-3 or 0.001" if re.fullmatch(r"[-+]?[0-9.]+[eE][-+]?[0-9]+", v)
+                    else "write a number without quotes")
+            raise ValueError(f"must be a number {span}, not text ({hint})")
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise ValueError(f"must be a number {span}, not {'true or false' if isinstance(v, bool) else 'that'}")
+        try:
+            value = float(v)
+        except OverflowError:
+            raise ValueError(f"must be a number {span}") from None
+        if not math.isfinite(value) or value < low or (above and value == low) or (high is not None and value > high):
+            raise ValueError(f"must be a number {span}")
+        return value
+
+    bounds = {"gt" if above else "ge": low, **({"le": high} if high is not None else {})}
+    return Annotated[float, Field(allow_inf_nan=False, **bounds), BeforeValidator(check)]  # Field: the reference
+
+
 #: A size as text: a number (digits, at most one decimal point) and an optional unit, nothing else. pydantic's
 #: ByteSize reads only a prefix of what it is given ('5.GiB' as 5 bytes, '1,5GiB' as 1), so text is checked first.
 _SIZE_TEXT = re.compile(r"\s*(\d+(\.\d+)?|\.\d+)\s*([A-Za-z]+)?\s*")

@@ -8,7 +8,7 @@ from typing import Annotated, Literal, Union, get_args
 
 from pydantic import Field, model_validator
 
-from kvbench.scenario.bounds import MAX_COUNT, Seed, Strict, optional
+from kvbench.scenario.bounds import MAX_COUNT, Seed, Strict, number, optional
 from kvbench.scenario.servers import MAX_TIMEOUT_S, Seconds
 
 #: The load profiles, in the order the docs give them.
@@ -30,12 +30,12 @@ class LoadSpec(Strict):
         "Requests in flight at most (default 1; poisson: no cap), and the server's parallel slots (poisson without "
         f"it: {POISSON_SLOTS}); a list runs every mode at each level, e.g. [1, 4] (modes are then named "
         "<name>@c<level>).")
-    rate: Annotated[float, Field(gt=0, le=1e6, allow_inf_nan=False)] | None = optional(
+    rate: number(0, 1e6, above=True) | None = optional(
         "poisson: mean arrivals per second.")
     n_requests: Annotated[int, Field(strict=True, ge=1, le=MAX_COUNT)] | None = optional(
         "Send only the first n requests of the workload.")
     duration_s: Seconds | None = optional("Send no request later than this many seconds after the first.")
-    think_time_s: Annotated[float, Field(ge=0, le=MAX_TIMEOUT_S, allow_inf_nan=False)] = Field(
+    think_time_s: number(0, MAX_TIMEOUT_S) = Field(
         0.0, description="A conversation's next turn is sent at least this long after the previous reply (seconds).")
     seed: Seed = Field(0, description="Seed of the Poisson arrivals.")
 

@@ -24,6 +24,7 @@ from kvbench.scenario.bounds import (
     Warmup,
     check_description,
     check_name,
+    number,
     optional,
     sweep_problem,
     whole_text,
@@ -136,13 +137,13 @@ class QualitySpec(Strict):
     ``none`` to be recommended or costed; beyond it the mode "fails quality", whatever it saves. Compared with the
     medians over a point's trials of the quality columns (see docs/metrics.md)."""
 
-    max_kl: Annotated[float, Field(strict=False, ge=0, allow_inf_nan=False)] | None = optional(
+    max_kl: number(0) | None = optional(
         "Largest mean KL(none ‖ mode) of the next-token distributions, nats (teacher-forced on none's ids): the "
         "in-process engine's host formats.")
-    max_server_kl: Annotated[float, Field(strict=False, ge=0, allow_inf_nan=False)] | None = optional(
+    max_server_kl: number(0) | None = optional(
         "Largest lower bound of KL(none ‖ preset) a server's lossy preset (llama.cpp kv-q8_0, kv-q4_0) may have, "
         "nats: from the server's top-k log-probabilities, not comparable with max_kl.")
-    min_agreement: Annotated[float, Field(strict=False, ge=0, le=1, allow_inf_nan=False)] | None = optional(
+    min_agreement: number(0, 1) | None = optional(
         "Smallest share of greedy steps before the first id that differs from none's (agreement_to_divergence, "
         "0 to 1).")
 

@@ -1,10 +1,12 @@
-"""Values validation used to let through: `hadamard: true` on a model whose head_dim has no Hadamard matrix. It is
-refused by `kvbench validate` with one line naming the file, the key path and what is allowed."""
+"""Values validation used to let through: `quality:` and `load:` numbers given as true or as quoted text, and
+`hadamard: true` on a model whose head_dim has no Hadamard matrix. Each is refused by `kvbench validate` with one
+line naming the file, the key path and what is allowed."""
 
 from __future__ import annotations
 
 import json
 
+import pytest
 from conftest import tiny_scenario
 from typer.testing import CliRunner
 
@@ -14,6 +16,30 @@ from kvbench.cli import app
 def _validate(path) -> tuple[int, str]:
     r = CliRunner().invoke(app, ["validate", str(path)])
     return r.exit_code, r.output
+
+
+@pytest.mark.parametrize("quality, line", [
+    ({"max_kl": True}, "quality.max_kl: must be a number of at least 0, not true or false (got True)"),
+    ({"max_server_kl": False}, "quality.max_server_kl: must be a number of at least 0, not true or false (got False)"),
+    ({"min_agreement": "0.9"}, "quality.min_agreement: must be a number from 0 to 1, not text (write a number without "
+                               "quotes) (got '0.9')"),
+    ({"max_kl": "1e-3"}, "quality.max_kl: must be a number of at least 0, not text (YAML reads 1e-3 as text: write "
+                         "1.0e-3 or 0.001) (got '1e-3')"),
+    ({"min_agreement": 10**400}, "quality.min_agreement: must be a number from 0 to 1 (got 1000000000000"),
+])
+def test_quality_takes_numbers_only(write_yaml, quality, line):
+    path = write_yaml(tiny_scenario(quality=quality))
+    code, output = _validate(path)
+    assert code == 2 and output.replace("\n", "").startswith(f"{path}: {line}"), output
+
+
+def test_quality_and_load_keep_real_numbers(write_yaml):
+    path = write_yaml(tiny_scenario(quality={"max_kl": 0.001, "max_server_kl": 1, "min_agreement": 0.5}))
+    assert _validate(path)[0] == 0
+    bad = write_yaml(tiny_scenario(load={"profile": "poisson", "rate": True}), "load.yaml")
+    code, output = _validate(bad)
+    assert code == 2 and f"{bad}: load.rate: must be a number above 0, at most 1,000,000, not true or false" in \
+        output.replace("\n", ""), output
 
 
 def _config(tmp_path, head_dim: int):
