@@ -46,7 +46,9 @@ SHAPE_LIMITS = {"num_hidden_layers": 1_024, "num_attention_heads": 1_024, "num_k
 
 def check_shape(fields: dict[str, Any], where: str | Path, names: dict[str, str] | None = None) -> None:
     """Refuse a model shape (config field → value, as :data:`SHAPE_LIMITS` names them; other fields and None are
-    not looked at) whose sizes are not whole numbers from 1 to their :data:`SHAPE_LIMITS` bound.
+    not looked at) whose sizes are not whole numbers from 1 to their :data:`SHAPE_LIMITS` bound. A per-layer list
+    (some GGUF architectures give heads per layer; 0 for a layer without attention) has at most as many entries as
+    layers may, each from 0 to the bound.
 
     Raises:
         BadFile: ``<where>: <key> = <value>: ...`` naming the first such field (as ``names`` calls it in the
@@ -56,7 +58,9 @@ def check_shape(fields: dict[str, Any], where: str | Path, names: dict[str, str]
         v = fields.get(key)
         if v is None:
             continue
-        if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= most:
+        per_layer = isinstance(v, list) and 0 < len(v) <= SHAPE_LIMITS["num_hidden_layers"] and all(
+            isinstance(n, int) and not isinstance(n, bool) and 0 <= n <= most for n in v)
+        if not per_layer and (isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= most):
             shown = f"{v:,}" if isinstance(v, int) and not isinstance(v, bool) else repr(v)[:40]
             raise BadFile(f"{where}: {(names or {}).get(key, key)} = {shown}: must be a whole number from 1 to "
                           f"{most:,} (kvbench takes no larger model: no published one comes near)")

@@ -142,3 +142,26 @@ except OSError as exc:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "PYTHONPATH": str(Path(export_module.__file__).parents[2])})
     assert done.stdout.strip() == f"{errno.EFBIG} File too large {tmp_path}", done.stderr
+
+
+def test_heads_per_layer_are_bounded_entry_by_entry(tmp_path):
+    from gguf import GGUFWriter
+
+    from kvbench.errors import BadFile
+    from kvbench.models.config import gguf_header
+
+    def header(name: str, heads: list[int]) -> Path:
+        w = GGUFWriter(str(tmp_path / name), "jamba")
+        w.add_block_count(4)
+        w.add_array("jamba.attention.head_count_kv", heads)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        return tmp_path / name
+
+    assert gguf_header(header("ok.gguf", [0, 8, 0, 8])) == ("jamba", {"num_hidden_layers": 4,
+                                                                      "num_key_value_heads": [0, 8, 0, 8]})
+    with pytest.raises(BadFile, match=r"jamba.attention.head_count_kv = \[0, 8, 2000000\]: must be a whole number "
+                                      r"from 1 to 1,024"):
+        gguf_header(header("big.gguf", [0, 8, 2_000_000]))
