@@ -76,7 +76,11 @@ def test_the_restore_s_cost_flips_the_disk_slots_saving_and_every_tier_is_charge
     assert tiers == {m: "not engaged: its tier served nothing (0 prompt tokens served by the tier over 10 requests)"
                      for m in ("ram", "disk-slots")}
     disk = costs["disk-slots"]
-    assert disk["pairs"] == 10 and disk["saving_pct"] < 0 and disk["saving_ci_high"] < 0
+    assert disk["pairs"] == 10 and disk["saving_pct"] < 0
+    if disk["pairs_busy_trials"] == 0:
+        assert disk["saving_ci_high"] < 0
+    else:  # busy pairs never set an interval's end: the quiet pairs' interval, none with fewer than 5 of them
+        assert disk["saving_ci_high"] < 0 or disk["saving_ci_high"] != disk["saving_ci_high"]
     assert (disk["units"], disk["unit"]) == (5, "conversations")
     assert disk["saving_verdict"] in ("", "inconclusive: the machine was busy during "
                                           f"{disk['pairs_busy_trials']} of 20 trials")
