@@ -169,6 +169,8 @@ def measured_constants(path: str | Path, scenario: str | None = None, mode: str 
     runs = f.get("runs") if isinstance(f.get("runs"), list) else []
     more = f", the first of {len(fits)} fits" if len(fits) > 1 and scenario is None and mode is None else ""
     name = f"{_shown(f.get('group', '?'))} {_shown(f.get('mode_label', '?'))}"
+    if not isinstance(f.get("busy", False), bool):
+        raise BadValue(f"{path}: constants[{i}].busy: must be true or false, not {_shown(repr(f.get('busy')))}")
     busy = f.get("busy") is True
     if busy and not allow_busy:
         trials = f.get("trials") if isinstance(f.get("trials"), int) else "?"

@@ -15,10 +15,10 @@ import socket
 import urllib.parse
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import AfterValidator, Field, model_validator
+from pydantic import AfterValidator, Field, StrictBool, model_validator
 
 from kvbench.offload.registry import Registry
-from kvbench.scenario.bounds import PathText, Strict, check_name, optional
+from kvbench.scenario.bounds import PathText, Strict, check_name, number, optional
 from kvbench.scenario.server_flags import reserved_flag_problems
 from kvbench.serving import KINDS
 from kvbench.serving.kind import Preset
@@ -70,7 +70,7 @@ Flags = Annotated[list[Annotated[str, AfterValidator(_flag_text)]], Field(max_le
                   AfterValidator(_no_reserved_flags)]
 Scalar = Union[Annotated[bool, Field(strict=True)], Annotated[int, Field(strict=True)],
                Annotated[float, Field(strict=True, allow_inf_nan=False)], Annotated[str, Field(max_length=4096)]]
-Seconds = Annotated[float, Field(gt=0, le=MAX_TIMEOUT_S, allow_inf_nan=False)]
+Seconds = number(0, MAX_TIMEOUT_S, above=True)
 
 
 def _request_keys(v: dict[str, Any]) -> dict[str, Any]:
@@ -144,7 +144,7 @@ class ServerMode(Strict):
     request: Annotated[dict[str, Scalar], AfterValidator(_request_keys)] = Field(
         default_factory=dict, description="Options sent with every request, over the preset's (e.g. "
         "cache_prompt: false); the prompt, length and sampling keys are kvbench's.")
-    size: Annotated[float, Field(gt=0, le=2**20, allow_inf_nan=False)] | None = optional(
+    size: number(0, 2**20, above=True) | None = optional(
         "The preset's size: llama.cpp host-cache --cache-ram MiB (default 1024), vLLM cpu-offload "
         "--kv-offloading-size GiB (default 8), SGLang hicache --hicache-ratio (default 2).")
     url: Annotated[str, AfterValidator(_url_text)] | None = optional(
@@ -197,7 +197,7 @@ class EngineSpec(Strict):
                                        "sending, and between two pieces of the reply (seconds).")
     reply_timeout_s: Seconds = Field(1800.0, description="Longest time one whole reply may take, keep-alive "
                                      "comments and all (seconds): a reply that never ends fails here.")
-    use_env_proxy: bool = Field(False, description="openai only: send the requests through the proxy that "
+    use_env_proxy: StrictBool = Field(False, description="openai only: send the requests through the proxy that "
                                 "HTTP_PROXY / HTTPS_PROXY / ALL_PROXY name (the proxy sees every prompt and adds "
                                 "its latency to every TTFT); otherwise kvbench never uses a proxy.")
     cold: Literal["restart", "reset", "check"] | None = optional(

@@ -46,6 +46,10 @@ def _map_json(tmp_path: Path, text: str) -> Path:
     (lambda d: _map_json(d, json.dumps({"constants": [{"values": VALUES, "prompt_tokens": [2048, 2**40]}]})),
      "constants[0].prompt_tokens: must be [shortest, longest] prompt tokens, each 1 to 16,777,216, not "
      "[2048, 1099511627776]"),
+    (lambda d: _map_json(d, json.dumps({"constants": [{"values": VALUES, "busy": "true"}]})),
+     "constants[0].busy: must be true or false, not 'true'"),  # read as quiet before: used as measured
+    (lambda d: _map_json(d, json.dumps({"constants": [{"values": VALUES, "busy": 1}]})),
+     "constants[0].busy: must be true or false, not 1"),
 ])
 def test_a_constants_file_is_read_bounded(tmp_path, make, why):
     path = make(tmp_path)

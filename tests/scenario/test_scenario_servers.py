@@ -400,3 +400,18 @@ def test_a_mode_named_after_another_preset_is_refused(write_yaml):
                      "after a preset runs that preset; give this one another name")]
     load_scenario(write_yaml(server_scenario(modes=[{"name": "none"}, {"name": "prefix-cache", "preset":
                                                                        "prefix-cache"}])))
+
+
+@pytest.mark.parametrize("engine, modes, path, message", [
+    ({"kind": "llama.cpp", "reply_timeout_s": True}, None, "engine.reply_timeout_s",
+     "must be a number above 0, at most 3,600, not true or false (got True)"),
+    ({"kind": "llama.cpp", "startup_timeout_s": "30"}, None, "engine.startup_timeout_s",
+     "must be a number above 0, at most 3,600, not text (write a number without quotes) (got '30')"),
+    ({"kind": "openai", "url": "http://127.0.0.1:8000", "use_env_proxy": "yes"}, [{"name": "none"}],
+     "engine.use_env_proxy", "Input should be a valid boolean (got 'yes')"),
+    ({"kind": "llama.cpp"}, [{"name": "none"}, {"name": "host-cache", "size": True}], "modes[1].size",
+     "must be a number above 0, at most 1,048,576, not true or false (got True)"),
+])
+def test_server_numbers_and_switches_take_no_text_or_booleans(write_yaml, engine, modes, path, message):
+    over = {"engine": engine} | ({"modes": modes} if modes else {})
+    assert problems_of(write_yaml, server_scenario(**over)) == [(path, message)]
