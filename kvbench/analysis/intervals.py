@@ -134,17 +134,25 @@ def jackknife_interval(sums: np.ndarray, statistic: Callable[[np.ndarray], np.nd
         non-finite value. Measured coverage (``tests/analysis/test_coverage.py``, 5 units × 3 visits, lognormal
         and heavy-tailed noise): 94–96%, where the percentile cluster bootstrap covered about 80–84%.
     """
-    total = sums.sum(axis=0)
-    estimate = float(statistic(total))
+    estimate = float(statistic(sums.sum(axis=0)))
+    var = jackknife_variance(sums, statistic)
+    if not (math.isfinite(var) and math.isfinite(estimate)):
+        return estimate, math.nan, math.nan
+    half = float(student_t.ppf(0.5 + level / 2, len(sums) - 1)) * math.sqrt(var)
+    return estimate, estimate - half, estimate + half
+
+
+def jackknife_variance(sums: np.ndarray, statistic: Callable[[np.ndarray], np.ndarray]) -> float:
+    """The delete-one-unit jackknife variance (K − 1)/K · Σ (θ₍ᵢ₎ − θ̄)² of ``statistic`` over the K rows of
+    ``sums`` (``[K, m]`` per-unit sums, :func:`unit_sums`): NaN with fewer than 2 units or a non-finite
+    leave-one-out value. :func:`jackknife_interval` is its interval; two independent samples add theirs."""
     k = len(sums)
     if k < 2:
-        return estimate, math.nan, math.nan
-    leave_out = statistic(total[None, :] - sums)
-    if not (np.all(np.isfinite(leave_out)) and math.isfinite(estimate)):
-        return estimate, math.nan, math.nan
-    se = math.sqrt((k - 1) / k * float(((leave_out - leave_out.mean()) ** 2).sum()))
-    t = float(student_t.ppf(0.5 + level / 2, k - 1))
-    return estimate, estimate - t * se, estimate + t * se
+        return math.nan
+    leave_out = statistic(sums.sum(axis=0)[None, :] - sums)
+    if not np.all(np.isfinite(leave_out)):
+        return math.nan
+    return (k - 1) / k * float(((leave_out - leave_out.mean()) ** 2).sum())
 
 
 def ratio_interval(numerator: pd.Series, denominator: pd.Series, units: pd.Series,
@@ -358,6 +366,6 @@ def pct_interval(median: float, low: float, high: float, digits: int = 0) -> str
 
 
 __all__ = ["MIN_INTERVAL_VALUES", "MIN_PAIRS", "PAIRED_METRICS", "PAIR_KEYS", "add_comparisons", "busy_flags",
-           "cluster_draws", "jackknife_interval", "judge", "load_known", "median_interval", "median_intervals",
+           "cluster_draws", "jackknife_interval", "jackknife_variance", "judge", "load_known", "median_interval", "median_intervals",
            "order_statistic_rank", "pair_load", "pair_with_reference", "paired_point_stats", "pct_interval",
            "quiet_pairs", "ratio_interval", "unit_sums"]

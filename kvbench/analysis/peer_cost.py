@@ -23,7 +23,7 @@ import pandas as pd
 from scipy.stats import t as student_t
 
 from kvbench.analysis.cost import WHAT_IF_TOKENS_PER_S, Prices
-from kvbench.analysis.intervals import jackknife_interval, judge, unit_sums
+from kvbench.analysis.intervals import jackknife_interval, jackknife_variance, judge, unit_sums
 from kvbench.errors import ResultsError
 from kvbench.results.peers import LATENCIES, PeerRun
 from kvbench.results.peers.common import HEAD_CHARS
@@ -89,12 +89,9 @@ def _unpaired_interval(a: pd.DataFrame, b: pd.DataFrame, chars: int | None) -> t
         counts.append(int(labels.nunique()) if by_prefix else None)
     prefixes = min(counts) if None not in counts else None
     k = min(len(x) for x in sides)
-    if k < 2:
+    var = sum(jackknife_variance(sums, _spt) for sums in sides)
+    if k < 2 or not math.isfinite(var):
         return math.nan, math.nan, prefixes
-    var = 0.0
-    for sums in sides:
-        leave_out = _spt(sums.sum(axis=0)[None, :] - sums)
-        var += (len(sums) - 1) / len(sums) * float(((leave_out - leave_out.mean()) ** 2).sum())
     est = float(_spt(sides[1].sum(axis=0)) - _spt(sides[0].sum(axis=0)))
     half = float(student_t.ppf(0.975, k - 1)) * math.sqrt(var)
     return est - half, est + half, prefixes
