@@ -192,6 +192,24 @@ def fraction_capacity(argv: Sequence[str], flag: str, default: float | None, at:
 
 
 @dataclass(frozen=True)
+class PrivateKeys:
+    """Keys a server kvbench starts checks, so that no other process of the machine can use its endpoints: fresh
+    random ones per server, given in a YAML file only kvbench's user can read (mode 0600, removed when the server
+    stops) that :attr:`config_flag` names, never on the command line (``/proc/<pid>/cmdline`` is readable by
+    every process of the machine).
+
+    Attributes:
+        config_flag: the flag that names the file (SGLang ``--config``, whose settings its command line overrides).
+        request_key: the setting whose key kvbench's requests send (``Authorization: Bearer``).
+        admin_keys: settings whose keys kvbench never sends: the endpoints they guard stay closed to everyone.
+    """
+
+    config_flag: str
+    request_key: str
+    admin_keys: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class ServerKind:
     """One serving engine kind (``engine.kind`` in a scenario).
 
@@ -207,6 +225,7 @@ class ServerKind:
         own_env: the folder under kvbench's environment (``<prefix>/<own_env>``) where ``make <kind>`` installs
             the kind into a virtual environment of its own, or None.
         environment: the variables set in the server's environment (over kvbench's), from a :class:`Launch`.
+        private_keys: the keys kvbench gives the server (:class:`PrivateKeys`), or None: it checks none.
         version_path: the endpoint (GET) whose JSON ``version`` names the server's version (a Python-module program
             answers ``--version`` with Python's), or None.
         block_tokens: the KV block size in tokens from a ``/metrics`` text (prefix caching reuses whole blocks),
@@ -277,6 +296,7 @@ class ServerKind:
     host_tier: Callable[[list[str]], tuple[int | None, str]] | None = None
     kv_element_bytes: int | None = None
     environment: Callable[[Launch], dict[str, str]] | None = None
+    private_keys: PrivateKeys | None = None
     version_path: str | None = None
     block_tokens: Callable[[str], int | None] | None = None
     cpu_refusal: str | None = None

@@ -9,7 +9,7 @@ before the HiCache breakdown report ``sglang:cached_tokens_total`` without a ``c
 
 from __future__ import annotations
 
-from kvbench.serving.kind import (CodeFlag, CounterSpec, KvSizing, Launch, Preset, ServerKind, counter,
+from kvbench.serving.kind import (CodeFlag, CounterSpec, KvSizing, Launch, Preset, PrivateKeys, ServerKind, counter,
                                   fraction_capacity, last_value, number, positive, presets)
 
 NAME = "sglang"
@@ -87,7 +87,20 @@ CODE_FLAGS = (
              "sglang/srt/mem_cache/unified_cache/linker_config.py"),
     CodeFlag(("--modelopt-checkpoint-restore-path",), "unpickles a ModelOpt checkpoint (mto.restore)",
              "sglang/srt/model_loader/loader.py"),
+    CodeFlag(("--sidecar",), "imports the module it names and runs its main()", "sglang/srt/entrypoints/sidecar.py"),
 )
+
+#: The keys kvbench gives SGLang (0.5.23, ``sglang/srt/utils/auth.py``): with ``--api-key`` every endpoint but
+#: ``/health*``, ``/ready*`` and ``/metrics*`` wants it (``/server_info`` answers the keys themselves, so it must
+#: be closed too); with ``--admin-api-key`` the admin ones (``/start_profile`` writes a trace to the
+#: ``output_dir`` a request names, ``/update_weights_from_disk``, ``/load_lora_adapter``, ``/configure_logging``,
+#: ``/hicache/storage-backend``...) want that key and take no other. kvbench sends the first and never the
+#: second. SGLang checks keys only in its HTTP server with one tokenizer worker (``launch_server``); its legacy
+#: gRPC mode serves ``/start_profile`` with no key: those flags are kvbench's (:data:`RESERVED`).
+KEYS = PrivateKeys(config_flag="--config", request_key="api-key", admin_keys=("admin-api-key",))
+#: Flags kvbench sets itself or keeps off, so that no other process can use the server's endpoints (:data:`KEYS`).
+RESERVED = ("--model-path", "--model", "--random-seed", "--enable-metrics", "--config", "--api-key",
+            "--admin-api-key", "--tokenizer-worker-num", "--smg-grpc-mode", "--grpc-mode")
 
 KIND = ServerKind(
     name=NAME,
@@ -102,9 +115,13 @@ KIND = ServerKind(
     ),
     python_module="sglang.launch_server",
     install_hint="pip install sglang on a GPU machine, or give engine.binary",
-    reserved_flags=("--model-path", "--model", "--random-seed", "--enable-metrics"),
+    reserved_flags=RESERVED,
+    reserved_why=("; it gives the server fresh keys in its own --config file (--api-key, which its requests send, "
+                  "and --admin-api-key, which nobody has: SGLang's admin endpoints stay closed) and keeps one "
+                  "tokenizer worker and the HTTP server, the only setup where SGLang checks them"),
+    private_keys=KEYS,
     consent_flags=(
-        "--config", "--tokenizer-path", "--download-dir", "--chat-template", "--ssl-keyfile", "--ssl-certfile",
+        "--tokenizer-path", "--download-dir", "--chat-template", "--ssl-keyfile", "--ssl-certfile",
         "--lora-paths", "--dist-init-addr", "--speculative-draft-model-path", "--lmcache-config-file",
         "--flexkv-config-file", "--speculative-ngram-external-corpus-path", "--decrypted-config-file",
         "--decrypted-draft-config-file"),

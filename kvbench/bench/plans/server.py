@@ -106,7 +106,7 @@ async def _requests(s: Scenario, record: Record, engine: ServerEngine, srv: Serv
                     trials: list[ServerTrial], todo: list[ServerTrial]) -> None:
     limits = httpx.Limits(max_connections=level + 2)
     async with httpx.AsyncClient(limits=limits, timeout=s.engine.request_timeout_s, trust_env=engine.trust_env,
-                                 follow_redirects=False) as client:
+                                 follow_redirects=False, headers=srv.headers) as client:
         await srv.warm_up(client, s.warmup)
         # the first request a fresh server answers must reuse nothing (a resumed mode's refill fills the cache)
         first = {} if await srv.refill(client, trials, todo) else {"pending": True}

@@ -25,6 +25,7 @@ from kvbench.bench.trial import TrialOutput
 from kvbench.bench.rows.reference import Reference
 from kvbench.bench.rows.row import ids_digest
 from kvbench.bench.engines.server.client import Reply
+from kvbench.bench.engines.server.keys import keys_file, server_keys
 from kvbench.bench.engines.server.http import get_page, served_model, served_version, unreachable
 from kvbench.bench.engines.server.metrics import measured_deltas
 from kvbench.bench.engines.server.process import ServerProcess, free_port, probe_output
@@ -194,8 +195,9 @@ class ServerEngine:
     @contextlib.contextmanager
     def session(self, mode: Any, repeat: int, slots: int = 1) -> Iterator[ServerSession]:
         """``mode``'s server session for ``repeat``, from a cold cache: a server started (on 127.0.0.1, a free
-        port, its log in ``servers/<mode>-r<repeat>.log`` of the run, ``.2.log`` for a resumed mode's next
-        server, ``slots`` parallel slots) and stopped on every exit path; for ``openai`` the running server,
+        port, its log in ``servers/<mode>-r<repeat>.log`` of the run, ``.2.log`` for a resumed mode's next server,
+        ``slots`` parallel slots, fresh keys where its kind checks them: :mod:`~kvbench.bench.engines.server.keys`)
+        and stopped on every exit path; for ``openai`` the running server,
         reset through ``engine.reset_path`` when ``cold: reset``. Its command line, version and ``/metrics``
         deltas (from :attr:`ServerSession.metrics_before`, which the caller reads when its measured requests
         start, to the end) go into :attr:`servers` (the run's ``servers`` in run.json).
@@ -210,6 +212,7 @@ class ServerEngine:
                 raise SymlinkRefused(d)
         servers_dir.mkdir(exist_ok=True)
         info: dict[str, Any] = {"mode_label": mode.label, "repeat": repeat, "engine": self.kind, "slots": slots}
+        keys = None
         if not self.server_kind.started:
             url = mode.url or e.url
             srv = ServerSession(self, mode, url, None, preset, info, host_tier=host_tier(self.kind, None))
@@ -224,6 +227,8 @@ class ServerEngine:
             program = server_program(e)
             argv, env = server_argv(self.s, preset, mode, port, slots, self.ctx_per_slot, slot_dir, self.model_dir,
                                     self.device.type, self.kv_bytes_per_token * self.ctx_per_slot * slots, program)
+            keys = server_keys(self.server_kind.private_keys, servers_dir, f"{mode.label}-r{repeat}")
+            argv += keys.argv if keys is not None else ()
             log = servers_dir / f"{mode.label}-r{repeat}.log"
             n = 1
             while log.exists() or log.is_symlink():  # a resumed mode's new server: the earlier log stays
@@ -236,9 +241,10 @@ class ServerEngine:
             srv = ServerSession(self, mode, proc.url, proc, preset, info,
                                 slot_dir=slot_dir if preset.slots else None, host_tier=host_tier(self.kind, argv))
             info["host_tier_bytes"], info["host_tier"] = srv.host_tier
+            srv.headers = keys.headers if keys is not None else {}
         self.host_tiers[mode.label] = srv.host_tier[0] or 0
         self.servers.append(info)
-        with srv.process if srv.process is not None else contextlib.nullcontext():
+        with keys_file(keys), srv.process if srv.process is not None else contextlib.nullcontext():
             if srv.process is not None:
                 srv.pid = srv.process.pid
             if srv.pid is not None:
@@ -272,15 +278,15 @@ class ServerEngine:
         return {"device_cache_tokens": tokens, "device_cache_source": source if tokens is not None else
                 "not reported by the server", "working_set_tokens": self.working_set_tokens}
 
-    def model_name(self, url: str) -> str:
+    def model_name(self, url: str, headers: dict[str, str] | None = None) -> str:
         """The model an OpenAI-compatible request names: ``engine.served_model``, else the first model the
-        server at ``url`` lists (asked once).
+        server at ``url`` lists (asked once, with ``headers``).
 
         Raises:
             ServerReplyError: the server lists none.
         """
         if self.served_model is None:
-            self.served_model = served_model(get_page(url + "/v1/models", self.trust_env))
+            self.served_model = served_model(get_page(url + "/v1/models", self.trust_env, headers=headers))
             if self.served_model is None:
                 raise ServerReplyError(f"{url}/v1/models: lists no served model; give engine.served_model", url)
         return self.served_model

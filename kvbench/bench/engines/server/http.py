@@ -14,9 +14,10 @@ from kvbench.bench.engines.server.stream import printable
 MAX_PAGE_BYTES = 16 * 2**20
 
 
-def server_client(trust_env: bool = False) -> httpx.Client:
-    """A client for one server: environment proxies only with ``trust_env``, no redirects followed."""
-    return httpx.Client(trust_env=trust_env, follow_redirects=False)
+def server_client(trust_env: bool = False, headers: dict[str, str] | None = None) -> httpx.Client:
+    """A client for one server: environment proxies only with ``trust_env``, no redirects followed, ``headers``
+    on every request (the key a server kvbench started checks)."""
+    return httpx.Client(trust_env=trust_env, follow_redirects=False, headers=headers)
 
 
 def _grow(got: bytearray, chunk: bytes) -> bool:
@@ -25,11 +26,13 @@ def _grow(got: bytearray, chunk: bytes) -> bool:
     return len(got) <= MAX_PAGE_BYTES
 
 
-def get_page(url: str, trust_env: bool = False, timeout_s: float = 10.0) -> str | None:
-    """The text of ``GET url`` (UTF-8, an invalid byte as U+FFFD), or None for a status other than 200, a body
-    over :data:`MAX_PAGE_BYTES`, or no reply within ``timeout_s`` seconds per wait. Raises nothing."""
+def get_page(url: str, trust_env: bool = False, timeout_s: float = 10.0,
+             headers: dict[str, str] | None = None) -> str | None:
+    """The text of ``GET url`` (UTF-8, an invalid byte as U+FFFD) sent with ``headers``, or None for a status
+    other than 200, a body over :data:`MAX_PAGE_BYTES`, or no reply within ``timeout_s`` seconds per wait.
+    Raises nothing."""
     try:
-        with server_client(trust_env) as c, c.stream("GET", url, timeout=timeout_s) as r:
+        with server_client(trust_env, headers) as c, c.stream("GET", url, timeout=timeout_s) as r:
             got = bytearray()
             if r.status_code != 200 or not all(_grow(got, chunk) for chunk in r.iter_bytes()):
                 return None

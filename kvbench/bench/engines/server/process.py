@@ -113,10 +113,11 @@ class ServerExited(UserError, RuntimeError):
 
 def _open_log(path: Path) -> int:
     """A new (truncated) log opened for appending, never through a symbolic link (O_NONBLOCK: a FIFO cannot
-    block the open; it changes nothing for a regular file): its file descriptor."""
+    block the open; it changes nothing for a regular file), readable by kvbench's user alone (a server logs its
+    settings, SGLang its keys): its file descriptor."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     try:
-        fd = os.open(path, flags, 0o644)
+        fd = os.open(path, flags, 0o600)
     except OSError as e:
         if e.errno == errno.ELOOP:
             raise SymlinkRefused(path) from None
@@ -126,6 +127,8 @@ def _open_log(path: Path) -> int:
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
         raise NotRegular(path)
+    with contextlib.suppress(OSError):  # a log that was there keeps its mode otherwise
+        os.fchmod(fd, 0o600)
     return fd
 
 

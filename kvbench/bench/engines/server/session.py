@@ -55,7 +55,8 @@ class ServerSession:
     """The server of one mode and repeat: ``url``, ``pid`` (None for ``openai``), its ``process``, what goes into
     run.json (``info``: :meth:`facts`), the ``/metrics`` text before the measured requests (``metrics_before``),
     the conversations' slot files (``slot_files`` in ``slot_dir``), its configured host tier (``host_tier``: bytes
-    and where the figure comes from, :func:`kvbench.bench.engines.server.tiers.host_tier`) and its :class:`Holds`.
+    and where the figure comes from, :func:`kvbench.bench.engines.server.tiers.host_tier`), its :class:`Holds` and the
+    HTTP ``headers`` its requests send (the key a started server checks, :mod:`kvbench.bench.engines.server.keys`).
     ``engine`` is the :class:`~kvbench.bench.engines.server.engine.ServerEngine` that started it (its scenario,
     kind, proxies and the conversations' followed requests)."""
 
@@ -68,6 +69,7 @@ class ServerSession:
         self.slot_files: dict[str, str] = {}
         self.holds = Holds()
         self.slot_tokens: dict[int, list[int]] = {}
+        self.headers: dict[str, str] = {}
 
     def facts(self) -> dict[str, Any]:
         """The run.json ``servers`` entry of this server (command line, version, log, slots, host tier and, once
@@ -115,8 +117,8 @@ class ServerSession:
             kept = common_prefix(self.slot_tokens.get(reply.slot, []), ids)
             self.slot_tokens[reply.slot] = [*ids, *(reply.ids or [])]
             return dataclasses.replace(reply, slot_kept=kept)
-        return await complete_openai(client, self.url, e.model_name(self.url), ids, n_tokens, options,
-                                     seed=e.s.seed, timeout_s=timeout, deadline_s=deadline)
+        return await complete_openai(client, self.url, e.model_name(self.url, self.headers), ids, n_tokens,
+                                     options, seed=e.s.seed, timeout_s=timeout, deadline_s=deadline)
 
     async def slot_action(self, client: httpx.AsyncClient, action: str, filename: str,
                           slot: int = 0) -> dict[str, Any]:

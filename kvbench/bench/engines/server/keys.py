@@ -1,0 +1,72 @@
+"""The keys kvbench gives a server it starts (:class:`~kvbench.serving.kind.PrivateKeys`): fresh random ones per
+server, in a YAML file only kvbench's user can read, present while the server runs, so that no other process of
+the machine can use its endpoints."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from kvbench.errors import UnwritableOutput
+from kvbench.serving.kind import PrivateKeys
+
+
+@dataclass(frozen=True)
+class ServerKeys:
+    """One server's keys and the file that gives them.
+
+    Attributes:
+        path: the YAML file (in the run's ``servers`` folder; a random name, made by kvbench).
+        settings: setting name → key (URL-safe text, 256 random bits each).
+        argv: the words that name the file to the server (appended to its command line).
+        headers: the HTTP headers kvbench's requests send (``Authorization: Bearer <request key>``).
+    """
+
+    path: Path
+    settings: dict[str, str]
+    argv: tuple[str, ...]
+    headers: dict[str, str]
+
+
+def server_keys(keys: PrivateKeys | None, folder: Path, stem: str) -> ServerKeys | None:
+    """Fresh keys for one server of a kind that checks ``keys`` (None: it checks none), their file named
+    ``<stem>.<random>.yaml`` in ``folder``; nothing is written yet (:func:`keys_file`)."""
+    if keys is None:
+        return None
+    settings = {name: secrets.token_urlsafe(32) for name in (keys.request_key, *keys.admin_keys)}
+    path = folder / f"{stem}.{secrets.token_hex(8)}.yaml"
+    return ServerKeys(path, settings, (keys.config_flag, str(path)),
+                      {"Authorization": f"Bearer {settings[keys.request_key]}"})
+
+
+@contextlib.contextmanager
+def keys_file(keys: ServerKeys | None) -> Iterator[None]:
+    """Write ``keys``' file for the length of the ``with`` block (nothing for None): created anew (never
+    through an existing name or a symbolic link) with mode 0600, removed on every exit path.
+
+    Raises:
+        kvbench.errors.UnwritableOutput: the file cannot be created (a name that exists, a full disk, no
+            permission).
+    """
+    if keys is None:
+        yield
+        return
+    try:
+        fd = os.open(keys.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as e:
+        raise UnwritableOutput(keys.path, e.strerror or str(e)) from None
+    try:
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                yaml.safe_dump(keys.settings, f)
+        except OSError as e:
+            raise UnwritableOutput(keys.path, e.strerror or str(e)) from None
+        yield
+    finally:
+        keys.path.unlink(missing_ok=True)
