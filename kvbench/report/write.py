@@ -41,6 +41,8 @@ from kvbench.safe_text import unique_stems
 REPORT_GPU_PRICE = 2.0
 #: Panels per memory-timeline figure.
 TIMELINE_PANELS = 8
+#: The most trial ids a report draws timelines of (8 figures): each is a panel of its own.
+MAX_TIMELINES = 64
 
 
 def write_report(results: Results, out_dir: str | Path, timelines: list[str] | None = None,
@@ -55,8 +57,9 @@ def write_report(results: Results, out_dir: str | Path, timelines: list[str] | N
     Args:
         results: from :func:`kvbench.results.load.load_results`.
         out_dir: where to write.
-        timelines: trial ids whose memory timeline is drawn; default: at each group's longest prompt and largest
-            batch, the first measured trial of every mode.
+        timelines: trial ids whose memory timeline is drawn (a repeated one once; at most
+            :data:`MAX_TIMELINES`); default: at each group's longest prompt and largest batch, the first measured
+            trial of every mode.
         pool: from :func:`~kvbench.report.chart_pool.chart_pool` (default: one made here); stopped (its workers
             killed) when the report fails or is interrupted.
 
@@ -64,8 +67,8 @@ def write_report(results: Results, out_dir: str | Path, timelines: list[str] | N
         The :class:`~kvbench.report.documents.Report`, its chart and file paths inside ``out_dir``.
 
     Raises:
-        kvbench.errors.BadParameter: a trial id in ``timelines`` that is not in the results (``param`` =
-            ``"timelines"``), or an argument of another type.
+        kvbench.errors.BadParameter: a trial id in ``timelines`` that is not in the results, more than
+            :data:`MAX_TIMELINES` of them (``param`` = ``"timelines"``), or an argument of another type.
         kvbench.errors.SymlinkRefused: ``out_dir`` is a symbolic link.
         kvbench.errors.UnwritableOutput: a file or folder cannot be written (an ``OSError``).
     """
@@ -74,9 +77,15 @@ def write_report(results: Results, out_dir: str | Path, timelines: list[str] | N
     if isinstance(timelines, str):
         raise BadParameter(f"{{timelines}} must be a list of trial ids, not the str {timelines!r}", "timelines")
     if timelines:
+        timelines = list(dict.fromkeys(timelines))
+        if len(timelines) > MAX_TIMELINES:
+            raise BadParameter(f"{len(timelines):,} trial ids: at most {MAX_TIMELINES} timelines are drawn "
+                               f"({MAX_TIMELINES // TIMELINE_PANELS} figures of {TIMELINE_PANELS} panels)", "timelines")
         unknown = sorted(set(timelines) - set(results.trials["trial_id"]))
         if unknown:
-            raise BadParameter(f"no trial {', '.join(map(repr, unknown))} in these results", "timelines")
+            shown = ", ".join(repr(u[:80]) for u in unknown[:5])
+            more = f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""
+            raise BadParameter(f"no trial {shown}{more} in these results", "timelines")
     final = path_arg(out_dir, "out_dir")
     refuse_symlink_dir(final)  # e.g. a report/ link inside a run directory from someone's tarball
     try:

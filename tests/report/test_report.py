@@ -308,3 +308,20 @@ def test_a_samples_file_that_is_not_kvbenchs_costs_the_timelines_only(tmp_path):
                                                                   enumerate(x.split(","))) for x in lines[1:]]))
     r = CliRunner().invoke(app, ["report", str(run)])
     assert r.exit_code == 0 and "Traceback" not in r.output, r.output
+
+
+def test_timelines_asked_many_times_are_drawn_once_and_at_most_64(tmp_path):
+    """From the hostile pass: 5,000 copies of one --timeline ran past 60 s and wrote nothing; any number of ids
+    was taken."""
+    results = load_results([RUN])
+    tid = str(results.trials["trial_id"].iloc[0])
+    rep = write_report(results, tmp_path / "once", timelines=[tid] * 5000)
+    assert [t for t, _ in rep.charts if t.startswith("memory timelines")] == ["memory timelines: selected trials"]
+    r = CliRunner().invoke(app, ["report", str(RUN), "--out", str(tmp_path / "r")]
+                           + [a for i in range(65) for a in ("--timeline", f"t{i}\x1b[2J")])
+    assert r.exit_code == 2 and "65 trial ids: at most 64 timelines are drawn (8 figures of 8 panels)" in r.output
+    assert not (tmp_path / "r").exists()
+    r = CliRunner().invoke(app, ["report", str(RUN), "--out", str(tmp_path / "r")]
+                           + [a for i in range(7) for a in ("--timeline", f"t{i}\x1b[2J")])
+    assert r.exit_code == 2 and "\x1b" not in r.output
+    assert "no trial 't0\\x1b[2J', 't1\\x1b[2J', 't2\\x1b[2J', 't3\\x1b[2J', 't4\\x1b[2J' and 2 more" in r.output
