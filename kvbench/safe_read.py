@@ -27,6 +27,11 @@ MAX_JSON_DEPTH = 100
 #: Most digits of a JSON integer kvbench reads: every such integer converts to a float (the largest is about
 #: 1.8e308; a tokenizer_config.json's ``model_max_length`` of 10^30 is read). Longer ones are refused unconverted.
 MAX_INT_DIGITS = 300
+#: Bytes per list or object, at least, of a JSON file :func:`read_json_file` reads: a file of ``limit`` bytes may
+#: hold ``limit // JSON_BYTES_PER_CONTAINER`` of them (counted as its ``{`` and ``[`` bytes, before parsing). kvbench's
+#: own files and the peers' hold hundreds of bytes per object; 16 MiB of ``{}`` would be 5.6 million dicts (over a
+#: GiB, seconds to walk).
+JSON_BYTES_PER_CONTAINER = 64
 #: Deepest folder below a folder given that :func:`find_below` searches.
 MAX_SEARCH_DEPTH = 32
 _BOM = b"\xef\xbb\xbf"
@@ -98,15 +103,20 @@ def _bounded_int(text: str) -> int:
 
 def read_json_file(path: str | Path, limit: int = MAX_RUN_JSON_BYTES) -> Any:
     """The JSON value in the regular file ``path`` (UTF-8, a BOM ignored), at most ``limit`` bytes, nested at most
-    :data:`MAX_JSON_DEPTH` levels, with integers of at most :data:`MAX_INT_DIGITS` digits.
+    :data:`MAX_JSON_DEPTH` levels, with integers of at most :data:`MAX_INT_DIGITS` digits and at most one list or
+    object per :data:`JSON_BYTES_PER_CONTAINER` bytes of ``limit``.
 
     Raises:
-        BadFile: not a regular file, unreadable, too large, not UTF-8, not valid JSON, nested too deeply or holding
-            a longer integer.
+        BadFile: not a regular file, unreadable, too large, not UTF-8, not valid JSON, nested too deeply, holding
+            a longer integer or more lists and objects.
     """
     raw = read_regular(path, limit)
     if len(raw) > limit:
         raise BadFile(f"{path}: the file is over {limit:,} bytes")
+    most = max(1, limit // JSON_BYTES_PER_CONTAINER)
+    if (n := raw.count(b"{") + raw.count(b"[")) > most:
+        raise BadFile(f"{path}: not a file kvbench reads: {n:,} '{{' and '[' (at most {most:,} lists and objects in a "
+                      f"file of at most {limit:,} bytes)")
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:

@@ -89,8 +89,9 @@ def assumed_constants(arch: ModelSizes, dtype_bytes: int, tflops: float, link_by
     return Constants(values, source)
 
 
-#: The largest map.json read (bytes): kvbench map writes a few hundred KiB for a large map.
-MAX_MAP_JSON_BYTES = 16 << 20
+#: The largest map.json read (bytes): kvbench map writes some 15 KiB for a 2 × 5 map, a few hundred KiB for a large
+#: one.
+MAX_MAP_JSON_BYTES = 4 << 20
 #: Runs a measured constant's source names (the rest counted), and characters kept of each name.
 SHOWN_RUNS, SHOWN_CHARS = 3, 120
 

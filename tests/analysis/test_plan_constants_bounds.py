@@ -37,8 +37,16 @@ def _map_json(tmp_path: Path, text: str) -> Path:
     (lambda d: Path("/dev/zero"), "not a regular file"),
     (lambda d: _map_json(d, json.dumps({"constants": [{"values": {**VALUES, "decode_s": 10**400}}]})),
      "not a file kvbench reads: an integer of 401 digits (at most 300 are read): 100000000000..."),
-    (lambda d: _map_json(d, '{"constants": ' + "[" * 100_000 + "]" * 100_000 + "}"),
+    (lambda d: _map_json(d, '{"constants": ' + "[" * 5_000 + "]" * 5_000 + "}"),
      "not valid JSON (nested more than 100 levels deep)"),
+    (lambda d: _map_json(d, '{"constants": ' + "[" * 100_000 + "]" * 100_000 + "}"),
+     "not a file kvbench reads: 100,001 '{' and '[' (at most 65,536 lists and objects in a file of at most "
+     "4,194,304 bytes)"),
+    (lambda d: _map_json(d, '{"constants": [' + ",".join(['{"a":' * 96 + "1" + "}" * 96] * 4_000) + "]}"),
+     "not a file kvbench reads: 384,002 '{' and '[' (at most 65,536 lists and objects in a file of at most "
+     "4,194,304 bytes)"),  # 16 MiB of these took 39 s and 1.25 GB before it was refused
+    (lambda d: _map_json(d, json.dumps({"constants": [{}] * 2_000_000})),
+     "the file is over 4,194,304 bytes"),
     (lambda d: _map_json(d, json.dumps({"constants": [{"values": {**VALUES, "x" * 500: 1.0}}]})),
      f"constants[0].values.{'x' * 117}...: not a constant of kvbench map (its constants: overhead_s, "
      "prefill_s_per_token, attention_s_per_token_pair, restore_host_s_per_token, restore_disk_s_per_token, "
