@@ -20,6 +20,9 @@ from kvbench.errors import BadFile
 
 #: A trial row (one line of ``trials.jsonl``) longer than this (bytes) is skipped unread.
 MAX_ROW_BYTES = 16 << 20
+#: A ``trials.jsonl`` larger than this (bytes) is refused: kvbench writes 2-4 KB per trial, some 300,000 trials
+#: (a sparse file of 4 GB took 16.8 s to scan before it was refused).
+MAX_TRIALS_BYTES = 1 << 30
 #: A ``run.json`` larger than this (bytes) is refused.
 MAX_RUN_JSON_BYTES = 64 << 20
 #: Deepest nesting of lists and objects accepted in run.json and in a trial row.
@@ -142,18 +145,24 @@ def scan_rows(path: str | Path) -> tuple[list[Any], list[int], list[tuple[int, s
     :func:`kvbench.results.record.check_rows`'s to say.
 
     Raises:
-        BadFile: ``path`` is not a regular file or cannot be read.
+        BadFile: ``path`` is not a regular file, cannot be read, or is over :data:`MAX_TRIALS_BYTES` (before
+            anything is read, or once that much was read from a file that grew).
     """
     values: list[Any] = []
     lines: list[int] = []
     skipped: list[tuple[int, str]] = []
     loads = orjson.loads
+    too_large = BadFile(f"{path}: the file is over {MAX_TRIALS_BYTES:,} bytes (kvbench writes 2-4 KB per trial)")
     with open_regular(path) as f:
+        if os.fstat(f.fileno()).st_size > MAX_TRIALS_BYTES:
+            raise too_large
         number = 0
         while True:
             line = f.readline(MAX_ROW_BYTES + 1)
             if not line:
                 break
+            if f.tell() > MAX_TRIALS_BYTES:
+                raise too_large
             number += 1
             if len(line) > MAX_ROW_BYTES and not line.endswith(b"\n"):
                 while line and not line.endswith(b"\n"):  # the rest of the line, a bounded piece at a time

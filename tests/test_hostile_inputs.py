@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import shutil
 import warnings
 from pathlib import Path
@@ -233,3 +234,23 @@ def test_a_deeply_nested_plan_config_is_a_value_error(tmp_path):
     f.write_text("[" * 100_000 + "]" * 100_000)
     with pytest.raises(ValueError, match=f"^{f}: not valid JSON"):
         read_config_file(f)
+
+
+@pytest.mark.parametrize("reader", ["report", "cost", "compare", "resume"])
+def test_a_trials_file_over_a_gib_is_refused_unread(tmp_path, reader):
+    """From the hostile pass: a 4 GB sparse trials.jsonl took 16.8 s to scan before it was refused."""
+    run = _copy(tmp_path)
+    with open(run / "trials.jsonl", "r+b") as f:
+        f.truncate(4 << 30)
+    t = time.monotonic()
+    _refused(_args(reader, run), f"{run / 'trials.jsonl'}: the file is over 1,073,741,824 bytes (kvbench writes "
+                                 "2-4 KB per trial)")
+    assert time.monotonic() - t < 10
+
+
+def test_a_trials_file_that_grows_past_a_gib_while_read_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setattr(safe_read, "MAX_TRIALS_BYTES", 4096)
+    (tmp_path / "t.jsonl").write_text('{"a": 1}\n' * 1000)  # 9,000 bytes; fstat is asked before a read
+    monkeypatch.setattr(safe_read.os, "fstat", lambda fd: os.stat_result((0o100644, 0, 0, 1, 0, 0, 0, 0, 0, 0)))
+    with pytest.raises(safe_read.BadFile, match="t.jsonl: the file is over 4,096 bytes"):
+        safe_read.scan_rows(tmp_path / "t.jsonl")
