@@ -20,6 +20,7 @@ from kvbench.models.spec import ModelRef
 from kvbench.models.locate import config_file, locate, preset_path
 from kvbench.offload.architecture import Architecture, architecture_of
 from kvbench.safe_read import read_json_file
+from kvbench.safe_text import visible
 
 #: config.json fields every light read needs.
 REQUIRED = ("num_hidden_layers", "num_attention_heads", "hidden_size", "max_position_embeddings", "vocab_size")
@@ -41,19 +42,21 @@ MAX_CONFIG_BYTES = 16 << 20
 #: 16,384; Gemma 3: a vocabulary of 262,144): a file past them is refused before anything is built from it (a GGUF
 #: that claimed 200,000 layers kept transformers building them for minutes, at gigabytes).
 SHAPE_LIMITS = {"num_hidden_layers": 1_024, "num_attention_heads": 1_024, "num_key_value_heads": 1_024,
-                "head_dim": 4_096, "hidden_size": 65_536, "vocab_size": 2**21}
+                "head_dim": 4_096, "hidden_size": 65_536, "vocab_size": 2**21, "max_position_embeddings": 2**26}
 
 
 def check_shape(fields: dict[str, Any], where: str | Path, names: dict[str, str] | None = None) -> None:
     """Refuse a model shape (config field → value, as :data:`SHAPE_LIMITS` names them; other fields and None are
     not looked at) whose sizes are not whole numbers from 1 to their :data:`SHAPE_LIMITS` bound. A per-layer list
     (some GGUF architectures give heads per layer; 0 for a layer without attention) has at most as many entries as
-    layers may, each from 0 to the bound.
+    layers may, each from 0 to the bound. KV heads (one number each) must divide the attention heads: each serves a
+    whole group of query heads (grouped-query attention, Ainslie et al. 2023).
 
     Raises:
         BadFile: ``<where>: <key> = <value>: ...`` naming the first such field (as ``names`` calls it in the
-            file: a GGUF's ``llama.block_count``) and its bound.
+            file: a GGUF's ``llama.block_count``) and its bound, or the KV heads that do not divide the heads.
     """
+    name = (names or {}).get
     for key, most in SHAPE_LIMITS.items():
         v = fields.get(key)
         if v is None:
@@ -62,8 +65,13 @@ def check_shape(fields: dict[str, Any], where: str | Path, names: dict[str, str]
             isinstance(n, int) and not isinstance(n, bool) and 0 <= n <= most for n in v)
         if not per_layer and (isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= most):
             shown = f"{v:,}" if isinstance(v, int) and not isinstance(v, bool) else repr(v)[:40]
-            raise BadFile(f"{where}: {(names or {}).get(key, key)} = {shown}: must be a whole number from 1 to "
+            raise BadFile(f"{where}: {name(key, key)} = {shown}: must be a whole number from 1 to "
                           f"{most:,} (kvbench takes no larger model: no published one comes near)")
+    heads, kv = fields.get("num_attention_heads"), fields.get("num_key_value_heads")
+    if isinstance(heads, int) and isinstance(kv, int) and heads % kv:
+        raise BadFile(f"{where}: {name('num_key_value_heads', 'num_key_value_heads')} = {kv:,}: must divide "
+                      f"{name('num_attention_heads', 'num_attention_heads')} = {heads:,} (each KV head serves a "
+                      "whole group of query heads)")
 
 
 def json_object(path: Path) -> dict[str, Any] | None:
@@ -240,7 +248,7 @@ PLAN_FIELDS = ("num_hidden_layers", "num_attention_heads", "hidden_size", "inter
 #: counts overflow).
 CONFIG_LIMITS = {"num_hidden_layers": 100_000, "num_attention_heads": 65_536, "num_key_value_heads": 65_536,
                  "head_dim": 65_536, "hidden_size": 2**24, "intermediate_size": 2**26, "vocab_size": 2**26,
-                 "sliding_window": 2**32}
+                 "sliding_window": 2**32, "max_position_embeddings": 2**32}
 
 
 def read_config_file(path: str | Path) -> Any:
@@ -250,8 +258,9 @@ def read_config_file(path: str | Path) -> Any:
 
     Raises:
         BadFile: not JSON, or missing (or null) fields (named), or sizes that are not whole numbers from 1 to their
-            :data:`CONFIG_LIMITS` bound (named, with the bound), or an ``auto_map`` naming model code for an
-            architecture transformers does not ship, or a config transformers cannot read (its first line).
+            :data:`CONFIG_LIMITS` bound (named, with the bound), KV heads that do not divide the heads, or an
+            ``auto_map`` naming model code for an architecture transformers does not ship, or a config
+            transformers cannot read (its words as one line, at most 400 characters, control characters escaped).
     """
     path = Path(path)
     raw = read_json_file(path, MAX_CONFIG_BYTES)  # BadFile: a FIFO, too large, invalid, too deep
@@ -273,6 +282,10 @@ def read_config_file(path: str | Path) -> Any:
     if big:
         raise BadFile(f"{path}: " + ", ".join(f"{k} = {text[k]:,} is above {CONFIG_LIMITS[k]:,}" for k in big)
                          + ": plan takes sizes up to these")
+    heads, kv = text["num_attention_heads"], text.get("num_key_value_heads")
+    if kv is not None and heads % kv:
+        raise BadFile(f"{path}: num_key_value_heads = {kv:,}: must divide num_attention_heads = {heads:,} (each KV "
+                      "head serves a whole group of query heads)")
     from transformers import AutoConfig
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
 
@@ -284,5 +297,6 @@ def read_config_file(path: str | Path) -> Any:
     try:  # never remote code: transformers would otherwise ask on the terminal whether to run it
         return AutoConfig.from_pretrained(path, trust_remote_code=False)
     except Exception as exc:  # transformers raises many kinds (ValueError, KeyError, OSError) for a bad config
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise BadFile(f"{path}: transformers cannot read this config: {first}") from None
+        said = " ".join(str(exc).split()) or type(exc).__name__  # every line, as one
+        said = visible(said if len(said) <= 400 else said[:397] + "...")
+        raise BadFile(f"{path}: transformers cannot read this config: {said}") from None

@@ -101,7 +101,7 @@ def number(low: float, high: float | None = None, *, above: bool = False) -> Any
 
 #: A size as text: a number (digits, at most one decimal point) and an optional unit, nothing else. pydantic's
 #: ByteSize reads only a prefix of what it is given ('5.GiB' as 5 bytes, '1,5GiB' as 1), so text is checked first.
-_SIZE_TEXT = re.compile(r"\s*(\d+(\.\d+)?|\.\d+)\s*([A-Za-z]+)?\s*")
+_SIZE_TEXT = re.compile(r"\s*(\d+(\.\d+)?|\.\d+)\s*([A-Za-z]+)?\s*", re.ASCII)  # \d: 0-9, not ١ or ²
 
 
 def check_size_input(v: Any) -> Any:

@@ -104,9 +104,12 @@ def test_plan_command_output_and_errors(tmp_path):
                        "most 1,152,921,504,606,846,976")):
         r = cli.invoke(app, ["plan", "llama-3.1-8b", *args])
         assert r.exit_code == 2 and msg in r.output and "Traceback" not in r.output, (args, r.output)
-    bad.write_text(json.dumps(json.loads(preset_path("llama-3.1-8b").read_text()) | {"model_type": "foo"}))
+    bad.write_text(json.dumps(json.loads(preset_path("llama-3.1-8b").read_text()) | {"model_type": "foo\x1b[2J"}))
     r = cli.invoke(app, ["plan", str(bad)])
     assert r.exit_code == 2 and f"{bad}: transformers cannot read this config: " in r.output
+    said = " ".join(r.output.split())  # all its lines, the escape shown, not acted on
+    assert "model type `foo\\x1b[2J` but Transformers does not recognize this architecture. This could be" in said
+    assert "\x1b" not in r.output and said.endswith("...")
     r = cli.invoke(app, ["plan", "llama-2-70b", "--dtype", "fp16"])
     assert r.exit_code == 0 and "the weights (128.48 GiB) do not fit in 72.00 GiB of the GPU" in r.output
     assert "nothing is priced" in r.output and "decode step at" not in r.output and "reuse tier" not in r.output

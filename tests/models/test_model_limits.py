@@ -4,6 +4,8 @@ never hashed, and a write that fails inside safetensors is one line naming the f
 
 from __future__ import annotations
 
+import json
+
 import errno
 import os
 import subprocess
@@ -76,6 +78,24 @@ def test_a_config_json_past_any_published_shape_is_refused(tmp_path):
     assert str(exc.value) == (f"cannot read the model's config: {tmp_path / 'config.json'}: num_hidden_layers = "
                               "200,000: must be a whole number from 1 to 1,024 (kvbench takes no larger model: no "
                               "published one comes near)")
+
+
+@pytest.mark.parametrize("edit, shown", [
+    ({"num_key_value_heads": 8}, "num_key_value_heads = 8: must divide num_attention_heads = 4 (each KV head serves "
+                                 "a whole group of query heads)"),
+    ({"num_key_value_heads": 3}, "num_key_value_heads = 3: must divide num_attention_heads = 4 (each KV head serves "
+                                 "a whole group of query heads)"),
+    ({"max_position_embeddings": 0}, "max_position_embeddings = 0: must be whole numbers above 0"),
+])
+def test_plan_refuses_a_config_no_model_can_have(tmp_path, edit, shown):
+    """From the hostile pass: plan took 8 KV heads of 4 attention heads, and a context of 0 tokens."""
+    config = {"model_type": "llama", "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "hidden_size": 256, "intermediate_size": 512, "max_position_embeddings": 2048, "vocab_size": 1000,
+              **edit}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    r = CliRunner().invoke(app, ["plan", str(tmp_path / "config.json"), "--prompt-tokens", "512"])
+    assert r.exit_code == 2 and "Traceback" not in r.output, r.output
+    assert shown in " ".join(r.output.split()), r.output
 
 
 def test_a_planted_record_is_read_bounded(tmp_path):

@@ -36,6 +36,10 @@ CASES = [
                                      "1.5GB (got '1,5GiB')"),
     ({"budget": "1.5.5GiB"}, "budget", "'1.5.5GiB' is not a size: give bytes or a number and a unit, such as 512MiB "
                                        "or 1.5GB (got '1.5.5GiB')"),
+    ({"budget": "١٠GB"}, "budget", "'١٠GB' is not a size: give bytes or a number and a unit, such "
+                                             "as 512MiB or 1.5GB (got '١٠GB')"),  # Arabic-Indic 10
+    ({"budget": "²GiB"}, "budget", "'²GiB' is not a size: give bytes or a number and a unit, such as 512MiB "
+                                        "or 1.5GB (got '²GiB')"),
     ({"budget": 1.5}, "budget", "1.5: a number of bytes is whole; give a unit for a fraction, such as 1.5GiB "
                                 "(got 1.5)"),
     ({"budget": 2**61}, "budget", "must be at most 1,152,921,504,606,846,976 bytes (1 EiB) (got 2305843009213693952)"),
