@@ -104,6 +104,15 @@ def test_escapes_in_a_folder_name_are_shown_in_an_error(tmp_path):
     assert f"error: {tmp_path}/r\\x1b]0;pwned\\x07\\u2066" in " ".join(r.output.split()), r.output
 
 
+def test_bell_backspace_and_carriage_return_are_shown_not_dropped(tmp_path):
+    """From the hostile pass: Rich drops BEL, BS and CR from a string it renders, so ``bogus\x07key\r\b`` was
+    shown as ``boguskey``: a name that is not the one in the file."""
+    (tmp_path / "s.yaml").write_text('name: x\nmodel: smollm2-135m\n"bogus\\akey\\r\\b": 1\n')
+    r = _cli("validate", str(tmp_path / "s.yaml"))
+    assert r.exit_code == 2 and "\x07" not in r.output and "\r" not in r.output and "\b" not in r.output
+    assert "bogus\\x07key\\x0d\\x08: unknown key 'bogus\\x07key\\x0d\\x08'" in r.output, r.output
+
+
 # report.md
 
 def test_report_md_carries_no_html_link_or_code_from_a_mode_label_and_charts_draw_its_dollars(tmp_path):

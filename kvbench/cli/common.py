@@ -65,9 +65,17 @@ class _VisibleHook(RenderHook):
         return [_Visible(r) for r in renderables]
 
 
+class _VisibleConsole(Console):
+    """A console whose printed strings go through :func:`visible` before Rich reads them: Rich drops BEL, BS, CR,
+    VT and FF from a string it renders (``a\x07b`` would show as ``ab``), so the render hook would never see them."""
+
+    def print(self, *objects: Any, **kwargs: Any) -> None:
+        super().print(*(visible(o) if isinstance(o, str) else o for o in objects), **kwargs)
+
+
 def _console(**kwargs: Any) -> Console:
     """A console that never wraps a long line and shows every character from input as :func:`visible` makes it."""
-    console = Console(soft_wrap=True, **kwargs)
+    console = _VisibleConsole(soft_wrap=True, **kwargs)
     console.push_render_hook(_VisibleHook())
     return console
 
