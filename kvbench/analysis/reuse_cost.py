@@ -225,16 +225,18 @@ def _saving(rec: dict[str, Any], warm: pd.DataFrame, ref: pd.DataFrame, charge: 
         overlap[side] = e2e / total if total > 0 else 1.0
         tps = (frame["n_output_tokens"] * frame["batch_size"]).sum() / e2e if e2e > 0 else math.nan
         rec[f"{side}_tokens_per_s"] = tps
-        rec[f"{side}_usd_per_million"] = prices.per_million(tps, h, d) if tps == tps else math.nan
+        rec[f"{side}_usd_per_million"] = prices.per_million(tps, h, d) if tps > 0 else math.nan  # NaN, 0: none
     rec["saving_pct"] = 100 * (1 - rec["restore_usd_per_million"] / rec["recompute_usd_per_million"])
+    no_tokens = ("not costed: its trials record no generated tokens (n_output_tokens 0)"
+                 if not rec["restore_tokens_per_s"] > 0 or not rec["recompute_tokens_per_s"] > 0 else "")
     lo, hi, dlo, dhi = _saving_interval(pairs[interval], _hourly(prices, host, disk), _hourly(prices, *ref_charge),
                                         (overlap["restore"], overlap["recompute"])) if interval.any() else (math.nan,) * 4
     rec.update(delta_usd_per_million=rec["restore_usd_per_million"] - rec["recompute_usd_per_million"],
                delta_usd_ci_low=dlo, delta_usd_ci_high=dhi)
     rec.update(saving_ci_low=lo, saving_ci_high=hi, pairs=len(pairs), units=int(labels.nunique()), unit=unit,
                pairs_busy_trials=busy,
-               saving_verdict=not_engaged or judge(len(pairs), busy, unknown, lo, hi, no_change=0.0,
-                                                   units=(int(labels.nunique()), unit)))
+               saving_verdict=not_engaged or no_tokens or judge(len(pairs), busy, unknown, lo, hi, no_change=0.0,
+                                                               units=(int(labels.nunique()), unit)))
     prompt = warm["prompt_tokens"].sum()
     rec["prefill_saved_pct"] = 100 * warm["tokens_restored"].sum() / prompt if prompt else math.nan
     rec["ttft_saved_s"] = ((ref["ttft_s"].astype(float).sum() - warm["ttft_s"].astype(float).sum())

@@ -306,6 +306,27 @@ def test_map_files_and_cli(tmp_path, write_yaml):
     assert bad.exit_code == 2 and "--shares '0,100': every value must be 0 to 99" in bad.output
 
 
+def test_trials_that_generated_no_tokens_leave_their_cell_uncosted_and_say_so(tmp_path):
+    """From the hostile pass: rows with n_output_tokens 0 ended `kvbench map` in "the throughput must be more than
+    0 tokens/s" with no cell or file named, and nothing written."""
+    from typer.testing import CliRunner
+
+    from kvbench.cli import app
+    from kvbench.results.run_dir import RunDir
+
+    run = RunDir.create(tmp_path / "results", parse_scenario(base_scenario()).model_dump(mode="json"), {})
+    for r in synthetic_rows(lengths=(128, 1024)):
+        run.append({**r, "n_output_tokens": 0} if r["prompt_tokens"] == 128 else r)
+    res = CliRunner().invoke(app, ["map", str(run.path), "--out", str(tmp_path / "m")])
+    assert res.exit_code == 0, res.output
+    said = " ".join(res.output.split())
+    for share in (50, 95):
+        assert (f"128 tokens, {share}% shared, ≤0.5×: not costed: its trials record no generated tokens "
+                "(n_output_tokens 0)") in said
+    assert " pays" in said  # the 1,024-token cells are costed
+    assert (tmp_path / "m" / "map.json").exists()
+
+
 @pytest.mark.slow
 def test_a_run_beside_the_cpu_hog_maps_every_measured_cell_inconclusive(write_yaml, tmp_path):
     """benchmarks/cpu_hog.py keeps every CPU busy while a small shared_prefix scenario runs on the real model:
