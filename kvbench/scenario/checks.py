@@ -57,7 +57,8 @@ def _gguf_problems(path: str, kind: str) -> list[tuple[str, str]]:
 
 
 def check_scenario(s: Scenario, *, check_model: bool = True) -> list[tuple[str, str]]:
-    """Checks that need more than the schema: runnable modes, data sources, and the model's context limit.
+    """Checks that need more than the schema: runnable modes (a server's flags it would refuse to start with),
+    data sources, and the model's context limit.
 
     Reads the model's config (never its weights) when ``check_model``. Returns ``(key path, message)`` pairs.
     """
@@ -74,6 +75,9 @@ def check_scenario(s: Scenario, *, check_model: bool = True) -> list[tuple[str, 
             s.engine.model.startswith(("/", "./", "../", "~")) and not Path(s.engine.model).expanduser().is_dir():
         problems.append(("engine.model", f"{s.engine.model} is not a folder: {kind.name} loads a Hugging Face "
                          "model directory (or a hub id such as HuggingFaceTB/SmolLM2-135M-Instruct)"))
+    for i, m in enumerate(s.modes if s.engine.server and kind is not None and kind.flag_problem else ()):
+        if (why := kind.flag_problem([*s.engine.args, *preset_of(s.engine.kind, m).args, *m.args])) is not None:
+            problems.append((f"modes[{i}]", why))
     for i, m in enumerate(s.modes if not s.engine.server else ()):
         if m.kind not in MODES:
             problems.append((f"modes[{i}].kind", MODES.unknown(m.kind)))

@@ -262,6 +262,8 @@ class ServerKind:
             line (its flags, the last occurrence winning) and a :class:`KvSizing` say, ``(None, why)`` for a value
             the server would refuse, or None where they do not tell; None: not read from flags.
         device_cache_hint: the flags that size the device cache, as a message names them.
+        flag_problem: why the server would refuse to start with a mode's flags (the engine's, the preset's, the
+            mode's, the last occurrence winning), said by ``kvbench validate`` before anything starts; None: fine.
         tp_flags: the flags that set the server's tensor parallelism (GPUs the weights and KV heads are split over),
             the first as a message names it.
         slot_per_unit: each of the server's slots holds one conversation or document at most (llama.cpp), so its
@@ -305,6 +307,7 @@ class ServerKind:
     tier_counters: tuple[str, ...] = ()
     device_cache_from_flags: Callable[[list[str], KvSizing], tuple[float | None, str] | None] | None = None
     device_cache_hint: str = ""
+    flag_problem: Callable[[list[str]], str | None] | None = None
     slot_per_unit: bool = False
     tp_flags: tuple[str, ...] = ()
 

@@ -58,6 +58,23 @@ def hit_counts(d: dict[str, float | None]) -> tuple[float | None, float | None]:
     return cached, None if cached is None or processed is None else cached + processed
 
 
+#: The KV cache types that need no flash attention (llama.cpp ``common/arg.cpp``: every other is quantized).
+PLAIN_CACHE_TYPES = ("f32", "f16", "bf16")
+
+
+def flag_problem(argv: list[str]) -> str | None:
+    """A quantized V cache (``--cache-type-v``/``-ctv`` q8_0, q4_0...) with flash attention off (``-fa``/
+    ``--flash-attn`` off, 0 or false): llama-server then ends at start ("quantized V cache requires flash_attn to be
+    enabled", ``src/llama-context.cpp``), every trial of the mode failing."""
+    v = last_value(argv, ("-ctv", "--cache-type-v"))
+    fa = last_value(argv, ("-fa", "--flash-attn"))
+    if v is not None and v not in PLAIN_CACHE_TYPES and fa is not None and fa.lower() in ("off", "0", "false"):
+        return (f"--cache-type-v {v} with flash attention {fa}: llama-server refuses a quantized V cache without "
+                "flash attention (\"quantized V cache requires flash_attn to be enabled\"); leave -fa at auto or "
+                "give on")
+    return None
+
+
 #: llama-server --metrics: unlabelled counters.
 COUNTERS: tuple[CounterSpec, ...] = (
     counter("prompt_tokens", "llamacpp:prompt_tokens_total", "prompt tokens evaluated, excluding cached ones (tokens)"),
@@ -122,4 +139,5 @@ KIND = ServerKind(
     prefix_preset="prefix-cache",
     slot_per_unit=True,
     kv_element_bytes=2,  # f16 K and V unless --cache-type-k/-v say otherwise (kv-q8_0, kv-q4_0)
+    flag_problem=flag_problem,
 )

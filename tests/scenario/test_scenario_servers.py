@@ -216,6 +216,21 @@ def test_a_llama_cpp_model_must_be_a_gguf_file(write_yaml, tmp_path):
             ("engine.model", message)]
 
 
+def test_a_quantized_v_cache_without_flash_attention_is_refused_before_llama_server_starts(write_yaml):
+    """From the hostile pass: validate said ok, and llama-server ended at start in every trial of the mode."""
+    why = ("--cache-type-v {v} with flash attention {fa}: llama-server refuses a quantized V cache without flash "
+           "attention (\"quantized V cache requires flash_attn to be enabled\"); leave -fa at auto or give on")
+    modes = [{"name": "none"}, {"name": "kv-q4_0", "args": ["-fa", "off"]},
+             {"name": "q", "preset": "prefix-cache", "args": ["--cache-type-v", "q5_1", "--flash-attn", "0"]},
+             {"name": "ok", "preset": "kv-q8_0", "args": ["-fa", "off", "--flash-attn", "on"]},
+             {"name": "k", "preset": "prefix-cache", "args": ["-ctk", "q8_0", "-fa", "off"]}]
+    assert problems_of(write_yaml, server_scenario(modes=modes)) == [
+        ("modes[1]", why.format(v="q4_0", fa="off")), ("modes[2]", why.format(v="q5_1", fa="0"))]
+    assert problems_of(write_yaml, server_scenario(engine={"kind": "llama.cpp", "args": ["-fa", "false"]},
+                                                   modes=[{"name": "kv-q8_0"}])) == [
+        ("modes[0]", why.format(v="q8_0", fa="false"))]
+
+
 def test_sizes_are_whole_where_the_flag_is_and_never_written_with_an_exponent(write_yaml):
     from kvbench.scenario.servers import size_text
 
