@@ -199,14 +199,17 @@ class PrivateKeys:
     every process of the machine).
 
     Attributes:
-        config_flag: the flag that names the file (SGLang ``--config``, whose settings its command line overrides).
+        config_flag: the flag that names the file (SGLang ``--config``, whose settings its command line overrides;
+            llama.cpp ``--api-key-file``).
         request_key: the setting whose key kvbench's requests send (``Authorization: Bearer``).
         admin_keys: settings whose keys kvbench never sends: the endpoints they guard stay closed to everyone.
+        file_format: ``yaml`` (``setting: key`` lines) or ``lines`` (the keys alone, one per line).
     """
 
     config_flag: str
     request_key: str
     admin_keys: tuple[str, ...] = ()
+    file_format: Literal["yaml", "lines"] = "yaml"
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from kvbench.serving.kind import MIB, CounterSpec, Launch, Preset, ServerKind, counter, last_value, number, presets
+from kvbench.serving.kind import (MIB, CounterSpec, Launch, Preset, PrivateKeys, ServerKind, counter, last_value,
+                                  number, presets)
 
 NAME = "llama.cpp"
 #: llama-server's ``--cache-ram`` when the command line does not set it (MiB; ``common/common.h``).
@@ -75,6 +76,11 @@ def flag_problem(argv: list[str]) -> str | None:
     return None
 
 
+#: The key kvbench gives llama-server (``--api-key-file``: one key per line): with it every endpoint but ``/health``
+#: and ``/v1/health`` wants ``Authorization: Bearer <key>`` (``/metrics`` and ``/slots`` too: measured on build
+#: 11434), so no other process of the machine can save or restore its slots, change or read what it holds.
+KEYS = PrivateKeys(config_flag="--api-key-file", request_key="api-key", file_format="lines")
+
 #: llama-server --metrics: unlabelled counters.
 COUNTERS: tuple[CounterSpec, ...] = (
     counter("prompt_tokens", "llamacpp:prompt_tokens_total", "prompt tokens evaluated, excluding cached ones (tokens)"),
@@ -114,14 +120,18 @@ KIND = ServerKind(
     program=("llama-server",),
     install_hint="build it with `make llama-server` (into .venv/bin) or give engine.binary",
     reserved_flags=("--metrics", "-m", "--model", "-c", "--ctx-size", "-np", "--parallel", "-s", "--seed",
-                    "--kv-unified-per-slot", "-fit", "--fit", "-fitc", "--fit-ctx", "-fitt", "--fit-target"),
-    reserved_why=" (llama.cpp's --fit and --kv-unified-per-slot would change them)",
+                    "--kv-unified-per-slot", "-fit", "--fit", "-fitc", "--fit-ctx", "-fitt", "--fit-target",
+                    "--api-key", "--api-key-file"),
+    reserved_why=(" (llama.cpp's --fit and --kv-unified-per-slot would change them), and gives the server a fresh "
+                  "key in a file of its own (--api-key-file) that its requests send, so that no other process can "
+                  "use its endpoints"),
+    private_keys=KEYS,
     consent_flags=(
         "--path", "--log-file", "--slot-save-path", "-hf", "-hfr", "--hf-repo", "-hfd", "-hfrd", "--hf-repo-draft",
         "-hff", "--hf-file", "-hfv", "-hfrv", "--hf-repo-v", "-hffv", "--hf-file-v", "-hft", "--hf-token", "-mu",
         "--model-url", "-dr", "--docker-repo", "-mm", "--mmproj", "-mmu", "--mmproj-url", "-md", "--model-draft",
         "--rpc", "--lora", "--lora-scaled", "--control-vector", "--control-vector-scaled", "-f", "--file", "-bf",
-        "--binary-file", "--grammar-file", "-jf", "--json-schema-file", "--chat-template-file", "--api-key-file",
+        "--binary-file", "--grammar-file", "-jf", "--json-schema-file", "--chat-template-file",
         "--ssl-key-file", "--ssl-cert-file", "-lcs", "--lookup-cache-static", "-lcd", "--lookup-cache-dynamic",
         "--models-dir", "--models-preset", "--media-path", "--webui-config-file", "--ui-config-file",
         "--spec-draft-hf", "--spec-draft-model", "--video-ffmpeg-dir", "--log-prompts-dir", "--tools",

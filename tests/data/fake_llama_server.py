@@ -3,7 +3,8 @@
 runs under whichever ``python3`` is first on PATH).
 
 Command line: kvbench's (``-m PATH --host H --port P --metrics -c N -np N --seed N``, ``--cache-ram MiB``,
-``--slot-save-path DIR``, ``-t N``); other flags are ignored, but ``--bad-flag`` prints ``error: invalid argument:
+``--slot-save-path DIR``, ``-t N``, ``--api-key-file FILE``: keys one per line, ``#`` comments; with them every
+endpoint but ``/health`` answers 401 without ``Authorization: Bearer <key>``); other flags are ignored, but ``--bad-flag`` prints ``error: invalid argument:
 --bad-flag`` and exits 1 as llama-server does; ``--version`` prints ``version: 0.0.0 (fake llama-server)`` on
 stderr; a missing model file or slot directory exits 1. Endpoints, with llama-server's (build 11434) JSON fields:
 ``GET /health``; ``GET /metrics`` (with ``--metrics``; ``llamacpp:prompt_tokens_total`` excludes cached tokens);
@@ -154,9 +155,20 @@ class Handler(http.server.BaseHTTPRequestHandler):
             return {}
         return body if isinstance(body, dict) else {}
 
+    def _refused(self) -> bool:
+        """llama-server's key check: with keys, every endpoint but /health wants ``Bearer <key>`` (401 else)."""
+        given = (self.headers.get("Authorization") or "").removeprefix("Bearer ")
+        if not self.state.args.keys or urllib.parse.urlsplit(self.path).path == "/health" or \
+                given in self.state.args.keys:
+            return False
+        self._error(401, "authentication_error", "Invalid API Key")
+        return True
+
     def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
         """/health and /metrics."""
         path = urllib.parse.urlsplit(self.path).path
+        if self._refused():
+            return
         if path == "/health":
             self._json(200, {"status": "ok"})
         elif path == "/metrics":
@@ -182,6 +194,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
         """/completion and /slots/<id>."""
         url = urllib.parse.urlsplit(self.path)
         body = self._body()
+        if self._refused():
+            return
         if url.path == "/completion":
             self._completion(body)
         elif url.path.startswith("/slots/"):
@@ -364,6 +378,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--metrics", action="store_true")
     ap.add_argument("--slot-save-path", default=None)
+    ap.add_argument("--api-key-file", default=None)
     for flags, default in ((("--port",), 8080), (("-c", "--ctx-size"), 4096), (("-np", "--parallel"), 1),
                            (("--seed",), -1), (("--cache-ram",), 8192), (("-t", "--threads"), 1)):
         ap.add_argument(*flags, type=int, default=default)
@@ -377,6 +392,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
         sys.exit(1)
     if ignored:
         say(f"ignoring arguments {' '.join(ignored)}")
+    args.keys = ({k.strip() for k in Path(args.api_key_file).read_text().splitlines() if k.strip()[:1] not in ("", "#")}
+                 if args.api_key_file else set())
     return args
 
 

@@ -158,9 +158,10 @@ def test_the_shipped_server_scenarios_validate(name):
 
 LOOPBACK = "a server it starts listens on 127.0.0.1 at a free port, never another interface"
 MODEL = ("it loads the scenario's model with its own slots, context, seed and metrics (llama.cpp's --fit and "
-         "--kv-unified-per-slot would change them)")
+         "--kv-unified-per-slot would change them), and gives the server a fresh key in a file of its own "
+         "(--api-key-file) that its requests send, so that no other process can use its endpoints")
 LLAMA_OWN = ("--host, --port, --metrics, -m, --model, -c, --ctx-size, -np, --parallel, -s, --seed, "
-             "--kv-unified-per-slot, -fit, --fit, -fitc, --fit-ctx, -fitt, --fit-target")
+             "--kv-unified-per-slot, -fit, --fit, -fitc, --fit-ctx, -fitt, --fit-target, --api-key, --api-key-file")
 
 
 @pytest.mark.parametrize("where", ["engine", "mode"])
@@ -175,7 +176,9 @@ LLAMA_OWN = ("--host, --port, --metrics, -m, --model, -c, --ctx-size, -np, --par
     (["-np", "1024"], f"-np: kvbench sets this itself: {MODEL} (kvbench's: {LLAMA_OWN})"),
     (["--ctx_size=99"], f"--ctx_size=99: kvbench sets this itself: {MODEL} (kvbench's: {LLAMA_OWN}"),
     (["--kv-unified-per-slot", "100000"], f"--kv-unified-per-slot: kvbench sets this itself: {MODEL}"),
-    (["-fit", "on"], f"-fit: kvbench sets this itself: {MODEL}")])
+    (["-fit", "on"], f"-fit: kvbench sets this itself: {MODEL}"),
+    (["--api-key", "k"], f"--api-key: kvbench sets this itself: {MODEL}"),
+    (["--api-key-file", "k"], f"--api-key-file: kvbench sets this itself: {MODEL}")])
 def test_flags_that_would_move_the_server_off_loopback_or_off_kvbench_s_settings_are_refused(write_yaml, where,
                                                                                             flag, says):
     data = (server_scenario(engine={"kind": "llama.cpp", "args": flag}) if where == "engine" else

@@ -24,24 +24,28 @@ class ServerKeys:
     Attributes:
         path: the YAML file (in the run's ``servers`` folder; a random name, made by kvbench).
         settings: setting name → key (URL-safe text, 256 random bits each).
+        text: what the file holds (as :attr:`~kvbench.serving.kind.PrivateKeys.file_format` says).
         argv: the words that name the file to the server (appended to its command line).
         headers: the HTTP headers kvbench's requests send (``Authorization: Bearer <request key>``).
     """
 
     path: Path
     settings: dict[str, str]
+    text: str
     argv: tuple[str, ...]
     headers: dict[str, str]
 
 
 def server_keys(keys: PrivateKeys | None, folder: Path, stem: str) -> ServerKeys | None:
     """Fresh keys for one server of a kind that checks ``keys`` (None: it checks none), their file named
-    ``<stem>.<random>.yaml`` in ``folder``; nothing is written yet (:func:`keys_file`)."""
+    ``<stem>.<random>.yaml`` (``.keys`` for keys one per line) in ``folder``; nothing is written yet
+    (:func:`keys_file`)."""
     if keys is None:
         return None
     settings = {name: secrets.token_urlsafe(32) for name in (keys.request_key, *keys.admin_keys)}
-    path = folder / f"{stem}.{secrets.token_hex(8)}.yaml"
-    return ServerKeys(path, settings, (keys.config_flag, str(path)),
+    path = folder / f"{stem}.{secrets.token_hex(8)}.{'yaml' if keys.file_format == 'yaml' else 'keys'}"
+    text = (yaml.safe_dump(settings) if keys.file_format == "yaml" else "".join(f"{k}\n" for k in settings.values()))
+    return ServerKeys(path, settings, text, (keys.config_flag, str(path)),
                       {"Authorization": f"Bearer {settings[keys.request_key]}"})
 
 
@@ -64,7 +68,7 @@ def keys_file(keys: ServerKeys | None) -> Iterator[None]:
     try:
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as f:
-                yaml.safe_dump(keys.settings, f)
+                f.write(keys.text)
         except OSError as e:
             raise UnwritableOutput(keys.path, e.strerror or str(e)) from None
         yield

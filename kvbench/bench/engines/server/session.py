@@ -94,7 +94,7 @@ class ServerSession:
     def metrics_text(self) -> str | None:
         """The server's ``/metrics`` text, or None where it has none (or cannot be read now, or is over
         :data:`~kvbench.bench.engines.server.http.MAX_PAGE_BYTES`)."""
-        return get_page(self.url + "/metrics", self.engine.trust_env)
+        return get_page(self.url + "/metrics", self.engine.trust_env, headers=self.headers)
 
     async def scrape(self, client: httpx.AsyncClient) -> str | None:
         """:meth:`metrics_text` without blocking the event loop (between requests of a load)."""

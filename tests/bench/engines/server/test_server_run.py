@@ -7,12 +7,14 @@ import os
 import sys
 from pathlib import Path
 
+import httpx
 import psutil
 import pytest
 import yaml
 
 import kvbench
 from conftest import llama_multi_turn
+from kvbench.bench.run import RunProgress
 
 LLAMA_SERVER = Path(sys.prefix) / "bin" / "llama-server"
 
@@ -35,9 +37,33 @@ def llama_servers(ports: set[int]) -> list[psutil.Process]:
     return found
 
 
+class Knock(RunProgress):
+    """After the first measured request, as another process of the machine would: the server's command line, and
+    its endpoints asked without a key."""
+
+    def __init__(self):
+        self.argv, self.answers = [], {}
+
+    def trial_done(self, row):
+        if self.answers:
+            return
+        self.argv = next(p.cmdline() for p in psutil.Process(os.getpid()).children(recursive=True)
+                         if p.cmdline()[:1] == [str(LLAMA_SERVER)])
+        url = f"http://127.0.0.1:{self.argv[self.argv.index('--port') + 1]}"
+        for method, path in (("GET", "/health"), ("GET", "/metrics"), ("GET", "/slots"), ("GET", "/props"),
+                             ("POST", "/slots/0?action=save"), ("POST", "/completion")):
+            self.answers[path] = httpx.request(method, url + path, json={"filename": "x.bin", "prompt": [1]},
+                                               timeout=30).status_code
+
+
 def test_multi_turn_on_the_real_llama_server(tmp_path):
     (tmp_path / "s.yaml").write_text(yaml.safe_dump(llama_multi_turn()))
-    res = kvbench.run_scenario(tmp_path / "s.yaml", out=tmp_path / "res")
+    knock = Knock()
+    res = kvbench.run_scenario(tmp_path / "s.yaml", out=tmp_path / "res", progress=knock)
+    # kvbench's requests carry the server's key; no other process gets past /health
+    assert knock.answers == {"/health": 200, "/metrics": 401, "/slots": 401, "/props": 401,
+                             "/slots/0?action=save": 401, "/completion": 401}
+    assert knock.argv[-2] == "--api-key-file" and not (Path(knock.argv[-1])).exists()
     rows = {r["trial_id"]: r for r in res.rows}
     assert len(rows) == 8 and all(r["status"] == "ok" for r in rows.values()), [r.get("message") for r in rows.values()]
     for r in rows.values():
