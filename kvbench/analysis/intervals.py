@@ -252,7 +252,8 @@ def paired_point_stats(measured: pd.DataFrame, pid: pd.Series) -> pd.DataFrame:
 
     Returns:
         Indexed by point id (points with at least one pair): ``pairs``, ``pairs_busy_trials``,
-        ``pairs_load_unknown`` (see :func:`pair_load`) and, per metric m of :data:`PAIRED_METRICS`, ``m_ratio``
+        ``pairs_load_unknown`` (see :func:`pair_load`), ``pairs_figure`` (the pairs the figures come from: the
+        quiet ones, or all where none is quiet) and, per metric m of :data:`PAIRED_METRICS`, ``m_ratio``
         (median over the quiet pairs of the mode's figure ÷ ``none``'s: :func:`quiet_pairs`) with
         ``m_ratio_ci_low``/``m_ratio_ci_high`` (:func:`median_intervals` over the quiet pairs, with ≥
         :data:`MIN_INTERVAL_VALUES` of them).
@@ -268,6 +269,7 @@ def paired_point_stats(measured: pd.DataFrame, pid: pd.Series) -> pd.DataFrame:
     out = pd.DataFrame({"pairs": ids.value_counts()})
     out["pairs_busy_trials"] = load["busy_trials"].groupby(ids).sum()
     out["pairs_load_unknown"] = load["load_unknown"].groupby(ids).sum()
+    out["pairs_figure"] = figure.groupby(ids).sum()
     for m in PAIRED_METRICS:
         if m not in pairs or f"{m}_ref" not in pairs:
             continue

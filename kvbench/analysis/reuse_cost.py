@@ -233,7 +233,8 @@ def _saving(rec: dict[str, Any], warm: pd.DataFrame, ref: pd.DataFrame, charge: 
                                         (overlap["restore"], overlap["recompute"])) if interval.any() else (math.nan,) * 4
     rec.update(delta_usd_per_million=rec["restore_usd_per_million"] - rec["recompute_usd_per_million"],
                delta_usd_ci_low=dlo, delta_usd_ci_high=dhi)
-    rec.update(saving_ci_low=lo, saving_ci_high=hi, pairs=len(pairs), units=int(labels.nunique()), unit=unit,
+    rec.update(saving_ci_low=lo, saving_ci_high=hi, pairs=len(pairs), pairs_figure=int(figure.sum()),
+               units=int(labels.nunique()), unit=unit,
                pairs_busy_trials=busy,
                saving_verdict=not_engaged or no_tokens or judge(len(pairs), busy, unknown, lo, hi, no_change=0.0,
                                                                units=(int(labels.nunique()), unit)))

@@ -107,7 +107,9 @@ def cost(
                     "restoring stored prefixes (charged --host-price for "
                     "the memory it holds beside the device, --disk-price for its disk: the charged column says "
                     "what); tokens/s = generated tokens ÷ e2e time; saving with its 95% interval (the jackknife "
-                    "over conversations of the request pairs); prefill saved = prompt tokens restored instead of computed"
+                    "over conversations of the request pairs); pairs (n quiet): busy pairs set no figure, the "
+                    "tokens/s and costs are the quiet pairs' trials; prefill saved = prompt tokens restored instead "
+                    "of computed"
                     + ("; a server mode's cold side is `none` on the same requests and concurrency, its tokens/s "
                        "÷ the time requests were in flight, a slot restore inside TTFT" if server else ""),
                     left=("scenario", "mode", "vs", "verdict"),

@@ -56,8 +56,13 @@ def _overhead(r: Any) -> str:
 
 
 def _pairs(r: Any) -> str:
-    n = int(r["pairs"])
-    return f"{n} pair{'s' if n != 1 else ''} with none"
+    """``5 pairs with none``, and where busy pairs set no figure, how many quiet ones did: ``5 pairs with none, the
+    figure from 1 quiet pair``."""
+    n, used = int(r["pairs"]), r.get("pairs_figure") if hasattr(r, "get") else None
+    said = f"{n} pair{'s' if n != 1 else ''} with none"
+    if used is not None and not missing(used) and 0 < int(used) < n:
+        said += f", the figure from {int(used)} quiet pair{'s' if int(used) != 1 else ''}"
+    return said
 
 
 def _verdict_tail(r: Any) -> str:

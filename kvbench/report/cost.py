@@ -146,7 +146,7 @@ def reuse_cost_display(reuse: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]
                      number(r["recompute_tokens_per_s"], ",.2f"), number(r["restore_tokens_per_s"], ",.2f"),
                      number(r["recompute_usd_per_million"], ",.2f"), number(r["restore_usd_per_million"], ",.2f"),
                      pct_interval(r["saving_pct"], r["saving_ci_low"], r["saving_ci_high"], 1).replace("%", ""),
-                     str(r["pairs"]), verdict_cell(r["saving_verdict"], r["saving_pct"]),
+                     quiet_count(r), verdict_cell(r["saving_verdict"], r["saving_pct"]),
                      number(r["prefill_saved_pct"], ".1f"), number(r["ttft_saved_s"] * 1e3, ",.0f"),
                      {True: "yes", False: "NO", "near tie": "near tie"}.get(r["tokens_match"], "-"),
                      r.get("charged") or "-"])
@@ -154,6 +154,13 @@ def reuse_cost_display(reuse: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]
     marks = pd.DataFrame("", index=cells.index, columns=cols, dtype=object)
     marks["= none"] = ["worse" if v == "NO" else "" for v in cells["= none"]]
     return cells, marks
+
+
+def quiet_count(r: dict[str, Any]) -> str:
+    """A comparison's pairs, and where busy ones set no figure, how many quiet ones did: ``6 (1 quiet)``; the
+    throughputs and costs beside it are those pairs' trials."""
+    n, used = r["pairs"], r.get("pairs_figure")
+    return f"{n} ({used} quiet)" if used is not None and used == used and 0 < used < n else str(n)
 
 
 def what_if_lines(prices: Prices, w: dict[str, Any], base_tokens_per_s: float,

@@ -97,10 +97,13 @@ def reuse_cells(reuse: pd.DataFrame) -> pd.DataFrame:
 
 
 def _pairs(r: dict, noun: str = "") -> str:
-    """``15 pairs from 5 conversations`` (``noun`` = `` pairs``), ``15 from 5 conversations`` (no noun)."""
+    """``15 pairs from 5 conversations`` (``noun`` = `` pairs``), ``15 from 5 conversations`` (no noun); ``15 pairs
+    (3 quiet) from 5 conversations`` where busy pairs set no figure."""
     units, unit = r.get("units"), str(r.get("unit") or "")
     more = "" if units is None or units != units or unit in ("", "pairs") else f" from {int(units)} {unit}"
-    return f"{int(r['pairs'])}{noun}{more}"
+    used = r.get("pairs_figure")
+    quiet = f" ({int(used)} quiet)" if used is not None and used == used and 0 < used < r["pairs"] else ""
+    return f"{int(r['pairs'])}{noun}{quiet}{more}"
 
 
 def _decided_first(rows: list[dict], verdict: str) -> list[dict]:

@@ -23,7 +23,7 @@ from kvbench.results.rows import BY_NAME
 from kvbench.results.run_dir import RunDir
 from kvbench.analysis.reuse import ids_verdict, length_bin, reuse_table
 from kvbench.analysis.reuse_cost import reuse_cost
-from kvbench.report.cost import reuse_verdicts
+from kvbench.report.cost import quiet_count, reuse_cost_display, reuse_verdicts
 from kvbench.bench.engines.transformers import TransformersEngine
 from kvbench.bench.executors.local import LocalExecutor
 from kvbench.bench.plans.sweep import run_sweep
@@ -481,9 +481,13 @@ def test_reuse_saving_interval_is_a_bootstrap_over_request_pairs():
     assert c["saving_verdict"] == ""
     assert reuse_verdicts(pd.DataFrame([c]))[0].startswith(
         "r: `full` restoring stored KV lowers the cost to ")
+    assert c["pairs_figure"] == 6 and quiet_count(c) == "6"
     rows[3]["machine_busy"] = True
     c = reuse_cost(trials_frame(rows, "r"), Prices(2.0)).iloc[0]
     assert c["saving_verdict"] == "inconclusive: the machine was busy during 1 of 12 trials"
+    # the figures are the 5 quiet pairs' (a busy pair sets none), and the table says so
+    assert c["pairs"] == 6 and c["pairs_figure"] == 5 and quiet_count(c) == "6 (5 quiet)"
+    assert reuse_cost_display(pd.DataFrame([c]))[0]["pairs"].tolist() == ["6 (5 quiet)"]
 
 
 def test_report_and_cost_of_a_reuse_run(tiny_model, smol_tokenizer, tmp_path):

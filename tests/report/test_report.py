@@ -325,3 +325,19 @@ def test_timelines_asked_many_times_are_drawn_once_and_at_most_64(tmp_path):
                            + [a for i in range(7) for a in ("--timeline", f"t{i}\x1b[2J")])
     assert r.exit_code == 2 and "\x1b" not in r.output
     assert "no trial 't0\\x1b[2J', 't1\\x1b[2J', 't2\\x1b[2J', 't3\\x1b[2J', 't4\\x1b[2J' and 2 more" in r.output
+
+
+def test_a_finding_whose_figure_comes_from_its_quiet_pairs_says_how_many(tmp_path):
+    """From the new-user pass: "+8% TPOT (…; 5 pairs with none)" came from the one quiet pair of five."""
+    longest = max(r["prompt_tokens"] for r in rows_of(RUN))
+
+    def edit(r):
+        busy = r["mode_label"] == "full" and r["prompt_tokens"] == longest and r["repeat"] < 4
+        return {**r, "machine_busy": busy}
+
+    results = load_results([copy_run(tmp_path, edit=edit)])
+    said = [f for f in findings(point_table(results.trials), results.trials["group"].iloc[0]) if "`full`" in f]
+    assert said and all("5 pairs with none, the figure from 1 quiet pair): inconclusive: the machine was busy "
+                        "during 4 of 10 trials" in f for f in said), said
+    others = [f for f in findings(point_table(results.trials), results.trials["group"].iloc[0]) if "`full`" not in f]
+    assert others and all("5 pairs with none)" in f for f in others), others
