@@ -126,10 +126,15 @@ def cost(
                         f"{group}: goodput under {slo} per request", "goodput = requests meeting the SLO ÷ the "
                         "seconds requests were in flight / ÷ the load's wall-clock seconds; " + LOAD_CAPTION,
                         left=1, wrap=True))
-    for group, lines in rep.verdicts().items():
+    said = rep.verdicts()
+    for group, lines in said.items():
         out.print(f"[bold]{escape(group)}:[/]", highlight=False)
         for line in lines:
             out.print(f"  {escape(line)}", highlight=False)
+    if any(said.values()):
+        out.print("a line's USD per 1M: none's × (1 − the mode's paired saving), as its pairs put it; the table's are "
+                  "each mode's own median throughput, which need not imply the paired saving", highlight=False,
+                  markup=False)
     for line in failed.values():  # a group with nothing to cost beside others that have
         out.print(f"[bold]not costed:[/] {escape(line)}", highlight=False)
     bases = rep.host_bases()

@@ -80,7 +80,7 @@ def verdicts(costs: pd.DataFrame) -> dict[str, list[str]]:
     line for every offload mode whose paired saving against ``none`` is decided
     (:func:`kvbench.analysis.intervals.judge`: ≥ 5 pairs, a quiet machine, an interval that excludes no change,
     plausible against the plan), "lowers cost" ones first, the largest saving first; then, when the cheapest
-    median among the modes that engaged is undecided, its line saying why; then the decided "raises cost" ones
+    among the modes that engaged (by that paired price) is undecided, its line saying why; then the decided "raises cost" ones
     (the cheapest worded "offload raises cost here" when no mode is cheaper). Each line gives the paired saving with
     its interval and pair count and the mode's price as ``none``'s less that paired saving, so both figures of a
     line agree. Modes that held no KV off the device are named as not engaged, not compared; a prompt length
@@ -114,10 +114,11 @@ def verdicts(costs: pd.DataFrame) -> dict[str, list[str]]:
             lines.append(f"at {prompt} tokens not engaged, so not compared: "
                          + ", ".join(f"`{m}`" for m in offload.loc[idle, "mode_label"]))
         offload = offload[~idle]
-        cheapest = offload["usd_per_million"].idxmin()
+        offload = offload.assign(_paired=offload.apply(lambda c: _paired(base, c), axis=1))  # what the lines show
+        cheapest = offload["_paired"].idxmin()
         decided = offload[offload["cost_verdict"] == ""]
         lower = decided[decided["saving_pct"] > 0].sort_values("saving_pct", ascending=False, kind="stable")
-        raise_ = decided[~(decided["saving_pct"] > 0)].sort_values("usd_per_million", kind="stable")
+        raise_ = decided[~(decided["saving_pct"] > 0)].sort_values("_paired", kind="stable")
         for _, c in lower.iterrows():
             lines.append(f"at {prompt} tokens `{c['mode_label']}` lowers cost to {_paired(base, c):,.2f} USD per "
                          f"1M tokens from none's {base:,.2f} (paired saving {_saving(c)}; {_n(c, nb)})")

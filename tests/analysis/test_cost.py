@@ -177,7 +177,11 @@ def test_cost_verdicts_claim_only_what_the_pairs_decide():
         row("hierarchical", 49.0, 128, batch=1, pct=2.0, lo=-1.0, hi=3.0,
             verdict="not engaged: no KV left the device (host and disk peaks 0)"),
         row("none", 50.0, 64, batch=1), row("hierarchical", 49.0, 64, batch=1, pct=2.0, lo=-1.0, hi=3.0,
-                                            verdict="not engaged: no KV left the device (host and disk peaks 0)")])
+                                            verdict="not engaged: no KV left the device (host and disk peaks 0)"),
+        # from the new-user pass: the medians put `hier` cheapest (99.14), its pairs at 99.45, `full` at 99.02:
+        # "the cheapest offload mode" is the one whose line shows the lowest price
+        row("none", 95.73, 32, batch=1), row("full", 99.55, 32, batch=1, pct=-3.44, lo=-5.0, hi=-1.0),
+        row("hier", 99.14, 32, batch=1, pct=-3.89, lo=-6.0, hi=-0.3)])
     assert verdicts(costs)["g"] == [
         "at 256 tokens inconclusive: the interval includes no change: `dynamic` 64.78 vs `none` 66.03 USD per 1M "
         "tokens, paired saving +2% [−2%, +4%] (5 pairs, batch 2 vs none's 2)",
@@ -193,7 +197,11 @@ def test_cost_verdicts_claim_only_what_the_pairs_decide():
         "at 128 tokens offload raises cost here: `none` 50.00 USD per 1M tokens, the cheapest offload mode `full` "
         "52.00 (paired cost +4% [+2%, +6%]; 5 pairs, batch 1 vs none's 1)",
         "at 64 tokens no offload mode engaged (`hierarchical`: no KV left the device): `none` 50.00 USD per 1M "
-        "tokens"]
+        "tokens",
+        "at 32 tokens offload raises cost here: `none` 95.73 USD per 1M tokens, the cheapest offload mode `full` "
+        "99.02 (paired cost +3% [+1%, +5%]; 5 pairs, batch 1 vs none's 1)",
+        "at 32 tokens `hier` raises cost to 99.45 USD per 1M tokens from none's 95.73 (paired cost +4% [+0%, +6%]; "
+        "5 pairs, batch 1 vs none's 1)"]
 
 
 def test_cost_without_results_costs_the_newest_run_under_results(tmp_path, monkeypatch):
