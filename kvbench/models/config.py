@@ -16,6 +16,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from kvbench.errors import BadFile, ModelNotFound
+from kvbench.models.gguf_bounds import check_gguf_header
 from kvbench.models.spec import ModelRef
 from kvbench.models.locate import config_file, locate, preset_path
 from kvbench.offload.architecture import Architecture, architecture_of
@@ -128,10 +129,13 @@ def gguf_header(path: Path) -> tuple[Any, dict[str, Any]]:
     :func:`check_shape`.
 
     Raises:
-        BadFile: the header cannot be read as GGUF, or its shape is past :data:`SHAPE_LIMITS` (naming the key).
+        BadFile: the header cannot be read as GGUF, claims more than the file holds
+            (:func:`~kvbench.models.gguf_bounds.check_gguf_header`), or its shape is past :data:`SHAPE_LIMITS`
+            (naming the key).
     """
     from gguf import GGUFReader
 
+    check_gguf_header(path)  # before the reader, which trusts every count
     try:
         fields = GGUFReader(path).fields
         arch_field = fields.get("general.architecture")

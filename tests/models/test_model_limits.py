@@ -5,6 +5,7 @@ never hashed, and a write that fails inside safetensors is one line naming the f
 from __future__ import annotations
 
 import json
+import struct
 
 import errno
 import os
@@ -96,6 +97,33 @@ def test_plan_refuses_a_config_no_model_can_have(tmp_path, edit, shown):
     r = CliRunner().invoke(app, ["plan", str(tmp_path / "config.json"), "--prompt-tokens", "512"])
     assert r.exit_code == 2 and "Traceback" not in r.output, r.output
     assert shown in " ".join(r.output.split()), r.output
+
+
+@pytest.mark.parametrize("body, said", [
+    (struct.pack("<IQQ", 3, 0, 1) + struct.pack("<Q", 4) + b"arr_" + struct.pack("<I", 9)
+     + struct.pack("<IQ", 4, 2**40) + bytes(16), "an array of 1,099,511,627,776 elements at byte 52, past the file's "
+                                                 "68 bytes"),
+    (struct.pack("<IQQ", 3, 0, 1) + struct.pack("<Q", 2**40) + bytes(16), "a key at byte 32, past the file's 48 "
+                                                                           "bytes"),
+    (struct.pack("<IQQ", 3, 0, 1) + struct.pack("<Q", 4) + b"str_" + struct.pack("<IQ", 8, 2**33) + bytes(16),
+     "a string at byte 48, past the file's 64 bytes"),
+    (struct.pack("<IQQ", 3, 2**50, 0) + bytes(16), "1,125,899,906,842,624 tensors at byte 24, past the file's 40 "
+                                                   "bytes"),
+    (struct.pack(">IQQ", 3, 0, 2**40) + bytes(16), "1,099,511,627,776 metadata entries at byte 24, past the file's 40 "
+                                                   "bytes"),  # big-endian
+])
+def test_a_gguf_header_that_claims_more_than_its_file_is_refused_unread(tmp_path, body, said):
+    """From the hostile pass: a 68-byte GGUF whose array claimed 2^40 elements drove validate and models export to
+    8 GB in a minute (gguf's reader appends an empty read per claimed element)."""
+    gguf = tmp_path / "bomb.gguf"
+    gguf.write_bytes(b"GGUF" + body)
+    read_architecture.cache_clear()
+    with pytest.raises(ModelNotFound) as exc:
+        read_architecture(ModelSpec(name=str(gguf)))
+    assert str(exc.value).endswith(f"{gguf}: not a GGUF header kvbench can read: {said}"), str(exc.value)
+    r = CliRunner().invoke(app, ["models", "export", str(gguf), "--out", str(tmp_path / "out")])
+    assert r.exit_code == 2 and said in " ".join(r.output.split()) and "Traceback" not in r.output, r.output
+    assert not (tmp_path / "out").exists()
 
 
 def test_a_planted_record_is_read_bounded(tmp_path):
