@@ -206,6 +206,9 @@ def test_a_yaml_alias_bomb_is_refused_before_it_expands(tmp_path):
                                     "100000000000..."),  # refused by the reader, before any key is looked at
     ({"latencies": [-1.5, 1.3]}, "request 0 (ttfts, latencies, itls): E2E -1.5 s is negative"),
     ({"latencies": [0.4, 1.3]}, "request 0 (ttfts, latencies, itls): e2e 0.4 s is shorter than its TTFT 0.5 s"),
+    # from the hostile pass: 0-second requests gave a divide-by-zero warning and "+100% saving"
+    ({"ttfts": [0.0, 0.3], "latencies": [0.0, 1.3]}, "request 0 (ttfts, latencies, itls): e2e 0 s for 3 generated "
+                                                     "tokens: no request takes no time"),
     ({"output_throughput": -5.0}, "output_throughput: must be at least 0, not -5"),
     ({"median_ttft_ms": -3.0}, "median_ttft_ms: must be at least 0, not -3"),
 ])

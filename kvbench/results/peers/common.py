@@ -79,8 +79,8 @@ class PeerRun:
 
 
 def check_requests(file: Path, rows: list[dict[str, Any]], where: str) -> None:
-    """Refuse requests whose times cannot be: a negative TTFT, e2e or inter-chunk gap, or an e2e shorter than the
-    TTFT (``where``: how the message names a request, e.g. ``ttfts[{i}]``).
+    """Refuse requests whose times cannot be: a negative TTFT, e2e or inter-chunk gap, an e2e of 0 s for generated
+    tokens, or an e2e shorter than the TTFT (``where``: how the message names a request, e.g. ``ttfts[{i}]``).
 
     Raises:
         ResultsError: naming the file, the request and the figures.
@@ -94,6 +94,9 @@ def check_requests(file: Path, rows: list[dict[str, Any]], where: str) -> None:
         for col in ("ttft_s", "e2e_s"):
             if r.get(col) is not None and r[col] < 0:
                 raise ResultsError(f"{file}: {name}: {col.removesuffix('_s').upper()} {r[col]:g} s is negative")
+        if r.get("e2e_s") == 0 and (r.get("n_output_tokens") or 0) > 0:
+            raise ResultsError(f"{file}: {name}: e2e 0 s for {r['n_output_tokens']} generated tokens: no request "
+                               "takes no time")
         if r.get("ttft_s") is not None and r.get("e2e_s") is not None and r["e2e_s"] < r["ttft_s"] - 1e-6:
             raise ResultsError(f"{file}: {name}: e2e {r['e2e_s']:g} s is shorter than its TTFT {r['ttft_s']:g} s")
         if r.get("tpot_s") is not None and r["tpot_s"] < 0:
