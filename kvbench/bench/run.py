@@ -200,6 +200,7 @@ def _open(scenario: Path | None, resume: Path | None,
           progress: RunProgress) -> tuple[RunDir | None, Scenario, Path, list[dict[str, Any]]]:
     """The run to continue (None: a new one), its scenario, the file to name in messages, and the run's
     finished trials."""
+    from kvbench.bench.engines.server.keys import sweep_keys
     from kvbench.scenario import check_scenario, load_scenario, parse_scenario, scenario_warnings
 
     if resume is None:
@@ -217,6 +218,7 @@ def _open(scenario: Path | None, resume: Path | None,
         raise ScenarioError(resume / "run.json", problems)
     with rundir.lock():  # before anything reads the trials: a refused resume cuts nothing
         finished = rundir.finished_trials()
+        sweep_keys(rundir.path / "servers")  # a killed run's server keys: its servers went with it
     return rundir, sc, rundir.path / "run.json", finished
 
 

@@ -73,7 +73,7 @@ def model_config(model: str) -> Path:
     """The config.json of ``model``: a preset name, a config.json path or a directory holding one.
 
     Raises:
-        kvbench.errors.BadFile: a path with no config.json there.
+        kvbench.errors.BadFile: a path with no config.json there, or a GGUF file.
         kvbench.errors.ModelNotFound: neither a preset nor a path (the message suggests close preset names).
     """
     from kvbench.models.locate import presets
@@ -87,6 +87,9 @@ def model_config(model: str) -> Path:
     if path.suffix == ".json" or path.exists():
         if not path.is_file():
             raise BadFile(f"{path}: no such config.json")
+        if path.suffix.lower() == ".gguf":
+            raise BadFile(f"{path}: a GGUF model: plan reads a config.json (a preset name, a config.json or a "
+                          "model directory holding one)")
         return path
     raise ModelNotFound(f"unknown model {model!r}: {shipped.did_you_mean(model, n=3, quote=False)}presets: "
                         f"{', '.join(shipped.names())}; or give a config.json path")

@@ -110,6 +110,10 @@ def test_plan_command_output_and_errors(tmp_path):
     said = " ".join(r.output.split())  # all its lines, the escape shown, not acted on
     assert "model type `foo\\x1b[2J` but Transformers does not recognize this architecture. This could be" in said
     assert "\x1b" not in r.output and said.endswith("...")
+    gguf = tmp_path / "m.gguf"  # from the hostile pass: a GGUF was read as a config.json ("not valid JSON")
+    gguf.write_bytes(b"GGUF" + bytes(60))
+    r = cli.invoke(app, ["plan", str(gguf)])
+    assert r.exit_code == 2 and f"{gguf}: a GGUF model: plan reads a config.json" in " ".join(r.output.split())
     r = cli.invoke(app, ["plan", "llama-2-70b", "--dtype", "fp16"])
     assert r.exit_code == 0 and "the weights (128.48 GiB) do not fit in 72.00 GiB of the GPU" in r.output
     assert "nothing is priced" in r.output and "decode step at" not in r.output and "reuse tier" not in r.output

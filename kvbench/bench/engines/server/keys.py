@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import secrets
+import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,6 +49,27 @@ def server_keys(keys: PrivateKeys | None, folder: Path, stem: str) -> ServerKeys
     text = (yaml.safe_dump(settings) if keys.file_format == "yaml" else "".join(f"{k}\n" for k in settings.values()))
     return ServerKeys(path, settings, text, (keys.config_flag, str(path)),
                       {"Authorization": f"Bearer {settings[keys.request_key]}"})
+
+
+#: The names :func:`server_keys` gives key files (``<stem>.<16 hex digits>.yaml`` or ``.keys``).
+_KEY_FILE = re.compile(r".+\.[0-9a-f]{16}\.(yaml|keys)")
+
+
+def sweep_keys(folder: Path) -> list[Path]:
+    """Remove the key files a killed kvbench left in ``folder`` (a run's ``servers``; ``kill -9`` skips every exit
+    path): regular files of kvbench's user named as :func:`server_keys` names them; symbolic links and others are
+    left. Their servers are gone with kvbench, so the keys open nothing; they are removed all the same. Returns
+    the files removed."""
+    gone = []
+    with contextlib.suppress(OSError), os.scandir(folder) as entries:
+        for e in entries:
+            if _KEY_FILE.fullmatch(e.name) and e.is_file(follow_symlinks=False) and \
+                    stat.S_IMODE(e.stat(follow_symlinks=False).st_mode) == 0o600 and \
+                    e.stat(follow_symlinks=False).st_uid == os.getuid():
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(e.path)
+                    gone.append(Path(e.path))
+    return gone
 
 
 @contextlib.contextmanager

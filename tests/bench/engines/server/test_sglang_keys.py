@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 import kvbench
-from kvbench.bench.engines.server.keys import keys_file, server_keys
+from kvbench.bench.engines.server.keys import keys_file, server_keys, sweep_keys
 from kvbench.bench.run import RunProgress
 from kvbench.errors import UnwritableOutput
 from kvbench.scenario.server_flags import reserved_flag_problems
@@ -112,3 +112,24 @@ def test_the_key_file_is_made_anew_readable_by_its_owner_alone_and_removed(tmp_p
         pass
     assert target.read_text() == "kept" and keys.path.is_symlink()
     assert server_keys(None, tmp_path, "x") is None
+
+
+def test_a_killed_run_s_key_files_are_removed_when_it_resumes_and_nothing_else(run, tmp_path):
+    """From the hostile pass: after kill -9 of kvbench, servers/none-r0.<hex>.yaml (the keys of a server gone with
+    it) stayed, and --resume finished the run without removing it."""
+    res, _, _ = run
+    servers = res.run_dir / "servers"
+    stale = servers / "none-r0.0123456789abcdef.yaml"
+    stale.write_text("api-key: k\n")
+    stale.chmod(0o600)
+    other = {servers / "none-r0.0123456789abcdef.keys": "link", servers / "radix-r0.fedcba9876543210.yaml": 0o644,
+             servers / "notes.yaml": 0o600}
+    for path, how in other.items():
+        if how == "link":
+            path.symlink_to(tmp_path / "elsewhere")
+        else:
+            path.write_text("x")
+            path.chmod(how)
+    kvbench.run_scenario(resume=res.run_dir, progress=RunProgress(), trust_server_config=True)
+    assert not stale.exists() and all(p.is_symlink() or p.exists() for p in other)
+    assert sweep_keys(servers) == []
