@@ -70,7 +70,10 @@ def peer_map(runs: list[PeerRun], prices: Prices, assume_quiet: bool = False) ->
                 c["verdict"] = (f"inconclusive: the recompute side {ref.label} reused {int(cached.sum())} cached "
                                 "prompt tokens: give the file without the cache first")
             ratio = c["ttft_ratio"]
-            if ratio != ratio:
+            if ratio != ratio and not c["pairs"]:
+                lines.append(f"{run.label}: TTFT ÷ n/a: no request of it pairs with one of {ref.label} (a pair needs "
+                             "a request that generated tokens in each file), so no ratio can be taken")
+            elif ratio != ratio:
                 lines.append(f"{run.label}: TTFT ÷ n/a: the recompute side {ref.label} has no paired request with "
                              "a TTFT above 0 s, so no ratio can be taken")
             if c["verdict"]:

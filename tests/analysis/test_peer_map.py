@@ -97,3 +97,14 @@ def test_a_peer_reference_of_zero_ttft_maps_with_no_ratio():
     assert len(zero) and all(math.isnan(v) for v in zero["ttft_ratio"])
     assert f"{zero['label'].iloc[0]}: TTFT ÷ n/a: the recompute side {ref.label} has no paired request with a " \
            "TTFT above 0 s, so no ratio can be taken" in lines
+
+
+def test_a_restore_file_without_generated_tokens_is_named_not_the_recompute_side():
+    """From the hostile pass: a restore file whose requests generated no tokens was said to be the recompute side's
+    fault ("the recompute side ... has no paired request with a TTFT above 0 s")."""
+    runs = load_peers(MAP[:2])
+    runs[1].requests["n_output_tokens"] = 0
+    _, lines = peer_map(runs, Prices(2.0), assume_quiet=True)
+    assert f"{runs[1].label}: TTFT ÷ n/a: no request of it pairs with one of {runs[0].label} (a pair needs a " \
+           "request that generated tokens in each file), so no ratio can be taken" in lines
+    assert not any("the recompute side" in line and "TTFT above 0 s" in line for line in lines)
