@@ -318,6 +318,7 @@ def scenario_warnings(s: Scenario, consent: bool = True) -> list[tuple[str, str]
     """The article's "bad config" patterns, which run but mislead: ``(key path, message)`` pairs.
 
     - a window (``window``, ``min_window``) of 1 to 255 tokens: most of the history crosses the link every step;
+    - a mode that needs CUDA (``hf-offloaded``) where the scenario's device has none: its trials are skipped;
     - a server engine whose program is not found here (:func:`kvbench.scenario.programs.server_problems`), what
       it would run only with ``--trust-server-config`` (with ``consent``), an ``openai`` URL in plaintext over the
       network or through a proxy (:func:`~kvbench.scenario.programs.server_notices`), or a concurrency level its
@@ -344,6 +345,10 @@ def scenario_warnings(s: Scenario, consent: bool = True) -> list[tuple[str, str]
                     not s.device.startswith("cuda"):
                 warns.append((f"modes[{i}]", f"preset {m.kind} moves KV between a GPU and the host; on device "
                                              f"{s.device} it measures nothing of that (set device: cuda)"))
+    cuda = [i for i, m in enumerate(s.modes) if not s.engine.server and m.kind in MODES and MODES[m.kind].needs_cuda]
+    if cuda and (s.device == "cpu" or (s.device == "auto" and not _cuda())):
+        warns += [(f"modes[{i}]", f"{s.modes[i].kind} needs a CUDA device, and device {s.device} has none here: "
+                                  "its trials will be recorded as skipped") for i in cuda]
     small = SMALL_WINDOW_TOKENS
     for i, m in enumerate(s.modes):
         for key in ("window", "min_window"):
