@@ -218,7 +218,7 @@ def _open(scenario: Path | None, resume: Path | None,
         raise ScenarioError(resume / "run.json", problems)
     with rundir.lock():  # before anything reads the trials: a refused resume cuts nothing
         finished = rundir.finished_trials()
-        sweep_keys(rundir.path / "servers")  # a killed run's server keys: its servers went with it
+        sweep_keys(rundir.path / "servers", [m.label for m in sc.modes])  # a killed run's: its servers went too
     return rundir, sc, rundir.path / "run.json", finished
 
 

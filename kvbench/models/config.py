@@ -130,8 +130,8 @@ def gguf_header(path: Path) -> tuple[Any, dict[str, Any]]:
 
     Raises:
         BadFile: the header cannot be read as GGUF, claims more than the file holds
-            (:func:`~kvbench.models.gguf_bounds.check_gguf_header`), or its shape is past :data:`SHAPE_LIMITS`
-            (naming the key).
+            (:func:`~kvbench.models.gguf_bounds.check_gguf_header`), lacks its layer count, or its shape is
+            past :data:`SHAPE_LIMITS` (naming the key).
     """
     from gguf import GGUFReader
 
@@ -151,6 +151,8 @@ def gguf_header(path: Path) -> tuple[Any, dict[str, Any]]:
             names["vocab_size"] = "tokenizer.ggml.tokens (its count)"
     except (OSError, ValueError, KeyError, IndexError, TypeError) as exc:  # what gguf raises for a broken header
         raise BadFile(f"{path}: not a GGUF header kvbench can read: {type(exc).__name__}: {str(exc)[:200]}") from None
+    if "num_hidden_layers" not in out:  # transformers would fill in its defaults: a model this file is not
+        raise BadFile(f"{path}: not a model's GGUF header: no {visible(names['num_hidden_layers'])}")
     check_shape(out, path, names)
     return arch, out
 

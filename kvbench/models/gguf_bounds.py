@@ -24,11 +24,17 @@ _STRING, _ARRAY = 8, 9
 _TENSOR_INFO_BYTES = 8 + 4 + 8 + 4 + 8
 #: Deepest arrays of arrays read.
 _MAX_NESTING = 8
+#: The most strings and arrays that arrays of a header may hold together: gguf's reader keeps about 1.6 KB of
+#: numpy views per such element (an 8 MB file of 1,000,000 empty strings took it to 1.64 GB). Llama 3's header
+#: holds 408,403 (128,256 tokens and 280,147 merges); numbers in arrays count as one array each.
+MAX_ARRAY_ITEMS = 1 << 20
+#: The GGUF versions gguf's reader takes.
+_VERSIONS = (2, 3)
 
 
 class _Header:
     def __init__(self, data: mmap.mmap | bytes, path: Path):
-        self.data, self.path, self.pos, self.order = data, path, 0, "<"
+        self.data, self.path, self.pos, self.order, self.items = data, path, 0, "<", 0
 
     def fail(self, what: str) -> BadFile:
         return BadFile(f"{self.path}: not a GGUF header kvbench can read: {what} at byte {self.pos:,}, past the "
@@ -60,6 +66,11 @@ class _Header:
             if inner in _SIZES:
                 self.take(count * least, "an array")
             else:
+                self.items += count
+                if self.items > MAX_ARRAY_ITEMS:
+                    raise BadFile(f"{self.path}: not a GGUF header kvbench can read: its arrays hold more than "
+                                  f"{MAX_ARRAY_ITEMS:,} strings and arrays (at byte {self.pos:,}; a model's "
+                                  "vocabulary and merges hold some 400,000)")
                 for _ in range(count):
                     self.value(inner, depth + 1)
         else:
@@ -68,14 +79,16 @@ class _Header:
 
 
 def check_gguf_header(path: str | Path) -> None:
-    """Refuse a GGUF file whose header claims more than the file holds: every key, string and array must fit in
-    the bytes left, and the tensor count in what is left after the metadata. Reads through a memory map (the
+    """Refuse a GGUF file whose header claims more than the file holds or more than :data:`MAX_ARRAY_ITEMS`
+    strings and arrays in its arrays: every key, string and array must fit in the bytes left, and the tensor count
+    in what is left after the metadata; ``general.architecture`` must be a string. Reads through a memory map (the
     weights are never read). A file too short for the fixed header, or not starting with ``GGUF``, is left to the
     reader to refuse.
 
     Raises:
-        BadFile: ``<path>: not a GGUF header kvbench can read: <what> at byte N, past the file's M bytes``, or a
-            value type GGUF does not have.
+        BadFile: ``<path>: not a GGUF header kvbench can read: <what> at byte N, past the file's M bytes``, a
+            version other than 2 or 3, a value type GGUF does not have, too many array items, or an architecture
+            that is not a string.
     """
     path = Path(path)
     with open(path, "rb") as f:
@@ -87,14 +100,22 @@ def check_gguf_header(path: str | Path) -> None:
                 return
             h = _Header(data, path)
             h.pos = 4
-            if h.number("I", "the version") & 0xFFFF == 0:  # a big-endian file's version reads as N << 24
-                h.order = ">"
+            version = h.number("I", "the version")
+            if version not in _VERSIONS and (version >> 24) in _VERSIONS and not version & 0xFFFFFF:
+                h.order, version = ">", version >> 24  # a big-endian file's version reads as N << 24
+            if version not in _VERSIONS:
+                raise BadFile(f"{path}: not a GGUF header kvbench can read: GGUF version {version} (gguf reads "
+                              f"{' and '.join(map(str, _VERSIONS))})")
             tensors, entries = h.number("Q", "the tensor count"), h.number("Q", "the metadata count")
             if entries * (8 + 4) > size - h.pos:
                 raise h.fail(f"{entries:,} metadata entries")
             for _ in range(entries):
-                h.take(h.number("Q", "a key's length"), "a key")
-                h.value(h.number("I", "a value type"))
+                key = bytes(data[h.take(h.number("Q", "a key's length"), "a key"):h.pos])
+                kind = h.number("I", "a value type")
+                if key == b"general.architecture" and kind != _STRING:
+                    raise BadFile(f"{path}: not a GGUF header kvbench can read: general.architecture is of value "
+                                  f"type {kind}, not a string")
+                h.value(kind)
             if tensors * _TENSOR_INFO_BYTES > size - h.pos:
                 raise h.fail(f"{tensors:,} tensors")
 

@@ -61,15 +61,23 @@ def hit_counts(d: dict[str, float | None]) -> tuple[float | None, float | None]:
 
 #: The KV cache types that need no flash attention (llama.cpp ``common/arg.cpp``: every other is quantized).
 PLAIN_CACHE_TYPES = ("f32", "f16", "bf16")
+#: What llama.cpp reads as "off" (``common/arg.cpp`` ``is_falsey``, lower-cased).
+FALSEY = ("off", "0", "false", "disabled")
 
 
 def flag_problem(argv: list[str]) -> str | None:
-    """A quantized V cache (``--cache-type-v``/``-ctv`` q8_0, q4_0...) with flash attention off (``-fa``/
-    ``--flash-attn`` off, 0 or false): llama-server then ends at start ("quantized V cache requires flash_attn to be
-    enabled", ``src/llama-context.cpp``), every trial of the mode failing."""
+    """Why llama-server would end at start with these flags, every trial of the mode failing: a ``--flag=value``
+    word (it takes none: "invalid argument"), or a quantized V cache (``--cache-type-v``/``-ctv`` q8_0, q4_0...)
+    with flash attention off (``-fa``/``--flash-attn`` :data:`FALSEY`; ``--a_b`` read as ``--a-b``): "quantized V
+    cache requires flash_attn to be enabled" (``src/llama-context.cpp``)."""
+    joined = next((a for a in argv if a.startswith("--") and "=" in a), None)
+    if joined is not None:
+        return (f"{joined}: llama-server takes no --flag=value (it ends at start with \"invalid argument\"): give "
+                "the flag and its value as two words")
+    argv = [a.replace("_", "-") if a.startswith("--") else a for a in argv]  # llama.cpp reads --a_b as --a-b
     v = last_value(argv, ("-ctv", "--cache-type-v"))
     fa = last_value(argv, ("-fa", "--flash-attn"))
-    if v is not None and v not in PLAIN_CACHE_TYPES and fa is not None and fa.lower() in ("off", "0", "false"):
+    if v is not None and v not in PLAIN_CACHE_TYPES and fa is not None and fa.lower() in FALSEY:
         return (f"--cache-type-v {v} with flash attention {fa}: llama-server refuses a quantized V cache without "
                 "flash attention (\"quantized V cache requires flash_attn to be enabled\"); leave -fa at auto or "
                 "give on")

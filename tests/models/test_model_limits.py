@@ -5,6 +5,7 @@ never hashed, and a write that fails inside safetensors is one line naming the f
 from __future__ import annotations
 
 import json
+import re
 import struct
 
 import errno
@@ -18,7 +19,7 @@ import pytest
 from typer.testing import CliRunner
 
 from kvbench.cli import app
-from kvbench.errors import ModelLoadError, ModelNotFound
+from kvbench.errors import BadFile, ModelLoadError, ModelNotFound
 from kvbench.models import export as export_module
 from kvbench.models.config import read_architecture
 from kvbench.models.export import NEEDED, RECORD, export_gguf, file_sha256
@@ -213,3 +214,36 @@ def test_heads_per_layer_are_bounded_entry_by_entry(tmp_path):
     with pytest.raises(BadFile, match=r"jamba.attention.head_count_kv = \[0, 8, 2000000\]: must be a whole number "
                                       r"from 1 to 1,024"):
         gguf_header(header("big.gguf", [0, 8, 2_000_000]))
+
+
+def _header(path: Path, entries: list[tuple[bytes, int, bytes]], version: int = 3, order: str = "<") -> Path:
+    """A GGUF with no tensors and the metadata ``(key, value type, value bytes)``."""
+    body = struct.pack(f"{order}IQQ", version, 0, len(entries))
+    for key, kind, value in entries:
+        body += struct.pack(f"{order}Q", len(key)) + key + struct.pack(f"{order}I", kind) + value
+    path.write_bytes(b"GGUF" + body + bytes(16))
+    return path
+
+
+def test_gguf_headers_that_would_crash_or_swell_the_reader_are_refused(tmp_path):
+    """From the second hostile pass: an architecture stored as a number ended validate in a TypeError traceback;
+    an 8 MB file of 1,000,000 empty strings took gguf's reader to 1.64 GB; a header with no shape passed validate
+    (transformers filled in its defaults); version 1 was read as 4,913,442,586,625 metadata entries."""
+    from kvbench.models.config import gguf_header
+
+    arch = _header(tmp_path / "a.gguf", [(b"general.architecture", 4, struct.pack("<I", 7))])
+    strings = _header(tmp_path / "s.gguf", [(b"tokenizer.ggml.tokens", 9, struct.pack("<IQ", 8, 1_100_000)
+                                             + struct.pack("<Q", 0) * 1_100_000)])
+    bare = _header(tmp_path / "b.gguf", [(b"general.architecture", 8, struct.pack("<Q", 4) + b"gpt2")])
+    old = _header(tmp_path / "v1.gguf", [], version=1)
+    for path, said in ((arch, "general.architecture is of value type 4, not a string"),
+                       (strings, "its arrays hold more than 1,048,576 strings and arrays"),
+                       (old, "GGUF version 1 (gguf reads 2 and 3)")):
+        with pytest.raises(BadFile, match=re.escape(f"{path}: not a GGUF header kvbench can read: {said}")):
+            gguf_header(path)
+    with pytest.raises(BadFile, match=re.escape(f"{bare}: not a model's GGUF header: no gpt2.block_count")):
+        gguf_header(bare)
+    (tmp_path / "s.yaml").write_text(f"name: g\nmodel: {arch}\nworkload: {{source: synthetic}}\nprompt_tokens: [8]\n"
+                                     "max_new_tokens: 2\nbatch_sizes: [1]\nmodes: [{kind: none}]\n")
+    r = CliRunner().invoke(app, ["validate", str(tmp_path / "s.yaml")])
+    assert r.exit_code == 2 and "Traceback" not in r.output and "not a string" in " ".join(r.output.split())

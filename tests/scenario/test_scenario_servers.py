@@ -232,6 +232,15 @@ def test_a_quantized_v_cache_without_flash_attention_is_refused_before_llama_ser
     assert problems_of(write_yaml, server_scenario(engine={"kind": "llama.cpp", "args": ["-fa", "false"]},
                                                    modes=[{"name": "kv-q8_0"}])) == [
         ("modes[0]", why.format(v="q8_0", fa="false"))]
+    # from the second hostile pass: llama.cpp also reads "disabled" as off, and --a_b as --a-b
+    modes = [{"name": "kv-q8_0", "args": ["-fa", "disabled"]}, {"name": "kv-q4_0", "args": ["--flash_attn", "off"]},
+             {"name": "x", "preset": "prefix-cache", "args": ["--cache_type_v", "q8_0", "-fa", "off"]}]
+    assert problems_of(write_yaml, server_scenario(modes=modes)) == [
+        ("modes[0]", why.format(v="q8_0", fa="disabled")), ("modes[1]", why.format(v="q4_0", fa="off")),
+        ("modes[2]", why.format(v="q8_0", fa="off"))]
+    assert problems_of(write_yaml, server_scenario(modes=[{"name": "kv-q8_0", "args": ["--flash-attn=on"]}])) == [
+        ("modes[0]", "--flash-attn=on: llama-server takes no --flag=value (it ends at start with \"invalid "
+                     "argument\"): give the flag and its value as two words")]
 
 
 def test_sizes_are_whole_where_the_flag_is_and_never_written_with_an_exponent(write_yaml):

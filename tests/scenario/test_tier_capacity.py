@@ -163,7 +163,7 @@ def test_a_tier_saving_that_would_not_be_the_tier_s_is_warned_about(write_yaml):
              "workload": {"source": "sharegpt", "doc_qa": {"documents": 6, "questions": 2, "doc_tokens": 256}},
              "max_new_tokens": 8, "repeats": 5,
              "modes": [{"name": "none"}, {"name": "prefix-cache", "request": {"cache_prompt": False}},
-                       {"name": "host-cache", "args": ["--cache-ram=0"]},
+                       {"name": "host-cache", "args": ["--cache-ram", "0"]},
                        {"name": "pc2", "preset": "prefix-cache", "args": ["--cache-ram", "512"]}]}
     assert server_verdict_warnings(load_scenario(write_yaml(llama))) == [
         ("modes[1]", "prefix-cache is the tier saving's baseline (prefix caching, tier off) but turns prefix caching "

@@ -9,7 +9,7 @@ import os
 import re
 import secrets
 import stat
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,21 +51,20 @@ def server_keys(keys: PrivateKeys | None, folder: Path, stem: str) -> ServerKeys
                       {"Authorization": f"Bearer {settings[keys.request_key]}"})
 
 
-#: The names :func:`server_keys` gives key files (``<stem>.<16 hex digits>.yaml`` or ``.keys``).
-_KEY_FILE = re.compile(r".+\.[0-9a-f]{16}\.(yaml|keys)")
-
-
-def sweep_keys(folder: Path) -> list[Path]:
+def sweep_keys(folder: Path, labels: Iterable[str]) -> list[Path]:
     """Remove the key files a killed kvbench left in ``folder`` (a run's ``servers``; ``kill -9`` skips every exit
-    path): regular files of kvbench's user named as :func:`server_keys` names them; symbolic links and others are
-    left. Their servers are gone with kvbench, so the keys open nothing; they are removed all the same. Returns
-    the files removed."""
+    path): named as :func:`server_keys` names them for one of the run's mode ``labels``
+    (``<label>-r<repeat>.<16 hex digits>.yaml`` or ``.keys``), regular files of kvbench's user, mode 0600, with no
+    other link; symbolic links and everything else are left. Their servers are gone with kvbench, so the keys open
+    nothing; they are removed all the same. Returns the files removed."""
+    names = re.compile("(" + "|".join(map(re.escape, labels)) + r")-r\d+\.[0-9a-f]{16}\.(yaml|keys)")
     gone = []
     with contextlib.suppress(OSError), os.scandir(folder) as entries:
         for e in entries:
-            if _KEY_FILE.fullmatch(e.name) and e.is_file(follow_symlinks=False) and \
-                    stat.S_IMODE(e.stat(follow_symlinks=False).st_mode) == 0o600 and \
-                    e.stat(follow_symlinks=False).st_uid == os.getuid():
+            if not names.fullmatch(e.name) or not e.is_file(follow_symlinks=False):
+                continue
+            st = e.stat(follow_symlinks=False)
+            if stat.S_IMODE(st.st_mode) == 0o600 and st.st_uid == os.getuid() and st.st_nlink == 1:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(e.path)
                     gone.append(Path(e.path))

@@ -122,14 +122,21 @@ def test_a_killed_run_s_key_files_are_removed_when_it_resumes_and_nothing_else(r
     stale = servers / "none-r0.0123456789abcdef.yaml"
     stale.write_text("api-key: k\n")
     stale.chmod(0o600)
+    outside = tmp_path / "outside.yaml"
+    outside.write_text("kept")
+    outside.chmod(0o600)
     other = {servers / "none-r0.0123456789abcdef.keys": "link", servers / "radix-r0.fedcba9876543210.yaml": 0o644,
-             servers / "notes.yaml": 0o600}
+             servers / "notes.yaml": 0o600, servers / "notes.0123456789abcdef.yaml": 0o600,  # no mode's name
+             servers / "radix-r1.dddddddddddddddd.yaml": "hard link"}
     for path, how in other.items():
         if how == "link":
             path.symlink_to(tmp_path / "elsewhere")
+        elif how == "hard link":
+            os.link(outside, path)
         else:
             path.write_text("x")
             path.chmod(how)
     kvbench.run_scenario(resume=res.run_dir, progress=RunProgress(), trust_server_config=True)
     assert not stale.exists() and all(p.is_symlink() or p.exists() for p in other)
-    assert sweep_keys(servers) == []
+    assert outside.read_text() == "kept"
+    assert sweep_keys(servers, ["none", "radix"]) == []
