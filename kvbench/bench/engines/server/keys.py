@@ -1,5 +1,5 @@
 """The keys kvbench gives a server it starts (:class:`~kvbench.serving.kind.PrivateKeys`): fresh random ones per
-server, in a YAML file only kvbench's user can read, present while the server runs, so that no other process of
+server, in a file only kvbench's user can read, present while the server runs, so that no other process of
 the machine can use its endpoints."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ class ServerKeys:
     """One server's keys and the file that gives them.
 
     Attributes:
-        path: the YAML file (in the run's ``servers`` folder; a random name, made by kvbench).
+        path: the file (in the run's ``servers`` folder; a random name, made by kvbench).
         settings: setting name → key (URL-safe text, 256 random bits each).
         text: what the file holds (as :attr:`~kvbench.serving.kind.PrivateKeys.file_format` says).
         argv: the words that name the file to the server (appended to its command line).
