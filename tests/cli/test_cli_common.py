@@ -1,6 +1,7 @@
 """The one mapping of errors to exit statuses (kvbench.cli.common.handle_errors): a user error exits 2 with its
 message worded with the command's flags; anything else is a bug: a traceback, then a line asking to report it.
-And the one table printer (kvbench.cli.common.show): no column squeezed to nothing, piped or in a terminal."""
+And the one table printer (kvbench.cli.common.show): no column squeezed to nothing, piped or in a terminal; and
+`python -m kvbench` as the command."""
 
 from __future__ import annotations
 
@@ -68,3 +69,15 @@ def test_a_narrow_terminal_drops_named_columns_first_and_says_which(monkeypatch)
     assert lines[-1] == "cap; left out at 80 columns: TTFT ms, TPOT ms (a wider terminal shows them)"
     assert any(x.split("│")[3].strip() == "hierarchical(win" for x in lines if x.startswith("│"))
     assert max(len(x) for x in lines[:-1]) <= 80
+
+
+@pytest.mark.parametrize("module", ["kvbench", "kvbench.cli"])
+def test_python_dash_m_runs_the_command(module):
+    """From the hostile pass: `python -m kvbench` said kvbench is a package that cannot be executed directly."""
+    import subprocess
+    import sys
+
+    from kvbench.version import __version__
+
+    r = subprocess.run([sys.executable, "-m", module, "--version"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == f"kvbench {__version__}", (r.stdout, r.stderr)
