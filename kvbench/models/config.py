@@ -50,8 +50,7 @@ def check_shape(fields: dict[str, Any], where: str | Path, names: dict[str, str]
     """Refuse a model shape (config field → value, as :data:`SHAPE_LIMITS` names them; other fields and None are
     not looked at) whose sizes are not whole numbers from 1 to their :data:`SHAPE_LIMITS` bound. A per-layer list
     (some GGUF architectures give heads per layer; 0 for a layer without attention) has at most as many entries as
-    layers may, each from 0 to the bound. KV heads (one number each) must divide the attention heads: each serves a
-    whole group of query heads (grouped-query attention, Ainslie et al. 2023).
+    layers may, each from 0 to the bound; KV heads must divide the attention heads (:func:`check_kv_heads`).
 
     Raises:
         BadFile: ``<where>: <key> = <value>: ...`` naming the first such field (as ``names`` calls it in the
@@ -68,8 +67,19 @@ def check_shape(fields: dict[str, Any], where: str | Path, names: dict[str, str]
             shown = f"{v:,}" if isinstance(v, int) and not isinstance(v, bool) else repr(v)[:40]
             raise BadFile(f"{where}: {name(key, key)} = {shown}: must be a whole number from 1 to "
                           f"{most:,} (kvbench takes no larger model: no published one comes near)")
+    check_kv_heads(fields, where, names)
+
+
+def check_kv_heads(fields: dict[str, Any], where: str | Path, names: dict[str, str] | None = None) -> None:
+    """Refuse KV heads (one number) that do not divide the attention heads: each serves a whole group of query
+    heads (grouped-query attention, Ainslie et al. 2023); a per-layer list or a missing count is not looked at.
+
+    Raises:
+        BadFile: ``<where>: <kv key> = N: must divide <heads key> = M ...`` (keys as ``names`` calls them).
+    """
     heads, kv = fields.get("num_attention_heads"), fields.get("num_key_value_heads")
     if isinstance(heads, int) and isinstance(kv, int) and heads % kv:
+        name = (names or {}).get
         raise BadFile(f"{where}: {name('num_key_value_heads', 'num_key_value_heads')} = {kv:,}: must divide "
                       f"{name('num_attention_heads', 'num_attention_heads')} = {heads:,} (each KV head serves a "
                       "whole group of query heads)")
@@ -288,10 +298,7 @@ def read_config_file(path: str | Path) -> Any:
     if big:
         raise BadFile(f"{path}: " + ", ".join(f"{k} = {text[k]:,} is above {CONFIG_LIMITS[k]:,}" for k in big)
                          + ": plan takes sizes up to these")
-    heads, kv = text["num_attention_heads"], text.get("num_key_value_heads")
-    if kv is not None and heads % kv:
-        raise BadFile(f"{path}: num_key_value_heads = {kv:,}: must divide num_attention_heads = {heads:,} (each KV "
-                      "head serves a whole group of query heads)")
+    check_kv_heads(text, path)
     from transformers import AutoConfig
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
 

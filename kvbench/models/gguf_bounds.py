@@ -36,9 +36,11 @@ class _Header:
     def __init__(self, data: mmap.mmap | bytes, path: Path):
         self.data, self.path, self.pos, self.order, self.items = data, path, 0, "<", 0
 
+    def refuse(self, what: str) -> BadFile:
+        return BadFile(f"{self.path}: not a GGUF header kvbench can read: {what}")
+
     def fail(self, what: str) -> BadFile:
-        return BadFile(f"{self.path}: not a GGUF header kvbench can read: {what} at byte {self.pos:,}, past the "
-                       f"file's {len(self.data):,} bytes")
+        return self.refuse(f"{what} at byte {self.pos:,}, past the file's {len(self.data):,} bytes")
 
     def take(self, n: int, what: str) -> int:
         if n > len(self.data) - self.pos:
@@ -59,8 +61,7 @@ class _Header:
             inner, count = self.number("I", "an array's type"), self.number("Q", "an array's length")
             least = _SIZES.get(inner, 8 if inner in (_STRING, _ARRAY) else 0)
             if least == 0:
-                raise BadFile(f"{self.path}: not a GGUF header kvbench can read: value type {inner} at byte "
-                              f"{self.pos:,}")
+                raise self.refuse(f"value type {inner} at byte {self.pos:,}")
             if count * least > len(self.data) - self.pos:
                 raise self.fail(f"an array of {count:,} elements")
             if inner in _SIZES:
@@ -68,14 +69,13 @@ class _Header:
             else:
                 self.items += count
                 if self.items > MAX_ARRAY_ITEMS:
-                    raise BadFile(f"{self.path}: not a GGUF header kvbench can read: its arrays hold more than "
-                                  f"{MAX_ARRAY_ITEMS:,} strings and arrays (at byte {self.pos:,}; a model's "
-                                  "vocabulary and merges hold some 400,000)")
+                    raise self.refuse(f"its arrays hold more than {MAX_ARRAY_ITEMS:,} strings and arrays (at byte "
+                                      f"{self.pos:,}; a model's vocabulary and merges hold some 400,000)")
                 for _ in range(count):
                     self.value(inner, depth + 1)
         else:
             what = f"arrays nested more than {_MAX_NESTING} deep" if kind == _ARRAY else f"value type {kind}"
-            raise BadFile(f"{self.path}: not a GGUF header kvbench can read: {what} at byte {self.pos:,}")
+            raise self.refuse(f"{what} at byte {self.pos:,}")
 
 
 def check_gguf_header(path: str | Path) -> None:
@@ -104,8 +104,7 @@ def check_gguf_header(path: str | Path) -> None:
             if version not in _VERSIONS and (version >> 24) in _VERSIONS and not version & 0xFFFFFF:
                 h.order, version = ">", version >> 24  # a big-endian file's version reads as N << 24
             if version not in _VERSIONS:
-                raise BadFile(f"{path}: not a GGUF header kvbench can read: GGUF version {version} (gguf reads "
-                              f"{' and '.join(map(str, _VERSIONS))})")
+                raise h.refuse(f"GGUF version {version} (gguf reads {' and '.join(map(str, _VERSIONS))})")
             tensors, entries = h.number("Q", "the tensor count"), h.number("Q", "the metadata count")
             if entries * (8 + 4) > size - h.pos:
                 raise h.fail(f"{entries:,} metadata entries")
@@ -113,8 +112,7 @@ def check_gguf_header(path: str | Path) -> None:
                 key = bytes(data[h.take(h.number("Q", "a key's length"), "a key"):h.pos])
                 kind = h.number("I", "a value type")
                 if key == b"general.architecture" and kind != _STRING:
-                    raise BadFile(f"{path}: not a GGUF header kvbench can read: general.architecture is of value "
-                                  f"type {kind}, not a string")
+                    raise h.refuse(f"general.architecture is of value type {kind}, not a string")
                 h.value(kind)
             if tensors * _TENSOR_INFO_BYTES > size - h.pos:
                 raise h.fail(f"{tensors:,} tensors")

@@ -24,8 +24,8 @@ from kvbench.analysis.reuse_cost import HOST_TIER_BASES, reuse_cost
 from kvbench.arguments import path_arg, positive_seconds
 from kvbench.errors import BadParameter, UnwritableOutput, UserError
 from kvbench.report import charts
-from kvbench.report.cost_verdicts import (baseline_cell, mode_in_cell, reuse_verdicts, verdict_cell, verdicts,
-                                         with_baselines)
+from kvbench.report.cost_verdicts import (baseline_cell, mode_in_cell, quiet_note, reuse_verdicts, verdict_cell,
+                                         verdicts, with_baselines)
 from kvbench.report.format import number
 from kvbench.results.rows import MEASURED
 from kvbench.results.run_dir import refuse_symlink_dir
@@ -159,8 +159,7 @@ def reuse_cost_display(reuse: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]
 def quiet_count(r: dict[str, Any]) -> str:
     """A comparison's pairs, and where busy ones set no figure, how many quiet ones did: ``6 (1 quiet)``; the
     throughputs and costs beside it are those pairs' trials."""
-    n, used = r["pairs"], r.get("pairs_figure")
-    return f"{n} ({used} quiet)" if used is not None and used == used and 0 < used < n else str(n)
+    return f"{r['pairs']}{quiet_note(r)}"
 
 
 def what_if_lines(prices: Prices, w: dict[str, Any], base_tokens_per_s: float,

@@ -17,7 +17,8 @@ import pandas as pd
 from kvbench.analysis.cost import Prices, cost_table
 from kvbench.analysis.intervals import pct_interval
 from kvbench.analysis.reuse_cost import reuse_cost
-from kvbench.report.cost_verdicts import baseline_cell, mode_in_cell, verdict_cell, verdict_text, with_baselines
+from kvbench.report.cost_verdicts import (baseline_cell, mode_in_cell, quiet_note, verdict_cell, verdict_text,
+                                          with_baselines)
 from kvbench.report.documents import md_table
 from kvbench.report.format import number
 from kvbench.report.md_text import md_escape, md_line
@@ -101,9 +102,7 @@ def _pairs(r: dict, noun: str = "") -> str:
     (3 quiet) from 5 conversations`` where busy pairs set no figure."""
     units, unit = r.get("units"), str(r.get("unit") or "")
     more = "" if units is None or units != units or unit in ("", "pairs") else f" from {int(units)} {unit}"
-    used = r.get("pairs_figure")
-    quiet = f" ({int(used)} quiet)" if used is not None and used == used and 0 < used < r["pairs"] else ""
-    return f"{int(r['pairs'])}{noun}{quiet}{more}"
+    return f"{int(r['pairs'])}{noun}{quiet_note(r)}{more}"
 
 
 def _decided_first(rows: list[dict], verdict: str) -> list[dict]:

@@ -120,26 +120,33 @@ def verdicts(costs: pd.DataFrame) -> dict[str, list[str]]:
         lower = decided[decided["saving_pct"] > 0].sort_values("saving_pct", ascending=False, kind="stable")
         raise_ = decided[~(decided["saving_pct"] > 0)].sort_values("_paired", kind="stable")
         for _, c in lower.iterrows():
-            lines.append(f"at {prompt} tokens `{c['mode_label']}` lowers cost to {_paired(base, c):,.2f} USD per "
+            lines.append(f"at {prompt} tokens `{c['mode_label']}` lowers cost to {c['_paired']:,.2f} USD per "
                          f"1M tokens from none's {base:,.2f} (paired saving {_saving(c)}; {_n(c, nb)})")
         c = offload.loc[cheapest]
         if c["cost_verdict"]:
-            lines.append(f"at {prompt} tokens {c['cost_verdict']}: `{c['mode_label']}` {_paired(base, c):,.2f} vs "
+            lines.append(f"at {prompt} tokens {c['cost_verdict']}: `{c['mode_label']}` {c['_paired']:,.2f} vs "
                          f"`none` {base:,.2f} USD per 1M tokens, paired saving {_saving(c)} ({_n(c, nb)})")
         for i, c in raise_.iterrows():
             raised = pct_interval(-c["saving_pct"], -c["saving_ci_high"], -c["saving_ci_low"])
             if i == cheapest:
                 lines.append(f"at {prompt} tokens offload raises cost here: `none` {base:,.2f} USD per 1M tokens, "
-                             f"the cheapest offload mode `{c['mode_label']}` {_paired(base, c):,.2f} (paired cost "
+                             f"the cheapest offload mode `{c['mode_label']}` {c['_paired']:,.2f} (paired cost "
                              f"{raised}; {_n(c, nb)})")
             else:
-                lines.append(f"at {prompt} tokens `{c['mode_label']}` raises cost to {_paired(base, c):,.2f} USD "
+                lines.append(f"at {prompt} tokens `{c['mode_label']}` raises cost to {c['_paired']:,.2f} USD "
                              f"per 1M tokens from none's {base:,.2f} (paired cost {raised}; {_n(c, nb)})")
     return out
 
 
 def _saving(c: Any) -> str:
     return pct_interval(c["saving_pct"], c["saving_ci_low"], c["saving_ci_high"])
+
+
+def quiet_note(r: Any) -> str:
+    """`` (1 quiet)`` where a comparison's busy pairs set no figure and ``pairs_figure`` quiet ones did, else ``""``:
+    its throughputs, costs and saving are those pairs' trials."""
+    used = r.get("pairs_figure")
+    return f" ({int(used)} quiet)" if used is not None and used == used and 0 < used < r["pairs"] else ""
 
 
 def _paired(base: float, c: Any) -> float:
@@ -195,5 +202,5 @@ def reuse_verdicts(reuse: pd.DataFrame) -> list[str]:
     return lines
 
 
-__all__ = ["BASELINE_DEFAULTS", "baseline_cell", "mode_in_cell", "reuse_verdicts", "short_verdict", "verdict_cell", "verdict_text",
-           "verdicts", "with_baselines"]
+__all__ = ["BASELINE_DEFAULTS", "baseline_cell", "mode_in_cell", "quiet_note", "reuse_verdicts", "short_verdict",
+           "verdict_cell", "verdict_text", "verdicts", "with_baselines"]

@@ -19,7 +19,7 @@ from kvbench.scenario.paths import match
 from kvbench.scenario.programs import cpu_refusals, server_notices, server_problems
 from kvbench.scenario.schema import Scenario
 from kvbench.scenario.server_verdicts import server_verdict_warnings
-from kvbench.scenario.servers import preset_of
+from kvbench.scenario.servers import mode_flags, preset_of
 from kvbench.scenario.workload import prefix_tokens
 from kvbench.serving import KINDS
 from kvbench.models.locate import ALIASES
@@ -76,7 +76,7 @@ def check_scenario(s: Scenario, *, check_model: bool = True) -> list[tuple[str, 
         problems.append(("engine.model", f"{s.engine.model} is not a folder: {kind.name} loads a Hugging Face "
                          "model directory (or a hub id such as HuggingFaceTB/SmolLM2-135M-Instruct)"))
     for i, m in enumerate(s.modes if s.engine.server and kind is not None and kind.flag_problem else ()):
-        if (why := kind.flag_problem([*s.engine.args, *preset_of(s.engine.kind, m).args, *m.args])) is not None:
+        if (why := kind.flag_problem(mode_flags(s, m)[0])) is not None:
             problems.append((f"modes[{i}]", why))
     for i, m in enumerate(s.modes if not s.engine.server else ()):
         if m.kind not in MODES:

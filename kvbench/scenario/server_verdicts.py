@@ -6,7 +6,7 @@ baseline is not prefix caching with the tier off, or whose tier mode has its tie
 from __future__ import annotations
 
 from kvbench.scenario.schema import Scenario
-from kvbench.scenario.servers import preset_of, size_text
+from kvbench.scenario.servers import mode_flags, preset_of
 from kvbench.serving import KINDS
 
 #: Independent units a verdict needs (kvbench.analysis.intervals.MIN_PAIRS).
@@ -36,13 +36,6 @@ def server_verdict_warnings(s: Scenario) -> list[tuple[str, str]]:
     return out + _baseline_warnings(s)
 
 
-def _flags(s: Scenario, mode: object) -> tuple[list[str], dict]:
-    """The flags (size filled in) and request options a mode's server would get, as the run builds them."""
-    p = preset_of(s.engine.kind, mode)
-    size = mode.size if mode.size is not None else (p.size[1] if p.size else None)  # type: ignore[attr-defined]
-    args = [a.replace("{size}", size_text(size) if size is not None else "") for a in p.args]
-    return [*s.engine.args, *args, *mode.args], {**p.request, **mode.request}  # type: ignore[attr-defined]
-
 
 def _baseline_warnings(s: Scenario) -> list[tuple[str, str]]:
     """A tier saving that would not be the tier's: the prefix-cache mode (its baseline) with prefix caching turned
@@ -58,7 +51,7 @@ def _baseline_warnings(s: Scenario) -> list[tuple[str, str]]:
     first = next((i for i, m in enumerate(s.modes) if preset_of(s.engine.kind, m).name == base.name), None)
     for i, m in enumerate(s.modes):
         p = preset_of(s.engine.kind, m)
-        argv, request = _flags(s, m)
+        argv, request = mode_flags(s, m)
         tier = kind.host_tier(argv) if kind.host_tier is not None and kind.started else (None, "")
         if i == first:  # an off flag counts where no flag of the prefix-cache preset comes after it
             on = max((j for j, a in enumerate(argv) if a.startswith("-") and a in base.args), default=-1)

@@ -264,6 +264,15 @@ class EngineSpec(Strict):
         return self.cold or ("restart" if self.kind in STARTED_KINDS else "check")
 
 
+def mode_flags(s: Any, mode: Any) -> tuple[list[str], dict]:
+    """The flags (size filled in) and request options a server mode of scenario ``s`` gets, as the run builds them:
+    the engine's, the preset's, the mode's (a later flag wins where the server reads the last one)."""
+    p = preset_of(s.engine.kind, mode)
+    size = mode.size if mode.size is not None else (p.size[1] if p.size else None)
+    args = [a.replace("{size}", size_text(size) if size is not None else "") for a in p.args]
+    return [*s.engine.args, *args, *mode.args], {**p.request, **mode.request}
+
+
 def size_text(size: float) -> str:
     """A size as a server flag's value: a whole number without a decimal point, else plain decimals (never an
     exponent: ``1048576``, ``0.5``)."""

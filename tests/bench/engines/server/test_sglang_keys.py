@@ -109,7 +109,7 @@ def test_the_key_file_is_made_anew_readable_by_its_owner_alone_and_removed(tmp_p
     target.write_text("kept")
     keys.path.symlink_to(target)  # planted at the name
     with pytest.raises(UnwritableOutput, match="File exists"), keys_file(keys):
-        pass
+        raise AssertionError("the keys were written through the planted link")
     assert target.read_text() == "kept" and keys.path.is_symlink()
     assert server_keys(None, tmp_path, "x") is None
 
