@@ -34,11 +34,12 @@ def scenario(**over) -> dict:
 
 
 def no_fake_within(seconds: float) -> list[psutil.Process]:
-    """The fake servers (psutil: a command line naming fake_llama_server.py) still running after waiting up to
-    ``seconds`` for them to go."""
+    """This checkout's fake servers (psutil: a command line naming its fake_llama_server.py, so that another
+    checkout's tests running beside these do not count) still running after waiting up to ``seconds`` for them to
+    go."""
     end = time.monotonic() + seconds
     while (left := [p for p in psutil.process_iter(["cmdline", "status"]) if p.info["status"] != "zombie"
-                    and any("fake_llama_server.py" in a for a in p.info["cmdline"] or ())]) and time.monotonic() < end:
+                    and str(FAKE) in (p.info["cmdline"] or ())]) and time.monotonic() < end:
         time.sleep(0.1)
     return left
 

@@ -38,6 +38,11 @@ class Executor(Protocol):
         """Take earlier rows (a resumed run) as the ``none`` reference where they are."""
         ...
 
+    def close(self) -> None:
+        """Give back what the executor holds (its samplers' NVML handle; a cluster's workers and their files),
+        after the sweep, on every exit path."""
+        ...
+
 
 class TrialRunner(Protocol):
     """What :meth:`Recorder.__call__ <kvbench.bench.plans.sweep.Recorder.__call__>` runs one trial on (a
@@ -69,7 +74,8 @@ class TrialRunner(Protocol):
 
 class Record(Protocol):
     """What the plans (:mod:`kvbench.bench.plans.reuse`, :func:`kvbench.bench.plans.server.server_sweep`) run their
-    trials through: the run's :class:`~kvbench.bench.plans.sweep.Recorder`.
+    trials through: the run's :class:`~kvbench.bench.plans.sweep.Recorder` (a server's mode writes its rows through
+    it as a :class:`~kvbench.bench.engines.base.RowSink`).
 
     Attributes:
         run: the run directory (:class:`~kvbench.results.run_dir.RunDir`, or a cluster worker's stand-in): its

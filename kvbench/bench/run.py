@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import contextlib
 import shutil
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvbench.bench.plans.plan import Plan, plan_for
+from kvbench.bench.roles import Executor
 from kvbench.bench.summary import capacity_summary, failure_lines, last_rows, point_summary, reuse_summary
-from kvbench.bench.trial import planned_count, plan_trials
 from kvbench.arguments import path_arg
 from kvbench.errors import (BadValue, NotEnoughRequests, PrepareError, RemoteCodeRefused, RunDirError, RunStopped,
                             ScenarioError, ServerConfigRefused, UserError)
@@ -146,37 +146,24 @@ def run_scenario(scenario: str | Path | None = None, *, out: str | Path | None =
     on_ray = _cluster(sc, where, executor, address)
     if sc.model.trust_remote_code:
         _remote_code(sc, where, trust_remote_code, progress)
-    if sc.engine.server:
-        _server_consent(sc, where, trust_server_config, progress)
+    _server_consent(sc, where, trust_server_config, progress)
     rows = last_rows(finished)
-    if rundir is not None and sc.searched is None and _all_done(sc, rundir, rows):
-        requests = sc.workload.reuse or sc.engine.server
+    plan = plan_for(on_ray or sc)
+    if rundir is not None and not any(retry_due(r) for r in rows) and plan.done(rundir.meta, rows):
+        # nothing left to run: the summary, without loading a model, the workload or a server
         return RunResult(sc, rundir.path, rows, already=len(rows), failures=failure_lines(finished),
-                         summary=None if requests else point_summary(rows, sc),
-                         reuse=reuse_summary(rows, sc) if requests and rows else None)
-    return _run(on_ray or sc, rundir, where, Path(out if out is not None else "results"), progress,
-                on_ray is not None)
+                         **_summaries(plan, rows, rundir.meta))
+    return _run(plan, rundir, where, Path(out if out is not None else "results"), progress, on_ray is not None)
 
 
-def _all_done(sc: Scenario, rundir: RunDir, rows: list[dict[str, Any]]) -> bool:
-    """Whether a resumed run has nothing left to run: every planned trial has a row that stands (a sweep of a
-    reuse workload or a server, whose trials depend on the requests drawn, by run.json's ``planned`` count and the
-    sweep having ended ``complete``), so a finished run prints its summary without loading a model, the workload
-    or a server."""
-    if any(retry_due(r) for r in rows):
-        return False
-    if sc.workload.reuse or sc.engine.server:
-        planned = rundir.meta.get("planned")
-        return rundir.meta.get("status") == "complete" and isinstance(planned, int) and len(rows) >= planned
-    return _planned_ids(sc) <= {r["trial_id"] for r in rows}
-
-
-def _planned_ids(sc: Scenario) -> set[str]:
-    """The trial ids of a planned sweep: with two placement kinds or more, each once per kind (``<id>@<label>``)."""
-    ids = {t.trial_id for t in plan_trials(sc)}
-    if len(sc.machines) > 1:
-        return {f"{i}@{label}" for i in ids for label in sc.machines}
-    return ids
+def _summaries(plan: Plan, rows: list[dict[str, Any]], meta: dict[str, Any]) -> dict[str, Any]:
+    """:class:`RunResult`'s summary fields of ``rows``, the summary ``plan``'s kind has: a request stream's table
+    (``reuse``), or the per-point table (``summary``) and, after a capacity search, its results (``capacity``)."""
+    if plan.summary == "requests":
+        return {"reuse": reuse_summary(rows, plan.s) if rows else None}
+    points = point_summary(rows, plan.s)
+    return {"summary": points,
+            "capacity": capacity_summary(meta["capacity"], points) if meta.get("capacity") else None}
 
 
 def _cluster(sc: Scenario, where: Path, executor: str | None, address: str | None) -> Scenario | None:
@@ -244,7 +231,7 @@ def _remote_code(sc: Scenario, where: Path, allowed: bool, progress: RunProgress
 
 def _server_consent(sc: Scenario, where: Path, allowed: bool, progress: RunProgress) -> None:
     """Refuse a server scenario that runs what the user did not allow (another program, flags acting beyond
-    serving the model); warn naming each when allowed."""
+    serving the model); warn naming each when allowed (other scenarios need no consent)."""
     from kvbench.scenario.programs import consent_needed
 
     needs = consent_needed(sc)
@@ -254,16 +241,16 @@ def _server_consent(sc: Scenario, where: Path, allowed: bool, progress: RunProgr
         progress.warning(f"{where}: {path}: {why} (allowed by --trust-server-config)")
 
 
-def _run(sc: Scenario, rundir: RunDir | None, where: Path, out: Path, progress: RunProgress,
+def _run(plan: Plan, rundir: RunDir | None, where: Path, out: Path, progress: RunProgress,
          cluster: bool = False) -> RunResult:
-    """Probe the machine, make (or lock) the run directory, load the model (here, or on a cluster's workers),
+    """Probe the machine, make (or lock) the run directory, load the engine (here, or on a cluster's workers),
     sweep, summarise."""
     import psutil
 
-    from kvbench.bench.plans.capacity import device_problem
     from kvbench.bench.telemetry.machine import environment
     from kvbench.models import resolve_device
 
+    sc = plan.s
     if cluster:  # the driver: each worker probes its own machine and device
         env = environment(None)
     else:
@@ -272,7 +259,7 @@ def _run(sc: Scenario, rundir: RunDir | None, where: Path, out: Path, progress: 
             env = environment(device)
         except ValueError as exc:
             raise PrepareError(str(exc)) from exc
-        if (why := device_problem(sc, device.type)) is not None:
+        if (why := plan.problem(device.type)) is not None:
             raise ScenarioError(where, [("budget", why)])
     busy = psutil.cpu_percent(interval=0.5)  # system-wide, while this process waits: the others' load
     if not cluster and busy > BUSY_PERCENT:
@@ -286,12 +273,12 @@ def _run(sc: Scenario, rundir: RunDir | None, where: Path, out: Path, progress: 
             raise RunDirError(f"cannot create the run directory under {out}: {exc.strerror or exc}") from exc
     try:
         with rundir.lock():
-            executor, weights_bytes = _prepare(sc, rundir, where, progress, cluster)
+            executor = _prepare_cluster(sc, rundir, where, progress) if cluster else \
+                _prepare(plan, rundir, where, progress)
             try:
-                result = _sweep(sc, rundir, executor, weights_bytes, created, progress)
+                result = _sweep(plan, rundir, executor, created, progress)
             finally:
-                if hasattr(executor, "close"):  # a cluster's workers
-                    executor.close()
+                executor.close()
     except RunDirError:
         raise
     except Exception:  # a refusal or a bug: a run this call made stays only with a trial in it
@@ -307,42 +294,30 @@ def _run(sc: Scenario, rundir: RunDir | None, where: Path, out: Path, progress: 
     every = rundir.finished_trials()
     rows = last_rows(every)  # a trial retried after its worker was lost counts once, by its retry
     result.rows, result.failures = rows, failure_lines(every)
-    if sc.workload.reuse or sc.engine.server:
-        result.reuse = reuse_summary(rows, sc) if rows else None
-    else:
-        result.summary = point_summary(rows, sc)
-        if rundir.meta.get("capacity"):
-            result.capacity = capacity_summary(rundir.meta["capacity"], result.summary)
+    for name, value in _summaries(plan, rows, rundir.meta).items():
+        setattr(result, name, value)
     return result
 
 
-def _prepare(sc: Scenario, rundir: RunDir, where: Path, progress: RunProgress,
-             cluster: bool = False) -> tuple[Any, int | None]:
-    """Load the model and the workload, check every trial can be built; the executor and the weights' bytes."""
-    from kvbench.bench.engines.transformers import load_engine
+def _prepare(plan: Plan, rundir: RunDir, where: Path, progress: RunProgress) -> Executor:
+    """Load the engine of the plan's family here and check every trial can be built; the executor that runs
+    them."""
     from kvbench.bench.executors.local import LocalExecutor
-    if cluster:
-        return _prepare_cluster(sc, rundir, where, progress)
-    if sc.engine.server:
-        return _prepare_server(sc, rundir, where, progress)
-    t0 = time.perf_counter()
-    with progress.loading(f"loading {sc.model.label} and the {sc.workload.source} workload"), _preparing(sc, where):
-        engine = load_engine(sc, rundir.meta.get("environment"))
+
+    sc = plan.s
+    with progress.loading(plan.family.loading(sc)), _preparing(sc, where):
+        engine, line = plan.family.load(sc, where, rundir.path, rundir.meta.get("environment"))
         problems = engine.preflight()
     if problems:
         raise PrepareError(f"{where}: cannot run:\n" + "\n".join(problems))
-    executor = LocalExecutor(sc, engine, rundir.meta.get("environment"))
-    _note_executor(rundir, {"kind": "local"})
     watched = "device memory" if engine.device.type == "cuda" else "process RSS (CPU run)"
-    executor.sampler.on_alert = lambda e: progress.alert(
+    executor = LocalExecutor(sc, engine, rundir.meta.get("environment"), on_alert=lambda e: progress.alert(
         f"{e['trial_id']} ({e['phase']}): {watched} {e['device_bytes'] / 2**20:,.1f} MiB crossed "
-        f"monitor.alert_device_bytes {e['threshold_bytes'] / 2**20:,.1f} MiB")
-    m = engine.m
-    progress.info(f"model {sc.model.label}: {m.shape.layers} layers, {m.shape.kv_heads} kv heads × "
-                  f"{m.shape.head_dim}, {str(m.dtype).removeprefix('torch.')} on {m.device}; loaded in "
-                  f"{time.perf_counter() - t0:.1f} s")
+        f"monitor.alert_device_bytes {e['threshold_bytes'] / 2**20:,.1f} MiB"))
+    _note_executor(rundir, {"kind": "local"})
+    progress.info(line)
     progress.info(f"results: {rundir.path}")
-    return executor, m.weights_bytes
+    return executor
 
 
 @contextlib.contextmanager
@@ -364,31 +339,6 @@ def _preparing(sc: Scenario, where: Path) -> Iterator[None]:
         raise PrepareError(f"{where}: cannot prepare the run of model {sc.model.label}: {one_line(exc)}") from exc
 
 
-def _prepare_server(sc: Scenario, rundir: RunDir, where: Path, progress: RunProgress) -> tuple[Any, int]:
-    """The tokenizer and the requests of a server run (its servers start per mode, in the sweep)."""
-    from kvbench.bench.executors.local import LocalExecutor
-    from kvbench.bench.engines.server.engine import load_server_engine
-    from kvbench.models import resolve_device
-    from kvbench.scenario.programs import cpu_refusals, server_problems
-
-    with progress.loading(f"tokenizing the {sc.workload.source} workload for {sc.engine.kind}"), \
-            _preparing(sc, where):  # before any export or server:
-        try:
-            device = resolve_device(sc.device).type
-        except ValueError as exc:  # a CUDA device this machine does not have
-            raise ScenarioError(where, [("device", str(exc))]) from None
-        if problems := cpu_refusals(sc, device) or server_problems(sc):
-            raise ScenarioError(where, problems)
-        engine = load_server_engine(sc, rundir.path)
-    if problems := engine.preflight():
-        raise PrepareError(f"{where}: cannot run:\n" + "\n".join(problems))
-    progress.info(f"engine {sc.engine.kind}: {len(engine.source.requests)} requests × {len(sc.modes)} modes × "
-                  f"{sc.repeats} repeats, load {sc.load_spec.profile} at "
-                  f"concurrency {', '.join(map(str, sc.load_spec.levels))}")
-    progress.info(f"results: {rundir.path}")
-    return LocalExecutor(sc, engine, rundir.meta.get("environment")), 0
-
-
 def _note_executor(rundir: RunDir, entry: dict[str, Any], **fields: Any) -> None:
     """run.json's ``executor`` (what runs this sweep) and ``executors`` (each one that ran part of the run, in
     order, with when it started: a run resumed elsewhere lists both)."""
@@ -399,8 +349,8 @@ def _note_executor(rundir: RunDir, entry: dict[str, Any], **fields: Any) -> None
     rundir.update(executor=entry, executors=seen, **fields)
 
 
-def _prepare_cluster(sc: Scenario, rundir: RunDir, where: Path, progress: RunProgress) -> tuple[Any, int | None]:
-    """Join the Ray cluster and start its workers, each loading the model (:mod:`kvbench.bench.executors.ray`)."""
+def _prepare_cluster(sc: Scenario, rundir: RunDir, where: Path, progress: RunProgress) -> Executor:
+    """Join the Ray cluster and start its workers, each loading the engine (:mod:`kvbench.bench.executors.ray`)."""
     from kvbench.bench.executors.ray.driver import start_cluster
 
     with progress.loading(f"starting Ray workers for {sc.model.label}"), _preparing(sc, where):
@@ -414,21 +364,19 @@ def _prepare_cluster(sc: Scenario, rundir: RunDir, where: Path, progress: RunPro
             progress.info(f"worker {w['worker'][:12]}{f' ({label})' if label else ''}: {w['host']}, "
                           f"{w['gpu'] or 'CPU'}")
     progress.info(f"results: {rundir.path}")
-    return executor, executor.weights_bytes
+    return executor
 
 
-def _sweep(sc: Scenario, rundir: RunDir, executor: Any, weights_bytes: int | None, created: bool,
-           progress: RunProgress) -> RunResult:
+def _sweep(plan: Plan, rundir: RunDir, executor: Executor, created: bool, progress: RunProgress) -> RunResult:
     """Run the sweep; a results file that cannot be written stops the run (:class:`RunStopped`)."""
     from kvbench.bench.plans.sweep import run_sweep
 
-    source = executor.engine.source
-    planned = planned_count(sc, len(source.requests) if sc.workload.reuse or sc.engine.server else 0)
+    sc = plan.s
+    planned = plan.planned(executor.engine)
     if planned is not None and len(sc.placement or ()) > 1:  # every trial once per machine kind
         planned *= len(sc.placement)
     try:
-        rundir.update(weights_bytes=weights_bytes if not sc.engine.server else None, status="running",
-                      planned=planned)
+        rundir.update(weights_bytes=executor.engine.weights_bytes, status="running", planned=planned)
         with progress.sweep(sc.name, planned, len(rundir.finished_trials())):
             res = run_sweep(sc, rundir, executor, on_trial=progress.trial_done, on_status=progress.status)
     except OSError as exc:  # writing the results: disk full, quota, removed directory
@@ -441,4 +389,3 @@ def _sweep(sc: Scenario, rundir: RunDir, executor: Any, weights_bytes: int | Non
         raise RunStopped(why, kept, None if created and not kept else rundir.path) from exc
     return RunResult(sc, rundir.path, swept=True, interrupted=res.interrupted, written=res.written,
                      already=res.skipped_done, planned=planned, device=str(executor.engine.device))
-

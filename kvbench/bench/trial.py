@@ -92,18 +92,9 @@ def reference_first(modes: Iterable[Any]) -> list[Any]:
 
 
 def plan_trials(s: Scenario) -> list[TrialSpec]:
-    """Every recorded trial of a scenario, in run order: prompt length, batch size, repeat, then mode (so modes
-    are interleaved and share the machine's conditions), ``none`` first so the others can be compared with it.
-
-    Raises:
-        ValueError: the scenario searches capacity (its trials depend on their outcomes) or is a reuse workload.
-    """
-    if s.engine.server:
-        raise ValueError(f"{s.name} runs on {s.engine.kind}: its requests go through the server sweep")
-    if s.searched is not None:
-        raise ValueError(f"{s.name} searches {s.searched}: its trials are decided as it runs")
-    if s.workload.reuse:
-        raise ValueError(f"{s.name} is a {s.workload.reuse} workload: its requests are built from the data")
+    """Every recorded trial of a planned sweep (:class:`~kvbench.bench.plans.plan.SweepPlan`), in run order: prompt
+    length, batch size, repeat, then mode (so modes are interleaved and share the machine's conditions), ``none``
+    first so the others can be compared with it."""
     modes = reference_first(s.modes)
     return [
         TrialSpec(n, b, m, r)
@@ -113,16 +104,6 @@ def plan_trials(s: Scenario) -> list[TrialSpec]:
         for m in modes
     ]
 
-
-def planned_count(s: Scenario, n_requests: int = 0) -> int | None:
-    """How many trials a sweep of ``s`` records: a reuse workload's ``n_requests`` × modes × (warm, cold) ×
-    repeats; None for a capacity search (decided as it runs)."""
-    if s.engine.server:
-        n = min(n_requests, s.load_spec.n_requests or n_requests)
-        return n * len(s.modes) * s.repeats * len(s.load_spec.levels)
-    if s.workload.reuse:
-        return n_requests * len(s.modes) * 2 * s.repeats
-    return None if s.searched else len(plan_trials(s))
 
 def bounds(s: Scenario, longest_prompt: int) -> tuple[int, int, int]:
     """``(start, limit, resolution)`` of the scenario's search from its ``capacity`` section and the defaults

@@ -157,13 +157,13 @@ def run(
         else:
             err.print(f"interrupted; continue with: kvbench run --resume {where}", highlight=False, markup=False)
         raise typer.Exit(130)
-    title = f"{sc.name}: {sc.model.label}" + (f" on {sc.engine.kind}" if sc.engine.server else
+    title = f"{sc.name}: {sc.model.label}" + (f" on {sc.engine.kind}" if sc.run_kind == "server" else
                                                f" on {res.device}" if res.swept else "")
     if res.reuse is not None:
         from kvbench.report.tables import reuse_display, reuse_terminal
 
         how = ("recompute = `none` (the server recomputing every prompt), restore = the mode's server; restored = "
-               "cached prompt tokens the server reported; hit % = of what earlier turns held" if sc.engine.server
+               "cached prompt tokens the server reported; hit % = of what earlier turns held" if sc.run_kind == "server"
                else "cold = recompute the whole prompt, warm = restore the stored prefix then prefill the rest")
         show(_table(reuse_terminal(reuse_display(res.reuse)), title,
                     f"{how}; TTFT median [min–max]; ÷: restore ÷ recompute TTFT, Σ over request pairs [95% "

@@ -75,10 +75,10 @@ def check_scenario(s: Scenario, *, check_model: bool = True) -> list[tuple[str, 
             s.engine.model.startswith(("/", "./", "../", "~")) and not Path(s.engine.model).expanduser().is_dir():
         problems.append(("engine.model", f"{s.engine.model} is not a folder: {kind.name} loads a Hugging Face "
                          "model directory (or a hub id such as HuggingFaceTB/SmolLM2-135M-Instruct)"))
-    for i, m in enumerate(s.modes if s.engine.server and kind is not None and kind.flag_problem else ()):
+    for i, m in enumerate(s.modes if s.run_kind == "server" and kind is not None and kind.flag_problem else ()):
         if (why := kind.flag_problem(mode_flags(s, m)[0])) is not None:
             problems.append((f"modes[{i}]", why))
-    for i, m in enumerate(s.modes if not s.engine.server else ()):
+    for i, m in enumerate(s.modes if s.run_kind != "server" else ()):
         if m.kind not in MODES:
             problems.append((f"modes[{i}].kind", MODES.unknown(m.kind)))
         elif getattr(m, "host_max_tokens", None) is not None and m.host_max_tokens < DISK_BLOCK_TOKENS:
@@ -164,7 +164,7 @@ def check_scenario(s: Scenario, *, check_model: bool = True) -> list[tuple[str, 
                 problems += _reuse_problems(s, shape, limit)
             problems += [(f"modes[{i}].hadamard", f"true needs a head_dim that is a power of two (a head_dim × "
                           f"head_dim Hadamard matrix); this model's head_dim is {shape.head_dim}: leave hadamard out")
-                         for i, m in enumerate(s.modes if not s.engine.server else ())
+                         for i, m in enumerate(s.modes if s.run_kind != "server" else ())
                          if getattr(m, "hadamard", None) and not hadamard_fits(shape.head_dim)]
             for i, n in enumerate(s.prompt_tokens if limit >= 1 and isinstance(s.prompt_tokens, list) else []):
                 if n > limit:
@@ -211,7 +211,7 @@ def _reuse_problems(s: Scenario, shape: Any, limit: int) -> list[tuple[str, str]
             if n > limit:
                 problems.append((f"workload.shared_prefix.prompt_tokens[{i}]",
                                  f"{n} tokens {why}; the longest prompt allowed is {limit}"))
-    if s.engine.server:  # a server keeps its own KV: kvbench's store does not apply
+    if s.run_kind == "server":  # a server keeps its own KV: kvbench's store does not apply
         return problems
     st = s.store_spec
     if sp is not None:
@@ -329,7 +329,7 @@ def scenario_warnings(s: Scenario, consent: bool = True) -> list[tuple[str, str]
     import psutil
 
     warns: list[tuple[str, str]] = []
-    if s.engine.server:  # a file for another machine is valid here; `kvbench run` refuses before any request
+    if s.run_kind == "server":  # a file for another machine is valid here; `kvbench run` refuses before any request
         warns += [(path, f"{msg} (kvbench run refuses until it is found)") for path, msg in server_problems(s)]
         warns += server_notices(s, consent)
         warns += _server_memory_warning(s)
@@ -345,7 +345,7 @@ def scenario_warnings(s: Scenario, consent: bool = True) -> list[tuple[str, str]
                     not s.device.startswith("cuda"):
                 warns.append((f"modes[{i}]", f"preset {m.kind} moves KV between a GPU and the host; on device "
                                              f"{s.device} it measures nothing of that (set device: cuda)"))
-    cuda = [i for i, m in enumerate(s.modes) if not s.engine.server and m.kind in MODES and MODES[m.kind].needs_cuda]
+    cuda = [i for i, m in enumerate(s.modes) if s.run_kind != "server" and m.kind in MODES and MODES[m.kind].needs_cuda]
     if cuda and (s.device == "cpu" or (s.device == "auto" and not _cuda())):
         warns += [(f"modes[{i}]", f"{s.modes[i].kind} needs a CUDA device, and device {s.device} has none here: "
                                   "its trials will be recorded as skipped") for i in cuda]

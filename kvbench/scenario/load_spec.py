@@ -1,5 +1,5 @@
 """How requests reach a server: the ``load:`` key of a scenario (:class:`LoadSpec`), which the load runner
-(:func:`kvbench.bench.load.run_load`) takes as it is, one concurrency level at a time
+(:func:`kvbench.bench.engines.server.load.run_load`) takes as it is, one concurrency level at a time
 (:meth:`LoadSpec.at_level`)."""
 
 from __future__ import annotations

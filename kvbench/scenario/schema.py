@@ -35,6 +35,8 @@ from kvbench.scenario.servers import EngineSpec, ServerMode, check_server_modes,
 from kvbench.scenario.workload import StoreSpec, WorkloadSpec
 
 DType = Literal["auto", "float32", "bfloat16", "float16"]
+#: What kind of run a scenario is (:attr:`Scenario.run_kind`).
+RunKind = Literal["sweep", "capacity", "reuse", "server"]
 #: Where the model runs.
 Device = whole_text(r"auto|cpu|cuda|cuda:\d{1,3}", "must be auto, cpu, cuda or cuda:N")
 
@@ -348,6 +350,18 @@ class Scenario(Strict):
         if self.prompt_tokens == "auto":
             return "prompt_tokens"
         return None
+
+    @property
+    def run_kind(self) -> RunKind:
+        """What kind of run this is, decided here once: ``server`` (a server engine: its requests under a load
+        profile, a server per mode), ``reuse`` (a reuse workload on the in-process engine: every request cold and
+        warm), ``capacity`` (a capacity search: ``batch_sizes: auto`` or ``prompt_tokens: auto``) or ``sweep`` (a
+        planned sweep of prompt lengths × batch sizes)."""
+        if self.engine.server:
+            return "server"
+        if self.workload.reuse:
+            return "reuse"
+        return "sweep" if self.searched is None else "capacity"
 
     @property
     def largest_batch(self) -> int:

@@ -53,7 +53,7 @@ def _what(s: Scenario) -> str:
                                                  else "the model's longest prompt")
         return (f"capacity search of {s.searched} up to {limit}: {_count(len(fixed), noun)} × "
                 f"{_count(len(s.modes), 'mode')}; trials are decided as it runs")
-    if s.engine.server:
+    if s.run_kind == "server":
         if s.workload.reuse:
             shape, requests = _reuse_shape(s)
             shape += f" = {_count(requests, 'request')}"

@@ -27,7 +27,7 @@ from kvbench.report.cost import quiet_count, reuse_cost_display, reuse_verdicts
 from kvbench.bench.engines.transformers import TransformersEngine
 from kvbench.bench.executors.local import LocalExecutor
 from kvbench.bench.plans.sweep import run_sweep
-from kvbench.bench.trial import plan_trials
+from kvbench.bench.plans.plan import plan_for
 from kvbench.scenario import ScenarioError, check_scenario, load_scenario, parse_scenario
 from kvbench.workloads.documents import Document
 from kvbench.workloads.sessions import QUESTIONS, NotEnoughRequests, conversation_turns, doc_qa, multi_turn
@@ -154,8 +154,7 @@ def problems(data, tmp_path):
 def test_reuse_scenario_errors(tmp_path):
     s = parse_scenario(reuse_scenario())
     assert s.workload.reuse == "multi_turn" and s.largest_batch == 1 and s.longest_prompt is None
-    with pytest.raises(ValueError, match="is a multi_turn workload"):
-        plan_trials(s)
+    assert s.run_kind == "reuse" and type(plan_for(s)).__name__ == "ReusePlan"
     assert "s.yaml: prompt_tokens: does not apply to workload multi_turn" in problems(
         reuse_scenario(prompt_tokens=[8]), tmp_path)
     assert "s.yaml: store: is for a reuse workload" in problems(tiny_scenario(store={"chunk_tokens": 8}), tmp_path)

@@ -195,7 +195,7 @@ def test_an_argparse_server_s_abbreviations_of_kvbench_s_flags_are_refused(write
 
 
 def test_the_flags_kvbench_sets_come_last_in_every_kind_s_command_line():
-    from kvbench.bench.engines.server.engine import server_argv
+    from kvbench.bench.engines.server.launch import server_argv
     from kvbench.scenario import parse_scenario
     from kvbench.scenario.servers import preset_of
 
@@ -280,7 +280,7 @@ def test_a_hugging_face_kind_refuses_a_gguf_engine_model_and_says_what_to_give(w
 def test_engine_python_runs_the_engine_s_module_and_needs_consent(write_yaml):
     import sys
 
-    from kvbench.bench.engines.server.engine import server_argv
+    from kvbench.bench.engines.server.launch import server_argv
     from kvbench.scenario.programs import Program, consent_needed, own_python, server_program
 
     s = load_scenario(write_yaml(server_scenario(engine={"kind": "vllm", "python": sys.executable,

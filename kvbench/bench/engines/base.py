@@ -1,29 +1,27 @@
 """The engine seam: what the plans ask of whatever runs a trial, and what it hands back.
 
 An engine opens a **mode session** (:meth:`Engine.session`: one mode, one repeat, its slots): the state that mode
-keeps between requests, from a cold start. A session runs one trial or request and hands back what it measured
-(:class:`~kvbench.bench.trial.TrialOutput`: token timestamps, generated ids, the prompt's digest, memory
-readings, its own row fields), rebuilds what a resumed run needs before its first missing request (``refill``),
-and reports its facts (a KV store's statistics; a server's run.json ``servers`` entry). The one row builder
-(:mod:`kvbench.bench.rows.row`) turns every output into a row; the plans (:mod:`kvbench.bench.plans`) decide
-which trials run in which order, and never which engine runs them.
-
-Two families implement it. In-process (:mod:`kvbench.bench.engines.transformers`): a cache object, a decode loop,
-this process's memory, one request at a time (:class:`Session`). A server reached over HTTP
-(:mod:`kvbench.bench.engines.server`): no cache object; it streams chunks with timestamps, reports cached prompt
-tokens per request, serves requests that overlap (:class:`RequestSession`, whose methods are coroutines) and runs
-in another process, whose PID (:attr:`Engine.pid`) the samplers watch. What only one family has is declared in
-its :class:`Capabilities`, not stubbed in the other.
+keeps between requests, from a cold start. In the in-process family (:mod:`kvbench.bench.engines.transformers`:
+a cache object, a decode loop, this process's memory) a session (:class:`Session`) runs one trial at a time and
+hands back what it measured (:class:`~kvbench.bench.trial.TrialOutput`: token timestamps, generated ids, the
+prompt's digest, memory readings, its own row fields); the executor turns it into a row through the one row
+builder (:mod:`kvbench.bench.rows.row`). A server reached over HTTP (:mod:`kvbench.bench.engines.server`: no cache
+object; it streams chunks with timestamps, reports cached prompt tokens per request and serves requests that
+overlap, in another process whose PID (:attr:`Engine.pid`) the samplers watch) runs a mode's requests behind the
+seam under the load profile and writes each row, built by the same row builder, through a :class:`RowSink` as
+its request ends (:func:`kvbench.bench.engines.server.mode_run.run_mode`). The plans
+(:mod:`kvbench.bench.plans`) decide which trials run in which order, never what a family does to run them. What
+only one family has is declared in its :class:`Capabilities`, not stubbed in the other.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from kvbench.bench.trial import ReuseTrial, ServerTrial, TrialOutput, TrialSpec
+from kvbench.bench.trial import ReuseTrial, TrialOutput, TrialSpec
 
 
 @dataclass(frozen=True)
@@ -36,9 +34,6 @@ class Capabilities:
             after each mode and has none to give back.
         tells_oom: a failed trial can be told apart as running out of memory (:meth:`Engine.is_oom`: the row is
             ``oom``, not ``error``).
-        max_in_flight: requests one session serves at once: 1 (the in-process engine has one slot: its sessions
-            are :class:`Session`) or None (a server: as many as the load's level gives it slots; its sessions are
-            :class:`RequestSession`, which the server plan drives under the load profile).
 
     What a trial measured of the cache (the KV bytes of a cache object in this process, or the cached prompt
     tokens a server reports per reply) travels in its :class:`~kvbench.bench.trial.TrialOutput`, with a note
@@ -47,7 +42,6 @@ class Capabilities:
 
     releases_memory: bool
     tells_oom: bool
-    max_in_flight: int | None
 
 
 class Watch(Protocol):
@@ -66,7 +60,7 @@ class Watch(Protocol):
 
 
 class Session(Protocol):
-    """One mode's state for one repeat in an engine that runs one trial at a time (``max_in_flight`` 1)."""
+    """One mode's state for one repeat in an engine that runs one trial at a time (the in-process engine)."""
 
     def run(self, t: TrialSpec, watch: Watch, keep_gaps: bool) -> TrialOutput:
         """Run ``t`` (its timed part inside ``watch.window``) and return what it measured; ``keep_gaps``: hand
@@ -87,31 +81,31 @@ class Session(Protocol):
         ...
 
 
-class RequestSession(Protocol):
-    """One mode's state for one repeat in an engine whose requests overlap (a server: ``max_in_flight`` None).
-    Its ``client`` is an ``httpx.AsyncClient`` the caller opens for the session's load."""
+class RowSink(Protocol):
+    """What an engine that writes its own rows (a server's, whose requests overlap: each row is written as its
+    request ends, :func:`kvbench.bench.engines.server.mode_run.run_mode`) writes them through: the run's
+    :class:`~kvbench.bench.plans.sweep.Recorder`.
 
-    async def warm_up(self, client: Any, n: int) -> None:
-        """Send ``n`` unrecorded warm-up requests that share no prefix with any measured request."""
-        ...
+    Attributes:
+        run: the run directory (:class:`~kvbench.results.run_dir.RunDir`, or a cluster worker's stand-in): its
+            ``meta`` (run.json) and ``update`` (fields written to run.json).
+        rows: the rows written so far (and a resumed run's), by trial id.
+        on_status: called with what runs now (a server starting), or None.
+        on_start: called with each measured request as it is sent, or None.
+    """
 
-    async def run(self, client: Any, t: ServerTrial, own: Any, flight: Any) -> tuple[Any, dict[str, Any]]:
-        """Send measured request ``t`` (with what the mode does around it: a slot restored before, the reply
-        held after) and return the reply (the engine's ``output`` makes it a TrialOutput) and the request's facts
-        as row fields. ``own``: this process's CPU seconds (the machine-load window leaves them out);
-        ``flight``: the load's requests in flight.
+    run: Any
+    rows: dict[str, dict[str, Any]]
+    on_status: Callable[[str], None] | None
+    on_start: Callable[[TrialSpec], None] | None
+
+    def write(self, row: dict[str, Any], samples: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        """Write a row the engine built and its samples (fsynced); returns the row as written. May be called
+        from another thread than the sweep's.
 
         Raises:
-            kvbench.bench.engines.server.stream.ServerReplyError: the reply failed (the row is ``error``).
+            OSError: the row could not be written (disk full...).
         """
-        ...
-
-    async def refill(self, client: Any, trials: Sequence[ServerTrial], todo: Sequence[ServerTrial]) -> int:
-        """Resumed mid-mode: send again, unrecorded, the written requests that ``todo`` builds on; how many."""
-        ...
-
-    def facts(self) -> dict[str, Any]:
-        """The session's run.json ``servers`` entry: command line, version, log, slots, ``/metrics`` deltas."""
         ...
 
 
@@ -148,8 +142,8 @@ class Engine(Protocol):
         ...
 
     def session(self, mode: Any, repeat: int, slots: int = 1) -> AbstractContextManager[Any]:
-        """The state ``mode`` keeps for ``repeat`` (a :class:`Session`, or a :class:`RequestSession` where
-        ``max_in_flight`` is None), from a cold start, with ``slots`` requests at once at most; everything it
+        """The state ``mode`` keeps for ``repeat`` (the in-process family's :class:`Session`; a server's session is
+        its own family's), from a cold start, with ``slots`` requests at once at most; everything it
         made (a store's disk files, a server) is removed on every exit path."""
         ...
 

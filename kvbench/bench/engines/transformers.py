@@ -56,8 +56,8 @@ def disk_fields(cache: Any) -> tuple[dict[str, Any], dict[str, str]]:
             "disk_synced_bytes": tier.synced_bytes}, notes
 
 
-#: What the in-process engine has: its own device memory, OOM told apart, one slot.
-CAPABILITIES = Capabilities(releases_memory=True, tells_oom=True, max_in_flight=1)
+#: What the in-process engine has: its own device memory, OOM told apart.
+CAPABILITIES = Capabilities(releases_memory=True, tells_oom=True)
 
 
 class TransformersSession:

@@ -1,6 +1,6 @@
 """The executor seam between the sweep and the engines: the sweep (:func:`kvbench.bench.plans.sweep.run_sweep`) hands an
 executor the run's :class:`~kvbench.bench.plans.sweep.Recorder` and the executor runs every trial through it.
-:class:`LocalExecutor` runs them in the plan's order (:func:`kvbench.bench.plans.plan.run_plan`) on an engine in this
+:class:`LocalExecutor` runs them in the plan's order (:meth:`kvbench.bench.plans.plan.Plan.run`) on an engine in this
 process's reach (the in-process transformers engine, or a server engine, whose plan starts a server per mode
 session here); :class:`kvbench.bench.executors.ray.driver.RayExecutor` on the engines of a Ray cluster's workers, behind the
 same :class:`~kvbench.bench.roles.Executor` protocol."""
@@ -17,7 +17,7 @@ from kvbench.bench.telemetry.machine_load import LoadWindow, other_gpu_processes
 from kvbench.bench.telemetry.monitor import Sampler, TrialTimeline
 from kvbench.bench.rows.reference import Reference
 from kvbench.bench.rows.row import base_row, measured_fields
-from kvbench.bench.plans.plan import run_plan
+from kvbench.bench.plans.plan import plan_for
 from kvbench.bench.trial import ReuseTrial, TrialSpec
 from kvbench.offload.modes import ModeUnavailable
 from kvbench.scenario import Scenario
@@ -65,12 +65,14 @@ class LocalExecutor:
         environment: the run's (its ``cpu_count`` sets the busy threshold of the machine-load window).
         sampler: the samplers to use (default: one for the engine's device and process, as the scenario's
             ``monitor`` section says).
+        on_alert: called with the event when device memory crosses ``monitor.alert_device_bytes`` during a trial
+            (:class:`~kvbench.bench.telemetry.monitor.Sampler`).
     """
 
     def __init__(self, scenario: Scenario, engine: Engine, environment: dict[str, Any] | None = None,
-                 sampler: Sampler | None = None):
-        self.s, self.engine = scenario, engine
-        self._sampler, self._cpu_count = sampler, (environment or {}).get("cpu_count")
+                 sampler: Sampler | None = None, on_alert: Callable[[dict[str, Any]], None] | None = None):
+        self.s, self.engine, self.plan = scenario, engine, plan_for(scenario)
+        self._sampler, self._cpu_count, self._on_alert = sampler, (environment or {}).get("cpu_count"), on_alert
         self._watch: TrialWatch | None = None
         self.last_samples: list[dict[str, Any]] = []
         self._sessions: dict[str, Session] = {}  # the open sessions (:meth:`session`), by mode label
@@ -87,7 +89,8 @@ class LocalExecutor:
             mon = self.s.monitor
             self._sampler = Sampler(
                 self.engine.device, mon.interval_ms,
-                int(mon.alert_device_bytes) if mon.alert_device_bytes is not None else None, pid=self.engine.pid)
+                int(mon.alert_device_bytes) if mon.alert_device_bytes is not None else None, pid=self.engine.pid,
+                on_alert=self._on_alert)
         return self._sampler
 
     @property
@@ -139,9 +142,14 @@ class LocalExecutor:
         return row
 
     def sweep(self, scenario: Scenario, record: Any, trials: Sequence[TrialSpec] | None = None) -> None:
-        """Run the scenario's trials here, through ``record``, in the plan's order
-        (:func:`~kvbench.bench.plans.plan.run_plan`; ``trials``: only these of a planned sweep)."""
-        run_plan(scenario, record, self.engine, trials)
+        """Run the scenario's trials here, through ``record``, in its plan's order
+        (:meth:`Plan.run <kvbench.bench.plans.plan.Plan.run>`; ``trials``: only these of a planned sweep)."""
+        self.plan.run(record, self.engine, trials)
+
+    def close(self) -> None:
+        """Release the samplers' NVML handle, where they were made."""
+        if self._sampler is not None:
+            self._sampler.close()
 
     def release(self) -> None:
         """Release the engine's memory before a new shape, where it holds memory of its own

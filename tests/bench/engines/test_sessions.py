@@ -35,7 +35,7 @@ def reuse(tiny_model, smol_tokenizer, tmp_path):
 
 def test_the_transformers_engine_has_one_slot(reuse):
     s, runner, _ = reuse
-    assert runner.engine.capabilities.max_in_flight == 1
+    assert runner.plan.kind == "reuse" and runner.plan.family.name == "in-process"
     with pytest.raises(ValueError, match="the transformers engine runs one request at a time, not 2"):
         with runner.engine.session(s.modes[0], 0, slots=2):
             pass
@@ -77,7 +77,7 @@ def test_release_is_asked_only_of_an_engine_that_holds_memory_of_its_own():
     s = parse_scenario(tiny_scenario())
 
     def engine(releases: bool) -> SimpleNamespace:
-        caps = Capabilities(releases_memory=releases, tells_oom=False, max_in_flight=1)
+        caps = Capabilities(releases_memory=releases, tells_oom=False)
         e = SimpleNamespace(capabilities=caps, reference=None)
         if releases:
             e.release = lambda: calls.append("released")

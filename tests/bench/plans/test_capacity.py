@@ -9,7 +9,7 @@ import torch
 
 from conftest import tiny_scenario
 from kvbench.analysis.points import point_table
-from kvbench.bench.plans.capacity import device_problem, search
+from kvbench.bench.plans.capacity import search
 from kvbench.bench.trial import bounds
 from kvbench.analysis.capacity import capacity_frame
 from kvbench.report.advice import capacity_findings, capacity_recommendation
@@ -20,7 +20,7 @@ from kvbench.results.run_dir import RunDir
 from kvbench.bench.engines.transformers import TransformersEngine
 from kvbench.bench.executors.local import LocalExecutor
 from kvbench.bench.plans.sweep import run_sweep
-from kvbench.bench.trial import plan_trials
+from kvbench.bench.plans.plan import plan_for
 from kvbench.scenario import ScenarioError, check_scenario, parse_scenario
 from kvbench.workloads import SyntheticSource
 
@@ -75,8 +75,7 @@ def test_scenario_auto_fields_and_their_errors():
     s = parse_scenario(tiny_scenario(batch_sizes="auto", budget="40KiB"))
     assert s.searched == "batch_size" and s.largest_batch == 4  # workload.n_prompts
     assert bounds(s, 2000) == (1, 4, 1)
-    with pytest.raises(ValueError, match="its trials are decided as it runs"):
-        plan_trials(s)
+    assert s.run_kind == "capacity" and plan_for(s).planned(None) is None
     s = parse_scenario(tiny_scenario(prompt_tokens="auto", budget="40KiB", capacity={"start": 16, "resolution": 8}))
     assert s.searched == "prompt_tokens" and s.longest_prompt is None and bounds(s, 2045) == (16, 2045, 8)
 
@@ -105,8 +104,8 @@ def test_scenario_auto_fields_and_their_errors():
         ("capacity.start", "16 is above the search's max, workload.n_prompts 4: smaller batches would never be tried")]
     # device: auto on a machine without CUDA (these tests' machines) needs a budget too, as `run` would say
     s = parse_scenario(tiny_scenario(device="auto", prompt_tokens="auto", capacity={"start": 3000, "max": 4000}))
-    assert device_problem(s, "cpu").startswith("prompt_tokens search on cpu needs a device KV budget")
-    assert device_problem(s, "cuda") is None
+    assert plan_for(s).problem("cpu").startswith("prompt_tokens search on cpu needs a device KV budget")
+    assert plan_for(s).problem("cuda") is None
     found = check_scenario(s)
     for key, v in (("max", 4000), ("start", 3000)):
         assert (f"capacity.{key}", f"{v} tokens + max_new_tokens 3 exceeds the model's max_position_embeddings 2048; "

@@ -13,10 +13,11 @@ import pytest
 from kvbench.analysis.reuse import recompute_side
 from kvbench.analysis.reuse_cost import busy_seconds
 from kvbench.bench.engines.server.client import Reply
-from kvbench.bench.engines.server.engine import ServerEngine, server_argv
+from kvbench.bench.engines.server.engine import ServerEngine
+from kvbench.bench.engines.server.launch import server_argv
 from kvbench.bench.engines.server.requests import reusable_tokens
 from kvbench.bench.engines.server.session import common_prefix
-from kvbench.bench.plans.server import request_row
+from kvbench.bench.engines.server.rows import request_row
 from kvbench.bench.plans.server import at_level, mode_order
 from kvbench.report.server_findings import server_findings
 from kvbench.scenario import parse_scenario
@@ -87,17 +88,17 @@ def test_a_request_row_carries_the_server_s_cache_truth_and_verifies_a_cold_star
     e = engine(s)
     outcome = SimpleNamespace(arrival_s=1.0, start_s=1.5)
     none = e.trials(s.modes[0], 0, REQUESTS)[2]
-    row = request_row(s, e, none, reply(0), outcome, first=True)
+    row = request_row(e, none, reply(0), outcome, first=True)
     assert (row["trial_id"], row["warm"], row["cached_prompt_tokens"], row["cold_verified"]) == (
         "c0-t2-none-r0", False, 0, True)
     assert (row["ttft_s"], row["reusable_prompt_tokens"], row["tokens_match"]) == (0.5, 5, True)
     assert (row["arrival_s"], row["queue_s"]) == (1.5, 0.0)  # one at a time: a request arrives when it is sent
     c = scenario(load={"profile": "concurrent", "concurrency": 2})
-    assert request_row(c, engine(c), engine(c).trials(c.modes[0], 0, REQUESTS)[2], reply(0), outcome)["queue_s"] \
+    assert request_row(engine(c), engine(c).trials(c.modes[0], 0, REQUESTS)[2], reply(0), outcome)["queue_s"] \
         == 0.5
     assert row["itl_s"] == pytest.approx([0.1, 0.2]) and row["server_tpot_s"] == 0.1
     warm = e.trials(s.modes[1], 0, REQUESTS)[2]
-    row = request_row(s, e, warm, reply(5, text="abd"), outcome)
+    row = request_row(e, warm, reply(5, text="abd"), outcome)
     assert (row["tokens_restored"], row["tokens_prefilled"], row["store_hit_rate"]) == (5, 1, 1.0)
     assert (row["tokens_match"], row["cold_verified"]) == (False, None)
 
@@ -106,18 +107,18 @@ def test_a_cold_mode_that_hit_is_contaminated_and_never_the_reference():
     s = scenario()
     e = engine(s)
     none = e.trials(s.modes[0], 0, REQUESTS)[2]
-    row = request_row(s, e, none, reply(4), None, first=True)
+    row = request_row(e, none, reply(4), None, first=True)
     assert (row["contaminated"], row["cold_verified"], row["tokens_match"]) == (True, False, None)
     assert "not taken as the reference" in row["notes"]["tokens_match"]
     warm = e.trials(s.modes[1], 0, REQUESTS)[2]
-    assert request_row(s, e, warm, reply(5), None)["tokens_match"] is None  # nothing to compare with
+    assert request_row(e, warm, reply(5), None)["tokens_match"] is None  # nothing to compare with
 
 
 def test_a_reply_of_another_length_is_refused():
     s = scenario(max_new_tokens=4)
     e = engine(s)
     with pytest.raises(RuntimeError, match="generated 3 tokens, expected exactly 4"):
-        request_row(s, e, e.trials(s.modes[0], 0, REQUESTS)[0], reply(0), None)
+        request_row(e, e.trials(s.modes[0], 0, REQUESTS)[0], reply(0), None)
 
 
 def frame(rows: list[dict]) -> pd.DataFrame:

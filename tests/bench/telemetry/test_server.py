@@ -9,7 +9,7 @@ def test_listening_pid_finds_the_process_on_a_port_and_only_that():
     import os
     import socket
 
-    from kvbench.bench.engines.server.engine import running_pid
+    from kvbench.bench.engines.server.launch import running_pid
     from kvbench.bench.telemetry.server import listening_pid
 
     with socket.socket() as s:

@@ -109,7 +109,7 @@ class ServerSession:
         e = self.engine
         options = {**self.engine.quality.request, **self.preset.request, **self.mode.request}
         timeout, deadline = e.s.engine.request_timeout_s, e.s.engine.reply_timeout_s
-        if e.server_kind.protocol == "completion":
+        if e.kind_spec.protocol == "completion":
             reply = await complete_llamacpp(client, self.url, ids, n_tokens, options, seed=e.s.seed,
                                             timeout_s=timeout, deadline_s=deadline)
             if reply.slot is None:

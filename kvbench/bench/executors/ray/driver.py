@@ -24,7 +24,6 @@ why.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import queue
 import threading
 import traceback
@@ -37,8 +36,7 @@ from kvbench.bench.executors.ray.logs import RunLogs, salvage_folders, stop_work
 from kvbench.bench.executors.ray.lost import logs_lost_reason, lost_entry, lost_row, lost_warning
 from kvbench.bench.executors.ray.placement import WorkerKind, worker_kinds
 from kvbench.bench.executors.ray.pool import Worker, kill_workers, start_kinds, start_workers
-from kvbench.bench.plans.plan import divisible
-from kvbench.bench.trial import plan_trials
+from kvbench.bench.plans.plan import plan_for
 from kvbench.errors import SweepIncomplete
 from kvbench.results.rows import retry_due
 from kvbench.scenario import Scenario
@@ -157,10 +155,9 @@ class RayExecutor:
         return trial_id[:-len(suffix)] if trial_id.endswith(suffix) else None
 
     def _units(self) -> list[_Unit]:
-        if not divisible(self.s):
+        points = plan_for(self.s).units()
+        if points is None:
             return [_Unit(k, None) for k in self.kinds]
-        points = [list(g) for _, g in itertools.groupby(plan_trials(self.s),
-                                                        key=lambda t: (t.prompt_tokens, t.batch_size))]
         return [_Unit(k, p) for k in self.kinds for p in points]
 
     def sweep(self, scenario: Scenario, record: Any, trials: None = None) -> None:
@@ -272,7 +269,7 @@ class RayExecutor:
             fields = {"lost_workers": [*meta.get("lost_workers", []), lost]}
             self._record.run.update(**self._logs.amend_fields(
                 {**fields, "servers": meta["servers"]} if isinstance(meta.get("servers"), list) else fields))
-        self._warn(lost_warning(lost, self.s.engine.server))
+        self._warn(lost_warning(lost, self.s.run_kind == "server"))
 
     def _take(self, worker: Worker) -> _Unit | None | bool:
         """The next unit for ``worker``; None when its kind has nothing left; False: wait (a unit in flight may

@@ -15,7 +15,7 @@ from typing import Any
 
 from kvbench.errors import ClusterError
 from kvbench.scenario import Scenario
-from kvbench.bench.plans.plan import divisible
+from kvbench.bench.plans.plan import plan_for
 
 
 @dataclass(frozen=True)
@@ -39,10 +39,9 @@ def unit_count(s: Scenario) -> int:
     """How many units of work a kind's workers share: a planned sweep's (prompt length, batch size) points, each
     run whole by one worker (its ``none`` reference, warm-ups and interleaved modes together); a reuse workload,
     a capacity search or a server engine is one unit (its trials depend on each other: the plan says which
-    sweeps divide, :func:`~kvbench.bench.plans.plan.divisible`)."""
-    if not divisible(s):
-        return 1
-    return len(s.prompt_tokens) * len(s.batch_sizes)
+    sweeps divide, :meth:`~kvbench.bench.plans.plan.Plan.units`)."""
+    units = plan_for(s).units()
+    return 1 if units is None else len(units)
 
 
 def _wants_gpu(s: Scenario, nodes: list[dict[str, Any]]) -> bool:

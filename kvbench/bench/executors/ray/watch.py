@@ -91,14 +91,14 @@ class EngineWatch:
 
         @contextlib.contextmanager
         def watched_session(*args: Any, **kw: Any) -> Iterator[Any]:
-            first = len(engine.servers)
+            first = len(engine.launches)
             try:
                 with session(*args, **kw) as srv:
-                    self._mark(engine.servers[first:])
+                    self._mark(engine.launches[first:])
                     yield srv
             finally:  # the server has stopped (or never started): its log is complete
-                self._mark(engine.servers[first:])
-                for info in engine.servers[first:]:
+                self._mark(engine.launches[first:])
+                for info in engine.launches[first:]:
                     found = self.shipper.ship(Path(info["log"]).name) if info.get("log") else None
                     if found is not None:
                         self._emit(("file", found))
@@ -107,9 +107,9 @@ class EngineWatch:
 
     def start_row(self, t: Any) -> dict[str, Any]:
         """The row of measured request ``t`` (a :class:`~kvbench.bench.trial.ServerTrial`) before it has a reply."""
-        from kvbench.bench.plans.server import request_row
+        from kvbench.bench.engines.server.rows import request_row
 
-        return request_row(self.engine.s, self.engine, t, None, None)
+        return request_row(self.engine, t, None, None)
 
     def begin(self, send: Send) -> None:
         """Before a unit: ``send`` the unit's event channel."""

@@ -97,22 +97,18 @@ class TrialWorker:
         self.where = where_fields(self.env, worker=ray.get_runtime_context().get_actor_id())
         self.node = ray.get_runtime_context().get_node_id()
         from kvbench.bench.executors.local import LocalExecutor
+        from kvbench.bench.plans.plan import plan_for
 
-        if self.s.engine.server:
-            from kvbench.bench.engines.server.engine import load_server_engine
-
+        family = plan_for(self.s).family
+        if family.own_files:
             # the servers' logs, on this worker's disk; made at the first unit, so a worker that never runs one
             # (it failed to load, or was stopped while starting) leaves nothing behind
             self._root = Path(tempfile.gettempdir()) / f"{FOLDER_PREFIX}{os.getpid()}-{secrets.token_hex(6)}"
-            engine = load_server_engine(self.s, self._root)
-            self.executor: Any = LocalExecutor(self.s, engine, self.env)
+        engine, _ = family.load(self.s, Path(where), self._root or Path(where), self.env)
+        self.executor: Any = LocalExecutor(self.s, engine, self.env)
+        if family.own_files:
             self._shipper = LogShipper(self._root)
             self._watch = EngineWatch(engine, self._shipper, self.where)
-        else:
-            from kvbench.bench.engines.transformers import load_engine
-
-            engine = load_engine(self.s, self.env)
-            self.executor = LocalExecutor(self.s, engine, self.env)
         problems = engine.preflight()
         if problems:
             self.problem = f"{where}: cannot run on {self.where['host']}:\n" + "\n".join(problems)

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from kvbench.bench.engines.server.engine import load_server_engine, server_argv
+from kvbench.bench.engines.server.engine import load_server_engine
+from kvbench.bench.engines.server.launch import server_argv
 from kvbench.models import export
 from kvbench.scenario import parse_scenario
 

@@ -1,4 +1,4 @@
-"""Load profiles of a server run (kvbench.bench.load) on virtual time: exact send times, chains, think
+"""Load profiles of a server run (kvbench.bench.engines.server.load) on virtual time: exact send times, chains, think
 time, Poisson schedules, cut-offs, failures and cancellation."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 
 from pydantic import ValidationError
 
-from kvbench.bench.load import BadLoadSpec, Outcome, poisson_arrivals, run_load
+from kvbench.bench.engines.server.load import BadLoadSpec, Outcome, poisson_arrivals, run_load
 from kvbench.scenario.load_spec import PROFILES, LoadSpec
 
 
