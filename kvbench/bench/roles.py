@@ -9,9 +9,9 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
-from kvbench.bench.engines.base import Engine, Session
+from kvbench.bench.engines.base import Engine, RunRecord, Session
 from kvbench.bench.trial import TrialSpec
-from kvbench.scenario import Scenario
+from kvbench.scenario import Scenario, ScenarioMode
 
 
 class Executor(Protocol):
@@ -22,9 +22,9 @@ class Executor(Protocol):
             ``device``).
     """
 
-    engine: Any
+    engine: Engine
 
-    def sweep(self, scenario: Scenario, record: Any, trials: Sequence[TrialSpec] | None = None) -> None:
+    def sweep(self, scenario: Scenario, record: Record, trials: Sequence[TrialSpec] | None = None) -> None:
         """Run every trial of ``scenario`` not yet in ``record`` (a :class:`~kvbench.bench.plans.sweep.Recorder`),
         writing each row through it as its trial ends; ``trials``: only these of a planned sweep (in their
         order; a cluster worker's unit of work). KeyboardInterrupt is not caught.
@@ -62,7 +62,7 @@ class TrialRunner(Protocol):
         failure is a row with its ``status`` and ``message``. KeyboardInterrupt is not caught."""
         ...
 
-    def session(self, mode: Any, repeat: int) -> AbstractContextManager[Session]:
+    def session(self, mode: ScenarioMode, repeat: int) -> AbstractContextManager[Session]:
         """The engine's session of ``mode`` for ``repeat``, open while the block runs; the trials of that mode
         run meanwhile run in it."""
         ...
@@ -85,7 +85,7 @@ class Record(Protocol):
         on_start: called with each measured trial as it begins, or None.
     """
 
-    run: Any
+    run: RunRecord
     rows: dict[str, dict[str, Any]]
     on_status: Callable[[str], None] | None
     on_start: Callable[[TrialSpec], None] | None
@@ -95,7 +95,7 @@ class Record(Protocol):
         or return the row already written."""
         ...
 
-    def session(self, mode: Any, repeat: int) -> AbstractContextManager[Session]:
+    def session(self, mode: ScenarioMode, repeat: int) -> AbstractContextManager[Session]:
         """``mode``'s session for ``repeat``, open while the block runs (a reuse workload keeps every mode's open
         for a repeat); the trials of that mode run meanwhile run in it."""
         ...

@@ -7,9 +7,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
-from kvbench.scenario import CAPACITY_DEFAULTS, CapacitySpec, Scenario
+from kvbench.scenario import CAPACITY_DEFAULTS, CapacitySpec, Scenario, ScenarioMode
+from kvbench.workloads.sessions import Request
+
+M = TypeVar("M", bound=ScenarioMode)
 
 
 @dataclass(frozen=True)
@@ -19,7 +22,7 @@ class TrialSpec:
 
     prompt_tokens: int
     batch_size: int
-    mode: Any
+    mode: ScenarioMode
     repeat: int
 
     @property
@@ -28,7 +31,7 @@ class TrialSpec:
         return f"p{self.prompt_tokens}-b{self.batch_size}-{self.mode.label}-r{self.repeat}"
 
     @property
-    def shape_key(self) -> tuple:
+    def shape_key(self) -> tuple[object, ...]:
         """Trials with one key share their warm-up (run before the first of them)."""
         return (self.prompt_tokens, self.batch_size, self.mode.label)
 
@@ -43,13 +46,13 @@ class ReuseTrial(TrialSpec):
     prompt from what the engine keeps for the mode (the transformers engine: a KV store per mode) and prefills the
     rest; cold recomputes it all. Build with :meth:`of`."""
 
-    request: Any = None  # a kvbench.workloads.sessions.Request
-    warm: bool = False
+    request: Request = field(kw_only=True)
+    warm: bool = field(default=False, kw_only=True)
 
     @classmethod
-    def of(cls, request: Any, mode: Any, repeat: int, warm: bool) -> "ReuseTrial":
-        """The trial of ``request`` (a :class:`~kvbench.workloads.sessions.Request`) in ``mode``."""
-        return cls(len(request.ids), 1, mode, repeat, request, warm)
+    def of(cls, request: Request, mode: ScenarioMode, repeat: int, warm: bool) -> "ReuseTrial":
+        """The trial of ``request`` in ``mode``."""
+        return cls(len(request.ids), 1, mode, repeat, request=request, warm=warm)
 
     @property
     def trial_id(self) -> str:
@@ -57,7 +60,7 @@ class ReuseTrial(TrialSpec):
         return f"{self.request.id}-{self.mode.label}-{'warm' if self.warm else 'cold'}-r{self.repeat}"
 
     @property
-    def shape_key(self) -> tuple:
+    def shape_key(self) -> tuple[object, ...]:
         """One warm-up per mode: prompts of a reuse workload all differ in length."""
         return ("reuse", self.mode.label)
 
@@ -80,12 +83,12 @@ class ServerTrial(ReuseTrial):
         return f"{self.request.id}-{self.mode.label}-r{self.repeat}"
 
     @property
-    def shape_key(self) -> tuple:
+    def shape_key(self) -> tuple[object, ...]:
         """One warm-up per server start (mode and repeat)."""
         return ("server", self.mode.label, self.repeat)
 
 
-def reference_first(modes: Iterable[Any]) -> list[Any]:
+def reference_first(modes: Iterable[M]) -> list[M]:
     """The modes with ``none`` (the reference every trial's ids are compared with) first, the others in their
     order."""
     return sorted(modes, key=lambda m: m.kind != "none")
@@ -94,12 +97,19 @@ def reference_first(modes: Iterable[Any]) -> list[Any]:
 def plan_trials(s: Scenario) -> list[TrialSpec]:
     """Every recorded trial of a planned sweep (:class:`~kvbench.bench.plans.plan.SweepPlan`), in run order: prompt
     length, batch size, repeat, then mode (so modes are interleaved and share the machine's conditions), ``none``
-    first so the others can be compared with it."""
+    first so the others can be compared with it.
+
+    Raises:
+        ValueError: the scenario has no planned sweep (no lists of prompt lengths and batch sizes).
+    """
+    prompts, batches = s.prompt_tokens, s.batch_sizes
+    if not isinstance(prompts, list) or not isinstance(batches, list):
+        raise ValueError(f"{s.name} is a {s.run_kind} run: it has no planned sweep of prompt lengths × batch sizes")
     modes = reference_first(s.modes)
     return [
         TrialSpec(n, b, m, r)
-        for n in s.prompt_tokens
-        for b in s.batch_sizes
+        for n in prompts
+        for b in batches
         for r in range(s.repeats)
         for m in modes
     ]

@@ -11,10 +11,10 @@ from kvbench.errors import ScenarioError
 from kvbench.scenario.catalog import read_folder, shipped_elsewhere
 from kvbench.scenario.checks import check_scenario, scenario_warnings
 from kvbench.scenario.load import load_scenario, parse_scenario, read_yaml
-from kvbench.scenario.schema import CAPACITY_DEFAULTS, CapacitySpec, ModelSpec, RunKind, Scenario
+from kvbench.scenario.schema import CAPACITY_DEFAULTS, CapacitySpec, ModelSpec, RunKind, Scenario, ScenarioMode
 from kvbench.scenario.summary import sweep_summary
 from kvbench.scenario.workload import WorkloadSpec
 
-__all__ = ["CAPACITY_DEFAULTS", "CapacitySpec", "ModelSpec", "RunKind", "Scenario", "ScenarioError", "WorkloadSpec",
+__all__ = ["CAPACITY_DEFAULTS", "CapacitySpec", "ModelSpec", "RunKind", "Scenario", "ScenarioMode", "ScenarioError", "WorkloadSpec",
            "check_scenario", "load_scenario", "parse_scenario", "read_folder", "read_yaml", "scenario_warnings",
            "shipped_elsewhere", "sweep_summary"]

@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import AfterValidator, ByteSize, Discriminator, Field, Tag, field_validator, model_validator
 
-from kvbench.offload.modes import MODES, Tokens
+from kvbench.offload.modes import MODES, ModeOptions, Tokens
 from kvbench.scenario.bounds import (
     MAX_BATCH,
     Batch,
@@ -35,6 +35,8 @@ from kvbench.scenario.servers import EngineSpec, ServerMode, check_server_modes,
 from kvbench.scenario.workload import StoreSpec, WorkloadSpec
 
 DType = Literal["auto", "float32", "bfloat16", "float16"]
+#: A scenario's mode as the running code sees it: an offload mode's options, or a server configuration.
+ScenarioMode = Union[ModeOptions, ServerMode]
 #: What kind of run a scenario is (:attr:`Scenario.run_kind`).
 RunKind = Literal["sweep", "capacity", "reuse", "server"]
 #: Where the model runs.

@@ -1,6 +1,6 @@
 """The engine seam: what the plans ask of whatever runs a trial, and what it hands back.
 
-An engine opens a **mode session** (:meth:`Engine.session`: one mode, one repeat, its slots): the state that mode
+An engine opens a **mode session** (:meth:`SessionEngine.session`: one mode, one repeat, its slots): the state that mode
 keeps between requests, from a cold start. In the in-process family (:mod:`kvbench.bench.engines.transformers`:
 a cache object, a decode loop, this process's memory) a session (:class:`Session`) runs one trial at a time and
 hands back what it measured (:class:`~kvbench.bench.trial.TrialOutput`: token timestamps, generated ids, the
@@ -19,9 +19,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
+from kvbench.bench.rows.reference import Reference
 from kvbench.bench.trial import ReuseTrial, TrialOutput, TrialSpec
+from kvbench.scenario import ScenarioMode
+from kvbench.workloads import PromptSource
+from kvbench.workloads.sessions import Stream
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)
@@ -48,7 +55,7 @@ class Watch(Protocol):
     """What the executor hands an engine to watch a trial's timed window (the samplers and the machine's load)."""
 
     def window(self, trial_id: str, kv_probe: Callable[[], tuple[int, int, int]] | None = None,
-               pinned_probe: Callable[[], int] | None = None) -> AbstractContextManager[Any]:
+               pinned_probe: Callable[[], int] | None = None) -> AbstractContextManager[object]:
         """Sample while the block runs (the engine's timed part). ``kv_probe``: the KV bytes held now on (device,
         host, disk), read with every sample (cheap: it runs on the sampler thread); ``pinned_probe``: the pinned
         host bytes the trial asked for at its peak."""
@@ -81,6 +88,33 @@ class Session(Protocol):
         ...
 
 
+class RunRecord(Protocol):
+    """The run's files as the sweep's pieces see them: a :class:`~kvbench.results.run_dir.RunDir`, or a cluster
+    worker's stand-in that sends what it is given to the driver.
+
+    Attributes:
+        meta: run.json's fields.
+    """
+
+    meta: dict[str, Any]
+
+    def update(self, **fields: Any) -> None:
+        """Set ``fields`` in run.json (written atomically)."""
+        ...
+
+    def finished_trials(self) -> list[dict[str, Any]]:
+        """The rows written so far, in order."""
+        ...
+
+    def record_trial(self, row: dict[str, Any], samples: list[dict[str, Any]]) -> None:
+        """Append a trial's row and its samples, fsynced.
+
+        Raises:
+            OSError: they could not be written (disk full...).
+        """
+        ...
+
+
 class RowSink(Protocol):
     """What an engine that writes its own rows (a server's, whose requests overlap: each row is written as its
     request ends, :func:`kvbench.bench.engines.server.mode_run.run_mode`) writes them through: the run's
@@ -94,7 +128,7 @@ class RowSink(Protocol):
         on_start: called with each measured request as it is sent, or None.
     """
 
-    run: Any
+    run: RunRecord
     rows: dict[str, dict[str, Any]]
     on_status: Callable[[str], None] | None
     on_start: Callable[[TrialSpec], None] | None
@@ -110,27 +144,30 @@ class RowSink(Protocol):
 
 
 class Engine(Protocol):
-    """Runs trials of one scenario on one model, one mode session at a time.
+    """What every engine family gives the plans and the run, for one scenario on one model.
 
     Attributes:
         device: the torch device the model runs on (the samplers read NVML for a CUDA one).
         pid: the process the samplers watch (this one for an in-process engine, the server's otherwise).
-        source: the prompts: a :class:`~kvbench.workloads.PromptSource`, or a reuse workload's
-            :class:`~kvbench.workloads.sessions.Stream` (its ``requests`` and ``notes``).
+        source: the prompts: a :class:`~kvbench.workloads.PromptSource`, or a request stream
+            (:class:`~kvbench.workloads.sessions.Stream`: its ``requests`` and ``notes``).
         longest_prompt: the model's longest prompt in tokens (max positions less the tokens generated).
         capabilities: what this engine family has (:class:`Capabilities`).
         reference: the ``none`` outputs every trial of this engine is compared with
             (:class:`~kvbench.bench.rows.reference.Reference`).
-        weights_bytes: bytes of the model's weights in this process (None for a server engine).
     """
 
-    device: Any
+    device: torch.device
     pid: int
-    source: Any
+    source: PromptSource | Stream
     longest_prompt: int
     capabilities: Capabilities
-    reference: Any
-    weights_bytes: int | None
+    reference: Reference
+
+    @property
+    def weights_bytes(self) -> int | None:
+        """Bytes of the model's weights in this process (None for a server engine: they are its server's)."""
+        ...
 
     def describe(self, t: TrialSpec) -> dict[str, Any]:
         """The row fields every row of ``t`` has, whatever its status: ``device``, ``dtype``,
@@ -141,10 +178,13 @@ class Engine(Protocol):
         """The reasons the sweep cannot run (one line each), checked before the first trial; [] when it can."""
         ...
 
-    def session(self, mode: Any, repeat: int, slots: int = 1) -> AbstractContextManager[Any]:
-        """The state ``mode`` keeps for ``repeat`` (the in-process family's :class:`Session`; a server's session is
-        its own family's), from a cold start, with ``slots`` requests at once at most; everything it
-        made (a store's disk files, a server) is removed on every exit path."""
+
+class SessionEngine(Engine, Protocol):
+    """An engine whose executor runs one trial at a time in a mode :class:`Session` (the in-process family)."""
+
+    def session(self, mode: ScenarioMode, repeat: int, slots: int = 1) -> AbstractContextManager[Session]:
+        """The state ``mode`` keeps for ``repeat``, from a cold start, with ``slots`` requests at once at most;
+        everything it made (a store's disk files) is removed on every exit path."""
         ...
 
     def is_oom(self, exc: BaseException) -> bool:

@@ -28,6 +28,7 @@ from kvbench.offload.cache_kv import restore, sequence_kv
 from kvbench.offload.store import KVStore
 from kvbench.bench.engines.stores import make_store, store_token_bytes
 from kvbench.scenario import Scenario
+from kvbench.workloads.sessions import Stream
 from kvbench.workloads import PromptSource, TooLittleText
 from kvbench.workloads.shared_prefix import cell_tokens
 
@@ -101,9 +102,10 @@ class TransformersEngine:
     :class:`~kvbench.bench.engines.base.Engine`). ``environment``: the run's, with its measured bandwidths, so
     that each row carries plan's predicted step time."""
 
-    def __init__(self, scenario: Scenario, loaded: LoadedModel, source: PromptSource,
+    def __init__(self, scenario: Scenario, loaded: LoadedModel, source: PromptSource | Stream,
                  environment: dict[str, Any] | None = None):
-        self.s, self.m, self.source = scenario, loaded, source
+        self.s, self.m = scenario, loaded
+        self.source: PromptSource | Stream = source
         self.device = loaded.device
         self.pid = os.getpid()
         self.longest_prompt = loaded.shape.max_positions - scenario.max_new_tokens

@@ -10,9 +10,10 @@ from __future__ import annotations
 import gc
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
-from typing import Any
+from typing import Any, cast
 
-from kvbench.bench.engines.base import Engine, Session
+from kvbench.bench.engines.base import Engine, Session, SessionEngine
+from kvbench.bench.engines.family import IN_PROCESS
 from kvbench.bench.telemetry.machine_load import LoadWindow, other_gpu_processes
 from kvbench.bench.telemetry.monitor import Sampler, TrialTimeline
 from kvbench.bench.rows.reference import Reference
@@ -78,6 +79,18 @@ class LocalExecutor:
         self._sessions: dict[str, Session] = {}  # the open sessions (:meth:`session`), by mode label
 
     @property
+    def _runner(self) -> SessionEngine:
+        """The engine as one that runs trials one at a time in mode sessions: the in-process family's (a server's
+        modes run behind its own seam, from the plan, never trial by trial here).
+
+        Raises:
+            TypeError: the plan's family is not the in-process one.
+        """
+        if self.plan.family is not IN_PROCESS:
+            raise TypeError(f"a {self.plan.kind} run's engine runs its requests itself, not trial by trial")
+        return cast(SessionEngine, self.engine)
+
+    @property
     def reference(self) -> Reference:
         """The ``none`` outputs every trial is compared with: the engine's."""
         return self.engine.reference
@@ -105,7 +118,7 @@ class LocalExecutor:
         """The engine's session of ``mode`` for ``repeat`` (:meth:`Engine.session
         <kvbench.bench.engines.base.Engine.session>`), open while the block runs: :meth:`run` runs the trials of
         that mode in it meanwhile. Closed on every exit path."""
-        with self.engine.session(mode, repeat) as ses:
+        with self._runner.session(mode, repeat) as ses:
             self._sessions[mode.label] = ses
             try:
                 yield ses
@@ -125,7 +138,7 @@ class LocalExecutor:
             if session is None and isinstance(t, ReuseTrial) and t.warm:  # a session of its own holds nothing
                 raise ValueError(f"{t.trial_id}: a warm trial restores what its mode's session holds: open the "
                                  "session first")
-            with nullcontext(session) if session is not None else self.engine.session(t.mode, t.repeat) as ses:
+            with nullcontext(session) if session is not None else self._runner.session(t.mode, t.repeat) as ses:
                 out = ses.run(t, self.watch, self.reference.wants_gaps(t))
             row.update(measured_fields(self.s, t, out, self.watch.timeline, self.watch.machine_load,
                                        self.sampler.notes, self.reference))
@@ -134,7 +147,7 @@ class LocalExecutor:
         except TooLittleText as exc:
             row.update(status=Status.ERROR, message=str(exc))
         except Exception as exc:  # noqa: BLE001 - every failure is recorded and the sweep goes on
-            oom = self.engine.capabilities.tells_oom and self.engine.is_oom(exc)
+            oom = self.engine.capabilities.tells_oom and self._runner.is_oom(exc)
             row.update(status=Status.OOM if oom else Status.ERROR, message=f"{type(exc).__name__}: {exc}")
         finally:
             self.last_samples = self.watch.timeline.samples if self.watch.timeline is not None else []
@@ -156,7 +169,7 @@ class LocalExecutor:
         (:attr:`Capabilities.releases_memory <kvbench.bench.engines.base.Capabilities.releases_memory>`; a
         server's process is stopped after each mode instead)."""
         if self.engine.capabilities.releases_memory:
-            self.engine.release()
+            self._runner.release()
 
     def remember(self, rows: Sequence[dict[str, Any]]) -> None:
         """Take earlier rows' ``none`` outputs as the reference (:meth:`Reference.remember`)."""

@@ -16,9 +16,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvbench.bench.trial import bounds, reference_first
+from kvbench.bench.trial import TrialSpec, bounds, reference_first
 from kvbench.results.rows import NO_FIT, Status
-from kvbench.scenario import Scenario
+from kvbench.scenario import Scenario, ScenarioMode
 
 
 @dataclass
@@ -97,7 +97,8 @@ def search(probe: Callable[[int], str], start: int, limit: int, resolution: int 
 
 
 
-def search_sweep(s: Scenario, record: Callable[[Any], dict[str, Any]], spec: Callable[..., Any],
+def search_sweep(s: Scenario, record: Callable[[TrialSpec], dict[str, Any]],
+                 spec: Callable[[int, int, ScenarioMode, int], TrialSpec],
                  longest_prompt: int, on_capacity: Callable[[list[dict[str, Any]]], None] | None = None,
                  ) -> list[dict[str, Any]]:
     """Run the capacity search of every mode at every fixed value (each prompt length for a batch search, each
@@ -118,11 +119,13 @@ def search_sweep(s: Scenario, record: Callable[[Any], dict[str, Any]], spec: Cal
     field_name = s.searched
     start, limit, resolution = bounds(s, longest_prompt)
     fixed_values = s.prompt_tokens if field_name == "batch_size" else s.batch_sizes
+    if not isinstance(fixed_values, list):  # a search varies one field at a fixed list of the other
+        raise ValueError(f"{s.name} searches no field at a fixed list of the other")
     modes = reference_first(s.modes)
     reference = next((m for m in modes if m.kind == "none"), None)
     results: list[dict[str, Any]] = []
     for fixed in fixed_values:
-        def at(v: int, mode: Any, r: int) -> Any:
+        def at(v: int, mode: ScenarioMode, r: int) -> TrialSpec:
             return spec(fixed, v, mode, r) if field_name == "batch_size" else spec(v, fixed, mode, r)
 
         for mode in modes:

@@ -1,6 +1,6 @@
 """The run kinds, decided once: :func:`plan_for` reads the scenario's :attr:`~kvbench.scenario.Scenario.run_kind`
 and returns its :class:`Plan`, which every other piece asks for what a kind decides: the engine family that runs
-it (:meth:`Plan.load`), its trials and their order (:meth:`Plan.run`), how many the run records
+it (:attr:`Plan.family`), its trials and their order (:meth:`Plan.run`), how many the run records
 (:meth:`Plan.planned`), whether a resumed run is done (:meth:`Plan.done`), the units a cluster splits it into
 (:meth:`Plan.units`) and which summary it has (:attr:`Plan.summary`).
 
@@ -15,7 +15,6 @@ from __future__ import annotations
 import itertools
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from kvbench.bench.engines.base import Engine
@@ -25,6 +24,7 @@ from kvbench.bench.plans.reuse import note_requests, reuse_sweep
 from kvbench.bench.roles import Record
 from kvbench.bench.trial import TrialSpec, plan_trials
 from kvbench.scenario import RunKind, Scenario
+from kvbench.workloads.sessions import Stream
 
 
 class Plan(ABC):
@@ -44,11 +44,6 @@ class Plan(ABC):
 
     def __init__(self, s: Scenario):
         self.s = s
-
-    def load(self, run_path: Path, environment: dict[str, Any] | None) -> Engine:
-        """The engine of this run, ready for its first trial (the family's loader, :attr:`Family.load
-        <kvbench.bench.engines.family.Family.load>`; its errors)."""
-        return self.family.load(self.s, run_path, environment)
 
     @abstractmethod
     def run(self, record: Record, engine: Engine, trials: Sequence[TrialSpec] | None = None) -> None:
@@ -136,11 +131,11 @@ class ReusePlan(_RequestPlan):
     kind = "reuse"
 
     def run(self, record: Record, engine: Engine, trials: Sequence[TrialSpec] | None = None) -> None:
-        note_requests(record.run, engine.source)
+        note_requests(record.run, _stream(engine))
         reuse_sweep(self.s, record, engine)
 
     def planned(self, engine: Engine) -> int | None:
-        return len(engine.source.requests) * len(self.s.modes) * 2 * self.s.repeats
+        return len(_stream(engine).requests) * len(self.s.modes) * 2 * self.s.repeats
 
 
 class ServerPlan(_RequestPlan):
@@ -151,15 +146,29 @@ class ServerPlan(_RequestPlan):
     family = SERVER
 
     def run(self, record: Record, engine: Engine, trials: Sequence[TrialSpec] | None = None) -> None:
+        from kvbench.bench.engines.server.engine import ServerEngine
         from kvbench.bench.plans.server import server_sweep
 
-        note_requests(record.run, engine.source)
+        if not isinstance(engine, ServerEngine):
+            raise TypeError(f"a server run needs its family's engine, not {type(engine).__name__}")
+        note_requests(record.run, _stream(engine))
         server_sweep(self.s, record, engine)
 
     def planned(self, engine: Engine) -> int | None:
-        n = len(engine.source.requests)
+        n = len(_stream(engine).requests)
         n = min(n, self.s.load_spec.n_requests or n)
         return n * len(self.s.modes) * self.s.repeats * len(self.s.load_spec.levels)
+
+
+def _stream(engine: Engine) -> Stream:
+    """The engine's request stream (a reuse workload's or a server run's).
+
+    Raises:
+        TypeError: its source is no request stream.
+    """
+    if not isinstance(engine.source, Stream):
+        raise TypeError(f"a request stream's run needs one, not {type(engine.source).__name__}")
+    return engine.source
 
 
 #: The plan of each run kind.

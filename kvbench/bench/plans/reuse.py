@@ -16,13 +16,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from contextlib import ExitStack
-from typing import Any
 
-from kvbench.bench.engines.base import Engine
+from kvbench.bench.engines.base import Engine, RunRecord, Session
 from kvbench.bench.roles import Record
 from kvbench.bench.trial import ReuseTrial, reference_first
 from kvbench.results.rows import MEASURED
-from kvbench.scenario import Scenario
+from kvbench.scenario import Scenario, ScenarioMode
+from kvbench.workloads.sessions import Request, Stream
 
 
 def reuse_sweep(s: Scenario, record: Record, engine: Engine) -> None:
@@ -33,6 +33,8 @@ def reuse_sweep(s: Scenario, record: Record, engine: Engine) -> None:
     modes interleave request by request; a ``shared_prefix`` workload: for one cell, :func:`cell_parts`) and closed
     (disk files removed) on every exit path. A warm trial already recorded is not rerun, but what it left for later
     requests is rebuilt (:meth:`~kvbench.bench.engines.base.Session.refill`), so later turns see the same store."""
+    if not isinstance(engine.source, Stream):
+        raise TypeError(f"a reuse workload needs a request stream, not {type(engine.source).__name__}")
     modes = reference_first(s.modes)
     for r in range(s.repeats):
         i = 0  # the request's place in the workload: which side of a pair runs first
@@ -44,7 +46,8 @@ def reuse_sweep(s: Scenario, record: Record, engine: Engine) -> None:
                     i += 1
 
 
-def _request(record: Record, modes: list[Any], sessions: dict[str, Any], req: Any, r: int, i: int) -> None:
+def _request(record: Record, modes: Sequence[ScenarioMode], sessions: dict[str, Session], req: Request, r: int,
+             i: int) -> None:
     """Run (or, resuming, look up and refill) the cold and warm trials of request ``req`` (the workload's
     ``i``-th) in every mode of repeat ``r``, each in its mode's session of ``sessions``."""
     for m in modes:
@@ -58,10 +61,10 @@ def _request(record: Record, modes: list[Any], sessions: dict[str, Any], req: An
             record(t)
 
 
-def cell_parts(requests: Sequence[Any]) -> list[list[Any]]:
+def cell_parts(requests: Sequence[Request]) -> list[list[Request]]:
     """``requests`` cut where their ``cell`` changes (a ``shared_prefix`` workload's cells, in order); one part
     of them all for a workload without cells."""
-    parts: list[list[Any]] = []
+    parts: list[list[Request]] = []
     for q in requests:
         if not parts or parts[-1][-1].cell != q.cell:
             parts.append([])
@@ -69,7 +72,7 @@ def cell_parts(requests: Sequence[Any]) -> list[list[Any]]:
     return parts
 
 
-def note_requests(run: Any, stream: Any) -> None:
+def note_requests(run: RunRecord, stream: Stream) -> None:
     """Put a request stream's requests (id, document, turn, prompt and held tokens) and notes into ``run``'s
     run.json (``requests``, ``workload_notes``): a reuse workload's or a server run's."""
     run.update(workload_notes=stream.notes, requests=[

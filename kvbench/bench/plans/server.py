@@ -15,16 +15,19 @@ again unrecorded so the server holds what it held (the session's refill, as
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TypeVar
 
 from kvbench.bench.engines.server.engine import ServerEngine
 from kvbench.bench.engines.server.mode_run import run_mode
 from kvbench.bench.roles import Record
 from kvbench.bench.trial import reference_first
-from kvbench.scenario import Scenario
+from kvbench.scenario import Scenario, ScenarioMode
+from kvbench.scenario.servers import ServerMode
+
+M = TypeVar("M", bound=ScenarioMode)
 
 
-def mode_order(modes: Sequence[Any], repeat: int) -> list[Any]:
+def mode_order(modes: Sequence[M], repeat: int) -> list[M]:
     """``none`` first (the reference), then the other modes rotated by ``repeat`` (so no mode always runs right
     after ``none``)."""
     ordered = reference_first(modes)
@@ -34,7 +37,7 @@ def mode_order(modes: Sequence[Any], repeat: int) -> list[Any]:
     return head + rest[k:] + rest[:k]
 
 
-def at_level(mode: Any, level: int, levels: Sequence[int]) -> Any:
+def at_level(mode: ServerMode, level: int, levels: Sequence[int]) -> ServerMode:
     """``mode`` as it runs at concurrency ``level``: itself when the load has one level, else named
     ``<name>@c<level>`` (its preset kept), so that each level is a configuration of its own in the tables."""
     if len(levels) == 1:
@@ -49,9 +52,12 @@ def server_sweep(s: Scenario, record: Record, engine: ServerEngine) -> None:
     :class:`~kvbench.bench.plans.sweep.Recorder`) as its requests end."""
     requests = engine.source.requests[: s.load_spec.n_requests]
     levels = s.load_spec.levels
+    modes = [m for m in s.modes if isinstance(m, ServerMode)]
+    if len(modes) != len(s.modes):  # validation gives a server engine server configurations only
+        raise TypeError(f"{s.name}: a server run's modes are server configurations")
     for c in levels:
         for r in range(s.repeats):
-            for m in mode_order(s.modes, r):
+            for m in mode_order(modes, r):
                 mode = at_level(m, c, levels)
                 trials = engine.trials(mode, r, requests, c)
                 todo = [t for t in trials if t.trial_id not in record.rows]

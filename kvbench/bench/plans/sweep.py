@@ -8,14 +8,15 @@ import threading
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
-from kvbench.bench.roles import Executor
+from kvbench.bench.engines.base import RunRecord, Session
+from kvbench.bench.roles import Executor, TrialRunner
 from kvbench.bench.trial import TrialSpec
 from kvbench.errors import SweepIncomplete
 from kvbench.results.files import ResultsNotWritten, failure_reason
 from kvbench.results.run_dir import RunDir, utc_now
-from kvbench.scenario import Scenario
+from kvbench.scenario import Scenario, ScenarioMode
 from kvbench.results.rows import Status, retry_due
 
 
@@ -42,7 +43,7 @@ class Recorder:
     :attr:`lost`, runs again, and its new row has ``attempt`` 1. :meth:`write` may be called from several
     threads."""
 
-    def __init__(self, scenario: Scenario, run: Any, executor: Any,
+    def __init__(self, scenario: Scenario, run: RunRecord, executor: Executor,
                  on_trial: Callable[[dict[str, Any]], None] | None = None,
                  on_status: Callable[[str], None] | None = None, where: dict[str, Any] | None = None,
                  on_start: Callable[[TrialSpec], None] | None = None):
@@ -61,6 +62,12 @@ class Recorder:
         self._warmed: set[tuple] = set()
         self._lock = threading.Lock()
 
+    @property
+    def _runner(self) -> TrialRunner:
+        """The executor as one that runs trials one at a time here (a local executor: the plans that call a
+        recorder trial by trial run on one; a cluster's driver only writes the rows its workers send)."""
+        return cast(TrialRunner, self.executor)
+
     def __call__(self, t: TrialSpec) -> dict[str, Any]:
         """The row of trial ``t``: the one already written, or a new one (run, then its samples and row written
         and fsynced: :meth:`RunDir.record_trial`); it runs in its mode's session where the plan opened one
@@ -74,23 +81,23 @@ class Recorder:
         key = t.shape_key
         if key not in self._warmed:
             self._warmed.add(key)
-            self.executor.release()
+            self._runner.release()
             for w in range(self.s.warmup):
                 if self.on_status:
                     self.on_status(f"warm-up {w + 1}/{self.s.warmup}: {t.mode.label} p{t.prompt_tokens} "
                                    f"b{t.batch_size}")
-                if self.executor.run(t.warmup_spec())["status"] != Status.OK:
+                if self._runner.run(t.warmup_spec())["status"] != Status.OK:
                     break
         if self.on_status:
             self.on_status(t.trial_id)
         if self.on_start:
             self.on_start(t)
-        return self.write(self.executor.run(t), self.executor.last_samples)
+        return self.write(self._runner.run(t), self._runner.last_samples)
 
-    def session(self, mode: Any, repeat: int) -> AbstractContextManager[Any]:
+    def session(self, mode: ScenarioMode, repeat: int) -> AbstractContextManager[Session]:
         """``mode``'s session for ``repeat`` (:meth:`Engine.session <kvbench.bench.engines.base.Engine.session>`),
         open while the block runs: the trials of that mode run meanwhile (warm-ups included) run in it."""
-        return self.executor.session(mode, repeat)
+        return self._runner.session(mode, repeat)
 
     def write(self, row: dict[str, Any], samples: list[dict[str, Any]] | None = None) -> dict[str, Any]:
         """Write a trial's ``row`` (with :attr:`where`'s fields it lacks, and ``attempt`` 1 when

@@ -31,7 +31,7 @@ from kvbench.bench.engines.server.requests import prompt_requests, reusable_toke
 from kvbench.bench.engines.server.session import ServerSession
 from kvbench.bench.engines.server.stream import ServerReplyError
 from kvbench.bench.engines.server.tiers import host_tier
-from kvbench.bench.trial import ServerTrial
+from kvbench.bench.trial import ServerTrial, TrialSpec
 from kvbench.errors import SymlinkRefused
 from kvbench.scenario import Scenario
 from kvbench.scenario.programs import server_program
@@ -87,7 +87,7 @@ class ServerEngine:
         self.reference = Reference()
         self.quality = ServerQuality(any(self.preset(m).lossy for m in s.modes))
         self.capabilities = CAPABILITIES
-        self.weights_bytes = None  # in the server's process, not read
+        self.weights_bytes: int | None = None  # in the server's process, not read
         #: requests a later request of the same conversation follows (their ``held`` ids are sent after them)
         later = [q.document for q in source.requests]
         self.followed = {q.id for i, q in enumerate(source.requests) if q.document in later[i + 1:]}
@@ -248,7 +248,7 @@ class ServerEngine:
             ids[0] = (ids[0] + 1) % self.vocab_size
         return ids
 
-    def describe(self, t: ServerTrial) -> dict[str, Any]:
+    def describe(self, t: TrialSpec) -> dict[str, Any]:
         """The engine's fields every request's row has, whatever its status (see
         :meth:`kvbench.bench.engines.base.Engine.describe`): the server's device; no dtype or KV prediction."""
         return {"device": self.device_name, "dtype": None, "kv_bytes_predicted": None}
