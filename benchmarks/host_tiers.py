@@ -38,6 +38,7 @@ from kvbench.offload.modes import make_cache  # noqa: E402
 from kvbench.scenario.workload import WorkloadSpec  # noqa: E402
 from kvbench.workloads import make_source  # noqa: E402
 from offload_overhead import label, load_model, prefill, seeded, step_times  # noqa: E402
+from bench_json import write_result  # noqa: E402
 
 #: The host formats compared, as `full`'s options; the first two are the byte references.
 FORMATS: list[dict] = [{"host_dtype": "float32"}, {"host_dtype": "bfloat16"}, {"host_dtype": "fp8"},
@@ -45,8 +46,10 @@ FORMATS: list[dict] = [{"host_dtype": "float32"}, {"host_dtype": "bfloat16"}, {"
                        {"k_dtype": "bfloat16", "v_dtype": "int8"}]
 
 
-def speed(m, args, clock) -> None:
-    """Part 1: step time ÷ none and H2D bytes per step of every format, per context."""
+def speed(m, args, clock) -> list[dict]:
+    """Part 1: step time ÷ none and H2D bytes per step of every format, per context; printed, and returned as rows
+    (ratios, KiB per step physical and logical, physical ÷ float32's and ÷ bfloat16's)."""
+    rows: list[dict] = []
     modes = [("none", {})] + [("full", f) for f in FORMATS]
     print(f"{'context':>8} {'mode':<44} {'step ms':>8} {'ratio':>6} {'min–max':>11} {'H2D KiB/step':>12} "
           f"{'logical KiB':>11} {'÷ fp32':>6} {'÷ bf16':>6}")
@@ -70,10 +73,17 @@ def speed(m, args, clock) -> None:
         for name, rounds in per_round.items():
             ratios = [t / b for t, b in zip(rounds, per_round["none"])]  # pairwise, round by round
             phys, logical = moved.get(name, (None, None))
+            rows.append({"context": ctx, "mode": name, "step_ms": statistics.median(rounds) * 1e3,
+                         "ratio": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios),
+                         "h2d_kib_per_step": phys / 1024 if phys is not None else None,
+                         "logical_kib_per_step": logical / 1024 if phys is not None else None,
+                         "per_float32": phys / fp32 if phys is not None else None,
+                         "per_bfloat16": phys / bf16 if phys is not None else None})
             link = (f"{phys / 1024:>12.1f} {logical / 1024:>11.1f} {phys / fp32:>6.3f} {phys / bf16:>6.3f}"
                     if phys is not None else f"{'n/a':>12} {'':>11} {'':>6} {'':>6}")
             print(f"{ctx:>8} {name:<44} {statistics.median(rounds) * 1e3:>8.2f} {statistics.median(ratios):>6.3f} "
                   f"{min(ratios):>5.2f}–{max(ratios):<5.2f} {link}")
+    return rows
 
 
 def quality(m, args) -> None:
@@ -109,6 +119,7 @@ def main() -> None:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     ap.add_argument("--preset", default=None, help="random-weight preset instead of the SmolLM2 GGUF")
+    ap.add_argument("--json", metavar="PATH", help="also write part 1's figures to PATH (benchmarks/gpu.sh)")
     args = ap.parse_args()
     for flag, values in (("--contexts", args.contexts), ("--steps", [args.steps]), ("--rounds", [args.rounds]),
                          ("--batch", [args.batch]), ("--quality-prompts", [args.quality_prompts]),
@@ -121,9 +132,11 @@ def main() -> None:
     print(f"model {spec.label}, {m.device}, {str(m.dtype).removeprefix('torch.')}, torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads; batch {args.batch}; {args.steps} decode steps × {args.rounds} rounds "
           f"per mode; head_dim {m.shape.head_dim}")
-    speed(m, args, Clock(m.device))
+    rows = speed(m, args, Clock(m.device))
     if not args.no_quality:
         quality(m, args)
+    if args.json:
+        write_result(args.json, "host_tiers", args, spec.label, rows, [])
 
 
 if __name__ == "__main__":

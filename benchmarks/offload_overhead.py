@@ -33,6 +33,7 @@ from kvbench.offload.disk import DISK_BLOCK_TOKENS  # noqa: E402
 from kvbench.offload.modes import MODES, ModeUnavailable, make_cache  # noqa: E402
 from kvbench.bench.engines.decode import Clock, cache_keyword  # noqa: E402
 from kvbench.scenario import ModelSpec  # noqa: E402
+from bench_json import write_result  # noqa: E402
 
 
 def label(kind: str, options: dict) -> str:
@@ -117,6 +118,7 @@ def main() -> None:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     ap.add_argument("--preset", default=None, help="random-weight preset instead of the SmolLM2 GGUF")
+    ap.add_argument("--json", metavar="PATH", help="also write the table's figures to PATH (benchmarks/gpu.sh)")
     args = ap.parse_args()
     for name in args.modes:
         if name not in MODES:
@@ -142,6 +144,8 @@ def main() -> None:
           f"per mode; KV {token_bytes} B per token")
     print(f"{'context':>8} {'mode':<30} {'step ms':>9} {'min–max of rounds':>19} {'ratio':>6} {'min–max':>11} "
           f"{'H2D MiB/step':>12} {'÷ history':>9} {'peak dev KV MiB':>15} {'÷ 2 layers':>10}")
+    rows: list[dict] = []
+    notes: list[str] = []
     for ctx in args.contexts:
         prefilled, first = prefill(m, ctx, args.batch)
         per_round: dict[str, list[float]] = {}
@@ -169,12 +173,20 @@ def main() -> None:
         for name, rounds in per_round.items():
             med = statistics.median(rounds)
             ratios = [t / b for t, b in zip(rounds, per_round["none"])]  # pairwise, round by round
+            rows.append({"context": ctx, "mode": name, "step_ms": med * 1e3, "ratio": statistics.median(ratios),
+                         "ratio_min": min(ratios), "ratio_max": max(ratios),
+                         "h2d_mib_per_step": h2d[name] / 2**20 if name in h2d else None,
+                         "h2d_per_history": h2d[name] / history if name in h2d else None,
+                         "peak_device_kv_mib": peaks[name] / 2**20, "peak_per_two_layers": peaks[name] / two_layers})
             moved = f"{h2d[name] / 2**20:>12.1f} {h2d[name] / history:>9.2f}" if name in h2d else f"{'n/a':>12} {'':>9}"
             print(f"{ctx:>8} {name:<30} {med * 1e3:>9.2f} {min(rounds) * 1e3:>9.2f}–{max(rounds) * 1e3:<9.2f} "
                   f"{statistics.median(ratios):>6.3f} {min(ratios):>5.2f}–{max(ratios):<5.2f} {moved} "
                   f"{peaks[name] / 2**20:>15.1f} {peaks[name] / two_layers:>10.2f}")
         for name, why in skipped.items():
             print(f"{ctx:>8} {name:<30} skipped: {why}")
+            notes.append(f"context {ctx}: {name} skipped: {why}")
+    if args.json:
+        write_result(args.json, "offload_overhead", args, spec.label, rows, notes)
 
 
 if __name__ == "__main__":

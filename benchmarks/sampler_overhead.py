@@ -41,6 +41,7 @@ from kvbench.bench.executors.local import LocalExecutor  # noqa: E402
 from kvbench.bench.trial import TrialSpec  # noqa: E402
 from kvbench.scenario import ScenarioError, parse_scenario  # noqa: E402
 from kvbench.workloads import SyntheticSource  # noqa: E402
+from bench_json import write_result  # noqa: E402
 
 TARGET = 1.02
 #: Sampler state for decode forwards 1, 2, 3, ...: pairs (1, 2), (3, 4), ... alternate on-off and off-on, so a
@@ -57,11 +58,20 @@ def median_ci(values: list[float]) -> tuple[float, float] | None:
     return float(lo[0]), float(hi[0])
 
 
+def figures(what: str, values: list[float]) -> dict:
+    """One row of the ``--json`` file: ``what`` with the median of ``values``, its 95% interval (None with too
+    few values), min, max and count."""
+    ci = median_ci(values)
+    return {"what": what, "median": statistics.median(values), "ci_low": ci[0] if ci else None,
+            "ci_high": ci[1] if ci else None, "min": min(values), "max": max(values), "n": len(values)}
+
+
 def summary(values: list[float], fmt: str = ".3f") -> str:
     """``median (95% CI lo–hi; min–max)`` of ``values``, each formatted with ``fmt``."""
-    ci = median_ci(values)
-    ci_text = f"95% CI {ci[0]:{fmt}}–{ci[1]:{fmt}}" if ci else "too few for a 95% CI"
-    return f"{statistics.median(values):{fmt}} ({ci_text}; min–max {min(values):{fmt}}–{max(values):{fmt}})"
+    f = figures("", values)
+    ci_text = (f"95% CI {f['ci_low']:{fmt}}–{f['ci_high']:{fmt}}" if f["ci_low"] is not None
+               else "too few for a 95% CI")
+    return f"{f['median']:{fmt}} ({ci_text}; min–max {f['min']:{fmt}}–{f['max']:{fmt}})"
 
 
 def positive_int(text: str) -> int:
@@ -123,6 +133,7 @@ def main() -> None:
     ap.add_argument("--interval-ms", type=positive_int, default=10)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--preset", default=None, help="random-weight preset instead of the SmolLM2 GGUF")
+    ap.add_argument("--json", metavar="PATH", help="also write the ratios to PATH (benchmarks/gpu.sh)")
     args = ap.parse_args()
     if args.step_tokens < 3:
         ap.error("--step-tokens must be at least 3 (two decode steps make one pair)")
@@ -183,6 +194,14 @@ def main() -> None:
     else:
         confidence = f"not shown at 95% (the steps' CI reaches {steps_ci[1]:.3f})"
     print(f"target ≤ {TARGET}: {median_text}; {confidence}")
+    if args.json:
+        rows = [figures("trials: e2e on/off", trials), figures("trials: prefill (TTFT) on/off", ttft),
+                figures("trials: decode (e2e − TTFT) on/off", decode),
+                figures("sampler thread CPU, % of the trial's wall time", share),
+                figures("steps: adjacent decode steps on/off", steps)]
+        write_result(args.json, "sampler_overhead", args, s.model.label, rows,
+                     [f"target ≤ {TARGET}: {median_text}; {confidence}"])
+
 
 if __name__ == "__main__":
     main()
