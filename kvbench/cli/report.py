@@ -18,7 +18,8 @@ REPORT_TERMINAL_ROWS = 60
 
 
 def report(
-    paths: list[Path] = typer.Argument(..., help="Run directories, trials.jsonl files or folders of runs."),
+    paths: list[Path] = typer.Argument(..., help="Run directories, trials.jsonl files or folders of runs; or the "
+                                       ".json files of benchmarks/gpu.sh, printed as tables."),
     out_dir: Optional[str] = typer.Option(None, "--out", help="Where to write (default: <first path>/report)."),
     timeline: list[str] = typer.Option([], "--timeline", help="A trial id whose memory timeline to draw "
                                        "(repeatable; default: every mode at each scenario's largest point)."),
@@ -27,14 +28,22 @@ def report(
                             "<first path>/report/llm-d)."),
 ) -> None:
     """Tables, charts and a Markdown/HTML report of one or many runs: memory saved and time it cost per mode.
-    Ctrl-C or SIGTERM stops it with exit 130, its chart workers killed and nothing written."""
+    Ctrl-C or SIGTERM stops it with exit 130, its chart workers killed and nothing written. Files of the GPU
+    checks (gpu-<date>-<device>.json) are printed instead: machine, steps and each step's figures."""
     from kvbench.report.chart_pool import chart_pool
+    from kvbench.report.gpu_checks import is_gpu_checks
     from kvbench.report.server_load import LOAD_CAPTION, server_load_display
     from kvbench.report.tables import capacity_display, reuse_display, reuse_terminal, terminal_frame
     from kvbench.report.write import write_report
 
     signal.signal(signal.SIGTERM, _terminated)
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    if any(is_gpu_checks(p) for p in paths):
+        if out_dir is not None or timeline or fmt != "kvbench":
+            _fail("--out, --timeline and --format apply to runs: a file of GPU checks (.json) is only printed")
+        _gpu_checks(paths)
+        return
 
     if out_dir is not None and not out_dir.strip():
         _fail("--out is empty: give a directory")
@@ -92,6 +101,20 @@ def report(
     _problems(results)
     out.print(f"report: {rep.files['report.html']} (and report.md, summary.csv, {_count(len(rep.charts), 'chart')}) "
               f"in {target}", highlight=False, markup=False)
+
+
+def _gpu_checks(paths: list[Path]) -> None:
+    """The tables of files of kvbench's GPU checks (``benchmarks/gpu.sh``: machine, steps, figures); nothing is
+    written."""
+    from kvbench.report.gpu_checks import LABELS, WRAPPING, gpu_check_tables, is_gpu_checks, read_gpu_checks
+
+    if not all(is_gpu_checks(p) for p in paths):
+        _fail("give files of GPU checks (.json) or runs, not both")
+    with handle_errors():
+        docs = [(p, read_gpu_checks(p)) for p in paths]
+    for p, doc in docs:
+        for t in gpu_check_tables(doc, p.name):
+            show(_table(t.frame, t.title, t.caption, left=LABELS, wrap=WRAPPING))
 
 
 def _llmd(paths: list[Path], target: Path) -> None:
