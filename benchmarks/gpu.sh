@@ -34,6 +34,7 @@ WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 
 if [ "$DRY" = 1 ]; then
+  export CUDA_VISIBLE_DEVICES=  # the same run on a GPU machine as on a CPU one
   DEVICE=cpu LARGE=tiny-llama SMALL=tiny-llama DRY_FLAG=(--dry-run)
   OFFLOAD=(--batch 2 --contexts 64 128 --steps 3 --rounds 2 --window 16)
   SAMPLER=(--prompt-tokens 16 --new-tokens 2 --rounds 5 --step-tokens 12 --step-trials 1)
