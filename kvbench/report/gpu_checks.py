@@ -147,5 +147,5 @@ def gpu_check_tables(doc: dict[str, Any], name: str) -> list[CheckTable]:
             CheckTable(f"{name}: steps", "", steps_table(doc)), *result_tables(doc)]
 
 
-__all__ = ["KIND", "LABELS", "SCHEMA", "WRAPPING", "CheckTable", "gpu_check_tables", "is_gpu_checks",
-           "read_gpu_checks"]
+__all__ = ["KIND", "LABELS", "SCHEMA", "WRAPPING", "CheckTable", "cell", "gpu_check_tables", "is_gpu_checks",
+           "machine_table", "read_gpu_checks", "result_tables", "steps_table"]
