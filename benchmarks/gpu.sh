@@ -79,7 +79,7 @@ step() {
 # skipped NAME WHY: a step the dry run does not take on the CPU, recorded as skipped with the reason
 skipped() {
   echo "== $1: skipped on the CPU: $2" >&2
-  printf '%s\tskipped\t0\t%s\t\n' "$1" "$2" >> "$WORK/steps.tsv"
+  printf '%s\tskipped\t0\t\t%s\n' "$1" "$2" >> "$WORK/steps.tsv"
   results > /dev/null || true
 }
 

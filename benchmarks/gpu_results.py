@@ -4,8 +4,8 @@ path. gpu.sh runs it after every step, so that a run stopped midway keeps the st
     python benchmarks/gpu_results.py WORK OUT [--dry-run] [--commit SHA]
 
 WORK holds the steps' own files: ``steps.tsv`` (one step a line: name, exit status or ``skipped``, seconds, the
-command or why it was skipped, a note), ``env.json`` (``kvbench env --json``), ``<step>.xml`` (pytest's JUnit XML)
-and ``<step>.json`` (a benchmark's ``--json``). The file goes into OUT, named by the day (UTC) and the GPU
+command, a note: why it was skipped, or what it did instead), ``env.json`` (``kvbench env --json``),
+``<step>.xml`` (pytest's JUnit XML) and ``<step>.json`` (a benchmark's ``--json``). The file goes into OUT, named by the day (UTC) and the GPU
 (``h100``, ``h200``: the GPU preset whose NVML names match, else the name's own slug; ``cpu`` for a dry run), with
 ``-2``, ``-3``... where that name is taken; the name chosen is kept in ``WORK/file`` and rewritten by later calls.
 Exits 1 after writing it when a step failed or timed out.
@@ -66,9 +66,13 @@ def versions(env: dict, commit: str | None) -> dict:
             "dirty": git.get("dirty") if git.get("commit") else None}
 
 
-def test_counts(xml: Path) -> tuple[dict, str | None]:
-    """(total, passed, failed, errors, skipped) of a JUnit XML file, and the first skip's reason."""
-    suite = ET.parse(xml).getroot().find("testsuite")
+def junit_counts(xml: Path) -> tuple[dict, str | None] | None:
+    """``{tests, failures, errors, skipped, passed}`` of pytest's JUnit XML file and the first skip's reason; None
+    where pytest left no whole file (stopped while writing it)."""
+    try:
+        suite = ET.parse(xml).getroot().find("testsuite")
+    except (OSError, ET.ParseError):
+        return None
     counts = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
     counts["passed"] = counts["tests"] - counts["failures"] - counts["errors"] - counts["skipped"]
     skip = suite.find("testcase/skipped")
@@ -77,26 +81,30 @@ def test_counts(xml: Path) -> tuple[dict, str | None]:
 
 def step(work: Path, name: str, status: str, seconds: str, command: str, note: str) -> dict:
     """One step of ``steps.tsv`` with what it left in ``work``: pytest's counts (``tests``) or a benchmark's rows
-    (``result``). Its status: ``skipped`` (not run, or every test skipped), ``timed out``, ``failed``, ``collected
-    only`` (pytest listed the tests without running them), else ``ok``."""
-    entry: dict = {"name": name, "status": "skipped" if status == "skipped" else "ok",
-                   "exit_status": None if status == "skipped" else int(status), "seconds": int(seconds),
-                   "command": command if status != "skipped" else None, "note": note or None}
-    if status == "skipped":
-        entry["note"] = command
+    (``result``; left out where its file is not whole JSON). Its status: ``skipped`` (not run, or every test
+    skipped: the note says why), ``timed out``, ``failed``, ``collected only`` (pytest listed the tests without
+    running them), else ``ok``."""
+    skipped = status == "skipped"
+    entry: dict = {"name": name, "status": "skipped" if skipped else "ok",
+                   "exit_status": None if skipped else int(status), "seconds": int(seconds),
+                   "command": command or None, "note": note or None}
+    if skipped:
         return entry
     if entry["exit_status"] in TIMED_OUT:
         entry["status"] = "timed out"
     elif entry["exit_status"]:
         entry["status"] = "failed"
-    if (work / f"{name}.xml").is_file():
-        entry["tests"], skip = test_counts(work / f"{name}.xml")
+    if (work / f"{name}.xml").is_file() and (junit := junit_counts(work / f"{name}.xml")):
+        entry["tests"], skip = junit
         if entry["status"] == "ok" and entry["tests"]["tests"] == 0:
             entry["status"] = "collected only"
         elif entry["status"] == "ok" and entry["tests"]["skipped"] == entry["tests"]["tests"]:
             entry["status"], entry["note"] = "skipped", skip
     if (work / f"{name}.json").is_file():
-        entry["result"] = json.loads((work / f"{name}.json").read_text())
+        try:
+            entry["result"] = json.loads((work / f"{name}.json").read_text())
+        except (OSError, ValueError):
+            entry["note"] = f"{name}.json is not whole JSON: its figures are lost"
     return entry
 
 

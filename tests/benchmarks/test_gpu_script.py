@@ -112,3 +112,46 @@ def test_the_results_of_a_dry_run_never_go_into_benchmarks_results(tmp_path):
                         "--dry-run"], cwd=ROOT, capture_output=True, text=True, timeout=120,
                        env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert r.returncode == 2 and "a dry run's figures never go into benchmarks/results" in r.stderr
+
+
+def gather(work, out, *flags):
+    return subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_results.py"), str(work), str(out), *flags],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+def test_a_gpu_run_stopped_midway_keeps_each_step_it_finished(tmp_path):
+    work, out = tmp_path / "work", tmp_path / "out"
+    work.mkdir()
+    (work / "steps.tsv").write_text(
+        "env\t0\t6\tpython -m kvbench.cli env --device cuda --json\t\n"
+        "nvidia-smi\t127\t0\tnvidia-smi --format=csv\t\n"
+        "cuda-exactness\t1\t20\tpython -m pytest -q tests/offload/test_offload.py -k cuda\t\n"
+        "offload-overhead\t124\t420\ttimeout 420 python benchmarks/offload_overhead.py\t\n"
+        "host-tiers\t0\t31\tpython benchmarks/host_tiers.py\t\n")
+    (work / "env.json").write_text(json.dumps({
+        "cuda_device_name": "NVIDIA H200", "measured_at": "2026-12-01T10:00:00Z", "driver": "570.86.15",
+        "gpus": [{"name": "NVIDIA H200", "memory_total_bytes": 150_754_820_096, "pcie_gen": 5, "pcie_width": 16}],
+        "git": {"commit": None, "dirty": None, "note": "not a git checkout"},
+        "link_bandwidth": {"h2d_pinned_gbps": 55.4, "d2h_pinned_gbps": 55.1}}))
+    (work / "cuda-exactness.xml").write_text('<?xml version="1.0"?><testsuites><testsuite tests="12"')  # cut off
+    (work / "host-tiers.json").write_text('{"rows": [{"mode": "none", ')  # cut off
+    r = gather(work, out, "--commit", "0123abc")
+    assert r.returncode == 1 and r.stdout == f"{out / 'gpu-2026-12-01-h200.json'}\n"  # written, then exit 1
+    doc = json.loads((out / "gpu-2026-12-01-h200.json").read_text())
+    assert (doc["dry_run"], doc["date"], doc["device"]) == (False, "2026-12-01", "h200")
+    assert doc["versions"]["commit"] == "0123abc" and doc["versions"]["dirty"] is None
+    assert doc["machine"]["gpu"] == "NVIDIA H200" and doc["machine"]["pcie_gen"] == 5
+    assert doc["machine"]["link_bandwidth_gbps"] == {"h2d_pinned_gbps": 55.4, "d2h_pinned_gbps": 55.1}
+    assert [(s["name"], s["status"], s["exit_status"], s["seconds"]) for s in doc["steps"]] == [
+        ("env", "ok", 0, 6), ("nvidia-smi", "failed", 127, 0), ("cuda-exactness", "failed", 1, 20),
+        ("offload-overhead", "timed out", 124, 420), ("host-tiers", "ok", 0, 31)]
+    assert "tests" not in doc["steps"][2] and "result" not in doc["steps"][4]
+    assert doc["steps"][4]["note"] == "host-tiers.json is not whole JSON: its figures are lost"
+    assert gather(work, out).stdout == r.stdout  # the next step's call rewrites the same file
+    again = tmp_path / "again"
+    again.mkdir()
+    (again / "steps.tsv").write_text("env\t0\t6\tpython -m kvbench.cli env\t\n")
+    (again / "env.json").write_text((work / "env.json").read_text())
+    r = gather(again, out)
+    assert r.returncode == 0 and r.stdout == f"{out / 'gpu-2026-12-01-h200-2.json'}\n"  # a second run that day
