@@ -284,6 +284,19 @@ class TransformersEngine:
 
     def _generate(self, t: TrialSpec, cache: Any, watch: Watch, keep_gaps: bool,
                   store: KVStore | None) -> TrialOutput:
+        """Run trial ``t`` on ``cache`` (the mode's cache object) and return what it measured, in five steps:
+
+        1. the prompts (a reuse trial's request, else the source's batch), left-padded on the device, and their
+           digest (the ``none`` reference's key);
+        2. the KV probes: kvbench's own caches account their bytes themselves (read on the sampler thread);
+           transformers' caches are summed once a step (``read_kv``), since summing on the sampler thread would
+           hold the GIL; on CUDA the allocator's peaks are reset after a synchronize;
+        3. inside ``watch.window`` (the timed part): a warm reuse trial's restore from ``store`` (TTFT counts
+           the lookup and the restore), then greedy decoding of ``max_new_tokens``;
+        4. the memory peaks and the cache's own fields (transfers, disk tier, the decode steps' copy rate), the
+           allocator's peaks on CUDA (a note naming why they are None elsewhere);
+        5. a warm trial's prompt and reply held in ``store`` for later requests, after every figure is read.
+        """
         dev = self.device
         reuse = isinstance(t, ReuseTrial)
         prompts = [list(t.request.ids)] if reuse else self.source.batch(t.prompt_tokens, t.batch_size, t.repeat)
