@@ -7,6 +7,8 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 
 def latency_metrics(t_start: float, token_times: Sequence[float],
                     chunk_times: Sequence[float] | None = None) -> dict[str, Any]:
@@ -50,10 +52,9 @@ def itl_percentiles(itl_s: Sequence[float]) -> dict[str, float | None]:
     ``higher`` method: never below the linear-interpolation percentile, and always a gap that happened); None
     without gaps (one generated token)."""
     keys = [f"itl_p{p}_s" for p in ITL_PERCENTILES] + ["itl_max_s"]
-    if not itl_s:
+    if not len(itl_s):
         return dict.fromkeys(keys)
-    ordered = sorted(itl_s)
-    return dict(zip(keys, [higher_percentile(ordered, p, presorted=True) for p in ITL_PERCENTILES] + [ordered[-1]]))
+    return dict(zip(keys, [float(v) for v in np.percentile(itl_s, [*ITL_PERCENTILES, 100], method="higher")]))
 
 
 def is_max_rank(n: int, p: float) -> bool:
@@ -62,11 +63,15 @@ def is_max_rank(n: int, p: float) -> bool:
     return n > 0 and math.ceil((n - 1) * p / 100) == n - 1
 
 
-def higher_percentile(values: Sequence[float], p: float, presorted: bool = False) -> float | None:
-    """The ``p``-th percentile of ``values`` by numpy's ``higher`` method: the value at 0-based rank
-    ⌈(n − 1)·p/100⌉ of the n sorted values (always a value that happened); None without values."""
-    ordered = values if presorted else sorted(values)
-    return ordered[math.ceil((len(ordered) - 1) * p / 100)] if len(ordered) else None
+def higher_percentile(values: Sequence[float], p: float) -> float | None:
+    """The ``p``-th percentile (0 ≤ p ≤ 100) of ``values`` by :func:`numpy.percentile`'s ``higher`` method: the
+    value at 0-based rank ⌈(n − 1)·p/100⌉ of the n sorted values (always a value that happened); None without
+    values.
+
+    Raises:
+        ValueError: ``p`` outside [0, 100] (numpy's).
+    """
+    return float(np.percentile(values, p, method="higher")) if len(values) else None
 
 
 def throughputs(prompt_tokens: int, batch_size: int, lat: dict[str, Any], n_out: int) -> dict[str, float | None]:

@@ -13,7 +13,7 @@ from kvbench.analysis.points import point_table
 from kvbench.analysis.cost import Prices, cost_table
 from kvbench.report.cost import verdicts
 from kvbench.analysis.intervals import judge
-from kvbench.analysis.latency import itl_percentiles
+from kvbench.analysis.latency import higher_percentile, itl_percentiles
 from kvbench.bench.telemetry.machine_load import LoadWindow, busy_threshold_percent, other_gpu_processes
 from kvbench.results.frame import trials_frame
 from conftest import paired_rows
@@ -113,6 +113,15 @@ def test_itl_percentiles_per_trial_and_pooled_per_point():
     data[2]["itl_s"] = [0.1] * 14 + [3.0]
     r = point(point_table(trials_frame(data, "g")), "none")
     assert (r["itl_p50_s"], r["itl_max_s"]) == (0.1, 3.0)
+
+
+def test_higher_percentile_is_the_value_at_rank_ceil_n_minus_1_times_p():
+    values = [5, 1, 4, 2, 3, 9, 8, 7, 6, 10, 11]  # 11 values: rank ⌈10·p/100⌉ of 1..11
+    assert [higher_percentile(values, p) for p in (0, 10, 11, 50, 90, 91, 99, 100)] == [1, 2, 3, 6, 10, 11, 11, 11]
+    assert higher_percentile([0.25, 4.0], 1) == 4.0 and type(higher_percentile([1, 2], 50)) is float
+    assert higher_percentile([], 99) is None and higher_percentile((), 50) is None
+    with pytest.raises(ValueError, match="Percentiles must be in the range"):
+        higher_percentile([1.0], 101)
 
 
 def test_load_window_arithmetic(monkeypatch):
