@@ -7,21 +7,17 @@
   the trial's end it reads the peaks the kernel and torch kept (peak RSS, pinned blocks). Fields that cannot be
   read are ``None`` (never 0) with one warning naming the reason.
 - :func:`summarise`: per-trial peaks and means of a timeline.
-- :class:`LatencyWatch`: rolling p50/p90/p99 of request latencies for a user's own service.
 
 NVML is read by :mod:`kvbench.bench.telemetry.nvml`, this process's memory and CPU by :mod:`kvbench.bench.telemetry.host_memory`.
 """
 
 from __future__ import annotations
 
-import bisect
 import contextlib
-import math
 import os
 import threading
 import time
 import warnings
-from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -333,60 +329,3 @@ def summarise(samples: list[dict[str, Any]], peaks: dict[str, Any] | None = None
         "power_mean_w": mean("power_w"),
         "n_samples": len(samples),
     }
-
-
-class LatencyWatch:
-    """Rolling latency percentiles for a service: feed each request's latency, get flagged outliers.
-
-    ``observe(latency)`` compares the request with the rolling p90 of the previous ``window`` requests (before it
-    is added) and returns True when it is slower; :meth:`percentiles` gives p50/p90/p99 of the window
-    (nearest-rank method: the smallest value with at least p% of the window at or below it).
-
-    Args:
-        window: how many recent requests the percentiles cover (≥ 1).
-        min_samples: requests needed before anything is flagged.
-
-    Raises:
-        ValueError: window < 1 or min_samples < 1; a negative latency.
-    """
-
-    def __init__(self, window: int = 100, min_samples: int = 10):
-        if window < 1 or min_samples < 1:
-            raise ValueError("window and min_samples must be at least 1")
-        self.window = window
-        self.min_samples = min_samples
-        self._recent: deque[float] = deque()
-        self._sorted: list[float] = []
-        self.flagged = 0
-        self.count = 0
-
-    def percentile(self, p: float) -> float | None:
-        """The nearest-rank ``p``-th percentile (0 < p ≤ 100) of the window; None while it is empty.
-
-        Raises:
-            ValueError: ``p`` outside (0, 100].
-        """
-        if not 0 < p <= 100:
-            raise ValueError(f"percentile must be in (0, 100], got {p}")
-        if not self._sorted:
-            return None
-        rank = max(1, -(-p * len(self._sorted) // 100))
-        return self._sorted[int(rank) - 1]
-
-    def percentiles(self) -> dict[str, float | None]:
-        """``{"p50", "p90", "p99"}`` of the window."""
-        return {"p50": self.percentile(50), "p90": self.percentile(90), "p99": self.percentile(99)}
-
-    def observe(self, latency_s: float) -> bool:
-        """Add one request's latency (seconds); True when it is slower than the rolling p90 before it."""
-        if not math.isfinite(latency_s) or latency_s < 0:
-            raise ValueError(f"latency must be a finite number >= 0 seconds, got {latency_s}")
-        slow = len(self._sorted) >= self.min_samples and latency_s > self.percentile(90)
-        self.count += 1
-        self.flagged += slow
-        self._recent.append(latency_s)
-        bisect.insort(self._sorted, latency_s)
-        if len(self._recent) > self.window:
-            old = self._recent.popleft()
-            del self._sorted[bisect.bisect_left(self._sorted, old)]
-        return slow

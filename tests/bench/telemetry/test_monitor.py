@@ -1,4 +1,4 @@
-"""Samplers: psutil timelines on CPU, NVML readings through the same code path, alerts, LatencyWatch."""
+"""Samplers: psutil timelines on CPU, NVML readings through the same code path, alerts."""
 
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ import torch
 
 from kvbench.bench.telemetry.monitor import (
     SAMPLER_NICE,
-    LatencyWatch,
     MonitorWarning,
     Sampler,
     summarise,
@@ -192,27 +191,6 @@ def test_cuda_device_without_nvml_gives_nulls_and_one_warning(monkeypatch):
         pass
     assert len(timeline.samples) == 2 and all(r["gpu_used_bytes"] is None for r in timeline.samples)
     assert sampler.notes["gpu"] == "NVML unavailable: NVML Shared Library Not Found"
-
-
-def test_latency_watch_flags_requests_slower_than_the_rolling_p90():
-    w = LatencyWatch(window=10, min_samples=5)
-    flags = [w.observe(x) for x in [0.1, 0.2, 0.3, 0.4]]
-    assert flags == [False] * 4 and w.percentiles()["p90"] == 0.4  # fewer than min_samples: nothing flagged
-    assert w.observe(0.5) is False  # p90 of [0.1..0.4] is 0.4 but only 4 samples before it
-    assert w.observe(0.45) is False  # p90 of the 5 before it is 0.5
-    assert w.observe(0.9) is True
-    assert w.percentiles() == {"p50": 0.4, "p90": 0.9, "p99": 0.9}
-    for _ in range(10):  # the window slides: 0.9 leaves it
-        w.observe(0.2)
-    assert w.percentiles() == {"p50": 0.2, "p90": 0.2, "p99": 0.2} and w.flagged == 1 and w.count == 17
-    for p in (0, -5, 150, float("nan")):
-        with pytest.raises(ValueError, match=r"percentile must be in \(0, 100\]"):
-            w.percentile(p)
-    for bad in (-1, float("nan"), float("inf")):
-        with pytest.raises(ValueError, match=f"latency must be a finite number >= 0 seconds, got {bad}"):
-            w.observe(bad)
-    with pytest.raises(ValueError, match="window and min_samples must be at least 1"):
-        LatencyWatch(window=0)
 
 
 def test_host_reader_matches_psutil_without_opening_files():
