@@ -9,12 +9,13 @@ A request whose prompt has ``k`` tokens restored (from tier ``j``) and ``n`` pre
 (the compute of a forward pass: a per-token part, the weights' matrix products, and the attention of each new
 token over the k + i tokens before it, Σ_{i<n} (k + i) ≈ n (k + n / 2); a restore copies each token's KV once, at
 the tier's bandwidth; a decode step reads the weights and the context's KV, averaged over the generated tokens:
-the roofline of :mod:`kvbench.analysis.plan`). The constants are least squares, each at least 0 (:func:`_lstsq`),
-over the measured trials (cold and warm) of one engine and mode; their 95% intervals are a percentile bootstrap
-drawing whole independent units (a prefix's visits: :func:`kvbench.analysis.reuse.sampling_units`),
-:data:`N_FIT_BOOT` refits. A restore
-tier's bandwidth (bytes/s) is its bytes per token ÷ its seconds per token, where the trials say how many bytes
-each token restored held (kvbench's own store; a server's cache does not say).
+the roofline of :mod:`kvbench.analysis.plan`). The constants are least squares, each at least 0 (times and costs
+cannot be negative: :func:`scipy.optimize.nnls`, the active-set method of Lawson & Hanson, *Solving Least Squares
+Problems*, 1974, ch. 23), over the measured trials (cold and warm) of one engine and mode; their 95% intervals are
+a percentile bootstrap drawing whole independent units (a prefix's visits:
+:func:`kvbench.analysis.reuse.sampling_units`), :data:`N_FIT_BOOT` refits. A restore tier's bandwidth (bytes/s)
+is its bytes per token ÷ its seconds per token, where the trials say how many bytes each token restored held
+(kvbench's own store; a server's cache does not say).
 
 A fit says what it rests on: the prompt lengths of its trials (:attr:`Fit.prompt_tokens`; a prediction beyond 2x
 of that range is an extrapolation: :func:`beyond_range`) and their machine load. :func:`fit_quiet` leaves out the
@@ -30,6 +31,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
+from scipy.optimize import nnls
 
 from kvbench.analysis.intervals import busy_flags, cluster_draws, load_known
 from kvbench.analysis.reuse import sampling_units
@@ -114,21 +116,6 @@ class Fit:
         return f"Fit(trials={self.trials}, units={self.units}, values={self.values})"
 
 
-def _lstsq(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Least squares with every constant ≥ 0 (times and costs cannot be negative): fit, then fix the most negative
-    constant at 0 and refit the others, until none is negative (the active-set idea of Lawson & Hanson, *Solving
-    Least Squares Problems*, 1974, ch. 23, one constant at a time: exact for these few, well-separated terms)."""
-    active = list(range(x.shape[1]))
-    beta = np.zeros(x.shape[1])
-    while active:
-        sol = np.linalg.lstsq(x[:, active], y, rcond=None)[0]
-        if (sol >= 0).all():
-            beta[active] = sol
-            break
-        active.pop(int(np.argmin(sol)))
-    return beta
-
-
 def fit_constants(rows: pd.DataFrame, n_boot: int = N_FIT_BOOT, seed: int = 0) -> Fit | None:
     """Fit the TTFT and TPOT constants (module docstring) to measured reuse trials of one engine and mode
     (``prompt_tokens``, ``tokens_restored``, ``ttft_s``, ``tpot_s``, ``n_output_tokens``, ``document``,
@@ -151,7 +138,7 @@ def fit_constants(rows: pd.DataFrame, n_boot: int = N_FIT_BOOT, seed: int = 0) -
     xt = tpot_features(tp["prompt_tokens"].to_numpy(float) + tp["n_output_tokens"].to_numpy(float) / 2)
     yt = tp["tpot_s"].to_numpy(float)
     names = list(TTFT_TERMS) + [f"restore_{t}_s_per_token" for t in tiers]
-    beta, beta_t = _lstsq(x, y), _lstsq(xt, yt) if len(tp) >= 2 else np.full(2, math.nan)
+    beta, beta_t = nnls(x, y)[0], nnls(xt, yt)[0] if len(tp) >= 2 else np.full(2, math.nan)
     units = sampling_units(rows)[0] if "document" in rows else pd.Series(np.arange(len(rows)), index=rows.index)
     counts, index = cluster_draws(units, n_boot, seed)
     t_index = index[np.isin(rows.index, tp.index)]
@@ -161,9 +148,9 @@ def fit_constants(rows: pd.DataFrame, n_boot: int = N_FIT_BOOT, seed: int = 0) -
         if w.sum() == 0:
             continue
         sw = np.sqrt(w)
-        boots.append(_lstsq(x * sw[:, None], y * sw))
+        boots.append(nnls(x * sw[:, None], y * sw)[0])
         wt = np.sqrt(c[t_index].astype(float))
-        boots_t.append(_lstsq(xt * wt[:, None], yt * wt) if len(tp) >= 2 else np.full(2, math.nan))
+        boots_t.append(nnls(xt * wt[:, None], yt * wt)[0] if len(tp) >= 2 else np.full(2, math.nan))
     b, bt = np.array(boots), np.array(boots_t)
     values = dict(zip(names + list(TPOT_TERMS), [*beta, *beta_t]))
     draws = dict(zip(names + list(TPOT_TERMS), [*b.T, *bt.T]))

@@ -155,9 +155,9 @@ def test_the_fit_recovers_known_constants_within_their_intervals():
 
 def test_the_fit_keeps_every_constant_at_least_zero():
     rows = synthetic_rows(noise=0.0)
-    for r in rows:  # restoring costs nothing here: a free fit would put its constant just below 0
-        r["ttft_s"] -= TRUE["restore_host_s_per_token"] * r["tokens_restored"]
-        r["e2e_s"] -= TRUE["restore_host_s_per_token"] * r["tokens_restored"]
+    for r in rows:  # a restored token takes 1 µs off: a free fit would put its constant at -1e-6 s
+        r["ttft_s"] -= (TRUE["restore_host_s_per_token"] + 1e-6) * r["tokens_restored"]
+        r["e2e_s"] -= (TRUE["restore_host_s_per_token"] + 1e-6) * r["tokens_restored"]
     fit = fit_constants(map_rows(trials_frame(rows, "be")))
     assert fit.values["restore_host_s_per_token"] == 0.0 and all(v >= 0 for v in fit.values.values())
     assert fit.bandwidth["host"][0] == float("inf")
@@ -492,9 +492,9 @@ def test_hand_edited_inputs_give_one_line_errors(tmp_path):
     from kvbench.results.run_dir import RunDir
 
     rows = synthetic_rows(lengths=(128, 1024), noise=0.0)
-    for r in rows:  # restoring costs nothing: an infinite bandwidth, written as null
-        r["ttft_s"] -= TRUE["restore_host_s_per_token"] * r["tokens_restored"]
-        r["e2e_s"] -= TRUE["restore_host_s_per_token"] * r["tokens_restored"]
+    for r in rows:  # restoring costs nothing (a free fit: -1e-6 s per token): an infinite bandwidth, written as null
+        r["ttft_s"] -= (TRUE["restore_host_s_per_token"] + 1e-6) * r["tokens_restored"]
+        r["e2e_s"] -= (TRUE["restore_host_s_per_token"] + 1e-6) * r["tokens_restored"]
     rows[0]["working_set_prompts"] = None
     rows[1]["shared_prefix_tokens"] = 5000  # longer than the prompt
     run = RunDir.create(tmp_path / "results", parse_scenario(base_scenario()).model_dump(mode="json"), {})

@@ -1,15 +1,19 @@
 """What a break-even fit rests on: trials measured on a busy machine are left out of it (or, where only those
 exist, the fit is marked busy and `kvbench plan --constants` refuses it unless --allow-busy-fit), and the prompt
-lengths it was fitted to travel with it, so that a plan or a map beyond 2x of them says it extrapolates."""
+lengths it was fitted to travel with it, so that a plan or a map beyond 2x of them says it extrapolates; the
+constants are the least squares with every constant at least 0."""
 
 from __future__ import annotations
 
 import json
 
+import numpy as np
+import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
 from kvbench.analysis.break_even import break_even_map
+from kvbench.analysis.break_even_fit import fit_constants
 from kvbench.analysis.cost import Prices
 from kvbench.analysis.plan_break_even import measured_constants
 from kvbench.cli import app
@@ -99,3 +103,31 @@ def test_beyond_range_is_more_than_twice_outside(span, lengths, far):
     from kvbench.analysis.break_even_fit import beyond_range
 
     assert beyond_range(span, lengths) == far
+
+
+def test_the_fit_recovers_exact_constants_from_noiseless_trials():
+    fit = fit_constants(trials_frame(synthetic_rows(noise=0.0), "be"), n_boot=20)
+    assert fit.tiers == ["host"]
+    for name, truth in TRUE.items():
+        assert fit.values[name] == pytest.approx(truth, rel=1e-9), name
+    assert fit.residual_s == pytest.approx(0.0, abs=1e-12)
+
+
+def test_the_fit_keeps_a_constant_that_dropping_the_most_negative_one_would_lose():
+    # Concave TTFTs (prefill per token falls as prompts grow): the free fit of 1, n, n²/2 is overhead -10 ms,
+    # 500 µs/token, -2e-7 s/pair. Fixing the most negative number at 0 for good drops the overhead (its -0.01 s
+    # outweighs -2e-7 s/pair only by its unit) and then the attention: prefill alone, 391 µs/token, RMS 6.9 ms.
+    # The least squares with every constant >= 0 have attention 0 and the overhead back: the straight line
+    # through the points, 8.5 ms + 380 µs/token, RMS 4.3 ms.
+    n = np.array([128, 256, 1024] * 2)
+    ttft = -0.01 + 5e-4 * n - 1e-7 * n.astype(float) ** 2
+    rows = pd.DataFrame({"prompt_tokens": n, "tokens_restored": 0, "ttft_s": ttft, "tpot_s": 0.05,
+                         "n_output_tokens": 4, "e2e_s": ttft + 3 * 0.05, "document": [f"d{i}" for i in range(6)],
+                         "request_id": [f"r{i}" for i in range(6)]})
+    fit = fit_constants(rows, n_boot=20)
+    slope, intercept = np.polyfit(n, ttft, 1)
+    assert fit.values["attention_s_per_token_pair"] == 0.0
+    assert intercept == pytest.approx(8.48e-3, rel=1e-3)
+    assert fit.values["overhead_s"] == pytest.approx(intercept, rel=1e-9)
+    assert fit.values["prefill_s_per_token"] == pytest.approx(slope, rel=1e-9)
+    assert fit.residual_s == pytest.approx(4.284e-3, rel=1e-3)
