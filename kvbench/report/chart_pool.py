@@ -4,20 +4,17 @@ stops early (an error, Ctrl-C, SIGTERM)."""
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import multiprocessing as mp
 import os
 import signal
-import sys
 from concurrent.futures import Future, ProcessPoolExecutor
 from typing import Any
 
+from kvbench.parent_death import die_with_parent
 from kvbench.report import charts
 
 #: At most this many chart worker processes.
 CHART_WORKERS = 4
-_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 class _InProcess:
@@ -45,13 +42,10 @@ class _InProcess:
 
 def _worker_start(parent: int) -> None:
     """In each worker: Ctrl-C is left to the report (which stops and kills its workers), and the worker gets
-    SIGKILL when the report's process ends however it ends; a report already gone when this runs ends it too."""
+    SIGKILL when the report's process ends however it ends; a report already gone when this runs ends it too
+    (:func:`kvbench.parent_death.die_with_parent`)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != parent:
-        os._exit(1)
+    die_with_parent(parent)
 
 
 class _Workers:
