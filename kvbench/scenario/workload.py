@@ -40,6 +40,9 @@ REUSE_KINDS = ("multi_turn", "doc_qa", "shared_prefix")
 Ratio = whole_text(r"[1-9]\d{0,2}:\d{1,3}", "must be 'H:M' with whole numbers from 0 to 999, H ≥ 1, e.g. '3:1'")
 #: A language code as langdetect gives it.
 Language = whole_text(r"[a-z]{2}(-[a-z]{2})?", "must be an ISO 639-1 code such as 'en', 'de', 'zh-cn'")
+#: What ``workload.language`` needs where langdetect is missing: it is kvbench's optional ``lang`` extra.
+LANGDETECT_MISSING = ("needs langdetect, which is not installed: it is kvbench's optional 'lang' extra, "
+                      "pip install 'kvbench[lang]' (in a checkout of kvbench: pip install -e '.[lang]')")
 
 
 def extra_documents(documents: int, questions: int, ratio: tuple[int, int] | None) -> int:
@@ -186,7 +189,7 @@ class WorkloadSpec(Strict):
     n_prompts: Count = Field(16, description="Distinct prompts drawn per prompt length; batches rotate through them.")
     seed: Seed = Field(0, description="Seed of the prompt selection (0 to 2^32 - 1).")
     language: Language | None = optional("Keep only texts in this language (ISO 639-1 code such as 'en'), detected "
-        "with langdetect.")
+        "with langdetect (the optional extra: pip install 'kvbench[lang]').")
     max_turns: Count | None = optional("sharegpt: use at most this many turns of a conversation (1 = the first "
         "request only).")
     order: Literal["random", "longest"] = Field(

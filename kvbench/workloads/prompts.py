@@ -12,8 +12,9 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
+from kvbench.errors import TooLittleText, WorkloadError
+from kvbench.scenario.workload import LANGDETECT_MISSING
 from kvbench.workloads.documents import Document
-from kvbench.errors import TooLittleText
 
 _SENTINEL = "\ue000kvbench-content\ue001"
 #: Tokens a chat template may add per turn (role markers, system prompt) when bounding a document's length.
@@ -73,8 +74,16 @@ def build_prompt(tokenizer: Any, doc: Document, n_tokens: int, max_turns: int | 
 
 
 def language_of(text: str) -> str | None:
-    """The ISO 639-1 code langdetect gives ``text`` (seeded, so repeatable), or None when it cannot tell."""
-    from langdetect import DetectorFactory, LangDetectException, detect
+    """The ISO 639-1 code langdetect gives ``text`` (seeded, so repeatable), or None when it cannot tell.
+
+    Raises:
+        kvbench.errors.WorkloadError: langdetect (kvbench's optional ``lang`` extra) is not installed; the
+            message gives the command that installs it.
+    """
+    try:
+        from langdetect import DetectorFactory, LangDetectException, detect
+    except ImportError:
+        raise WorkloadError(f"workload.language {LANGDETECT_MISSING}") from None
 
     DetectorFactory.seed = 0  # langdetect is random unless seeded
     try:

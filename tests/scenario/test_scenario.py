@@ -106,6 +106,25 @@ def test_unknown_language_is_refused_before_scanning(write_yaml):
     assert err.problems[0][1].startswith("'xx' is not a language langdetect can detect; known: af, ar, bg, bn,")
 
 
+def test_a_language_without_langdetect_names_the_extra_that_installs_it(write_yaml, monkeypatch):
+    import importlib.util
+
+    from typer.testing import CliRunner
+
+    from kvbench.cli import app
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "langdetect" else real(name, *a))
+    path = write_yaml(tiny_scenario(workload={"source": "sharegpt", "language": "de"}, model=RANDOM_WITH_TOKENIZER))
+    with pytest.raises(ScenarioError) as info:
+        load_scenario(path)
+    says = ("needs langdetect, which is not installed: it is kvbench's optional 'lang' extra, pip install "
+            "'kvbench[lang]' (in a checkout of kvbench: pip install -e '.[lang]')")
+    assert info.value.problems == [("workload.language", says)]
+    r = CliRunner().invoke(app, ["validate", str(path)], env={"COLUMNS": "400"})
+    assert r.exit_code == 2 and "workload.language" in r.output and says in " ".join(r.output.split()), r.output
+
+
 def test_booleans_strings_and_zero_budget_are_not_numbers(write_yaml):
     err = error_of(write_yaml, tiny_scenario(prompt_tokens=[True], max_new_tokens="4", budget=0))
     assert ("prompt_tokens[0]", "Input should be a valid integer (got True)") in err.problems

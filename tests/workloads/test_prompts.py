@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import re
+import sys
+
 import pytest
 
+from kvbench.errors import WorkloadError
 from kvbench.workloads import SyntheticSource, sharegpt
 from kvbench.workloads.documents import Document
 from kvbench.workloads.prompts import PromptPool, TooLittleText, build_prompt
@@ -78,6 +82,15 @@ def test_language_filter_keeps_only_that_language(smol_tokenizer):
     pool = PromptPool(docs, smol_tokenizer, n_prompts=2, language="de")
     prompts = pool.prompts(50)
     assert len(prompts) == 1 and detect(smol_tokenizer.decode(prompts[0])) == "de"
+
+
+def test_a_language_filter_without_langdetect_says_how_to_install_it(smol_tokenizer, monkeypatch):
+    monkeypatch.setitem(sys.modules, "langdetect", None)  # as if not installed: its import raises ImportError
+    docs = [Document("en", (("user", "The weather is lovely today and we are going for a long walk. " * 8),))]
+    with pytest.raises(WorkloadError, match=re.escape("workload.language needs langdetect, which is not installed: "
+                                                      "it is kvbench's optional 'lang' extra, pip install "
+                                                      "'kvbench[lang]'")):
+        PromptPool(docs, smol_tokenizer, n_prompts=1, language="en").prompts(50)
 
 
 def test_synthetic_prompts_are_seeded_and_avoid_special_ids():
