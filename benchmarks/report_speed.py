@@ -4,18 +4,15 @@ The first copy of the committed golden run (tests/data/golden) is kept as it is;
 prompt lengths with their latencies jittered, so every code path runs (bootstrap intervals, baselines, the charts,
 and the memory timelines of the real run's largest point, from its samples.csv). Prints the wall time of the whole
 command (a fresh process, imports included) and of loading + the per-point table alone, as the median [min–max]
-of --rounds runs. With --pool, each round runs the command twice, side by side in alternating order: with its
-chart pool (forked workers, as kvbench runs it) and with the charts drawn in its own process; it prints both and
-the paired ratio (in-process ÷ pool) per round.
+of --rounds runs.
 
-    python benchmarks/report_speed.py [--trials 20000] [--rounds 3] [--pool]
+    python benchmarks/report_speed.py [--trials 20000] [--rounds 3]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import shutil
 import statistics
@@ -57,39 +54,10 @@ def synthesise(out: Path, n_trials: int, seed: int = 0) -> Path:
     return run
 
 
-#: ``kvbench`` with its chart pool replaced by the in-process stand-in (the charts drawn in the report's process).
-IN_PROCESS = ("import kvbench.report.chart_pool as c; c.chart_pool = c._InProcess; "
-              "from kvbench.cli import app; app(prog_name='kvbench')")
-
-
-def spread(label: str, seconds: list[float]) -> str:
-    """``label: median M s [min–max]``."""
-    return f"{label}median {statistics.median(seconds):.2f} s [{min(seconds):.2f}–{max(seconds):.2f}]"
-
-
-def compare_pool(run: Path, tmp: Path, timelines: list[str], rounds: int) -> None:
-    """Time the whole command with its chart pool and in-process, alternating which goes first each round."""
-    commands = {"pool": [str(Path(sys.executable).with_name("kvbench"))],
-                "in-process": [sys.executable, "-c", IN_PROCESS]}
-    times: dict[str, list[float]] = {k: [] for k in commands}
-    for i in range(rounds):
-        for name in (("pool", "in-process") if i % 2 == 0 else ("in-process", "pool")):
-            t0 = time.perf_counter()
-            subprocess.run([*commands[name], "report", str(run), "--out", str(tmp / f"{name}{i}"), *timelines],
-                           check=True, stdout=subprocess.DEVNULL)
-            times[name].append(time.perf_counter() - t0)
-    ratios = [b / a for a, b in zip(times["pool"], times["in-process"])]
-    print(spread("with the chart pool:   ", times["pool"]))
-    print(spread("charts in-process:     ", times["in-process"]))
-    print(f"in-process / pool:      median {statistics.median(ratios):.3f} [{min(ratios):.3f}–{max(ratios):.3f}] "
-          f"(per round: {', '.join(f'{r:.3f}' for r in ratios)})")
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trials", type=int, default=20_000)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--pool", action="store_true", help="the command with and without its chart pool, side by side")
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT))
     from kvbench.analysis.points import point_table
@@ -102,10 +70,6 @@ def main() -> None:
         real = [json.loads(line) for line in (run / "trials.jsonl").open() if "-s" not in json.loads(line)["trial_id"]]
         timelines = [x for r in real if r["trial_id"].startswith("p96-b2-") and r["trial_id"].endswith("-r0")
                      and r["status"] in ("ok", "over_budget") for x in ("--timeline", r["trial_id"])]
-        if args.pool:
-            print(f"{args.trials} trials, {args.rounds} rounds, {os.cpu_count()} CPUs")
-            compare_pool(run, Path(tmp), timelines, args.rounds)
-            return
         whole, table = [], []
         for i in range(args.rounds):
             t0 = time.perf_counter()

@@ -1,8 +1,8 @@
 """Child processes that never outlive the process that forked them: Linux's ``PR_SET_PDEATHSIG``, set in the child.
 
-Used by the serving engines' server processes (a ``preexec_fn``) and by the report's chart workers (a pool
-initializer): the kernel SIGKILLs the child when the parent's forking thread ends, however it ends (SIGKILL
-included), where no handler of the parent would run.
+Used by the serving engines' server processes and their ``--version`` probes (a ``preexec_fn``): the kernel
+SIGKILLs the child when the parent's forking thread ends, however it ends (SIGKILL included), where no handler of
+the parent would run.
 """
 
 from __future__ import annotations

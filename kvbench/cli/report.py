@@ -28,9 +28,8 @@ def report(
                             "<first path>/report/llm-d)."),
 ) -> None:
     """Tables, charts and a Markdown/HTML report of one or many runs: memory saved and time it cost per mode.
-    Ctrl-C or SIGTERM stops it with exit 130, its chart workers killed and nothing written. Files of the GPU
-    checks (gpu-<date>-<device>.json) are printed instead: machine, steps and each step's figures."""
-    from kvbench.report.chart_pool import chart_pool
+    Ctrl-C or SIGTERM stops it with exit 130 and nothing written. Files of the GPU checks
+    (gpu-<date>-<device>.json) are printed instead: machine, steps and each step's figures."""
     from kvbench.report.gpu_checks import is_gpu_checks
     from kvbench.report.server_load import LOAD_CAPTION, server_load_display
     from kvbench.report.tables import capacity_display, reuse_display, reuse_terminal, terminal_frame
@@ -57,9 +56,9 @@ def report(
         _llmd(paths, Path(out_dir) if out_dir else target / "llm-d")
         return
     try:
-        with handle_errors({"timelines": "--timeline"}), chart_pool() as pool:  # its workers start as results load
+        with handle_errors({"timelines": "--timeline"}):
             results = _load(paths)
-            rep = write_report(results, target, timelines=timeline or None, pool=pool)
+            rep = write_report(results, target, timelines=timeline or None)
     except KeyboardInterrupt:
         err.print(f"interrupted: no report written to {target}", highlight=False, markup=False)
         raise typer.Exit(130) from None

@@ -7,12 +7,11 @@ written all the same.
 
 Every chart takes the per-point table of :func:`kvbench.analysis.points.point_table` (or samples) and a colour map from
 :func:`mode_colours`, so a mode has the same colour in every chart of a report. matplotlib is imported on first
-use (:func:`warm_up`), so that a report's chart workers can import it while the results are being loaded.
+use, so that a command that draws no chart never loads it.
 """
 
 from __future__ import annotations
 
-import io
 import math
 from pathlib import Path
 from typing import Any
@@ -42,17 +41,6 @@ def pyplot() -> Any:
     import matplotlib.pyplot as plt
 
     return plt
-
-
-def warm_up() -> None:
-    """Import matplotlib and draw one tiny figure (fonts loaded), so that the first real chart is not slower."""
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(1, 1))
-    ax.set_title("x")
-    try:
-        fig.savefig(io.BytesIO(), format="png")
-    finally:
-        plt.close(fig)
 
 
 def mode_colours(labels: list[str]) -> dict[str, str]:
@@ -369,4 +357,4 @@ def memory_timelines(trials: list[tuple[str, pd.DataFrame, Any]], title: str, pa
 
 
 __all__ = ["TAB10", "ChartWarning", "bytes_per_token", "cost_bars", "memory_timelines", "mode_colours", "not_drawn",
-           "saving_and_overhead", "throughput_vs_batch", "warm_up"]
+           "saving_and_overhead", "throughput_vs_batch"]

@@ -1,10 +1,9 @@
-"""``kvbench report``'s files: :func:`write_report` computes the tables and texts while a pool of processes draws
-the charts, and writes ``summary.csv``, ``summary.md``, ``reuse.csv``, the PNG charts, ``report.md`` and
-``report.html`` into a private folder that is moved into place whole."""
+"""``kvbench report``'s files: :func:`write_report` computes the tables and texts, draws the charts, and writes
+``summary.csv``, ``summary.md``, ``reuse.csv``, the PNG charts, ``report.md`` and ``report.html`` into a private
+folder that is moved into place whole."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 from pathlib import Path
@@ -27,7 +26,6 @@ from kvbench.report.advice import (capacity_findings, capacity_recommendation, d
                                    reuse_findings, reuse_recommendation)
 from kvbench.report.break_even import map_display, map_finding
 from kvbench.report.break_even_chart import break_even_heatmap
-from kvbench.report.chart_pool import chart_pool
 from kvbench.report.cost_section import cost_markdown, cost_section
 from kvbench.report.documents import Report, markdown, md_table
 from kvbench.report.html_page import html_document
@@ -45,8 +43,7 @@ TIMELINE_PANELS = 8
 MAX_TIMELINES = 64
 
 
-def write_report(results: Results, out_dir: str | Path, timelines: list[str] | None = None,
-                 pool: Any = None) -> Report:
+def write_report(results: Results, out_dir: str | Path, timelines: list[str] | None = None) -> Report:
     """Write the report of ``results`` into ``out_dir`` (created): ``summary.csv`` (the per-point table, raw
     numbers), ``summary.md``, ``reuse.csv`` (reuse workloads: :func:`kvbench.analysis.reuse.reuse_table` per turn and per
     prompt length), the charts (PNG; for shared_prefix runs the break-even map's heatmaps,
@@ -60,8 +57,6 @@ def write_report(results: Results, out_dir: str | Path, timelines: list[str] | N
         timelines: trial ids whose memory timeline is drawn (a repeated one once; at most
             :data:`MAX_TIMELINES`); default: at each group's longest prompt and largest batch, the first measured
             trial of every mode.
-        pool: from :func:`~kvbench.report.chart_pool.chart_pool` (default: one made here); stopped (its workers
-            killed) when the report fails or is interrupted.
 
     Returns:
         The :class:`~kvbench.report.documents.Report`, its chart and file paths inside ``out_dir``.
@@ -89,14 +84,14 @@ def write_report(results: Results, out_dir: str | Path, timelines: list[str] | N
     final = path_arg(out_dir, "out_dir")
     refuse_symlink_dir(final)  # e.g. a report/ link inside a run directory from someone's tarball
     try:
-        return _write_in_place(results, final, timelines, pool)
+        return _write_in_place(results, final, timelines)
     except OSError as exc:
         if isinstance(exc, UserError):
             raise
         raise UnwritableOutput(final, exc.strerror or str(exc), "the report") from exc
 
 
-def _write_in_place(results: Results, final: Path, timelines: list[str] | None, pool: Any) -> Report:
+def _write_in_place(results: Results, final: Path, timelines: list[str] | None) -> Report:
     """:func:`write_report` after its checks: everything is written into a private folder inside ``final``, then
     moved into place, so an interrupted or failed report leaves no half of itself behind; one left by a killed
     report (its owner provably dead) is removed first."""
@@ -105,17 +100,13 @@ def _write_in_place(results: Results, final: Path, timelines: list[str] | None, 
         final.mkdir(parents=True, exist_ok=True)
         scratch_dir.sweep(final)
         out = scratch_dir.make(final)
-        rep = _write(results, out, timelines, pool)
+        rep = _write(results, out, timelines)
         for f in out.iterdir():
             os.replace(f, final / f.name)
-    except BaseException:
-        try:
-            if pool is not None:  # its workers may still be drawing into the folder
-                pool.stop()
-        finally:  # even when stopping them failed, or the interrupt came as the folder was made
-            scratch_dir.remove_own(final)
-            if created:
-                shutil.rmtree(final, ignore_errors=True)
+    except BaseException:  # also when the interrupt came as the folder was made (before its name was known here)
+        scratch_dir.remove_own(final)
+        if created:
+            shutil.rmtree(final, ignore_errors=True)
         raise
     out.rmdir()
     rep.charts = [(title, final / p.name) for title, p in rep.charts]
@@ -123,20 +114,14 @@ def _write_in_place(results: Results, final: Path, timelines: list[str] | None, 
     return rep
 
 
-def _write_csv(table: pd.DataFrame, path: Path) -> Path:
-    table.to_csv(path, index=False)
-    return path
-
-
-def _charts_drawn(jobs: list[tuple[str, Any, tuple]], futures: list[Any],
-                  problems: list[str]) -> list[tuple[str, Path]]:
-    """``(title, path)`` of each chart drawn; one that failed (e.g. a text matplotlib cannot draw) adds one line
-    to ``problems`` (:func:`~kvbench.report.charts.not_drawn`) and the report goes on without it. A file that
-    could not be written fails the report, as every other file does."""
+def _charts_drawn(jobs: list[tuple[str, Any, tuple]], problems: list[str]) -> list[tuple[str, Path]]:
+    """Draw each ``(title, function, arguments)`` job: ``(title, path)`` of each chart drawn; one that failed (e.g. a
+    text matplotlib cannot draw) adds one line to ``problems`` (:func:`~kvbench.report.charts.not_drawn`) and the
+    report goes on without it. A file that could not be written fails the report, as every other file does."""
     drawn = []
-    for (title, _, _), future in zip(jobs, futures):
+    for title, fn, args in jobs:
         try:
-            path = future.result()
+            path = fn(*args)
         except OSError:
             raise
         except Exception as exc:
@@ -147,7 +132,7 @@ def _charts_drawn(jobs: list[tuple[str, Any, tuple]], futures: list[Any],
     return drawn
 
 
-def _write(results: Results, out: Path, timelines: list[str] | None, pool: Any) -> Report:
+def _write(results: Results, out: Path, timelines: list[str] | None) -> Report:
     table = point_table(results.trials)
     if any(r.get("capacity") for r in results.runs):  # a search's probes come in search order: show them by size
         rank = {g: i for i, g in enumerate(dict.fromkeys(table["group"]))}
@@ -197,59 +182,50 @@ def _write(results: Results, out: Path, timelines: list[str] | None, pool: Any) 
             jobs.append((f"memory timelines: {name}{suffix.replace('_', ' part ')}", charts.memory_timelines,
                          (panels[k:k + TIMELINE_PANELS], f"{name}: memory over time",
                           out / f"timelines_{stem}{suffix}.png")))
-    with contextlib.ExitStack() as stack:
-        if pool is None:
-            pool = stack.enter_context(chart_pool())
-        # the timelines (several panels each) are the slowest to draw: they start first
-        order = sorted(range(len(jobs)), key=lambda i: jobs[i][1] is not charts.memory_timelines)
-        started = {i: pool.submit(jobs[i][1], *jobs[i][2]) for i in order}
-        futures = [started[i] for i in range(len(jobs))]
-        # the tables and texts are made while the charts render
-        shown = display_frame(table)
-        rep = Report(table, shown, {g: findings(table, g) for g in groups},
-                     {g: recommendation(table, g) for g in groups},
-                     {g: diagnoses(results, table, g) for g in groups},
-                     capacity_frames(results, table), plan_frame(table))
-        for g, frame in rep.capacity.items():  # a search's points are probes: its findings are the capacities
-            rep.findings[g] = capacity_findings(frame)
-            rep.recommendations[g] = capacity_recommendation(frame)
-        rep.reuse = reuse
-        for g, frames in reuse.items():
-            if g not in rep.recommendations:
-                rep.recommendations[g], rep.findings[g], rep.diagnoses[g] = "", [], []
-            later = reuse_later_turns(results.trials)
-            server = not server_rows(results.trials, g).empty
-            if server:
-                rep.findings[g] += server_findings(results.trials, g, later, [
-                    srv for r in results.runs if r.get("group") == g for srv in r.get("servers") or []])
-            else:
-                rep.findings[g] += reuse_findings(frames["turn"], g, later)
-            rec = reuse_recommendation(frames["turn"], g, later, need_match=not server)
-            rep.recommendations[g] = f"{rep.recommendations[g]} {rec}".strip()
-        if len(be.cells):
-            for (g, mode), part in be.cells.groupby(["group", "mode_label"], sort=False):
-                rep.break_even.setdefault(g, {})[mode] = map_display(part)
-                rep.findings.setdefault(g, []).append(map_finding(part, mode))
-        rep.machines = machine_sections(results, table)
-        for g in rep.diagnoses:
-            rep.diagnoses[g] += lost_lines(results, g)
-        load = server_load_table(results.trials)
-        if len(load):
-            rep.server_load = {g: part for g, part in load.groupby("group", sort=False)}
-            for g, part in rep.server_load.items():
-                rep.findings.setdefault(g, []).extend(concurrency_lines(part))
-            load.to_csv(out / "server_load.csv", index=False)
-            rep.files["server_load.csv"] = out / "server_load.csv"
-        if reuse:  # both tables of every reuse group, raw numbers: by turn_index, then by length_bin
-            pd.concat([f for frames in reuse.values() for f in frames.values()], ignore_index=True).to_csv(
-                out / "reuse.csv", index=False)
-            rep.files["reuse.csv"] = out / "reuse.csv"
-        costs = cost_section(results, table)
-        csv_job = pool.submit(_write_csv, table, out / "summary.csv")  # 0.5 s for thousands of points
-        (out / "summary.md").write_text(md_table(shown) + "\n")
-        rep.files.update({"summary.csv": out / "summary.csv", "summary.md": out / "summary.md"})
-        rep.charts = _charts_drawn(jobs, futures, results.problems)
-        csv_job.result()
+    shown = display_frame(table)
+    rep = Report(table, shown, {g: findings(table, g) for g in groups},
+                 {g: recommendation(table, g) for g in groups},
+                 {g: diagnoses(results, table, g) for g in groups},
+                 capacity_frames(results, table), plan_frame(table))
+    for g, frame in rep.capacity.items():  # a search's points are probes: its findings are the capacities
+        rep.findings[g] = capacity_findings(frame)
+        rep.recommendations[g] = capacity_recommendation(frame)
+    rep.reuse = reuse
+    for g, frames in reuse.items():
+        if g not in rep.recommendations:
+            rep.recommendations[g], rep.findings[g], rep.diagnoses[g] = "", [], []
+        later = reuse_later_turns(results.trials)
+        server = not server_rows(results.trials, g).empty
+        if server:
+            rep.findings[g] += server_findings(results.trials, g, later, [
+                srv for r in results.runs if r.get("group") == g for srv in r.get("servers") or []])
+        else:
+            rep.findings[g] += reuse_findings(frames["turn"], g, later)
+        rec = reuse_recommendation(frames["turn"], g, later, need_match=not server)
+        rep.recommendations[g] = f"{rep.recommendations[g]} {rec}".strip()
+    if len(be.cells):
+        for (g, mode), part in be.cells.groupby(["group", "mode_label"], sort=False):
+            rep.break_even.setdefault(g, {})[mode] = map_display(part)
+            rep.findings.setdefault(g, []).append(map_finding(part, mode))
+    rep.machines = machine_sections(results, table)
+    for g in rep.diagnoses:
+        rep.diagnoses[g] += lost_lines(results, g)
+    load = server_load_table(results.trials)
+    if len(load):
+        rep.server_load = {g: part for g, part in load.groupby("group", sort=False)}
+        for g, part in rep.server_load.items():
+            rep.findings.setdefault(g, []).extend(concurrency_lines(part))
+        load.to_csv(out / "server_load.csv", index=False)
+        rep.files["server_load.csv"] = out / "server_load.csv"
+    if reuse:  # both tables of every reuse group, raw numbers: by turn_index, then by length_bin
+        pd.concat([f for frames in reuse.values() for f in frames.values()], ignore_index=True).to_csv(
+            out / "reuse.csv", index=False)
+        rep.files["reuse.csv"] = out / "reuse.csv"
+    costs = cost_section(results, table)
+    table.to_csv(out / "summary.csv", index=False)
+    (out / "summary.md").write_text(md_table(shown) + "\n")
+    rep.files.update({"summary.csv": out / "summary.csv", "summary.md": out / "summary.md"})
+    rep.charts = _charts_drawn(jobs, results.problems)
     head, glossary, rest = markdown(results, rep, shown).rpartition("\n## Columns\n")
     cost_md = cost_markdown(costs)
     (out / "report.md").write_text(f"{head}\n{cost_md}{glossary}{rest}" if cost_md and glossary else
