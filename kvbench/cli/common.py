@@ -1,19 +1,21 @@
 """What every command shares: the consoles (every character they print through :func:`kvbench.safe_text.visible`:
 no escape sequence, control character or bidirectional override from input reaches the terminal raw), the one way
 of failing (``error: …`` and an exit status), the one mapping of errors to exit statuses (:func:`handle_errors`),
-warnings, the table renderer (:func:`_table`) and printer (:func:`show`), and the commands' ``--help``
-(:class:`Command`, :class:`Group`)."""
+warnings, the table renderer (:func:`render`) and printer (:func:`show`), the loading of results
+(:func:`load_runs`, :func:`show_problems`), the handling of Ctrl-C and SIGTERM (:func:`stop_on_signals`,
+:func:`write_or_stop`), and the commands' ``--help`` (:class:`Command`, :class:`Group`)."""
 
 from __future__ import annotations
 
 import contextlib
 import io
+import signal
 import sys
 import traceback
 import warnings
 from collections.abc import Collection, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 import typer
@@ -27,6 +29,9 @@ from rich.text import Text
 from typer.core import TyperCommand, TyperGroup
 
 from kvbench.safe_text import visible
+
+if TYPE_CHECKING:
+    from kvbench.results.load import Results
 
 
 class Command(TyperCommand):
@@ -85,12 +90,19 @@ out = _console(width=None if sys.stdout.isatty() else 120)
 err = _console(stderr=True)
 
 
-def _show_warning(message: Any, category: type, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
+def show_warning(message: Any, category: type, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
+    """A :data:`warnings.showwarning` that prints ``warning: <message>`` on stderr (category and source line left
+    out): a command sets it so that the library's warnings read as its own."""
     err.print(f"[yellow]warning:[/] {escape(visible(message))}", highlight=False)
 
 
-def _fail(msg: str, code: int = 2) -> None:
-    """Print ``error: msg`` (``msg`` as it is: paths and values from files are never read as markup) and exit."""
+def fail(msg: str, code: int = 2) -> NoReturn:
+    """Print ``error: msg`` on stderr (``msg`` as it is: paths and values from files are never read as markup) and
+    exit with ``code`` (2: what the user gave is wrong; 1: the run itself failed).
+
+    Raises:
+        typer.Exit: always, with ``code``.
+    """
     err.print(f"[red]error:[/] {escape(visible(msg))}", highlight=False)
     raise typer.Exit(code)
 
@@ -112,7 +124,7 @@ def handle_errors(flags: Mapping[str, str] | None = None) -> Iterator[None]:
     except (typer.Exit, click.exceptions.Exit, click.exceptions.ClickException, click.exceptions.Abort):
         raise
     except UserError as exc:
-        _fail(exc.worded(dict(flags or {})) if isinstance(exc, BadParameter) else str(exc))
+        fail(exc.worded(dict(flags or {})) if isinstance(exc, BadParameter) else str(exc))
     except Exception:
         err.print(traceback.format_exc(), end="", highlight=False, markup=False)
         err.print(f"[red]error:[/] {escape(BUG_LINE)}", highlight=False)
@@ -124,34 +136,42 @@ def warnings_shown() -> Iterator[None]:
     """Warnings raised inside (e.g. a chart that could not be drawn) printed as they come, one ``warning: …`` line
     each on stderr, like every other warning of a command."""
     with warnings.catch_warnings():
-        warnings.showwarning = _show_warning
+        warnings.showwarning = show_warning
         yield
 
 
 def _terminated(signum: int, frame: object) -> None:
-    """SIGTERM (e.g. `kill`, a job scheduler) stops the sweep like Ctrl-C: finished trials kept, temporary files
-    removed, the run resumable."""
     raise KeyboardInterrupt
 
 
-def _count(n: int, noun: str) -> str:
+def stop_on_signals() -> None:
+    """Make SIGTERM (e.g. ``kill``, a job scheduler) stop the command as Ctrl-C does, by raising
+    :class:`KeyboardInterrupt` (a sweep keeps its finished trials and stays resumable; files being written are
+    whole, new or from before), and Ctrl-C raise it too when the command was started in the background (where
+    SIGINT is ignored)."""
+    signal.signal(signal.SIGTERM, _terminated)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def plural(n: int, noun: str) -> str:
+    """``n`` and ``noun``, with an ``s`` unless ``n`` is 1: ``plural(2, "chart")`` is ``"2 charts"``."""
     return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
-#: Columns of :func:`_table` that wrap by default (the others do not), and their least widths.
+#: Columns of :func:`render` that wrap by default (the others do not), and their least widths.
 WRAPPING = ("mode", "trials", "probes", "why it stops there")
 #: The reuse table's columns that may wrap (a figure and its [interval] on two lines), so that on 120 columns the
 #: mode keeps its width (Rich shrinks only the columns that may wrap).
 REUSE_WRAPPING = ("mode", "recompute TTFT ms", "restore TTFT ms", "÷")
-#: How :func:`_table` styles a marked cell.
+#: How :func:`render` styles a marked cell.
 MARK_STYLES = {"worse": "red", "better": "green"}
 
 
-def _table(frame: Any, title: str, caption: str = "", *, left: int | Collection[str] = 4,
+def render(frame: Any, title: str, caption: str = "", *, left: int | Collection[str] = 4,
            wrap: bool | Collection[str] = WRAPPING, min_width: Mapping[str, int] | None = None,
            overflow: str = "fold", marks: Any = None) -> Table:
-    """The one renderer: a Rich table of a DataFrame of text cells (cells, title and caption never read as markup,
-    and through :func:`visible` before the columns are measured).
+    """The one renderer: a Rich table of ``frame``, a DataFrame of text cells (cells, title and caption never read
+    as markup, and through :func:`visible` before the columns are measured), one row per row of ``frame``.
 
     Args:
         left: the first so many columns, or the columns named, are left-aligned; the rest right-aligned.
@@ -239,9 +259,9 @@ def show(t: Table, keep: int = 3, first: Collection[str] = ()) -> None:
     out.print(t)
 
 
-def _load(paths: list[Path]) -> Any:
-    """:func:`kvbench.results.load.load_results` of ``paths``, its warnings held back (:func:`_problems` shows
-    them once); results that cannot be loaded fail the command."""
+def load_runs(paths: list[Path]) -> Results:
+    """:func:`kvbench.results.load.load_results` of ``paths``, its warnings held back (:func:`show_problems` shows
+    them once); results that cannot be loaded fail the command (``error: …``, exit 2)."""
     from kvbench.errors import ResultsError
     from kvbench.results.load import load_results
 
@@ -250,22 +270,16 @@ def _load(paths: list[Path]) -> Any:
             warnings.simplefilter("ignore")  # problems are collected and shown once below
             return load_results(paths)
     except ResultsError as exc:
-        _fail(str(exc))
+        fail(str(exc))
 
 
-def _problems(results: Any) -> None:
-    """The problems met while loading ``results``, one line each, on stderr."""
+def show_problems(results: Results) -> None:
+    """The problems met while loading ``results``, a count then one line each, on stderr; nothing when there were
+    none."""
     if results.problems:
-        err.print(f"[yellow]warning:[/] {_count(len(results.problems), 'problem')} while loading:", highlight=False)
+        err.print(f"[yellow]warning:[/] {plural(len(results.problems), 'problem')} while loading:", highlight=False)
         for p in results.problems:
             err.print(f"  {visible(p)}", highlight=False, markup=False)
-
-
-def _print_warnings(file: Path, s) -> None:
-    from kvbench.scenario import scenario_warnings
-
-    for path, msg in scenario_warnings(s):
-        err.print(f"[yellow]warning:[/] {escape(f'{file}: {path}: {msg}')}", highlight=False)
 
 
 def results_and_target(results: list[Path] | None, out_dir: str | None, verb: str, none_hint: str,
@@ -282,25 +296,24 @@ def results_and_target(results: list[Path] | None, out_dir: str | None, verb: st
         with handle_errors():
             found = newest_run("results")
         if found is None:
-            _fail(f"no results given and no run under results/: {none_hint}")
+            fail(f"no results given and no run under results/: {none_hint}")
         out.print(f"{verb} the newest run under results/: {found}", highlight=False, markup=False)
         results = [found]
     if out_dir is not None and not out_dir.strip():
-        _fail("--out is empty: give a directory")
+        fail("--out is empty: give a directory")
     first = results[0]
     target = Path(out_dir) if out_dir else (first if first.is_dir() else first.parent) / "report"
     with handle_errors():
         refuse_symlink_dir(target)  # before any output: a refused run prints no table
     if target.exists() and not target.is_dir():
-        _fail(f"{target} is not a directory: the {what} go in a directory (give another with --out)")
+        fail(f"{target} is not a directory: the {what} go in a directory (give another with --out)")
     blocked = next((p for p in target.parents if p.exists() and not p.is_dir()), None)
     if blocked is not None:
-        _fail(f"{blocked} is not a directory: the {what} cannot go in {target} (give another with --out)")
+        fail(f"{blocked} is not a directory: the {what} cannot go in {target} (give another with --out)")
     return results, target
 
 
-
-def _write_or_stop(what: str, target: Path, write: Any, label: str) -> None:
+def write_or_stop(what: str, target: Path, write: Any, label: str) -> None:
     """Call ``write()`` (it returns the paths written) under :func:`handle_errors`; Ctrl-C while it writes stops
     with exit 130, saying that each of ``what`` in ``target`` is whole, new or from before; then print
     ``<label>: <paths>``."""

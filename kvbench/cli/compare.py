@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 from rich.markup import escape
 
-from kvbench.cli.common import _fail, _load, _problems, _table, err, handle_errors, out, show
+from kvbench.cli.common import err, fail, handle_errors, load_runs, out, render, show, show_problems
 
 
 def compare(
@@ -22,22 +22,22 @@ def compare(
 
     with handle_errors({"threshold": "--fail-on"}):
         thresholds = [parse_threshold(x) for x in fail_on]
-        a, b = _load([run_a]), _load([run_b])
+        a, b = load_runs([run_a]), load_runs([run_b])
         frame, only_a, only_b = compare_points(a, b)
     if frame.empty:
-        _fail(f"no point measured in both {run_a} and {run_b} (scenario, prompt length, batch size or a server's "
-              f"concurrency, and mode must match): {unmatched_reason(a, b)}")
+        fail(f"no point measured in both {run_a} and {run_b} (scenario, prompt length, batch size or a server's "
+             f"concurrency, and mode must match): {unmatched_reason(a, b)}")
     cells, marks = compare_display(frame)
-    show(_table(cells, f"B / A  (A = {run_a}, B = {run_b})", "ratios of medians (ITL: of the pooled "
+    show(render(cells, f"B / A  (A = {run_a}, B = {run_b})", "ratios of medians (ITL: of the pooled "
                 "percentiles); green: B better, red: B worse by more than 5%", left=("scenario", "mode"),
                 wrap=True, min_width={"mode": 12}, marks=marks))
     if only_b:
         out.print(f"only in B: {', '.join(only_b)}", highlight=False, markup=False)
-    _problems(a)
-    _problems(b)
+    show_problems(a)
+    show_problems(b)
     for th in thresholds:
         if frame[f"{th.metric}_ratio"].notna().sum() == 0:
-            _fail(f"--fail-on {th.metric}: {missing_metric_reason(frame, th.metric)}")
+            fail(f"--fail-on {th.metric}: {missing_metric_reason(frame, th.metric)}")
     lost = regressions(frame, only_a)
     for line in lost:
         err.print(f"[yellow]regression:[/] {escape(line)}", highlight=False)

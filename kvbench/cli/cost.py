@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import signal
 from pathlib import Path
 from typing import Any, Optional
 
 import typer
 from rich.markup import escape
 
-from kvbench.cli.common import (_fail, _load, _problems, _table, _terminated, _write_or_stop, err, handle_errors,
-                                out, results_and_target, show, warnings_shown)
+from kvbench.cli.common import (err, fail, handle_errors, load_runs, out, render, results_and_target, show,
+                                show_problems, stop_on_signals, warnings_shown, write_or_stop)
 
 #: Library argument → flag, for the messages of :class:`kvbench.errors.BadParameter`.
 FLAGS = {"gpu_per_hour": "--gpu-price", "host_per_gib_hour": "--host-price", "disk_per_gib_hour": "--disk-price",
@@ -46,18 +45,17 @@ def cost(
     from kvbench.analysis.cost import Prices, what_if
     from kvbench.report import cost as rc
 
-    signal.signal(signal.SIGTERM, _terminated)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    stop_on_signals()
 
     with handle_errors(FLAGS):
         prices = Prices(gpu_price, host_price, tokens_per_month, engineering_cost, disk_price)
     for name, v in (("--max-ttft-ms", max_ttft_ms), ("--max-tpot-ms", max_tpot_ms)):
         if v is not None and not (v > 0 and v != float("inf")):
-            _fail(f"{name} must be a finite number of milliseconds above 0, not {v}")
+            fail(f"{name} must be a finite number of milliseconds above 0, not {v}")
     if (base_throughput is None) != (offload_throughput is None):
-        _fail("--base-throughput and --offload-throughput go together")
+        fail("--base-throughput and --offload-throughput go together")
     if base_throughput is not None and results:
-        _fail("give result directories or a what-if (--base-throughput, --offload-throughput), not both")
+        fail("give result directories or a what-if (--base-throughput, --offload-throughput), not both")
     if base_throughput is not None:
         with handle_errors(FLAGS):
             w = what_if(prices, base_throughput, offload_throughput)
@@ -75,18 +73,18 @@ def cost(
         _peer_cost(peers, target, prices, assume_quiet)
         return
     if assume_quiet:
-        _fail("--assume-quiet is for other tools' files: kvbench's runs record the machine's load")
-    loaded = _load(results)
+        fail("--assume-quiet is for other tools' files: kvbench's runs record the machine's load")
+    loaded = load_runs(results)
     failed = rc.failed_groups(loaded.trials)
     if failed and len(failed) == loaded.trials["group"].nunique():  # nothing to cost: said, and nothing written
-        _problems(loaded)
-        _fail(f"nothing to cost: {'; '.join(failed.values())}")
+        show_problems(loaded)
+        fail(f"nothing to cost: {'; '.join(failed.values())}")
     with handle_errors(FLAGS):
         rep = rc.compute_costs(loaded, prices, None if max_ttft_ms is None else max_ttft_ms / 1e3,
                                None if max_tpot_ms is None else max_tpot_ms / 1e3, host_tier)
     if len(rep.table):
         widest = max(len(str(m)) for m in rep.table["mode_label"])
-        show(_table(rc.cost_display(rep.table, tokens_per_month is not None, engineering_cost is not None),
+        show(render(rc.cost_display(rep.table, tokens_per_month is not None, engineering_cost is not None),
                     f"cost per 1M generated tokens at {gpu_price:g} USD per GPU-hour, host {host_price:g} and "
                     f"disk {disk_price:g} USD per GiB-hour",
                     "best qualifying batch per mode (all trials ok within the budget, ids equal to none's, "
@@ -99,7 +97,7 @@ def cost(
     if len(rep.reuse):
         cells, marks = rc.reuse_cost_display(rep.reuse)
         server = rep.reuse["engine"].notna().any()
-        show(_table(cells, f"reuse: cost per 1M generated tokens at {gpu_price:g} USD per GPU-hour, recompute vs "
+        show(render(cells, f"reuse: cost per 1M generated tokens at {gpu_price:g} USD per GPU-hour, recompute vs "
                     "restore", ("each server mode at its own concurrency; " if server else
                                 "the same requests one at a time; ")
                     + "vs: what the saving is taken against, cold = that baseline (none: recompute every prompt, "
@@ -122,7 +120,7 @@ def cost(
         slo = " and ".join(f"{k} ≤ {v:g} ms" for k, v in (("TTFT", max_ttft_ms), ("TPOT", max_tpot_ms))
                            if v is not None)
         for group, part in rep.server_load.groupby("group", sort=False):
-            show(_table(server_load_display(part).drop(columns=["scenario"]),
+            show(render(server_load_display(part).drop(columns=["scenario"]),
                         f"{group}: goodput under {slo} per request", "goodput = requests meeting the SLO ÷ the "
                         "seconds requests were in flight / ÷ the load's wall-clock seconds; " + LOAD_CAPTION,
                         left=1, wrap=True))
@@ -141,7 +139,7 @@ def cost(
     out.print(f"host memory charged at {host_price:g} and disk at {disk_price:g} USD per GiB-hour"
               + (" (pass --host-price and --disk-price to charge them)" if host_price == 0 == disk_price else "")
               + (f"; host memory held: {', '.join(bases)}" if bases else ""), highlight=False, markup=False)
-    _problems(loaded)
+    show_problems(loaded)
     try:
         with handle_errors(), warnings_shown():
             files = rc.write_costs(rep.table, target, prices, rep.reuse, rep.server_load)
@@ -157,8 +155,8 @@ def _kvbench_only(flags: dict[str, Any], why: str) -> None:
     to other tools' result files (``why``)."""
     given = [flag for flag, v in flags.items() if v is not None and v is not False and v != 0]
     if given:
-        _fail(f"{', '.join(given)} {'apply' if len(given) > 1 else 'applies'} to kvbench runs, not to other tools' "
-              f"result files ({why})")
+        fail(f"{', '.join(given)} {'apply' if len(given) > 1 else 'applies'} to kvbench runs, not to other tools' "
+             f"result files ({why})")
 
 
 def _peer_files(paths: list[Path]) -> list[Any] | None:
@@ -179,7 +177,7 @@ def _peer_files(paths: list[Path]) -> list[Any] | None:
             ours = (p / "trials.jsonl").exists() or (p.is_file() and p.suffix == ".jsonl") or (
                 p.is_dir() and bool(find_below(p, "trials.jsonl")))
         if ours:
-            _fail(f"give kvbench runs or other tools' result files, not both: {p} is a kvbench run")
+            fail(f"give kvbench runs or other tools' result files, not both: {p} is a kvbench run")
         with handle_errors():
             load_peers([p])  # says why it is no result file
     runs = [run for f in found for run in f or []]
@@ -194,11 +192,11 @@ def _peer_cost(runs: list[Any], target: Path, prices: Any, assume_quiet: bool) -
 
     with handle_errors():
         table = peer_cost_table(runs, prices, assume_quiet)
-    show(_table(peer_cost_display(table), f"cost per 1M generated tokens at {prices.gpu_per_hour:g} USD per "
+    show(render(peer_cost_display(table), f"cost per 1M generated tokens at {prices.gpu_per_hour:g} USD per "
                 f"GPU-hour (other tools' results; the first is the reference)", CAPTION,
                 left=("file", "tool"), wrap=("file", "tool"), min_width={"file": 24, "tool": 16}))
     for line in peer_verdicts(table):
         out.print(f"  {escape(line)}", highlight=False)
     for line in peer_notes(runs):
         out.print(f"note: {escape(line)}", highlight=False)
-    _write_or_stop("the cost files", target, lambda: write_peer_costs(table, target, prices, runs), "cost")
+    write_or_stop("the cost files", target, lambda: write_peer_costs(table, target, prices, runs), "cost")

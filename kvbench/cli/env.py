@@ -7,7 +7,7 @@ import warnings
 import typer
 from rich.table import Table
 
-from kvbench.cli.common import _fail, _show_warning, handle_errors, out
+from kvbench.cli.common import fail, handle_errors, out, show_warning
 
 
 def env_(
@@ -23,10 +23,10 @@ def env_(
     from kvbench.bench.telemetry.machine import probe_machine, save_link_probe
 
     if not re.fullmatch(r"auto|cpu|cuda|cuda:\d+", device):
-        _fail(f"--device: must be auto, cpu, cuda or cuda:N (got {device!r})")
+        fail(f"--device: must be auto, cpu, cuda or cuda:N (got {device!r})")
     with handle_errors():
         e = probe_machine(device)
-    warnings.showwarning = _show_warning
+    warnings.showwarning = show_warning
     kept = save_link_probe(e)
     if as_json:
         out.print_json(json.dumps(e, default=str))

@@ -9,7 +9,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from kvbench.cli.common import _fail, handle_errors, out
+from kvbench.cli.common import fail, handle_errors, out
 
 
 class ListWhat(str, Enum):
@@ -59,7 +59,7 @@ def _listing(what: ListWhat, directory: Path) -> Table:
         if not found:
             shipped = shipped_elsewhere(directory)
             hint = f"; kvbench's own are in {shipped}" if shipped else ""
-            _fail(f"no scenario files (*.yaml) in {directory.resolve()}: pass --dir DIR{hint}")
+            fail(f"no scenario files (*.yaml) in {directory.resolve()}: pass --dir DIR{hint}")
         t.add_column("file")
         t.add_column("name")
         t.add_column("description")

@@ -4,15 +4,14 @@ recomputing it, measured with intervals, and the fitted model's prediction where
 from __future__ import annotations
 
 import re
-import signal
 from pathlib import Path
 from typing import Any, Optional
 
 import typer
 from rich.markup import escape
 
-from kvbench.cli.common import (_fail, _load, _problems, _table, _terminated, _write_or_stop, err, handle_errors,
-                                out, results_and_target, show, warnings_shown)
+from kvbench.cli.common import (err, fail, handle_errors, load_runs, out, render, results_and_target, show,
+                                show_problems, stop_on_signals, warnings_shown, write_or_stop)
 from kvbench.cli.cost import FLAGS, _kvbench_only, _peer_files
 
 
@@ -30,12 +29,12 @@ def _whole_numbers(text: Optional[str], flag: str, low: int, high: int, example:
         return ()
     parts = [v.strip() for v in text.split(",", MAX_MAP_VALUES)]
     if len(parts) > MAX_MAP_VALUES:
-        _fail(f"{flag}: give at most {MAX_MAP_VALUES} values (each adds a row or column of predictions)")
+        fail(f"{flag}: give at most {MAX_MAP_VALUES} values (each adds a row or column of predictions)")
     if not all(re.fullmatch(r"[0-9]+", p, re.ASCII) for p in parts):
-        _fail(f"{flag} {text[:80]!r}: give whole numbers separated by commas (digits 0-9), e.g. {example}")
+        fail(f"{flag} {text[:80]!r}: give whole numbers separated by commas (digits 0-9), e.g. {example}")
     values = tuple(dict.fromkeys(int(v) if len(v) <= 12 else high + 1 for v in parts))  # never int() of 10^6 digits
     if any(not low <= v <= high for v in values):
-        _fail(f"{flag} {text[:80]!r}: every value must be {low} to {high:,}")
+        fail(f"{flag} {text[:80]!r}: every value must be {low} to {high:,}")
     return values
 
 
@@ -66,8 +65,7 @@ def map_(
     from kvbench.analysis.cost import Prices
     from kvbench.report.break_even import constant_lines, map_display, map_grids, write_map
 
-    signal.signal(signal.SIGTERM, _terminated)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    stop_on_signals()
     with handle_errors(FLAGS):
         prices = Prices(gpu_price, host_price, None, None, disk_price)
     share_values = _whole_numbers(shares, "--shares", 0, 99, "0,25,50") or DEFAULT_SHARES
@@ -86,21 +84,21 @@ def map_(
         _peer_map(peers, target, prices, assume_quiet)
         return
     if assume_quiet:
-        _fail("--assume-quiet is for other tools' files: kvbench's runs record the machine's load")
-    loaded = _load(results)
+        fail("--assume-quiet is for other tools' files: kvbench's runs record the machine's load")
+    loaded = load_runs(results)
     with handle_errors(MAP_FLAGS):
         m = break_even_map(loaded.trials, prices, share_values, context_values, host_tier)
     if m.cells.empty:
-        _problems(loaded)
-        _fail("no shared_prefix trials in these results: the map needs a run of a scenario with "
-              "workload.shared_prefix (e.g. scenarios/break_even.yaml)")
+        show_problems(loaded)
+        fail("no shared_prefix trials in these results: the map needs a run of a scenario with "
+             "workload.shared_prefix (e.g. scenarios/break_even.yaml)")
     for (group, mode), part in m.cells.groupby(["group", "mode_label"], sort=False):
         if details:
-            show(_table(map_display(part), f"{group}, {mode}: restore vs recompute", "", left=("source", "label"),
+            show(render(map_display(part), f"{group}, {mode}: restore vs recompute", "", left=("source", "label"),
                         wrap=True, min_width={"label": 12}))
             continue
         for panel, grid in map_grids(part):
-            show(_table(grid, f"{group}, {mode}: saving of restore vs recompute, KV working set {panel} the "
+            show(render(grid, f"{group}, {mode}: saving of restore vs recompute, KV working set {panel} the "
                         "budget", "", left=1, wrap=True, min_width={}))
         for r in part[(part["source"] == "measured") & (part["label"] != "pays") & (part["label"] != "loses")
                       ].to_dict("records"):
@@ -121,7 +119,7 @@ def map_(
               highlight=False)
     for line in constant_lines(m):
         out.print(f"  {escape(line)}", highlight=False)
-    _problems(loaded)
+    show_problems(loaded)
     try:
         with handle_errors(), warnings_shown():
             files = write_map(m, target, prices)
@@ -140,8 +138,8 @@ def _peer_map(runs: list[Any], target: Path, prices: Any, assume_quiet: bool) ->
     with handle_errors():
         table, lines = peer_map(runs, prices, assume_quiet)
     if table.empty:
-        _fail("nothing to map: " + "; ".join(lines))
-    show(_table(peer_map_display(table), f"break-even map of other tools' results at {prices.gpu_per_hour:g} "
+        fail("nothing to map: " + "; ".join(lines))
+    show(render(peer_map_display(table), f"break-even map of other tools' results at {prices.gpu_per_hour:g} "
                 "USD per GPU-hour (measured cells only)", MAP_CAPTION, left=("tool", "restore", "recompute"),
                 wrap=("restore", "recompute"), min_width={"restore": 14, "recompute": 14}))
     for r in table.to_dict("records"):
@@ -150,4 +148,4 @@ def _peer_map(runs: list[Any], target: Path, prices: Any, assume_quiet: bool) ->
                   highlight=False, markup=False)
     for line in lines + [f"note: {n}" for n in peer_notes(runs)]:
         out.print(line, highlight=False, markup=False)
-    _write_or_stop("the map's files", target, lambda: write_peer_map(table, lines, target, prices), "map")
+    write_or_stop("the map's files", target, lambda: write_peer_map(table, lines, target, prices), "map")

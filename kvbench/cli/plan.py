@@ -11,7 +11,7 @@ from rich.markup import escape
 
 import pandas as pd
 
-from kvbench.cli.common import _fail, _show_warning, _table, err, handle_errors, out, show
+from kvbench.cli.common import err, fail, handle_errors, out, render, show, show_warning
 
 #: Library argument → flag, for the messages of :class:`kvbench.errors.BadParameter`.
 FLAGS = {"prompt_tokens": "--prompt-tokens", "batch": "--batch", "dtype": "--dtype", "gpu_mem": "--gpu-mem",
@@ -54,9 +54,9 @@ def plan(
     from kvbench.bench.telemetry.machine import last_link_probe
     from kvbench.report import plan as rp
 
-    warnings.showwarning = _show_warning
+    warnings.showwarning = show_warning
     if not 2 <= visits <= 100 or not 1 <= new_tokens <= 2**24:
-        _fail("--visits must be 2 to 100 and --new-tokens 1 to 16,777,216")
+        fail("--visits must be 2 to 100 and --new-tokens 1 to 16,777,216")
     with handle_errors(FLAGS):
         p = rp.plan(model, prompt_tokens, batch, dtype, gpu_mem, host_mem, window, link_gbps, hbm_gbps, gpu_price,
                     link_source="--link-gbps", link_probe=last_link_probe, gpu=gpu, tp=tp, tflops=tflops)
@@ -69,7 +69,7 @@ def plan(
         err.print(f"[yellow]warning:[/] {escape(text + hint)}", highlight=False)
     priced = "weights" not in found
     if priced:
-        show(_table(rp.reuse_cells(p), "reuse tier (vLLM's CPU offload, LMCache): TTFT of a prompt whose prefix "
+        show(render(rp.reuse_cells(p), "reuse tier (vLLM's CPU offload, LMCache): TTFT of a prompt whose prefix "
                     "the host tier holds" + (f", on {p.machine.tp} GPUs" if p.machine.tp > 1 else ""), f"restore: the prefix's KV over the link at "
                     f"{p.link_gbps:g} GB/s per GPU, then the rest prefilled; recompute: the whole prompt at 50% of "
                     f"{p.machine.tflops:,.0f} TFLOP/s per GPU; break-even share: the share of the prompt from which "
@@ -78,12 +78,12 @@ def plan(
     out.print(f"kvbench's streaming offload: the history of every layer in host memory, over the link at every "
               f"decode step{f' (one GPU of {p.machine.tp})' if p.machine.tp > 1 else ''}", highlight=False,
               markup=False)
-    show(_table(rp.capacity_cells(p), f"capacity at {prompt_tokens:,} tokens per sequence", "KV per sequence on "
+    show(render(rp.capacity_cells(p), f"capacity at {prompt_tokens:,} tokens per sequence", "KV per sequence on "
                 "the device (with the layers in flight) and in host memory; device fits: device KV within the GPU "
                 "less weights and reserve; host fits: host KV of all the model's GPUs within host memory",
                 left=("mode",), wrap=True, min_width={}, overflow="ellipsis"))
     if priced:
-        show(_table(rp.roofline_cells(p), f"decode step at batch {batch} (or the most that fits)", "memory: "
+        show(render(rp.roofline_cells(p), f"decode step at batch {batch} (or the most that fits)", "memory: "
                     "weights read + 3 passes over the KV in device memory (the cache's torch.cat reads and writes "
                     "it, attention reads it); link: history copied host→device; TPOT = the larger (copies "
                     "overlapped); link-bound from: the batch from which the link sets it",
@@ -110,10 +110,10 @@ def _break_even(p: Any, constants: Optional[Path], new_tokens: int, visits: int,
                  "below are not a measurement of it" if c.busy else "", extrapolation_warning(c, contexts)):
         if text:
             err.print(f"[yellow]warning:[/] {escape(text)}", highlight=False)
-    show(_table(pd.DataFrame([[r["constant"], f"{r['value']:.4g}", r["source"]] for r in constant_rows(c)],
+    show(render(pd.DataFrame([[r["constant"], f"{r['value']:.4g}", r["source"]] for r in constant_rows(c)],
                              columns=["constant (s, s/token, s/token pair)", "value", "source"], dtype=object),
                 "break-even constants", "", left=3, wrap=True, min_width={}))
-    show(_table(break_even_cells(grid), f"restore vs recompute: saving per request stream of {visits} visits "
+    show(render(break_even_cells(grid), f"restore vs recompute: saving per request stream of {visits} visits "
                 f"per prefix, {new_tokens} new tokens each", "saving of USD per 1M generated tokens (no memory "
                 "charged) when every revisit restores its shared prefix whole from the host tier; the "
                 "constants' sources are above (measure yours: kvbench run scenarios/break_even.yaml, then "

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import signal
 from pathlib import Path
 from typing import Optional
 
 import typer
 from rich.markup import escape
 
-from kvbench.cli.common import (REUSE_WRAPPING, _count, _fail, _load, _problems, _table, _terminated, err,
-                                handle_errors, out, show)
+from kvbench.cli.common import (REUSE_WRAPPING, err, fail, handle_errors, load_runs, out, plural, render, show,
+                                show_problems, stop_on_signals)
 
 
 #: Points per scenario that `kvbench report` prints; summary.md and report.html have them all.
@@ -35,8 +34,7 @@ def report(
     from kvbench.report.tables import capacity_display, reuse_display, reuse_terminal, terminal_frame
     from kvbench.report.write import write_report
 
-    signal.signal(signal.SIGTERM, _terminated)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    stop_on_signals()
 
     if any(is_gpu_checks(p) for p in paths):
         if out_dir is not None or timeline or fmt != "kvbench":
@@ -45,19 +43,19 @@ def report(
         return
 
     if out_dir is not None and not out_dir.strip():
-        _fail("--out is empty: give a directory")
+        fail("--out is empty: give a directory")
     if fmt not in ("kvbench", "llm-d"):
-        _fail(f"--format {fmt!r}: one of kvbench, llm-d")
+        fail(f"--format {fmt!r}: one of kvbench, llm-d")
     first = paths[0]
     target = Path(out_dir) if out_dir else (first if first.is_dir() else first.parent) / "report"
     if fmt == "llm-d":
         if timeline:
-            _fail("--timeline draws a chart of the kvbench report; --format llm-d writes no chart")
+            fail("--timeline draws a chart of the kvbench report; --format llm-d writes no chart")
         _llmd(paths, Path(out_dir) if out_dir else target / "llm-d")
         return
     try:
         with handle_errors({"timelines": "--timeline"}):
-            results = _load(paths)
+            results = load_runs(paths)
             rep = write_report(results, target, timelines=timeline or None)
     except KeyboardInterrupt:
         err.print(f"interrupted: no report written to {target}", highlight=False, markup=False)
@@ -66,14 +64,14 @@ def report(
     for g in rep.recommendations:
         part = shown[rep.table["group"] == g] if shown is not None else []
         if len(part):
-            show(_table(part.head(REPORT_TERMINAL_ROWS), g, "medians over measured trials (TPOT: median "
+            show(render(part.head(REPORT_TERMINAL_ROWS), g, "medians over measured trials (TPOT: median "
                         "[min–max]); saving of device KV and TPOT overhead against `none` at the same point"),
                  first=("tok/s e2e", "TTFT ms", "pairs", "KV dev MiB", "TPOT ms", "trials"))
         if len(part) > REPORT_TERMINAL_ROWS:
             out.print(f"... and {len(part) - REPORT_TERMINAL_ROWS} more points: see summary.md",
                       highlight=False, markup=False)
         if g in rep.reuse:
-            show(_table(reuse_terminal(reuse_display(rep.reuse[g]["turn"])),
+            show(render(reuse_terminal(reuse_display(rep.reuse[g]["turn"])),
                         f"{g}: restore vs recompute per turn", "TTFT median [min–max] over the requests of "
                         "that turn and the repeats; restore includes the lookup and the copy; ÷: restore ÷ "
                         "recompute TTFT, Σ over request pairs [95% jackknife interval over the independent "
@@ -82,10 +80,10 @@ def report(
                         "server's top-k log-probabilities)", wrap=REUSE_WRAPPING),
                  first=("prompt", "pairs", "restored", "recompute TTFT ms"))
         if g in rep.server_load:
-            show(_table(server_load_display(rep.server_load[g]).drop(columns=["scenario"]),
+            show(render(server_load_display(rep.server_load[g]).drop(columns=["scenario"]),
                         f"{g}: load per mode", LOAD_CAPTION, left=1, wrap=True))
         if g in rep.capacity:
-            show(_table(capacity_display(rep.capacity[g]), f"{g}: capacity within the budget",
+            show(render(capacity_display(rep.capacity[g]), f"{g}: capacity within the budget",
                         "probes in order, ✗ = did not fit; figures at the capacity"))
         out.print(f"[bold]recommendation:[/] {escape(rep.recommendations[g])}", highlight=False)
         for f in rep.findings[g]:
@@ -93,12 +91,12 @@ def report(
         for d in rep.diagnoses[g]:
             out.print(f"  [yellow]![/] {escape(d)}", highlight=False)
     for base, sec in rep.machines.items():
-        show(_table(sec.table, f"{base}: machines", "hosts, GPU and driver its trials ran on; link: the median "
+        show(render(sec.table, f"{base}: machines", "hosts, GPU and driver its trials ran on; link: the median "
                     "of their own pinned-copy probe; TPOT ÷ none's per machine below, paired by repeat"))
         for f in sec.findings:
             out.print(f"  - {escape(f)}", highlight=False)
-    _problems(results)
-    out.print(f"report: {rep.files['report.html']} (and report.md, summary.csv, {_count(len(rep.charts), 'chart')}) "
+    show_problems(results)
+    out.print(f"report: {rep.files['report.html']} (and report.md, summary.csv, {plural(len(rep.charts), 'chart')}) "
               f"in {target}", highlight=False, markup=False)
 
 
@@ -128,11 +126,11 @@ def _llmd(paths: list[Path], target: Path) -> None:
             if folder.exists():
                 break
     if target.exists() and not target.is_dir():
-        _fail(f"{target} is not a directory: the llm-d reports go in a directory (give another with --out)")
+        fail(f"{target} is not a directory: the llm-d reports go in a directory (give another with --out)")
 
     try:
         with handle_errors():
-            results = _load(paths)
+            results = load_runs(paths)
             files = write_llmd(results, target)
     except KeyboardInterrupt:
         err.print(f"interrupted while writing the llm-d reports in {target}: each file is whole, new or from before",
@@ -140,5 +138,5 @@ def _llmd(paths: list[Path], target: Path) -> None:
         raise typer.Exit(130) from None
     for f in files:
         out.print(f"llm-d report: {f}", highlight=False, markup=False)
-    _problems(results)
-    out.print(f"{_count(len(files), 'llm-d Benchmark Report')} (v0.2.1) in {target}", highlight=False, markup=False)
+    show_problems(results)
+    out.print(f"{plural(len(files), 'llm-d Benchmark Report')} (v0.2.1) in {target}", highlight=False, markup=False)

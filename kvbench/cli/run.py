@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import signal
 import warnings
 from collections.abc import Iterator
 from enum import Enum
@@ -15,8 +14,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from kvbench.bench.run import RunProgress
-from kvbench.cli.common import (REUSE_WRAPPING, _fail, _show_warning, _table, _terminated, err, handle_errors, out,
-                                show)
+from kvbench.cli.common import (REUSE_WRAPPING, err, fail, handle_errors, out, render, show, show_warning,
+                                stop_on_signals)
 
 
 def _same_ids(r: dict[str, Any]) -> str:
@@ -127,15 +126,14 @@ def run(
     from kvbench.bench.run import run_scenario
     from kvbench.errors import RemoteCodeRefused, RunStopped, ServerConfigRefused
 
-    warnings.showwarning = _show_warning
-    signal.signal(signal.SIGTERM, _terminated)
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # also when started in the background (SIG_IGN)
+    warnings.showwarning = show_warning
+    stop_on_signals()
     if scenario is None and resume is None:
-        _fail("give a scenario file, or --resume DIR")
+        fail("give a scenario file, or --resume DIR")
     if resume is not None and out_root is not None:
-        _fail(f"--out does not apply with --resume: the run stays in {resume}")
+        fail(f"--out does not apply with --resume: the run stays in {resume}")
     if out_root is not None and not out_root.strip():
-        _fail("--out is empty: give a directory")
+        fail("--out is empty: give a directory")
     with handle_errors({"executor": "--executor", "address": "--address"}):
         try:
             res = run_scenario(scenario, out=out_root, resume=resume, trust_remote_code=trust_remote_code,
@@ -143,13 +141,13 @@ def run(
                                executor=None if executor is None else executor.value,
                                address=address)
         except RemoteCodeRefused as exc:
-            _fail(f"{exc}; pass --trust-remote-code to allow it, or set it to false")
+            fail(f"{exc}; pass --trust-remote-code to allow it, or set it to false")
         except ServerConfigRefused as exc:
-            _fail(f"{exc}; kvbench runs only the engine's own program on the scenario's model unless you pass "
-                  "--trust-server-config (read the scenario first: these would run as you)")
+            fail(f"{exc}; kvbench runs only the engine's own program on the scenario's model unless you pass "
+                 "--trust-server-config (read the scenario first: these would run as you)")
         except RunStopped as exc:
-            _fail(str(exc) if exc.path is None else f"{exc.reason}; {exc.kept} finished trials are kept: make "
-                  f"room, then continue with: kvbench run --resume {exc.path}", 1)
+            fail(str(exc) if exc.path is None else f"{exc.reason}; {exc.kept} finished trials are kept: make "
+                 f"room, then continue with: kvbench run --resume {exc.path}", 1)
     sc, where = res.scenario, res.run_dir
     if res.interrupted and not res.swept:  # before the first trial of this call
         if where is None:
@@ -165,7 +163,7 @@ def run(
         how = ("recompute = `none` (the server recomputing every prompt), restore = the mode's server; restored = "
                "cached prompt tokens the server reported; hit % = of what earlier turns held" if sc.run_kind == "server"
                else "cold = recompute the whole prompt, warm = restore the stored prefix then prefill the rest")
-        show(_table(reuse_terminal(reuse_display(res.reuse)), title,
+        show(render(reuse_terminal(reuse_display(res.reuse)), title,
                     f"{how}; TTFT median [min–max]; ÷: restore ÷ recompute TTFT, Σ over request pairs [95% "
                     "jackknife interval over the independent units: conversations, documents or prefixes]; = "
                     "none: greedy ids equal to none's recompute (KL ≥: a lossy preset's median KL against none, "
@@ -177,7 +175,7 @@ def run(
         from kvbench.report.tables import capacity_display
 
         what = "batch" if sc.searched == "batch_size" else "prompt (tokens)"
-        show(_table(capacity_display(res.capacity), f"capacity: the largest {what} within the budget",
+        show(render(capacity_display(res.capacity), f"capacity: the largest {what} within the budget",
                     "probes in order, ✗ = did not fit; figures at the capacity (median over its repeats)"))
     for line in res.failures:
         out.print(line, highlight=False, markup=False)

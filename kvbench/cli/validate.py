@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import typer
+from rich.markup import escape
 
-from kvbench.cli.common import _print_warnings, err, handle_errors, out
+from kvbench.cli.common import err, handle_errors, out
 
 
 def validate(files: list[Path] = typer.Argument(..., help="Scenario YAML files.")) -> None:
@@ -29,3 +31,12 @@ def validate(files: list[Path] = typer.Argument(..., help="Scenario YAML files."
             out.print(f"{f}: ok ({sweep_summary(s)})", highlight=False, markup=False)
     if bad:
         raise typer.Exit(2)  # bad input, as `run` says of the same file
+
+
+def _print_warnings(file: Path, s: Any) -> None:
+    """One ``warning: <file>: <key>: <message>`` line on stderr per configuration of scenario ``s`` that runs but
+    misleads (:func:`kvbench.scenario.scenario_warnings`)."""
+    from kvbench.scenario import scenario_warnings
+
+    for path, msg in scenario_warnings(s):
+        err.print(f"[yellow]warning:[/] {escape(f'{file}: {path}: {msg}')}", highlight=False)

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 import kvbench.cli.common as common
 from kvbench.cli import app
-from kvbench.cli.common import BUG_LINE, _table, show
+from kvbench.cli.common import BUG_LINE, render, show
 
 
 def test_a_bug_shows_its_traceback_and_asks_to_report_it(monkeypatch):
@@ -45,7 +45,7 @@ def _shown(monkeypatch, width: int, terminal: bool, **kw) -> list[str]:
     buffer = io.StringIO()
     monkeypatch.setattr(common, "out", Console(file=buffer, width=width, force_terminal=terminal, soft_wrap=True,
                                                color_system=None))
-    show(_table(FRAME, "t", "cap"), **kw)
+    show(render(FRAME, "t", "cap"), **kw)
     return buffer.getvalue().splitlines()
 
 
