@@ -3,7 +3,8 @@ no escape sequence, control character or bidirectional override from input reach
 of failing (``error: …`` and an exit status), the one mapping of errors to exit statuses (:func:`handle_errors`),
 warnings, the table renderer (:func:`render`) and printer (:func:`show`), the loading of results
 (:func:`load_runs`, :func:`show_problems`), the handling of Ctrl-C and SIGTERM (:func:`stop_on_signals`,
-:func:`write_or_stop`), and the commands' ``--help`` (:class:`Command`, :class:`Group`)."""
+:func:`write_or_stop`), the price flags of ``kvbench cost`` and ``kvbench map`` (:data:`PRICE_FLAGS`,
+:func:`kvbench_runs_only`), and the commands' ``--help`` (:class:`Command`, :class:`Group`)."""
 
 from __future__ import annotations
 
@@ -106,6 +107,12 @@ def fail(msg: str, code: int = 2) -> NoReturn:
     err.print(f"[red]error:[/] {escape(visible(msg))}", highlight=False)
     raise typer.Exit(code)
 
+
+#: Library argument → flag of the prices ``kvbench cost`` and ``kvbench map`` take, for the messages of
+#: :class:`kvbench.errors.BadParameter`.
+PRICE_FLAGS = {"gpu_per_hour": "--gpu-price", "host_per_gib_hour": "--host-price", "disk_per_gib_hour": "--disk-price",
+               "tokens_per_month": "--tokens-per-month", "engineering_cost": "--engineering-cost",
+               "host_tier": "--host-tier"}
 
 #: The message that ends the traceback of an error kvbench did not expect.
 BUG_LINE = ("this is a bug in kvbench, not in what you gave it: please report it with the command and the traceback "
@@ -280,6 +287,15 @@ def show_problems(results: Results) -> None:
         err.print(f"[yellow]warning:[/] {plural(len(results.problems), 'problem')} while loading:", highlight=False)
         for p in results.problems:
             err.print(f"  {visible(p)}", highlight=False, markup=False)
+
+
+def kvbench_runs_only(flags: Mapping[str, Any], why: str) -> None:
+    """Fail (exit 2) naming the flags of ``flags`` (flag → its value) that were given, i.e. not None, 0 or False:
+    they apply to kvbench runs, not to other tools' result files (``why``, e.g. what those files lack)."""
+    given = [flag for flag, v in flags.items() if v is not None and v is not False and v != 0]
+    if given:
+        fail(f"{', '.join(given)} {'apply' if len(given) > 1 else 'applies'} to kvbench runs, not to other tools' "
+             f"result files ({why})")
 
 
 def results_and_target(results: list[Path] | None, out_dir: str | None, verb: str, none_hint: str,

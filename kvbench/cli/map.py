@@ -10,13 +10,11 @@ from typing import Any, Optional
 import typer
 from rich.markup import escape
 
-from kvbench.cli.common import (err, fail, handle_errors, load_runs, out, render, results_and_target, show,
-                                show_problems, stop_on_signals, warnings_shown, write_or_stop)
-from kvbench.cli.cost import FLAGS, _kvbench_only, _peer_files
-
+from kvbench.cli.common import (PRICE_FLAGS, fail, handle_errors, kvbench_runs_only, load_runs, out, render,
+                                results_and_target, show, show_problems, stop_on_signals, write_or_stop)
 
 #: Library argument → flag, for the messages of :class:`kvbench.errors.BadParameter`.
-MAP_FLAGS = {**FLAGS, "shares": "--shares", "contexts": "--contexts"}
+MAP_FLAGS = {**PRICE_FLAGS, "shares": "--shares", "contexts": "--contexts"}
 
 
 def _whole_numbers(text: Optional[str], flag: str, low: int, high: int, example: str) -> tuple[int, ...]:
@@ -64,9 +62,10 @@ def map_(
     from kvbench.analysis.break_even import DEFAULT_SHARES, break_even_map
     from kvbench.analysis.cost import Prices
     from kvbench.report.break_even import constant_lines, map_display, map_grids, write_map
+    from kvbench.results.peers import peer_files
 
     stop_on_signals()
-    with handle_errors(FLAGS):
+    with handle_errors(PRICE_FLAGS):
         prices = Prices(gpu_price, host_price, None, None, disk_price)
     share_values = _whole_numbers(shares, "--shares", 0, 99, "0,25,50") or DEFAULT_SHARES
     context_values = _whole_numbers(contexts, "--contexts", 1, 2**24, "2048,4096")
@@ -76,11 +75,12 @@ def map_(
         check_map_arguments(prices, share_values, context_values, host_tier)
     results, target = results_and_target(results, out_dir, "mapping", "give the run directories of a "
                                          "shared_prefix scenario (e.g. scenarios/break_even.yaml)", "map's files")
-    peers = _peer_files(results)
+    with handle_errors():
+        peers = peer_files(results)
     if peers is not None:
-        _kvbench_only({"--host-price": host_price, "--disk-price": disk_price, "--shares": shares,
-                       "--contexts": contexts, "--details": details, "--host-tier": host_tier != "configured"},
-                      "measured cells only, no memory figures")
+        kvbench_runs_only({"--host-price": host_price, "--disk-price": disk_price, "--shares": shares,
+                           "--contexts": contexts, "--details": details, "--host-tier": host_tier != "configured"},
+                          "measured cells only, no memory figures")
         _peer_map(peers, target, prices, assume_quiet)
         return
     if assume_quiet:
@@ -120,14 +120,7 @@ def map_(
     for line in constant_lines(m):
         out.print(f"  {escape(line)}", highlight=False)
     show_problems(loaded)
-    try:
-        with handle_errors(), warnings_shown():
-            files = write_map(m, target, prices)
-    except KeyboardInterrupt:
-        err.print(f"interrupted while writing the map's files in {target}: each is whole, new or from before",
-                  highlight=False, markup=False)
-        raise typer.Exit(130) from None
-    out.print(f"map: {', '.join(str(f) for f in files)}", highlight=False, markup=False)
+    write_or_stop("the map's files", target, lambda: write_map(m, target, prices), "map")
 
 
 def _peer_map(runs: list[Any], target: Path, prices: Any, assume_quiet: bool) -> None:

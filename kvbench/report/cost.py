@@ -100,6 +100,14 @@ def cost_report(results: Results, out_dir: str | Path, prices: Prices, max_ttft_
     return rep
 
 
+#: The caption of :func:`cost_display`'s table in the terminal.
+COST_CAPTION = ("best qualifying batch per mode (all trials ok within the budget, ids equal to none's, measured "
+                "`repeats` times, SLOs met); USD/1M with the 95% interval of its throughput; saving against none at "
+                "the same prompt length, paired by repeat, with its 95% interval over the pairs (paired: it need not "
+                "equal 1 − the two USD/1M medians); verdict: lowers or raises cost only when the pairs decide, else "
+                "why not (the lines below say it whole)")
+
+
 def cost_display(table: pd.DataFrame, monthly: bool = False, payback: bool = False) -> pd.DataFrame:
     """:func:`kvbench.analysis.cost.cost_table` as text cells: scenario, prompt, mode, batch, tokens/s, USD/1M (with
     the interval of its throughput), saving % against ``none`` (paired, with its interval; ``ref`` for ``none``; why
@@ -154,6 +162,21 @@ def reuse_cost_display(reuse: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]
     marks = pd.DataFrame("", index=cells.index, columns=cols, dtype=object)
     marks["= none"] = ["worse" if v == "NO" else "" for v in cells["= none"]]
     return cells, marks
+
+
+def reuse_cost_caption(server: bool) -> str:
+    """The caption of :func:`reuse_cost_display`'s table in the terminal; ``server``: some of its rows are server
+    runs (each mode at its own concurrency, its cold side ``none`` on the same requests)."""
+    return (("each server mode at its own concurrency; " if server else "the same requests one at a time; ")
+            + "vs: what the saving is taken against, cold = that baseline (none: recompute every prompt, the reuse "
+            "saving; a prefix-cache mode: the tier saving of a host or disk tier), warm = the mode restoring stored "
+            "prefixes (charged --host-price for the memory it holds beside the device, --disk-price for its disk: "
+            "the charged column says what); tokens/s = generated tokens ÷ e2e time; saving with its 95% interval "
+            "(the jackknife over conversations of the request pairs); pairs (n quiet): busy pairs set no figure, "
+            "the tokens/s and costs are the quiet pairs' trials; prefill saved = prompt tokens restored instead of "
+            "computed"
+            + ("; a server mode's cold side is `none` on the same requests and concurrency, its tokens/s ÷ the time "
+               "requests were in flight, a slot restore inside TTFT" if server else ""))
 
 
 def quiet_count(r: dict[str, Any]) -> str:
@@ -282,5 +305,6 @@ def _write_costs(costs: pd.DataFrame, out: Path, prices: Prices, reuse: pd.DataF
     return paths + ([png] if png is not None else [])
 
 
-__all__ = ["CostReport", "compute_costs", "cost_display", "cost_report", "failed_groups", "replacing",
-           "replacing_chart", "reuse_cost_display", "reuse_verdicts", "verdicts", "what_if_lines", "write_costs"]
+__all__ = ["COST_CAPTION", "CostReport", "compute_costs", "cost_display", "cost_report", "failed_groups", "replacing",
+           "replacing_chart", "reuse_cost_caption", "reuse_cost_display", "reuse_verdicts", "verdicts",
+           "what_if_lines", "write_costs"]

@@ -18,6 +18,10 @@ LOAD_CAPTION = ("in flight: the concurrency asked for, the most requests in flig
                 "streamed chunks (its n beside); max = the percentile is the largest value (p99 of at most 100, "
                 "p90 of at most 10)")
 
+#: The caption of a server run's load table with goodput under SLOs (``kvbench cost --max-ttft-ms/--max-tpot-ms``).
+GOODPUT_CAPTION = ("goodput = requests meeting the SLO ÷ the seconds requests were in flight / ÷ the load's "
+                   "wall-clock seconds; " + LOAD_CAPTION)
+
 
 def percentile_cell(r: dict, name: str, with_n: bool = True) -> str:
     """``p50 / p90 / p99 (n N)`` of ``name`` in milliseconds, each percentile that the rank rule makes the maximum

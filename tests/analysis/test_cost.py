@@ -260,11 +260,11 @@ def test_cost_charges_the_host_memory_held_and_prices_disk_apart():
     full = cost_table(point_table(trials), prices, trials).set_index("mode").loc["full"]
     assert full["usd_per_million"] == pytest.approx((1 + 4 + 6) / tput * 1e6) and full["host_basis"] == (
         "pinned by torch")
-    from kvbench.cli.cost import FLAGS  # the library names its argument; `kvbench cost` words it with its flag
+    from kvbench.cli.common import PRICE_FLAGS  # the library names its argument; `kvbench cost` words it with its flag
 
     with pytest.raises(ValueError, match="disk_per_gib_hour must be a finite number") as exc:
         Prices(1.0, disk_per_gib_hour=-1)
-    assert exc.value.worded(FLAGS) == ("--disk-price must be a finite number 0 or more and at most 1,000,000 USD "
+    assert exc.value.worded(PRICE_FLAGS) == ("--disk-price must be a finite number 0 or more and at most 1,000,000 USD "
                                        "per GiB-hour, not -1")
 
 

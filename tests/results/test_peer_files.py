@@ -17,7 +17,7 @@ from kvbench.analysis.cost import Prices
 from kvbench.analysis.peer_cost import compare, medians, peer_cost_table
 from kvbench.cli import app
 from kvbench.errors import ResultsError
-from kvbench.results.peers import load_peers, peer_runs
+from kvbench.results.peers import is_kvbench_run, load_peers, peer_files, peer_runs
 from kvbench.results.peers.common import PeerRun, requests_frame
 
 
@@ -174,6 +174,31 @@ def test_the_cli_costs_peer_files_and_refuses_a_mix_with_kvbench_runs(tmp_path):
     r = CliRunner().invoke(app, ["cost", "--gpu-price", "2", str(a), str(tmp_path / "nope.json")])
     assert r.exit_code == 2 and "nope.json: no such file or directory" in r.output
     assert peer_cost_table(load_peers([a]), Prices(2.0))["reference"].tolist() == [True]
+
+
+def test_peer_files_decides_which_kind_of_files_a_command_was_given(tmp_path):
+    from golden_run import RUN
+
+    a = write(tmp_path / "a.json", vllm_doc([0.5] * 6, [2.0] * 6, [11] * 6))
+    nested = tmp_path / "runs" / "x" / "y"
+    nested.mkdir(parents=True)
+    (nested / "trials.jsonl").write_text("")
+    assert is_kvbench_run(RUN) and is_kvbench_run(RUN / "trials.jsonl") and is_kvbench_run(tmp_path / "runs")
+    assert not is_kvbench_run(a) and not is_kvbench_run(tmp_path / "nope")
+    assert peer_files([RUN]) is None and peer_files([tmp_path / "nope"]) is None  # kvbench's: load_results says
+    runs = peer_files([a, a])
+    assert [r.tool for r in runs] == ["vllm bench serve"] * 2 and runs[0].label == runs[1].label == str(a)
+    assert runs[1].notes[-1] == f"{a} was given more than once"
+    for kvbench_run in (RUN, tmp_path / "runs"):
+        with pytest.raises(ResultsError) as caught:
+            peer_files([a, kvbench_run])
+        assert str(caught.value) == f"give kvbench runs or other tools' result files, not both: {kvbench_run} is a " \
+            "kvbench run"
+    (tmp_path / "notes.txt").write_text("x")
+    with pytest.raises(ResultsError, match=r"notes.txt: not a result file kvbench imports \(GuideLLM JSON/YAML"):
+        peer_files([tmp_path / "notes.txt", a])
+    with pytest.raises(ResultsError, match=r"nope.json: no such file or directory$"):
+        peer_files([a, tmp_path / "nope.json"])
 
 
 def test_report_says_a_peer_file_is_for_cost_and_map_says_what_it_lacks():

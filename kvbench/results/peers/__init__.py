@@ -18,7 +18,7 @@ from kvbench.results.peers.common import LATENCIES, PeerRun
 from kvbench.results.peers.guidellm import is_guidellm, read_guidellm
 from kvbench.results.peers.llmd import is_llmd_report, read_llmd
 from kvbench.results.peers.vllm_bench import is_vllm_bench, read_vllm_bench
-from kvbench.safe_read import MAX_RUN_JSON_BYTES, read_json_file, read_regular, too_deep
+from kvbench.safe_read import MAX_RUN_JSON_BYTES, find_below, read_json_file, read_regular, too_deep
 from kvbench.safe_text import visible
 from kvbench.scenario.load import expanded_size
 
@@ -150,19 +150,62 @@ def load_peers(paths: list[str | Path]) -> list[PeerRun]:
     """
     runs: list[PeerRun] = []
     for path in paths:
-        if not Path(path).exists():
-            raise ResultsError(f"{path}: no such file or directory")
-        found = peer_runs(path)
+        found = peer_runs(path) if Path(path).exists() else None
         if found is None:
-            if _llmd_version(path):
-                raise ResultsError(f"{path}: an llm-d Benchmark Report of version {_llmd_version(path)}: kvbench "
-                                   "reads versions 0.2 and 0.2.1")
-            raise ResultsError(f"{path}: not a result file kvbench imports (GuideLLM JSON/YAML, AIPerf's "
-                               "profile_export.jsonl or profile_export_aiperf.json, vllm bench serve JSON, "
-                               "llm-d Benchmark Report)")
+            raise _no_peer_file(path)
         runs += found
     distinct_labels(runs)
     return runs
+
+
+def peer_files(paths: list[str | Path]) -> list[PeerRun] | None:
+    """What kind of files ``paths`` are, for a command that reads both kinds (``kvbench cost``, ``kvbench map``):
+    the runs of them all (as :func:`load_peers` labels them, each file read once) when one or more is another
+    tool's result file; None when none is (kvbench runs, left to :func:`kvbench.results.load.load_results`).
+
+    Raises:
+        ResultsError: another tool's file beside a kvbench run (a run directory, a ``trials.jsonl``, a folder with
+            runs below it): both kinds at once; beside another tool's file, a path that is neither (as
+            :func:`load_peers` says it); a peer file that cannot be read.
+        kvbench.errors.BadFile: a folder given holds folders nested deeper than kvbench searches.
+    """
+    found = [peer_runs(p) for p in paths]
+    if all(f is None for f in found):
+        return None
+    for path, f in zip(paths, found):
+        if f is None:
+            if is_kvbench_run(path):
+                raise ResultsError(f"give kvbench runs or other tools' result files, not both: {path} is a kvbench "
+                                   "run")
+            raise _no_peer_file(path)
+    runs = [run for f in found for run in f or []]
+    distinct_labels(runs)
+    return runs
+
+
+def is_kvbench_run(path: str | Path) -> bool:
+    """Whether ``path`` is kvbench's: a run directory (it holds ``trials.jsonl``), a ``.jsonl`` file, or a folder
+    with a ``trials.jsonl`` somewhere below it (searched to :data:`kvbench.safe_read.MAX_SEARCH_DEPTH`).
+
+    Raises:
+        kvbench.errors.BadFile: ``path`` holds folders nested deeper than that.
+    """
+    p = Path(path)
+    return ((p / "trials.jsonl").exists() or (p.is_file() and p.suffix == ".jsonl")
+            or (p.is_dir() and bool(find_below(p, "trials.jsonl"))))
+
+
+def _no_peer_file(path: str | Path) -> ResultsError:
+    """Why ``path`` is no result file of another tool: it does not exist, it is an llm-d report of a version
+    kvbench does not read, or it is of no tool kvbench reads."""
+    if not Path(path).exists():
+        return ResultsError(f"{path}: no such file or directory")
+    if version := _llmd_version(path):
+        return ResultsError(f"{path}: an llm-d Benchmark Report of version {version}: kvbench reads versions 0.2 "
+                            "and 0.2.1")
+    return ResultsError(f"{path}: not a result file kvbench imports (GuideLLM JSON/YAML, AIPerf's "
+                        "profile_export.jsonl or profile_export_aiperf.json, vllm bench serve JSON, llm-d Benchmark "
+                        "Report)")
 
 
 def distinct_labels(runs: list[PeerRun]) -> None:
@@ -181,4 +224,5 @@ def distinct_labels(runs: list[PeerRun]) -> None:
                 run.notes.append(f"{run.path} was given more than once")
 
 
-__all__ = ["LATENCIES", "PeerRun", "TOOLS", "distinct_labels", "load_peers", "peer_hint", "peer_runs"]
+__all__ = ["LATENCIES", "PeerRun", "TOOLS", "distinct_labels", "is_kvbench_run", "load_peers", "peer_files",
+           "peer_hint", "peer_runs"]
