@@ -11,7 +11,7 @@ from rich.markup import escape
 
 import pandas as pd
 
-from kvbench.cli.common import err, fail, handle_errors, out, render, show, show_warning
+from kvbench.cli.common import err, handle_errors, out, render, show, show_warning
 
 #: Library argument → flag, for the messages of :class:`kvbench.errors.BadParameter`.
 FLAGS = {"prompt_tokens": "--prompt-tokens", "batch": "--batch", "dtype": "--dtype", "gpu_mem": "--gpu-mem",
@@ -44,8 +44,9 @@ def plan(
                                     "shared share (the break-even map's roofline)."),
     constants: Optional[Path] = typer.Option(None, "--constants", help="--break-even with the constants `kvbench "
                                              "map` measured (its map.json) instead of assumed ones."),
-    new_tokens: int = typer.Option(128, "--new-tokens", help="--break-even: tokens generated per request."),
-    visits: int = typer.Option(3, "--visits", help="--break-even: requests per shared prefix (≥ 2)."),
+    new_tokens: int = typer.Option(128, "--new-tokens", min=1, max=2**24,
+                                   help="--break-even: tokens generated per request."),
+    visits: int = typer.Option(3, "--visits", min=2, max=100, help="--break-even: requests per shared prefix."),
     allow_busy_fit: bool = typer.Option(False, "--allow-busy-fit", help="--constants: use constants fitted to "
                                         "trials measured on a busy machine (refused otherwise)."),
 ) -> None:
@@ -55,8 +56,6 @@ def plan(
     from kvbench.report import plan as rp
 
     warnings.showwarning = show_warning
-    if not 2 <= visits <= 100 or not 1 <= new_tokens <= 2**24:
-        fail("--visits must be 2 to 100 and --new-tokens 1 to 16,777,216")
     with handle_errors(FLAGS):
         p = rp.plan(model, prompt_tokens, batch, dtype, gpu_mem, host_mem, window, link_gbps, hbm_gbps, gpu_price,
                     link_source="--link-gbps", link_probe=last_link_probe, gpu=gpu, tp=tp, tflops=tflops)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Literal, Optional
 
 import typer
 from rich.markup import escape
@@ -22,9 +22,9 @@ def report(
     out_dir: Optional[str] = typer.Option(None, "--out", help="Where to write (default: <first path>/report)."),
     timeline: list[str] = typer.Option([], "--timeline", help="A trial id whose memory timeline to draw "
                                        "(repeatable; default: every mode at each scenario's largest point)."),
-    fmt: str = typer.Option("kvbench", "--format", help="kvbench: tables, charts, report.md/.html; llm-d: one "
-                            "llm-d Benchmark Report v0.2.1 (JSON) per mode, into --out (default: "
-                            "<first path>/report/llm-d)."),
+    fmt: Literal["kvbench", "llm-d"] = typer.Option(
+        "kvbench", "--format", help="kvbench: tables, charts, report.md/.html; llm-d: one llm-d Benchmark Report "
+        "v0.2.1 (JSON) per mode, into --out (default: <first path>/report/llm-d)."),
 ) -> None:
     """Tables, charts and a Markdown/HTML report of one or many runs: memory saved and time it cost per mode.
     Ctrl-C or SIGTERM stops it with exit 130 and nothing written. Files of the GPU checks
@@ -44,8 +44,6 @@ def report(
 
     if out_dir is not None and not out_dir.strip():
         fail("--out is empty: give a directory")
-    if fmt not in ("kvbench", "llm-d"):
-        fail(f"--format {fmt!r}: one of kvbench, llm-d")
     first = paths[0]
     target = Path(out_dir) if out_dir else (first if first.is_dir() else first.parent) / "report"
     if fmt == "llm-d":
