@@ -18,7 +18,7 @@ def capacity_frame(found: list[dict[str, Any]], points: Any) -> Any:
     """A table of capacity results (run.json ``capacity``) with the measured figures at each capacity.
 
     Args:
-        found: the list :func:`search_sweep` returns.
+        found: the list :func:`kvbench.bench.plans.capacity.search_sweep` returns.
         points: the per-point table (:func:`kvbench.analysis.points.point_table`) of the same run.
 
     Returns:

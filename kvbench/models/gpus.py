@@ -114,7 +114,7 @@ def gpu_preset(name: str) -> GpuPreset:
 
 
 def measured_here(preset: GpuPreset, gpu_name: str) -> bool:
-    """Whether the GPU NVML named ``gpu_name`` is the kind ``preset`` describes (one of its :attr:`nvml_names`
+    """Whether the GPU NVML named ``gpu_name`` is the kind ``preset`` describes (one of its :attr:`GpuPreset.nvml_names`
     matches): ``H200`` in ``NVIDIA H200`` but not in ``NVIDIA GH200 480GB``."""
     return any(re.search(pattern, gpu_name) for pattern in preset.nvml_names)
 

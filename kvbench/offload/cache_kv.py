@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 def sequence_kv(cache: Any, row: int = 0) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """K and V of every token a cache holds for batch row ``row``, per layer ``[kv_heads, tokens, head_dim]`` on
     the CPU (all tiers of kvbench's offload caches: disk, host, then the device window), ready for
-    :meth:`KVStore.put`.
+    :meth:`kvbench.offload.store.KVStore.put`.
 
     Raises:
         ValueError: an empty cache, or a sliding-window layer (it keeps only its last tokens: its KV cannot be

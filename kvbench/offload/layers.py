@@ -33,7 +33,7 @@ class OffloadedLayer(DynamicLayer):
             :mod:`kvbench.offload.host_tiers`.
 
     Raises:
-        ValueError: a negative window; see :class:`~kvbench.offload.tiers.History` for the host cap.
+        ValueError: a negative window; see :class:`~kvbench.offload.history.History` for the host cap.
     """
 
     def __init__(self, window: int, engine: Transfers, pin: bool = False, host_max_tokens: int | None = None,

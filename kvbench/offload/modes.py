@@ -292,7 +292,7 @@ def make_cache(kind: str, config: Any, device: "torch.device", *, budget_bytes: 
         device: the device the model runs on.
         budget_bytes: the device KV budget (used by ``dynamic``).
         disk_dir: where a disk tier goes (modes given ``host_max_tokens``).
-        disk_page_cache: keep the disk tier in the page cache (see :class:`OffloadedCache`).
+        disk_page_cache: keep the disk tier in the page cache (see :class:`~kvbench.offload.caches.OffloadedCache`).
         **options: the mode's options (``window``, ``min_window``, ``max_window``, ``host_max_tokens``).
 
     Raises:

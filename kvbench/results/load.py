@@ -47,7 +47,7 @@ class Results:
             ``kv_check_error`` (``kv_measured_bytes / kv_bytes_predicted − 1``): see
             :data:`kvbench.results.rows.FRAME_COLUMNS`.
         runs: per run: ``path``, ``name``, ``group``, ``status``, ``started_at``, ``environment``, ``scenario``,
-            ``weights_bytes``, ``capacity`` (the capacity search's results, see :mod:`kvbench.bench.capacity`),
+            ``weights_bytes``, ``capacity`` (the capacity search's results, see :mod:`kvbench.bench.plans.capacity`),
             ``servers`` (a server run's servers: mode, repeat, command line, version, ``/metrics`` deltas, load),
             ``executor`` and ``machines`` (run.json's: where a cluster run ran), ``n_trials``
             (``{}``/None/``[]`` where run.json is missing). A run split by machine (see the module docstring)

@@ -1,7 +1,7 @@
 """The programs of the servers kvbench starts: where each engine's program is found, what keeps it from starting
 here, and what in a scenario needs the user's consent on the command line (``--trust-server-config``) before
-kvbench runs it: another program than the engine's own, or flags of :func:`~kvbench.scenario.server_flags.
-consent_reasons`."""
+kvbench runs it: another program than the engine's own, or flags of
+:func:`~kvbench.scenario.server_flags.consent_reasons`."""
 
 from __future__ import annotations
 
