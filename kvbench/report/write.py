@@ -11,7 +11,7 @@ from typing import Any
 
 import pandas as pd
 
-from kvbench.analysis.break_even import break_even_map
+from kvbench.analysis.break_even import BreakEvenMap, break_even_map
 from kvbench.analysis.cost import Prices
 from kvbench.analysis.points import point_table
 from kvbench.results.load import Results
@@ -26,7 +26,7 @@ from kvbench.report.advice import (capacity_findings, capacity_recommendation, d
                                    reuse_findings, reuse_recommendation)
 from kvbench.report.break_even import map_display, map_finding
 from kvbench.report.break_even_chart import break_even_heatmap
-from kvbench.report.cost_section import cost_markdown, cost_section
+from kvbench.report.cost_section import CostSection, cost_markdown, cost_section
 from kvbench.report.documents import Report, markdown, md_table
 from kvbench.report.html_page import html_document
 from kvbench.report.machines import lost_lines, machine_sections
@@ -132,26 +132,60 @@ def _charts_drawn(jobs: list[tuple[str, Any, tuple]], problems: list[str]) -> li
     return drawn
 
 
+#: A chart to draw: its title, the function of :mod:`kvbench.report.charts` (or
+#: :func:`~kvbench.report.break_even_chart.break_even_heatmap`) that draws it, and that function's arguments (the
+#: last one the PNG's path).
+Job = tuple[str, Any, tuple]
+
+
 def _write(results: Results, out: Path, timelines: list[str] | None) -> Report:
+    """Every file of :func:`write_report` into the private folder ``out``: the tables, texts and CSV files, the
+    charts, then ``report.md`` and ``report.html``. Returns the report, its paths inside ``out``."""
+    table = _points(results)
+    reuse_rows = reuse_trials(results.trials)
+    reuse = {g: {"turn": reuse_table(part, "turn_index"), "length": reuse_table(part, "length_bin")}
+             for g, part in reuse_rows.groupby("group", sort=False)}
+    # shared_prefix runs: the break-even map at kvbench map's default prices (its files are kvbench map's: the
+    # report's heatmaps have names of their own)
+    be = break_even_map(results.trials, Prices(REPORT_GPU_PRICE))
+    jobs = _chart_jobs(results, table, reuse, reuse_rows, be, timelines, out)
+    shown = display_frame(table)
+    rep = _texts(results, table, shown, reuse, be)
+    _write_tables(results, rep, reuse, out)
+    costs = cost_section(results, table)
+    table.to_csv(out / "summary.csv", index=False)
+    (out / "summary.md").write_text(md_table(shown) + "\n")
+    rep.files.update({"summary.csv": out / "summary.csv", "summary.md": out / "summary.md"})
+    rep.charts = _charts_drawn(jobs, results.problems)
+    _write_documents(results, rep, shown, costs, out)
+    return rep
+
+
+def _points(results: Results) -> pd.DataFrame:
+    """:func:`kvbench.analysis.points.point_table` of the trials; a capacity search's groups (whose probes come in
+    search order) sorted by prompt length, then batch size, the groups in their first order."""
     table = point_table(results.trials)
-    if any(r.get("capacity") for r in results.runs):  # a search's probes come in search order: show them by size
+    if any(r.get("capacity") for r in results.runs):
         rank = {g: i for i, g in enumerate(dict.fromkeys(table["group"]))}
         table = (table.assign(_rank=table["group"].map(rank))
                  .sort_values(["_rank", "prompt_tokens", "batch_size"], kind="stable", ignore_index=True)
                  .drop(columns="_rank"))
-    groups = list(dict.fromkeys(table["group"]))
-    reuse_rows = reuse_trials(results.trials)
-    reuse = {g: {"turn": reuse_table(part, "turn_index"), "length": reuse_table(part, "length_bin")}
-             for g, part in reuse_rows.groupby("group", sort=False)}
+    return table
+
+
+def _chart_jobs(results: Results, table: pd.DataFrame, reuse: dict[str, dict[str, pd.DataFrame]],
+                reuse_rows: pd.DataFrame, be: BreakEvenMap, timelines: list[str] | None, out: Path) -> list[Job]:
+    """Every chart of the report, in its order: the break-even heatmaps per group and mode, TTFT restore vs
+    recompute per reuse group, three charts per group (saving and overhead, throughput, bytes per token), then the
+    memory timelines (:func:`_timeline_jobs`). A mode has one colour in every chart; file names are unique stems
+    of the group names."""
     colours = charts.mode_colours(list(table["mode_label"]) + list(reuse_rows["mode_label"]))
-    jobs: list[tuple[str, Any, tuple]] = []
-    # shared_prefix runs: the break-even map at kvbench map's default prices (its files are kvbench map's: the
-    # report's heatmaps have names of their own)
-    be = break_even_map(results.trials, Prices(REPORT_GPU_PRICE))
+    jobs: list[Job] = []
     maps = list(be.cells.groupby(["group", "mode_label"], sort=False)) if len(be.cells) else []
     for ((g, mode), part), stem in zip(maps, unique_stems([key for key, _ in maps])):
         jobs.append((f"{g}: break-even map, {mode}", break_even_heatmap,
                      (part, f"{g}, {mode}: saving of restore against recompute", out / f"break_even_{stem}.png")))
+    groups = list(dict.fromkeys(table["group"]))
     named = list(dict.fromkeys([*groups, *reuse]))
     stems = dict(zip(named, unique_stems(named)))
     for g, frames in reuse.items():
@@ -166,8 +200,16 @@ def _write(results: Results, out: Path, timelines: list[str] | None) -> Report:
                                 ("bytes moved per generated token", charts.bytes_per_token,
                                  f"bytes_per_token_{s}.png")):
             jobs.append((f"{g}: {title}", fn, (table[table["group"] == g], g, colours, out / name)))
+    return jobs + _timeline_jobs(results, timelines, colours, out)
+
+
+def _timeline_jobs(results: Results, timelines: list[str] | None, colours: dict[str, str], out: Path) -> list[Job]:
+    """The memory-timeline figures of the trials ``timelines`` names (default:
+    :func:`~kvbench.report.samples.default_timelines`), :data:`TIMELINE_PANELS` panels each; a trial without
+    samples adds a line to ``results.problems`` and no panel."""
     picks = {"selected trials": list(timelines)} if timelines else default_timelines(results)
     samples = load_samples(results, [t for ids in picks.values() for t in ids])
+    jobs: list[Job] = []
     for (name, ids), stem in zip(picks.items(), unique_stems(list(picks))):
         panels = []
         for tid in ids:
@@ -182,7 +224,15 @@ def _write(results: Results, out: Path, timelines: list[str] | None) -> Report:
             jobs.append((f"memory timelines: {name}{suffix.replace('_', ' part ')}", charts.memory_timelines,
                          (panels[k:k + TIMELINE_PANELS], f"{name}: memory over time",
                           out / f"timelines_{stem}{suffix}.png")))
-    shown = display_frame(table)
+    return jobs
+
+
+def _texts(results: Results, table: pd.DataFrame, shown: pd.DataFrame, reuse: dict[str, dict[str, pd.DataFrame]],
+           be: BreakEvenMap) -> Report:
+    """The report's tables and texts per group: findings, recommendation and diagnoses of its points (of a
+    capacity search: its capacities), of its reuse workload (a server's or kvbench's own) and of its break-even
+    map; the machines sections and the lines of trials lost."""
+    groups = list(dict.fromkeys(table["group"]))
     rep = Report(table, shown, {g: findings(table, g) for g in groups},
                  {g: recommendation(table, g) for g in groups},
                  {g: diagnoses(results, table, g) for g in groups},
@@ -210,6 +260,13 @@ def _write(results: Results, out: Path, timelines: list[str] | None) -> Report:
     rep.machines = machine_sections(results, table)
     for g in rep.diagnoses:
         rep.diagnoses[g] += lost_lines(results, g)
+    return rep
+
+
+def _write_tables(results: Results, rep: Report, reuse: dict[str, dict[str, pd.DataFrame]], out: Path) -> None:
+    """``server_load.csv`` (server runs' load table; its concurrency lines join each group's findings) and
+    ``reuse.csv`` (both tables of every reuse group, raw numbers: by turn_index, then by length_bin), each
+    written only when it has rows."""
     load = server_load_table(results.trials)
     if len(load):
         rep.server_load = {g: part for g, part in load.groupby("group", sort=False)}
@@ -217,22 +274,20 @@ def _write(results: Results, out: Path, timelines: list[str] | None) -> Report:
             rep.findings.setdefault(g, []).extend(concurrency_lines(part))
         load.to_csv(out / "server_load.csv", index=False)
         rep.files["server_load.csv"] = out / "server_load.csv"
-    if reuse:  # both tables of every reuse group, raw numbers: by turn_index, then by length_bin
+    if reuse:
         pd.concat([f for frames in reuse.values() for f in frames.values()], ignore_index=True).to_csv(
             out / "reuse.csv", index=False)
         rep.files["reuse.csv"] = out / "reuse.csv"
-    costs = cost_section(results, table)
-    table.to_csv(out / "summary.csv", index=False)
-    (out / "summary.md").write_text(md_table(shown) + "\n")
-    rep.files.update({"summary.csv": out / "summary.csv", "summary.md": out / "summary.md"})
-    rep.charts = _charts_drawn(jobs, results.problems)
+
+
+def _write_documents(results: Results, rep: Report, shown: pd.DataFrame, costs: CostSection, out: Path) -> None:
+    """``report.md`` (its cost section before the column glossary, where it has one) and ``report.html``."""
     head, glossary, rest = markdown(results, rep, shown).rpartition("\n## Columns\n")
     cost_md = cost_markdown(costs)
     (out / "report.md").write_text(f"{head}\n{cost_md}{glossary}{rest}" if cost_md and glossary else
                                    head + glossary + rest + cost_md)
     (out / "report.html").write_text(html_document(results, rep, shown, costs))
     rep.files.update({"report.md": out / "report.md", "report.html": out / "report.html"})
-    return rep
 
 
 __all__ = ["REPORT_GPU_PRICE", "TIMELINE_PANELS", "write_report"]
