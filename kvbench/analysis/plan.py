@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable
+from collections.abc import Callable
 
 from kvbench.errors import BadValue
 from kvbench.models.sizes import ModelSizes

@@ -335,7 +335,7 @@ def _preparing(sc: Scenario, where: Path) -> Iterator[None]:
         raise
     except (ValueError, ImportError, OSError) as exc:
         raise PrepareError(str(exc)) from exc
-    except Exception as exc:  # noqa: BLE001 - anything else before the first trial refuses in one line
+    except Exception as exc:
         raise PrepareError(f"{where}: cannot prepare the run of model {sc.model.label}: {one_line(exc)}") from exc
 
 

@@ -35,7 +35,7 @@ class TrialSpec:
         """Trials with one key share their warm-up (run before the first of them)."""
         return (self.prompt_tokens, self.batch_size, self.mode.label)
 
-    def warmup_spec(self) -> "TrialSpec":
+    def warmup_spec(self) -> TrialSpec:
         """The unrecorded warm-up trial run before the first trial of this shape."""
         return TrialSpec(self.prompt_tokens, self.batch_size, self.mode, 0)
 
@@ -50,7 +50,7 @@ class ReuseTrial(TrialSpec):
     warm: bool = field(default=False, kw_only=True)
 
     @classmethod
-    def of(cls, request: Request, mode: ScenarioMode, repeat: int, warm: bool) -> "ReuseTrial":
+    def of(cls, request: Request, mode: ScenarioMode, repeat: int, warm: bool) -> ReuseTrial:
         """The trial of ``request`` in ``mode``."""
         return cls(len(request.ids), 1, mode, repeat, request=request, warm=warm)
 
@@ -64,7 +64,7 @@ class ReuseTrial(TrialSpec):
         """One warm-up per mode: prompts of a reuse workload all differ in length."""
         return ("reuse", self.mode.label)
 
-    def warmup_spec(self) -> "ReuseTrial":
+    def warmup_spec(self) -> ReuseTrial:
         """A cold run of the same request (a warm one would change the store)."""
         return ReuseTrial.of(self.request, self.mode, 0, warm=False)
 

@@ -10,10 +10,10 @@ import typer
 # transformers' GGUF loader draws a tqdm bar it offers no switch for; kvbench shows its own progress.
 os.environ.setdefault("TQDM_DISABLE", "1")
 
-from kvbench.cli import compare, cost, env, models, plan, report, run, validate  # noqa: E402
-from kvbench.cli import map as map_cmd  # noqa: E402
-from kvbench.cli import list as list_cmd  # noqa: E402
-from kvbench.cli.common import Command, Group, out  # noqa: E402
+from kvbench.cli import compare, cost, env, models, plan, report, run, validate
+from kvbench.cli import map as map_cmd
+from kvbench.cli import list as list_cmd
+from kvbench.cli.common import Command, Group, out
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Measure what KV-cache offload really does.",
                   cls=Group)

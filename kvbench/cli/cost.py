@@ -5,7 +5,7 @@ tools' result files (:mod:`kvbench.cli.cost_peers`)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -24,22 +24,22 @@ def cost(
     gpu_price: float = typer.Option(..., "--gpu-price", help="USD per GPU-hour."),
     host_price: float = typer.Option(0.0, "--host-price", help="USD per GiB-hour of host memory held by KV."),
     disk_price: float = typer.Option(0.0, "--disk-price", help="USD per GiB-hour of disk held by KV."),
-    tokens_per_month: Optional[float] = typer.Option(None, "--tokens-per-month", help="For the saving per month."),
-    engineering_cost: Optional[float] = typer.Option(None, "--engineering-cost", help="USD, for the payback time."),
-    max_ttft_ms: Optional[float] = typer.Option(None, "--max-ttft-ms", help="SLO: TTFT at most this many ms (a "
+    tokens_per_month: float | None = typer.Option(None, "--tokens-per-month", help="For the saving per month."),
+    engineering_cost: float | None = typer.Option(None, "--engineering-cost", help="USD, for the payback time."),
+    max_ttft_ms: float | None = typer.Option(None, "--max-ttft-ms", help="SLO: TTFT at most this many ms (a "
                                                 "point's median; a server request's own, for goodput)."),
-    max_tpot_ms: Optional[float] = typer.Option(None, "--max-tpot-ms", help="SLO: TPOT at most this many ms (a "
+    max_tpot_ms: float | None = typer.Option(None, "--max-tpot-ms", help="SLO: TPOT at most this many ms (a "
                                                 "point's median; a server request's own, for goodput)."),
     host_tier: str = typer.Option("configured", "--host-tier", help="Servers: charge a host KV tier at the size "
                                   "its flags configure (configured: --cache-ram, --kv-offloading-size, "
                                   "--hicache-size) or at the server's RSS growth beyond none's (measured)."),
-    base_throughput: Optional[float] = typer.Option(None, "--base-throughput", help="What-if: tokens/s without "
+    base_throughput: float | None = typer.Option(None, "--base-throughput", help="What-if: tokens/s without "
                                                     "offload (with --offload-throughput; no results needed)."),
-    offload_throughput: Optional[float] = typer.Option(None, "--offload-throughput", help="What-if: with offload."),
+    offload_throughput: float | None = typer.Option(None, "--offload-throughput", help="What-if: with offload."),
     assume_quiet: bool = typer.Option(False, "--assume-quiet", help="Other tools' files only: they record no "
                                       "machine load, so no verdict is given unless you say the machine was quiet "
                                       "(the verdict then names it)."),
-    out_dir: Optional[str] = typer.Option(None, "--out", help="Where cost.csv, cost.json and cost.png go "
+    out_dir: str | None = typer.Option(None, "--out", help="Where cost.csv, cost.json and cost.png go "
                                            "(default: <first path>/report)."),
 ) -> None:
     """Cost per 1M generated tokens per mode from measured throughput (or what-if figures), saving vs none.

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import typer
 from rich.markup import escape
@@ -17,7 +17,7 @@ from kvbench.cli.common import (PRICE_FLAGS, fail, handle_errors, kvbench_runs_o
 MAP_FLAGS = {**PRICE_FLAGS, "shares": "--shares", "contexts": "--contexts"}
 
 
-def _whole_numbers(text: Optional[str], flag: str, low: int, high: int, example: str) -> tuple[int, ...]:
+def _whole_numbers(text: str | None, flag: str, low: int, high: int, example: str) -> tuple[int, ...]:
     """The distinct whole numbers of a comma-separated flag, each ``low`` to ``high`` and at most
     :data:`~kvbench.analysis.break_even.MAX_MAP_VALUES` of them; () when not given. Digits are ASCII 0-9 only
     (``str.isdigit`` also takes ² and other digits ``int`` refuses). Fails (exit 2) with one line otherwise."""
@@ -43,16 +43,16 @@ def map_(
                                     "saving in percent does not depend on it)."),
     host_price: float = typer.Option(0.0, "--host-price", help="USD per GiB-hour of host memory held by KV."),
     disk_price: float = typer.Option(0.0, "--disk-price", help="USD per GiB-hour of disk held by KV."),
-    shares: Optional[str] = typer.Option(None, "--shares", help="Shared shares (percent, 0-99) the model fills in "
+    shares: str | None = typer.Option(None, "--shares", help="Shared shares (percent, 0-99) the model fills in "
                                          "besides those measured; default 0,25,50,75,95."),
-    contexts: Optional[str] = typer.Option(None, "--contexts", help="Prompt lengths (tokens) the model fills in "
+    contexts: str | None = typer.Option(None, "--contexts", help="Prompt lengths (tokens) the model fills in "
                                            "besides those measured, e.g. 2048,4096."),
     host_tier: str = typer.Option("configured", "--host-tier", help="Servers: charge a host KV tier as its flags "
                                   "configure it (configured) or at the server's RSS growth (measured)."),
     assume_quiet: bool = typer.Option(False, "--assume-quiet", help="Other tools' files only: they record no "
                                       "machine load, so no verdict is given unless you say the machine was quiet "
                                       "(the verdict then names it)."),
-    out_dir: Optional[str] = typer.Option(None, "--out", help="Where map.csv, map.json and the heatmaps go "
+    out_dir: str | None = typer.Option(None, "--out", help="Where map.csv, map.json and the heatmaps go "
                                           "(default: <first path>/report)."),
     details: bool = typer.Option(False, "--details", metavar="", help="One row per cell with every column, not the grids."),
 ) -> None:

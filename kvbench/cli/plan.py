@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import typer
 from rich.markup import escape
@@ -29,20 +29,20 @@ def plan(
     prompt_tokens: int = typer.Option(4096, "--prompt-tokens", help="Context per sequence (tokens)."),
     batch: int = typer.Option(1, help="Sequences decoded together (the roofline's batch)."),
     dtype: str = typer.Option("bf16", help="KV and weights dtype: fp32, fp16, bf16, fp8 (or int8)."),
-    gpu_mem: Optional[str] = typer.Option(None, "--gpu-mem", help="Device memory per GPU (default: the preset's)."),
-    host_mem: Optional[str] = typer.Option(None, "--host-mem", help="Host memory for the model's KV (default: a "
+    gpu_mem: str | None = typer.Option(None, "--gpu-mem", help="Device memory per GPU (default: the preset's)."),
+    host_mem: str | None = typer.Option(None, "--host-mem", help="Host memory for the model's KV (default: a "
                                            "node preset's, else not given; never this machine's)."),
     window: int = typer.Option(512, help="hierarchical's window (tokens on the device per layer)."),
-    link_gbps: Optional[float] = typer.Option(None, "--link-gbps", help="Host→device GB/s per GPU (default: the "
+    link_gbps: float | None = typer.Option(None, "--link-gbps", help="Host→device GB/s per GPU (default: the "
                                               "last `kvbench env` on this kind of GPU, else the preset's)."),
-    hbm_gbps: Optional[float] = typer.Option(None, "--hbm-gbps", help="Device memory GB/s (default: the preset's)."),
-    tflops: Optional[float] = typer.Option(None, "--tflops", help="Peak dense TFLOP/s per GPU (default: the "
+    hbm_gbps: float | None = typer.Option(None, "--hbm-gbps", help="Device memory GB/s (default: the preset's)."),
+    tflops: float | None = typer.Option(None, "--tflops", help="Peak dense TFLOP/s per GPU (default: the "
                                            "preset's bf16), of which a prefill reaches 50%."),
-    gpu_price: Optional[float] = typer.Option(None, "--gpu-price", help="USD per GPU-hour: adds cost per 1M tokens."),
+    gpu_price: float | None = typer.Option(None, "--gpu-price", help="USD per GPU-hour: adds cost per 1M tokens."),
     break_even: bool = typer.Option(False, "--break-even", metavar="", help="Also: the saving in USD per 1M tokens "
                                     "of restoring a shared prefix against recomputing it, per prompt length and "
                                     "shared share (the break-even map's roofline)."),
-    constants: Optional[Path] = typer.Option(None, "--constants", help="--break-even with the constants `kvbench "
+    constants: Path | None = typer.Option(None, "--constants", help="--break-even with the constants `kvbench "
                                              "map` measured (its map.json) instead of assumed ones."),
     new_tokens: int = typer.Option(128, "--new-tokens", min=1, max=2**24,
                                    help="--break-even: tokens generated per request."),
@@ -94,7 +94,7 @@ def plan(
         _break_even(p, constants, new_tokens, visits, allow_busy_fit)
 
 
-def _break_even(p: Any, constants: Optional[Path], new_tokens: int, visits: int, allow_busy: bool) -> None:
+def _break_even(p: Any, constants: Path | None, new_tokens: int, visits: int, allow_busy: bool) -> None:
     """``--break-even``: the constants (measured or assumed, each said) and the saving per prompt length × share;
     a warning where measured constants are busy or extrapolated beyond 2x of the prompt lengths they rest on."""
     from kvbench.analysis.plan_break_even import (constant_rows, contexts_up_to, extrapolation_warning,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Literal
 
 import typer
 from rich.markup import escape
@@ -19,7 +19,7 @@ REPORT_TERMINAL_ROWS = 60
 def report(
     paths: list[Path] = typer.Argument(..., help="Run directories, trials.jsonl files or folders of runs; or the "
                                        ".json files of benchmarks/gpu.sh, printed as tables."),
-    out_dir: Optional[str] = typer.Option(None, "--out", help="Where to write (default: <first path>/report)."),
+    out_dir: str | None = typer.Option(None, "--out", help="Where to write (default: <first path>/report)."),
     timeline: list[str] = typer.Option([], "--timeline", help="A trial id whose memory timeline to draw "
                                        "(repeatable; default: every mode at each scenario's largest point)."),
     fmt: Literal["kvbench", "llm-d"] = typer.Option(
@@ -38,7 +38,7 @@ def report(
 
     if any(is_gpu_checks(p) for p in paths):
         if out_dir is not None or timeline or fmt != "kvbench":
-            _fail("--out, --timeline and --format apply to runs: a file of GPU checks (.json) is only printed")
+            fail("--out, --timeline and --format apply to runs: a file of GPU checks (.json) is only printed")
         _gpu_checks(paths)
         return
 
@@ -104,12 +104,12 @@ def _gpu_checks(paths: list[Path]) -> None:
     from kvbench.report.gpu_checks import LABELS, WRAPPING, gpu_check_tables, is_gpu_checks, read_gpu_checks
 
     if not all(is_gpu_checks(p) for p in paths):
-        _fail("give files of GPU checks (.json) or runs, not both")
+        fail("give files of GPU checks (.json) or runs, not both")
     with handle_errors():
         docs = [(p, read_gpu_checks(p)) for p in paths]
     for p, doc in docs:
         for t in gpu_check_tables(doc, p.name):
-            show(_table(t.frame, t.title, t.caption, left=LABELS, wrap=WRAPPING))
+            show(render(t.frame, t.title, t.caption, left=LABELS, wrap=WRAPPING))
 
 
 def _llmd(paths: list[Path], target: Path) -> None:

@@ -7,7 +7,7 @@ import warnings
 from collections.abc import Iterator
 from enum import Enum
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import typer
 from rich.markup import escape
@@ -101,9 +101,9 @@ class ExecutorKind(str, Enum):
 
 
 def run(
-    scenario: Optional[Path] = typer.Argument(None, help="Scenario YAML file (optional with --resume)."),
-    out_root: Optional[str] = typer.Option(None, "--out", help="Results root (default results/); the run goes in a new folder."),
-    resume: Optional[Path] = typer.Option(None, "--resume", help="Continue this run directory, skipping finished trials."),
+    scenario: Path | None = typer.Argument(None, help="Scenario YAML file (optional with --resume)."),
+    out_root: str | None = typer.Option(None, "--out", help="Results root (default results/); the run goes in a new folder."),
+    resume: Path | None = typer.Option(None, "--resume", help="Continue this run directory, skipping finished trials."),
     trust_remote_code: bool = typer.Option(
         False, "--trust-remote-code", metavar="",
         help="Let the model's own code run, when the scenario also sets model.trust_remote_code: true."),
@@ -112,11 +112,11 @@ def run(
         help="Let a server scenario (or the run resumed) run its own engine.binary, and server flags that read or "
              "write files, fetch weights or code, run code or reach another machine (--path, --log-file, -hf, any "
              "path or URL...). Without it kvbench runs only the engine's own program on the scenario's model."),
-    executor: Optional[ExecutorKind] = typer.Option(
+    executor: ExecutorKind | None = typer.Option(
         None, "--executor", case_sensitive=False,
         help="Where trials run: local (this process) or ray (Ray actors, one per GPU; needs kvbench\\[ray]). Default: "
              "the scenario's executor.kind (local when it has none)."),
-    address: Optional[str] = typer.Option(
+    address: str | None = typer.Option(
         None, "--address", metavar="auto|HOST:PORT",
         help="The Ray cluster to join: auto (the one `ray start` made on this machine, or RAY_ADDRESS) or HOST:PORT "
              "of its head; implies --executor ray. Default: the scenario's executor.address, else a Ray instance "

@@ -187,7 +187,7 @@ def _write(gguf: Path, out: Path, dtype: str) -> None:
     try:
         src = AutoModelForCausalLM.from_pretrained(str(gguf.parent), dtype=torch_dtype, **kw)
         tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), **kw)
-    except Exception as exc:  # noqa: BLE001 - whatever the GGUF loader raises, one line naming the file
+    except Exception as exc:
         raise ModelLoadError(f"{gguf}: transformers cannot read it: {type(exc).__name__}: {exc}") from exc
     config = copy.deepcopy(src.config)
     if hasattr(config, "quantization_config"):  # the GGUF loader's {"quant_method": "gguf"}: vLLM refuses it

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 
 
-def resolve_device(device: str) -> "torch.device":
+def resolve_device(device: str) -> torch.device:
     """``auto`` → cuda when available, else cpu. Raises BadValue (a ValueError) for a CUDA device that is not there."""
     import torch
 
@@ -40,7 +40,7 @@ def resolve_device(device: str) -> "torch.device":
     return dev
 
 
-def resolve_dtype(spec: ModelRef, config: Any, device: "torch.device") -> "torch.dtype":
+def resolve_dtype(spec: ModelRef, config: Any, device: torch.device) -> torch.dtype:
     """The compute dtype: explicit, or for 'auto' float32 on CPU and the config's dtype (else bfloat16) on CUDA."""
     import torch
 
@@ -71,8 +71,8 @@ class LoadedModel:
     model: Any
     tokenizer: Any
     shape: Architecture
-    device: "torch.device"
-    dtype: "torch.dtype"
+    device: torch.device
+    dtype: torch.dtype
     weights_bytes: int
 
 
@@ -152,5 +152,5 @@ def load_model(spec: ModelRef, device: str = "auto", seed: int = 0) -> LoadedMod
         return load(spec, device, seed)
     except ModelNotFound:
         raise
-    except Exception as exc:  # noqa: BLE001 - whatever the loaders raise, the run refuses in one line
+    except Exception as exc:
         raise ModelLoadError(f"model {spec.label}: cannot load it: {one_line(exc)}") from exc

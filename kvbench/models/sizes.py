@@ -116,7 +116,7 @@ class ModelSizes(Architecture):
                     f"qk_rope_head_dim) × {dtype_bytes} bytes")
         return f"2 × {self.layers} layers × {self.kv_heads} kv heads × {self.head_dim} head_dim × {dtype_bytes} bytes"
 
-    def split(self, tp: int) -> "ModelSizes":
+    def split(self, tp: int) -> ModelSizes:
         """One GPU's share under ``tp``-way tensor parallelism (Megatron-LM's split, as vLLM and SGLang apply it):
         the query heads and every weight matrix divided by ``tp`` (parameters rounded up; norms counted whole on
         each GPU are under 0.01% of a model), the KV heads divided too, or each kept whole on ``tp ÷ kv_heads``

@@ -29,6 +29,6 @@ class ModelRef(Protocol):
     trust_remote_code: bool
     tokenizer: str | None
 
-    def model_copy(self, *, update: dict[str, Any] | None = None, deep: bool = False) -> "ModelRef":
+    def model_copy(self, *, update: dict[str, Any] | None = None, deep: bool = False) -> ModelRef:
         """A copy with ``update``'s fields replaced (pydantic's)."""
         ...

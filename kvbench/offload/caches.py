@@ -120,7 +120,7 @@ class OffloadedCache(Cache):
         if self.disk is not None:
             self.disk.close()
 
-    def __enter__(self) -> "OffloadedCache":
+    def __enter__(self) -> OffloadedCache:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -84,7 +84,7 @@ class HostTierOptions(ModeOptions):
                                         "they are encoded (spreads outlier channels; head_dim a power of two).")
 
     @model_validator(mode="after")
-    def _host_formats(self) -> "HostTierOptions":
+    def _host_formats(self) -> HostTierOptions:
         if self.host_dtype is not None and self.k_dtype is not None and self.v_dtype is not None:
             raise ValueError("host_dtype is unused when k_dtype and v_dtype are both given: drop one")
         return self
@@ -131,7 +131,7 @@ class DynamicMode(HostTierOptions):
     host_max_tokens: HostTokens | None = Field(None, description=_HOST_CAP)
 
     @model_validator(mode="after")
-    def _bounds(self) -> "DynamicMode":
+    def _bounds(self) -> DynamicMode:
         if self.max_window is not None and self.min_window > self.max_window:
             raise ValueError(f"min_window {self.min_window} is larger than max_window {self.max_window}")
         return self
@@ -282,7 +282,7 @@ class ModeUnavailable(RuntimeError):
     """The mode cannot run here (e.g. it needs CUDA); the trial is recorded as ``skipped`` with this reason."""
 
 
-def make_cache(kind: str, config: Any, device: "torch.device", *, budget_bytes: int | None = None,
+def make_cache(kind: str, config: Any, device: torch.device, *, budget_bytes: int | None = None,
                disk_dir: str | None = None, disk_page_cache: bool = False, **options: Any) -> Any:
     """A fresh, empty cache for one generation, built by the mode's factory (:attr:`ModeInfo.factory`) from its options over their defaults.
 

@@ -10,10 +10,11 @@ the file, the line (rows), the key path and what is allowed.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal, Optional, Union
+from typing import Annotated, Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
-from typing_extensions import NotRequired, Required, TypedDict
+from typing_extensions import TypedDict
+from typing import NotRequired, Required
 
 from kvbench.errors import RecordError
 from kvbench.results.rows import COLUMNS, Kind, Status
@@ -79,10 +80,10 @@ class _Environment(_Open):
     cpu: _Text = None
     cpu_count: _Count = None
     memory_total_bytes: _Count = None
-    gpus: Optional[list[_Gpu]] = None
-    link_bandwidth: Optional[_Link] = None
+    gpus: list[_Gpu] | None = None
+    link_bandwidth: _Link | None = None
     link_bandwidth_note: _Text = None
-    git: Optional[_Git] = None
+    git: _Git | None = None
     kvbench: _Text = None
     torch: _Text = None
     transformers: _Text = None
@@ -98,7 +99,7 @@ class _Capacity(_Open):
     capacity: _Count = None
     first_failure: _Count = None
     # [value, status] pairs; JSON has no tuples and strict models take none from a list
-    probes: list[Annotated[list[Union[Annotated[int, Field(strict=True, ge=0, le=MAX_INT)], str]],
+    probes: list[Annotated[list[Annotated[int, Field(strict=True, ge=0, le=MAX_INT)] | str],
                            Field(min_length=2, max_length=2)]] = []
     stopped: _Text = None
     trial_ids: list[str] = []
@@ -112,23 +113,23 @@ class _Server(_Open):
     """A server entry of run.json: the keys the reading code takes figures from (the rest are kept as written)."""
 
     mode_label: _Text = None
-    metrics_delta: Optional[dict[str, _Delta]] = None
-    metrics_delta_holds: Optional[dict[str, _Delta]] = None
+    metrics_delta: dict[str, _Delta] | None = None
+    metrics_delta_holds: dict[str, _Delta] | None = None
     device_cache_tokens: _Count = None
     working_set_tokens: _Count = None
 
 
 class _RunMeta(_Open):
     schema_version: int
-    status: Optional[Literal[RUN_STATUSES]] = None  # type: ignore[valid-type]
+    status: Literal[RUN_STATUSES] | None = None  # type: ignore[valid-type]
     started_at: _Text = None
     finished_at: _Text = None
     interrupted_at: _Text = None
-    environment: Optional[_Environment] = None
-    scenario: Optional[dict[str, Any]] = None
+    environment: _Environment | None = None
+    scenario: dict[str, Any] | None = None
     weights_bytes: _Count = None
-    capacity: Optional[list[_Capacity]] = None
-    servers: Optional[list[_Server]] = None
+    capacity: list[_Capacity] | None = None
+    servers: list[_Server] | None = None
 
 
 def _key(loc: tuple[Any, ...]) -> str:

@@ -61,8 +61,8 @@ def refuse_symlink_dir(path: str | Path) -> None:
 def utc_now(timestamp: float | None = None) -> str:
     """The UTC time of ``timestamp`` (seconds since the epoch; default now), ISO 8601 with a Z, as run.json's
     ``started_at``."""
-    when = dt.datetime.now(dt.timezone.utc) if timestamp is None else dt.datetime.fromtimestamp(timestamp,
-                                                                                                 dt.timezone.utc)
+    when = dt.datetime.now(dt.UTC) if timestamp is None else dt.datetime.fromtimestamp(timestamp,
+                                                                                                 dt.UTC)
     return when.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
@@ -93,9 +93,9 @@ class RunDir:
         return self.path / "trials.jsonl"
 
     @classmethod
-    def create(cls, root: str | Path, scenario: dict[str, Any], env: dict[str, Any]) -> "RunDir":
+    def create(cls, root: str | Path, scenario: dict[str, Any], env: dict[str, Any]) -> RunDir:
         """A new ``<root>/<name>-<UTC time>/`` with ``run.json`` (status ``running``) and an empty trials file."""
-        stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+        stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
         root = Path(root)
         root.mkdir(parents=True, exist_ok=True)
         path = root / f"{scenario['name']}-{stamp}"
@@ -112,7 +112,7 @@ class RunDir:
         return run
 
     @classmethod
-    def open(cls, path: str | Path) -> "RunDir":
+    def open(cls, path: str | Path) -> RunDir:
         """Reopen an existing run.
 
         Raises:

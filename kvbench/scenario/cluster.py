@@ -109,7 +109,7 @@ class ExecutorSpec(Strict):
         600.0, description="ray: longest wait for a worker to start and load its model (seconds).")
 
     @model_validator(mode="after")
-    def _ray_keys(self) -> "ExecutorSpec":
+    def _ray_keys(self) -> ExecutorSpec:
         if self.kind == "local":  # by value: a scenario's dump (run.json) holds every key with its default
             defaults = {"address": None, "workers": None, "cpus_per_worker": 1.0, "startup_timeout_s": 600.0}
             given = [k for k, v in defaults.items() if getattr(self, k) != v]
@@ -188,7 +188,7 @@ class PlacementSpec(Strict):
         return v
 
     @model_validator(mode="after")
-    def _one_kind(self) -> "PlacementSpec":
+    def _one_kind(self) -> PlacementSpec:
         given = [k for k in ("accelerator_type", "resources") if getattr(self, k) is not None]
         if len(given) != 1:
             raise ValueError(f"give exactly one of accelerator_type, resources (got {' and '.join(given) or 'none'})")

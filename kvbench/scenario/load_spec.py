@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Union, get_args
+from typing import Annotated, Literal, get_args
 
 from pydantic import Field, model_validator
 
@@ -26,7 +26,7 @@ class LoadSpec(Strict):
     profile: Profile = Field(
         "sequential", description="sequential: one request at a time; concurrent: `concurrency` in flight; "
         "poisson: arrivals at `rate` requests/s (seeded).")
-    concurrency: Union[Slots, Annotated[list[Slots], Field(min_length=1, max_length=16)], None] = optional(
+    concurrency: Slots | Annotated[list[Slots], Field(min_length=1, max_length=16)] | None = optional(
         "Requests in flight at most (default 1; poisson: no cap), and the server's parallel slots (poisson without "
         f"it: {POISSON_SLOTS}); a list runs every mode at each level, e.g. [1, 4] (modes are then named "
         "<name>@c<level>).")
@@ -40,7 +40,7 @@ class LoadSpec(Strict):
     seed: Seed = Field(0, description="Seed of the Poisson arrivals.")
 
     @model_validator(mode="after")
-    def _profile(self) -> "LoadSpec":
+    def _profile(self) -> LoadSpec:
         if self.profile == "poisson" and self.rate is None:
             raise ValueError("rate: required for profile poisson (requests per second)")
         if self.profile != "poisson" and self.rate is not None:
@@ -58,7 +58,7 @@ class LoadSpec(Strict):
             return [POISSON_SLOTS if self.profile == "poisson" else 1]
         return [self.concurrency] if isinstance(self.concurrency, int) else list(self.concurrency)
 
-    def at_level(self, level: int) -> "LoadSpec":
+    def at_level(self, level: int) -> LoadSpec:
         """This load at one of its :attr:`levels`: ``concurrency`` is ``level`` (a Poisson load without
         ``concurrency`` stays uncapped; its servers still get ``level`` slots).
 

@@ -68,7 +68,7 @@ class ModelSpec(Strict):
         return {"name": data} if isinstance(data, str) else data
 
     @model_validator(mode="after")
-    def _one_source(self) -> "ModelSpec":
+    def _one_source(self) -> ModelSpec:
         given = [k for k in ("name", "preset", "config") if getattr(self, k) is not None]
         if len(given) != 1:
             raise ValueError(f"give exactly one of name, preset, config (got {', '.join(given) or 'none'})")
@@ -126,7 +126,7 @@ class CapacitySpec(Strict):
         "or 64 tokens).")
 
     @model_validator(mode="after")
-    def _order(self) -> "CapacitySpec":
+    def _order(self) -> CapacitySpec:
         if self.start is not None and self.max is not None and self.start > self.max:
             raise ValueError(f"start {self.start} is larger than max {self.max}")
         return self
@@ -155,7 +155,7 @@ class QualitySpec(Strict):
 
 
 #: An offload mode as a scenario gives it: the registered mode whose ``kind`` the mapping names.
-Mode = Annotated[Union[tuple(m.options for m in MODES.values())], Field(discriminator="kind")]
+Mode = Annotated[tuple(m.options for m in MODES.values()), Field(discriminator="kind")]
 
 #: The union tags of :data:`AnyMode`.
 OFFLOAD_TAG, SERVER_TAG = "offload", "server"
@@ -168,7 +168,7 @@ def _mode_tag(v: Any) -> str:
 
 
 #: A mode of either engine family: an offload mode (with ``kind``) or a server configuration (with ``name``).
-AnyMode = Annotated[Union[Annotated[Mode, Tag(OFFLOAD_TAG)], Annotated[ServerMode, Tag(SERVER_TAG)]],
+AnyMode = Annotated[Annotated[Mode, Tag(OFFLOAD_TAG)] | Annotated[ServerMode, Tag(SERVER_TAG)],
                     Discriminator(_mode_tag)]
 
 
@@ -185,11 +185,11 @@ class Scenario(Strict):
                                "(in-process, the default) or a server (see EngineSpec).")
     load: LoadSpec | None = optional("How requests reach a server engine (see LoadSpec; default: one at a time).")
     workload: WorkloadSpec = Field(description="The prompt source (see WorkloadSpec).")
-    prompt_tokens: Union[Annotated[list[Tokens], Field(min_length=1)], Literal["auto"], None] = optional(
+    prompt_tokens: Annotated[list[Tokens], Field(min_length=1)] | Literal["auto"] | None = optional(
         "Prompt lengths in tokens, exact; or auto: per batch size and mode, the longest prompt that fits the budget "
         "(see capacity). Not for a reuse workload (its prompts are what they are).")
     max_new_tokens: Tokens = Field(description="Tokens generated per sequence, exactly (EOS does not stop decode).")
-    batch_sizes: Union[Annotated[list[Batch], Field(min_length=1)], Literal["auto"], None] = optional(
+    batch_sizes: Annotated[list[Batch], Field(min_length=1)] | Literal["auto"] | None = optional(
         "Batch sizes (sequences per trial); or auto: per prompt length and mode, the largest batch that fits the "
         "budget (see capacity). Not for a reuse workload (one request at a time).")
     modes: list[AnyMode] = Field(min_length=1, description="Offload modes, each a mapping with `kind` and its "
@@ -261,7 +261,7 @@ class Scenario(Strict):
         return v
 
     @model_validator(mode="after")
-    def _one_kind_per_search(self) -> "Scenario":
+    def _one_kind_per_search(self) -> Scenario:
         n = len(self.placement or [])
         if n >= 2 and (self.searched is not None or self.engine.server):
             what = "a capacity search" if self.searched is not None else f"a server engine ({self.engine.kind})"
@@ -272,7 +272,7 @@ class Scenario(Strict):
         return self
 
     @model_validator(mode="after")
-    def _engine_fits(self) -> "Scenario":
+    def _engine_fits(self) -> Scenario:
         kind = self.engine.kind
         for i, why in check_server_modes(kind, list(self.modes)):
             raise ValueError(f"modes: [{i}] {why}")
@@ -296,7 +296,7 @@ class Scenario(Strict):
         return self
 
     @model_validator(mode="after")
-    def _reuse_shape(self) -> "Scenario":
+    def _reuse_shape(self) -> Scenario:
         reuse = self.workload.reuse
         if reuse:
             for key in ("prompt_tokens", "batch_sizes"):
@@ -313,7 +313,7 @@ class Scenario(Strict):
         return self
 
     @model_validator(mode="after")
-    def _one_search(self) -> "Scenario":
+    def _one_search(self) -> Scenario:
         if self.batch_sizes == "auto" and self.prompt_tokens == "auto":
             raise ValueError("batch_sizes: cannot be auto together with prompt_tokens: the search varies one at a "
                              "fixed other")

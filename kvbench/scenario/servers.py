@@ -208,7 +208,7 @@ class EngineSpec(Strict):
                                       "/reset_prefix_cache.")
 
     @model_validator(mode="after")
-    def _fits_kind(self) -> "EngineSpec":
+    def _fits_kind(self) -> EngineSpec:
         given = [k for k in ("binary", "python", "model", "served_model", "url", "reset_path")
                  if getattr(self, k) is not None] + (["args"] if self.args else []) + \
             (["use_env_proxy"] if self.use_env_proxy else [])

@@ -27,7 +27,7 @@ class MultiTurnSpec(Strict):
         "model's longest prompt, max positions − max_new_tokens).")
 
     @model_validator(mode="after")
-    def _bounds(self) -> "MultiTurnSpec":
+    def _bounds(self) -> MultiTurnSpec:
         if self.max_prompt_tokens is not None and self.min_prompt_tokens > self.max_prompt_tokens:
             raise ValueError(f"min_prompt_tokens {self.min_prompt_tokens} is larger than max_prompt_tokens "
                              f"{self.max_prompt_tokens}")
@@ -79,7 +79,7 @@ class DocQASpec(Strict):
         return v
 
     @model_validator(mode="after")
-    def _feasible(self) -> "DocQASpec":
+    def _feasible(self) -> DocQASpec:
         if self.hit_miss_ratio is not None:
             hits_per, misses_per = map(int, self.hit_miss_ratio.split(":"))
             hits = self.documents * (self.questions - 1)
@@ -220,7 +220,7 @@ class WorkloadSpec(Strict):
         return next((k for k in REUSE_KINDS if getattr(self, k) is not None), None)
 
     @model_validator(mode="after")
-    def _source_options(self) -> "WorkloadSpec":
+    def _source_options(self) -> WorkloadSpec:
         given = [k for k in REUSE_KINDS if getattr(self, k) is not None]
         if len(given) > 1:
             raise ValueError(f"give one reuse workload, not {' and '.join(given)}")

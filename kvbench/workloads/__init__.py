@@ -44,7 +44,7 @@ class SyntheticSource:
         ]
 
 
-def make_source(spec: "WorkloadSpec", tokenizer: Any, vocab_size: int,
+def make_source(spec: WorkloadSpec, tokenizer: Any, vocab_size: int,
                 longest_prompt: int | None = None) -> PromptSource:
     """The prompt source a workload spec describes.
 
@@ -68,7 +68,7 @@ def make_source(spec: "WorkloadSpec", tokenizer: Any, vocab_size: int,
                       order=spec.order, language=spec.language, max_turns=spec.max_turns, source_name=name)
 
 
-def _documents(spec: "WorkloadSpec", longest_prompt: int | None) -> Sequence[Document]:
+def _documents(spec: WorkloadSpec, longest_prompt: int | None) -> Sequence[Document]:
     if spec.source == "sharegpt":
         from kvbench.workloads import sharegpt
 
@@ -78,7 +78,7 @@ def _documents(spec: "WorkloadSpec", longest_prompt: int | None) -> Sequence[Doc
     return files.load(spec.files or "", files.read_limit(longest_prompt))
 
 
-def make_stream(spec: "WorkloadSpec", tokenizer: Any, longest_prompt: int) -> Stream:
+def make_stream(spec: WorkloadSpec, tokenizer: Any, longest_prompt: int) -> Stream:
     """The requests of a reuse workload (``spec.multi_turn``, ``spec.doc_qa`` or ``spec.shared_prefix``), prompts
     of at most ``longest_prompt`` tokens (the model's max positions less the tokens generated).
 

@@ -28,7 +28,7 @@ class Document:
         return sum(len(t) for _, t in self.turns)
 
     @classmethod
-    def from_turns(cls, id: str, raw: list[tuple[str, str]]) -> "Document":
+    def from_turns(cls, id: str, raw: list[tuple[str, str]]) -> Document:
         """Normalise raw ``(speaker, text)`` pairs (unknown speakers and empty texts are dropped)."""
         turns: list[tuple[str, str]] = []
         for speaker, text in raw:

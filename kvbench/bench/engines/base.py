@@ -37,9 +37,9 @@ class Capabilities:
 
     Attributes:
         releases_memory: it holds memory of its own between trials (the in-process engine's device allocator),
-            given back by :meth:`Engine.release` before a new shape's warm-up; a server engine stops its server
+            given back by :meth:`SessionEngine.release` before a new shape's warm-up; a server engine stops its server
             after each mode and has none to give back.
-        tells_oom: a failed trial can be told apart as running out of memory (:meth:`Engine.is_oom`: the row is
+        tells_oom: a failed trial can be told apart as running out of memory (:meth:`SessionEngine.is_oom`: the row is
             ``oom``, not ``error``).
 
     What a trial measured of the cache (the KV bytes of a cache object in this process, or the cached prompt

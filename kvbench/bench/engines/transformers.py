@@ -66,7 +66,7 @@ class TransformersSession:
     the mode's KV store (``store``), which warm trials restore from and hold their replies in; None otherwise
     (each trial makes its own cache and keeps nothing)."""
 
-    def __init__(self, engine: "TransformersEngine", mode: Any, store: KVStore | None):
+    def __init__(self, engine: TransformersEngine, mode: Any, store: KVStore | None):
         self.engine, self.mode, self.store = engine, mode, store
 
     def run(self, t: TrialSpec, watch: Watch, keep_gaps: bool) -> TrialOutput:

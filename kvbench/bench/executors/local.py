@@ -116,7 +116,7 @@ class LocalExecutor:
     @contextmanager
     def session(self, mode: Any, repeat: int) -> Iterator[Session]:
         """The engine's session of ``mode`` for ``repeat`` (:meth:`Engine.session
-        <kvbench.bench.engines.base.Engine.session>`), open while the block runs: :meth:`run` runs the trials of
+        <kvbench.bench.engines.base.SessionEngine.session>`), open while the block runs: :meth:`run` runs the trials of
         that mode in it meanwhile. Closed on every exit path."""
         with self._runner.session(mode, repeat) as ses:
             self._sessions[mode.label] = ses
@@ -146,7 +146,7 @@ class LocalExecutor:
             row.update(status=Status.SKIPPED, message=str(exc))
         except TooLittleText as exc:
             row.update(status=Status.ERROR, message=str(exc))
-        except Exception as exc:  # noqa: BLE001 - every failure is recorded and the sweep goes on
+        except Exception as exc:
             oom = self.engine.capabilities.tells_oom and self._runner.is_oom(exc)
             row.update(status=Status.OOM if oom else Status.ERROR, message=f"{type(exc).__name__}: {exc}")
         finally:

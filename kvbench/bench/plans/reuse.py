@@ -2,7 +2,7 @@
 and restored from what the engine keeps for the mode (warm), side by side (their tables:
 :mod:`kvbench.analysis.reuse`).
 
-Per repeat each mode starts afresh (a session of its own, :meth:`~kvbench.bench.engines.base.Engine.session`: the
+Per repeat each mode starts afresh (a session of its own, :meth:`~kvbench.bench.engines.base.SessionEngine.session`: the
 transformers engine makes a new :class:`~kvbench.offload.store.KVStore` per mode, as ``store:`` says, its disk tier under the
 scenario's ``disk_dir``); a ``shared_prefix`` workload's cells each get fresh sessions too, so what a cell's store
 holds, spills and is charged for is its own requests' KV, whatever cells ran before it. Requests arrive in the workload's order; per request, ``none`` runs cold first (the
@@ -29,7 +29,7 @@ def reuse_sweep(s: Scenario, record: Record, engine: Engine) -> None:
     """Run (or, resuming, look up) every trial of a reuse workload; ``engine.source`` is its
     :class:`~kvbench.workloads.sessions.Stream`, ``record`` a :class:`~kvbench.bench.plans.sweep.Recorder` (its
     ``rows`` are the trials already written). Per repeat every mode has a session of its own
-    (:meth:`~kvbench.bench.engines.base.Engine.session`, opened through ``record``), open for the whole repeat (the
+    (:meth:`~kvbench.bench.engines.base.SessionEngine.session`, opened through ``record``), open for the whole repeat (the
     modes interleave request by request; a ``shared_prefix`` workload: for one cell, :func:`cell_parts`) and closed
     (disk files removed) on every exit path. A warm trial already recorded is not rerun, but what it left for later
     requests is rebuilt (:meth:`~kvbench.bench.engines.base.Session.refill`), so later turns see the same store."""

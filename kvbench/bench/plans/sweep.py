@@ -95,7 +95,7 @@ class Recorder:
         return self.write(self._runner.run(t), self._runner.last_samples)
 
     def session(self, mode: ScenarioMode, repeat: int) -> AbstractContextManager[Session]:
-        """``mode``'s session for ``repeat`` (:meth:`Engine.session <kvbench.bench.engines.base.Engine.session>`),
+        """``mode``'s session for ``repeat`` (:meth:`Engine.session <kvbench.bench.engines.base.SessionEngine.session>`),
         open while the block runs: the trials of that mode run meanwhile (warm-ups included) run in it."""
         return self._runner.session(mode, repeat)
 

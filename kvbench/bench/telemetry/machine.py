@@ -66,7 +66,7 @@ def last_link_probe() -> tuple[float, str] | None:
 def _now() -> str:
     import datetime as dt
 
-    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _git() -> dict[str, Any]:
@@ -118,7 +118,7 @@ def gpus() -> dict[str, Any]:
                             ("pcie_width_max", "nvmlDeviceGetMaxPcieLinkWidth")):
                 try:
                     g[key] = getattr(pynvml, fn)(h)
-                except Exception:  # noqa: BLE001 - not supported on this device (e.g. SXM/NVLink-C2C)
+                except Exception:
                     g[key] = None
             out.append(g)
         return {"gpus": out, "driver": _text(pynvml.nvmlSystemGetDriverVersion())}

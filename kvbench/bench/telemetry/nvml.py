@@ -49,12 +49,12 @@ class NvmlReader:
             import pynvml
 
             pynvml.nvmlInit()
-        except Exception as exc:  # noqa: BLE001 - library missing, no driver: one reason to report
+        except Exception as exc:
             raise NvmlUnavailable(f"NVML unavailable: {exc}") from None
         self.nvml = pynvml
         try:
             self.handle = self._handle(device)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             pynvml.nvmlShutdown()
             raise NvmlUnavailable(f"NVML has no handle for {device}: {exc}") from None
         self.failed: dict[str, str] = {}  # raw key → first NVML error
@@ -73,7 +73,7 @@ class NvmlReader:
     def _try(self, key: str, fn: Callable[[], Any]) -> Any:
         try:
             return fn()
-        except Exception as exc:  # noqa: BLE001 - one field unreadable is a null, not a failed run
+        except Exception as exc:
             self.failed.setdefault(key, str(exc))
             return None
 

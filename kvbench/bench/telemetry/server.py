@@ -79,7 +79,7 @@ class ServerWatch:
         self._thread: threading.Thread | None = None
         self._t0 = self._cpu0 = 0.0
 
-    def start(self) -> "ServerWatch":
+    def start(self) -> ServerWatch:
         """Begin sampling (one sample at once)."""
         self._tree = ProcessTree(self.pid)
         self._t0, self._cpu0 = time.monotonic(), self._tree.cpu_seconds()

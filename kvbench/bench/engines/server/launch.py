@@ -29,7 +29,7 @@ def server_argv(s: Scenario, preset: Preset, mode: Any, port: int, slots: int, c
     slots, context and seed, so that no earlier word can change where the server listens (the scenario's flags
     cannot name these either: :func:`~kvbench.scenario.server_flags.reserved_flag_problems`). ``slots``: parallel
     requests; ``ctx_per_slot``: tokens each holds; ``model_dir``: what the server loads when ``engine.model`` is
-    not given (the scenario's model exported as a Hugging Face directory, :func:`load_server_engine`);
+    not given (the scenario's model exported as a Hugging Face directory, :func:`~kvbench.bench.engines.server.engine.load_server_engine`);
     ``device``: what it computes on; ``kv_bytes``: the slots' full KV (bytes); ``program``: the server's program
     when the caller has it already (default: looked up). The kind's
     :attr:`~kvbench.serving.kind.ServerKind.launch` gives the words around the scenario's and
@@ -54,7 +54,7 @@ def program_version(argv: Sequence[str]) -> str | None:
     return _version_of(argv[0]) if argv else None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _version_of(program: str) -> str | None:
     text = (probe_output([program, "--version"]) or "").strip().splitlines()
     return printable(text[0], 200) if text else None

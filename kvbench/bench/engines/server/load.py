@@ -148,7 +148,7 @@ async def run_load(requests: Sequence[Any], send: Callable[[Any], Awaitable[Any]
         start = clock() - t0
         try:
             result = await send(stream[i])
-        except Exception as exc:  # noqa: BLE001 - a failed request is recorded, the load goes on
+        except Exception as exc:
             return Outcome(stream[i], due[i], start, clock() - t0, None, exc)
         return Outcome(stream[i], due[i], start, clock() - t0, result)
 

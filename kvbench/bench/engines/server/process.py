@@ -381,7 +381,7 @@ def stop_all() -> None:
     for server in live:
         try:
             server.stop()
-        except Exception as e:  # noqa: BLE001 (the others must still be stopped)
+        except Exception as e:
             first = first or e
     if first is not None:
         raise first

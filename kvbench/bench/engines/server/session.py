@@ -1,4 +1,4 @@
-"""A server engine's mode session (see :class:`~kvbench.bench.engines.base.RequestSession`): the server of one mode
+"""A server engine's mode session (run by :func:`~kvbench.bench.engines.server.mode_run.run_mode`): the server of one mode
 and repeat, started cold by :meth:`ServerEngine.session <kvbench.bench.engines.server.engine.ServerEngine.session>`,
 and what the mode does around each request: its requests streamed, a conversation's slot restored before a turn
 and saved after it (llama.cpp's disk slots), the reply the dataset has held after a turn, a resumed mode's earlier
@@ -42,7 +42,7 @@ class Flight:
     def __init__(self) -> None:
         self.now = self.begun = 0
 
-    def __enter__(self) -> "Flight":
+    def __enter__(self) -> Flight:
         self.now += 1
         self.begun += 1
         return self

@@ -48,7 +48,7 @@ def _auto_address(ray: Any) -> str | None:
         from ray._private.services import canonicalize_bootstrap_address
 
         found = canonicalize_bootstrap_address("auto")
-    except Exception:  # noqa: BLE001 - Ray's own lookup (not public API): without it, ray.init decides
+    except Exception:
         return None
     return found if isinstance(found, str) and ":" in found else None
 

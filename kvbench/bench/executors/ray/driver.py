@@ -67,7 +67,7 @@ class _Requests:
     requests: list[str]
 
 
-def start_cluster(s: Scenario, where: str, address: str | None, progress: Any) -> "RayExecutor":
+def start_cluster(s: Scenario, where: str, address: str | None, progress: Any) -> RayExecutor:
     """Join the cluster (:func:`~kvbench.bench.executors.ray.connect.connect`), plan the workers
     (:func:`~kvbench.bench.executors.ray.placement.worker_kinds`) and start them all; the executor that runs the sweep.
 
@@ -301,7 +301,7 @@ class RayExecutor:
         replacing the worker when it dies; anything it raises stops the run (a bug)."""
         try:
             self._serve_units(worker)
-        except BaseException:  # noqa: BLE001 - handed to the driver's thread, which stops the run with it
+        except BaseException:
             self._events.put(("failed", worker, traceback.format_exc()))
 
     def _serve_units(self, worker: Worker) -> None:

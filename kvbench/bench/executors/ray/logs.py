@@ -49,7 +49,7 @@ def salvage_folders(ray: Any, folders: list[tuple[str, str]],
             continue
         try:
             out.append((ray.get(ref), None))
-        except Exception as exc:  # noqa: BLE001 - the node is gone (or refused the task): said, not raised
+        except Exception as exc:
             text = str(exc).strip().splitlines()
             out.append(([], f"its node could not be reached ({type(exc).__name__}"
                         + (f": {text[-1][:200]})" if text else ")")))

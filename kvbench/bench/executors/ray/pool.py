@@ -47,7 +47,7 @@ def kill_workers(ray: Any, workers: list[Worker], tidy: bool, again: bool = Fals
             if ref in answered:
                 try:
                     got = ray.get(ref)
-                except Exception:  # noqa: BLE001 - the actor died before it answered: its folder may remain
+                except Exception:
                     got = None
             closed.append((w, got))
     for w in workers:
@@ -74,7 +74,7 @@ def start_workers(ray: Any, remote: Any, kind: WorkerKind, n: int, scenario: dic
             continue
         try:
             w.info = ray.get(ref)
-        except Exception as exc:  # noqa: BLE001 - the actor died while starting
+        except Exception as exc:
             problems.append(f"a worker died while starting: {str(exc).splitlines()[0]}")
             dead.append(w)
             continue

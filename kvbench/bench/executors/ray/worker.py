@@ -76,7 +76,7 @@ class TrialWorker:
         self._watch: EngineWatch | None = None
         try:
             self._load(scenario, where)
-        except Exception as exc:  # noqa: BLE001 - reported by ready(), then the driver refuses the run
+        except Exception as exc:
             from kvbench.errors import UserError
             from kvbench.models.load import one_line
 
@@ -168,7 +168,7 @@ class TrialWorker:
                         for found in self._shipper.rest():
                             events.put(("file", found))
                 events.put(("done", None))
-            except BaseException:  # noqa: BLE001 - sent to the driver, which stops the run with it
+            except BaseException:
                 events.put(("failed", traceback.format_exc()))
 
         threading.Thread(target=body, name="kvbench-unit", daemon=True).start()
