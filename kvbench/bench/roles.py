@@ -18,11 +18,12 @@ class Executor(Protocol):
     """What the sweep (:mod:`kvbench.bench.plans.sweep`) drives.
 
     Attributes:
-        engine: the engine (or a stand-in for remote ones: its ``source``, the workload's requests, and
-            ``device``).
+        engine: the engine (or a stand-in for remote ones: its ``device`` and ``weights_bytes``).
+        requests: the ids of the request stream's requests (a reuse workload's or a server run's; [] otherwise).
     """
 
     engine: Engine
+    requests: list[str]
 
     def sweep(self, scenario: Scenario, record: Record, trials: Sequence[TrialSpec] | None = None) -> None:
         """Run every trial of ``scenario`` not yet in ``record`` (a :class:`~kvbench.bench.plans.sweep.Recorder`),

@@ -372,7 +372,7 @@ def _sweep(plan: Plan, rundir: RunDir, executor: Executor, created: bool, progre
     from kvbench.bench.plans.sweep import run_sweep
 
     sc = plan.s
-    planned = plan.planned(executor.engine)
+    planned = plan.planned(len(executor.requests))
     if planned is not None and len(sc.placement or ()) > 1:  # every trial once per machine kind
         planned *= len(sc.placement)
     try:

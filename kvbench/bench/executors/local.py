@@ -23,6 +23,7 @@ from kvbench.bench.trial import ReuseTrial, TrialSpec
 from kvbench.offload.modes import ModeUnavailable
 from kvbench.scenario import Scenario
 from kvbench.workloads import TooLittleText
+from kvbench.workloads.sessions import Stream
 from kvbench.results.rows import Status
 
 
@@ -89,6 +90,12 @@ class LocalExecutor:
         if self.plan.family is not IN_PROCESS:
             raise TypeError(f"a {self.plan.kind} run's engine runs its requests itself, not trial by trial")
         return cast(SessionEngine, self.engine)
+
+    @property
+    def requests(self) -> list[str]:
+        """The ids of the engine's request stream's requests ([] for a planned sweep's prompt source)."""
+        source = self.engine.source
+        return [q.id for q in source.requests] if isinstance(source, Stream) else []
 
     @property
     def reference(self) -> Reference:

@@ -50,8 +50,9 @@ class Plan(ABC):
         """Run (or, resuming, look up) the run's trials through ``record`` on ``engine``; ``trials``: only these,
         a cluster worker's unit of a divisible plan (:meth:`units`)."""
 
-    def planned(self, engine: Engine) -> int | None:
-        """How many trials the run records on one machine kind (None: decided as it runs)."""
+    def planned(self, n_requests: int) -> int | None:
+        """How many trials the run records on one machine kind (None: decided as it runs); ``n_requests``: how
+        many requests a request stream has (0 for a planned sweep)."""
         return len(plan_trials(self.s))
 
     def done(self, meta: dict[str, Any], rows: Sequence[dict[str, Any]]) -> bool:
@@ -102,7 +103,7 @@ class CapacityPlan(Plan):
         search_sweep(self.s, record, TrialSpec, engine.longest_prompt,
                      on_capacity=lambda found: record.run.update(capacity=found))
 
-    def planned(self, engine: Engine) -> int | None:
+    def planned(self, n_requests: int) -> int | None:
         return None
 
     def problem(self, device_type: str) -> str | None:
@@ -134,8 +135,8 @@ class ReusePlan(_RequestPlan):
         note_requests(record.run, _stream(engine))
         reuse_sweep(self.s, record, engine)
 
-    def planned(self, engine: Engine) -> int | None:
-        return len(_stream(engine).requests) * len(self.s.modes) * 2 * self.s.repeats
+    def planned(self, n_requests: int) -> int | None:
+        return n_requests * len(self.s.modes) * 2 * self.s.repeats
 
 
 class ServerPlan(_RequestPlan):
@@ -154,9 +155,8 @@ class ServerPlan(_RequestPlan):
         note_requests(record.run, _stream(engine))
         server_sweep(self.s, record, engine)
 
-    def planned(self, engine: Engine) -> int | None:
-        n = len(_stream(engine).requests)
-        n = min(n, self.s.load_spec.n_requests or n)
+    def planned(self, n_requests: int) -> int | None:
+        n = min(n_requests, self.s.load_spec.n_requests or n_requests)
         return n * len(self.s.modes) * self.s.repeats * len(self.s.load_spec.levels)
 
 

@@ -75,7 +75,7 @@ def test_scenario_auto_fields_and_their_errors():
     s = parse_scenario(tiny_scenario(batch_sizes="auto", budget="40KiB"))
     assert s.searched == "batch_size" and s.largest_batch == 4  # workload.n_prompts
     assert bounds(s, 2000) == (1, 4, 1)
-    assert s.run_kind == "capacity" and plan_for(s).planned(None) is None
+    assert s.run_kind == "capacity" and plan_for(s).planned(0) is None
     s = parse_scenario(tiny_scenario(prompt_tokens="auto", budget="40KiB", capacity={"start": 16, "resolution": 8}))
     assert s.searched == "prompt_tokens" and s.longest_prompt is None and bounds(s, 2045) == (16, 2045, 8)
 

@@ -55,16 +55,11 @@ class _Unit:
 
 @dataclass
 class ClusterEngine:
-    """What the driver knows of the workers' engine: the workload's request ids (``source.requests``) and
-    where the trials run (``device``, e.g. ``ray: 2 cpu workers on 1 host``)."""
+    """What the driver knows of the workers' engine: where the trials run (``device``, e.g. ``ray: 2 cpu workers
+    on 1 host``) and the model's weights in bytes, as the first worker loaded them (None for a server engine)."""
 
-    source: Any
     device: str
-
-
-@dataclass
-class _Requests:
-    requests: list[str]
+    weights_bytes: int | None
 
 
 def start_cluster(s: Scenario, where: str, address: str | None, progress: Any) -> RayExecutor:
@@ -108,12 +103,12 @@ class RayExecutor:
         self._remote, self._data, self._where = remote, data, where
         first = workers[0].info
         hosts = sorted({w.host for w in workers})
-        self.engine = ClusterEngine(_Requests(first["requests"]), f"ray: {len(workers)} "
-                                    f"{'GPU' if kinds[0].gpu else 'CPU'} workers on {len(hosts)} "
-                                    f"host{'s' if len(hosts) > 1 else ''} ({', '.join(hosts)})")
+        self.engine = ClusterEngine(f"ray: {len(workers)} {'GPU' if kinds[0].gpu else 'CPU'} workers on "
+                                    f"{len(hosts)} host{'s' if len(hosts) > 1 else ''} ({', '.join(hosts)})",
+                                    first.get("weights_bytes"))
+        #: the request stream's request ids, as the first worker built them ([] for a planned sweep)
+        self.requests: list[str] = list(first["requests"])
         self.multi = len(kinds) > 1
-        #: the model's weights in bytes, as the first worker loaded them (None for a server engine)
-        self.weights_bytes: int | None = first.get("weights_bytes")
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._events: queue.Queue[tuple] = queue.Queue()
