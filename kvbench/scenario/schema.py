@@ -155,7 +155,7 @@ class QualitySpec(Strict):
 
 
 #: An offload mode as a scenario gives it: the registered mode whose ``kind`` the mapping names.
-Mode = Annotated[tuple(m.options for m in MODES.values()), Field(discriminator="kind")]
+Mode = Annotated[Union[tuple(m.options for m in MODES.values())], Field(discriminator="kind")]  # noqa: UP007 (a union built at run time)
 
 #: The union tags of :data:`AnyMode`.
 OFFLOAD_TAG, SERVER_TAG = "offload", "server"
