@@ -163,7 +163,8 @@ def fit_constants(rows: pd.DataFrame, n_boot: int = N_FIT_BOOT, seed: int = 0) -
         per_token = float(pd.to_numeric(rows[col], errors="coerce").sum() / tiers_all[tier].sum())
         name = f"restore_{tier}_s_per_token"
 
-        def rate(seconds: float) -> float:  # bytes/s of one token's bytes in ``seconds``; inf for 0 s
+        # bytes/s of one token's bytes in ``seconds``; inf for 0 s
+        def rate(seconds: float, per_token: float = per_token) -> float:
             return per_token / seconds if seconds > 0 else math.inf
 
         # bytes/s falls as s/token rises: the interval's ends swap
@@ -214,8 +215,8 @@ def beyond_range(prompt_tokens: tuple[int, int], lengths: list[int] | tuple[int,
 class CellShape:
     """What a cell's requests look like, for :func:`predict_saving`: ``prompt_tokens``, ``prefix_tokens`` (shared),
     ``visits`` per prefix and ``prefixes`` of them, ``restored_share`` (tokens restored by a revisit ÷ its shared
-    prefix, as measured at the same working set) split over ``tier_share`` (tier → share of the restored tokens), ``n_output`` tokens per
-    request, and the memory charged beside the device (``host_bytes``, ``disk_bytes``)."""
+    prefix, as measured at the same working set) split over ``tier_share`` (tier → share of the restored tokens),
+    ``n_output`` tokens per request, and the memory charged beside the device (``host_bytes``, ``disk_bytes``)."""
 
     prompt_tokens: int
     prefix_tokens: int

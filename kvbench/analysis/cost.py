@@ -1,9 +1,10 @@
 """``kvbench cost``: USD per million generated tokens from measured throughput (or what-if figures), the saving
 against ``none``, and what it is worth per month.
 
-Cost per 1M generated tokens = GPU price per hour ÷ (tokens/s × 3600) × 10^6 (:func:`kvbench.analysis.plan.cost_per_million`),
-plus, with a host price, the host and disk KV a mode held: host price per GiB-hour × GiB ÷ (tokens/s × 3600) × 10^6.
-Memory turns into money only through throughput or a price the user gives: no invented USD per GB.
+Cost per 1M generated tokens = GPU price per hour ÷ (tokens/s × 3600) × 10^6
+(:func:`kvbench.analysis.plan.cost_per_million`), plus, with a host price, the host and disk KV a mode held: host price
+per GiB-hour × GiB ÷ (tokens/s × 3600) × 10^6. Memory turns into money only through throughput or a price the user
+gives: no invented USD per GB.
 """
 
 from __future__ import annotations
@@ -136,14 +137,15 @@ def cost_table(table: pd.DataFrame, prices: Prices, trials: pd.DataFrame | None 
     """Per group × prompt length × mode, the best measured point, its cost and, for offload modes, the paired
     saving against ``none``.
 
-    A point qualifies when it passes :func:`kvbench.analysis.points.qualifies` (every trial ``ok`` within the budget, ids
-    equal to ``none``'s, measured ``repeats`` times) and its median TTFT and TPOT meet the optional SLOs; of those,
-    the batch with the highest median throughput is taken. The saving is paired (:mod:`kvbench.analysis.intervals`): repeat
-    r of the mode at its best batch against repeat r of ``none`` at ``none``'s best batch in the same run, each
+    A point qualifies when it passes :func:`kvbench.analysis.points.qualifies` (every trial ``ok`` within the budget,
+    ids equal to ``none``'s, measured ``repeats`` times) and its median TTFT and TPOT meet the optional SLOs; of those,
+    the batch with the highest median throughput is taken. The saving is paired (:mod:`kvbench.analysis.intervals`):
+    repeat r of the mode at its best batch against repeat r of ``none`` at ``none``'s best batch in the same run, each
     trial costed from its own throughput and held memory; the median of the quiet pairs' savings (a busy pair is
     counted, never a figure: :func:`~kvbench.analysis.intervals.quiet_pairs`) with its 95% interval
-    (:func:`~kvbench.analysis.intervals.median_interval`), and a verdict (:func:`kvbench.analysis.intervals.judge`; a saving at ``none``'s own batch is
-    implausible: the roofline puts an offload mode's throughput at or below ``none``'s there).
+    (:func:`~kvbench.analysis.intervals.median_interval`), and a verdict (:func:`kvbench.analysis.intervals.judge`; a
+    saving at ``none``'s own batch is implausible: the roofline puts an offload mode's throughput at or below ``none``'s
+    there).
 
     Args:
         table: :func:`kvbench.analysis.points.point_table`.

@@ -1,5 +1,5 @@
-"""Intervals and verdicts: the interval of a median, the jackknife over independent units, paired ratios against ``none``, and the rule that
-decides whether a comparison may claim anything.
+"""Intervals and verdicts: the interval of a median, the jackknife over independent units, paired ratios against
+``none``, and the rule that decides whether a comparison may claim anything.
 
 A comparison of mode A with ``none`` is made of **pairs**: repeat r of A next to repeat r of ``none`` in the same run
 (the sweep runs the modes of one repeat back to back, so a pair shares the machine's conditions). Each pair gives a
@@ -290,8 +290,9 @@ def judge(pairs: int, busy_trials: int, load_unknown: int, low: float, high: flo
     - ``units`` (how many independent units the pairs come from, and their name: conversations, documents,
       concurrent loads) fewer than :data:`MIN_PAIRS`: ``"inconclusive: 3 conversations, need 5"`` (pairs drawn
       from 3 conversations are 3 observations, not 12);
-    - a trial of its pairs ran while the machine was busy (:mod:`kvbench.bench.telemetry.machine_load`): ``"inconclusive: the
-      machine was busy during 7 of 10 trials"``; or its load is unknown (older runs, a window too short to tell);
+    - a trial of its pairs ran while the machine was busy (:mod:`kvbench.bench.telemetry.machine_load`):
+      ``"inconclusive: the machine was busy during 7 of 10 trials"``; or its load is unknown (older runs, a window too
+      short to tell);
     - no interval (not computed): ``"inconclusive: no interval"``;
     - the interval ``[low, high]`` contains ``no_change`` (1 for a ratio, 0 for a percentage):
       ``"inconclusive: the interval includes no change"``;
@@ -368,6 +369,7 @@ def pct_interval(median: float, low: float, high: float, digits: int = 0) -> str
 
 
 __all__ = ["MIN_INTERVAL_VALUES", "MIN_PAIRS", "PAIRED_METRICS", "PAIR_KEYS", "add_comparisons", "busy_flags",
-           "cluster_draws", "jackknife_interval", "jackknife_variance", "judge", "load_known", "median_interval", "median_intervals",
+           "cluster_draws", "jackknife_interval", "jackknife_variance", "judge", "load_known", "median_interval",
+           "median_intervals",
            "order_statistic_rank", "pair_load", "pair_with_reference", "paired_point_stats", "pct_interval",
            "quiet_pairs", "ratio_interval", "unit_sums"]

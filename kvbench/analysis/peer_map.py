@@ -45,9 +45,10 @@ def peer_map(runs: list[PeerRun], prices: Prices, assume_quiet: bool = False) ->
     (``recompute_usd_per_million``, ``restore_usd_per_million`` at the tools' throughputs), ``ttft_ratio``
     (Σ restore ÷ Σ recompute TTFT of the paired requests, as kvbench's own map; NaN unpaired), ``pairs``,
     ``prefixes_seen`` (the prefixes the paired prompts show; the interval is drawn by prefix; None where the files
-    keep no prompts), ``comparison``, ``map_label`` (pays, loses, inconclusive) and ``why``; and one line per run that has no cell or no partner in its cell, or no TTFT ratio (NaN: no paired
-    request of the recompute side with a TTFT above 0 s). ``assume_quiet``: the user's word that the machine was
-    quiet (:func:`~kvbench.analysis.peer_cost.compare`)."""
+    keep no prompts), ``comparison``, ``map_label`` (pays, loses, inconclusive) and ``why``; and one line per run that
+    has no cell or no partner in its cell, or no TTFT ratio (NaN: no paired request of the recompute side with a TTFT
+    above 0 s). ``assume_quiet``: the user's word that the machine was quiet
+    (:func:`~kvbench.analysis.peer_cost.compare`)."""
     cells: dict[tuple[Any, ...], list[PeerRun]] = {}
     lines = []
     for run in runs:
@@ -82,7 +83,10 @@ def peer_map(runs: list[PeerRun], prices: Prices, assume_quiet: bool = False) ->
                 label, why = "pays", LOAD_CAVEAT
             else:
                 label, why = "loses", LOAD_CAVEAT
-            per = (lambda r: prices.per_million(r.output_tokens_per_s) if r.output_tokens_per_s else math.nan)
+            def per(r: PeerRun) -> float:
+                """USD per 1M output tokens of ``r``; nan when it has no output rate."""
+                return prices.per_million(r.output_tokens_per_s) if r.output_tokens_per_s else math.nan
+
             rows.append({"concurrency": conc, "prompt_tokens": prompt, "shared_pct": pct, "prefixes": prefixes,
                          "prefixes_seen": c["prefixes"], "reference": ref.label,
                          "label": run.label, "tool": run.tool, **{k: c[k] for k in (

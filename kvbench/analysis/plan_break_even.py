@@ -82,7 +82,8 @@ def assumed_constants(arch: ModelSizes, dtype_bytes: int, tflops: float, link_by
             else "4 × layers × heads × head_dim")
     source = {"overhead_s": "assumed: 0", "prefill_s_per_token": f"assumed: 2 × active parameters ÷ ({how})",
               "attention_s_per_token_pair": f"assumed: {pair} ÷ ({how})",
-              "restore_host_s_per_token": f"assumed: {per_token:,} KV bytes per token ÷ {link_bytes_per_s / 1e9:g} GB/s",
+              "restore_host_s_per_token": f"assumed: {per_token:,} KV bytes per token ÷ "
+                                          f"{link_bytes_per_s / 1e9:g} GB/s",
               "decode_s": f"assumed: weights read at batch 1 ÷ {memory_bytes_per_s / 1e9:g} GB/s",
               "decode_s_per_context_token": f"assumed: {KV_PASSES} × KV bytes per token ÷ "
                                             f"{memory_bytes_per_s / 1e9:g} GB/s"}

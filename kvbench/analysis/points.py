@@ -130,8 +130,8 @@ def point_table(trials: pd.DataFrame) -> pd.DataFrame:
     (trial fields ``plan_*``): ``kv_device_vs_plan`` (device KV peak), ``link_vs_plan`` (host→device bytes per
     decode step, ``h2d_bytes_per_step``) and ``tpot_vs_plan`` (TPOT vs the roofline's step time) — NaN where the
     trials carry no prediction (older runs, modes plan does not model, bandwidths not measured).
-    Reuse trials (:mod:`kvbench.bench.plans.reuse`: cold and warm runs of one request share a prompt length and batch) are
-    left out; :func:`kvbench.analysis.reuse.reuse_table` is their table.
+    Reuse trials (:mod:`kvbench.bench.plans.reuse`: cold and warm runs of one request share a prompt length and batch)
+    are left out; :func:`kvbench.analysis.reuse.reuse_table` is their table.
     """
     df = trials[trials["warm"].isna()] if "warm" in trials else trials
     keys = POINT_KEYS

@@ -1,6 +1,6 @@
 """Reuse workloads' tables: per request of a multi-turn or document-QA stream, recompute (cold) against restore
-(warm) per mode, paired, from the trials :mod:`kvbench.bench.plans.reuse` records; ``kvbench report`` and ``kvbench cost``
-read them."""
+(warm) per mode, paired, from the trials :mod:`kvbench.bench.plans.reuse` records; ``kvbench report`` and
+``kvbench cost`` read them."""
 
 from __future__ import annotations
 
@@ -178,10 +178,10 @@ def sampling_units(pairs: pd.DataFrame) -> tuple[pd.Series, str]:
 
 def paired_ttft(warm: pd.DataFrame, cold: pd.DataFrame, not_engaged: str | None = None) -> dict[str, Any]:
     """Restore ÷ recompute TTFT paired by request (the warm and cold run of one request in one repeat ran back to
-    back): ``ttft_ratio`` (Σ restore TTFT ÷ Σ recompute TTFT of the quiet pairs: a busy pair is counted, never a figure) with
-    ``ttft_ratio_ci_low``/``_high`` (95%, with ≥ 5 pairs: the jackknife over independent units,
-    :func:`sampling_units`, of :func:`~kvbench.analysis.intervals.ratio_interval`), ``pairs``, ``units`` and ``unit`` (how many
-    independent units the pairs come from, and what they are), ``pairs_busy_trials`` and ``ttft_verdict``
+    back): ``ttft_ratio`` (Σ restore TTFT ÷ Σ recompute TTFT of the quiet pairs: a busy pair is counted, never a figure)
+    with ``ttft_ratio_ci_low``/``_high`` (95%, with ≥ 5 pairs: the jackknife over independent units,
+    :func:`sampling_units`, of :func:`~kvbench.analysis.intervals.ratio_interval`), ``pairs``, ``units`` and ``unit``
+    (how many independent units the pairs come from, and what they are), ``pairs_busy_trials`` and ``ttft_verdict``
     (:func:`kvbench.analysis.intervals.judge`, which also needs 5 units; "" when the pairs decide that restore is
     faster or slower; first ``not_engaged``, why the mode has no verdict, by default
     :func:`~kvbench.analysis.engaged.reuse_not_engaged`)."""
@@ -195,14 +195,15 @@ def paired_ttft(warm: pd.DataFrame, cold: pd.DataFrame, not_engaged: str | None 
     n, busy, unknown = len(pairs), int(load["busy_trials"].sum()), int(load["load_unknown"].sum())
     return {"ttft_ratio": est if n else np.nan, "ttft_ratio_ci_low": lo, "ttft_ratio_ci_high": hi,
             "pairs": n, "units": int(clusters.nunique()), "unit": unit, "pairs_busy_trials": busy,
-            "ttft_verdict": (reuse_not_engaged(warm) if not_engaged is None else not_engaged) or judge(n, busy, unknown, lo, hi,
-                                                             units=(int(clusters.nunique()), unit))}
+            "ttft_verdict": (reuse_not_engaged(warm) if not_engaged is None else not_engaged)
+            or judge(n, busy, unknown, lo, hi, units=(int(clusters.nunique()), unit))}
 
 
 def ids_verdict(ok: pd.DataFrame) -> Any:
     """Of measured reuse trials: True when every trial's ids equal the reference (``none`` recomputing the
     request); "near tie" when the only divergences are acceptable ones (see
-    :data:`kvbench.bench.rows.reference.ACCEPTABLE_GAP`); False for any other divergence; None when nothing was compared."""
+    :data:`kvbench.bench.rows.reference.ACCEPTABLE_GAP`); False for any other divergence; None when nothing was
+    compared."""
     m = ok["tokens_match"]
     if m.isna().all():
         return None

@@ -1,5 +1,6 @@
-"""What reuse saves, with its interval: the requests of a reuse workload (:mod:`kvbench.bench.plans.reuse`) served by recomputing
-every prompt (cold) and by restoring stored prefixes (warm), priced per 1M generated tokens (:mod:`kvbench.analysis.cost`).
+"""What reuse saves, with its interval: the requests of a reuse workload (:mod:`kvbench.bench.plans.reuse`) served by
+recomputing every prompt (cold) and by restoring stored prefixes (warm), priced per 1M generated tokens
+(:mod:`kvbench.analysis.cost`).
 
 The saving is the workload's: Σ generated tokens ÷ Σ e2e seconds on each side, one request at a time. Its 95%
 interval is the jackknife over independent units of request pairs (the warm and the cold run of one request in one
@@ -229,8 +230,9 @@ def _saving(rec: dict[str, Any], warm: pd.DataFrame, ref: pd.DataFrame, charge: 
     rec["saving_pct"] = 100 * (1 - rec["restore_usd_per_million"] / rec["recompute_usd_per_million"])
     no_tokens = ("not costed: its trials record no generated tokens (n_output_tokens 0)"
                  if not rec["restore_tokens_per_s"] > 0 or not rec["recompute_tokens_per_s"] > 0 else "")
-    lo, hi, dlo, dhi = _saving_interval(pairs[interval], _hourly(prices, host, disk), _hourly(prices, *ref_charge),
-                                        (overlap["restore"], overlap["recompute"])) if interval.any() else (math.nan,) * 4
+    lo, hi, dlo, dhi = (_saving_interval(pairs[interval], _hourly(prices, host, disk), _hourly(prices, *ref_charge),
+                                         (overlap["restore"], overlap["recompute"]))
+                        if interval.any() else (math.nan,) * 4)
     rec.update(delta_usd_per_million=rec["restore_usd_per_million"] - rec["recompute_usd_per_million"],
                delta_usd_ci_low=dlo, delta_usd_ci_high=dhi)
     rec.update(saving_ci_low=lo, saving_ci_high=hi, pairs=len(pairs), pairs_figure=int(figure.sum()),

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 
 import typer
@@ -12,7 +12,7 @@ from rich.table import Table
 from kvbench.cli.common import fail, handle_errors, out
 
 
-class ListWhat(str, Enum):
+class ListWhat(StrEnum):
     scenarios = "scenarios"
     modes = "modes"
     presets = "presets"

@@ -54,7 +54,8 @@ def map_(
                                       "(the verdict then names it)."),
     out_dir: str | None = typer.Option(None, "--out", help="Where map.csv, map.json and the heatmaps go "
                                           "(default: <first path>/report)."),
-    details: bool = typer.Option(False, "--details", metavar="", help="One row per cell with every column, not the grids."),
+    details: bool = typer.Option(False, "--details", metavar="",
+                                 help="One row per cell with every column, not the grids."),
 ) -> None:
     """The break-even map: per cell (prompt length × shared share × KV working set ÷ budget) the paired saving
     of restore against recompute with its interval, pays / loses / inconclusive, and the fitted model's

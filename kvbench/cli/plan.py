@@ -69,7 +69,8 @@ def plan(
     priced = "weights" not in found
     if priced:
         show(render(rp.reuse_cells(p), "reuse tier (vLLM's CPU offload, LMCache): TTFT of a prompt whose prefix "
-                    "the host tier holds" + (f", on {p.machine.tp} GPUs" if p.machine.tp > 1 else ""), f"restore: the prefix's KV over the link at "
+                    "the host tier holds" + (f", on {p.machine.tp} GPUs" if p.machine.tp > 1 else ""),
+                    f"restore: the prefix's KV over the link at "
                     f"{p.link_gbps:g} GB/s per GPU, then the rest prefilled; recompute: the whole prompt at 50% of "
                     f"{p.machine.tflops:,.0f} TFLOP/s per GPU; break-even share: the share of the prompt from which "
                     "restoring beats recomputing (any: from the first token)", left=("prompt tokens",), wrap=False,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import warnings
 from collections.abc import Iterator
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -79,7 +79,8 @@ class _Console(RunProgress):
 
     @contextlib.contextmanager
     def sweep(self, name: str, total: int | None, done: int) -> Iterator[None]:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                                   TimeRemainingColumn)
 
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       TextColumn("ETA"), TimeRemainingColumn(), console=err) as self._bar:
@@ -93,7 +94,7 @@ class _Console(RunProgress):
         self._bar.update(self._task, description=escape(f"{self._name} {text}"))
 
 
-class ExecutorKind(str, Enum):
+class ExecutorKind(StrEnum):
     """The executors of ``kvbench run``: local (this process) and ray (actors on a Ray cluster)."""
 
     local = "local"
@@ -102,7 +103,8 @@ class ExecutorKind(str, Enum):
 
 def run(
     scenario: Path | None = typer.Argument(None, help="Scenario YAML file (optional with --resume)."),
-    out_root: str | None = typer.Option(None, "--out", help="Results root (default results/); the run goes in a new folder."),
+    out_root: str | None = typer.Option(None, "--out",
+                                        help="Results root (default results/); the run goes in a new folder."),
     resume: Path | None = typer.Option(None, "--resume", help="Continue this run directory, skipping finished trials."),
     trust_remote_code: bool = typer.Option(
         False, "--trust-remote-code", metavar="",

@@ -29,8 +29,9 @@ class OffloadedCache(Cache):
     ``DynamicSlidingWindowLayer`` as in ``DynamicCache``: they stay on the device (``window - 1`` tokens) and never
     cross the link, in every mode and with or without the disk tier. With ``host_max_tokens`` the oldest tokens of
     each layer beyond that many spill to files (memory-mapped with ``disk_page_cache``) in a private directory (the
-    disk tier), removed by :meth:`close` (or ``with cache:``), at garbage collection and at interpreter exit. Its writes are synced to the device and its writes and reads dropped from the page cache,
-    so disk timings are the device's, unless ``disk_page_cache`` keeps them in RAM.
+    disk tier), removed by :meth:`close` (or ``with cache:``), at garbage collection and at interpreter exit. Its writes
+    are synced to the device and its writes and reads dropped from the page cache, so disk timings are the device's,
+    unless ``disk_page_cache`` keeps them in RAM.
 
     Accounting (bytes): ``device_bytes``/``host_bytes``/``disk_bytes`` now and ``*_peak_bytes`` at peak (device
     counts the windows, the sliding layers, the prefetched history on CUDA and the staging: the K/V an offloaded
@@ -38,12 +39,12 @@ class OffloadedCache(Cache):
     ``stored_bytes`` /
     ``stored_peak_bytes``: the KV held over all tiers with each token counted once (windows + history: the figure
     that equals Σ over layers of 2 × kv_heads × head_dim × dtype bytes × tokens held × batch, tokens held = all
-    cached tokens, or the last ``window - 1`` of a sliding layer: :meth:`kvbench.offload.architecture.Architecture.cached_kv_bytes`,
-    which does not import this module); and the copy engine's ``stats`` (H2D/D2H/disk bytes and counts).
-    ``host_allocated_bytes`` / ``host_allocated_peak_bytes``: the capacity of the host buffers (allocated, not
-    just filled: they grow by doubling) after each update, now and at peak; ``pinned_host_bytes`` /
-    ``pinned_host_peak_bytes``: the same for the page-locked ones. A buffer's doubling briefly holds the old one
-    too, which these do not count.
+    cached tokens, or the last ``window - 1`` of a sliding layer:
+    :meth:`kvbench.offload.architecture.Architecture.cached_kv_bytes`, which does not import this module); and the copy
+    engine's ``stats`` (H2D/D2H/disk bytes and counts). ``host_allocated_bytes`` / ``host_allocated_peak_bytes``: the
+    capacity of the host buffers (allocated, not just filled: they grow by doubling) after each update, now and at peak;
+    ``pinned_host_bytes`` / ``pinned_host_peak_bytes``: the same for the page-locked ones. A buffer's doubling briefly
+    holds the old one too, which these do not count.
 
     Device peak against ``none`` (``DynamicCache``, read after every step): a sliding layer's update hands
     attention its held tokens + the new ones (in a prefill, the whole prompt's K/V of that layer) exactly as

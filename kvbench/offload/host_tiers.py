@@ -16,10 +16,10 @@ show).
 - ``fp8``: ``float8_e4m3fn`` (3 mantissa bits, largest 448) with one float32 scale per token and head (``max|x| /
   448``): relative error at most 2⁻⁴ for normal values; stored as its bytes (``uint8``), since not every torch
   operation takes float8. ``head_dim + 4`` bytes per token and head.
-- ``hadamard: true`` (with any format): ``x`` is rotated by the normalised Hadamard matrix ``H`` (``head_dim × head_dim``,
-  Sylvester's construction: ``head_dim`` a power of two) before it is encoded and rotated back (``H`` is its own
-  inverse) after it is decoded, which spreads an outlier channel over all of them (QuaRot, llama.cpp's rotated
-  q4_0 cache).
+- ``hadamard: true`` (with any format): ``x`` is rotated by the normalised Hadamard matrix ``H``
+  (``head_dim × head_dim``, Sylvester's construction: ``head_dim`` a power of two) before it is encoded and rotated back
+  (``H`` is its own inverse) after it is decoded, which spreads an outlier channel over all of them (QuaRot, llama.cpp's
+  rotated q4_0 cache).
 """
 
 from __future__ import annotations

@@ -118,7 +118,8 @@ class HierarchicalMode(HostTierOptions):
     """The last `window` tokens of every layer on the device, older ones on the host."""
 
     kind: Literal["hierarchical"] = Field(description="Mode name.")
-    window: TokensOrZero = Field(description="Tokens per layer kept on the device (what offload tutorials call gpu_cache_size).")
+    window: TokensOrZero = Field(description="Tokens per layer kept on the device (what offload tutorials call "
+                                             "gpu_cache_size).")
     host_max_tokens: HostTokens | None = Field(None, description=_HOST_CAP)
 
 
@@ -284,7 +285,8 @@ class ModeUnavailable(RuntimeError):
 
 def make_cache(kind: str, config: Any, device: torch.device, *, budget_bytes: int | None = None,
                disk_dir: str | None = None, disk_page_cache: bool = False, **options: Any) -> Any:
-    """A fresh, empty cache for one generation, built by the mode's factory (:attr:`ModeInfo.factory`) from its options over their defaults.
+    """A fresh, empty cache for one generation, built by the mode's factory (:attr:`ModeInfo.factory`) from its options
+    over their defaults.
 
     Args:
         kind: a registered mode name (see :data:`MODES`).

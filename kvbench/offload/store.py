@@ -3,8 +3,9 @@ with a stored prefix (a conversation's next turn, another question about a docum
 
 - A chunk holds the K and V of consecutive tokens of one sequence, every layer, in the store's host formats
   (:mod:`kvbench.offload.host_tiers`; the model's dtype by default): K's parts then V's, each ``[layers, kv_heads,
-  tokens, *]`` (``head_dim``, or 1 for a scale). A sequence is cut into whole chunks of ``chunk_tokens`` and (``tails``, the default) one
-  shorter **tail** chunk of the tokens after them, so a conversation's next turn restores the whole previous turn.
+  tokens, *]`` (``head_dim``, or 1 for a scale). A sequence is cut into whole chunks of ``chunk_tokens`` and (``tails``,
+  the default) one shorter **tail** chunk of the tokens after them, so a conversation's next turn restores the whole
+  previous turn.
 - Keys are chained hashes: whole chunk i's is BLAKE2b-128(key_{i−1} ‖ its token ids), key_{−1} = empty, covering
   the whole prefix up to its end (as vLLM's prefix caching and LMCache); a tail's is the same hash after the key
   before it, personalised (:func:`tail_key`), so it never equals a whole chunk's. A lookup takes whole chunks while

@@ -99,7 +99,8 @@ def recommendation(table: pd.DataFrame, group: str) -> str:
     if busy:  # which fits is exact (bytes); which is fastest was measured on a busy machine: no ranking
         fits = ", ".join(f"`{r['mode_label']}` ({r['kv_device_peak_bytes_median'] / MIB:,.1f} MiB)"
                          for _, r in cands.iterrows())
-        return (f"{head}; at {point_text(worst)} these fit (device KV): {fits}; which has the least TPOT is inconclusive: "
+        return (f"{head}; at {point_text(worst)} these fit (device KV): {fits}; which has the least TPOT is "
+                "inconclusive: "
                 f"the machine was busy during {busy} of their {int(cands['measured'].sum())} trials")
     over = "" if missing(best["time_overhead_pct"]) else (f", {_overhead(best)} vs none, {int(best['pairs'])} "
                                                            f"pairs{_verdict_tail(best)}")
@@ -123,7 +124,8 @@ def diagnoses(results: Results, table: pd.DataFrame, group: str) -> list[str]:
     t = table[table["group"] == group]
     out = []
     for _, r in t[t["tokens_match"].map(lambda v: v is False)].iterrows():
-        out.append(f"outputs diverged: `{r['mode_label']}` at {point_text(r)} generated other ids than `none` (first at "
+        out.append(f"outputs diverged: `{r['mode_label']}` at {point_text(r)} generated other ids than `none` "
+                   "(first at "
                    f"step {int(r['first_divergence_step']) if not missing(r['first_divergence_step']) else '?'}): "
                    "a bug in that mode, not a trade-off")
     for _, r in t[t["kv_check_flagged"] > 0].iterrows():
@@ -169,7 +171,8 @@ def diagnoses(results: Results, table: pd.DataFrame, group: str) -> list[str]:
         rate = r["h2d_bytes_per_s_median"]
         if bw and rate >= LINK_BOUND_FRACTION * bw:
             out.append(f"link-bound: `{r['mode_label']}` at {point_text(r)} copies {rate / 1e9:.1f} GB/s host→device, "
-                       f"{rate / bw:.0%} of the measured {bw / 1e9:.1f} GB/s: a larger window moves fewer bytes per step")
+                       f"{rate / bw:.0%} of the measured {bw / 1e9:.1f} GB/s: a larger window moves fewer bytes per "
+                       "step")
             continue
         none_tpot = ref.get((r["prompt_tokens"], r["batch_size"]))
         if bw and not missing(none_tpot) and not missing(r["tpot_s_median"]):
@@ -192,8 +195,8 @@ def _busy_threshold(results: Results, group: str) -> str:
 
 def reuse_findings(turns: pd.DataFrame, group: str, later: pd.DataFrame | None = None) -> list[str]:
     """Per mode: restore's TTFT against recompute's from the second turn on (pooled and paired by request, with its
-    interval, pair count and verdict, from ``later`` = :func:`kvbench.analysis.reuse.reuse_later_turns`; and turn by turn),
-    the prefill it saved and the store's hit rate; and whether restored runs generated ``none``'s ids."""
+    interval, pair count and verdict, from ``later`` = :func:`kvbench.analysis.reuse.reuse_later_turns`; and turn by
+    turn), the prefill it saved and the store's hit rate; and whether restored runs generated ``none``'s ids."""
     t = turns[turns["group"] == group]
     pooled = {} if later is None or later.empty else {
         r["mode_label"]: r for r in later[later["group"] == group].to_dict("records")}

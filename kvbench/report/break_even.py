@@ -105,8 +105,8 @@ def map_finding(cells: pd.DataFrame, mode: str) -> str:
     if len(pays):
         r = pays.loc[pays["saving_pct"].idxmax()]
         saving = pct_interval(r["saving_pct"], r["saving_ci_low"], r["saving_ci_high"])
-        best = (f"; the largest saving that pays: {saving} at {int(r['prompt_tokens'])} tokens, {int(r['shared_pct'])}% shared, working set {r['panel']} the "
-                "budget")
+        best = (f"; the largest saving that pays: {saving} at {int(r['prompt_tokens'])} tokens, "
+                f"{int(r['shared_pct'])}% shared, working set {r['panel']} the budget")
     return (f"break-even map, `{mode}`: of {len(measured)} measured cells {told or 'none'}{best}; "
             f"{len(cells) - len(measured)} more cells filled in by the fitted model")
 

@@ -48,8 +48,8 @@ def central_range(values: Iterable[float], include: Iterable[float] = (0.0,)) ->
 def clip_axis(ax: Any, values: Iterable[float], include: Iterable[float] = (0.0,), unit: str = "",
               fmt: str = "{:+,.0f}") -> list[tuple[float, float]]:
     """Set ``ax``'s y limits to :func:`central_range` of ``values`` and mark every point drawn on ``ax`` (its
-    labelled lines' data) that lies beyond them: a triangle at the edge it passed (▲ above, ▼ below) in the line's colour,
-    labelled with its value (``fmt`` + ``unit``). Returns the (x, y) of the points marked."""
+    labelled lines' data) that lies beyond them: a triangle at the edge it passed (▲ above, ▼ below) in the line's
+    colour, labelled with its value (``fmt`` + ``unit``). Returns the (x, y) of the points marked."""
     lo, hi = central_range(values, include)
     ax.set_ylim(lo, hi)
     marked = []

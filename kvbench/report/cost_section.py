@@ -28,7 +28,8 @@ from kvbench.results.load import Results
 PER_GPU_HOUR = Prices(1.0)
 
 CAPTION = ("saving = 1 − the mode's cost ÷ its baseline's, paired (an offload mode: repeat r against `none`'s "
-           "repeat r at each one's best qualifying batch; a reuse mode: request by request, conversations as the units), "
+           "repeat r at each one's best qualifying batch; a reuse mode: request by request, conversations as the "
+           "units), "
            "with its 95% interval; the GPU price cancels in it (no host or disk memory charged here: `kvbench cost "
            "--gpu-price --host-price --disk-price` charges them); GPU-h/1M: GPU-hours per 1M generated tokens "
            "(× your price per GPU-hour = USD per 1M); verdict: lowers or raises cost only when the pairs decide "
@@ -159,5 +160,5 @@ def cost_markdown(sec: CostSection) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["CAPTION", "cost_markdown", "PER_GPU_HOUR", "CostSection", "cost_section", "offload_cells", "reuse_cells", "reuse_lines",
-           "saving_lines"]
+__all__ = ["CAPTION", "cost_markdown", "PER_GPU_HOUR", "CostSection", "cost_section", "offload_cells", "reuse_cells",
+           "reuse_lines", "saving_lines"]

@@ -80,10 +80,10 @@ def verdicts(costs: pd.DataFrame) -> dict[str, list[str]]:
     line for every offload mode whose paired saving against ``none`` is decided
     (:func:`kvbench.analysis.intervals.judge`: ≥ 5 pairs, a quiet machine, an interval that excludes no change,
     plausible against the plan), "lowers cost" ones first, the largest saving first; then, when the cheapest
-    among the modes that engaged (by that paired price) is undecided, its line saying why; then the decided "raises cost" ones
-    (the cheapest worded "offload raises cost here" when no mode is cheaper). Each line gives the paired saving with
-    its interval and pair count and the mode's price as ``none``'s less that paired saving, so both figures of a
-    line agree. Modes that held no KV off the device are named as not engaged, not compared; a prompt length
+    among the modes that engaged (by that paired price) is undecided, its line saying why; then the decided "raises
+    cost" ones (the cheapest worded "offload raises cost here" when no mode is cheaper). Each line gives the paired
+    saving with its interval and pair count and the mode's price as ``none``'s less that paired saving, so both figures
+    of a line agree. Modes that held no KV off the device are named as not engaged, not compared; a prompt length
     where nothing qualified, or ``none`` has no cost, says so."""
     out: dict[str, list[str]] = {}
     for (group, prompt), part in costs.groupby(["group", "prompt_tokens"], sort=False):
@@ -114,7 +114,8 @@ def verdicts(costs: pd.DataFrame) -> dict[str, list[str]]:
             lines.append(f"at {prompt} tokens not engaged, so not compared: "
                          + ", ".join(f"`{m}`" for m in offload.loc[idle, "mode_label"]))
         offload = offload[~idle]
-        offload = offload.assign(_paired=offload.apply(lambda c: _paired(base, c), axis=1))  # what the lines show
+        # what the lines show
+        offload = offload.assign(_paired=offload.apply(lambda c, base=base: _paired(base, c), axis=1))
         cheapest = offload["_paired"].idxmin()
         decided = offload[offload["cost_verdict"] == ""]
         lower = decided[decided["saving_pct"] > 0].sort_values("saving_pct", ascending=False, kind="stable")

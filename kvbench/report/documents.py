@@ -19,8 +19,8 @@ from kvbench.report.server_load import LOAD_CAPTION, server_load_display
 
 @dataclass
 class Report:
-    """What :func:`~kvbench.report.write.write_report` made: the per-point table, per-group texts, the reuse tables per group
-    (``{"turn": ..., "length": ...}``, see :func:`kvbench.analysis.reuse.reuse_table`), and the files written."""
+    """What :func:`~kvbench.report.write.write_report` made: the per-point table, per-group texts, the reuse tables per
+    group (``{"turn": ..., "length": ...}``, see :func:`kvbench.analysis.reuse.reuse_table`), and the files written."""
 
     table: pd.DataFrame
     shown: pd.DataFrame
@@ -163,7 +163,8 @@ GLOSSARY = """## Columns
   overhead and throughput (× none) are **paired**: repeat r of a mode next to repeat r of `none` at the same point
   (they ran back to back), the median of the quiet pairs' ratios (a busy pair is counted, never a figure) with a 95%
   interval over pairs (with exactly 5 pairs that interval is their range, min to max, which covers the median 93.75%
-  of the time; docs/reports.md gives each interval's measured coverage); pairs: how many. verdict: `decided` only with at least 5 pairs, no trial measured while the
+  of the time; docs/reports.md gives each interval's measured coverage); pairs: how many. verdict: \
+`decided` only with at least 5 pairs, no trial measured while the
   machine was busy (other processes' CPU at or above the threshold, or another process on the GPU), and an
   interval that excludes no change (and never for a mode that held no KV off the device: "not engaged"); an
   offload mode faster than `none` at the same batch beyond its interval is implausible against the plan (the
@@ -174,7 +175,8 @@ GLOSSARY = """## Columns
 - ids match none: the greedy token ids equal those of `none` on the same prompts.
 - capacity: the largest batch (or longest prompt) whose trial ended ok within the budget, found by doubling then
   bisection; each probe is a recorded trial.
-- reuse (multi_turn, doc_qa, shared_prefix): each request runs twice per mode: recompute (cold, the whole prompt prefilled) and
+- reuse (multi_turn, doc_qa, shared_prefix): each request runs twice per mode: recompute (cold, the whole prompt \
+prefilled) and
   restore (warm: the longest stored prefix, in whole chunks, loaded from the mode's KV store, then the rest
   prefilled); TTFT of restore includes the lookup and the copy. hit rate: stored chunks found ÷ whole chunks of
   the prompt; prefill saved: tokens restored ÷ prompt tokens. Restore ÷ recompute and the cost saving resample

@@ -155,10 +155,10 @@ def kvbench_extension(rows: pd.DataFrame, all_rows: pd.DataFrame, servers: list[
     ``cold_start`` (servers whose first request reused 0 tokens, and the reset probes); ``cache`` (Σ cached and Σ
     prompt tokens); ``counters`` (each server's ``/metrics`` deltas, holds taken out); ``memory`` (peak device,
     host, host allocated, pinned and disk KV bytes; the host tier a server's flags configure); ``bytes_moved``
-    (Σ host→device, device→host, disk read and write bytes); ``cost`` (given: :func:`~kvbench.report.llmd_cost.export_cost`); ``tier`` (a host or
-    disk tier mode's tier, the baselines of its savings and what its own counters served: :func:`_tier`);
-    ``status`` (:func:`status`, with ``cost``'s ``why``); ``machine_busy_requests``, ``failed_requests``.
-    Bytes in bytes, times in seconds."""
+    (Σ host→device, device→host, disk read and write bytes); ``cost`` (given:
+    :func:`~kvbench.report.llmd_cost.export_cost`); ``tier`` (a host or disk tier mode's tier, the baselines of its
+    savings and what its own counters served: :func:`_tier`); ``status`` (:func:`status`, with ``cost``'s ``why``);
+    ``machine_busy_requests``, ``failed_requests``. Bytes in bytes, times in seconds."""
     first = all_rows.iloc[0].to_dict()
     match = rows["tokens_match"] if "tokens_match" in rows else pd.Series(dtype=object)
     compared = match.map(lambda v: v is True or v is False)
@@ -273,7 +273,7 @@ def llmd_reports(results: Results, prices: Prices | None = None) -> list[tuple[s
         n_out = float((pd.to_numeric(rows.get("n_output_tokens"), errors="coerce").fillna(0) * batch).sum()) \
             if len(rows) else 0.0
         n_in = float((pd.to_numeric(rows["prompt_tokens"], errors="coerce") * batch).sum()) if len(rows) else 0.0
-        per_s = (lambda x: x / wall) if wall > 0 else (lambda x: math.nan)
+        per_s = (lambda x, wall=wall: x / wall) if wall > 0 else (lambda x: math.nan)
         gaps = [g for v in rows.get("itl_s", []) if isinstance(v, (list, tuple)) for g in v]
         latency = {"time_to_first_token": statistics(rows.get("ttft_s", []), "s"),
                    "normalized_time_per_output_token": statistics(rows.get("ntpot_s", []), "s/token"),

@@ -22,10 +22,12 @@ from kvbench.results.run_dir import refuse_symlink_dir
 from kvbench.safe_text import visible
 
 CAPTION = ("cached = Σ cached ÷ Σ prompt tokens as the file reports them; medians (numpy's linear method, as vllm "
-           "bench serve's) over each file's successful requests in kvbench's definitions (TPOT decode only; NTPOT in peer_cost.csv; * the tool's own median: "
+           "bench serve's) over each file's successful requests in kvbench's definitions (TPOT decode only; NTPOT in "
+           "peer_cost.csv; * the tool's own median: "
            "the file has aggregates only); USD/1M at the tool's own output throughput (wall clock); saving = 1 − "
            "request seconds per generated token ÷ the first file's, with its 95% jackknife interval over units (a "
-           "declared workload's prefixes, else the pairs; paired where the files hold the same requests; with aggregates only or another concurrency: 1 − the first file's tokens/s ÷ "
+           "declared workload's prefixes, else the pairs; paired where the files hold the same requests; with "
+           "aggregates only or another concurrency: 1 − the first file's tokens/s ÷ "
            "this one's, no interval)")
 
 

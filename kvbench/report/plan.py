@@ -40,7 +40,8 @@ class Plan:
         modes: kvbench's streaming offload, :func:`~kvbench.analysis.plan.plan_modes` (``none``, ``full``,
             ``hierarchical``) on one GPU.
         costs: USD per 1M generated tokens per mode (None without a GPU price; nan for a mode priced at no batch).
-        constants: the assumed roofline constants of one GPU (:func:`~kvbench.analysis.plan_break_even.assumed_constants`).
+        constants: the assumed roofline constants of one GPU
+            (:func:`~kvbench.analysis.plan_break_even.assumed_constants`).
         reuse: the reuse tier's TTFT per prompt length and share (:func:`~kvbench.analysis.plan_reuse.reuse_table`).
     """
 
@@ -270,7 +271,8 @@ def capacity_cells(p: Plan) -> pd.DataFrame:
     name, unit = _unit(p)
     rows = []
     for m in p.modes:
-        host = "-" if m.host_bytes_per_seq == 0 else "not given" if m.host_max_batch is None else f"{m.host_max_batch:,}"
+        host = ("-" if m.host_bytes_per_seq == 0 else "not given" if m.host_max_batch is None
+                else f"{m.host_max_batch:,}")
         rows.append([m.mode, f"{m.device_bytes_per_seq / unit:,.2f}", f"{m.host_bytes_per_seq / unit:,.2f}",
                      f"{m.device_max_batch:,}", host, f"{m.max_batch:,}"])
     return pd.DataFrame(rows, columns=["mode", f"device KV/seq ({name})", f"host KV/seq ({name})", "device fits",

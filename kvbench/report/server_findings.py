@@ -79,7 +79,8 @@ def server_findings(trials: pd.DataFrame, group: str, later: pd.DataFrame | None
         if kind == "none":
             hits = int((cached > 0).sum())
             out.append(f"`{mode}`: {'0 cached prompt tokens on every one of' if not hits else f'{hits} of'} "
-                       f"{len(part)} requests{' reused cached tokens: contaminated, not used as the reference' if hits else ' (checked)'}")
+                       f"{len(part)} requests"
+                       f"{' reused cached tokens: contaminated, not used as the reference' if hits else ' (checked)'}")
         elif history is not None:
             out.append(f"`{mode}`: from turn 2 on reused {100 * history:.0f}% of what earlier turns held "
                        f"({len(reusable)} requests; the least {100 * least:.0f}%); "

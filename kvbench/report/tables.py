@@ -83,7 +83,8 @@ def terminal_frame(shown: pd.DataFrame, table: pd.DataFrame) -> pd.DataFrame:
                                                            bound)]
     kv = next(c for c in frame.columns if c.startswith("KV device peak"))
     return frame.rename(columns={"prompt (tokens)": "prompt", "TTFT (ms)": "TTFT ms", "TPOT (ms)": "TPOT ms",
-                                 "tokens/s (e2e)": "tok/s e2e", kv: kv.replace("KV device peak (", "KV dev ").rstrip(")"),
+                                 "tokens/s (e2e)": "tok/s e2e",
+                                 kv: kv.replace("KV device peak (", "KV dev ").rstrip(")"),
                                  "memory saving (%)": "saved %", "time overhead (%)": "overhead %",
                                  "ids match none": "= none"})
 
@@ -124,7 +125,8 @@ def reuse_display(table: pd.DataFrame) -> pd.DataFrame:
 def reuse_terminal(shown: pd.DataFrame) -> pd.DataFrame:
     """The columns of :func:`reuse_display`'s output that fit a terminal, with shorter headers."""
     keep = {"mode": "mode", "turn": "turn", "cell": "cell", "prompt (tokens)": "prompt",
-            "prompt (tokens, median)": "prompt", "recompute TTFT (ms)": "recompute TTFT ms", "restore TTFT (ms)": "restore TTFT ms",
+            "prompt (tokens, median)": "prompt", "recompute TTFT (ms)": "recompute TTFT ms",
+            "restore TTFT (ms)": "restore TTFT ms",
             "restore ÷ recompute": "÷", "pairs": "pairs", "tokens restored": "restored", "hit rate (%)": "hit %",
             "ids match none": "= none"}
     frame = shown[[c for c in shown.columns if c in keep]]
@@ -158,8 +160,8 @@ def plan_frame(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def capacity_display(frame: pd.DataFrame) -> pd.DataFrame:
-    """:func:`kvbench.analysis.capacity.capacity_frame`'s table as text cells: the fixed value, mode, capacity, the probes
-    (✗ = did not fit), tokens/s and device KV at the capacity, whether its ids matched ``none``, and why the
+    """:func:`kvbench.analysis.capacity.capacity_frame`'s table as text cells: the fixed value, mode, capacity, the
+    probes (✗ = did not fit), tokens/s and device KV at the capacity, whether its ids matched ``none``, and why the
     search stopped there."""
     rows = []
     for r in frame.to_dict("records"):

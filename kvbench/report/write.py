@@ -45,8 +45,8 @@ MAX_TIMELINES = 64
 
 def write_report(results: Results, out_dir: str | Path, timelines: list[str] | None = None) -> Report:
     """Write the report of ``results`` into ``out_dir`` (created): ``summary.csv`` (the per-point table, raw
-    numbers), ``summary.md``, ``reuse.csv`` (reuse workloads: :func:`kvbench.analysis.reuse.reuse_table` per turn and per
-    prompt length), the charts (PNG; for shared_prefix runs the break-even map's heatmaps,
+    numbers), ``summary.md``, ``reuse.csv`` (reuse workloads: :func:`kvbench.analysis.reuse.reuse_table` per turn and
+    per prompt length), the charts (PNG; for shared_prefix runs the break-even map's heatmaps,
     :func:`kvbench.analysis.break_even.break_even_map` at :data:`REPORT_GPU_PRICE` with no memory charged),
     ``report.md`` and ``report.html`` (with the cost section of :mod:`kvbench.report.cost_section`: each mode's
     paired saving against its baseline, price-free; report.html as :mod:`kvbench.report.html_page` lays it out).

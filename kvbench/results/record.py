@@ -10,7 +10,7 @@ the file, the line (rows), the key path and what is allowed.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal, Optional
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from typing_extensions import TypedDict
@@ -28,13 +28,13 @@ SCHEMA_VERSION = 1
 
 #: Largest whole number a run directory may hold (a 64-bit signed integer: what the tables hold).
 MAX_INT = 2**63 - 1
-_Count = Optional[Annotated[int, Field(strict=True, ge=0, le=MAX_INT)]]
+_Count = Annotated[int, Field(strict=True, ge=0, le=MAX_INT)] | None
 _Positive = Annotated[int, Field(strict=True, gt=0, le=MAX_INT)]
-_Number = Optional[Annotated[float, Field(allow_inf_nan=False)]]
-_Text = Optional[Annotated[str, Field(strict=True)]]
-_Flag = Optional[Annotated[bool, Field(strict=True)]]
-_Object = Optional[dict[str, Any]]
-_List = Optional[list[Any]]
+_Number = Annotated[float, Field(allow_inf_nan=False)] | None
+_Text = Annotated[str, Field(strict=True)] | None
+_Flag = Annotated[bool, Field(strict=True)] | None
+_Object = dict[str, Any] | None
+_List = list[Any] | None
 
 #: The type a row's value of each kind of column must have.
 _TYPES: dict[Kind, Any] = {
@@ -43,7 +43,7 @@ _TYPES: dict[Kind, Any] = {
     Kind.SIZE: Required[_Positive],
     Kind.COUNT: NotRequired[_Count],
     Kind.NUMBER: NotRequired[_Number],
-    Kind.NUMBERS: NotRequired[Optional[list[Annotated[float, Field(allow_inf_nan=False)]]]],
+    Kind.NUMBERS: NotRequired[list[Annotated[float, Field(allow_inf_nan=False)]] | None],
     Kind.TEXT: NotRequired[_Text],
     Kind.FLAG: NotRequired[_Flag],
     Kind.OBJECT: NotRequired[_Object],
@@ -106,7 +106,7 @@ class _Capacity(_Open):
 
 
 #: A ``/metrics`` counter delta: a finite number that is not true or false, or null (not read).
-_Delta = Optional[Annotated[float, Field(strict=True, allow_inf_nan=False)]]
+_Delta = Annotated[float, Field(strict=True, allow_inf_nan=False)] | None
 
 
 class _Server(_Open):

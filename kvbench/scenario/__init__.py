@@ -15,6 +15,7 @@ from kvbench.scenario.schema import CAPACITY_DEFAULTS, CapacitySpec, ModelSpec, 
 from kvbench.scenario.summary import sweep_summary
 from kvbench.scenario.workload import WorkloadSpec
 
-__all__ = ["CAPACITY_DEFAULTS", "CapacitySpec", "ModelSpec", "RunKind", "Scenario", "ScenarioMode", "ScenarioError", "WorkloadSpec",
+__all__ = ["CAPACITY_DEFAULTS", "CapacitySpec", "ModelSpec", "RunKind", "Scenario", "ScenarioMode", "ScenarioError",
+           "WorkloadSpec",
            "check_scenario", "load_scenario", "parse_scenario", "read_folder", "read_yaml", "scenario_warnings",
            "shipped_elsewhere", "sweep_summary"]

@@ -132,7 +132,8 @@ def check_scenario(s: Scenario, *, check_model: bool = True) -> list[tuple[str, 
                 problems.append(("workload.files", f"the pattern {wl.files!r} matches no file"))
             elif not any(os.path.isfile(f) for f in matched):
                 problems.append(("workload.files", f"the pattern {wl.files!r} matches no regular file (only "
-                                                   f"{echo(matched[0])[1:-1]}{' and others' if len(matched) > 1 else ''}: "
+                                                   f"{echo(matched[0])[1:-1]}"
+                                                   f"{' and others' if len(matched) > 1 else ''}: "
                                                    "give text files)"))
     if s.model.weights == "random" and wl.source != "synthetic" and not s.model.tokenizer:
         problems.append(

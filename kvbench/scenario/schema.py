@@ -36,7 +36,7 @@ from kvbench.scenario.workload import StoreSpec, WorkloadSpec
 
 DType = Literal["auto", "float32", "bfloat16", "float16"]
 #: A scenario's mode as the running code sees it: an offload mode's options, or a server configuration.
-ScenarioMode = Union[ModeOptions, ServerMode]
+ScenarioMode = ModeOptions | ServerMode
 #: What kind of run a scenario is (:attr:`Scenario.run_kind`).
 RunKind = Literal["sweep", "capacity", "reuse", "server"]
 #: Where the model runs.
@@ -155,7 +155,8 @@ class QualitySpec(Strict):
 
 
 #: An offload mode as a scenario gives it: the registered mode whose ``kind`` the mapping names.
-Mode = Annotated[Union[tuple(m.options for m in MODES.values())], Field(discriminator="kind")]  # noqa: UP007 (a union built at run time)
+# Union of a tuple built at run time: there is no | spelling for it
+Mode = Annotated[Union[tuple(m.options for m in MODES.values())], Field(discriminator="kind")]  # noqa: UP007
 
 #: The union tags of :data:`AnyMode`.
 OFFLOAD_TAG, SERVER_TAG = "offload", "server"
@@ -177,7 +178,8 @@ class Scenario(Strict):
 
     name: Annotated[str, AfterValidator(check_name)] = Field(
         description="Scenario name, used in the results directory name: letters, digits, '_', '.', '-'.")
-    description: Annotated[str, AfterValidator(check_description)] = Field("", description="One line shown by `kvbench list scenarios`.")
+    description: Annotated[str, AfterValidator(check_description)] = Field(
+        "", description="One line shown by `kvbench list scenarios`.")
     model: ModelSpec = Field(description="The model (see ModelSpec); a bare name (model: smollm2-135m) is "
                              "short for model.name.")
     device: Device = Field("auto", description="auto | cpu | cuda | cuda:N (auto = cuda when available, else cpu).")

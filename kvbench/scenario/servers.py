@@ -13,7 +13,7 @@ import ipaddress
 import re
 import socket
 import urllib.parse
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field, StrictBool, model_validator
 
@@ -68,8 +68,8 @@ def _no_reserved_flags(v: list[str]) -> list[str]:
 
 Flags = Annotated[list[Annotated[str, AfterValidator(_flag_text)]], Field(max_length=MAX_ARGS),
                   AfterValidator(_no_reserved_flags)]
-Scalar = Union[Annotated[bool, Field(strict=True)], Annotated[int, Field(strict=True)],
-               Annotated[float, Field(strict=True, allow_inf_nan=False)], Annotated[str, Field(max_length=4096)]]
+Scalar = (Annotated[bool, Field(strict=True)] | Annotated[int, Field(strict=True)]
+          | Annotated[float, Field(strict=True, allow_inf_nan=False)] | Annotated[str, Field(max_length=4096)])
 Seconds = number(0, MAX_TIMEOUT_S, above=True)
 
 
@@ -202,7 +202,8 @@ class EngineSpec(Strict):
                                 "its latency to every TTFT); otherwise kvbench never uses a proxy.")
     cold: Literal["restart", "reset", "check"] | None = optional(
         "How each mode starts from an empty cache: restart the server (the default, and the only way, where kvbench "
-        "starts it), call reset_path (POST; a server already running), or only check (the default for openai: a server already running); either way the first "
+        "starts it), call reset_path (POST; a server already running), or only check (the default for openai: a "
+        "server already running); either way the first "
         "request's cached tokens must be 0, or the mode is reported as not cold.")
     reset_path: str | None = optional("The engine's cache-reset endpoint for cold: reset (POST), e.g. "
                                       "/reset_prefix_cache.")

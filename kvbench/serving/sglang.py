@@ -2,9 +2,10 @@
 
 Flags from ``sglang.launch_server --help``; the CPU refusal from a probe here (2026-12-03: ``pip install
 sglang==0.5.23`` into a virtual environment, 3 min 15 s and 11 GB, then ``SGLANG_USE_CPU_ENGINE=1 python -m
-sglang.launch_server --device cpu --attention-backend torch_native`` on SmolLM2); counters from ``python/sglang/srt/metrics/collector.py`` (builds
-before the HiCache breakdown report ``sglang:cached_tokens_total`` without a ``cache_source`` label:
-``cached_tokens``, all sources, reads both); the host tier is ``--hicache-size`` GB or ``--hicache-ratio``.
+sglang.launch_server --device cpu --attention-backend torch_native`` on SmolLM2); counters from
+``python/sglang/srt/metrics/collector.py`` (builds before the HiCache breakdown report ``sglang:cached_tokens_total``
+without a ``cache_source`` label: ``cached_tokens``, all sources, reads both); the host tier is ``--hicache-size`` GB or
+``--hicache-ratio``.
 """
 
 from __future__ import annotations

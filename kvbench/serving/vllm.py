@@ -119,7 +119,8 @@ def flag_capacity(argv: list[str], at: KvSizing) -> tuple[float | None, str] | N
     if given is not None:
         mem = positive(human_int(given))
         if mem is None:
-            return None, f"--kv-cache-memory-bytes {given}: not a size above 0 as vLLM reads it (bytes, or 1k, 1K, 1G...)"
+            return None, (f"--kv-cache-memory-bytes {given}: not a size above 0 as vLLM reads it "
+                          "(bytes, or 1k, 1K, 1G...)")
         return mem / at.kv_bytes_per_token, (f"{mem / GIB:,.2f} GiB (--kv-cache-memory-bytes) ÷ "
                                              f"{at.kv_bytes_per_token:,} B per token")
     return fraction_capacity(argv, "--gpu-memory-utilization", 0.9, at)
@@ -181,8 +182,9 @@ COUNTERS: tuple[CounterSpec, ...] = (
 )
 
 #: vLLM's flags that import, load or evaluate code, read from its parser and configs (0.32:
-#: ``vllm/engine/arg_utils.py``, ``vllm/config/*.py``, ``vllm/entrypoints/launchers/cli_args.py``). Its parser (``vllm/utils/argparse_utils.py``)
-#: also takes ``--a_b`` for ``--a-b``, ``--a.key value`` and ``-x.key=value`` as JSON, and unique prefixes.
+#: ``vllm/engine/arg_utils.py``, ``vllm/config/*.py``, ``vllm/entrypoints/launchers/cli_args.py``). Its parser
+#: (``vllm/utils/argparse_utils.py``) also takes ``--a_b`` for ``--a-b``, ``--a.key value`` and ``-x.key=value`` as
+#: JSON, and unique prefixes.
 CODE_FLAGS = (
     CodeFlag(("--compilation-config", "-cc"), "imports the modules its inductor_passes name (as it parses the "
              "flag), resolves a backend by its qualified name, passes Inductor settings that name compilers",

@@ -5,7 +5,8 @@ from __future__ import annotations
 import random
 
 
-def prompt_ids(n_tokens: int, index: int, *, vocab_size: int, seed: int, exclude: frozenset[int] = frozenset()) -> list[int]:
+def prompt_ids(n_tokens: int, index: int, *, vocab_size: int, seed: int,
+               exclude: frozenset[int] = frozenset()) -> list[int]:
     """``n_tokens`` ids drawn uniformly from ``[0, vocab_size)`` minus ``exclude`` (special tokens).
 
     Deterministic in ``(seed, n_tokens, index)``: prompt ``index`` of a length is the same in every run.

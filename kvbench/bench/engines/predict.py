@@ -18,8 +18,8 @@ PLAN_KEYS = ("plan_kv_device_bytes", "plan_link_bytes_per_step", "plan_tpot_s")
 
 def roofline_bandwidths(environment: dict[str, Any], device: Any) -> tuple[float, float] | None:
     """``(memory, link)`` bandwidths in bytes/s for the decode-step roofline, from a run's environment
-    (:func:`kvbench.bench.telemetry.machine.environment`): device memory = ``memory_bandwidth.memory_gbps``; the link = the
-    pinned host→device rate on CUDA (``link_bandwidth.h2d_pinned_gbps``), on CPU the copy rate between host
+    (:func:`kvbench.bench.telemetry.machine.environment`): device memory = ``memory_bandwidth.memory_gbps``; the link =
+    the pinned host→device rate on CUDA (``link_bandwidth.h2d_pinned_gbps``), on CPU the copy rate between host
     buffers (``memory_bandwidth.copy_gbps``). None when a figure was not measured. ``device``: a torch device."""
     mem = environment.get("memory_bandwidth") or {}
     if not mem.get("memory_gbps"):
@@ -91,8 +91,8 @@ class Predictor:
         """Host memory the trial's host tier may allocate (bytes): per full-attention layer, the tokens it can hold
         (all cached tokens less the window, at most ``host_max_tokens``) rounded up to the buffers' geometric
         capacity (:func:`~kvbench.offload.tiers.grown_capacity`), × full layers × 2 × kv_heads × head_dim × dtype
-        bytes × batch (:meth:`kvbench.offload.architecture.Architecture.host_bytes_per_token`: sliding-window layers never
-        leave the device). 0 for modes without a host tier or models without a full-attention layer."""
+        bytes × batch (:meth:`kvbench.offload.architecture.Architecture.host_bytes_per_token`: sliding-window layers
+        never leave the device). 0 for modes without a host tier or models without a full-attention layer."""
         if not MODES[t.mode.kind].host_tier:
             return 0
         opts = t.mode.options

@@ -1,6 +1,6 @@
 """The in-process engine: a transformers model in this process, kvbench's own offload caches (one per trial, as
-the mode says), an explicit greedy decode loop (:mod:`kvbench.bench.engines.decode`) and, for reuse workloads, a KV store
-per mode (:class:`~kvbench.offload.store.KVStore`) that warm trials restore from."""
+the mode says), an explicit greedy decode loop (:mod:`kvbench.bench.engines.decode`) and, for reuse workloads, a KV
+store per mode (:class:`~kvbench.offload.store.KVStore`) that warm trials restore from."""
 
 from __future__ import annotations
 

@@ -2,8 +2,8 @@
 executor the run's :class:`~kvbench.bench.plans.sweep.Recorder` and the executor runs every trial through it.
 :class:`LocalExecutor` runs them in the plan's order (:meth:`kvbench.bench.plans.plan.Plan.run`) on an engine in this
 process's reach (the in-process transformers engine, or a server engine, whose plan starts a server per mode
-session here); :class:`kvbench.bench.executors.ray.driver.RayExecutor` on the engines of a Ray cluster's workers, behind the
-same :class:`~kvbench.bench.roles.Executor` protocol."""
+session here); :class:`kvbench.bench.executors.ray.driver.RayExecutor` on the engines of a Ray cluster's workers, behind
+the same :class:`~kvbench.bench.roles.Executor` protocol."""
 
 from __future__ import annotations
 
@@ -30,7 +30,8 @@ from kvbench.results.rows import Status
 class TrialWatch:
     """The samplers and the machine's load around an engine's timed window (see
     :class:`~kvbench.bench.engines.base.Watch`): after the window, :attr:`timeline` holds its samples and
-    :attr:`machine_load` the other processes' load during it (:class:`~kvbench.bench.telemetry.machine_load.LoadWindow`)."""
+    :attr:`machine_load` the other processes' load during it
+    (:class:`~kvbench.bench.telemetry.machine_load.LoadWindow`)."""
 
     def __init__(self, sampler: Sampler, cpu_count: int | None):
         self.sampler, self.cpu_count = sampler, cpu_count
@@ -134,9 +135,9 @@ class LocalExecutor:
 
     def run(self, t: TrialSpec) -> dict[str, Any]:
         """Run one trial in its mode's open :meth:`session` (a reuse workload's, open for a repeat), else in a
-        session of its own (not a warm trial: it would restore nothing), and return its row; failures become a row with ``status`` (``skipped``: the mode
-        cannot run here; ``oom``; ``error``) and ``message``. Afterwards (outside the timed window)
-        ``gc.collect()``; device memory is released by the sweep, not here (see :meth:`release`).
+        session of its own (not a warm trial: it would restore nothing), and return its row; failures become a row with
+        ``status`` (``skipped``: the mode cannot run here; ``oom``; ``error``) and ``message``. Afterwards (outside the
+        timed window) ``gc.collect()``; device memory is released by the sweep, not here (see :meth:`release`).
         KeyboardInterrupt is not caught."""
         row = base_row(self.s, t, self.engine.describe(t))
         self.watch.reset()

@@ -125,7 +125,7 @@ def search_sweep(s: Scenario, record: Callable[[TrialSpec], dict[str, Any]],
     reference = next((m for m in modes if m.kind == "none"), None)
     results: list[dict[str, Any]] = []
     for fixed in fixed_values:
-        def at(v: int, mode: ScenarioMode, r: int) -> TrialSpec:
+        def at(v: int, mode: ScenarioMode, r: int, fixed: int = fixed) -> TrialSpec:
             return spec(fixed, v, mode, r) if field_name == "batch_size" else spec(v, fixed, mode, r)
 
         for mode in modes:

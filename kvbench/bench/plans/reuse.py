@@ -3,13 +3,13 @@ and restored from what the engine keeps for the mode (warm), side by side (their
 :mod:`kvbench.analysis.reuse`).
 
 Per repeat each mode starts afresh (a session of its own, :meth:`~kvbench.bench.engines.base.SessionEngine.session`: the
-transformers engine makes a new :class:`~kvbench.offload.store.KVStore` per mode, as ``store:`` says, its disk tier under the
-scenario's ``disk_dir``); a ``shared_prefix`` workload's cells each get fresh sessions too, so what a cell's store
-holds, spills and is charged for is its own requests' KV, whatever cells ran before it. Requests arrive in the workload's order; per request, ``none`` runs cold first (the
-reference every trial's ids are compared with), then warm; the other modes alternate warm-first and cold-first
-from request to request, so neither side always runs right after the other. After a warm trial, what a server
-would hold (the prompt and, in a conversation, the reply it goes on with) is kept in the mode's store for the
-later requests.
+transformers engine makes a new :class:`~kvbench.offload.store.KVStore` per mode, as ``store:`` says, its disk tier
+under the scenario's ``disk_dir``); a ``shared_prefix`` workload's cells each get fresh sessions too, so what a cell's
+store holds, spills and is charged for is its own requests' KV, whatever cells ran before it. Requests arrive in the
+workload's order; per request, ``none`` runs cold first (the reference every trial's ids are compared with), then warm;
+the other modes alternate warm-first and cold-first from request to request, so neither side always runs right after the
+other. After a warm trial, what a server would hold (the prompt and, in a conversation, the reply it goes on with) is
+kept in the mode's store for the later requests.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ def reuse_sweep(s: Scenario, record: Record, engine: Engine) -> None:
     """Run (or, resuming, look up) every trial of a reuse workload; ``engine.source`` is its
     :class:`~kvbench.workloads.sessions.Stream`, ``record`` a :class:`~kvbench.bench.plans.sweep.Recorder` (its
     ``rows`` are the trials already written). Per repeat every mode has a session of its own
-    (:meth:`~kvbench.bench.engines.base.SessionEngine.session`, opened through ``record``), open for the whole repeat (the
-    modes interleave request by request; a ``shared_prefix`` workload: for one cell, :func:`cell_parts`) and closed
+    (:meth:`~kvbench.bench.engines.base.SessionEngine.session`, opened through ``record``), open for the whole repeat
+    (the modes interleave request by request; a ``shared_prefix`` workload: for one cell, :func:`cell_parts`) and closed
     (disk files removed) on every exit path. A warm trial already recorded is not rerun, but what it left for later
     requests is rebuilt (:meth:`~kvbench.bench.engines.base.Session.refill`), so later turns see the same store."""
     if not isinstance(engine.source, Stream):

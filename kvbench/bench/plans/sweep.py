@@ -32,14 +32,14 @@ class SweepResult:
 class Recorder:
     """Runs and writes the trials of one run: a trial already in the run (resumed) is looked up, not rerun;
     the first trial of each (prompt length, batch, mode) shape is preceded by a release of memory
-    (:meth:`TrialRunner.release <kvbench.bench.roles.TrialRunner.release>`) and then the scenario's warm-up trials (not recorded; the rest of them are skipped
-    once one does not end ``ok``, since they would fail alike). Nothing is released between a warm-up and the
-    trials it prepares, nor between repeats of a shape.
+    (:meth:`TrialRunner.release <kvbench.bench.roles.TrialRunner.release>`) and then the scenario's warm-up trials (not
+    recorded; the rest of them are skipped once one does not end ``ok``, since they would fail alike). Nothing is
+    released between a warm-up and the trials it prepares, nor between repeats of a shape.
 
     ``run`` is the :class:`~kvbench.results.run_dir.RunDir` (or, on a cluster worker, a stand-in with its
     ``meta``, ``update``, ``finished_trials`` and ``record_trial``); ``where`` the fields every row written gets
-    (:data:`~kvbench.results.rows.PLACEMENT_COLUMNS`, :func:`~kvbench.bench.telemetry.machine.where_fields`). A trial whose
-    last row says its worker was lost (:func:`~kvbench.results.rows.retry_due`) is not finished: it is in
+    (:data:`~kvbench.results.rows.PLACEMENT_COLUMNS`, :func:`~kvbench.bench.telemetry.machine.where_fields`). A trial
+    whose last row says its worker was lost (:func:`~kvbench.results.rows.retry_due`) is not finished: it is in
     :attr:`lost`, runs again, and its new row has ``attempt`` 1. :meth:`write` may be called from several
     threads."""
 
@@ -95,8 +95,9 @@ class Recorder:
         return self.write(self._runner.run(t), self._runner.last_samples)
 
     def session(self, mode: ScenarioMode, repeat: int) -> AbstractContextManager[Session]:
-        """``mode``'s session for ``repeat`` (:meth:`Engine.session <kvbench.bench.engines.base.SessionEngine.session>`),
-        open while the block runs: the trials of that mode run meanwhile (warm-ups included) run in it."""
+        """``mode``'s session for ``repeat``
+        (:meth:`Engine.session <kvbench.bench.engines.base.SessionEngine.session>`), open while the block runs: the
+        trials of that mode run meanwhile (warm-ups included) run in it."""
         return self._runner.session(mode, repeat)
 
     def write(self, row: dict[str, Any], samples: list[dict[str, Any]] | None = None) -> dict[str, Any]:
@@ -134,10 +135,10 @@ def run_sweep(
     on_trial: Callable[[dict[str, Any]], None] | None = None,
     on_status: Callable[[str], None] | None = None,
 ) -> SweepResult:
-    """Run every trial not yet in ``run``'s trials file: the planned sweep (:func:`~kvbench.bench.trial.plan_trials`); for a scenario
-    with ``batch_sizes: auto`` / ``prompt_tokens: auto`` the capacity search (:mod:`kvbench.bench.plans.capacity`), whose
-    results go into run.json as ``capacity``; for a reuse workload its requests warm and cold
-    (:mod:`kvbench.bench.plans.reuse`).
+    """Run every trial not yet in ``run``'s trials file: the planned sweep (:func:`~kvbench.bench.trial.plan_trials`);
+    for a scenario with ``batch_sizes: auto`` / ``prompt_tokens: auto`` the capacity search
+    (:mod:`kvbench.bench.plans.capacity`), whose results go into run.json as ``capacity``; for a reuse workload its
+    requests warm and cold (:mod:`kvbench.bench.plans.reuse`).
 
     The executor runs them (:meth:`Executor.sweep <kvbench.bench.roles.Executor.sweep>`: in this process,
     or on a cluster's workers).

@@ -1,14 +1,15 @@
 """Background samplers and host measurements.
 
 - :class:`Sampler`: a timeline per trial on a daemon thread: the process's RSS (all, anonymous, file-backed) and
-  CPU %, the host's available memory and (CUDA) pinned host bytes (:class:`~kvbench.bench.telemetry.host_memory.HostReader`);
-  device memory (total and this process's, by PID), utilisation, PCIe TX/RX and power through NVML for the device
-  the model is on. Every sample carries the trial id and the phase (``prefill``/``decode``) the engine marks. At
-  the trial's end it reads the peaks the kernel and torch kept (peak RSS, pinned blocks). Fields that cannot be
-  read are ``None`` (never 0) with one warning naming the reason.
+  CPU %, the host's available memory and (CUDA) pinned host bytes
+  (:class:`~kvbench.bench.telemetry.host_memory.HostReader`); device memory (total and this process's, by PID),
+  utilisation, PCIe TX/RX and power through NVML for the device the model is on. Every sample carries the trial id and
+  the phase (``prefill``/``decode``) the engine marks. At the trial's end it reads the peaks the kernel and torch kept
+  (peak RSS, pinned blocks). Fields that cannot be read are ``None`` (never 0) with one warning naming the reason.
 - :func:`summarise`: per-trial peaks and means of a timeline.
 
-NVML is read by :mod:`kvbench.bench.telemetry.nvml`, this process's memory and CPU by :mod:`kvbench.bench.telemetry.host_memory`.
+NVML is read by :mod:`kvbench.bench.telemetry.nvml`, this process's memory and CPU by
+:mod:`kvbench.bench.telemetry.host_memory`.
 """
 
 from __future__ import annotations
@@ -181,9 +182,10 @@ class Sampler:
         at most :data:`STOP_CHECK_S` at a time, so that join waits no longer than that.
 
         At the start the kernel's peak RSS and torch's host allocator peaks are reset; after the last sample the
-        trial's ``peaks`` are read (:meth:`~kvbench.bench.telemetry.host_memory.HostReader.trial_peaks`): ``rss_peak_bytes`` (the
-        kernel's ``VmHWM``, None where it cannot be reset: the reason in ``notes["rss_peak_bytes"]``),
-        ``rss_peak_source``, ``pinned_host_allocated_peak_bytes`` and ``pinned_host_requested_peak_bytes``.
+        trial's ``peaks`` are read (:meth:`~kvbench.bench.telemetry.host_memory.HostReader.trial_peaks`):
+        ``rss_peak_bytes`` (the kernel's ``VmHWM``, None where it cannot be reset: the reason in
+        ``notes["rss_peak_bytes"]``), ``rss_peak_source``, ``pinned_host_allocated_peak_bytes`` and
+        ``pinned_host_requested_peak_bytes``.
 
         Args:
             trial_id: the id each sample carries.

@@ -67,8 +67,8 @@ class ServerWatch:
     :meth:`stop`; :meth:`stop` returns the fields ``rss_peak_bytes`` (peak of the samples, bytes),
     ``rss_mean_bytes``, ``cpu_percent_mean`` (CPU seconds of the tree over the wall time × 100: 100 = one CPU),
     ``n_samples`` and ``rss_peak_source`` (``server samples``); with ``nvml`` (a
-    :class:`~kvbench.bench.telemetry.nvml.NvmlReader` of the server's GPU) also ``nvml_process_peak_bytes`` (the tree's GPU
-    memory, summed over its PIDs; None where NVML lists none of them, e.g. another PID namespace),
+    :class:`~kvbench.bench.telemetry.nvml.NvmlReader` of the server's GPU) also ``nvml_process_peak_bytes`` (the tree's
+    GPU memory, summed over its PIDs; None where NVML lists none of them, e.g. another PID namespace),
     ``nvml_device_peak_bytes``, ``gpu_util_mean_percent`` and ``power_mean_w``."""
 
     def __init__(self, pid: int, interval_s: float = 0.05, nvml: Any = None):

@@ -76,7 +76,10 @@ def _record(r: Doc, prompts: dict[tuple[str, int], str]) -> dict[str, Any] | Non
     if meta.text("benchmark_phase", optional=True) == "warmup":
         return None
     m = r.at("metrics")
-    count = (lambda tag: (lambda d: None if d is None else d.count("value"))(m.at(tag, optional=True)))
+    def count(tag: str) -> int | None:
+        """The ``value`` count of metric ``tag``; None when the record has no such metric."""
+        return (lambda d: None if d is None else d.count("value"))(m.at(tag, optional=True))
+
     n = count("output_sequence_length") if m.has("output_sequence_length") else count("output_token_count")
     ttft, e2e = _seconds(m.at("time_to_first_token", optional=True)), _seconds(m.at("request_latency", optional=True))
     tpot = _seconds(m.at("inter_token_latency", optional=True))

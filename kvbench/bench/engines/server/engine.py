@@ -265,9 +265,10 @@ def load_server_engine(s: Scenario, run_path: Path, where: Path | None = None) -
     """The engine of a server run: the model's tokenizer (the prompts go as token ids) and the workload's
     requests; nothing is started yet, and first the scenario is checked against this machine (its device, the
     server's program: :func:`~kvbench.scenario.programs.cpu_refusals`,
-    :func:`~kvbench.scenario.programs.server_problems`; ``where`` is the file their error names). For a kind kvbench starts that loads a Hugging Face directory (vLLM,
-    SGLang) without ``engine.model``, the scenario's model as such a directory, so that the server runs the
-    weights kvbench tokenizes with: a GGUF exported once and reused (:func:`kvbench.models.export.hf_directory`).
+    :func:`~kvbench.scenario.programs.server_problems`; ``where`` is the file their error names). For a kind kvbench
+    starts that loads a Hugging Face directory (vLLM, SGLang) without ``engine.model``, the scenario's model as such a
+    directory, so that the server runs the weights kvbench tokenizes with: a GGUF exported once and reused
+    (:func:`kvbench.models.export.hf_directory`).
 
     Raises:
         kvbench.errors.ScenarioError: the scenario cannot run here (a CUDA device this machine lacks, a server

@@ -29,10 +29,10 @@ def server_argv(s: Scenario, preset: Preset, mode: Any, port: int, slots: int, c
     slots, context and seed, so that no earlier word can change where the server listens (the scenario's flags
     cannot name these either: :func:`~kvbench.scenario.server_flags.reserved_flag_problems`). ``slots``: parallel
     requests; ``ctx_per_slot``: tokens each holds; ``model_dir``: what the server loads when ``engine.model`` is
-    not given (the scenario's model exported as a Hugging Face directory, :func:`~kvbench.bench.engines.server.engine.load_server_engine`);
-    ``device``: what it computes on; ``kv_bytes``: the slots' full KV (bytes); ``program``: the server's program
-    when the caller has it already (default: looked up). The kind's
-    :attr:`~kvbench.serving.kind.ServerKind.launch` gives the words around the scenario's and
+    not given (the scenario's model exported as a Hugging Face directory,
+    :func:`~kvbench.bench.engines.server.engine.load_server_engine`); ``device``: what it computes on; ``kv_bytes``: the
+    slots' full KV (bytes); ``program``: the server's program when the caller has it already (default: looked up). The
+    kind's :attr:`~kvbench.serving.kind.ServerKind.launch` gives the words around the scenario's and
     :attr:`~kvbench.serving.kind.ServerKind.environment` the variables."""
     e, kind = s.engine, KINDS[s.engine.kind]
     program = program or server_program(e)

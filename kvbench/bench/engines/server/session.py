@@ -1,8 +1,8 @@
-"""A server engine's mode session (run by :func:`~kvbench.bench.engines.server.mode_run.run_mode`): the server of one mode
-and repeat, started cold by :meth:`ServerEngine.session <kvbench.bench.engines.server.engine.ServerEngine.session>`,
-and what the mode does around each request: its requests streamed, a conversation's slot restored before a turn
-and saved after it (llama.cpp's disk slots), the reply the dataset has held after a turn, a resumed mode's earlier
-turns sent again, ``/metrics`` read."""
+"""A server engine's mode session (run by :func:`~kvbench.bench.engines.server.mode_run.run_mode`): the server of one
+mode and repeat, started cold by
+:meth:`ServerEngine.session <kvbench.bench.engines.server.engine.ServerEngine.session>`, and what the mode does around
+each request: its requests streamed, a conversation's slot restored before a turn and saved after it (llama.cpp's disk
+slots), the reply the dataset has held after a turn, a resumed mode's earlier turns sent again, ``/metrics`` read."""
 
 from __future__ import annotations
 
