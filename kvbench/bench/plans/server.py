@@ -53,7 +53,7 @@ def server_sweep(s: Scenario, record: Record, engine: ServerEngine) -> None:
     requests = engine.source.requests[: s.load_spec.n_requests]
     levels = s.load_spec.levels
     modes = [m for m in s.modes if isinstance(m, ServerMode)]
-    if len(modes) != len(s.modes):  # validation gives a server engine server configurations only
+    if len(modes) != len(s.modes):  # validation admits only server configurations here
         raise TypeError(f"{s.name}: a server run's modes are server configurations")
     for c in levels:
         for r in range(s.repeats):
