@@ -38,9 +38,10 @@ class CheckTable:
 
 
 def is_gpu_checks(path: Path) -> bool:
-    """Whether ``path`` names a file of GPU checks rather than a run: a ``.json`` file (runs are folders or
-    ``trials.jsonl`` files)."""
-    return path.suffix == ".json" and not path.is_dir()
+    """Whether ``path`` names a file of GPU checks rather than a run: a ``gpu-*.json`` file, as ``gpu.sh`` names
+    them (runs are folders or ``trials.jsonl`` files; other tools' ``.json`` results are refused by the run
+    loader, which names the tool and the commands that read them)."""
+    return path.name.startswith("gpu-") and path.suffix == ".json" and not path.is_dir()
 
 
 def read_gpu_checks(path: Path) -> dict[str, Any]:

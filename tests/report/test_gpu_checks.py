@@ -103,12 +103,21 @@ def test_kvbench_report_prints_the_tables_and_writes_nothing(tmp_path):
 ])
 def test_a_file_that_is_not_the_gpu_checks_is_refused(doc, tmp_path, change, error):
     change(doc)
-    path = tmp_path / "gpu.json"
+    path = tmp_path / "gpu-bad.json"
     path.write_text(json.dumps(doc))
     with pytest.raises(BadFile, match=error.replace("(", r"\(").replace(")", r"\)")):
         read_gpu_checks(path)
     r = CliRunner().invoke(app, ["report", str(path)])
     assert r.exit_code == 2 and error in r.output
+
+
+def test_only_files_named_as_gpu_sh_names_them_are_taken_for_gpu_checks(tmp_path):
+    from kvbench.report.gpu_checks import is_gpu_checks
+
+    assert is_gpu_checks(DRY_RUN) and is_gpu_checks(tmp_path / "gpu-2026-12-07-h100.json")
+    assert not is_gpu_checks(ROOT / "tests" / "data" / "peers" / "vllm" / "cache.json")  # vllm bench serve's
+    (tmp_path / "gpu-dir.json").mkdir()
+    assert not is_gpu_checks(tmp_path / "gpu-dir.json") and not is_gpu_checks(tmp_path / "gpu-x.jsonl")
 
 
 def test_odd_figures_are_shown_as_text_not_a_crash(doc, tmp_path):
