@@ -6,9 +6,12 @@ from __future__ import annotations
 import os
 import subprocess
 
+import pytest
 import yaml
 
 from conftest import ROOT, kvbench_cmd, tiny_scenario
+
+pytestmark = pytest.mark.e2e
 
 #: config.json with an auto_map to marker_config.py, which writes $KVBENCH_MARKER when imported.
 MODEL = ROOT / "tests" / "data" / "hostile" / "remote_code_model"

@@ -327,7 +327,8 @@ def test_trials_that_generated_no_tokens_leave_their_cell_uncosted_and_say_so(tm
     assert (tmp_path / "m" / "map.json").exists()
 
 
-@pytest.mark.slow
+@pytest.mark.model
+@pytest.mark.e2e
 def test_a_run_beside_the_cpu_hog_maps_every_measured_cell_inconclusive(write_yaml, tmp_path):
     """benchmarks/cpu_hog.py keeps every CPU busy while a small shared_prefix scenario runs on the real model:
     each trial records the load, and `kvbench map` calls every measured cell inconclusive, the busy machine named."""

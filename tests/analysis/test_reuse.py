@@ -513,6 +513,7 @@ def test_report_and_cost_of_a_reuse_run(tiny_model, smol_tokenizer, tmp_path):
     assert list(c["mode_label"]) == ["none", "full"] and list(c["requests"]) == [2, 2]
 
 
+@pytest.mark.e2e
 def test_cli_runs_and_resumes_a_reuse_scenario(write_yaml, tmp_path):
     import subprocess
 

@@ -47,7 +47,8 @@ def readme_python() -> str:
     return examples[0]
 
 
-@pytest.mark.slow
+@pytest.mark.model
+@pytest.mark.e2e
 def test_the_docs_example_runs_the_smoke_scenario_writes_its_report_and_costs(tmp_path, monkeypatch):
     """The docs' Python example, as written but for its output folders: run, load, report, cost, plan."""
     code = readme_python()

@@ -71,6 +71,7 @@ def test_a_narrow_terminal_drops_named_columns_first_and_says_which(monkeypatch)
     assert max(len(x) for x in lines[:-1]) <= 80
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("module", ["kvbench", "kvbench.cli"])
 def test_python_dash_m_runs_the_command(module):
     """From the hostile pass: `python -m kvbench` said kvbench is a package that cannot be executed directly."""

@@ -26,7 +26,8 @@ def the_run_dir(root: Path) -> Path:
     return dirs[0]
 
 
-@pytest.mark.slow
+@pytest.mark.model
+@pytest.mark.e2e
 def test_smoke_scenario_on_the_real_model(tmp_path):
     r = subprocess.run([*kvbench_cmd(), "run", str(ROOT / "scenarios" / "smoke.yaml"), "--out", str(tmp_path)],
                        capture_output=True, text=True, timeout=600)
@@ -96,6 +97,7 @@ def test_bad_scenario_exits_with_the_error(write_yaml, tmp_path):
     assert not (tmp_path / "res").exists()
 
 
+@pytest.mark.e2e
 def test_prompts_shorter_than_the_chat_template_are_refused_before_any_trial(write_yaml, tmp_path):
     (tmp_path / "doc.txt").write_text("A long enough document about the weather and the sea. " * 40)
     scenario = write_yaml(tiny_scenario(model={"preset": "tiny-llama", "weights": "random",
@@ -130,6 +132,7 @@ def wait_for_lines(path: Path, n: int, proc: subprocess.Popen, timeout: float = 
     raise AssertionError(f"{path} never reached {n} lines")
 
 
+@pytest.mark.e2e
 def test_resume_after_kill_and_ctrl_c_loses_and_repeats_nothing(write_yaml, tmp_path):
     scenario = write_yaml(tiny_scenario(prompt_tokens=[64, 256, 512], max_new_tokens=60, batch_sizes=[1, 2],
                                         repeats=3, warmup=0))
@@ -184,6 +187,7 @@ def test_resume_after_kill_and_ctrl_c_loses_and_repeats_nothing(write_yaml, tmp_
     assert r.returncode == 2 and f"--out does not apply with --resume: the run stays in {run}" in r.stderr
 
 
+@pytest.mark.e2e
 def test_disk_tier_faults_and_interrupts_leave_no_files(write_yaml, tmp_path):
     kv = tmp_path / "kv"
     kv.mkdir()
@@ -241,6 +245,7 @@ def test_env_prints_the_machine_and_says_why_there_is_no_bandwidth():
     assert r.exit_code == 2 and "--device: must be auto, cpu, cuda or cuda:N (got 'bogus')" in r.stderr
 
 
+@pytest.mark.e2e
 def test_alert_is_printed_and_recorded(write_yaml, tmp_path):
     scenario = write_yaml(tiny_scenario(prompt_tokens=[8], batch_sizes=[1], repeats=1, warmup=0,
                                         monitor={"interval_ms": 5, "alert_device_bytes": "1MiB"}))
@@ -319,6 +324,7 @@ def test_text_from_files_and_paths_is_never_read_as_markup(tmp_path):
     assert f"model {cfg} (random weights):" in r.stderr and f"tiny: {cfg} (random weights)" in r.stdout
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("name", ["samples.csv", "trials.jsonl", ".lock"])
 def test_resume_never_writes_through_a_symlink_it_did_not_make(tmp_path, name):
     """Issue 17 item 1: a run directory from someone's tarball with a file replaced by a link: resuming cut the
@@ -341,6 +347,7 @@ def test_resume_never_writes_through_a_symlink_it_did_not_make(tmp_path, name):
     assert target.read_bytes() == b"line one\nno newline at the end"
 
 
+@pytest.mark.e2e
 def test_report_and_cost_refuse_a_report_directory_that_is_a_symlink(tmp_path):
     import shutil
 
@@ -462,6 +469,7 @@ def test_resume_refuses_rows_of_another_scenario(write_yaml, tmp_path):
     assert (run / "trials.jsonl").read_bytes() == before
 
 
+@pytest.mark.e2e
 def test_a_pickled_checkpoint_is_refused_in_one_line_and_leaves_no_run_dir(write_yaml, tmp_path):
     """Issue 17 item 14: a pickled pytorch_model.bin (tests/data/hostile/pickled-model: a tiny Llama config and a
     dict holding an argparse.Namespace) was refused by torch as an UnpicklingError traceback that left an empty run

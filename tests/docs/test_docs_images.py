@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from conftest import require_chromium
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -26,6 +28,7 @@ def png_size(data: bytes) -> tuple[int, int]:
     return struct.unpack(">II", data[16:24])
 
 
+@pytest.mark.browser
 def test_the_script_makes_every_image_in_headless_chromium(tmp_path):
     require_chromium()
     out = tmp_path / "images"

@@ -30,7 +30,7 @@ def exported(tmp_path_factory):
     return hf_directory("smollm2-135m", tmp_path_factory.mktemp("models"))
 
 
-@pytest.mark.slow
+@pytest.mark.model
 def test_the_export_generates_what_the_gguf_does(exported, smol_tokenizer):
     import torch
 
@@ -50,12 +50,14 @@ def test_the_export_generates_what_the_gguf_does(exported, smol_tokenizer):
     assert hf.shape == gguf.shape and hf.weights_bytes == gguf.weights_bytes
 
 
+@pytest.mark.model
 def test_the_exported_config_says_nothing_of_the_gguf_it_came_from(exported):
     config = json.loads((exported.path / "config.json").read_text())
     assert "quantization_config" not in config  # vLLM: "Unknown quantization method: gguf"
     assert (config["dtype"], config["num_hidden_layers"], config["num_key_value_heads"]) == ("float32", 30, 3)
 
 
+@pytest.mark.model
 def test_a_second_export_reuses_the_first_by_the_files_digest(exported):
     record = json.loads((exported.path / RECORD).read_text())
     assert exported.reused is False and record["sha256"] == exported.sha256 == file_sha256(gguf_path())

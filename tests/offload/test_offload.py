@@ -136,7 +136,7 @@ def test_every_mode_and_the_disk_tier_give_the_ids_of_dynamic_cache(tiny_model, 
     assert list(tmp_path.iterdir()) == []  # the disk tier's directory is gone
 
 
-@pytest.mark.slow
+@pytest.mark.model
 @pytest.mark.parametrize("kind,options", [("full", {}), ("hierarchical", {"window": 16}),
                                           ("hierarchical", {"window": 0}),
                                           ("hierarchical", {"window": 8, "host_max_tokens": 16}),

@@ -126,6 +126,7 @@ def test_report_files_charts_and_diagnoses(golden, tmp_path):
         "diagnoses need a CUDA run"]
 
 
+@pytest.mark.browser
 def test_html_report_loads_in_headless_chromium(golden, tmp_path):
     rep = write_report(golden[0], tmp_path / "report")
     browser = headless_chromium(tmp_path / "profile", log_console=True)

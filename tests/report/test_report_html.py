@@ -45,6 +45,7 @@ def browser(tmp_path):
     b.quit()
 
 
+@pytest.mark.browser
 def test_report_html_at_1280_pixels_shows_the_cost_section_and_no_horizontal_scrollbar(tmp_path, browser):
     """From the issue: report.html had no cost section, and its tables sat behind a horizontal scrollbar even on a
     2,600-pixel window. At 1,280 pixels the page and every main table fit; the screenshot shows the cost section."""

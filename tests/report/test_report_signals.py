@@ -60,6 +60,7 @@ def reaper():
         p.wait()
 
 
+@pytest.mark.e2e
 def test_sigterm_stops_the_report_and_leaves_nothing(tmp_path, reaper):
     root, out = results_dir(tmp_path), tmp_path / "rep"
     proc = start_report(root, out)
@@ -71,6 +72,7 @@ def test_sigterm_stops_the_report_and_leaves_nothing(tmp_path, reaper):
     assert not out.exists(), list(out.rglob("*"))  # it made the folder, so it removes it: no scratch folder, no empty report folder
 
 
+@pytest.mark.e2e
 def test_the_next_report_sweeps_the_folder_of_a_sigkilled_one(tmp_path, reaper):
     root, out = results_dir(tmp_path), tmp_path / "rep"
     proc = start_report(root, out)

@@ -284,6 +284,7 @@ def test_validate_command_reports_every_bad_file(write_yaml, tmp_path):
     assert f"{bad}: device: must be auto, cpu, cuda or cuda:N (got 'tpu')" in r.stderr
 
 
+@pytest.mark.e2e
 def test_help_does_not_import_torch():
     code = ("import sys\nfrom kvbench.cli import app\n"
             "try:\n    app(['--help'])\nexcept SystemExit:\n    pass\n"
@@ -296,6 +297,7 @@ def test_help_does_not_import_torch():
 HOSTILE = ROOT / "tests" / "data" / "hostile"
 
 
+@pytest.mark.e2e
 def test_a_yaml_alias_bomb_is_refused_at_once():
     """A 450-byte "billion laughs" (9⁹ values once its aliases expand): refused in well under a second, echoing
     nothing of the expanded value, by validate and by run (exit 2, no run directory)."""

@@ -267,6 +267,7 @@ def mid_second_mode(out: Path) -> Path | None:
         return None
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL], ids=["sigint", "sigkill"])
 def test_a_signal_mid_mode_leaves_no_server_and_resume_sends_only_what_is_missing(sig, tmp_path, record,
                                                                                   monkeypatch):

@@ -19,7 +19,7 @@ from kvbench.bench.run import RunProgress
 LLAMA_SERVER = Path(sys.prefix) / "bin" / "llama-server"
 
 pytestmark = [
-    pytest.mark.slow,
+    pytest.mark.server,
     pytest.mark.skipif(not os.access(LLAMA_SERVER, os.X_OK),
                        reason=f"llama-server is not built at {LLAMA_SERVER}: `make llama-server` builds it there "
                               "(about 5 minutes on two cores)"),

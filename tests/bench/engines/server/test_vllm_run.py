@@ -23,7 +23,7 @@ from kvbench.serving.vllm import CPU_OFFLOAD_REFUSED
 PYTHON = own_python("vllm")
 
 pytestmark = [
-    pytest.mark.slow,
+    pytest.mark.vllm,
     pytest.mark.skipif(PYTHON is None, reason="vLLM's CPU build is not installed in .venv/vllm: `make vllm` "
                                               "installs it (about 3 minutes)"),
 ]

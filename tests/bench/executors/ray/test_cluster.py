@@ -74,7 +74,9 @@ class Killer(RunProgress):
             os.kill(self.killed, signal.SIGKILL)
 
 
-@pytest.mark.slow
+@pytest.mark.ray
+@pytest.mark.model
+@pytest.mark.e2e
 def test_smoke_on_ray_has_the_trial_ids_and_statuses_of_a_local_run(tmp_path, cluster):
     smoke = ROOT / "scenarios" / "smoke.yaml"
     local = run_scenario(smoke, out=tmp_path / "local")
@@ -94,6 +96,7 @@ def test_smoke_on_ray_has_the_trial_ids_and_statuses_of_a_local_run(tmp_path, cl
     assert [w["host"] for w in meta["machines"][""]["workers"]] == [socket.gethostname()] * 2
 
 
+@pytest.mark.ray
 def test_a_worker_killed_mid_trial_gives_one_error_row_and_a_retry_elsewhere(tmp_path, cluster):
     killer = Killer("p16-b1-full-r0")
     res = run_scenario(write(tmp_path, tiny_scenario(**SLOW)), out=tmp_path, executor="ray", progress=killer)
@@ -116,6 +119,8 @@ def test_a_worker_killed_mid_trial_gives_one_error_row_and_a_retry_elsewhere(tmp
     assert res.written == 8  # trials finished: the lost row is not one
 
 
+@pytest.mark.ray
+@pytest.mark.e2e
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_ctrl_c_then_resume_loses_and_repeats_nothing(tmp_path, sig):
     """A real SIGINT (or a scheduler's SIGTERM, which Ray's own handler must not take over) to ``kvbench run
@@ -148,6 +153,7 @@ def test_ctrl_c_then_resume_loses_and_repeats_nothing(tmp_path, sig):
     assert {x["status"] for x in after} == {"ok"}
 
 
+@pytest.mark.ray
 @pytest.mark.parametrize("placement, fragment", [
     ([{"accelerator_type": "H100"}], "placement[0] (H100): no node of the Ray cluster can hold a worker (CPU 1 "
                                      "(executor.cpus_per_worker), accelerator_type:H100 0.001); the cluster has: "),
@@ -162,6 +168,7 @@ def test_a_placement_no_node_satisfies_is_refused_before_any_trial(tmp_path, clu
     assert not list((tmp_path / "out").glob("*"))  # no run directory is left
 
 
+@pytest.mark.ray
 def test_two_machine_kinds_run_every_trial_on_each_and_report_per_machine(tmp_path, cluster):
     data = tiny_scenario(prompt_tokens=[8], placement=[{"resources": {"kind_a": 1}}, {"resources": {"kind_b": 1}}])
     res = run_scenario(write(tmp_path, data), out=tmp_path, executor="ray")
@@ -201,6 +208,7 @@ def test_an_unreachable_address_is_refused_at_once(monkeypatch):
     assert time.monotonic() - t0 < 10
 
 
+@pytest.mark.ray
 def test_a_run_resumed_on_the_other_executor_says_which_ran_what(tmp_path, cluster):
     class StopAfter(RunProgress):
         def __init__(self, n):
@@ -254,7 +262,8 @@ def test_workers_per_kind_follow_the_nodes_resources():
 LLAMA_SERVER = os.path.join(sys.prefix, "bin", "llama-server")
 
 
-@pytest.mark.slow
+@pytest.mark.ray
+@pytest.mark.server
 @pytest.mark.skipif(not os.access(LLAMA_SERVER, os.X_OK),
                     reason=f"llama-server is not built at {LLAMA_SERVER}: `make llama-server` builds it there (about 5 "
                            "minutes on two cores; `make test` does it first)")

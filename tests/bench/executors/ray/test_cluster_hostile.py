@@ -115,6 +115,7 @@ def cli(tmp_path: Path, port: int, answer_s: float = 1.0) -> subprocess.Complete
                            "--address", f"127.0.0.1:{port}"], capture_output=True, text=True, timeout=60)
 
 
+@pytest.mark.e2e
 def test_a_port_that_accepts_and_never_answers_exits_2_naming_it(tmp_path):
     with listener() as port:
         t0 = time.monotonic()
@@ -129,6 +130,7 @@ def test_a_port_that_accepts_and_never_answers_exits_2_naming_it(tmp_path):
     assert not list((tmp_path / "out").glob("*"))  # nothing was started, no run directory is left
 
 
+@pytest.mark.e2e
 def test_an_http_server_is_refused_as_no_gcs(tmp_path):
     with http_server() as port:
         r = cli(tmp_path, port, answer_s=20.0)  # it answers at once: the timeout is not what ends it
@@ -299,7 +301,7 @@ def no_fake_within(seconds: float) -> bool:
     return False
 
 
-@pytest.mark.slow
+@pytest.mark.ray
 def test_a_worker_killed_mid_request_names_it_and_its_server_log_reaches_the_run(tmp_path, cluster):
     before = worker_folders()
     watcher = Watcher(after=2, kill=True)
@@ -334,7 +336,7 @@ def test_a_worker_killed_mid_request_names_it_and_its_server_log_reaches_the_run
     assert no_fake_within(10)
 
 
-@pytest.mark.slow
+@pytest.mark.ray
 def test_a_log_that_cannot_be_recovered_is_said_not_named(tmp_path, cluster, monkeypatch):
     import kvbench.bench.executors.ray.driver as driver
 
@@ -363,7 +365,7 @@ def test_a_log_that_cannot_be_recovered_is_said_not_named(tmp_path, cluster, mon
     assert no_fake_within(10)
 
 
-@pytest.mark.slow
+@pytest.mark.ray
 def test_an_interrupted_server_run_keeps_its_logs_and_leaves_no_folder(tmp_path, cluster):
     before = worker_folders()
     res = run_scenario(server_scenario(tmp_path), out=tmp_path / "res", trust_server_config=True,
