@@ -11,6 +11,10 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# One OpenMP thread for torch here and in the kvbench processes the tests start: where other processes keep the
+# CPUs busy, torch's threads wait on one another at every operation (a decode of 30 tokens on the tiny model: 0.5 s
+# with one thread, 20 to 45 s with two on a loaded two-core machine).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 @pytest.fixture(scope="session")
