@@ -75,6 +75,7 @@ def test_a_scenario_s_own_program_is_never_run_without_the_opt_in(tmp_path):
     assert not marker.exists()
 
 
+@pytest.mark.e2e
 def test_a_results_folder_someone_sent_runs_nothing_on_resume(tmp_path, record):
     marker = tmp_path / "ran.txt"
     prog = tmp_path / "their-server"  # the sender's own program, recorded in run.json's scenario
@@ -210,6 +211,7 @@ def hostile(tmp_path_factory) -> Path:
     return run_dir
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("mode", ["none", "prefix-cache"])
 @pytest.mark.parametrize("trial, says", [
     ("c0-t1", "line 9 of the stream: the stream carries 5 tokens, more than the 4 asked for (kvbench reads no "
@@ -222,6 +224,7 @@ def test_a_reply_that_never_ends_or_never_ends_its_line_fails_its_request_only(h
     assert row["status"] == "error" and says in row["message"], row["message"]
 
 
+@pytest.mark.e2e
 def test_a_reply_with_unicode_line_separators_in_its_text_through_a_proxied_environment_is_a_good_row(hostile):
     import hashlib
 
@@ -236,6 +239,7 @@ def test_a_reply_with_unicode_line_separators_in_its_text_through_a_proxied_envi
         assert row["output_sha256"] == hashlib.sha256(text.encode()).hexdigest()
 
 
+@pytest.mark.e2e
 def test_a_giant_metrics_page_is_not_read(hostile):
     servers = json.loads((hostile / "run.json").read_text())["servers"]
     assert [set(s["metrics_delta"].values()) for s in servers] == [{None}, {None}]
@@ -270,6 +274,7 @@ def test_an_openai_url_that_points_the_wrong_way_is_refused_by_validate(tmp_path
     assert r.exit_code == 2 and says in flat(r.output), r.output
 
 
+@pytest.mark.e2e
 def test_an_openai_server_that_is_not_running_is_refused_before_the_sweep(tmp_path):
     data = {"name": "o", "model": "smollm2-135m", "engine": {"kind": "openai", "url": "http://127.0.0.1:9"},
             "modes": [{"name": "none"}], "prompt_tokens": [32], "max_new_tokens": 2, "workload": WORKLOAD}
@@ -345,6 +350,7 @@ def test_a_poisson_rate_that_sends_everything_at_once_is_called_a_burst(tmp_path
     assert "burst" not in invoke("validate", str(tmp_path / "s.yaml")).output
 
 
+@pytest.mark.e2e
 def test_an_openai_url_where_another_kind_of_server_answers_is_refused_before_the_sweep(tmp_path):
     import http.server
     import threading

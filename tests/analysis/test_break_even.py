@@ -411,6 +411,7 @@ def test_plan_break_even_assumed_and_measured_constants(tmp_path):
         measured_constants(tmp_path / "map.json", scenario="x")
 
 
+@pytest.mark.e2e
 def test_a_shared_prefix_run_restores_exactly_its_prefix_and_reports_its_map(tiny_model, smol_tokenizer, tmp_path):
     """On the in-process engine: a revisit restores its whole shared prefix's chunks and nothing of another
     request, every trial's ids equal none's, rows carry their cell, and the report holds the map."""

@@ -270,6 +270,7 @@ def expected_restored(requests, chunk, tails=True):
     return out
 
 
+@pytest.mark.e2e
 def test_multi_turn_warm_trials_restore_exactly_in_every_mode(tiny_model, smol_tokenizer, tmp_path):
     stream = multi_turn([conversation(i) for i in range(2)], smol_tokenizer, conversations=2, turns=3,
                         interleave="round_robin", min_prompt_tokens=1, max_prompt_tokens=2000)
@@ -318,6 +319,7 @@ def test_preflight_makes_a_store_with_the_loaded_model(tiny_model, smol_tokenize
                                          "bytes = 16,384 bytes"]
 
 
+@pytest.mark.e2e
 def test_store_partly_on_disk_damaged_files_and_resume(tiny_model, smol_tokenizer, tmp_path):
     stream = doc_qa(documents(3), smol_tokenizer, documents=2, questions=3, doc_tokens=150, repeat_mode="tile")
     store = {"chunk_tokens": 32, "host_max_bytes": 32 * 512 * 2, "disk_max_bytes": "1MiB"}  # 2 chunks in memory
@@ -489,6 +491,7 @@ def test_reuse_saving_interval_is_a_bootstrap_over_request_pairs():
     assert reuse_cost_display(pd.DataFrame([c]))[0]["pairs"].tolist() == ["6 (5 quiet)"]
 
 
+@pytest.mark.e2e
 def test_report_and_cost_of_a_reuse_run(tiny_model, smol_tokenizer, tmp_path):
     from kvbench.report.write import write_report
 

@@ -121,6 +121,7 @@ def test_user_errors_name_no_flag(write_yaml, tmp_path):
     assert not (tmp_path / "res").exists()
 
 
+@pytest.mark.e2e
 def test_a_tiny_run_then_its_resume(write_yaml, tmp_path):
     scenario = write_yaml(tiny_scenario(prompt_tokens=[8], batch_sizes=[1], repeats=1, warmup=0,
                                         modes=[{"kind": "none"}, {"kind": "dynamic", "min_window": 16}]))

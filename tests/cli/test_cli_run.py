@@ -260,6 +260,7 @@ def test_alert_is_printed_and_recorded(write_yaml, tmp_path):
     assert "crossed monitor.alert_device_bytes 1.0 MiB" in " ".join(r.stderr.split())
 
 
+@pytest.mark.e2e
 def test_a_full_results_disk_keeps_the_finished_trials_and_says_how_to_resume(write_yaml, tmp_path, monkeypatch):
     import errno
 
@@ -294,6 +295,7 @@ def test_a_full_results_disk_keeps_the_finished_trials_and_says_how_to_resume(wr
     assert json.loads((run / "run.json").read_text())["status"] == "interrupted"
 
 
+@pytest.mark.e2e
 def test_text_from_files_and_paths_is_never_read_as_markup(tmp_path):
     """Issue 17 item 3: a description "[/]" crashed `list scenarios` (MarkupError), `[draft]/mini.yaml` printed as
     `/mini.yaml`, a config path `cfg/[/]x.json` crashed `run`."""
@@ -413,6 +415,7 @@ def full_disk_on_the_third_trial(monkeypatch, run_json_too: bool) -> None:
     monkeypatch.setattr(RunDir, "update", update)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("run_json_too", [False, True])
 def test_a_full_disk_mid_run_keeps_whole_trials_and_says_what_run_json_says(write_yaml, tmp_path, monkeypatch,
                                                                           run_json_too):
@@ -446,6 +449,7 @@ def test_a_full_disk_mid_run_keeps_whole_trials_and_says_what_run_json_says(writ
     assert f"2 finished trials are kept: make room, then continue with: kvbench run --resume {run}" in text
 
 
+@pytest.mark.e2e
 def test_resume_refuses_rows_of_another_scenario(write_yaml, tmp_path):
     """Issue 17 item 8: rows of another scenario (another name and max_new_tokens) under a run's run.json: resume
     said "nothing to run" and kept them. Now it refuses, naming the file, the line and the mismatch."""

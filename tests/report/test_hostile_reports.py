@@ -74,6 +74,7 @@ def one_line(text: str) -> str:
     return " ".join(text.split())
 
 
+@pytest.mark.e2e
 def test_the_plain_run_is_what_the_tests_below_take_it_for(plain):
     got = rows(plain)
     assert len(got) == 6 * len(LABELS) and all(r["status"] == "ok" for r in got.values())
@@ -83,6 +84,7 @@ def test_the_plain_run_is_what_the_tests_below_take_it_for(plain):
         "request": {"repeat_penalty": 1.5}}
 
 
+@pytest.mark.e2e
 def test_compare_gates_two_server_runs_of_plain_prompts_point_by_point(plain, tmp_path):
     def slower(r):
         if r["mode_label"] == "prefix-cache@c2" and r["prompt_tokens"] == 128:
@@ -114,6 +116,7 @@ def test_compare_gates_two_server_runs_of_plain_prompts_point_by_point(plain, tm
             "carry ttft_s, tpot_s, e2e_s, throughput_tokens_per_s") in one_line(r.output)
 
 
+@pytest.mark.e2e
 def test_compare_says_exactly_what_keeps_two_runs_from_sharing_a_point(plain, failing, tmp_path):
     cli = CliRunner()
     r = cli.invoke(app, ["compare", str(GOLDEN), str(plain)])
@@ -131,6 +134,7 @@ def test_compare_says_exactly_what_keeps_two_runs_from_sharing_a_point(plain, fa
     assert "B is a reuse run (multi_turn, doc_qa): a reuse workload has no such points" in one_line(r.output)
 
 
+@pytest.mark.e2e
 def test_cost_of_a_server_run_whose_requests_all_failed_says_so_with_the_first_reason(plain, failing, tmp_path):
     r = CliRunner().invoke(app, ["cost", "--gpu-price", "2", str(failing)])
     assert r.exit_code == 2, r.output  # nothing to cost, as compare with no point: bad input
@@ -146,6 +150,7 @@ def test_cost_of_a_server_run_whose_requests_all_failed_says_so_with_the_first_r
         one_line(r.output)
 
 
+@pytest.mark.e2e
 def test_the_report_says_why_a_counter_has_no_delta_as_run_json_does(plain, tmp_path):
     from kvbench.bench.engines.server.metrics import measured_deltas
 
@@ -168,6 +173,7 @@ def test_the_report_says_why_a_counter_has_no_delta_as_run_json_does(plain, tmp_
     assert "went down" not in other and "not reported" not in other
 
 
+@pytest.mark.e2e
 def test_a_mode_whose_own_options_change_its_outputs_is_not_blamed_on_the_cache(plain, tmp_path):
     def diverged(r):
         if r["mode"] != "none":  # every other mode's ids differ from none's from the first step

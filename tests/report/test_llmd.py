@@ -67,6 +67,7 @@ def test_statistics_gives_the_higher_percentiles_of_the_values_it_has():
     assert statistics([None], "s") is None
 
 
+@pytest.mark.e2e
 def test_every_report_of_a_server_run_is_valid_v0_2_1_with_the_field_units(server_run):
     reports = llmd_reports(load_results(server_run))
     assert [name for name, _ in reports] == ["fake/none", "fake/prefix-cache"]
@@ -84,6 +85,7 @@ def test_every_report_of_a_server_run_is_valid_v0_2_1_with_the_field_units(serve
         assert engine["native"]["config"]["argv"][0].endswith("fake_llama_server.py")
 
 
+@pytest.mark.e2e
 def test_a_report_holds_kvbench_s_figures_and_counts(server_run):
     results = load_results(server_run)
     reports = dict(llmd_reports(results, Prices(3.0)))
@@ -122,6 +124,7 @@ def test_a_report_holds_kvbench_s_figures_and_counts(server_run):
                                                               / ext["cache"]["prompt_tokens"])}
 
 
+@pytest.mark.e2e
 def test_exported_reports_read_back_with_kvbench_s_medians(server_run, tmp_path):
     results = load_results(server_run)
     files = write_llmd(results, tmp_path / "llmd")
@@ -148,6 +151,7 @@ def test_an_in_process_run_gives_one_report_per_point_that_ran():
         assert doc["scenario"]["stack"][0]["standardized"]["tool"] == "kvbench-transformers"
 
 
+@pytest.mark.e2e
 def test_the_cli_writes_the_reports_and_refuses_a_symlinked_folder(server_run, tmp_path):
     r = CliRunner().invoke(app, ["report", str(server_run), "--format", "llm-d", "--out", str(tmp_path / "o")])
     assert r.exit_code == 0, r.output
@@ -226,6 +230,7 @@ def test_a_point_over_the_budget_is_exported_with_its_status_and_no_cost():
     assert not list(jsonschema.Draft202012Validator(SCHEMA).iter_errors(doc))
 
 
+@pytest.mark.e2e
 def test_an_in_process_run_and_a_server_run_export_together(server_run, tmp_path):
     both = tmp_path / "both"
     both.mkdir()
@@ -245,6 +250,7 @@ def test_two_runs_of_one_scenario_give_a_report_each(tmp_path):
     assert "golden@one/full-p32-b1" in names and "golden@two/full-p32-b1" in names and len(names) == 40
 
 
+@pytest.mark.e2e
 def test_a_symlinked_report_folder_and_a_file_in_the_way_are_refused(server_run, tmp_path):
     run = tmp_path / "run"
     shutil.copytree(server_run, run)
@@ -259,6 +265,7 @@ def test_a_symlinked_report_folder_and_a_file_in_the_way_are_refused(server_run,
     assert r.exit_code == 2 and "afile is not a directory: the llm-d reports go in a directory" in r.output
 
 
+@pytest.mark.e2e
 def test_a_folder_of_exported_reports_reads_back_with_counts_and_hit_rate(server_run, tmp_path):
     write_llmd(load_results(server_run), tmp_path / "llmd")
     table = peer_cost_table(load_peers([tmp_path / "llmd"]), Prices(2.0)).set_index("label")
@@ -270,6 +277,7 @@ def test_a_folder_of_exported_reports_reads_back_with_counts_and_hit_rate(server
         cache["cached_prompt_tokens"].sum() / cache["prompt_tokens"].sum())
 
 
+@pytest.mark.e2e
 def test_odd_server_records_and_runs_in_folders_of_one_name_still_export(server_run, tmp_path):
     for d in ("x", "y"):
         shutil.copytree(server_run, tmp_path / d / "run")
@@ -283,6 +291,7 @@ def test_odd_server_records_and_runs_in_folders_of_one_name_still_export(server_
     assert native["args"] == {} and native["envars"] == {}
 
 
+@pytest.mark.e2e
 def test_a_server_run_without_its_servers_still_names_its_engine(server_run, tmp_path):
     shutil.copytree(server_run, tmp_path / "run")
     meta = json.loads((tmp_path / "run" / "run.json").read_text())

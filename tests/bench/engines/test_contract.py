@@ -32,6 +32,8 @@ from kvbench.bench.run import RunProgress
 from kvbench.scenario.programs import own_python
 from fake_servers import FAKE, rows
 
+pytestmark = pytest.mark.e2e
+
 LLAMA_SERVER = Path(sys.prefix) / "bin" / "llama-server"
 WORKLOAD = {"source": "sharegpt", "seed": 0, "multi_turn": {
     "conversations": 2, "turns": 2, "interleave": "sequential", "min_prompt_tokens": 300, "max_prompt_tokens": 600}}

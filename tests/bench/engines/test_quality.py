@@ -47,6 +47,7 @@ def test_teacher_forcing_on_a_cache_s_own_greedy_ids_is_its_free_run(tiny_model)
     assert torch.allclose(free.exp().sum(-1), torch.ones(2, 6))
 
 
+@pytest.mark.e2e
 def test_a_threshold_turns_a_lossy_mode_into_fails_quality_and_a_lossless_one_gets_no_quality(tmp_path):
     modes = [{"kind": "none"}, {"kind": "full", "host_dtype": "fp8"}, {"kind": "full", "host_dtype": "float32"}]
     data = tiny_scenario(modes=modes, prompt_tokens=[16], batch_sizes=[2], max_new_tokens=6, repeats=5,

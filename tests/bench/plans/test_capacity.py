@@ -126,6 +126,7 @@ def _run(tiny_model, tmp_path, **over):
     return s, runner, run, res
 
 
+@pytest.mark.e2e
 def test_batch_search_on_cpu_is_exact_and_records_every_probe(tiny_model, tmp_path):
     # 32 prompt + 4 new tokens: 35 cached per sequence; none holds all of them, full one layer's
     budget = 40960
@@ -176,6 +177,7 @@ def test_batch_search_on_cpu_is_exact_and_records_every_probe(tiny_model, tmp_pa
     assert rep.findings[results.runs[0]["group"]][0].startswith("at 32 tokens, `none`: largest batch 2")
 
 
+@pytest.mark.e2e
 def test_prompt_search_and_plan_predictions_in_rows(tiny_model, tmp_path):
     # batch 1, 3 new tokens: (n + 2) × 512 bytes ≤ 40960 → n ≤ 78; resolution 8 from 16: 16 32 64 128✗ 96✗ 80✗ 72
     s, runner, run, res = _run(tiny_model, tmp_path, prompt_tokens="auto", batch_sizes=[1], budget=40960,

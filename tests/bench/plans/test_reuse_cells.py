@@ -5,6 +5,7 @@ counts every chunk its visits hold."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from kvbench.workloads.documents import Document
 
@@ -55,6 +56,7 @@ def _run(cells, tiny_model, tokenizer, path):
     return warm, cells
 
 
+@pytest.mark.e2e
 def test_a_cell_is_charged_only_its_own_chunks_in_either_order(tiny_model, smol_tokenizer, tmp_path):
     """Cell A (64 tokens, 32 shared: 2 whole chunks) holds 2 × (32 + 2 visits × 32) = 192 tokens; cell B (72
     tokens, 36 shared: 2 whole chunks, the rest of each visit 2 chunks and an 8-token tail) 2 × (32 + 2 × 40) =

@@ -189,6 +189,7 @@ def test_host_tier_that_cannot_fit_is_refused_before_the_trial(tiny_model, monke
     assert runner.run(TrialSpec(16, 2, s.modes[1], 0))["status"] == "ok"
 
 
+@pytest.mark.e2e
 def test_sweep_writes_every_trial_and_ctrl_c_keeps_finished_ones(tiny_model, tmp_path):
     s, runner = make_runner(tiny_model)
     run = RunDir.create(tmp_path, s.model_dump(mode="json"), {"test": True})

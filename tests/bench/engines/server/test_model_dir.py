@@ -4,6 +4,7 @@ engine.model, when given, is what it loads; a GGUF kind (llama.cpp) is never exp
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 
 import pytest
@@ -22,9 +23,12 @@ def scenario(**engine) -> dict:
 
 
 @pytest.fixture
-def exports(tmp_path, monkeypatch):
-    """The models asked for, with a stand-in export (the real one: tests/models/test_export.py)."""
+def exports(tmp_path, monkeypatch, smol_tokenizer):
+    """The models asked for, with a stand-in export (the real one: tests/models/test_export.py); the engine gets
+    the session's SmolLM2 tokenizer rather than loading it again from the GGUF (seconds, each time)."""
     asked: list[str] = []
+    monkeypatch.setattr(importlib.import_module("kvbench.models.load"), "load_tokenizer",
+                        lambda name, trust_remote_code=False: smol_tokenizer)
 
     def fake(name: str, root: Path | None = None, dtype: str = "float32") -> export.Exported:
         asked.append(name)

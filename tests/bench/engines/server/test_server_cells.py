@@ -4,8 +4,12 @@ KV each cell holds (every visit's prompt whole: llama.cpp keeps whole prompt sta
 
 from __future__ import annotations
 
+import pytest
+
 from kvbench.bench.engines.server.engine import CTX_MARGIN
 from fake_servers import FAKE, fake_env, nothing_left_running, rows, run  # noqa: F401
+
+pytestmark = pytest.mark.e2e
 
 #: KV bytes of one SmolLM2 token at 4 bytes an element (30 layers × K and V × 3 kv heads × 64 × 4).
 KV_BYTES_PER_TOKEN = 46_080

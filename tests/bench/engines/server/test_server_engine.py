@@ -21,6 +21,9 @@ from fake_servers import (  # noqa: F401 - nothing_left_running and record are f
     FAKE, REQUESTS, arg, common_prefix, digest, events, fake_env, meta, modelled_cache, no_fake_within, nothing_left_running, record, rows, run, scenario)
 from kvbench.cli import app
 
+pytestmark = pytest.mark.e2e
+
+
 @pytest.fixture(scope="module")
 def basic(tmp_path_factory):
     """none, prefix-cache and disk-slots with one warm-up: (run directory, events by mode, tmp dir)."""

@@ -15,6 +15,8 @@ from kvbench.analysis.reuse_cost import reuse_cost
 from kvbench.cli import app
 from fake_servers import FAKE, events, fake_env, meta, nothing_left_running, rows, run  # noqa: F401
 
+pytestmark = pytest.mark.e2e
+
 MODES = ("none", "prefix-cache", "ram", "disk-slots", "off")
 #: The fake's slot restore (seconds), prefill cost per processed prompt token and time per generated token
 #: (seconds): every request lasts over half a second, long enough for its machine-load window to tell busy or not.

@@ -61,6 +61,7 @@ def run(tmp_path_factory):
     return res, knock, tmp
 
 
+@pytest.mark.e2e
 def test_every_request_ran_with_the_key_and_no_other_process_gets_in(run):
     res, knock, tmp = run
     assert len(res.rows) == 8 and all(r["status"] == "ok" for r in res.rows), [r.get("message") for r in res.rows]
@@ -75,6 +76,7 @@ def test_every_request_ran_with_the_key_and_no_other_process_gets_in(run):
     assert not any(k in " ".join(knock.cmdline) for k in keys.values())  # /proc/<pid>/cmdline holds no key
 
 
+@pytest.mark.e2e
 def test_the_key_files_are_gone_and_nothing_records_a_key(run):
     res, knock, _ = run
     _, keys = knock.config
@@ -114,6 +116,7 @@ def test_the_key_file_is_made_anew_readable_by_its_owner_alone_and_removed(tmp_p
     assert server_keys(None, tmp_path, "x") is None
 
 
+@pytest.mark.e2e
 def test_a_killed_run_s_key_files_are_removed_when_it_resumes_and_nothing_else(run, tmp_path):
     """From the hostile pass: after kill -9 of kvbench, servers/none-r0.<hex>.yaml (the keys of a server gone with
     it) stayed, and --resume finished the run without removing it."""
