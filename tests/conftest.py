@@ -1,9 +1,12 @@
-"""Shared fixtures: the real SmolLM2 tokenizer, a tiny random Llama, and scenario writing helpers."""
+"""Shared fixtures: the real SmolLM2 tokenizer, a tiny random Llama, and scenario writing helpers; and the check
+that keeps the fast tier fast (an unmarked test whose call takes over 5 seconds fails)."""
 
 from __future__ import annotations
 
 import os
+import resource
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -15,6 +18,56 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # CPUs busy, torch's threads wait on one another at every operation (a decode of 30 tokens on the tiny model: 0.5 s
 # with one thread, 20 to 45 s with two on a loaded two-core machine).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+pytest_plugins = ["pytester"]
+
+#: The markers that say what a test needs beyond Python (pyproject.toml says what each means); `make test-fast`
+#: deselects them all, and a test carrying one may take as long as it needs.
+TIERS = ("model", "server", "vllm", "ray", "browser", "e2e")
+
+
+def pytest_addoption(parser):
+    parser.addini("unmarked_call_limit_s", "seconds an unmarked test's call may take, not counting time spent "
+                  "waiting for a CPU", default="5")
+
+
+def cpu_clocks() -> tuple[float, float]:
+    """``(queued, worked)`` so far: seconds the calling thread has been runnable but waiting for a CPU (Linux's
+    schedstat; 0.0 where the kernel does not say), and CPU seconds of this process's other threads and of its child
+    processes that have been waited for."""
+    try:
+        with open("/proc/thread-self/schedstat") as f:
+            queued = int(f.read().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        queued = 0.0
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return queued, own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime - time.thread_time()
+
+
+def contention() -> float:
+    """Seconds a CPU-bound thread waits for a CPU here now per second it runs: the 1-minute load average per CPU
+    less one, 0.0 on a machine with a CPU to spare."""
+    return max(0.0, os.getloadavg()[0] / len(os.sched_getaffinity(0)) - 1)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    """Fail an unmarked test whose call (not its fixtures) took over ``unmarked_call_limit_s``: such a test belongs
+    in a tier (:data:`TIERS`), or is a unit test to make faster. Other processes on a shared machine stretch a test's
+    wall time, so what they made it wait is taken off: the test thread's own wait for a CPU as the kernel counted
+    it, and for the CPU time of its other threads and child processes, that time × :func:`contention`."""
+    if any(item.get_closest_marker(name) for name in TIERS):
+        return (yield)
+    limit = float(item.config.getini("unmarked_call_limit_s"))
+    start, (queued, worked) = time.perf_counter(), cpu_clocks()
+    result = yield
+    wall, (queued_after, worked_after) = time.perf_counter() - start, cpu_clocks()
+    took = wall - (queued_after - queued) - (worked_after - worked) * contention()
+    if took > limit:
+        pytest.fail(f"this unmarked test's call took {took:.1f} s (over {limit:g} s, not counting time spent "
+                    f"waiting for a CPU): mark what it needs ({', '.join(TIERS)}; pyproject.toml says what "
+                    "each means) or make it faster", pytrace=False)
+    return result
 
 
 @pytest.fixture(scope="session")
