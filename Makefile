@@ -13,7 +13,7 @@ STAMP  := $(VENV)/.kvbench-installed
 # CPU build of torch unless an NVIDIA GPU answers: a fresh CPU machine never downloads a CUDA build.
 TORCH  := $(shell nvidia-smi -L >/dev/null 2>&1 && echo torch || echo torch==2.13.0)
 
-.PHONY: setup quick demo demo-server demo-vllm llama-server vllm docs docs-images test clean
+.PHONY: setup quick demo demo-server demo-vllm llama-server vllm docs docs-images test test-fast clean
 
 setup: $(STAMP)
 
@@ -69,6 +69,11 @@ test: setup llama-server vllm
 	$(VENV)/bin/mypy
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 	$(VENV)/bin/python -m pytest -q
+
+# The tests that need no build, no real model, no server, no Ray, no browser and no kvbench in a subprocess (the
+# markers in pyproject.toml): under 3 minutes on two cores.
+test-fast: setup
+	$(VENV)/bin/python -m pytest -q -m "not (model or server or vllm or ray or browser or e2e)"
 
 clean:
 	rm -rf $(VENV) *.egg-info
