@@ -11,11 +11,14 @@ import re
 import subprocess
 import sys
 
+import pytest
 import torch
 import transformers
 
 from conftest import ROOT
 from kvbench.report.gpu_checks import KIND, SCHEMA
+
+pytestmark = pytest.mark.e2e  # the script, and kvbench's benchmarks in subprocesses (1 to 2 minutes)
 
 SCRIPT = ROOT / "benchmarks" / "gpu.sh"
 RESULTS = ROOT / "benchmarks" / "results"

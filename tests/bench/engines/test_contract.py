@@ -84,8 +84,11 @@ def _children() -> list[psutil.Process]:
         time.sleep(0.1)
 
 
-@pytest.fixture(scope="module", params=[pytest.param(f, marks=pytest.mark.server) if f == "llama.cpp" else f
-                                         for f in ENGINES])
+#: what each family needs beyond the e2e mark: the real llama-server build, the real vLLM build
+MARKS = {"llama.cpp": pytest.mark.server, "vllm": pytest.mark.vllm}
+
+
+@pytest.fixture(scope="module", params=[pytest.param(f, marks=MARKS[f]) if f in MARKS else f for f in ENGINES])
 def runs(request, tmp_path_factory):
     """One engine family's runs: uninterrupted, and interrupted after 3 rows then resumed; the rows of each, the
     resumed run's result, and the children left after each."""
