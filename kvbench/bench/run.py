@@ -196,6 +196,8 @@ def _open(scenario: Path | None, resume: Path | None,
             progress.warning(f"{scenario}: {path}: {msg}")
         return None, sc, scenario, []
     rundir = RunDir.open(resume)
+    if rundir.meta.get("scenario") is None:  # report and cost read such a run; running it needs its scenario
+        raise RunDirError(f"{resume / 'run.json'}: no scenario in it: this run cannot be resumed")
     sc = parse_scenario(rundir.meta["scenario"], resume / "run.json")
     if scenario is not None and _identity(load_scenario(scenario)) != _identity(sc):
         raise RunDirError(f"{scenario} differs from the scenario stored in {resume}/run.json; resume without the "

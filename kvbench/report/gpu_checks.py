@@ -102,7 +102,7 @@ def machine_table(doc: dict[str, Any]) -> pd.DataFrame:
         rows.append(("link", cell(m.get("link_note"))))
     rows.append(("memory bandwidth", f"{cell(m.get('memory_bandwidth_gbps'))} GB/s read + write"))
     rows += [(k, cell(v.get(k))) for k in ("python", "torch", "transformers", "kvbench")]
-    dirty = {True: " (with changes)", False: "", None: ""}.get(v.get("dirty"), "")
+    dirty = " (with changes)" if v.get("dirty") is True else ""
     rows += [("commit", f"{cell(v.get('commit'))}{dirty}"), ("date", cell(doc.get("date"))),
              ("dry run", cell(bool(doc.get("dry_run"))))]
     return pd.DataFrame(rows, columns=["what", "value"])

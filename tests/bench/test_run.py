@@ -137,3 +137,29 @@ def test_a_tiny_run_then_its_resume(write_yaml, tmp_path):
     assert all(line.startswith("busy machine: ") for line in res.failures)  # nothing failed; a machine may be busy
     again = run_scenario(scenario, resume=res.run_dir)
     assert (again.swept, again.already, again.rows) == (False, 2, res.rows)
+
+
+def test_a_run_json_without_its_scenario_is_refused_for_resume_and_keeps_its_trials(tmp_path):
+    from golden_run import copy_run
+
+    run = copy_run(tmp_path, edit_meta=lambda m: m.pop("scenario"))
+    before = (run / "trials.jsonl").read_bytes()
+    with pytest.raises(RunDirError, match=r"run\.json: no scenario in it: this run cannot be resumed"):
+        run_scenario(resume=run)
+    assert (run / "trials.jsonl").read_bytes() == before
+
+
+@pytest.mark.parametrize("planned,done", [(4, True), (3, True), (5, False), (True, False), (-1, False),
+                                          ("4", False), (None, False)])
+def test_a_request_stream_s_run_is_done_by_a_whole_planned_count(planned, done):
+    from kvbench.bench.plans.plan import plan_for
+    from kvbench.scenario import parse_scenario
+
+    data = tiny_scenario(workload={"source": "sharegpt", "multi_turn": {"conversations": 2, "turns": 2}})
+    data["model"] = {"preset": "tiny-llama", "weights": "random", "tokenizer": "smollm2-135m"}
+    del data["prompt_tokens"], data["batch_sizes"]
+    plan = plan_for(parse_scenario(data))
+    rows = [{"trial_id": f"t{i}", "status": "ok"} for i in range(4)]
+    assert plan.done({"status": "complete", "planned": planned}, rows) is done
+    assert plan.done({"status": "interrupted", "planned": 4}, rows) is False
+

@@ -124,6 +124,9 @@ def test_odd_figures_are_shown_as_text_not_a_crash(doc, tmp_path):
     doc["machine"].update(gpu=["a", "list"], gpu_memory_bytes="lots", link_bandwidth_gbps={"h2d_pinned_gbps": None})
     doc["steps"][2]["tests"] = "twelve"
     doc["steps"][4]["result"]["rows"] = [{"mode": {"odd": 1}, "ratio": float("nan")}, "not a row"]
+    for dirty in ([1], {}, "yes"):  # only true says the tree had changes; an unhashable value is no crash
+        doc["versions"]["dirty"] = dirty
+        assert "(with changes)" not in str(machine_table(doc).values.tolist())
     m = rows(machine_table(doc))
     assert m["GPU"] == "['a', 'list'], -" and m["link h2d pinned"] == "- GB/s"
     assert steps_table(doc)["tests"][2] == "-"

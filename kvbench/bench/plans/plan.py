@@ -122,7 +122,7 @@ class _RequestPlan(Plan):
 
     def done(self, meta: dict[str, Any], rows: Sequence[dict[str, Any]]) -> bool:
         planned = meta.get("planned")
-        return meta.get("status") == "complete" and isinstance(planned, int) and len(rows) >= planned
+        return meta.get("status") == "complete" and type(planned) is int and len(rows) >= planned >= 0
 
 
 class ReusePlan(_RequestPlan):
