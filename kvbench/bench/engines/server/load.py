@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import heapq
 import math
-import numbers
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Hashable, Sequence
@@ -31,27 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from kvbench.errors import BadParameter
 from kvbench.scenario.load_spec import LoadSpec
-
-
-class BadLoadSpec(BadParameter):
-    """Poisson arrivals that cannot be drawn (a count, rate or seed out of range). A
-    :class:`~kvbench.errors.UserError` and a :class:`ValueError`; ``param`` is the argument at fault, written
-    ``{field}`` in :attr:`template` so a caller can word it with its own names."""
-
-
-def _whole(value: Any) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
-def _real(value: Any) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _check_rate(value: Any, what: str, param: str) -> None:
-    if not _real(value) or value <= 0:
-        raise BadLoadSpec(f"{what} needs {{{param}}} > 0 requests per second; got {value!r}", param)
 
 
 @dataclass
@@ -83,15 +62,9 @@ def load_fields(profile: str, outcome: Outcome) -> dict[str, float]:
 def poisson_arrivals(n: int, rate: float, seed: int) -> list[float]:
     """The first ``n`` arrival times (seconds from the start, increasing, the first > 0) of a Poisson process of
     ``rate`` requests per second: cumulative sums of exponential gaps drawn from ``numpy.random.default_rng(seed)``,
-    so the same seed gives the same times. Raises :class:`BadLoadSpec` for ``n`` < 0, ``rate`` ≤ 0 or not
-    finite, or ``seed`` < 0."""
-    if not _whole(n) or n < 0:
-        raise BadLoadSpec(f"the number of Poisson arrivals {{n}} must be a whole number ≥ 0; got {n!r}", "n")
-    _check_rate(rate, "a Poisson arrival process", "rate")
-    if not _whole(seed) or seed < 0:
-        raise BadLoadSpec(f"the seed of the Poisson arrivals {{seed}} must be a whole number ≥ 0; got {seed!r}",
-                          "seed")
-    gaps = np.random.default_rng(int(seed)).exponential(1.0 / float(rate), size=int(n))
+    so the same seed gives the same times. ``rate`` and ``seed`` are a :class:`~kvbench.scenario.load_spec.LoadSpec`'s,
+    which checked them (rate > 0 and finite, seed ≥ 0)."""
+    gaps = np.random.default_rng(seed).exponential(1.0 / rate, size=n)
     return [float(x) for x in np.cumsum(gaps)]
 
 
