@@ -96,7 +96,7 @@ fi
 #    this machine's torch and transformers (the dry run only collects them: the test suite runs them)
 step cuda-exactness "$PY" -m pytest -q tests/offload/test_offload.py -k cuda -p no:cacheprovider \
   --junitxml="$WORK/cuda-exactness.xml"
-NOTE=$CPU_NOTE step cpu-tests "$PY" -m pytest -q tests/offload/test_offload.py -m "not slow" -k "not cuda" \
+NOTE=$CPU_NOTE step cpu-tests "$PY" -m pytest -q tests/offload/test_offload.py -m "not model" -k "not cuda" \
   -p no:cacheprovider "${CPU_TESTS[@]}" --junitxml="$WORK/cpu-tests.xml"
 # 2. Llama-3.1-8B shape, random weights, bf16, batch 8: step time vs none and hf-offloaded, H2D per step, peak KV
 step offload-overhead timeout 420 "$PY" benchmarks/offload_overhead.py --device "$DEVICE" --preset "$LARGE" \
