@@ -261,8 +261,8 @@ def _run(plan: Plan, rundir: RunDir | None, where: Path, out: Path, progress: Ru
             env = environment(device)
         except ValueError as exc:
             raise PrepareError(str(exc)) from exc
-        if (why := plan.problem(device.type)) is not None:
-            raise ScenarioError(where, [("budget", why)])
+        if (problem := plan.problem(device.type)) is not None:
+            raise ScenarioError(where, [problem])
     busy = psutil.cpu_percent(interval=0.5)  # system-wide, while this process waits: the others' load
     if not cluster and busy > BUSY_PERCENT:
         progress.warning(f"the machine is busy ({busy:.0f}% of {env['cpu_count']} CPUs in use by other processes): "

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import contextlib
 import functools
 import importlib
 import importlib.util
@@ -77,10 +78,8 @@ def refs_in(source: str, module: str) -> list[tuple[Ref, list[str]]]:
 def _member(obj: object, name: str) -> tuple[bool, object]:
     """Whether ``obj`` has ``name``, and its value: an attribute, or for a class a field declared by annotation
     (dataclass, pydantic, NamedTuple) or an instance attribute its methods set (``self.name = ...``)."""
-    try:
+    with contextlib.suppress(AttributeError):
         return True, getattr(obj, name)
-    except AttributeError:
-        pass
     if isinstance(obj, types.ModuleType):
         return name in getattr(obj, "__annotations__", {}), None
     if isinstance(obj, type):

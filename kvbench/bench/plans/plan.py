@@ -65,8 +65,9 @@ class Plan(ABC):
         unit (its trials depend on each other: a request stream, a search)."""
         return None
 
-    def problem(self, device_type: str) -> str | None:
-        """Why this run cannot run on a device of ``device_type`` (``cpu``, ``cuda``), or None."""
+    def problem(self, device_type: str) -> tuple[str, str] | None:
+        """Why this run cannot run on a device of ``device_type`` (``cpu``, ``cuda``): the scenario's key path at
+        fault and the reason; None when it can."""
         return None
 
 
@@ -106,11 +107,11 @@ class CapacityPlan(Plan):
     def planned(self, n_requests: int) -> int | None:
         return None
 
-    def problem(self, device_type: str) -> str | None:
+    def problem(self, device_type: str) -> tuple[str, str] | None:
         """Without CUDA there is no device memory to run out of, so a search needs a ``budget``."""
         if self.s.budget is None and device_type != "cuda":
-            return (f"{self.s.searched} search on {device_type} needs a device KV budget: there is no device memory "
-                    "to run out of (set budget, e.g. 256MiB)")
+            return "budget", (f"{self.s.searched} search on {device_type} needs a device KV budget: there is no "
+                              "device memory to run out of (set budget, e.g. 256MiB)")
         return None
 
 
@@ -132,8 +133,9 @@ class ReusePlan(_RequestPlan):
     kind = "reuse"
 
     def run(self, record: Record, engine: Engine, trials: Sequence[TrialSpec] | None = None) -> None:
-        note_requests(record.run, _stream(engine))
-        reuse_sweep(self.s, record, engine)
+        stream = _stream(engine)
+        note_requests(record.run, stream)
+        reuse_sweep(self.s, record, stream.requests)
 
     def planned(self, n_requests: int) -> int | None:
         return n_requests * len(self.s.modes) * 2 * self.s.repeats

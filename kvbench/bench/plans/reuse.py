@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from contextlib import ExitStack
 
-from kvbench.bench.engines.base import Engine, RunRecord, Session
+from kvbench.bench.engines.base import RunRecord, Session
 from kvbench.bench.roles import Record
 from kvbench.bench.trial import ReuseTrial, reference_first
 from kvbench.results.rows import MEASURED
@@ -25,20 +25,18 @@ from kvbench.scenario import Scenario, ScenarioMode
 from kvbench.workloads.sessions import Request, Stream
 
 
-def reuse_sweep(s: Scenario, record: Record, engine: Engine) -> None:
-    """Run (or, resuming, look up) every trial of a reuse workload; ``engine.source`` is its
-    :class:`~kvbench.workloads.sessions.Stream`, ``record`` a :class:`~kvbench.bench.plans.sweep.Recorder` (its
+def reuse_sweep(s: Scenario, record: Record, requests: Sequence[Request]) -> None:
+    """Run (or, resuming, look up) every trial of a reuse workload, whose stream's requests are ``requests``;
+    ``record`` is a :class:`~kvbench.bench.plans.sweep.Recorder` (its
     ``rows`` are the trials already written). Per repeat every mode has a session of its own
     (:meth:`~kvbench.bench.engines.base.SessionEngine.session`, opened through ``record``), open for the whole repeat
     (the modes interleave request by request; a ``shared_prefix`` workload: for one cell, :func:`cell_parts`) and closed
     (disk files removed) on every exit path. A warm trial already recorded is not rerun, but what it left for later
     requests is rebuilt (:meth:`~kvbench.bench.engines.base.Session.refill`), so later turns see the same store."""
-    if not isinstance(engine.source, Stream):
-        raise TypeError(f"a reuse workload needs a request stream, not {type(engine.source).__name__}")
     modes = reference_first(s.modes)
     for r in range(s.repeats):
         i = 0  # the request's place in the workload: which side of a pair runs first
-        for part in cell_parts(engine.source.requests):
+        for part in cell_parts(requests):
             with ExitStack() as stack:
                 sessions = {m.label: stack.enter_context(record.session(m, r)) for m in modes}
                 for req in part:

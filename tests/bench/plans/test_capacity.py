@@ -104,7 +104,8 @@ def test_scenario_auto_fields_and_their_errors():
         ("capacity.start", "16 is above the search's max, workload.n_prompts 4: smaller batches would never be tried")]
     # device: auto on a machine without CUDA (these tests' machines) needs a budget too, as `run` would say
     s = parse_scenario(tiny_scenario(device="auto", prompt_tokens="auto", capacity={"start": 3000, "max": 4000}))
-    assert plan_for(s).problem("cpu").startswith("prompt_tokens search on cpu needs a device KV budget")
+    key, why = plan_for(s).problem("cpu")
+    assert key == "budget" and why.startswith("prompt_tokens search on cpu needs a device KV budget")
     assert plan_for(s).problem("cuda") is None
     found = check_scenario(s)
     for key, v in (("max", 4000), ("start", 3000)):
