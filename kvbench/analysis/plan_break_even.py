@@ -49,13 +49,15 @@ class Constants:
     """The roofline's constants (the names of :data:`~kvbench.analysis.break_even_fit.TTFT_TERMS`,
     ``restore_host_s_per_token`` and :data:`~kvbench.analysis.break_even_fit.TPOT_TERMS`; seconds) and, per
     constant, where it comes from (``measured: <runs>`` or ``assumed: <how>``); measured ones also the shortest
-    and longest prompt (tokens) they were fitted to (None: assumed, or not recorded) and ``busy`` (fitted to
-    trials measured on a busy machine)."""
+    and longest prompt (tokens) they were fitted to (None: assumed, or not recorded), ``busy`` (fitted to
+    trials measured on a busy machine) and ``draws`` (constant → its bootstrap values, as many for each; None:
+    assumed, or a map.json of an older kvbench that kept no draws)."""
 
     values: dict[str, float]
     source: dict[str, str]
     prompt_tokens: tuple[int, int] | None = None
     busy: bool = False
+    draws: dict[str, np.ndarray] | None = None
 
 
 def assumed_constants(arch: ModelSizes, dtype_bytes: int, tflops: float, link_bytes_per_s: float,
@@ -182,7 +184,32 @@ def measured_constants(path: str | Path, scenario: str | None = None, mode: str 
     shown = ", ".join(_shown(r) for r in runs[:SHOWN_RUNS]) + (
         f" and {len(runs) - SHOWN_RUNS:,} more" if len(runs) > SHOWN_RUNS else "")
     where = f"{'measured on a busy machine' if busy else 'measured'}: {name}{more}, runs {shown or '?'}"
-    return Constants(values, {k: where for k in values}, tuple(span) if span else None, busy)
+    return Constants(values, {k: where for k in values}, tuple(span) if span else None, busy,
+                     _draws(f.get("draws"), values, f"{path}: constants[{i}].draws"))
+
+
+def _draws(raw: Any, values: dict[str, float], where: str) -> dict[str, np.ndarray] | None:
+    """A fit's bootstrap draws as map.json keeps them (constant → list of seconds, every list as long), checked;
+    None when absent.
+
+    Raises:
+        BadValue: not a mapping of the fit's constants to equally long lists of finite numbers of at least 0.
+    """
+    if raw is None:
+        return None
+    if not isinstance(raw, dict) or not raw:
+        raise BadValue(f"{where}: must map each constant to its bootstrap values")
+    out: dict[str, np.ndarray] = {}
+    for k, v in raw.items():
+        if k not in values:
+            raise BadValue(f"{where}.{_shown(k)}: not a constant of this fit (its constants: {', '.join(values)})")
+        if not isinstance(v, list) or not v or not all(
+                isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0 for x in v):
+            raise BadValue(f"{where}.{_shown(k)}: must be a list of finite numbers of seconds, at least 0")
+        out[k] = np.asarray(v, dtype=np.float64)
+    if len({len(v) for v in out.values()}) > 1:
+        raise BadValue(f"{where}: every constant must have as many draws")
+    return out
 
 
 def extrapolation_warning(constants: Constants, contexts: list[int]) -> str:

@@ -10,7 +10,7 @@ import typer
 # transformers' GGUF loader draws a tqdm bar it offers no switch for; kvbench shows its own progress.
 os.environ.setdefault("TQDM_DISABLE", "1")
 
-from kvbench.cli import compare, cost, env, models, plan, report, run, validate
+from kvbench.cli import compare, cost, env, models, plan, report, run, simulate, trace, validate
 from kvbench.cli import map as map_cmd
 from kvbench.cli import list as list_cmd
 from kvbench.cli.common import Command, Group, out
@@ -41,7 +41,9 @@ app.command(cls=Command)(compare.compare)
 app.command(cls=Command)(cost.cost)
 app.command("map", cls=Command)(map_cmd.map_)
 app.command(cls=Command)(plan.plan)
+app.command(cls=Command)(simulate.simulate)
 app.command(cls=Command)(validate.validate)
 app.command("env", cls=Command)(env.env_)
 app.command("list", cls=Command)(list_cmd.list_)
 app.add_typer(models.app, name="models")
+app.add_typer(trace.app, name="trace")

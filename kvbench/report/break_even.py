@@ -10,6 +10,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from kvbench.analysis.break_even import DEFAULT_SHARES, BreakEvenMap, break_even_map, panel_rank
@@ -177,7 +178,8 @@ def _finite(v: Any) -> Any:
 def write_map(m: BreakEvenMap, out_dir: str | Path, prices: Prices) -> list[Path]:
     """``map.csv`` (the cells, raw numbers), ``map.json`` (the prices, the cells and the fitted constants with their
     intervals, sources and footing: ``prompt_tokens`` [shortest, longest], ``busy`` (fitted to busy trials only),
-    ``busy_trials_left_out``, ``load_unknown_trials``) and ``map_<scenario>_<mode>.png``
+    ``busy_trials_left_out``, ``load_unknown_trials``, and ``draws``: each constant's bootstrap values, 6
+    significant digits, from which ``kvbench simulate`` draws its intervals) and ``map_<scenario>_<mode>.png``
     (:func:`break_even_heatmap`; names as :func:`~kvbench.safe_text.unique_stems` makes them) in ``out_dir``
     (created); returns their paths. Each file is written beside its place and moved onto it. A heatmap that
     cannot be drawn is left out with a :class:`~kvbench.report.charts.ChartWarning` that says why; the other files
@@ -197,7 +199,8 @@ def write_map(m: BreakEvenMap, out_dir: str | Path, prices: Prices) -> list[Path
                  "bandwidth_bytes_per_s": {t: list(b) for t, b in f.bandwidth.items()}, "trials": f.trials,
                  "units": f.units, "runs": f.runs, "ttft_residual_s": f.residual_s,
                  "prompt_tokens": list(f.prompt_tokens), "busy": f.busy, "busy_trials_left_out": f.busy_left_out,
-                 "load_unknown_trials": f.load_unknown}
+                 "load_unknown_trials": f.load_unknown,
+                 "draws": {k: [float(f"{x:.6g}") for x in v] for k, v in f.draws.items() if np.isfinite(v).all()}}
                 for (g, mode), f in m.fits.items() if f is not None]
         doc = {"prices": dataclasses.asdict(prices), "cells": json.loads(cells.to_json(orient="records")),
                "constants": fits, "notes": m.notes}

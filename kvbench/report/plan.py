@@ -115,6 +115,31 @@ def size_bytes(value: int | str, param: str) -> int:
     return int(n)
 
 
+def model_sizes_of(model: str) -> ModelSizes:
+    """The sizes of ``model`` (a preset, a config.json or a model directory), from its config alone.
+
+    Raises:
+        kvbench.errors.BadFile, kvbench.errors.ModelNotFound: a model that cannot be read or found, or whose expert
+            or latent-attention fields kvbench cannot count (the message names the field).
+    """
+    path = model_config(model)
+    try:
+        return read_model_sizes(path)
+    except UserError:
+        raise
+    except ValueError as exc:  # analysis.plan and offload.layer_types word a config they cannot model so
+        raise BadFile(str(exc)) from None
+    except (OSError, KeyError) as exc:
+        raise BadFile(f"{path}: not a usable model config ({exc})") from None
+
+
+def device_cache_tokens(p: Plan) -> float:
+    """The KV tokens the GPUs of one copy of the model hold beside its weights (0 when the weights fill them): one
+    GPU's memory less :data:`RESERVE` and its share of the weights, ÷ its KV bytes per token."""
+    room = p.machine.gpu_bytes * (1 - RESERVE) - p.gpu_arch.parameters * p.dtype_bytes
+    return max(0.0, room / p.gpu_arch.sequence_bytes_per_token(p.dtype_bytes))
+
+
 def plan(model: str, prompt_tokens: int = 4096, batch: int = 1, dtype: str = "bf16",
          gpu_mem: int | str | None = None, host_mem: int | str | None = None, window: int = 512,
          link_gbps: float | None = None, hbm_gbps: float | None = None, gpu_price: float | None = None,
@@ -165,15 +190,7 @@ def plan(model: str, prompt_tokens: int = 4096, batch: int = 1, dtype: str = "bf
         raise BadParameter(f"{', '.join(f'{{{n}}} {v}' for n, v in bad)}: {{prompt_tokens}} and {{batch}} must be "
                            "more than 0, {window} 0 or more", bad[0][0],
                            *(n for n in ("prompt_tokens", "batch", "window") if n != bad[0][0]))
-    path = model_config(model)
-    try:
-        arch = read_model_sizes(path)
-    except UserError:
-        raise
-    except ValueError as exc:  # analysis.plan and offload.layer_types word a config they cannot model so
-        raise BadFile(str(exc)) from None
-    except (OSError, KeyError) as exc:
-        raise BadFile(f"{path}: not a usable model config ({exc})") from None
+    arch = model_sizes_of(model)
     m = machine(gpu, tp, None if gpu_mem is None else size_bytes(gpu_mem, "gpu_mem"), hbm_gbps, tflops, link_gbps,
                 None if host_mem is None else size_bytes(host_mem, "host_mem"),
                 None if link_gbps is not None or link_probe is None else link_probe())
@@ -249,10 +266,10 @@ def _device_cache_line(p: Plan) -> str:
     evicts, so the working set a host or disk tier needs before it is ever read (and, with host memory given,
     the tokens that memory holds)."""
     n, per_gpu = p.dtype_bytes, p.gpu_arch.sequence_bytes_per_token(p.dtype_bytes)
-    room = p.machine.gpu_bytes * (1 - RESERVE) - p.gpu_arch.parameters * n
-    if room <= 0:
+    tokens = device_cache_tokens(p)
+    if tokens <= 0:
         return "device KV cache: none (the weights fill the GPU)"
-    text = (f"device KV cache: {room / per_gpu:,.0f} tokens = ({gib_or_mib(p.machine.gpu_bytes)} less {RESERVE:.0%} "
+    text = (f"device KV cache: {tokens:,.0f} tokens = ({gib_or_mib(p.machine.gpu_bytes)} less {RESERVE:.0%} "
             f"and the weights) ÷ {per_gpu:,} bytes per token per GPU: a host or disk tier is read only for a "
             "working set beyond it")
     if p.machine.host_bytes:
@@ -354,5 +371,6 @@ def break_even_cells(grid: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["prompt tokens"] + [f"{int(p)}% shared" for p in shares], dtype=object)
 
 
-__all__ = ["RESERVE", "Plan", "break_even_cells", "capacity_cells", "model_config", "plan", "plan_note",
+__all__ = ["RESERVE", "Plan", "break_even_cells", "capacity_cells", "device_cache_tokens", "model_config",
+           "model_sizes_of", "plan", "plan_note",
            "plan_warnings", "reuse_cells", "roofline_cells", "size_bytes", "summary_lines"]

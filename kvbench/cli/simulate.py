@@ -1,0 +1,115 @@
+"""``kvbench simulate``: a trace's prefix-cache hit rates at every capacity from one pass, split over device, host
+and disk tiers, and (with a GPU price) the cost of each host tier size with the knee."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import typer
+from rich.markup import escape
+
+from kvbench.cli.common import err, fail, handle_errors, out, render, show, stop_on_signals, write_or_stop
+
+if TYPE_CHECKING:
+    from kvbench.report.simulation import Simulation
+
+#: Library argument → flag, for the messages of :class:`kvbench.errors.BadParameter`.
+FLAGS = {"model": "--model", "tp": "--tp", "dtype": "--dtype", "gpu": "--gpu", "gpu_price": "--gpu-price",
+         "host_price": "--host-price", "disk_price": "--disk-price", "device_tokens": "--device",
+         "host_tokens": "--host", "disk_tokens": "--disk", "constants_path": "--constants",
+         "allow_busy": "--allow-busy-fit", "max_bytes": "--max-bytes"}
+
+
+def simulate(
+    trace: Path = typer.Argument(..., metavar="TRACE", help="A Mooncake or Bailian JSONL trace, or a CSV/JSONL of "
+                                 "the columns timestamp (ms), input_length, output_length, hash_ids."),
+    fmt: str = typer.Option("auto", "--format", help="auto, mooncake, bailian or columns."),
+    block_tokens: int | None = typer.Option(None, "--block-tokens", min=1, max=2**20, help="Tokens per hash "
+                                            "block (default: the format's, Mooncake 512, Bailian 16)."),
+    policy: str = typer.Option("lru", "--policy", help="lru (a request's blocks most recent in prompt order) or "
+                               "lru-tail-first (vLLM's order: a prompt's tail evicted first)."),
+    model: str | None = typer.Option(None, "--model", help="A preset or config.json: capacities in bytes of its "
+                                     "KV, and the cost."),
+    tp: int = typer.Option(1, "--tp", min=1, max=1024, help="GPUs one copy of the model is split over."),
+    dtype: str = typer.Option("bf16", "--dtype", help="KV dtype: fp32, fp16, bf16, fp8."),
+    device: str | None = typer.Option(None, "--device", help="The device prefix cache: tokens, or a size of "
+                                      "KV such as 40GiB (with --model). Splits the hits over tiers."),
+    host: str | None = typer.Option(None, "--host", help="Host tier sizes, comma-separated (tokens or sizes), "
+                                    "e.g. 64GiB,256GiB,1TiB (default with --gpu-price: doubling up to the "
+                                    "working set)."),
+    disk: str = typer.Option("0", "--disk", help="A disk tier under the host tier (tokens or a size)."),
+    gpu: str = typer.Option("h100", "--gpu", help="The GPU preset of the assumed constants and of the default "
+                            "device cache."),
+    gpu_price: float | None = typer.Option(None, "--gpu-price", help="USD per GPU-hour: prices every host size "
+                                           "(needs --model)."),
+    host_price: float = typer.Option(0.0, "--host-price", help="USD per GiB-hour of host memory held by KV."),
+    disk_price: float = typer.Option(0.0, "--disk-price", help="USD per GiB-hour of disk held by KV."),
+    constants: Path | None = typer.Option(None, "--constants", help="The map.json of `kvbench map`: measured "
+                                          "constants (with --device) instead of the GPU preset's assumed ones."),
+    allow_busy_fit: bool = typer.Option(False, "--allow-busy-fit", help="--constants fitted on a busy machine."),
+    start_s: float | None = typer.Option(None, "--from-s", min=0, help="Only requests arriving from this second."),
+    end_s: float | None = typer.Option(None, "--to-s", min=0, help="Only requests arriving before this second."),
+    first: int | None = typer.Option(None, "--first", min=0, help="Skip the requests before this position."),
+    max_requests: int | None = typer.Option(None, "--max-requests", min=1, help="At most this many requests."),
+    max_bytes: str = typer.Option("512MiB", "--max-bytes", help="The largest trace file read."),
+    out_dir: Path | None = typer.Option(None, "--out", help="Where simulation.csv, .json and .png go (default: "
+                                        "results/simulation-<trace name>)."),
+) -> None:
+    """Hit rates of a trace's prefix cache at every capacity, from one pass (Mattson's stack algorithm): per tier,
+    in blocks, tokens and bytes of a model's KV; with --gpu-price, USD per 1M tokens per host tier size."""
+    from kvbench.report import simulation as rs
+    from kvbench.report.plan import size_bytes
+
+    stop_on_signals()
+    if gpu_price is not None and model is None:
+        fail("--gpu-price needs --model: the cost is the model's time and its KV's memory")
+    with handle_errors(FLAGS):
+        per_token = rs.kv_bytes_per_token(model, tp, dtype) if model else None
+        device_tokens = rs.tokens_of(device, per_token, "device_tokens") if device else None
+        hosts = [rs.tokens_of(h, per_token, "host_tokens") for h in host.split(",")] if host else None
+        disk_tokens = rs.tokens_of(disk, per_token, "disk_tokens")
+        cap = size_bytes(max_bytes, "max_bytes")
+        window = {k: v for k, v in (("start_s", start_s), ("end_s", end_s), ("first", first),
+                                    ("max_requests", max_requests)) if v is not None}
+        sim = rs.simulate_trace(trace, fmt, block_tokens, policy, model, tp, dtype,
+                                device_tokens if gpu_price is None else None, hosts, disk_tokens, window, cap)
+    for line in rs.summary_lines(sim):
+        out.print(line, highlight=False, markup=False)
+    show(render(rs.curve_cells(sim), f"{sim.curve.policy} prefix cache: hit rate by capacity", rs.DEFINITIONS,
+                left=0, wrap=False, min_width={}))
+    if sim.tiers:
+        show(render(rs.tier_cells(sim), "hits per tier (exclusive tiers, one LRU cascade: device, then host, then "
+                    "disk)", "hit rate of tokens (of blocks) each tier serves", left=0, wrap=True, min_width={}))
+    doc_extra: dict[str, object] = {}
+    if gpu_price is not None:
+        doc_extra = _cost(sim, gpu_price, host_price, disk_price, gpu, constants, device_tokens, hosts, disk_tokens,
+                          allow_busy_fit)
+    target = out_dir or Path("results") / f"simulation-{rs.trace_stem(trace)}"
+    write_or_stop("the simulation's files", target, lambda: rs.write_simulation(sim, target, doc_extra),
+                  "simulation")
+
+
+def _cost(sim: Simulation, gpu_price: float, host_price: float, disk_price: float, gpu: str, constants: Path | None,
+          device_tokens: int | None, hosts: list[int] | None, disk_tokens: int, allow_busy: bool) -> dict[str, object]:
+    """The cost table, the constants with their sources, the knee and the advice; returns what simulation.json
+    adds."""
+    from kvbench.report import simulation_cost as sc
+
+    with handle_errors(FLAGS):
+        s = sc.size_tiers(sim, gpu_price, host_price, disk_price, gpu, constants, device_tokens,
+                          hosts, disk_tokens, allow_busy)
+    if s.constants.busy:
+        err.print("[yellow]warning:[/] the measured constants were fitted to trials on a busy machine "
+                  "(--allow-busy-fit): the costs below are not a measurement of it", highlight=False)
+    show(render(sc.sizing_cells(sim, s), f"cost per host tier size at {gpu_price:g} USD per GPU-hour, host "
+                f"{host_price:g} and disk {disk_price:g} USD per GiB-hour", "USD per 1M generated tokens, requests "
+                "served one at a time; savings against the device's prefix cache alone (the tier saving) and "
+                "against no cache; [95% interval over the measured constants' bootstrap draws]", left=1, wrap=True,
+                min_width={}))
+    out.print("constants:", highlight=False)
+    for line in sc.constant_lines(s):
+        out.print(f"  {escape(line)}", highlight=False)
+    text = sc.advice(sim, s)
+    out.print(text, highlight=False, markup=False)
+    return sc.sizing_doc(s, text)
