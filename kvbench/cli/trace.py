@@ -1,5 +1,5 @@
-"""``kvbench trace``: a trace file checked and summarised (``check``), and traces of any size made from a real one
-(``synthesize``)."""
+"""``kvbench trace``: a trace file checked and summarised (``check``), traces of any size made from a real one
+(``synthesize``), and a replay's measured cached tokens against the simulator's (``validate``)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ from pathlib import Path
 
 import typer
 
-from kvbench.cli.common import Command, Group, handle_errors, out, stop_on_signals, write_or_stop
+from kvbench.cli.common import Command, Group, handle_errors, out, render, show, stop_on_signals, write_or_stop
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, cls=Group,
-                  help="Request traces: check one, or make one of any size from a real one.")
+                  help="Request traces: check one, make one of any size, check a replay against the simulator.")
 
 #: Library argument → flag, for the messages of :class:`kvbench.errors.BadParameter`.
 FLAGS = {"max_bytes": "--max-bytes"}
@@ -65,3 +65,40 @@ def synthesize(
     for line in trace_lines(made):
         out.print(line, highlight=False, markup=False)
     write_or_stop("the trace", output, lambda: [write_trace(made, output)], "trace")
+
+
+@app.command(cls=Command)
+def validate(
+    run: Path = typer.Argument(..., metavar="RUN", help="A run directory of a scenario with workload.trace."),
+    capacity_tokens: int | None = typer.Option(None, "--capacity-tokens", min=0, max=2**40, help="The cache "
+                                               "capacity to simulate (default: each mode's, from the run)."),
+    policy: str | None = typer.Option(None, "--policy", help="lru or lru-tail-first (default: the engine's "
+                                      "closest: vLLM lru-tail-first, others lru)."),
+    engine_block_tokens: int | None = typer.Option(None, "--engine-block-tokens", min=1, max=2**20, help="The "
+                                                   "engine's block: a gap beyond it is flagged (default: the "
+                                                   "replayed block)."),
+    rows: int = typer.Option(20, "--rows", min=0, max=100_000, help="Requests shown per mode (all are in "
+                             "replay_check.csv)."),
+    out_dir: Path | None = typer.Option(None, "--out", help="Where replay_check.csv goes (default: RUN/report)."),
+) -> None:
+    """Measured cached prompt tokens of a trace replay against the simulator's at the engine's capacity: per
+    request and overall, the requests whose gap a block does not explain flagged."""
+    import pandas as pd
+
+    from kvbench.report.replay_check import check_run, summary_line, write_checks
+
+    with handle_errors():
+        checks = check_run(run, capacity_tokens, policy, engine_block_tokens)
+    for m in checks:
+        t = m.check.table
+        shown = pd.DataFrame({"repeat": t["repeat"], "trace index": t["trace_index"], "prompt": t["prompt_tokens"],
+                              "reusable": t["reusable_tokens"], "simulated": t["predicted_tokens"],
+                              "measured": t["measured_tokens"], "difference": t["difference_tokens"],
+                              "": ["gap" if f else "" for f in t["flagged"]]}).head(rows).astype(str)
+        if rows:
+            show(render(shown, f"{m.label}: cached prompt tokens per request", "reusable: an unlimited cache's hit; "
+                        "simulated: the policy at the mode's capacity; gap: off by more than one engine block",
+                        left=0, wrap=False, min_width={}))
+        out.print(summary_line(m), highlight=False, markup=False)
+    target = out_dir or run / "report"
+    write_or_stop("replay_check.csv", target, lambda: write_checks(checks, target), "replay check")

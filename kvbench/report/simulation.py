@@ -63,7 +63,8 @@ class Simulation:
 
 
 def kv_bytes_per_token(model: str, tp: int = 1, dtype: str = "bf16") -> int:
-    """KV bytes of one token of ``model`` over its ``tp`` GPUs (one GPU's share, :meth:`~kvbench.models.sizes.ModelSizes.split`, × ``tp``).
+    """KV bytes of one token of ``model`` over its ``tp`` GPUs (one GPU's share,
+    :meth:`~kvbench.models.sizes.ModelSizes.split`, × ``tp``).
 
     Raises:
         kvbench.errors.BadParameter: an unknown ``dtype`` or a ``tp`` the model's heads do not split over.

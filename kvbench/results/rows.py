@@ -207,6 +207,7 @@ REUSE_COLUMNS = _columns(
     ("shared_prefix_tokens", K.COUNT, "tokens", "shared_prefix: the prompt's prefix shared with its prefix's visits"),
     ("working_set_prompts", K.COUNT, "", "shared_prefix: the prefixes in rotation in the request's cell"),
     ("shared_pct", K.COUNT, "", "shared_prefix: the percent of the prompt its cell asks to be shared"),
+    ("trace_index", K.COUNT, "", "trace: the request's position in the trace file (0-based)"),
     ("kv_budget_tokens", K.COUNT, "tokens", "the KV the engine keeps for reuse: the store's host tier (in-process), "
                                             "the slots' context and its host RAM tier (a server)"),
     ("share_unit_tokens", K.COUNT, "tokens", "shared_prefix: the units a shared prefix is held in (the store's "

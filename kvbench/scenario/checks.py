@@ -20,6 +20,7 @@ from kvbench.scenario.programs import cpu_refusals, server_notices, server_probl
 from kvbench.scenario.schema import Scenario
 from kvbench.scenario.server_verdicts import server_verdict_warnings
 from kvbench.scenario.servers import mode_flags, preset_of
+from kvbench.scenario.trace_checks import trace_problems
 from kvbench.scenario.workload import LANGDETECT_MISSING, prefix_tokens
 from kvbench.serving import KINDS
 from kvbench.models.locate import ALIASES
@@ -143,6 +144,7 @@ def check_scenario(s: Scenario, *, check_model: bool = True) -> list[tuple[str, 
                 "or use workload.source: synthetic",
             )
         )
+    limit: int | None = None
     if check_model:
         from kvbench.errors import ModelNotFound
         from kvbench.models import read_architecture
@@ -178,7 +180,7 @@ def check_scenario(s: Scenario, *, check_model: bool = True) -> list[tuple[str, 
                             f"max_position_embeddings {shape.max_positions}; the longest prompt allowed is {limit}",
                         )
                     )
-    return problems
+    return problems + trace_problems(s, limit if limit is not None and limit >= 1 else None)
 
 
 #: Tokens a document question and the chat template add to a doc_qa prompt, at most (checked against positions).
@@ -220,6 +222,8 @@ def _reuse_problems(s: Scenario, shape: Any, limit: int) -> list[tuple[str, str]
     if sp is not None:
         longest = (max(prefix_tokens(n, pct) for n, pct, _ in sp.cells), "the longest shared prefix of "
                    "workload.shared_prefix")
+    elif s.workload.trace is not None:
+        longest = (limit, "the model's longest prompt")  # a trace's own lengths: trace_problems
     else:
         longest = (mt.max_prompt_tokens or limit, "multi_turn.max_prompt_tokens") if mt is not None else \
             (dq.doc_tokens, "doc_qa.doc_tokens")

@@ -12,10 +12,12 @@ from kvbench.scenario.bounds import MAX_COUNT, Seed, Strict, number, optional
 from kvbench.scenario.servers import MAX_TIMEOUT_S, Seconds
 
 #: The load profiles, in the order the docs give them.
-Profile = Literal["sequential", "concurrent", "poisson"]
+Profile = Literal["sequential", "concurrent", "poisson", "trace"]
 PROFILES: tuple[str, ...] = get_args(Profile)
-#: A Poisson load's server slots when ``load.concurrency`` does not say.
+#: A Poisson or trace load's server slots when ``load.concurrency`` does not say.
 POISSON_SLOTS = 4
+#: The profiles whose arrivals do not wait for replies (no cap on requests in flight unless ``concurrency`` says).
+OPEN_LOOP = ("poisson", "trace")
 #: A concurrency level: requests in flight at most, and the server's parallel slots.
 Slots = Annotated[int, Field(strict=True, ge=1, le=1024)]
 
@@ -25,11 +27,12 @@ class LoadSpec(Strict):
 
     profile: Profile = Field(
         "sequential", description="sequential: one request at a time; concurrent: `concurrency` in flight; "
-        "poisson: arrivals at `rate` requests/s (seeded).")
+        "poisson: arrivals at `rate` requests/s (seeded); trace: each request at its arrival time in "
+        "workload.trace (open loop).")
     concurrency: Slots | Annotated[list[Slots], Field(min_length=1, max_length=16)] | None = optional(
-        "Requests in flight at most (default 1; poisson: no cap), and the server's parallel slots (poisson without "
-        f"it: {POISSON_SLOTS}); a list runs every mode at each level, e.g. [1, 4] (modes are then named "
-        "<name>@c<level>).")
+        "Requests in flight at most (default 1; poisson and trace: no cap), and the server's parallel slots (poisson "
+        f"and trace without it: {POISSON_SLOTS}); a list runs every mode at each level, e.g. [1, 4] (modes are then "
+        "named <name>@c<level>).")
     rate: number(0, 1e6, above=True) | None = optional(
         "poisson: mean arrivals per second.")
     n_requests: Annotated[int, Field(strict=True, ge=1, le=MAX_COUNT)] | None = optional(
@@ -55,7 +58,7 @@ class LoadSpec(Strict):
     def levels(self) -> list[int]:
         """The concurrency levels each mode runs at (``[1]`` when not given; poisson: ``[POISSON_SLOTS]``)."""
         if self.concurrency is None:
-            return [POISSON_SLOTS if self.profile == "poisson" else 1]
+            return [POISSON_SLOTS if self.profile in OPEN_LOOP else 1]
         return [self.concurrency] if isinstance(self.concurrency, int) else list(self.concurrency)
 
     def at_level(self, level: int) -> LoadSpec:
@@ -67,7 +70,7 @@ class LoadSpec(Strict):
         """
         if level not in self.levels:
             raise ValueError(f"concurrency {level} is not one of this load's levels {self.levels}")
-        if self.profile == "poisson" and self.concurrency is None:
+        if self.profile in OPEN_LOOP and self.concurrency is None:
             return self
         return self.model_copy(update={"concurrency": level})
 
@@ -85,4 +88,4 @@ class LoadSpec(Strict):
             return self.concurrency[0]
         if self.concurrency is not None:
             return self.concurrency
-        return None if self.profile == "poisson" else 1
+        return None if self.profile in OPEN_LOOP else 1

@@ -97,6 +97,8 @@ def resolve_paths(s: Scenario, base: Path) -> Scenario:
     wl = s.workload
     if wl.files and not Path(wl.files).is_absolute():
         wl = wl.model_copy(update={"files": str(base / wl.files)})
+    if wl.trace is not None and not Path(wl.trace.path).is_absolute():
+        wl = wl.model_copy(update={"trace": wl.trace.model_copy(update={"path": str(base / wl.trace.path)})})
     disk_dir = s.disk_dir
     if disk_dir is not None:
         disk_dir = os.path.expanduser(disk_dir)

@@ -291,6 +291,10 @@ class Scenario(Strict):
             raise ValueError(f"prompt_tokens: auto (a capacity search) needs the transformers engine, not {kind}")
         if self.model.name is None:
             raise ValueError(f"model: engine {kind} loads a model by name (model.name), not a preset or config")
+        if self.load_spec.profile == "trace" and self.workload.trace is None:
+            raise ValueError("load: profile trace sends each request at its arrival time in workload.trace; this "
+                             f"workload is {self.workload.reuse or 'independent prompts'}: give workload.trace, or "
+                             "another profile")
         for i, m in enumerate(self.modes):
             if preset_of(kind, m).slots and self.load_spec.levels != [1]:
                 raise ValueError(f"modes: [{i}] preset {m.kind} saves and restores slot 0 around each turn: it runs "
@@ -307,7 +311,7 @@ class Scenario(Strict):
                                      "the prompts the workload builds; remove it")
             return self
         if self.store is not None:
-            raise ValueError("store: is for a reuse workload (workload.multi_turn, doc_qa or shared_prefix)")
+            raise ValueError("store: is for a reuse workload (workload.multi_turn, doc_qa, shared_prefix or trace)")
         missing = [k for k in ("prompt_tokens",) + (() if self.engine.server else ("batch_sizes",))
                    if getattr(self, k) is None]
         if missing:

@@ -3,7 +3,11 @@ workload (what ``kvbench validate`` says of a file that is ok)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from kvbench.errors import UserError
 from kvbench.scenario.schema import Scenario
+from kvbench.scenario.trace_checks import trace_shape
 from kvbench.scenario.workload import extra_documents
 
 
@@ -12,8 +16,8 @@ def _count(n: int, noun: str) -> str:
 
 
 def _reuse_shape(s: Scenario) -> tuple[str, int]:
-    """(``multi_turn: 3 conversations × 4 turns``, ``doc_qa: 3 documents × 4 questions ...`` or ``shared_prefix:
-    6 cells ...``, requests)."""
+    """(``multi_turn: 3 conversations × 4 turns``, ``doc_qa: 3 documents × 4 questions ...``, ``shared_prefix:
+    6 cells ...`` or ``trace: 64 requests of ...``, requests)."""
     mt, dq, sp = s.workload.multi_turn, s.workload.doc_qa, s.workload.shared_prefix
     if sp is not None:
         return (f"shared_prefix: {_count(len(sp.cells), 'cell')} ({_count(len(sp.prompt_tokens), 'prompt length')} × "
@@ -23,6 +27,13 @@ def _reuse_shape(s: Scenario) -> tuple[str, int]:
     if mt is not None:
         return (f"multi_turn: {_count(mt.conversations, 'conversation')} × {_count(mt.turns, 'turn')}",
                 mt.conversations * mt.turns)
+    if s.workload.trace is not None:
+        tr = s.workload.trace
+        try:
+            n = trace_shape(tr).requests
+        except UserError:  # said by check_scenario
+            n = tr.max_requests
+        return (f"trace: {_count(n, 'request')} of {Path(tr.path).name}, {tr.block_tokens} tokens per block", n)
     extra = extra_documents(dq.documents, dq.questions, dq.ratio)
     more = f" + {_count(extra, 'single-question document')} for hit:miss {dq.hit_miss_ratio}" if extra else ""
     return (f"doc_qa: {_count(dq.documents, 'document')} × {_count(dq.questions, 'question')}{more}",

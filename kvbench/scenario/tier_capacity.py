@@ -51,6 +51,15 @@ def working_set(s: Scenario) -> tuple[int, int, int, str] | None:
         n = max(sp.working_set)
         longest = max(sp.prompt_tokens) * max(sp.shared_pct) // 100
         return n, n * min(sp.prompt_tokens) * min(sp.shared_pct) // 100, n * longest, "shared prefixes"
+    if w.trace is not None:
+        from kvbench.errors import UserError
+        from kvbench.scenario.trace_checks import trace_shape
+
+        try:
+            shape = trace_shape(w.trace)
+        except UserError:  # said by check_scenario
+            return None
+        return shape.distinct_blocks, shape.working_set_tokens, shape.working_set_tokens, "distinct trace blocks"
     return None
 
 

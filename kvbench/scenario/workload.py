@@ -7,7 +7,8 @@ from typing import Annotated, Any, Literal
 from pydantic import ByteSize, Field, field_validator, model_validator
 
 from kvbench.offload.modes import Tokens
-from kvbench.scenario.bounds import MAX_COUNT, Bytes, Count, PathText, Seed, Strict, optional, whole_text
+from kvbench.scenario.bounds import (MAX_COUNT, Bytes, Count, PathText, Seed, Strict, number, optional,
+                                     whole_text)
 
 
 class MultiTurnSpec(Strict):
@@ -34,7 +35,9 @@ class MultiTurnSpec(Strict):
         return self
 
 #: The reuse workloads, as ``workload`` keys.
-REUSE_KINDS = ("multi_turn", "doc_qa", "shared_prefix")
+REUSE_KINDS = ("multi_turn", "doc_qa", "shared_prefix", "trace")
+#: The trace formats ``workload.trace.format`` names (kvbench.traces.read.FORMATS).
+TraceFormat = Literal["auto", "mooncake", "bailian", "columns"]
 
 #: A hit:miss ratio, ``'H:M'``.
 Ratio = whole_text(r"[1-9]\d{0,2}:\d{1,3}", "must be 'H:M' with whole numbers from 0 to 999, H ≥ 1, e.g. '3:1'")
@@ -159,6 +162,44 @@ class SharedPrefixSpec(Strict):
         return len(self.prompt_tokens) * len(self.shared_pct) * sum(self.working_set) * self.visits
 
 
+class TraceSpec(Strict):
+    """A request trace replayed (Mooncake's or Bailian's JSONL, or a CSV/JSONL of Mooncake's columns): each hash id
+    becomes one block of ``block_tokens`` real text tokens, the same block wherever the id appears and starting
+    with a marker token of its own, so that prompts share exactly the prefixes the trace says and never one by
+    accident; a prompt's partial last block is cut in proportion. On a server, ``load.profile: trace`` sends each
+    request at its arrival time × ``time_scale`` (open loop); in-process, one request at a time, in order."""
+
+    path: PathText = Field(description="The trace file (relative to the scenario file).")
+    format: TraceFormat = Field("auto", description="auto (by name and first line), mooncake, bailian or columns.")
+    source_block_tokens: Tokens | None = optional("Tokens per hash id in the file (default: the format's: "
+        "Mooncake 512, Bailian 16).")
+    block_tokens: Tokens = Field(32, description="Tokens per block in the replay: a trace's blocks scaled down "
+                                 "(choose whole blocks of the server's: vLLM's CPU build uses 128).")
+    start_s: number(0) | None = optional("Only requests arriving at or after this second of the trace.")
+    end_s: number(0) | None = optional("Only requests arriving before this second of the trace.")
+    first: Annotated[int, Field(strict=True, ge=0, le=100_000_000)] | None = optional(
+        "Skip the requests before this position (after the time window).")
+    conversations: Count | None = optional("Only the requests of the first this many conversations with more "
+        "than one request, inferred from the ids (a request continues the conversation of the latest earlier one "
+        "holding its leading ids, at least 2 blocks of them): a short replay that still revisits its prefixes.")
+    max_requests: Count = Field(64, description="At most this many requests (after the window, `first` and "
+                                "`conversations`).")
+    time_scale: number(0, 1e6, above=True) = Field(1.0, description="Arrival times multiplied by this (0.5: twice "
+                                                  "as fast).")
+
+    @model_validator(mode="after")
+    def _window(self) -> TraceSpec:
+        if self.start_s is not None and self.end_s is not None and self.end_s <= self.start_s:
+            raise ValueError(f"end_s {self.end_s} must be after start_s {self.start_s}")
+        return self
+
+    @property
+    def window_args(self) -> dict[str, Any]:
+        """The keywords of :func:`kvbench.traces.trace.window` that cut the replayed slice."""
+        return {"start_s": self.start_s, "end_s": self.end_s, "first": self.first, "max_requests": self.max_requests,
+                "time_scale": self.time_scale, "conversations_kept": self.conversations}
+
+
 class StoreSpec(Strict):
     """The KV store of a reuse workload (:class:`kvbench.offload.store.KVStore`); one per mode, fresh per repeat
     and per ``shared_prefix`` cell. Its disk tier goes under the scenario's ``disk_dir``."""
@@ -202,6 +243,8 @@ class WorkloadSpec(Strict):
     shared_prefix: SharedPrefixSpec | None = optional("Reuse workload for the break-even map: prompts whose set "
         "share is a prefix revisited under a set working set (see SharedPrefixSpec); the key with no value runs it "
         "with its defaults.")
+    trace: TraceSpec | None = optional("Reuse workload: a request trace replayed, its hash ids as blocks of real "
+        "text (see TraceSpec).")
 
     @model_validator(mode="before")
     @classmethod
@@ -215,8 +258,9 @@ class WorkloadSpec(Strict):
         return data
 
     @property
-    def reuse(self) -> Literal["multi_turn", "doc_qa", "shared_prefix"] | None:
-        """The reuse workload (``multi_turn``, ``doc_qa`` or ``shared_prefix``), or None for independent prompts."""
+    def reuse(self) -> Literal["multi_turn", "doc_qa", "shared_prefix", "trace"] | None:
+        """The reuse workload (``multi_turn``, ``doc_qa``, ``shared_prefix`` or ``trace``), or None for independent
+        prompts."""
         return next((k for k in REUSE_KINDS if getattr(self, k) is not None), None)
 
     @model_validator(mode="after")

@@ -85,15 +85,19 @@ class Trace:
 
 
 def window(trace: Trace, start_s: float | None = None, end_s: float | None = None, first: int | None = None,
-           last: int | None = None, max_requests: int | None = None, time_scale: float = 1.0) -> Trace:
+           last: int | None = None, max_requests: int | None = None, time_scale: float = 1.0,
+           conversations_kept: int | None = None) -> Trace:
     """A slice of ``trace``: the requests arriving in ``[start_s, end_s)`` seconds, then those at positions
-    ``[first, last)`` of what is left, then at most the first ``max_requests``; arrival times from the first request
-    kept, multiplied by ``time_scale`` (0.5 replays twice as fast).
+    ``[first, last)`` of what is left, then (``conversations_kept``) only the requests of the first that many
+    conversations with more than one request (:func:`conversations`, inferred within the window), then at most the
+    first ``max_requests``; arrival times from the first request kept, multiplied by ``time_scale`` (0.5 replays
+    twice as fast).
 
     Raises:
         BadValue: a bound that is negative, an empty range, ``time_scale`` not above 0, or nothing left.
     """
-    for name, value in (("start_s", start_s), ("end_s", end_s), ("first", first), ("last", last)):
+    for name, value in (("start_s", start_s), ("end_s", end_s), ("first", first), ("last", last),
+                        ("conversations_kept", conversations_kept)):
         if value is not None and value < 0:
             raise BadValue(f"trace window: {name} {value} is negative")
     if not time_scale > 0 or not np.isfinite(time_scale):
@@ -107,15 +111,44 @@ def window(trace: Trace, start_s: float | None = None, end_s: float | None = Non
     if end_s is not None:
         rows = rows[t[rows] < end_s]
     rows = rows[first:last]
+    if conversations_kept is not None and len(rows):
+        conv = conversations(trace.take(rows))
+        ids, counts = np.unique(conv, return_counts=True)
+        rows = rows[np.isin(conv, ids[counts > 1][:conversations_kept])]
     if max_requests is not None:
         rows = rows[:max_requests]
     if not len(rows):
         raise BadValue(f"trace window: no request of {trace.source} ({trace.n_requests:,} requests over "
                        f"{float(t[-1]) if len(t) else 0:,.1f} s) is in the window asked for")
     parts = [f"{k} {v}" for k, v in (("from", start_s), ("to", end_s), ("first", first), ("last", last),
-                                      ("max_requests", max_requests)) if v is not None]
+                                      ("conversations", conversations_kept), ("max_requests", max_requests))
+             if v is not None]
     taken = trace.take(rows, f"requests {', '.join(parts)}: {len(rows):,} of {trace.n_requests:,}" if parts else None)
     if time_scale != 1.0:
         taken = replace(taken, arrival_s=taken.arrival_s * time_scale,
                         notes=taken.notes + (f"times scaled by {time_scale:g}",))
     return taken
+
+
+def conversations(trace: Trace, min_shared_blocks: int = 2) -> np.ndarray:
+    """Per request, the conversation it belongs to, inferred from its ids (int64 ``(n_requests,)``, numbered in
+    order of first request): a request whose leading ids were seen before, at least ``min_shared_blocks`` of
+    them (more than a first block every prompt shares, such as a system prompt), continues the conversation of the
+    latest earlier request that held the last of them; any other request starts a conversation."""
+    holder: dict[int, int] = {}
+    conv = np.zeros(trace.n_requests, dtype=np.int64)
+    count = 0
+    for i in range(trace.n_requests):
+        ids = trace.block_ids[trace.offsets[i]:trace.offsets[i + 1]].tolist()
+        seen = 0
+        for b in ids:
+            if b not in holder:
+                break
+            seen += 1
+        if seen >= min_shared_blocks:
+            conv[i] = conv[holder[ids[seen - 1]]]
+        else:
+            conv[i], count = count, count + 1
+        for b in ids:
+            holder[b] = i
+    return conv

@@ -78,15 +78,23 @@ def _documents(spec: WorkloadSpec, longest_prompt: int | None) -> Sequence[Docum
     return files.load(spec.files or "", files.read_limit(longest_prompt))
 
 
-def make_stream(spec: WorkloadSpec, tokenizer: Any, longest_prompt: int) -> Stream:
-    """The requests of a reuse workload (``spec.multi_turn``, ``spec.doc_qa`` or ``spec.shared_prefix``), prompts
-    of at most ``longest_prompt`` tokens (the model's max positions less the tokens generated).
+def make_stream(spec: WorkloadSpec, tokenizer: Any, longest_prompt: int, vocab_size: int) -> Stream:
+    """The requests of a reuse workload (``spec.multi_turn``, ``spec.doc_qa``, ``spec.shared_prefix`` or
+    ``spec.trace``), prompts of at most ``longest_prompt`` tokens (the model's max positions less the tokens
+    generated); ``vocab_size``: the model's (a trace's blocks are marked with tokens below it).
 
     Raises:
         kvbench.workloads.sessions.NotEnoughRequests: the source holds too few long enough texts.
+        kvbench.errors.WorkloadError, kvbench.errors.BadFile, kvbench.errors.BadValue: a trace that cannot be
+            read or replayed (:func:`kvbench.workloads.trace_replay.trace_stream`).
         ModuleNotFoundError, kvbench.workloads.files.NoFilesError, kvbench.workloads.files.TooManyFiles: as
             :func:`make_source`.
     """
+    if spec.trace is not None:
+        from kvbench.workloads.trace_replay import trace_stream
+
+        texts = None if spec.source == "synthetic" else _documents(spec, longest_prompt)
+        return trace_stream(spec.trace, texts, tokenizer, vocab_size, spec.seed, longest_prompt)
     docs = _documents(spec, longest_prompt)
     keep: Callable[[Document], bool] | None = None
     if spec.language:

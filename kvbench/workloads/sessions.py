@@ -45,6 +45,9 @@ class Request:
         working_set: ``shared_prefix`` only: the prefixes in rotation in its cell.
         shared_pct: ``shared_prefix`` only: the share of the prompt its cell asks to be shared (percent).
         cell: ``shared_prefix`` only: its cell's index in the workload (cells run one after another).
+        trace_index: ``trace`` only: the request's position in the trace file (0-based).
+        arrival_s: ``trace`` only: when it arrives, seconds from the replayed slice's first request (time_scale
+            applied).
     """
 
     id: str
@@ -56,6 +59,8 @@ class Request:
     working_set: int | None = None
     shared_pct: int | None = None
     cell: int | None = None
+    trace_index: int | None = None
+    arrival_s: float | None = None
 
 
 @dataclass

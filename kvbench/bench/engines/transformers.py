@@ -394,7 +394,7 @@ def load_engine(scenario: Scenario, environment: dict[str, Any] | None = None) -
     loaded = load_model(scenario.model, scenario.device, scenario.seed)
     if scenario.workload.reuse:
         source = make_stream(scenario.workload, loaded.tokenizer,
-                             loaded.shape.max_positions - scenario.max_new_tokens)
+                             loaded.shape.max_positions - scenario.max_new_tokens, loaded.shape.vocab_size)
     else:
         source = make_source(scenario.workload, loaded.tokenizer, loaded.shape.vocab_size,
                              loaded.shape.max_positions - scenario.max_new_tokens)

@@ -75,4 +75,5 @@ def note_requests(run: RunRecord, stream: Stream) -> None:
     run.json (``requests``, ``workload_notes``): a reuse workload's or a server run's."""
     run.update(workload_notes=stream.notes, requests=[
         {"id": q.id, "document": q.document, "turn_index": q.turn_index, "prompt_tokens": len(q.ids),
-         "held_tokens": len(q.held)} for q in stream.requests])
+         "held_tokens": len(q.held), **({"trace_index": q.trace_index, "arrival_s": q.arrival_s}
+                                        if q.trace_index is not None else {})} for q in stream.requests])

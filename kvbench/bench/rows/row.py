@@ -88,7 +88,7 @@ def measured_fields(s: Scenario, t: TrialSpec, out: TrialOutput, timeline: Trial
         req = t.request
         row.update(request_id=req.id, document=req.document, turn_index=req.turn_index, warm=t.warm,
                    shared_prefix_tokens=req.shared_prefix_tokens, working_set_prompts=req.working_set,
-                   shared_pct=req.shared_pct,
+                   shared_pct=req.shared_pct, trace_index=req.trace_index,
                    **(out.reuse or {"tokens_restored": 0, "tokens_prefilled": len(req.ids), "store_hit_rate": None,
                                     "restore_host_bytes": 0, "restore_disk_bytes": 0}))
         if out.top2_gaps is not None:  # the reference's closeness to another token, step by step (kept for resume)

@@ -295,7 +295,7 @@ def load_server_engine(s: Scenario, run_path: Path, where: Path | None = None) -
     tokenizer = load_tokenizer(s.model.name, s.model.trust_remote_code)
     longest = arch.max_positions - s.max_new_tokens
     if s.workload.reuse:
-        source = make_stream(s.workload, tokenizer, longest)
+        source = make_stream(s.workload, tokenizer, longest, arch.vocab_size)
     else:
         source = prompt_requests(s, make_source(s.workload, tokenizer, arch.vocab_size, longest))
     kind, model_dir = KINDS[s.engine.kind], None

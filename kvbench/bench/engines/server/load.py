@@ -15,6 +15,9 @@ after the previous one of its chain has finished plus the spec's ``think_time_s`
   stream order goes (one blocked by its chain does not hold back later independent ones).
 - ``poisson``: request *i* is due at arrival *i* of :func:`poisson_arrivals` (or later, when its chain is not
   ready); at most ``concurrency`` in flight when given (None: no cap).
+- ``trace``: request *i* is due at its own arrival time (``arrival(request)``: a replayed trace's, seconds from
+  the first request sent); otherwise as ``poisson`` (open loop: a late reply never delays the next arrival, and
+  ``queue_s`` is the achieved lag behind the trace).
 """
 
 from __future__ import annotations
@@ -71,12 +74,15 @@ def poisson_arrivals(n: int, rate: float, seed: int) -> list[float]:
 async def run_load(requests: Sequence[Any], send: Callable[[Any], Awaitable[Any]], spec: LoadSpec, *,
                    chain: Callable[[Any], Hashable | None] = lambda r: None,
                    on_done: Callable[[Outcome], None] | None = None,
+                   arrival: Callable[[Any], float] = lambda r: 0.0,
                    clock: Callable[[], float] = time.monotonic,
                    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> list[Outcome]:
     """Send ``requests`` (a stream, in order) through ``send`` as ``spec`` says; return one :class:`Outcome`
     per request sent, in the order they were sent.
 
-    ``chain(request)`` gives each request's conversation key (None: independent); ``on_done`` is called with each
+    ``chain(request)`` gives each request's conversation key (None: independent); ``arrival(request)`` its
+    arrival time under the ``trace`` profile (seconds; times are taken from the first request's, so a resumed
+    load's remaining requests start at once); ``on_done`` is called with each
     outcome as it finishes (several finishing together: by end time, then in the order sent). ``clock`` returns
     seconds (any origin); ``sleep(seconds)`` waits that long on the same clock. A ``send`` that raises an
     :class:`Exception` gives an outcome with ``error`` and the load goes on (the next turn of its chain is still
@@ -92,8 +98,13 @@ async def run_load(requests: Sequence[Any], send: Callable[[Any], Awaitable[Any]
     cap, in_order = spec.max_in_flight, spec.profile == "sequential"
     stream = list(requests if spec.n_requests is None else requests[: spec.n_requests])
     keys = [chain(r) for r in stream]
-    base = (poisson_arrivals(len(stream), spec.rate, spec.seed) if spec.profile == "poisson"
-            else [0.0] * len(stream))
+    if spec.profile == "poisson":
+        base = poisson_arrivals(len(stream), spec.rate, spec.seed)
+    elif spec.profile == "trace" and stream:
+        times = [float(arrival(r)) for r in stream]
+        base = [t - times[0] for t in times]
+    else:
+        base = [0.0] * len(stream)
     horizon = math.inf if spec.duration_s is None else float(spec.duration_s)
     think = float(spec.think_time_s)
 

@@ -107,7 +107,7 @@ class _ModeLoad:
             spec = s.load_spec.at_level(self.level)
             try:
                 outcomes = await run_load(todo, lambda t: self._send(client, t), spec, chain=_chain(s),
-                                          on_done=self._done)
+                                          on_done=self._done, arrival=lambda t: t.request.arrival_s or 0.0)
                 sent = {o.request.trial_id for o in outcomes}
                 for t in todo:  # past load.duration_s: not sent, and not to be sent by --resume either
                     if t.trial_id not in sent:

@@ -36,7 +36,8 @@ def request_row(engine: ServerEngine, t: ServerTrial, reply: Reply | None, outco
 
 def request_fields(engine: ServerEngine, t: ServerTrial) -> dict[str, Any]:
     """The request's own fields every row of ``t`` has: its id, conversation, turn, whether it may reuse, its
-    shared prefix, working set, share unit and cell's KV in tokens (``shared_prefix``), the KV it keeps for
+    shared prefix, working set, share unit and cell's KV in tokens (``shared_prefix``), its position in a replayed
+    trace (``trace_index``), the KV it keeps for
     reuse in tokens (``kv_budget_tokens``: the slots' context and the host tier its mode's server was started
     with, :func:`~kvbench.bench.engines.server.tiers.tier_tokens`), the engine, the load profile and level, the
     prompt tokens an earlier request held (``reusable_prompt_tokens``) and the prompt's digest."""
@@ -44,7 +45,8 @@ def request_fields(engine: ServerEngine, t: ServerTrial) -> dict[str, Any]:
     return {
         "request_id": req.id, "document": req.document, "turn_index": req.turn_index, "warm": t.warm,
         "shared_prefix_tokens": req.shared_prefix_tokens, "working_set_prompts": req.working_set,
-        "shared_pct": req.shared_pct, "cell_kv_tokens": engine.cell_tokens.get(req.cell),
+        "shared_pct": req.shared_pct, "trace_index": req.trace_index,
+        "cell_kv_tokens": engine.cell_tokens.get(req.cell),
         "share_unit_tokens": engine.share_unit if req.cell is not None else None,
         "kv_budget_tokens": engine.ctx_per_slot * t.concurrency
         + tier_tokens(engine.host_tiers.get(t.mode.label), engine.kv_bytes_per_token),

@@ -12,7 +12,7 @@ import pytest
 
 from pydantic import ValidationError
 
-from kvbench.bench.engines.server.load import Outcome, poisson_arrivals, run_load
+from kvbench.bench.engines.server.load import Outcome, load_fields, poisson_arrivals, run_load
 from kvbench.scenario.load_spec import PROFILES, LoadSpec
 
 
@@ -284,7 +284,7 @@ def test_real_clock_defaults_overlap_concurrent_sends():
 
 
 @pytest.mark.parametrize("given, param, fragment", [
-    (dict(profile="bursty"), "profile", "Input should be 'sequential', 'concurrent' or 'poisson'"),
+    (dict(profile="bursty"), "profile", "Input should be 'sequential', 'concurrent', 'poisson' or 'trace'"),
     (dict(profile="poisson"), "", "rate: required for profile poisson (requests per second)"),
     (dict(profile="poisson", rate=-2.0), "rate", "must be a number above 0, at most 1,000,000"),
     (dict(profile="poisson", rate=float("inf")), "rate", "must be a number above 0, at most 1,000,000"),
@@ -306,11 +306,12 @@ def test_a_load_spec_is_checked_where_it_is_built(given, param, fragment):
 
 
 def test_valid_specs_and_their_caps():
-    assert PROFILES == ("sequential", "concurrent", "poisson")
+    assert PROFILES == ("sequential", "concurrent", "poisson", "trace")
     for spec, cap in [(LoadSpec(), 1), (LoadSpec(profile="concurrent"), 1),
                       (LoadSpec(profile="concurrent", concurrency=8), 8),
                       (LoadSpec(profile="poisson", rate=0.5), None),
-                      (LoadSpec(profile="poisson", rate=0.5, concurrency=3, n_requests=9, duration_s=60.0), 3)]:
+                      (LoadSpec(profile="poisson", rate=0.5, concurrency=3, n_requests=9, duration_s=60.0), 3),
+                      (LoadSpec(profile="trace"), None), (LoadSpec(profile="trace", concurrency=2), 2)]:
         assert spec.max_in_flight == cap
 
 
@@ -323,3 +324,16 @@ def test_a_spec_of_several_levels_sends_nothing():
     assert LoadSpec(profile="poisson", rate=1.0).at_level(4).max_in_flight is None  # uncapped, 4 slots
     with pytest.raises(ValueError, match=r"concurrency 3 is not one of this load's levels \[1, 2\]"):
         LoadSpec(profile="concurrent", concurrency=[1, 2]).at_level(3)
+
+
+def test_trace_sends_each_request_at_its_own_arrival_open_loop():
+    """Arrivals 10, 11, 11.5, 30 s (from the first request's 10): a slow reply never delays the next arrival; with
+    a cap of 1 the third waits for a slot and its queue_s is its lag behind the trace."""
+    arrivals = {"a": 10.0, "b": 11.0, "c": 11.5, "d": 30.0}
+    reqs = [Req("a", 3.0), Req("b", 1.0), Req("c", 1.0), Req("d", 1.0)]
+    out = load(reqs, LoadSpec(profile="trace"), arrival=lambda r: arrivals[r.id])
+    assert table(out) == [("a", 0.0, 0.0, 3.0), ("b", 1.0, 1.0, 2.0), ("c", 1.5, 1.5, 2.5), ("d", 20.0, 20.0, 21.0)]
+    capped = load(reqs, LoadSpec(profile="trace", concurrency=1), arrival=lambda r: arrivals[r.id])
+    assert table(capped) == [("a", 0.0, 0.0, 3.0), ("b", 1.0, 3.0, 4.0), ("c", 1.5, 4.0, 5.0),
+                             ("d", 20.0, 20.0, 21.0)]
+    assert [load_fields("trace", o)["queue_s"] for o in capped] == [0.0, 2.0, 2.5, 0.0]

@@ -1,0 +1,131 @@
+"""``kvbench trace validate`` as a library: a run that replayed a trace (``workload.trace``), per mode its measured
+cached prompt tokens against the simulator's prediction at the mode's cache capacity
+(kvbench.analysis.trace_validation), the capacity and the policy each taken from what the run says of its engine,
+and ``replay_check.csv``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from kvbench.analysis.trace_validation import ReplayCheck, check_replay
+from kvbench.errors import BadValue, ResultsError, UnwritableOutput, UserError
+from kvbench.report.cost import replacing
+from kvbench.results.load import load_results
+from kvbench.results.run_dir import refuse_symlink_dir
+from kvbench.scenario.trace_checks import replayed_slice
+from kvbench.scenario.workload import TraceSpec
+
+#: The policy each engine's prefix cache is closest to (kvbench.traces.simulate.POLICIES): vLLM frees a request's
+#: blocks tail first; llama.cpp keeps whole prompt states, least recently saved evicted first (no block policy).
+ENGINE_POLICY = {"vllm": "lru-tail-first"}
+
+
+@dataclass(frozen=True)
+class ModeCheck:
+    """One mode's check: its ``label``, the ``engine``, the ``capacity_tokens`` simulated and where that figure
+    comes from (``capacity_source``), and the :class:`~kvbench.analysis.trace_validation.ReplayCheck`."""
+
+    label: str
+    engine: str
+    capacity_tokens: int
+    capacity_source: str
+    check: ReplayCheck
+
+
+def _capacity(label: str, part: pd.DataFrame, servers: list[dict[str, Any]]) -> tuple[int, str] | None:
+    """A mode's cache capacity in tokens: the smallest ``device_cache_tokens`` its servers reported (vLLM's
+    blocks × block size), else the rows' ``kv_budget_tokens`` (llama.cpp: the slots' context and its host RAM
+    cache); None when neither is known."""
+    caps = [s["device_cache_tokens"] for s in servers if s.get("mode_label") == label
+            and type(s.get("device_cache_tokens")) is int and s["device_cache_tokens"] > 0]
+    if caps:
+        return min(caps), "the server's device cache (run.json)"
+    budget = pd.to_numeric(part.get("kv_budget_tokens"), errors="coerce").dropna() if "kv_budget_tokens" in part \
+        else pd.Series(dtype=float)
+    if len(budget):
+        return int(budget.min()), "kv_budget_tokens: the slots' context and the host tier"
+    return None
+
+
+def check_run(run: str | Path, capacity_tokens: int | None = None, policy: str | None = None,
+              engine_block_tokens: int | None = None) -> list[ModeCheck]:
+    """Per mode of the replay run ``run``, measured against simulated cached tokens.
+
+    Args:
+        run: a run directory whose scenario replays ``workload.trace``.
+        capacity_tokens: the cache capacity to simulate (tokens); default: each mode's own (:func:`_capacity`).
+        policy: the simulator's policy; default: the engine's closest (:data:`ENGINE_POLICY`, else ``lru``).
+        engine_block_tokens: the engine's own block (a gap beyond it is flagged); default the replayed block.
+
+    Raises:
+        kvbench.errors.ResultsError: not a run, or not a replay of a trace, or no mode with a known capacity.
+        kvbench.errors.BadFile, kvbench.errors.BadValue: the trace cannot be read again as the run read it.
+    """
+    res = load_results(run)
+    scenario = res.runs[0].get("scenario") if res.runs else None
+    workload = scenario.get("workload") if isinstance(scenario, dict) else None
+    raw = workload.get("trace") if isinstance(workload, dict) else None
+    if not isinstance(raw, dict):
+        raise ResultsError(f"{run}: not a replay of a trace (its scenario has no workload.trace)")
+    try:
+        spec = TraceSpec.model_validate(raw)
+    except ValueError as exc:
+        raise ResultsError(f"{run}: run.json's workload.trace cannot be read: {str(exc).splitlines()[0]}") from None
+    trace = replayed_slice(spec)
+    rows = res.trials
+    rows = rows[rows["status"] == "ok"] if "status" in rows else rows
+    engine = str(rows["engine"].dropna().iloc[0]) if "engine" in rows and rows["engine"].notna().any() \
+        else "transformers"
+    out = []
+    for label, part in rows.groupby("mode_label", sort=False):
+        if "warm" in part and part["warm"].notna().any():  # in-process: the warm trials restored from the store
+            part = part[part["warm"] == True]  # noqa: E712 (an object column)
+            part = part.assign(cached_prompt_tokens=part.get("tokens_restored"))
+        cap = (capacity_tokens, "given") if capacity_tokens is not None else _capacity(str(label), part, res.servers)
+        if cap is None:
+            continue
+        chosen = policy or ENGINE_POLICY.get(engine, "lru")
+        out.append(ModeCheck(str(label), engine, int(cap[0]), cap[1],
+                             check_replay(part, trace, spec.block_tokens, int(cap[0]), chosen, engine_block_tokens)))
+    if not out:
+        raise ResultsError(f"{run}: no mode says its cache capacity (give one)")
+    return out
+
+
+def summary_line(m: ModeCheck) -> str:
+    """One mode's overall comparison in a line."""
+    c = m.check
+    diff = c.measured - c.predicted
+    pct = f" ({100 * diff / c.predicted:+.1f}%)" if c.predicted else ""
+    return (f"{m.label} ({m.engine}): {len(c.table)} requests; cached prompt tokens measured {c.measured:,}, "
+            f"simulated {c.predicted:,} ({c.policy} at {c.capacity_blocks:,} blocks = {m.capacity_tokens:,} tokens, "
+            f"{m.capacity_source}): difference {diff:+,}{pct}; an unlimited cache {c.unlimited:,}; "
+            f"{c.flagged} requests off by more than a block" + (f"; {c.missing} requests of the slice not measured"
+                                                               if c.missing else ""))
+
+
+def write_checks(checks: list[ModeCheck], out_dir: str | Path) -> list[Path]:
+    """``replay_check.csv`` (every mode's per-request table, with ``mode_label``) in ``out_dir`` (created).
+
+    Raises:
+        kvbench.errors.SymlinkRefused: ``out_dir`` is a symbolic link.
+        kvbench.errors.UnwritableOutput: the file cannot be written.
+    """
+    out = Path(out_dir)
+    refuse_symlink_dir(out)
+    frame = pd.concat([m.check.table.assign(mode_label=m.label, policy=m.check.policy,
+                                            capacity_tokens=m.capacity_tokens) for m in checks], ignore_index=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        path = replacing(out / "replay_check.csv", lambda tmp: frame.to_csv(tmp, index=False) or tmp)
+    except OSError as exc:
+        if isinstance(exc, UserError):
+            raise
+        raise UnwritableOutput(exc.filename or out, exc.strerror or str(exc)) from exc
+    if path is None:
+        raise BadValue("replay_check.csv: nothing to write")
+    return [path]
