@@ -94,9 +94,15 @@ class _Reader:
         self.fmt, self.keys = fmt, frozenset(KEYS[fmt])
 
     def fault(self, line: int, why: str) -> None:
+        """Counts a fault and keeps it if it is among the :data:`MAX_PROBLEMS` earliest in the file so far (faults
+        are not found in line order: bad ids when a chunk is flushed, wrong lengths at the end)."""
         self.n_problems += 1
         if len(self.problems) < MAX_PROBLEMS:
             self.problems.append((line, why))
+            return
+        latest = max(self.problems)
+        if (line, why) < latest:
+            self.problems[self.problems.index(latest)] = (line, why)
 
     def record(self, line: int, rec: Any) -> None:
         """Checks one request (a dict from JSON, or a CSV row turned into one) and keeps it."""
