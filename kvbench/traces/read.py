@@ -216,7 +216,7 @@ def read_trace(path: str | Path, fmt: str = "auto", block_tokens: int | None = N
 
     Args:
         path: a ``.jsonl`` (Mooncake or Bailian lines, told apart by ``chat_id`` in the first) or a ``.csv`` of
-            Mooncake's columns under a header line.
+            Mooncake's columns under a header line (``columns``: a CSV, or a JSONL if its first line is an object).
         fmt: one of :data:`FORMATS`; ``auto`` decides by the file's name and first line.
         block_tokens: tokens per hash block; None: the format's (:data:`DEFAULT_BLOCK_TOKENS`).
         max_bytes: the largest file read.
@@ -231,8 +231,11 @@ def read_trace(path: str | Path, fmt: str = "auto", block_tokens: int | None = N
         raise BadValue(f"trace format {fmt!r} is not one of: {', '.join(FORMATS)}")
     if block_tokens is not None and (type(block_tokens) is not int or block_tokens < 1):
         raise BadValue(f"block_tokens must be a whole number of at least 1, not {block_tokens!r}")
-    csv_file = fmt == "columns" or (fmt == "auto" and path.suffix.lower() == ".csv")
-    reader = _Reader(path, "columns" if csv_file else None if fmt == "auto" else fmt)
+    # a .csv is a CSV; a columns trace of another name is a CSV unless its first line is a JSON object (None: not
+    # known before that line)
+    named_csv = path.suffix.lower() == ".csv"
+    csv_file: bool | None = (True if named_csv else None) if fmt == "columns" else fmt == "auto" and named_csv
+    reader = _Reader(path, "columns" if csv_file is not False else None if fmt == "auto" else fmt)
     with open_regular(path) as f:
         size = os.fstat(f.fileno()).st_size
         if size > max_bytes:
@@ -240,6 +243,8 @@ def read_trace(path: str | Path, fmt: str = "auto", block_tokens: int | None = N
                           "requests, or allow more)")
         header: list[str] | None = None
         for number, raw in _lines(f, reader):
+            if csv_file is None:
+                csv_file = not raw.lstrip().startswith(b"{")
             try:
                 if csv_file:
                     fields = next(csv.reader([raw.decode("utf-8")]))
