@@ -73,9 +73,14 @@ def synthesize(trace: Trace, n_requests: int, seed: int = 0, copies: int = 1, sp
     position = np.arange(offsets[-1], dtype=np.int64) - np.repeat(offsets[:-1], counts)
     taken = np.repeat(trace.offsets[:-1][source], counts) + position
     is_shared = position < np.repeat(shared[source], counts)
-    span = int(trace.block_ids.max()) - int(trace.block_ids.min()) + 1 if trace.n_visits else 1
-    ids = trace.block_ids[taken] - int(trace.block_ids.min()) + np.repeat(copy, counts) * span
-    fresh = copies * span + np.arange(int((~is_shared).sum()), dtype=np.int64)
+    # ids renumbered 0, 1, ... in their order (a trace's ids may be 64-bit hashes: offsets of those overflow)
+    _, dense = np.unique(trace.block_ids, return_inverse=True)
+    span = int(dense.max()) + 1 if trace.n_visits else 1
+    n_fresh = int((~is_shared).sum())
+    if copies * span + n_fresh > np.iinfo(np.int64).max:
+        raise BadValue(f"copies: {copies:,} copies of {span:,} distinct ids do not fit in 64-bit ids")
+    ids = dense.ravel().astype(np.int64)[taken] + np.repeat(copy, counts) * span
+    fresh = copies * span + np.arange(n_fresh, dtype=np.int64)
     ids[~is_shared] = fresh
     gaps = np.diff(trace.arrival_s) if trace.n_requests > 1 else np.zeros(1)
     arrival = np.concatenate([[0.0], np.cumsum(rng.choice(gaps, size=n_requests - 1) / speedup)])
