@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 FLAGS = {"model": "--model", "tp": "--tp", "dtype": "--dtype", "gpu": "--gpu", "gpu_price": "--gpu-price",
          "host_price": "--host-price", "disk_price": "--disk-price", "device_tokens": "--device",
          "host_tokens": "--host", "disk_tokens": "--disk", "constants_path": "--constants",
-         "allow_busy": "--allow-busy-fit", "max_bytes": "--max-bytes"}
+         "allow_busy": "--allow-busy-fit", "max_bytes": "--max-bytes", "policy": "--policy"}
 
 
 def simulate(
@@ -51,6 +51,9 @@ def simulate(
     start_s: float | None = typer.Option(None, "--from-s", min=0, help="Only requests arriving from this second."),
     end_s: float | None = typer.Option(None, "--to-s", min=0, help="Only requests arriving before this second."),
     first: int | None = typer.Option(None, "--first", min=0, help="Skip the requests before this position."),
+    conversations: int | None = typer.Option(None, "--conversations", min=1, max=10_000_000, help="Only the "
+                                             "requests of the first N conversations with more than one request "
+                                             "(inferred from the ids)."),
     max_requests: int | None = typer.Option(None, "--max-requests", min=1, help="At most this many requests."),
     max_bytes: str = typer.Option("512MiB", "--max-bytes", help="The largest trace file read."),
     out_dir: Path | None = typer.Option(None, "--out", help="Where simulation.csv, .json and .png go (default: "
@@ -61,17 +64,28 @@ def simulate(
     from kvbench.report import simulation as rs
     from kvbench.report.plan import size_bytes
 
+    from kvbench.report.simulation_cost import check_prices
+    from kvbench.results.run_dir import refuse_symlink_dir
+
     stop_on_signals()
     if gpu_price is not None and model is None:
         fail("--gpu-price needs --model: the cost is the model's time and its KV's memory")
+    if (host or disk.strip() != "0") and device is None and gpu_price is None:
+        fail("--host and --disk are tiers under a device cache: give --device (or --gpu-price, which prices "
+             "each host size)")
+    target = out_dir or Path("results") / f"simulation-{rs.trace_stem(trace)}"
     with handle_errors(FLAGS):
+        refuse_symlink_dir(target)  # before the simulation: a refused folder prints no table
+        if gpu_price is not None:
+            check_prices(gpu_price, host_price, disk_price)
         per_token = rs.kv_bytes_per_token(model, tp, dtype) if model else None
         device_tokens = rs.tokens_of(device, per_token, "device_tokens") if device else None
         hosts = [rs.tokens_of(h, per_token, "host_tokens") for h in host.split(",")] if host else None
         disk_tokens = rs.tokens_of(disk, per_token, "disk_tokens")
         cap = size_bytes(max_bytes, "max_bytes")
         window = {k: v for k, v in (("start_s", start_s), ("end_s", end_s), ("first", first),
-                                    ("max_requests", max_requests)) if v is not None}
+                                    ("conversations_kept", conversations), ("max_requests", max_requests))
+                  if v is not None}
         sim = rs.simulate_trace(trace, fmt, block_tokens, policy, model, tp, dtype,
                                 device_tokens if gpu_price is None else None, hosts, disk_tokens, window, cap)
     for line in rs.summary_lines(sim):
@@ -85,7 +99,6 @@ def simulate(
     if gpu_price is not None:
         doc_extra = _cost(sim, gpu_price, host_price, disk_price, gpu, constants, device_tokens, hosts, disk_tokens,
                           allow_busy_fit)
-    target = out_dir or Path("results") / f"simulation-{rs.trace_stem(trace)}"
     write_or_stop("the simulation's files", target, lambda: rs.write_simulation(sim, target, doc_extra),
                   "simulation")
 

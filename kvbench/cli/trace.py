@@ -25,7 +25,8 @@ def check(
                                             help="Tokens per hash block (default: the format's)."),
     max_bytes: str = typer.Option("512MiB", "--max-bytes", help="The largest trace file read."),
 ) -> None:
-    """Read a trace as kvbench simulate and replay read it: every faulty line said, or what the trace holds."""
+    """Read a trace as kvbench simulate and a replay (workload.trace) read it: every faulty line said, or what
+    the trace holds."""
     from kvbench.report.plan import size_bytes
     from kvbench.report.trace_file import trace_lines
     from kvbench.traces.read import read_trace

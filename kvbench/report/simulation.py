@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -111,6 +112,9 @@ def tokens_of(size: str, kv_bytes_per_token: int | None, what: str) -> int:
     text = size.strip()
     if text.isascii() and text.isdigit():
         return int(text) if len(text) <= 18 else 1 << 62
+    if not re.fullmatch(r"[0-9.]+\s*[A-Za-z]+", text):
+        raise BadParameter(f"{{{what}}} {text[:40]!r}: give tokens (a whole number) or a size of KV such as "
+                           "64GiB", what)
     if kv_bytes_per_token is None:
         raise BadParameter(f"{{{what}}} {text[:40]!r}: a size in bytes needs a model whose KV it holds (or give "
                            "tokens, a whole number)", what)
@@ -206,7 +210,7 @@ def simulation_doc(sim: Simulation) -> dict[str, Any]:
         "ceiling": {"hit_rate_blocks": blocks, "hit_rate_tokens": tokens},
         "tiers": [{n: {"capacity_blocks": h.capacity_blocks[n], "hit_rate_blocks": h.block_rate[n],
                        "hit_rate_tokens": h.token_rate[n]} for n in h.capacity_blocks} for h in sim.tiers],
-        "curve": json.loads(curve_frame(sim).to_json(orient="records"))})
+        "curve": json.loads(curve_frame(sim).to_json(orient="records", double_precision=15))})
 
 
 def _plain_ticks() -> Any:

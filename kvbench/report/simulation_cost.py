@@ -48,6 +48,20 @@ class Sizing:
     disk_per_gib_hour: float
 
 
+def check_prices(gpu_price: float, host_price: float = 0.0, disk_price: float = 0.0) -> None:
+    """The prices :func:`size_tiers` takes, checked: USD per GPU-hour above 0, per GiB-hour 0 or more, each finite
+    and at most 10,000.
+
+    Raises:
+        kvbench.errors.BadParameter: a price out of range (``param`` names it).
+    """
+    for name, v, strict in (("gpu_price", gpu_price, True), ("host_price", host_price, False),
+                            ("disk_price", disk_price, False)):
+        if not (isinstance(v, (int, float)) and math.isfinite(v) and (v > 0 if strict else v >= 0) and v <= 1e4):
+            raise BadParameter(f"{{{name}}} must be a finite number {'above 0' if strict else '0 or more'} and at "
+                               f"most 10,000 USD, not {v!r}", name)
+
+
 def size_tiers(sim: Simulation, gpu_price: float, host_price: float = 0.0, disk_price: float = 0.0,
                gpu: str = "h100", constants_path: str | Path | None = None, device_tokens: int | None = None,
                host_tokens: list[int] | None = None, disk_tokens: int = 0, allow_busy: bool = False) -> Sizing:
@@ -72,11 +86,7 @@ def size_tiers(sim: Simulation, gpu_price: float, host_price: float = 0.0, disk_
     if sim.kv_bytes_per_token is None or sim.model is None:
         raise BadParameter("the cost needs {model}: its KV bytes price the host memory and its sizes the time",
                            "model")
-    for name, v, strict in (("gpu_price", gpu_price, True), ("host_price", host_price, False),
-                            ("disk_price", disk_price, False)):
-        if not (isinstance(v, (int, float)) and math.isfinite(v) and (v > 0 if strict else v >= 0) and v <= 1e4):
-            raise BadParameter(f"{{{name}}} must be a finite number {'above 0' if strict else '0 or more'} and at "
-                               f"most 10,000 USD, not {v!r}", name)
+    check_prices(gpu_price, host_price, disk_price)
     b = sim.trace.block_tokens
     if constants_path is not None:
         if device_tokens is None:

@@ -52,8 +52,9 @@ def trace_lines(trace: Trace) -> list[str]:
     """What a trace holds, in a few lines: its requests, span, lengths, blocks and notes."""
     span = float(trace.arrival_s[-1]) if trace.n_requests else 0.0
     distinct = len(np.unique(trace.block_ids))
+    rate = f" ({trace.n_requests / span:,.2f} per s)" if span else ""
     lines = [f"{trace.source}: {trace.format}, {trace.block_tokens} tokens per block",
-             f"{trace.n_requests:,} requests over {span:,.1f} s ({trace.n_requests / span if span else 0:,.2f} per s)",
+             f"{trace.n_requests:,} request{'s' if trace.n_requests != 1 else ''} over {span:,.1f} s{rate}",
              f"prompt tokens: mean {trace.input_tokens.mean():,.0f}, max {trace.input_tokens.max():,}; output tokens: "
              f"mean {trace.output_tokens.mean():,.0f}, max {trace.output_tokens.max():,}",
              f"{trace.n_visits:,} block visits, {distinct:,} distinct blocks ({distinct * trace.block_tokens:,} "

@@ -239,8 +239,8 @@ def read_trace(path: str | Path, fmt: str = "auto", block_tokens: int | None = N
     with open_regular(path) as f:
         size = os.fstat(f.fileno()).st_size
         if size > max_bytes:
-            raise BadFile(f"{path}: {size:,} bytes, over the {max_bytes:,} a trace may have (cut it to a window of "
-                          "requests, or allow more)")
+            raise BadFile(f"{path}: {size:,} bytes, over the {max_bytes:,} a trace may have (raise the cap: "
+                          "max_bytes, --max-bytes on the command line)")
         header: list[str] | None = None
         for number, raw in _lines(f, reader):
             if csv_file is None:
@@ -274,6 +274,21 @@ def read_trace(path: str | Path, fmt: str = "auto", block_tokens: int | None = N
     return _build(reader, fmt_read, block_tokens or DEFAULT_BLOCK_TOKENS[fmt_read])
 
 
+def _block_hint(counts: np.ndarray, inputs: np.ndarray, block: int, path: Path) -> list[str]:
+    """A line naming the block size the file's own counts suggest, when most of its requests of several blocks
+    disagree with ``block``, three at least (a block size given wrong reads as a fault on every line)."""
+    full = counts > 1
+    wrong = counts[full] != -(-inputs[full] // block)
+    if wrong.sum() < 3 or wrong.mean() <= 0.5:
+        return []
+    guess = int(np.median(inputs[full] / counts[full]))
+    size = 1 << max(0, round(np.log2(max(guess, 1))))
+    if size == block:
+        return []
+    return [f"{path}: most requests disagree with {block} tokens per block; their lengths suggest about {size} "
+            "(the block size, block_tokens, is not in the file: say it)"]
+
+
 def _build(reader: _Reader, fmt: str, block: int) -> Trace:
     path = reader.path
     counts = np.array(reader.counts, dtype=np.int64)
@@ -288,7 +303,8 @@ def _build(reader: _Reader, fmt: str, block: int) -> Trace:
         shown = sorted(reader.problems)[:MAX_PROBLEMS]
         more = reader.n_problems - len(shown)
         raise BadFile("\n".join([f"{path}: line {line}: {why}" for line, why in shown]
-                                + ([f"{path}: ... and {more:,} more faulty lines"] if more else [])))
+                                + ([f"{path}: ... and {more:,} more faults"] if more else [])
+                                + _block_hint(counts, inputs, block, path)))
     if not len(inputs):
         raise BadFile(f"{path}: no requests (an empty file, or only blank lines)")
     times = np.array(reader.times, dtype=np.float64) * TIME_UNIT_S[fmt]

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvbench.errors import BadValue
+from kvbench.errors import BadParameter, BadValue
 from kvbench.traces.stack import needed_capacity
 from kvbench.traces.trace import Trace
 
@@ -91,10 +91,10 @@ def simulate(trace: Trace, policy: str = "lru") -> HitCurve:
     O(N log N) for N block visits.
 
     Raises:
-        BadValue: ``policy`` is not one of :data:`POLICIES`.
+        BadParameter: ``policy`` is not one of :data:`POLICIES` (``param`` ``policy``).
     """
     if policy not in POLICIES:
-        raise BadValue(f"policy {policy!r} is not one of: {', '.join(POLICIES)}")
+        raise BadParameter(f"{{policy}} {policy!r} is not one of: {', '.join(POLICIES)}", "policy")
     need, distinct = needed_capacity(trace.offsets, trace.block_ids, tail_first=policy == "lru-tail-first")
     weights = trace.block_weights()
     counts = np.bincount(need, minlength=distinct + 1)[1:]

@@ -253,7 +253,7 @@ def test_many_faulty_lines_list_the_first_ten_and_count_the_rest(tmp_path):
     path = put(tmp_path, "many.jsonl", mc() + mc(t=-1) * 25)
     lines = refusal(path).splitlines()
     assert lines == ([f"{path}: line {i}: timestamp must be a number of at least 0, not -1" for i in range(2, 12)]
-                     + [f"{path}: ... and 15 more faulty lines"])
+                     + [f"{path}: ... and 15 more faults"])
 
 
 def test_the_first_faulty_lines_are_listed_whatever_their_fault(tmp_path):
@@ -263,7 +263,7 @@ def test_the_first_faulty_lines_are_listed_whatever_their_fault(tmp_path):
     lines = refusal(path).splitlines()
     assert lines[0] == f'{path}: line 1: hash_ids must be whole numbers that fit in 64 bits, not "x"'
     assert lines[9] == f"{path}: line 10: timestamp must be a number of at least 0, not -1"
-    assert lines[10] == f"{path}: ... and 1 more faulty lines" and len(lines) == 11
+    assert lines[10] == f"{path}: ... and 1 more faults" and len(lines) == 11
     path = put(tmp_path, "len.jsonl", mc(n=2000) + mc(t=-1) * 10)
     assert refusal(path).splitlines()[0] == (f"{path}: line 1: 2 hash_ids for input_length 2000: "
                                              "ceil(2000 / 512) = 4 expected")
@@ -276,8 +276,8 @@ def test_a_file_over_max_bytes_is_refused_from_its_size_unread(tmp_path):
     start = time.perf_counter()
     message = refusal(path, max_bytes=1 << 30)
     assert time.perf_counter() - start < 0.5
-    assert message == (f"{path}: 1,073,741,825 bytes, over the 1,073,741,824 a trace may have (cut it to a "
-                       "window of requests, or allow more)")
+    assert message == (f"{path}: 1,073,741,825 bytes, over the 1,073,741,824 a trace may have (raise the cap: "
+                       "max_bytes, --max-bytes on the command line)")
     path = put(tmp_path, "small.jsonl", mc())
     assert refusal(path, max_bytes=10).startswith(f"{path}: {len(mc())} bytes, over the 10 a trace may have")
 
@@ -314,3 +314,12 @@ def test_every_hostile_file_is_a_user_error(tmp_path):
             read_trace(path)
         except UserError as exc:
             assert all(line.startswith(f"{path}: ") for line in str(exc).splitlines()), str(exc)
+
+
+def test_a_block_size_given_wrong_is_named_once(tmp_path):
+    path = put(tmp_path, "mc.jsonl", "".join(mc(n=n * 512 - 100, ids=str(list(range(k, k + n))))
+                                             for k, n in ((0, 3), (10, 5), (20, 4))))
+    lines = refusal(path, block_tokens=16).splitlines()
+    assert lines[0] == f"{path}: line 1: 3 hash_ids for input_length 1436: ceil(1436 / 16) = 90 expected"
+    assert lines[-1] == (f"{path}: most requests disagree with 16 tokens per block; their lengths suggest about 512 "
+                         "(the block size, block_tokens, is not in the file: say it)")
