@@ -10,6 +10,7 @@ The library does everything the ``kvbench`` command does, minus parsing flags an
     costs = kvbench.cost_report(results, "costs", kvbench.Prices(gpu_per_hour=2.0))
     m = kvbench.break_even_report(results, "map", kvbench.Prices(2.0))    # shared_prefix runs: the map
     p = kvbench.plan("llama-3.1-8b", prompt_tokens=32768, batch=8)         # analytic: no GPU, no weights
+    sim = kvbench.simulate("trace.jsonl", model="llama-3.1-8b")            # a trace's hit rates, every capacity
 
 Each name is imported on first use, so ``import kvbench`` (and ``kvbench validate``) loads neither torch nor
 pandas. Errors a user can cause are :class:`kvbench.errors.UserError`; see :mod:`kvbench.errors`.
@@ -37,9 +38,11 @@ _ENTRYPOINTS = {
     "write_llmd": "kvbench.report.llmd",
     "peer_cost_report": "kvbench.report.peer_cost",
     "Prices": "kvbench.analysis.cost",
+    "read_trace": "kvbench.traces.read",
+    "size_tiers": "kvbench.report.simulation_cost",
 }
 
-__all__ = ["__version__", "plan", *_ENTRYPOINTS]
+__all__ = ["__version__", "plan", "simulate", *_ENTRYPOINTS]
 
 
 def __dir__() -> list[str]:
@@ -75,3 +78,27 @@ def plan(model: str, **options: Any) -> Any:
     from kvbench.report.plan import plan as plan_model
 
     return plan_model(model, **{"link_probe": last_link_probe, **options})
+
+
+def simulate(trace: str, **options: Any) -> Any:
+    """What ``kvbench simulate`` computes (:func:`kvbench.report.simulation.simulate_trace`): the trace read and
+    checked, its prefix-cache hit rates at every capacity from one pass, in bytes of ``model``'s KV when given,
+    split over tiers when ``device_tokens`` is given; :func:`kvbench.size_tiers` then prices each host tier size.
+
+    Args:
+        trace: a Mooncake or Bailian JSONL, or a CSV/JSONL of the columns timestamp (ms), input_length,
+            output_length, hash_ids.
+        **options: the other arguments of :func:`kvbench.report.simulation.simulate_trace` (``fmt``,
+            ``block_tokens``, ``policy``, ``model``, ``tp``, ``dtype``, ``device_tokens``, ``host_tokens``,
+            ``disk_tokens``, ``window_args``, ``max_bytes``).
+
+    Returns:
+        A :class:`kvbench.report.simulation.Simulation` (``.curve.rates(capacity_blocks)``, ``.curve.ceiling``).
+
+    Raises:
+        kvbench.errors.UserError: a trace that cannot be read (one line per faulty line), a model that cannot be
+            found, a value out of range.
+    """
+    from kvbench.report.simulation import simulate_trace
+
+    return simulate_trace(trace, **options)

@@ -6,14 +6,16 @@ Per request ``i`` of prompt ``P`` tokens and ``O`` generated, with ``d`` tokens 
 from the host tier and ``s`` from the disk tier (the cascade of kvbench.traces.simulate.tier_hits), ``k = d + h + s``
 and ``n = P − k`` prefilled, in seconds (the roofline of kvbench.analysis.break_even_fit):
 
-    TTFT = overhead + prefill × n + attention × n × (k + n / 2) + restore_host × h + restore_disk × s
-    e2e  = TTFT + max(O − 1, 0) × (decode + decode_per_token × (P + O / 2))
+    TTFT  = overhead + prefill × n + attention × n × (k + n / 2) + restore_host × h + restore_disk × s
+    GPU-s = TTFT + max(O − 1, 0) × (decode ÷ B + decode_per_token × (P + O / 2))
 
-served one at a time, so that GPU-seconds per request are its e2e × the GPUs of one copy of the model; USD per 1M
-generated tokens = (GPUs × USD per GPU-hour + host GiB × USD per GiB-hour + disk GiB × USD per GiB-hour) × Σ e2e
-÷ 3600 ÷ Σ O × 10^6. Every figure is linear in the constants, so each bootstrap draw of measured constants gives
-the whole table again; the 95% intervals are the 2.5th and 97.5th percentiles over the draws (the trace's hits
-are exact: the interval is the constants' uncertainty). Assumed constants have no draws and no interval.
+the prefill one request at a time, the decode in batches of ``B`` sequences (a decode step reads the weights once
+for the batch and each sequence's own KV: ``B`` = 1 serves one request at a time), so that GPU-seconds per request
+are its share of the GPUs' time × the GPUs of one copy of the model; USD per 1M generated tokens = (GPUs × USD per
+GPU-hour + host GiB × USD per GiB-hour + disk GiB × USD per GiB-hour) × Σ GPU-s ÷ 3600 ÷ Σ O × 10^6. Every
+figure is linear in the constants, so each bootstrap draw of measured constants gives the whole table again; the
+95% intervals are the 2.5th and 97.5th percentiles over the draws (the trace's hits are exact: the interval is
+the constants' uncertainty). Assumed constants have no draws and no interval.
 """
 
 from __future__ import annotations
@@ -35,8 +37,9 @@ TERMS = ("overhead_s", "prefill_s_per_token", "attention_s_per_token_pair", "res
 KNEE_SHARE = 0.99
 
 
-def feature_sums(curve: HitCurve, device_blocks: int, host_blocks: int, disk_blocks: int = 0) -> np.ndarray:
-    """The sums over requests that multiply each of :data:`TERMS` in Σ e2e: float64 ``(len(TERMS),)``."""
+def feature_sums(curve: HitCurve, device_blocks: int, host_blocks: int, disk_blocks: int = 0,
+                 decode_batch: int = 1) -> np.ndarray:
+    """The sums over requests that multiply each of :data:`TERMS` in Σ GPU-s: float64 ``(len(TERMS),)``."""
     t = curve.trace
     _, dev = curve.per_request(device_blocks)
     _, dev_host = curve.per_request(device_blocks + host_blocks)
@@ -47,24 +50,25 @@ def feature_sums(curve: HitCurve, device_blocks: int, host_blocks: int, disk_blo
     n = p - k
     steps = np.maximum(o - 1, 0)
     return np.array([len(p), n.sum(), (n * (k + n / 2)).sum(), float((dev_host - dev).sum()),
-                     float((total - dev_host).sum()), steps.sum(), (steps * (p + o / 2)).sum()])
+                     float((total - dev_host).sum()), steps.sum() / decode_batch, (steps * (p + o / 2)).sum()])
 
 
-def no_cache_sums(curve: HitCurve) -> np.ndarray:
+def no_cache_sums(curve: HitCurve, decode_batch: int = 1) -> np.ndarray:
     """:func:`feature_sums` of serving every request with nothing cached (every prompt token prefilled)."""
     t = curve.trace
     p = t.input_tokens.astype(np.float64)
     o = t.output_tokens.astype(np.float64)
     steps = np.maximum(o - 1, 0)
-    return np.array([len(p), p.sum(), (p * p / 2).sum(), 0.0, 0.0, steps.sum(), (steps * (p + o / 2)).sum()])
+    return np.array([len(p), p.sum(), (p * p / 2).sum(), 0.0, 0.0, steps.sum() / decode_batch,
+                     (steps * (p + o / 2)).sum()])
 
 
 @dataclass(frozen=True)
 class SizingInput:
     """What turns hits into money: the roofline ``values`` (:data:`TERMS` → seconds; a missing restore tier is
     None) and their bootstrap ``draws`` (constant → array, or None for assumed constants); the ``gpus`` of one
-    copy of the model, the prices (USD per GPU-hour, per GiB-hour of host memory and of disk) and the KV bytes of
-    one block over those GPUs."""
+    copy of the model, the prices (USD per GPU-hour, per GiB-hour of host memory and of disk), the KV bytes of
+    one block over those GPUs and the sequences decoded together (``decode_batch``)."""
 
     values: dict[str, float | None]
     draws: dict[str, np.ndarray] | None
@@ -73,6 +77,7 @@ class SizingInput:
     host_per_gib_hour: float
     disk_per_gib_hour: float
     block_bytes: int
+    decode_batch: int = 1
 
 
 def _matrix(c: SizingInput) -> np.ndarray:
@@ -90,9 +95,9 @@ def size_table(curve: HitCurve, c: SizingInput, device_blocks: int, host_sizes: 
                disk_blocks: int = 0) -> pd.DataFrame:
     """One row per host tier size (blocks) in ``host_sizes`` under a device of ``device_blocks`` (and a disk tier
     of ``disk_blocks``): ``host_blocks``, ``host_bytes``, ``disk_bytes``, the hit rates of tokens on the device,
-    from the host and from the disk, ``ttft_s`` and ``gpu_s`` per request (mean), ``usd_per_million`` with
-    ``usd_ci_low``/``usd_ci_high``, and the savings (percent, with intervals) against the device alone
-    (``saving_vs_device_pct``: the tier saving) and against no cache at all (``saving_vs_none_pct``).
+    from the host and from the disk, ``ttft_s`` and ``gpu_s`` per request (mean; GPU-seconds over the GPUs),
+    ``usd_per_million`` with ``usd_ci_low``/``usd_ci_high``, and the savings (percent, with intervals) against the
+    device alone (``saving_vs_device_pct``: the tier saving) and against no cache at all (``saving_vs_none_pct``).
 
     Raises:
         BadValue: a size below 0, or a disk tier with no ``restore_disk_s_per_token`` (or a host tier with no
@@ -113,13 +118,13 @@ def size_table(curve: HitCurve, c: SizingInput, device_blocks: int, host_sizes: 
                   + c.disk_per_gib_hour * disk_blocks * c.block_bytes / 2**30)
         return hourly * (k @ sums) * per_m
 
-    base_sums = feature_sums(curve, device_blocks, 0, 0)
-    device_only = usd(base_sums, 0)
-    nothing = usd(no_cache_sums(curve), 0)
+    b = c.decode_batch
+    device_only = usd(feature_sums(curve, device_blocks, 0, 0, b), 0)
+    nothing = usd(no_cache_sums(curve, b), 0)
     n = max(len(curve.trace.input_tokens), 1)
     rows = []
     for h in host_sizes:
-        sums = feature_sums(curve, device_blocks, h, disk_blocks)
+        sums = feature_sums(curve, device_blocks, h, disk_blocks, b)
         cost = usd(sums, h)
         ttft = k[0, :5] @ sums[:5] / n
         vs_dev = 100 * (1 - cost / device_only)

@@ -18,7 +18,8 @@ if TYPE_CHECKING:
 FLAGS = {"model": "--model", "tp": "--tp", "dtype": "--dtype", "gpu": "--gpu", "gpu_price": "--gpu-price",
          "host_price": "--host-price", "disk_price": "--disk-price", "device_tokens": "--device",
          "host_tokens": "--host", "disk_tokens": "--disk", "constants_path": "--constants",
-         "allow_busy": "--allow-busy-fit", "max_bytes": "--max-bytes", "policy": "--policy"}
+         "allow_busy": "--allow-busy-fit", "max_bytes": "--max-bytes", "policy": "--policy",
+         "decode_batch": "--decode-batch"}
 
 
 def simulate(
@@ -48,6 +49,8 @@ def simulate(
     constants: Path | None = typer.Option(None, "--constants", help="The map.json of `kvbench map`: measured "
                                           "constants (with --device) instead of the GPU preset's assumed ones."),
     allow_busy_fit: bool = typer.Option(False, "--allow-busy-fit", help="--constants fitted on a busy machine."),
+    decode_batch: int = typer.Option(1, "--decode-batch", min=1, max=4096, help="Sequences decoded together "
+                                     "(the weights read once per step for all): 1 serves one request at a time."),
     start_s: float | None = typer.Option(None, "--from-s", min=0, help="Only requests arriving from this second."),
     end_s: float | None = typer.Option(None, "--to-s", min=0, help="Only requests arriving before this second."),
     first: int | None = typer.Option(None, "--first", min=0, help="Skip the requests before this position."),
@@ -98,28 +101,29 @@ def simulate(
     doc_extra: dict[str, object] = {}
     if gpu_price is not None:
         doc_extra = _cost(sim, gpu_price, host_price, disk_price, gpu, constants, device_tokens, hosts, disk_tokens,
-                          allow_busy_fit)
+                          allow_busy_fit, decode_batch)
     write_or_stop("the simulation's files", target, lambda: rs.write_simulation(sim, target, doc_extra),
                   "simulation")
 
 
 def _cost(sim: Simulation, gpu_price: float, host_price: float, disk_price: float, gpu: str, constants: Path | None,
-          device_tokens: int | None, hosts: list[int] | None, disk_tokens: int, allow_busy: bool) -> dict[str, object]:
+          device_tokens: int | None, hosts: list[int] | None, disk_tokens: int, allow_busy: bool,
+          decode_batch: int) -> dict[str, object]:
     """The cost table, the constants with their sources, the knee and the advice; returns what simulation.json
     adds."""
     from kvbench.report import simulation_cost as sc
 
     with handle_errors(FLAGS):
         s = sc.size_tiers(sim, gpu_price, host_price, disk_price, gpu, constants, device_tokens,
-                          hosts, disk_tokens, allow_busy)
+                          hosts, disk_tokens, allow_busy, decode_batch)
     if s.constants.busy:
         err.print("[yellow]warning:[/] the measured constants were fitted to trials on a busy machine "
                   "(--allow-busy-fit): the costs below are not a measurement of it", highlight=False)
     show(render(sc.sizing_cells(sim, s), f"cost per host tier size at {gpu_price:g} USD per GPU-hour, host "
-                f"{host_price:g} and disk {disk_price:g} USD per GiB-hour", "USD per 1M generated tokens, requests "
-                "served one at a time; savings against the device's prefix cache alone (the tier saving) and "
-                "against no cache; [95% interval over the measured constants' bootstrap draws]", left=1, wrap=True,
-                min_width={}))
+                f"{host_price:g} and disk {disk_price:g} USD per GiB-hour", "USD per 1M generated tokens, prefills one "
+                f"at a time, decodes in batches of {decode_batch}; savings against the device's prefix cache alone "
+                "(the tier saving) and against no cache; [95% interval over the measured constants' bootstrap "
+                "draws]", left=1, wrap=True, min_width={}))
     out.print("constants:", highlight=False)
     for line in sc.constant_lines(s):
         out.print(f"  {escape(line)}", highlight=False)

@@ -32,7 +32,8 @@ class Sizing:
         device_source: where the device cache's size comes from.
         constants: the roofline constants and their sources (``measured: …`` or ``assumed: …``).
         gpu: the GPU preset (assumed constants) or None (measured); gpus: GPUs of one copy of the model.
-        gpu_per_hour, host_per_gib_hour, disk_per_gib_hour: the prices (USD).
+        gpu_per_hour, host_per_gib_hour, disk_per_gib_hour: the prices (USD); decode_batch: sequences decoded
+            together.
     """
 
     table: pd.DataFrame
@@ -46,6 +47,7 @@ class Sizing:
     gpu_per_hour: float
     host_per_gib_hour: float
     disk_per_gib_hour: float
+    decode_batch: int = 1
 
 
 def check_prices(gpu_price: float, host_price: float = 0.0, disk_price: float = 0.0) -> None:
@@ -64,7 +66,8 @@ def check_prices(gpu_price: float, host_price: float = 0.0, disk_price: float = 
 
 def size_tiers(sim: Simulation, gpu_price: float, host_price: float = 0.0, disk_price: float = 0.0,
                gpu: str = "h100", constants_path: str | Path | None = None, device_tokens: int | None = None,
-               host_tokens: list[int] | None = None, disk_tokens: int = 0, allow_busy: bool = False) -> Sizing:
+               host_tokens: list[int] | None = None, disk_tokens: int = 0, allow_busy: bool = False,
+               decode_batch: int = 1) -> Sizing:
     """Price every host tier size for ``sim`` (which must name a model).
 
     Args:
@@ -77,6 +80,7 @@ def size_tiers(sim: Simulation, gpu_price: float, host_price: float = 0.0, disk_
         host_tokens: host tier sizes (tokens) to price; default :func:`~kvbench.analysis.tier_sizing.host_size_grid`.
         disk_tokens: a disk tier under every host size (tokens).
         allow_busy: accept measured constants fitted to trials of a busy machine.
+        decode_batch: sequences decoded together (1: one request at a time).
 
     Raises:
         kvbench.errors.BadParameter: no model, a price out of range, measured constants without ``device_tokens``,
@@ -107,10 +111,13 @@ def size_tiers(sim: Simulation, gpu_price: float, host_price: float = 0.0, disk_
     hosts = ([t // b for t in host_tokens] if host_tokens else host_size_grid(sim.curve, device_blocks, block_bytes))
     values: dict[str, float | None] = dict(constants.values)
     values.setdefault("restore_disk_s_per_token", None)
-    cin = SizingInput(values, constants.draws, sim.tp, gpu_price, host_price, disk_price, block_bytes)
+    if type(decode_batch) is not int or not 1 <= decode_batch <= 4096:
+        raise BadParameter(f"{{decode_batch}} must be a whole number from 1 to 4,096, not {decode_batch!r}",
+                           "decode_batch")
+    cin = SizingInput(values, constants.draws, sim.tp, gpu_price, host_price, disk_price, block_bytes, decode_batch)
     table = size_table(sim.curve, cin, device_blocks, hosts, disk_tokens // b)
     return Sizing(table, knee(table, host_price > 0), device_blocks, disk_tokens // b, device_source, constants,
-                  preset, sim.tp, gpu_price, host_price, disk_price)
+                  preset, sim.tp, gpu_price, host_price, disk_price, decode_batch)
 
 
 def _ci(low: float, high: float, digits: int, unit: str = "") -> str:
@@ -174,8 +181,10 @@ def advice(sim: Simulation, s: Sizing) -> str:
     basis = ("Measured constants (intervals: 95% over their bootstrap draws)" if measured and s.constants.draws else
              "Measured constants without draws (no interval)" if measured else
              "Assumed constants (no interval: nothing was measured)")
-    return (f"{head}. {basis}; requests served one at a time at {s.gpu_per_hour:g} USD per GPU-hour; the hits are "
-            f"a {sim.curve.policy} simulation of the trace, exact for that policy.")
+    served = ("requests served one at a time" if s.decode_batch == 1 else
+              f"prefills one at a time, decodes in batches of {s.decode_batch}")
+    return (f"{head}. {basis}; {served} at {s.gpu_per_hour:g} USD per GPU-hour; the hits are a "
+            f"{sim.curve.policy} simulation of the trace, exact for that policy.")
 
 
 def sizing_doc(s: Sizing, advice_text: str) -> dict[str, Any]:
@@ -183,7 +192,8 @@ def sizing_doc(s: Sizing, advice_text: str) -> dict[str, Any]:
     the table's rows, the knee's host size and the advice."""
     return {"cost": {"gpu_per_hour": s.gpu_per_hour, "host_per_gib_hour": s.host_per_gib_hour,
                      "disk_per_gib_hour": s.disk_per_gib_hour, "gpu": s.gpu, "gpus": s.gpus,
-                     "device_blocks": s.device_blocks, "device_source": s.device_source, "disk_blocks": s.disk_blocks,
+                     "decode_batch": s.decode_batch, "device_blocks": s.device_blocks,
+                     "device_source": s.device_source, "disk_blocks": s.disk_blocks,
                      "constants": {k: {"value": v, "source": s.constants.source.get(k)}
                                    for k, v in s.constants.values.items()},
                      "rows": json.loads(s.table.to_json(orient="records")),
