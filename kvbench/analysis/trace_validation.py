@@ -2,9 +2,10 @@
 the cached prompt tokens the engine reported beside those the simulator predicts at the engine's cache capacity,
 their difference per request and overall, and the requests whose gap block granularity does not explain.
 
-Prediction, in replayed tokens: the slice simulated under ``policy`` (kvbench.traces.simulate) at ``capacity``
-whole replayed blocks (the engine's KV capacity in tokens ÷ ``block_tokens``); a request's predicted hit is its
-hit blocks × ``block_tokens``, at most its prompt. A measured count can miss a prediction by a block or so for
+Prediction, in replayed tokens: the slice simulated under ``policy`` (one pass, kvbench.traces.simulate, or
+directly, kvbench.traces.direct: ``prompt-lru`` is llama.cpp's slot and RAM cache) at ``capacity`` whole
+replayed blocks (the capacity in tokens ÷ ``block_tokens``); a request's predicted hit is its hit blocks ×
+``block_tokens``, at most its prompt. A measured count can miss a prediction by a block or so for
 reasons that are the engine's, not the policy's: vLLM recomputes at least the prompt's last token (a prompt wholly
 cached reports one block less) and reports whole blocks of its own size; so a request is flagged only when the
 gap exceeds one engine block (``engine_block_tokens``, default ``block_tokens``).
@@ -17,7 +18,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from kvbench.traces.simulate import simulate
+from kvbench.traces.direct import direct_hits
+from kvbench.traces.simulate import POLICIES, simulate
 from kvbench.traces.trace import Trace
 
 
@@ -48,14 +50,15 @@ def check_replay(rows: pd.DataFrame, trace: Trace, block_tokens: int, capacity_t
                  engine_block_tokens: int | None = None) -> ReplayCheck:
     """Compare ``rows`` (one mode's measured rows: ``trace_index``, ``repeat``, ``prompt_tokens``,
     ``cached_prompt_tokens``; rows without a cached count are left out) with the simulation of ``trace`` (the slice
-    replayed) at ``capacity_tokens`` of KV, replayed at ``block_tokens`` per block.
+    replayed) at ``capacity_tokens`` of KV (``prompt-lru``: of the RAM cache beside the slot), replayed at
+    ``block_tokens`` per block.
 
     Raises:
-        kvbench.errors.BadValue: an unknown ``policy``.
+        kvbench.errors.BadParameter: an unknown ``policy``.
     """
-    curve = simulate(trace, policy)
     capacity = max(0, capacity_tokens // block_tokens)
-    hit_blocks, _ = curve.per_request(capacity)
+    curve = simulate(trace, policy if policy in POLICIES else "lru")
+    hit_blocks = curve.per_request(capacity)[0] if policy in POLICIES else direct_hits(trace, policy, capacity)
     ever, _ = curve.per_request(curve.distinct_blocks)
     position = {int(ix): i for i, ix in enumerate(trace.index)}
     unit = engine_block_tokens or block_tokens

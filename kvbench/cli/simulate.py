@@ -19,7 +19,7 @@ FLAGS = {"model": "--model", "tp": "--tp", "dtype": "--dtype", "gpu": "--gpu", "
          "host_price": "--host-price", "disk_price": "--disk-price", "device_tokens": "--device",
          "host_tokens": "--host", "disk_tokens": "--disk", "constants_path": "--constants",
          "allow_busy": "--allow-busy-fit", "max_bytes": "--max-bytes", "policy": "--policy",
-         "decode_batch": "--decode-batch"}
+         "decode_batch": "--decode-batch", "capacity_blocks": "--at"}
 
 
 def simulate(
@@ -30,6 +30,11 @@ def simulate(
                                             "block (default: the format's, Mooncake 512, Bailian 16)."),
     policy: str = typer.Option("lru", "--policy", help="lru (a request's blocks most recent in prompt order) or "
                                "lru-tail-first (vLLM's order: a prompt's tail evicted first)."),
+    also: str | None = typer.Option(None, "--also", help="Other policies simulated directly at --at capacities, "
+                                    "comma-separated: lfu (least often used block first), prompt-lru (llama.cpp: "
+                                    "whole prompt states, a slot and a RAM cache of that many blocks)."),
+    at: str | None = typer.Option(None, "--at", help="--also: the capacities (blocks), comma-separated, e.g. "
+                                  "10000,100000."),
     model: str | None = typer.Option(None, "--model", help="A preset or config.json: capacities in bytes of its "
                                      "KV, and the cost."),
     tp: int = typer.Option(1, "--tp", min=1, max=1024, help="GPUs one copy of the model is split over."),
@@ -64,6 +69,8 @@ def simulate(
 ) -> None:
     """Hit rates of a trace's prefix cache at every capacity, from one pass (Mattson's stack algorithm): per tier,
     in blocks, tokens and bytes of a model's KV; with --gpu-price, USD per 1M tokens per host tier size."""
+    import pandas as pd
+
     from kvbench.report import simulation as rs
     from kvbench.report.plan import size_bytes
 
@@ -95,6 +102,16 @@ def simulate(
         out.print(line, highlight=False, markup=False)
     show(render(rs.curve_cells(sim), f"{sim.curve.policy} prefix cache: hit rate by capacity", rs.DEFINITIONS,
                 left=0, wrap=False, min_width={}))
+    if also:
+        with handle_errors(FLAGS):
+            frame = rs.direct_frame(sim, [p.strip() for p in also.split(",")], _blocks(at))
+        cells = pd.DataFrame({"policy": frame["policy"], "blocks": frame["capacity_blocks"].map("{:,}".format),
+                              "tokens": frame["capacity_tokens"].map("{:,}".format),
+                              "hit rate of blocks": frame["hit_rate_blocks"].map("{:.3f}".format),
+                              "hit rate of tokens": frame["hit_rate_tokens"].map("{:.3f}".format)})
+        show(render(cells, "policies at chosen capacities", "each policy simulated at each "
+                    "capacity (blocks; prompt-lru: its RAM cache's, beside the slot)", left=1, wrap=False,
+                    min_width={}))
     if sim.tiers:
         show(render(rs.tier_cells(sim), "hits per tier (exclusive tiers, one LRU cascade: device, then host, then "
                     "disk)", "hit rate of tokens (of blocks) each tier serves", left=0, wrap=True, min_width={}))
@@ -104,6 +121,15 @@ def simulate(
                           allow_busy_fit, decode_batch)
     write_or_stop("the simulation's files", target, lambda: rs.write_simulation(sim, target, doc_extra),
                   "simulation")
+
+
+def _blocks(at: str | None) -> list[int]:
+    """``--at``: whole numbers of blocks, comma-separated (at most 32); fails (exit 2) otherwise."""
+    parts = [p.strip() for p in (at or "").split(",") if p.strip()]
+    if not parts or len(parts) > 32 or not all(p.isascii() and p.isdigit() and len(p) <= 12 for p in parts):
+        fail("--also needs --at: capacities in blocks, whole numbers separated by commas (at most 32), e.g. "
+             "10000,100000")
+    return [int(p) for p in parts]
 
 
 def _cost(sim: Simulation, gpu_price: float, host_price: float, disk_price: float, gpu: str, constants: Path | None,

@@ -73,8 +73,8 @@ def validate(
     run: Path = typer.Argument(..., metavar="RUN", help="A run directory of a scenario with workload.trace."),
     capacity_tokens: int | None = typer.Option(None, "--capacity-tokens", min=0, max=2**40, help="The cache "
                                                "capacity to simulate (default: each mode's, from the run)."),
-    policy: str | None = typer.Option(None, "--policy", help="lru or lru-tail-first (default: the engine's "
-                                      "closest: vLLM lru-tail-first, others lru)."),
+    policy: str | None = typer.Option(None, "--policy", help="lru, lru-tail-first, lfu or prompt-lru (default: "
+                                      "the engine's closest: vLLM lru-tail-first, llama.cpp prompt-lru, others lru)."),
     engine_block_tokens: int | None = typer.Option(None, "--engine-block-tokens", min=1, max=2**20, help="The "
                                                    "engine's block: a gap beyond it is flagged (default: the "
                                                    "replayed block)."),
@@ -88,7 +88,7 @@ def validate(
 
     from kvbench.report.replay_check import check_run, summary_line, write_checks
 
-    with handle_errors():
+    with handle_errors({"policy": "--policy"}):
         checks = check_run(run, capacity_tokens, policy, engine_block_tokens)
     for m in checks:
         t = m.check.table

@@ -19,9 +19,10 @@ from kvbench.results.run_dir import refuse_symlink_dir
 from kvbench.scenario.trace_checks import replayed_slice
 from kvbench.scenario.workload import TraceSpec
 
-#: The policy each engine's prefix cache is closest to (kvbench.traces.simulate.POLICIES): vLLM frees a request's
-#: blocks tail first; llama.cpp keeps whole prompt states, least recently saved evicted first (no block policy).
-ENGINE_POLICY = {"vllm": "lru-tail-first"}
+#: The policy each engine's prefix cache is closest to (kvbench.traces.simulate.POLICIES, or
+#: kvbench.traces.direct.DIRECT_POLICIES): vLLM frees a request's blocks tail first; llama.cpp keeps whole prompt
+#: states, its slot's and those of its RAM cache (``prompt-lru``).
+ENGINE_POLICY = {"vllm": "lru-tail-first", "llama.cpp": "prompt-lru"}
 
 
 @dataclass(frozen=True)
@@ -36,19 +37,22 @@ class ModeCheck:
     check: ReplayCheck
 
 
-def _capacity(label: str, part: pd.DataFrame, servers: list[dict[str, Any]]) -> tuple[int, str] | None:
-    """A mode's cache capacity in tokens: the smallest ``device_cache_tokens`` its servers reported (vLLM's
-    blocks × block size), else the rows' ``kv_budget_tokens`` (llama.cpp: the slots' context and its host RAM
-    cache); None when neither is known."""
+def _capacity(label: str, part: pd.DataFrame, servers: list[dict[str, Any]], policy: str) -> tuple[int, str] | None:
+    """A mode's cache capacity in tokens under ``policy``: for ``prompt-lru`` the RAM cache beside the slots (the
+    rows' ``kv_budget_tokens`` less the servers' ``device_cache_tokens``); else the larger of the two (vLLM's
+    blocks × block size; llama.cpp's slots' context and its host tier). None when neither is known."""
     caps = [s["device_cache_tokens"] for s in servers if s.get("mode_label") == label
             and type(s.get("device_cache_tokens")) is int and s["device_cache_tokens"] > 0]
-    if caps:
-        return min(caps), "the server's device cache (run.json)"
-    budget = pd.to_numeric(part.get("kv_budget_tokens"), errors="coerce").dropna() if "kv_budget_tokens" in part \
-        else pd.Series(dtype=float)
+    budget = (pd.to_numeric(part["kv_budget_tokens"], errors="coerce").dropna() if "kv_budget_tokens" in part
+              else pd.Series(dtype=float))
+    if policy == "prompt-lru":
+        if not caps or not len(budget):
+            return None
+        return max(0, int(budget.min()) - min(caps)), "the host tier: kv_budget_tokens less the slots' context"
+    known = [(min(caps), "the server's device cache (run.json)")] if caps else []
     if len(budget):
-        return int(budget.min()), "kv_budget_tokens: the slots' context and the host tier"
-    return None
+        known.append((int(budget.min()), "kv_budget_tokens: the slots' context and the host tier"))
+    return max(known, key=lambda k: k[0]) if known else None
 
 
 def check_run(run: str | Path, capacity_tokens: int | None = None, policy: str | None = None,
@@ -57,12 +61,14 @@ def check_run(run: str | Path, capacity_tokens: int | None = None, policy: str |
 
     Args:
         run: a run directory whose scenario replays ``workload.trace``.
-        capacity_tokens: the cache capacity to simulate (tokens); default: each mode's own (:func:`_capacity`).
+        capacity_tokens: the cache capacity to simulate (tokens; ``prompt-lru``: the RAM cache's); default: each
+            mode's own (:func:`_capacity`).
         policy: the simulator's policy; default: the engine's closest (:data:`ENGINE_POLICY`, else ``lru``).
         engine_block_tokens: the engine's own block (a gap beyond it is flagged); default the replayed block.
 
     Raises:
-        kvbench.errors.ResultsError: not a run, or not a replay of a trace, or no mode with a known capacity.
+        kvbench.errors.ResultsError: not a run, or not a replay of a trace, or no mode with cached prompt tokens
+            and a known capacity (a mode with none, such as a cold ``none``, is left out).
         kvbench.errors.BadFile, kvbench.errors.BadValue: the trace cannot be read again as the run read it.
     """
     res = load_results(run)
@@ -85,14 +91,16 @@ def check_run(run: str | Path, capacity_tokens: int | None = None, policy: str |
         if "warm" in part and part["warm"].notna().any():  # in-process: the warm trials restored from the store
             part = part[part["warm"] == True]  # noqa: E712 (an object column)
             part = part.assign(cached_prompt_tokens=part.get("tokens_restored"))
-        cap = (capacity_tokens, "given") if capacity_tokens is not None else _capacity(str(label), part, res.servers)
+        chosen = policy or ENGINE_POLICY.get(engine, "lru")
+        cap = (capacity_tokens, "given") if capacity_tokens is not None else _capacity(str(label), part, res.servers,
+                                                                                      chosen)
         if cap is None:
             continue
-        chosen = policy or ENGINE_POLICY.get(engine, "lru")
-        out.append(ModeCheck(str(label), engine, int(cap[0]), cap[1],
-                             check_replay(part, trace, spec.block_tokens, int(cap[0]), chosen, engine_block_tokens)))
+        check = check_replay(part, trace, spec.block_tokens, int(cap[0]), chosen, engine_block_tokens)
+        if len(check.table):  # a mode that reports no cached tokens (a cold one) has nothing to compare
+            out.append(ModeCheck(str(label), engine, int(cap[0]), cap[1], check))
     if not out:
-        raise ResultsError(f"{run}: no mode says its cache capacity (give one)")
+        raise ResultsError(f"{run}: no mode has both cached prompt tokens and a known cache capacity (give one)")
     return out
 
 

@@ -22,6 +22,7 @@ from kvbench.report.format import gib_or_mib
 from kvbench.report.plan import model_sizes_of, size_bytes
 from kvbench.results.run_dir import refuse_symlink_dir
 from kvbench.safe_text import file_stem
+from kvbench.traces.direct import direct_hits
 from kvbench.traces.read import MAX_TRACE_BYTES, read_trace
 from kvbench.traces.simulate import HitCurve, TierHits, capacity_grid, simulate, tier_hits
 from kvbench.traces.trace import Trace, window
@@ -149,6 +150,29 @@ def curve_frame(sim: Simulation, capacities: np.ndarray | None = None) -> pd.Dat
                          "capacity_bytes": caps * per_block if per_block else np.full(len(caps), np.nan),
                          "hit_rate_blocks": rate_b, "hit_rate_tokens": rate_t, "hit_blocks": hit_b,
                          "hit_tokens": hit_t})
+
+
+def direct_frame(sim: Simulation, policies: list[str], capacities: list[int]) -> pd.DataFrame:
+    """The hit rates of other ``policies`` (kvbench.traces.direct, simulated one capacity at a time) beside the
+    one-pass policy's, at each of ``capacities`` (distinct blocks): one row per policy and capacity, with
+    ``policy``, ``capacity_blocks``, ``capacity_tokens``, ``hit_rate_blocks``, ``hit_rate_tokens``.
+
+    Raises:
+        kvbench.errors.BadParameter: an unknown policy, or a capacity below 0.
+    """
+    t, c = sim.trace, sim.curve
+    rows = []
+    for cap in capacities:
+        blocks, tokens = c.rates(cap)
+        rows.append({"policy": c.policy, "capacity_blocks": cap, "capacity_tokens": cap * t.block_tokens,
+                     "hit_rate_blocks": float(blocks), "hit_rate_tokens": float(tokens)})
+        for policy in policies:
+            hit = direct_hits(t, policy, cap)
+            hit_tokens = np.minimum(hit * t.block_tokens, t.input_tokens)
+            rows.append({"policy": policy, "capacity_blocks": cap, "capacity_tokens": cap * t.block_tokens,
+                         "hit_rate_blocks": float(hit.sum() / max(c.total_blocks, 1)),
+                         "hit_rate_tokens": float(hit_tokens.sum() / max(c.total_tokens, 1))})
+    return pd.DataFrame(rows)
 
 
 def table_capacities(distinct_blocks: int) -> np.ndarray:
