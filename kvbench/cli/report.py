@@ -18,7 +18,8 @@ REPORT_TERMINAL_ROWS = 60
 
 def report(
     paths: list[Path] = typer.Argument(..., help="Run directories, trials.jsonl files or folders of runs; or the "
-                                       ".json files of benchmarks/gpu.sh, printed as tables."),
+                                       ".json files of benchmarks/gpu.sh, printed as tables; or the folders of "
+                                       "kvbench simulate."),
     out_dir: str | None = typer.Option(None, "--out", help="Where to write (default: <first path>/report)."),
     timeline: list[str] = typer.Option([], "--timeline", help="A trial id whose memory timeline to draw "
                                        "(repeatable; default: every mode at each scenario's largest point)."),
@@ -28,7 +29,8 @@ def report(
 ) -> None:
     """Tables, charts and a Markdown/HTML report of one or many runs: memory saved and time it cost per mode.
     Ctrl-C or SIGTERM stops it with exit 130 and nothing written. Files of the GPU checks
-    (gpu-<date>-<device>.json) are printed instead: machine, steps and each step's figures."""
+    (gpu-<date>-<device>.json) are printed instead: machine, steps and each step's figures; and so is a
+    simulation (its folder or simulation.json): the trace, its unlimited cache and what to buy."""
     from kvbench.report.gpu_checks import is_gpu_checks
     from kvbench.report.server_load import LOAD_CAPTION, server_load_display
     from kvbench.report.tables import capacity_display, reuse_display, reuse_terminal, terminal_frame
@@ -40,6 +42,20 @@ def report(
         if out_dir is not None or timeline or fmt != "kvbench":
             fail("--out, --timeline and --format apply to runs: a file of GPU checks (.json) is only printed")
         _gpu_checks(paths)
+        return
+
+    from kvbench.report.simulation_read import simulation_file, simulation_lines
+
+    simulations = [simulation_file(p) for p in paths]
+    if any(simulations):
+        if not all(simulations) or out_dir is not None or timeline or fmt != "kvbench":
+            fail("a simulation (simulation.json) is only printed: give simulations alone, without --out, "
+                 "--timeline or --format")
+        for f in filter(None, simulations):
+            with handle_errors():
+                lines = simulation_lines(f)
+            for line in lines:
+                out.print(line, highlight=False, markup=False)
         return
 
     if out_dir is not None and not out_dir.strip():
