@@ -113,19 +113,20 @@ def size_table(curve: HitCurve, c: SizingInput, device_blocks: int, host_sizes: 
     o_sum = float(curve.trace.output_tokens.sum())
     per_m = 1e6 / max(o_sum, 1.0) / 3600
 
-    def usd(sums: np.ndarray, host_blocks: int) -> np.ndarray:
+    def usd(sums: np.ndarray, host_blocks: int, disk: int) -> np.ndarray:
         hourly = (c.gpus * c.gpu_per_hour + c.host_per_gib_hour * host_blocks * c.block_bytes / 2**30
-                  + c.disk_per_gib_hour * disk_blocks * c.block_bytes / 2**30)
+                  + c.disk_per_gib_hour * disk * c.block_bytes / 2**30)
         return hourly * (k @ sums) * per_m
 
     b = c.decode_batch
-    device_only = usd(feature_sums(curve, device_blocks, 0, 0, b), 0)
-    nothing = usd(no_cache_sums(curve, b), 0)
+    # the baselines hold no host and no disk tier, and pay for neither
+    device_only = usd(feature_sums(curve, device_blocks, 0, 0, b), 0, 0)
+    nothing = usd(no_cache_sums(curve, b), 0, 0)
     n = max(len(curve.trace.input_tokens), 1)
     rows = []
     for h in host_sizes:
         sums = feature_sums(curve, device_blocks, h, disk_blocks, b)
-        cost = usd(sums, h)
+        cost = usd(sums, h, disk_blocks)
         ttft = k[0, :5] @ sums[:5] / n
         vs_dev = 100 * (1 - cost / device_only)
         vs_none = 100 * (1 - cost / nothing)
