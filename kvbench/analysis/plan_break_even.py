@@ -117,8 +117,9 @@ def measured_constants(path: str | Path, scenario: str | None = None, mode: str 
                        allow_busy: bool = False) -> Constants:
     """The constants ``kvbench map`` fitted, from its ``map.json``: the first fitted scenario and mode, or the
     ones named (the source says which, and how many fits the file holds), with the prompt lengths they rest on.
-    A host restore tier missing from the fit (a server's cache is ``cache``) takes the fitted cache's. A fit of
-    trials measured on a busy machine (``busy``) is refused unless ``allow_busy``; then its source says busy.
+    A host restore tier missing from the fit (a server's cache is ``cache``) takes the fitted cache's value and
+    draws. A fit of trials measured on a busy machine (``busy``) is refused unless ``allow_busy``; then its source
+    says busy.
 
     The file is read by :func:`kvbench.safe_read.read_json_file` (a regular file of at most
     :data:`MAX_MAP_JSON_BYTES`, bounded nesting and integers); the source names the first :data:`SHOWN_RUNS` runs
@@ -163,6 +164,7 @@ def measured_constants(path: str | Path, scenario: str | None = None, mode: str 
     missing = [k for k in REQUIRED if k not in values]
     if missing:
         raise BadValue(f"{path}: constants[{i}].values: {', '.join(missing)} missing")
+    cache_for_host = "restore_host_s_per_token" not in values and "restore_cache_s_per_token" in values
     values.setdefault("restore_host_s_per_token", values.get("restore_cache_s_per_token", 0.0))
     span = f.get("prompt_tokens")
     if span is not None and not (isinstance(span, list) and len(span) == 2 and all(
@@ -184,8 +186,10 @@ def measured_constants(path: str | Path, scenario: str | None = None, mode: str 
     shown = ", ".join(_shown(r) for r in runs[:SHOWN_RUNS]) + (
         f" and {len(runs) - SHOWN_RUNS:,} more" if len(runs) > SHOWN_RUNS else "")
     where = f"{'measured on a busy machine' if busy else 'measured'}: {name}{more}, runs {shown or '?'}"
-    return Constants(values, {k: where for k in values}, tuple(span) if span else None, busy,
-                     _draws(f.get("draws"), values, f"{path}: constants[{i}].draws"))
+    draws = _draws(f.get("draws"), values, f"{path}: constants[{i}].draws")
+    if draws is not None and cache_for_host and "restore_cache_s_per_token" in draws:
+        draws["restore_host_s_per_token"] = draws["restore_cache_s_per_token"]  # the host tier's value's draws
+    return Constants(values, {k: where for k in values}, tuple(span) if span else None, busy, draws)
 
 
 def _draws(raw: Any, values: dict[str, float], where: str) -> dict[str, np.ndarray] | None:
