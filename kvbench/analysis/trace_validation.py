@@ -18,7 +18,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from kvbench.traces.direct import direct_hits
+from kvbench.errors import BadParameter
+from kvbench.traces.direct import DIRECT_POLICIES, direct_hits
 from kvbench.traces.simulate import POLICIES, simulate
 from kvbench.traces.trace import Trace
 
@@ -56,6 +57,9 @@ def check_replay(rows: pd.DataFrame, trace: Trace, block_tokens: int, capacity_t
     Raises:
         kvbench.errors.BadParameter: an unknown ``policy``.
     """
+    if policy not in POLICIES + DIRECT_POLICIES:
+        raise BadParameter(f"{{policy}} {policy!r} is not one of: {', '.join(POLICIES + DIRECT_POLICIES)}",
+                           "policy")
     capacity = max(0, capacity_tokens // block_tokens)
     curve = simulate(trace, policy if policy in POLICIES else "lru")
     hit_blocks = curve.per_request(capacity)[0] if policy in POLICIES else direct_hits(trace, policy, capacity)

@@ -1,5 +1,6 @@
 """``kvbench trace``: a trace file checked and summarised (``check``), traces of any size made from a real one
-(``synthesize``), and a replay's measured cached tokens against the simulator's (``validate``)."""
+(``synthesize``), a run's requests as a trace (``export``), and a replay's measured cached tokens against the
+simulator's (``validate``)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import typer
 from kvbench.cli.common import Command, Group, handle_errors, out, render, show, stop_on_signals, write_or_stop
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, cls=Group,
-                  help="Request traces: check one, make one of any size, check a replay against the simulator.")
+                  help="Request traces: check one, make one of any size, export a run's, check a replay against the "
+                       "simulator.")
 
 #: Library argument → flag, for the messages of :class:`kvbench.errors.BadParameter`.
 FLAGS = {"max_bytes": "--max-bytes"}
@@ -103,3 +105,29 @@ def validate(
         out.print(summary_line(m), highlight=False, markup=False)
     target = out_dir or run / "report"
     write_or_stop("replay_check.csv", target, lambda: write_checks(checks, target), "replay check")
+
+
+@app.command(cls=Command)
+def export(
+    run: Path = typer.Argument(..., metavar="RUN", help="A run directory of a request stream (a reuse workload, a "
+                               "trace replay or a server run)."),
+    output: Path = typer.Option(..., "--out", help="The JSONL file to write (Mooncake's format)."),
+    block_tokens: int = typer.Option(16, "--block-tokens", min=1, max=2**20, help="Tokens per hash block."),
+    mode: str | None = typer.Option(None, "--mode", help="The mode whose requests to export (default: the "
+                                    "run's first)."),
+    repeat: int = typer.Option(0, "--repeat", min=0, max=1_000_000, help="The repeat whose requests to export."),
+    trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="Rebuild prompts with a tokenizer "
+                                           "that runs code from the model's files."),
+) -> None:
+    """A run's requests as a trace: its prompts rebuilt from its scenario (each checked against the digest the run
+    recorded), cut into blocks named by chained hashes, at the times they arrived."""
+    from kvbench.report.trace_export import export_trace
+    from kvbench.report.trace_file import trace_lines, write_trace
+
+    stop_on_signals()
+    with handle_errors({"mode": "--mode", "repeat": "--repeat", "block_tokens": "--block-tokens",
+                        "trust_remote_code": "--trust-remote-code"}):
+        made = export_trace(run, block_tokens, mode, repeat, trust_remote_code)
+    for line in trace_lines(made):
+        out.print(line, highlight=False, markup=False)
+    write_or_stop("the trace", output, lambda: [write_trace(made, output)], "trace")

@@ -81,8 +81,9 @@ def trace_problems(s: Scenario, longest_prompt: int | None) -> list[tuple[str, s
     except UserError as exc:
         return [("workload.trace", line) for line in str(exc).splitlines()]
     if longest_prompt is not None and shape.longest_prompt > longest_prompt:
+        fits = math.floor(spec.block_tokens * longest_prompt / shape.longest_prompt)
+        how = f"at most {fits} tokens per block, or fewer requests" if fits >= 3 else \
+            "replay fewer requests (blocks need 3 tokens at least: a marker and text)"
         return [("workload.trace.block_tokens", f"{spec.block_tokens} tokens per block make a prompt of "
-                 f"{shape.longest_prompt:,} tokens, longer than the model's longest of {longest_prompt:,}: at most "
-                 f"{max(1, math.floor(spec.block_tokens * longest_prompt / shape.longest_prompt))} per block, or "
-                 "fewer requests")]
+                 f"{shape.longest_prompt:,} tokens, longer than the model's longest of {longest_prompt:,}: {how}")]
     return []

@@ -17,7 +17,8 @@ from kvbench.workloads.sessions import Stream
 if TYPE_CHECKING:
     from kvbench.scenario import WorkloadSpec
 
-__all__ = ["PromptSource", "Stream", "SyntheticSource", "TooLittleText", "make_source", "make_stream"]
+__all__ = ["PromptSource", "Stream", "SyntheticSource", "TooLittleText", "make_source", "make_stream",
+           "prompt_stream"]
 
 
 class PromptSource(Protocol):
@@ -118,3 +119,14 @@ def make_stream(spec: WorkloadSpec, tokenizer: Any, longest_prompt: int, vocab_s
     return sessions.doc_qa(docs, tokenizer, documents=dq.documents, questions=dq.questions, doc_tokens=dq.doc_tokens,
                            repeat_mode=dq.repeat_mode, ratio=dq.ratio, seed=spec.seed, order=spec.order,
                            keep=keep)
+
+
+def prompt_stream(source: PromptSource, prompt_tokens: Sequence[int], n_prompts: int) -> Stream:
+    """Independent prompts as a request stream (a server run without a reuse workload): for each length of
+    ``prompt_tokens``, ``n_prompts`` prompts of exactly that many tokens from ``source`` (requests ``p<N>-i<k>``, each
+    its own document)."""
+    out = []
+    for n in prompt_tokens:
+        for k, ids in enumerate(source.batch(n, n_prompts, 0)):
+            out.append(sessions.Request(f"p{n}-i{k}", f"p{n}-i{k}", 1, tuple(ids), tuple(ids)))
+    return Stream(out)

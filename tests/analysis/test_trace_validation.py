@@ -79,7 +79,7 @@ def test_no_comparable_row_gives_an_empty_table_and_every_request_missing():
 def test_an_unknown_policy_is_refused():
     with pytest.raises(BadValue) as e:
         check_replay(MEASURED, TRACE, 4, 13, "fifo")
-    assert str(e.value) == "policy 'fifo' is not one of: lru, lru-tail-first"
+    assert str(e.value) == "policy 'fifo' is not one of: lru, lru-tail-first, lfu, prompt-lru"
 
 
 def test_summary_line_says_the_overall_difference():

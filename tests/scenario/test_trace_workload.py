@@ -122,11 +122,11 @@ def test_a_block_making_prompts_past_the_model_s_positions_is_refused_with_the_b
     assert max(lengths) == 10_897 and 64 * 2046 // 10_897 == 12
     found = problems(write_yaml(trace_scenario(block_tokens=64), "scenarios/s.yaml"), check_model=True)
     assert found == [("workload.trace.block_tokens", "64 tokens per block make a prompt of 10,897 tokens, longer "
-                      "than the model's longest of 2,046: at most 12 per block, or fewer requests")]
+                      "than the model's longest of 2,046: at most 12 tokens per block, or fewer requests")]
     assert load_scenario(write_yaml(trace_scenario(block_tokens=12), "scenarios/t.yaml"))
     assert problems(write_yaml(trace_scenario(block_tokens=13), "scenarios/u.yaml"), check_model=True)[0][1] == (
-        "13 tokens per block make a prompt of 2,214 tokens, longer than the model's longest of 2,046: at most 12 per "
-        "block, or fewer requests")
+        "13 tokens per block make a prompt of 2,214 tokens, longer than the model's longest of 2,046: at most 12 tokens "
+        "per block, or fewer requests")
 
 
 def test_validate_names_the_requests_of_the_slice(folder, write_yaml):

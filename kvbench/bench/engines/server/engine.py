@@ -27,7 +27,7 @@ from kvbench.bench.engines.server.http import get_page, served_model, served_ver
 from kvbench.bench.engines.server.launch import program_version, running_pid, server_argv
 from kvbench.bench.engines.server.metrics import measured_deltas
 from kvbench.bench.engines.server.process import ServerProcess, free_port
-from kvbench.bench.engines.server.requests import prompt_requests, reusable_tokens, working_set_tokens
+from kvbench.bench.engines.server.requests import reusable_tokens, working_set_tokens
 from kvbench.bench.engines.server.session import ServerSession
 from kvbench.bench.engines.server.stream import ServerReplyError
 from kvbench.bench.engines.server.tiers import host_tier
@@ -281,7 +281,7 @@ def load_server_engine(s: Scenario, run_path: Path, where: Path | None = None) -
     from kvbench.models import read_architecture, resolve_device
     from kvbench.models.load import load_tokenizer
     from kvbench.scenario.programs import cpu_refusals, server_problems
-    from kvbench.workloads import make_source, make_stream
+    from kvbench.workloads import make_source, make_stream, prompt_stream
 
     named = where if where is not None else Path(s.name)
     try:
@@ -297,7 +297,9 @@ def load_server_engine(s: Scenario, run_path: Path, where: Path | None = None) -
     if s.workload.reuse:
         source = make_stream(s.workload, tokenizer, longest, arch.vocab_size)
     else:
-        source = prompt_requests(s, make_source(s.workload, tokenizer, arch.vocab_size, longest))
+        lengths = s.prompt_tokens if isinstance(s.prompt_tokens, list) else []
+        source = prompt_stream(make_source(s.workload, tokenizer, arch.vocab_size, longest), lengths,
+                               s.workload.n_prompts)
     kind, model_dir = KINDS[s.engine.kind], None
     if kind.started and kind.model_format == "hf" and s.engine.model is None and s.model.name is not None:
         from kvbench.models.export import hf_directory

@@ -7,7 +7,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from kvbench.bench.engines.server.session import common_prefix
-from kvbench.scenario import Scenario
 
 
 def reusable_tokens(requests: Sequence[Any]) -> dict[str, int]:
@@ -33,15 +32,3 @@ def working_set_tokens(requests: Sequence[Any], followed: set[str]) -> int:
     keep to serve every revisit from cache."""
     return sum(max(len(q.held) if q.id in followed else len(q.ids) for q in part)
                for part in by_document(requests).values())
-
-
-def prompt_requests(s: Scenario, source: Any) -> Any:
-    """A prompt workload as a request stream: for each of ``prompt_tokens``, ``workload.n_prompts`` prompts of
-    exactly that many tokens (requests ``p<N>-i<k>``, each its own document)."""
-    from kvbench.workloads.sessions import Request, Stream
-
-    out = []
-    for n in s.prompt_tokens:
-        for k, ids in enumerate(source.batch(n, s.workload.n_prompts, 0)):
-            out.append(Request(f"p{n}-i{k}", f"p{n}-i{k}", 1, tuple(ids), tuple(ids)))
-    return Stream(out)
