@@ -41,8 +41,9 @@ def test_rows_carry_trace_positions_and_were_sent_at_scaled_arrivals(replay):
     assert window(read_trace(TRACE), conversations_kept=3).arrival_s[7] == pytest.approx(731.999)
     assert [r["arrival_s"] for r in warm][-2:] == pytest.approx([0.642, 0.731999], abs=1e-9)
     assert all(r["queue_s"] >= 0 for r in warm)
-    assert meta(run_dir)["requests"][0] == {"id": "t1", "document": "c0", "turn_index": 1, "prompt_tokens": 111,
-                                            "held_tokens": 111, "trace_index": 1, "arrival_s": 0.0}
+    # 15 ids of which the last holds 7,322 - 14 x 512 = 154 tokens: 14 x 8 + ceil(154 x 8 / 512) = 115 tokens
+    assert meta(run_dir)["requests"][0] == {"id": "t1", "document": "c0", "turn_index": 1, "prompt_tokens": 115,
+                                            "held_tokens": 115, "trace_index": 1, "arrival_s": 0.0}
 
 
 def test_validate_predicts_every_cached_count_of_the_slot(replay):
