@@ -145,6 +145,8 @@ def _cost(sim: Simulation, gpu_price: float, host_price: float, disk_price: floa
     if s.constants.busy:
         err.print("[yellow]warning:[/] the measured constants were fitted to trials on a busy machine "
                   "(--allow-busy-fit): the costs below are not a measurement of it", highlight=False)
+    if far := sc.extrapolation(sim, s):
+        err.print(f"[yellow]warning:[/] {escape(far)}", highlight=False)
     show(render(sc.sizing_cells(sim, s), f"cost per host tier size at {gpu_price:g} USD per GPU-hour, host "
                 f"{host_price:g} and disk {disk_price:g} USD per GiB-hour", "USD per 1M generated tokens, prefills one "
                 f"at a time, decodes in batches of {decode_batch}; savings against the device's prefix cache alone "

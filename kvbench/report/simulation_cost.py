@@ -13,7 +13,7 @@ from typing import Any
 
 import pandas as pd
 
-from kvbench.analysis.plan_break_even import Constants, measured_constants
+from kvbench.analysis.plan_break_even import Constants, extrapolation_warning, measured_constants
 from kvbench.analysis.tier_sizing import KNEE_SHARE, SizingInput, host_size_grid, knee, size_table
 from kvbench.errors import BadParameter
 from kvbench.report.format import gib_or_mib
@@ -120,8 +120,9 @@ def size_tiers(sim: Simulation, gpu_price: float, host_price: float = 0.0, disk_
                   preset, sim.tp, gpu_price, host_price, disk_price, decode_batch)
 
 
-def _ci(low: float, high: float, digits: int, unit: str = "") -> str:
-    return "" if not (math.isfinite(low) and math.isfinite(high)) else f" [{low:.{digits}f}, {high:.{digits}f}{unit}]"
+def _ci(low: float, high: float, digits: int, unit: str = "", fmt: str = "f") -> str:
+    return "" if not (math.isfinite(low) and math.isfinite(high)) else (
+        f" [{low:.{digits}{fmt}}, {high:.{digits}{fmt}}{unit}]")
 
 
 def sizing_cells(sim: Simulation, s: Sizing) -> pd.DataFrame:
@@ -134,13 +135,20 @@ def sizing_cells(sim: Simulation, s: Sizing) -> pd.DataFrame:
             "tokens": f"{r['host_blocks'] * b:,}",
             "hit rate of tokens: device + host": f"{r['hit_rate_device']:.3f} + {r['hit_rate_host']:.3f}",
             "TTFT": f"{r['ttft_s'] * 1e3:,.1f} ms",
-            "USD per 1M": f"{r['usd_per_million']:.4g}" + _ci(r["usd_ci_low"], r["usd_ci_high"], 4),
+            "USD per 1M": f"{r['usd_per_million']:.4g}" + _ci(r["usd_ci_low"], r["usd_ci_high"], 4, fmt="g"),
             "saving vs device alone": f"{r['saving_vs_device_pct']:.1f}%" + _ci(
                 r["saving_vs_device_ci_low"], r["saving_vs_device_ci_high"], 1, "%"),
             "saving vs no cache": f"{r['saving_vs_none_pct']:.1f}%" + _ci(
                 r["saving_vs_none_ci_low"], r["saving_vs_none_ci_high"], 1, "%"),
             "": "knee" if i == s.knee else ""})
     return pd.DataFrame(rows)
+
+
+def extrapolation(sim: Simulation, s: Sizing) -> str:
+    """Why measured constants are extrapolated on this trace (its prompts beyond 2x of the lengths they were fitted
+    to: :func:`~kvbench.analysis.plan_break_even.extrapolation_warning`), or ``""``."""
+    lengths = sim.trace.input_tokens
+    return extrapolation_warning(s.constants, sorted({int(lengths.min()), int(lengths.max())}))
 
 
 def constant_lines(s: Sizing) -> list[str]:
@@ -173,7 +181,7 @@ def advice(sim: Simulation, s: Sizing) -> str:
                 f"{sim.trace.source} ({sim.trace.n_requests:,} requests), {sim.model} on {where} with {device}, it "
                 f"serves {r['hit_rate_host']:.3f} of prompt tokens from host memory, brings TTFT to "
                 f"{r['ttft_s'] * 1e3:,.1f} ms and costs {r['usd_per_million']:.4g} USD per 1M generated tokens"
-                f"{_ci(r['usd_ci_low'], r['usd_ci_high'], 4)}: {r['saving_vs_device_pct']:.1f}%"
+                f"{_ci(r['usd_ci_low'], r['usd_ci_high'], 4, fmt='g')}: {r['saving_vs_device_pct']:.1f}%"
                 f"{_ci(r['saving_vs_device_ci_low'], r['saving_vs_device_ci_high'], 1, '%')} less than the device's "
                 f"prefix cache alone (the tier saving) and {r['saving_vs_none_pct']:.1f}%"
                 f"{_ci(r['saving_vs_none_ci_low'], r['saving_vs_none_ci_high'], 1, '%')} less than no cache; "

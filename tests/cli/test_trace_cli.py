@@ -210,3 +210,19 @@ def test_synthesize_takes_64_bit_hash_ids(tmp_path):
     heads, tails = {ids[0] for ids in made}, [ids[1] for ids in made]
     assert 1 < len(heads) <= 3  # the shared first block, one id per copy
     assert len(set(tails)) == 40 and not heads & set(tails)  # every unique tail fresh
+
+
+def test_report_of_a_simulation_prints_its_trace_ceiling_and_advice(simulated, costed):
+    plain, priced = cli("report", simulated[1]), cli("report", costed[1] / "simulation.json")
+    assert plain.exit_code == 0 and priced.exit_code == 0, plain.output + priced.output
+    assert plain.output.splitlines()[:2] == [
+        "trace conversation_trace.jsonl: 12,031 requests, 288,500 block visits, 182,790 distinct blocks of 512 "
+        "tokens", "unlimited cache (lru): hit rate of blocks 0.366, of tokens 0.374"]
+    assert plain.output.splitlines()[-1].startswith("not priced: kvbench simulate --model M --gpu-price P")
+    assert priced.output.splitlines()[-1].startswith("Buy ")
+    mixed = cli("report", simulated[1], "--out", simulated[1] / "x")
+    assert mixed.exit_code == 2 and "a simulation (simulation.json) is only printed" in mixed.output
+    (simulated[1] / "broken").mkdir(exist_ok=True)
+    (simulated[1] / "broken" / "simulation.json").write_text('{"trace": 1}')
+    broken = cli("report", simulated[1] / "broken")
+    assert broken.exit_code == 2 and "not a simulation.json of kvbench simulate (no trace and ceiling)" in broken.output
