@@ -6,7 +6,9 @@ Mooncake's four columns (a CSV's ``hash_ids`` as ids separated by spaces, or as 
 Only a regular file is read, at most ``max_bytes`` of it, a line at most :data:`MAX_LINE_BYTES`; every line is
 checked (an object with exactly its format's keys; lengths, times and ids of the right kind; as many ids as
 ``ceil(input_length / block_tokens)``) and every fault becomes one line of the error, the first
-:data:`MAX_PROBLEMS` listed. Times out of order are sorted (stably) and said in the trace's notes.
+:data:`MAX_PROBLEMS` listed. Times out of order are sorted (stably) and said in the trace's notes. Bailian's ids
+are re-chained (:func:`~kvbench.traces.trace.rechained`): its format does not say whether an id names a block's
+content or the block with everything before it.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import orjson
 
 from kvbench.errors import BadFile, BadValue
 from kvbench.safe_read import open_regular
-from kvbench.traces.trace import Trace
+from kvbench.traces.trace import Trace, rechained
 
 #: A trace file larger than this (bytes) is refused unread unless the caller allows more (a million Mooncake-like
 #: requests take about 220 MB).
@@ -322,4 +324,4 @@ def _build(reader: _Reader, fmt: str, block: int) -> Trace:
                   index=np.arange(len(counts), dtype=np.int64), notes=notes)
     if notes:
         trace = trace.take(order)
-    return trace
+    return rechained(trace) if fmt == "bailian" else trace

@@ -152,3 +152,21 @@ def conversations(trace: Trace, min_shared_blocks: int = 2) -> np.ndarray:
         for b in ids:
             holder[b] = i
     return conv
+
+
+def rechained(trace: Trace) -> Trace:
+    """``trace`` with each hash id replaced by an id of the pair (the id before it in the prompt, this id), numbered
+    in order of first appearance: two prompts then share a prefix exactly as long as their leading ids agree
+    whether the file's ids named a block with everything before it (Mooncake's) or the block's content alone (as
+    Bailian's may: its format does not say). For ids that chain already, the hits are unchanged."""
+    pairs: dict[tuple[int, int], int] = {}
+    ids = trace.block_ids.tolist()
+    out = np.empty(len(ids), dtype=np.int64)
+    starts = set(trace.offsets[:-1].tolist())
+    parent = -1
+    for k, b in enumerate(ids):
+        if k in starts:
+            parent = -1
+        parent = pairs.setdefault((parent, b), len(pairs))
+        out[k] = parent
+    return replace(trace, block_ids=out)

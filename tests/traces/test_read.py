@@ -75,7 +75,7 @@ def test_bailian_lines_are_told_apart_by_chat_id_and_read_in_seconds_of_16_token
     assert (t.format, t.block_tokens, t.n_requests) == ("bailian", 16, 2)
     assert t.arrival_s.tolist() == [0.0, 1.75]
     assert t.input_tokens.tolist() == [40, 33] and t.output_tokens.tolist() == [7, 7]
-    assert t.block_ids.tolist() == [10, 11, 12, 10, 11, 13]
+    assert t.block_ids.tolist() == [0, 1, 2, 0, 1, 3]  # re-chained: (id before, id) pairs in order of first use
     assert t.block_weights().tolist() == [16, 16, 8, 16, 16, 1]
 
 

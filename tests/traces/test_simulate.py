@@ -149,3 +149,16 @@ def test_window_cuts_and_rebases_times():
         window(t, start_s=1000)
     with pytest.raises(BadValue, match="time_scale 0 must be above 0"):
         window(t, time_scale=0)
+
+
+def test_rechaining_keeps_chained_ids_hits_and_tells_content_ids_apart():
+    from kvbench.traces.trace import rechained
+
+    t = random_trace(4)
+    assert (simulate(rechained(t)).need == simulate(t).need).all()
+    # content ids: block 7 after [1, 2] and block 7 right after [1] are not the same prefix
+    content = Trace("c", "bailian", 1, np.arange(2, dtype=np.float64), np.array([3, 2]), np.ones(2, dtype=np.int64),
+                    np.array([0, 3, 5]), np.array([1, 2, 7, 1, 7]), np.arange(2))
+    assert int(simulate(content).hits(10)[0]) == 2  # taken as chained, [1, 7] would find both of its ids
+    assert rechained(content).block_ids.tolist() == [0, 1, 2, 0, 3]
+    assert int(simulate(rechained(content)).hits(10)[0]) == 1
