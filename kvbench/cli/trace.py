@@ -131,3 +131,45 @@ def export(
     for line in trace_lines(made):
         out.print(line, highlight=False, markup=False)
     write_or_stop("the trace", output, lambda: [write_trace(made, output)], "trace")
+
+
+@app.command(cls=Command)
+def sweep(
+    traces: list[Path] = typer.Argument(..., metavar="TRACE...", help="Trace files (any format kvbench reads)."),
+    policies: str = typer.Option("lru", "--policies", help="Comma-separated: lru, lru-tail-first."),
+    models: str | None = typer.Option(None, "--models", help="Comma-separated presets or config.json paths: "
+                                      "capacities also in bytes of each one's KV."),
+    tp: int = typer.Option(1, "--tp", min=1, max=1024, help="GPUs one copy of each model is split over."),
+    dtype: str = typer.Option("bf16", "--dtype", help="KV dtype: fp32, fp16, bf16, fp8."),
+    fmt: str = typer.Option("auto", "--format", help="auto, mooncake, bailian or columns."),
+    block_tokens: int | None = typer.Option(None, "--block-tokens", min=1, max=2**20,
+                                            help="Tokens per hash block (default: each format's)."),
+    executor: str = typer.Option("local", "--executor", help="local, or ray: each trace × policy a Ray task."),
+    address: str | None = typer.Option(None, "--address", help="--executor ray: auto or HOST:PORT of a running "
+                                       "cluster (default: a local Ray instance)."),
+    out_dir: Path = typer.Option(Path("results/trace-sweep"), "--out", help="Where sweep.csv goes."),
+) -> None:
+    """Every trace × policy simulated in one pass each, locally or on a Ray cluster: the hit rate of tokens at 1,
+    3, 10, ... blocks and of the unlimited cache, per trace and policy; sweep.csv has every capacity in blocks,
+    tokens and each model's bytes."""
+    import pandas as pd
+
+    from kvbench.bench.simulation_sweep import sweep_simulations
+    from kvbench.report.simulation import write_sweep
+    from kvbench.results.run_dir import refuse_symlink_dir
+
+    stop_on_signals()
+    names = [m.strip() for m in models.split(",")] if models else [None]
+    with handle_errors({"policies": "--policies", "executor": "--executor", "dtype": "--dtype", "tp": "--tp"}):
+        refuse_symlink_dir(out_dir)
+        frame = sweep_simulations(traces, [p.strip() for p in policies.split(",")], names, tp, dtype, fmt,
+                                  block_tokens, executor, address)
+    first = frame[frame["model"].isna()] if names[0] is None else frame[frame["model"] == names[0]]
+    table = first.pivot_table(index=["trace", "policy"], columns="capacity_blocks", values="hit_rate_tokens",
+                              sort=False)
+    cells = pd.DataFrame({"trace": [k[0] for k in table.index], "policy": [k[1] for k in table.index],
+                          **{f"{c:,}": [("" if v != v else f"{v:.3f}") for v in table[c]] for c in table.columns}})
+    show(render(cells, "hit rate of tokens by capacity (blocks)", "the last column of a trace: its unlimited cache "
+                "(its distinct blocks)", left=2, wrap=False, min_width={}))
+
+    write_or_stop("sweep.csv", out_dir, lambda: write_sweep(frame, out_dir), "sweep")

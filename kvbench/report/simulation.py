@@ -317,3 +317,23 @@ def write_simulation(sim: Simulation, out_dir: str | Path, extra: dict[str, Any]
         if isinstance(exc, UserError):
             raise
         raise UnwritableOutput(exc.filename or out, exc.strerror or str(exc)) from exc
+
+
+def write_sweep(frame: pd.DataFrame, out_dir: str | Path) -> list[Path]:
+    """A sweep's rows (kvbench.bench.simulation_sweep) as ``sweep.csv`` in ``out_dir`` (created), written beside
+    its place and moved onto it.
+
+    Raises:
+        kvbench.errors.SymlinkRefused: ``out_dir`` is a symbolic link.
+        kvbench.errors.UnwritableOutput: the file cannot be written.
+    """
+    out = Path(out_dir)
+    refuse_symlink_dir(out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        path = replacing(out / "sweep.csv", lambda tmp: frame.to_csv(tmp, index=False) or tmp)
+    except OSError as exc:
+        if isinstance(exc, UserError):
+            raise
+        raise UnwritableOutput(exc.filename or out, exc.strerror or str(exc)) from exc
+    return [path] if path is not None else []

@@ -41,9 +41,7 @@ def _rows(run: str | Path, mode: str | None, repeat: int) -> tuple[pd.DataFrame,
     if label not in labels:
         raise BadParameter(f"{{mode}} {label!r} is not a mode of {run}: {', '.join(labels)}", "mode")
     part = rows[(rows["mode_label"].astype(str) == label) & (rows["repeat"] == repeat)]
-    if "warm" in part and part["warm"].notna().any():
-        part = part[part["warm"] == True]  # noqa: E712 (an object column): in-process, one row per request
-    part = part.dropna(subset=["request_id"])
+    part = part.dropna(subset=["request_id"]).drop_duplicates("request_id")  # in-process: a cold and a warm row
     if part.empty:
         raise BadParameter(f"{{repeat}} {repeat}: no request of mode {label} in {run} at that repeat", "repeat")
     if "arrival_s" in part and part["arrival_s"].notna().all():
