@@ -155,7 +155,7 @@ def sweep(
     import pandas as pd
 
     from kvbench.bench.simulation_sweep import sweep_simulations
-    from kvbench.report.simulation import write_sweep
+    from kvbench.report.simulation import write_csv
     from kvbench.results.run_dir import refuse_symlink_dir
 
     stop_on_signals()
@@ -172,4 +172,4 @@ def sweep(
     show(render(cells, "hit rate of tokens by capacity (blocks)", "the last column of a trace: its unlimited cache "
                 "(its distinct blocks)", left=2, wrap=False, min_width={}))
 
-    write_or_stop("sweep.csv", out_dir, lambda: write_sweep(frame, out_dir), "sweep")
+    write_or_stop("sweep.csv", out_dir, lambda: write_csv(frame, out_dir, "sweep.csv"), "sweep")

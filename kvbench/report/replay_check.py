@@ -12,10 +12,9 @@ from typing import Any
 import pandas as pd
 
 from kvbench.analysis.trace_validation import ReplayCheck, check_replay
-from kvbench.errors import BadValue, ResultsError, UnwritableOutput, UserError
-from kvbench.report.cost import replacing
+from kvbench.errors import ResultsError
+from kvbench.report.simulation import write_csv
 from kvbench.results.load import load_results
-from kvbench.results.run_dir import refuse_symlink_dir
 from kvbench.scenario.trace_checks import replayed_slice
 from kvbench.scenario.workload import TraceSpec
 
@@ -123,17 +122,6 @@ def write_checks(checks: list[ModeCheck], out_dir: str | Path) -> list[Path]:
         kvbench.errors.SymlinkRefused: ``out_dir`` is a symbolic link.
         kvbench.errors.UnwritableOutput: the file cannot be written.
     """
-    out = Path(out_dir)
-    refuse_symlink_dir(out)
     frame = pd.concat([m.check.table.assign(mode_label=m.label, policy=m.check.policy,
                                             capacity_tokens=m.capacity_tokens) for m in checks], ignore_index=True)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        path = replacing(out / "replay_check.csv", lambda tmp: frame.to_csv(tmp, index=False) or tmp)
-    except OSError as exc:
-        if isinstance(exc, UserError):
-            raise
-        raise UnwritableOutput(exc.filename or out, exc.strerror or str(exc)) from exc
-    if path is None:
-        raise BadValue("replay_check.csv: nothing to write")
-    return [path]
+    return write_csv(frame, out_dir, "replay_check.csv")

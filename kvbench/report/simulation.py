@@ -319,9 +319,9 @@ def write_simulation(sim: Simulation, out_dir: str | Path, extra: dict[str, Any]
         raise UnwritableOutput(exc.filename or out, exc.strerror or str(exc)) from exc
 
 
-def write_sweep(frame: pd.DataFrame, out_dir: str | Path) -> list[Path]:
-    """A sweep's rows (kvbench.bench.simulation_sweep) as ``sweep.csv`` in ``out_dir`` (created), written beside
-    its place and moved onto it.
+def write_csv(frame: pd.DataFrame, out_dir: str | Path, name: str) -> list[Path]:
+    """``frame`` as the CSV file ``name`` in ``out_dir`` (created), written beside its place and moved onto it
+    (``kvbench trace sweep``'s ``sweep.csv``, ``kvbench trace validate``'s ``replay_check.csv``).
 
     Raises:
         kvbench.errors.SymlinkRefused: ``out_dir`` is a symbolic link.
@@ -331,7 +331,7 @@ def write_sweep(frame: pd.DataFrame, out_dir: str | Path) -> list[Path]:
     refuse_symlink_dir(out)
     try:
         out.mkdir(parents=True, exist_ok=True)
-        path = replacing(out / "sweep.csv", lambda tmp: frame.to_csv(tmp, index=False) or tmp)
+        path = replacing(out / name, lambda tmp: frame.to_csv(tmp, index=False) or tmp)
     except OSError as exc:
         if isinstance(exc, UserError):
             raise

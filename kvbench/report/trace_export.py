@@ -63,7 +63,7 @@ def export_trace(run: str | Path, block_tokens: int = 16, mode: str | None = Non
     """
     from kvbench.models import read_architecture
     from kvbench.models.load import load_tokenizer
-    from kvbench.workloads import make_source, make_stream, prompt_stream
+    from kvbench.workloads import scenario_stream
 
     if type(block_tokens) is not int or block_tokens < 1:
         raise BadParameter(f"{{block_tokens}} must be a whole number of at least 1, not {block_tokens!r}",
@@ -76,12 +76,7 @@ def export_trace(run: str | Path, block_tokens: int = 16, mode: str | None = Non
     arch = read_architecture(s.model)
     tokenizer = load_tokenizer(s.model.tokenizer or s.model.name, s.model.trust_remote_code)
     longest = arch.max_positions - s.max_new_tokens
-    if s.workload.reuse:
-        stream = make_stream(s.workload, tokenizer, longest, arch.vocab_size)
-    else:
-        lengths = s.prompt_tokens if isinstance(s.prompt_tokens, list) else []
-        stream = prompt_stream(make_source(s.workload, tokenizer, arch.vocab_size, longest), lengths,
-                               s.workload.n_prompts)
+    stream = scenario_stream(s, tokenizer, arch.vocab_size, longest)
     return requests_trace(part, {q.id: q.ids for q in stream.requests}, block_tokens, s.max_new_tokens,
                           f"{Path(run).name} ({part['mode_label'].iloc[0]}, repeat {repeat})")
 

@@ -15,10 +15,10 @@ from kvbench.workloads.prompts import PromptPool, TooLittleText
 from kvbench.workloads.sessions import Stream
 
 if TYPE_CHECKING:
-    from kvbench.scenario import WorkloadSpec
+    from kvbench.scenario import Scenario, WorkloadSpec
 
 __all__ = ["PromptSource", "Stream", "SyntheticSource", "TooLittleText", "make_source", "make_stream",
-           "prompt_stream"]
+           "prompt_stream", "scenario_stream"]
 
 
 class PromptSource(Protocol):
@@ -130,3 +130,17 @@ def prompt_stream(source: PromptSource, prompt_tokens: Sequence[int], n_prompts:
         for k, ids in enumerate(source.batch(n, n_prompts, 0)):
             out.append(sessions.Request(f"p{n}-i{k}", f"p{n}-i{k}", 1, tuple(ids), tuple(ids)))
     return Stream(out)
+
+
+def scenario_stream(s: Scenario, tokenizer: Any, vocab_size: int, longest_prompt: int) -> Stream:
+    """The request stream scenario ``s`` sends one request at a time (a reuse workload's, or its independent
+    prompts': :func:`make_stream`, :func:`prompt_stream`), prompts of at most ``longest_prompt`` tokens.
+
+    Raises:
+        as :func:`make_stream` and :func:`make_source`.
+    """
+    if s.workload.reuse:
+        return make_stream(s.workload, tokenizer, longest_prompt, vocab_size)
+    lengths = s.prompt_tokens if isinstance(s.prompt_tokens, list) else []
+    return prompt_stream(make_source(s.workload, tokenizer, vocab_size, longest_prompt), lengths,
+                         s.workload.n_prompts)

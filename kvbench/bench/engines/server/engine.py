@@ -281,7 +281,7 @@ def load_server_engine(s: Scenario, run_path: Path, where: Path | None = None) -
     from kvbench.models import read_architecture, resolve_device
     from kvbench.models.load import load_tokenizer
     from kvbench.scenario.programs import cpu_refusals, server_problems
-    from kvbench.workloads import make_source, make_stream, prompt_stream
+    from kvbench.workloads import scenario_stream
 
     named = where if where is not None else Path(s.name)
     try:
@@ -294,12 +294,7 @@ def load_server_engine(s: Scenario, run_path: Path, where: Path | None = None) -
     arch = read_architecture(s.model)
     tokenizer = load_tokenizer(s.model.name, s.model.trust_remote_code)
     longest = arch.max_positions - s.max_new_tokens
-    if s.workload.reuse:
-        source = make_stream(s.workload, tokenizer, longest, arch.vocab_size)
-    else:
-        lengths = s.prompt_tokens if isinstance(s.prompt_tokens, list) else []
-        source = prompt_stream(make_source(s.workload, tokenizer, arch.vocab_size, longest), lengths,
-                               s.workload.n_prompts)
+    source = scenario_stream(s, tokenizer, arch.vocab_size, longest)
     kind, model_dir = KINDS[s.engine.kind], None
     if kind.started and kind.model_format == "hf" and s.engine.model is None and s.model.name is not None:
         from kvbench.models.export import hf_directory
