@@ -73,7 +73,6 @@ def simulate(
 
     from kvbench.report import simulation as rs
     from kvbench.report.plan import size_bytes
-
     from kvbench.report.simulation_cost import check_prices
     from kvbench.results.run_dir import refuse_symlink_dir
 
@@ -83,6 +82,15 @@ def simulate(
     if (host or disk.strip() != "0") and device is None and gpu_price is None:
         fail("--host and --disk are tiers under a device cache: give --device (or --gpu-price, which prices "
              "each host size)")
+    if at is not None and not also:
+        fail("--at gives the capacities of --also's policies: give --also too (e.g. --also lfu,prompt-lru)")
+    capacities = _blocks(at) if also else []
+    others = [p.strip() for p in also.split(",")] if also else []
+    from kvbench.traces.direct import DIRECT_POLICIES
+
+    if unknown := [p for p in others if p not in DIRECT_POLICIES]:
+        fail(f"--also {', '.join(unknown)}: the policies simulated directly are {', '.join(DIRECT_POLICIES)} "
+             "(lru and lru-tail-first: --policy)")
     target = out_dir or Path("results") / f"simulation-{rs.trace_stem(trace)}"
     with handle_errors(FLAGS):
         refuse_symlink_dir(target)  # before the simulation: a refused folder prints no table
@@ -104,7 +112,7 @@ def simulate(
                 left=0, wrap=False, min_width={}))
     if also:
         with handle_errors(FLAGS):
-            frame = rs.direct_frame(sim, [p.strip() for p in also.split(",")], _blocks(at))
+            frame = rs.direct_frame(sim, others, capacities)
         cells = pd.DataFrame({"policy": frame["policy"], "blocks": frame["capacity_blocks"].map("{:,}".format),
                               "tokens": frame["capacity_tokens"].map("{:,}".format),
                               "hit rate of blocks": frame["hit_rate_blocks"].map("{:.3f}".format),
