@@ -167,16 +167,20 @@ def knee(table: pd.DataFrame, host_priced: bool) -> int | None:
 
 
 def host_size_grid(curve: HitCurve, device_blocks: int, block_bytes: int, most: int = 16) -> list[int]:
-    """Host tier sizes (blocks) to price: 0, then sizes doubling from the smallest power of two of GiB that holds
-    ``max(a block, the device cache ÷ 4)`` up to the first that holds the whole working set beyond the device (at
-    most ``most`` sizes)."""
+    """Host tier sizes (blocks) to price: 0, then sizes growing by a power of two from the smallest power of two of
+    GiB that holds ``max(a block, the device cache ÷ 4)`` up to the first that holds the whole working set beyond
+    the device: by 2 when ``most`` sizes reach it, else by the smallest power of two that does (so the last size
+    always holds the working set and a knee is never the edge of the grid)."""
     beyond = max(curve.distinct_blocks - device_blocks, 1)
     gib = 2.0 ** math.ceil(math.log2(max(block_bytes, device_blocks * block_bytes / 4) / 2**30))
+    start = max(1, int(gib * 2**30 // block_bytes))
+    doublings = max(0, math.ceil(math.log2(beyond / start))) if beyond > start else 0
+    step = 2 ** max(1, math.ceil(doublings / max(most - 2, 1)))
     sizes = [0]
-    while len(sizes) < most:
-        blocks = int(gib * 2**30 // block_bytes)
+    while True:
+        blocks = max(1, int(gib * 2**30 // block_bytes))
         sizes.append(blocks)
         if blocks >= beyond:
             break
-        gib *= 2
+        gib *= step
     return sorted(set(sizes))

@@ -13,6 +13,7 @@ from kvbench.cli.common import err, fail, handle_errors, out, render, show, stop
 
 if TYPE_CHECKING:
     from kvbench.report.simulation import Simulation
+    from kvbench.report.simulation_cost import Basis
 
 #: Library argument → flag, for the messages of :class:`kvbench.errors.BadParameter`.
 FLAGS = {"model": "--model", "tp": "--tp", "dtype": "--dtype", "gpu": "--gpu", "gpu_price": "--gpu-price",
@@ -73,7 +74,7 @@ def simulate(
 
     from kvbench.report import simulation as rs
     from kvbench.report.plan import size_bytes
-    from kvbench.report.simulation_cost import check_prices
+    from kvbench.report.simulation_cost import check_prices, sizing_basis
     from kvbench.results.run_dir import refuse_symlink_dir
 
     stop_on_signals()
@@ -91,13 +92,26 @@ def simulate(
     if unknown := [p for p in others if p not in DIRECT_POLICIES]:
         fail(f"--also {', '.join(unknown)}: the policies simulated directly are {', '.join(DIRECT_POLICIES)} "
              "(lru and lru-tail-first: --policy)")
+    if gpu_price is None:
+        priced_only = {"--host-price": host_price != 0.0, "--disk-price": disk_price != 0.0,
+                       "--decode-batch": decode_batch != 1, "--gpu": gpu != "h100", "--constants": constants,
+                       "--allow-busy-fit": allow_busy_fit}
+        if given := [flag for flag, on in priced_only.items() if on]:
+            fail(f"{', '.join(given)}: {'price' if len(given) == 1 else 'prices'} the host tier sizes: give "
+                 "--gpu-price (and --model) too")
+    if model is None and (dtype != "bf16" or tp != 1):
+        fail("--dtype and --tp size a model's KV: give --model too")
     target = out_dir or Path("results") / f"simulation-{rs.trace_stem(trace)}"
+    if target.exists() and not target.is_dir():
+        fail(f"{target} is not a directory: the simulation's files go in a directory (give another with --out)")
     with handle_errors(FLAGS):
         refuse_symlink_dir(target)  # before the simulation: a refused folder prints no table
-        if gpu_price is not None:
-            check_prices(gpu_price, host_price, disk_price)
         per_token = rs.kv_bytes_per_token(model, tp, dtype) if model else None
         device_tokens = rs.tokens_of(device, per_token, "device_tokens") if device else None
+        basis = None
+        if gpu_price is not None and model is not None:
+            check_prices(gpu_price, host_price, disk_price)
+            basis = sizing_basis(model, tp, dtype, gpu, constants, device_tokens, allow_busy_fit)
         hosts = [rs.tokens_of(h, per_token, "host_tokens") for h in host.split(",")] if host else None
         disk_tokens = rs.tokens_of(disk, per_token, "disk_tokens")
         cap = size_bytes(max_bytes, "max_bytes")
@@ -125,31 +139,31 @@ def simulate(
                     "disk)", "hit rate of tokens (of blocks) each tier serves", left=0, wrap=True, min_width={}))
     doc_extra: dict[str, object] = {}
     if gpu_price is not None:
-        doc_extra = _cost(sim, gpu_price, host_price, disk_price, gpu, constants, device_tokens, hosts, disk_tokens,
-                          allow_busy_fit, decode_batch)
+        doc_extra = _cost(sim, gpu_price, host_price, disk_price, basis, hosts, disk_tokens, decode_batch)
     write_or_stop("the simulation's files", target, lambda: rs.write_simulation(sim, target, doc_extra),
                   "simulation")
 
 
 def _blocks(at: str | None) -> list[int]:
-    """``--at``: whole numbers of blocks, comma-separated (at most 32); fails (exit 2) otherwise."""
-    parts = [p.strip() for p in (at or "").split(",") if p.strip()]
+    """``--at``: whole numbers of blocks, comma-separated (at most 32), each once, ascending; fails (exit 2)
+    otherwise."""
+    if at is None:
+        fail("--also needs --at: the capacities (blocks) to simulate its policies at, e.g. --at 10000,100000")
+    parts = [p.strip() for p in at.split(",") if p.strip()]
     if not parts or len(parts) > 32 or not all(p.isascii() and p.isdigit() and len(p) <= 12 for p in parts):
-        fail("--also needs --at: capacities in blocks, whole numbers separated by commas (at most 32), e.g. "
+        fail(f"--at {at[:40]!r}: capacities in blocks, whole numbers separated by commas (at most 32), e.g. "
              "10000,100000")
-    return [int(p) for p in parts]
+    return sorted({int(p) for p in parts})
 
 
-def _cost(sim: Simulation, gpu_price: float, host_price: float, disk_price: float, gpu: str, constants: Path | None,
-          device_tokens: int | None, hosts: list[int] | None, disk_tokens: int, allow_busy: bool,
-          decode_batch: int) -> dict[str, object]:
+def _cost(sim: Simulation, gpu_price: float, host_price: float, disk_price: float, basis: Basis | None,
+          hosts: list[int] | None, disk_tokens: int, decode_batch: int) -> dict[str, object]:
     """The cost table, the constants with their sources, the knee and the advice; returns what simulation.json
     adds."""
     from kvbench.report import simulation_cost as sc
 
     with handle_errors(FLAGS):
-        s = sc.size_tiers(sim, gpu_price, host_price, disk_price, gpu, constants, device_tokens,
-                          hosts, disk_tokens, allow_busy, decode_batch)
+        s = sc.size_tiers(sim, gpu_price, host_price, disk_price, basis, hosts, disk_tokens, decode_batch)
     if s.constants.busy:
         err.print("[yellow]warning:[/] the measured constants were fitted to trials on a busy machine "
                   "(--allow-busy-fit): the costs below are not a measurement of it", highlight=False)

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import typer
 
-from kvbench.cli.common import Command, Group, handle_errors, out, render, show, stop_on_signals, write_or_stop
+from kvbench.cli.common import (Command, Group, fail, handle_errors, out, render, show, stop_on_signals,
+                                write_or_stop)
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, cls=Group,
                   help="Request traces: check one, make one of any size, export a run's, check a replay against the "
@@ -62,6 +63,8 @@ def synthesize(
     from kvbench.traces.synthesize import synthesize as make
 
     stop_on_signals()
+    if output.exists() and source.exists() and output.samefile(source):
+        fail(f"--out {output} is the source trace: write the new one elsewhere")
     with handle_errors(FLAGS):
         made = make(read_trace(source, fmt, block_tokens, size_bytes(max_bytes, "max_bytes")), requests, seed,
                     copies, speedup)
@@ -120,11 +123,15 @@ def export(
                                            "that runs code from the model's files."),
 ) -> None:
     """A run's requests as a trace: its prompts rebuilt from its scenario (each checked against the digest the run
-    recorded), cut into blocks named by chained hashes, at the times they arrived."""
+    recorded), cut into blocks named by chained hashes, at the times they arrived in a server run's load (an
+    in-process run keeps none: one request a millisecond, in order)."""
     from kvbench.report.trace_export import export_trace
     from kvbench.report.trace_file import trace_lines, write_trace
 
     stop_on_signals()
+    if output.resolve().is_relative_to(run.resolve()):
+        fail(f"--out {output} is inside the run {run}: write the trace outside it (a run's own files stay as "
+             "they are)")
     with handle_errors({"mode": "--mode", "repeat": "--repeat", "block_tokens": "--block-tokens",
                         "trust_remote_code": "--trust-remote-code"}):
         made = export_trace(run, block_tokens, mode, repeat, trust_remote_code)

@@ -64,60 +64,86 @@ def check_prices(gpu_price: float, host_price: float = 0.0, disk_price: float = 
                                f"most 10,000 USD, not {v!r}", name)
 
 
+@dataclass(frozen=True)
+class Basis:
+    """What prices a simulation, settled before it runs: the roofline ``constants``, the device prefix cache
+    (``device_tokens``) and where it comes from (``device_source``), the GPU preset of assumed constants (``gpu``;
+    None: measured)."""
+
+    constants: Constants
+    device_tokens: int
+    device_source: str
+    gpu: str | None
+
+
+def sizing_basis(model: str, tp: int = 1, dtype: str = "bf16", gpu: str = "h100",
+                 constants_path: str | Path | None = None, device_tokens: int | None = None,
+                 allow_busy: bool = False) -> Basis:
+    """The constants and the device cache that :func:`size_tiers` prices with: measured (``constants_path``, a
+    ``map.json`` of ``kvbench map``; ``device_tokens`` must then be given: kvbench cannot know the measured engine's
+    cache) or assumed from ``tp`` GPUs of preset ``gpu`` (:func:`~kvbench.report.plan.plan`), whose memory beside
+    the weights is the device cache unless ``device_tokens`` says otherwise.
+
+    Raises:
+        kvbench.errors.BadParameter: measured constants without ``device_tokens``, a busy fit without
+            ``allow_busy``, an unknown preset or a ``tp`` the model does not split over, or weights that fill the
+            GPUs (no device cache) with no ``device_tokens`` (``param`` names the argument).
+        kvbench.errors.BadValue: a constants file that cannot be read.
+    """
+    if constants_path is not None:
+        if device_tokens is None:
+            raise BadParameter("measured constants ({constants_path}) need {device_tokens}: the KV tokens the "
+                               "measured engine keeps on its device", "device_tokens", "constants_path")
+        return Basis(measured_constants(constants_path, allow_busy=allow_busy), device_tokens, "given", None)
+    p = plan(model, dtype=dtype, gpu=gpu, tp=tp)
+    if device_tokens is not None:
+        return Basis(p.constants, device_tokens, "given", gpu)
+    room = int(device_cache_tokens(p))
+    if room <= 0:
+        raise BadParameter(f"{model}'s weights fill {tp}× {gpu} (no room for a KV cache): give more GPUs ({{tp}}) "
+                           "or the device cache ({device_tokens})", "tp", "device_tokens")
+    return Basis(p.constants, room, f"{tp}× {gpu}'s memory less 10% and the weights", gpu)
+
+
 def size_tiers(sim: Simulation, gpu_price: float, host_price: float = 0.0, disk_price: float = 0.0,
-               gpu: str = "h100", constants_path: str | Path | None = None, device_tokens: int | None = None,
-               host_tokens: list[int] | None = None, disk_tokens: int = 0, allow_busy: bool = False,
+               basis: Basis | None = None, host_tokens: list[int] | None = None, disk_tokens: int = 0,
                decode_batch: int = 1) -> Sizing:
     """Price every host tier size for ``sim`` (which must name a model).
 
     Args:
         gpu_price, host_price, disk_price: USD per GPU-hour and per GiB-hour of host memory and of disk held.
-        gpu: the GPU preset whose figures the assumed constants and the device cache come from.
-        constants_path: a ``map.json`` whose measured constants replace the assumed ones (then ``device_tokens``
-            must be given: kvbench cannot know the measured engine's cache).
-        device_tokens: the device prefix cache (tokens); default: the GPU preset's memory beside the weights
-            (:func:`~kvbench.report.plan.device_cache_tokens`).
-        host_tokens: host tier sizes (tokens) to price; default :func:`~kvbench.analysis.tier_sizing.host_size_grid`.
+        basis: the constants and the device cache (:func:`sizing_basis`; default: assumed on one preset H100 at
+            ``sim``'s tp and dtype).
+        host_tokens: host tier sizes (tokens) to price, besides none (sorted, each once); default
+            :func:`~kvbench.analysis.tier_sizing.host_size_grid`.
         disk_tokens: a disk tier under every host size (tokens).
-        allow_busy: accept measured constants fitted to trials of a busy machine.
         decode_batch: sequences decoded together (1: one request at a time).
 
     Raises:
-        kvbench.errors.BadParameter: no model, a price out of range, measured constants without ``device_tokens``,
-            a busy fit without ``allow_busy`` (``param`` names the argument).
-        kvbench.errors.BadValue: a constants file that cannot be read, or a tier the constants cannot price.
+        kvbench.errors.BadParameter: no model, a price or ``decode_batch`` out of range (``param`` names it); as
+            :func:`sizing_basis`.
+        kvbench.errors.BadValue: a tier the constants cannot price.
     """
     if sim.kv_bytes_per_token is None or sim.model is None:
         raise BadParameter("the cost needs {model}: its KV bytes price the host memory and its sizes the time",
                            "model")
     check_prices(gpu_price, host_price, disk_price)
-    b = sim.trace.block_tokens
-    if constants_path is not None:
-        if device_tokens is None:
-            raise BadParameter("measured constants ({constants_path}) need {device_tokens}: the KV tokens the "
-                               "measured engine keeps on its device", "device_tokens", "constants_path")
-        constants = measured_constants(constants_path, allow_busy=allow_busy)
-        device_source, preset = "given", None
-    else:
-        p = plan(sim.model, dtype=sim.dtype, gpu=gpu, tp=sim.tp)
-        constants, preset = p.constants, gpu
-        if device_tokens is None:
-            device_tokens = int(device_cache_tokens(p))
-            device_source = f"{sim.tp}× {gpu}'s memory less 10% and the weights"
-        else:
-            device_source = "given"
-    block_bytes = sim.block_bytes() or 0
-    device_blocks = device_tokens // b
-    hosts = ([t // b for t in host_tokens] if host_tokens else host_size_grid(sim.curve, device_blocks, block_bytes))
-    values: dict[str, float | None] = dict(constants.values)
-    values.setdefault("restore_disk_s_per_token", None)
     if type(decode_batch) is not int or not 1 <= decode_batch <= 4096:
         raise BadParameter(f"{{decode_batch}} must be a whole number from 1 to 4,096, not {decode_batch!r}",
                            "decode_batch")
-    cin = SizingInput(values, constants.draws, sim.tp, gpu_price, host_price, disk_price, block_bytes, decode_batch)
+    basis = basis or sizing_basis(sim.model, sim.tp, sim.dtype)
+    b = sim.trace.block_tokens
+    block_bytes = sim.block_bytes() or 0
+    device_blocks = basis.device_tokens // b
+    hosts = (sorted({0, *(t // b for t in host_tokens)}) if host_tokens
+             else host_size_grid(sim.curve, device_blocks, block_bytes))
+    values: dict[str, float | None] = dict(basis.constants.values)
+    values.setdefault("restore_disk_s_per_token", None)
+    cin = SizingInput(values, basis.constants.draws, sim.tp, gpu_price, host_price, disk_price, block_bytes,
+                      decode_batch)
     table = size_table(sim.curve, cin, device_blocks, hosts, disk_tokens // b)
-    return Sizing(table, knee(table, host_price > 0), device_blocks, disk_tokens // b, device_source, constants,
-                  preset, sim.tp, gpu_price, host_price, disk_price, decode_batch)
+    return Sizing(table, knee(table, host_price > 0), device_blocks, disk_tokens // b, basis.device_source,
+                  basis.constants, basis.gpu, sim.tp, gpu_price, host_price, disk_price, decode_batch)
 
 
 def _ci(low: float, high: float, digits: int, unit: str = "", fmt: str = "f") -> str:

@@ -30,10 +30,12 @@ def _reuse_shape(s: Scenario) -> tuple[str, int]:
     if s.workload.trace is not None:
         tr = s.workload.trace
         try:
-            n = trace_shape(tr).requests
+            shape = trace_shape(tr)
+            n, span = shape.requests, f" arriving over {shape.span_s:,.1f} s"
         except UserError:  # said by check_scenario
-            n = tr.max_requests
-        return (f"trace: {_count(n, 'request')} of {Path(tr.path).name}, {tr.block_tokens} tokens per block", n)
+            n, span = tr.max_requests, ""
+        return (f"trace: {_count(n, 'request')} of {Path(tr.path).name}{span}, {tr.block_tokens} tokens per block",
+                n)
     extra = extra_documents(dq.documents, dq.questions, dq.ratio)
     more = f" + {_count(extra, 'single-question document')} for hit:miss {dq.hit_miss_ratio}" if extra else ""
     return (f"doc_qa: {_count(dq.documents, 'document')} × {_count(dq.questions, 'question')}{more}",

@@ -25,12 +25,13 @@ if TYPE_CHECKING:
 class TraceShape:
     """The replayed slice of a trace: its ``requests``, its longest prompt and its working set (distinct blocks ×
     replayed ``block_tokens``: the KV a cache must hold so that every revisit finds its prefix), in replayed
-    tokens."""
+    tokens, and ``span_s``: seconds from its first arrival to its last, ``time_scale`` applied."""
 
     requests: int
     longest_prompt: int
     distinct_blocks: int
     working_set_tokens: int
+    span_s: float = 0.0
 
 
 @functools.lru_cache(maxsize=4)
@@ -66,7 +67,8 @@ def trace_shape(spec: TraceSpec) -> TraceShape:
     partial = t.input_tokens - whole * t.block_tokens
     lengths = whole * spec.block_tokens + np.ceil(partial * spec.block_tokens / t.block_tokens).astype(np.int64)
     distinct = len(np.unique(t.block_ids))
-    return TraceShape(t.n_requests, int(lengths.max()), distinct, distinct * spec.block_tokens)
+    return TraceShape(t.n_requests, int(lengths.max()), distinct, distinct * spec.block_tokens,
+                      float(t.arrival_s[-1]))
 
 
 def trace_problems(s: Scenario, longest_prompt: int | None) -> list[tuple[str, str]]:

@@ -288,7 +288,8 @@ def _block_hint(counts: np.ndarray, inputs: np.ndarray, block: int, path: Path) 
     if size == block:
         return []
     return [f"{path}: most requests disagree with {block} tokens per block; their lengths suggest about {size} "
-            "(the block size, block_tokens, is not in the file: say it)"]
+            "(a file does not say its block size: give it, --block-tokens; in a scenario, "
+            "workload.trace.source_block_tokens)"]
 
 
 def _build(reader: _Reader, fmt: str, block: int) -> Trace:

@@ -21,7 +21,7 @@ from kvbench.analysis.tier_sizing import host_size_grid
 from kvbench.errors import BadParameter, BadValue
 from kvbench.report.break_even import write_map
 from kvbench.report.simulation import simulate_trace
-from kvbench.report.simulation_cost import advice, check_prices, size_tiers, sizing_cells, sizing_doc
+from kvbench.report.simulation_cost import advice, check_prices, size_tiers, sizing_basis, sizing_cells, sizing_doc
 
 ROOT = Path(__file__).resolve().parents[2]
 MOONCAKE = ROOT / "traces" / "mooncake" / "conversation_trace.jsonl"
@@ -97,7 +97,7 @@ def test_sizing_doc_is_json(sim):
 
 def test_measured_constants_with_draws_give_finite_intervals(sim, tmp_path):
     path = map_json(tmp_path, {"values": VALUES, "draws": with_draws(), "prompt_tokens": [128, 8192]})
-    s = size_tiers(sim, 2.0, constants_path=path, device_tokens=466_944)
+    s = size_tiers(sim, 2.0, basis=sizing_basis("llama-3.1-8b", constants_path=path, device_tokens=466_944))
     assert (s.device_blocks, s.device_source, s.gpu, s.gpus) == (912, "given", None, 1)
     assert set(s.constants.draws) == set(VALUES) and len(s.constants.draws["decode_s"]) == 40
     t = s.table
@@ -109,11 +109,11 @@ def test_measured_constants_with_draws_give_finite_intervals(sim, tmp_path):
     assert "on the engine the constants were measured on (1 GPU priced)" in text
     assert "Measured constants (intervals: 95% over their bootstrap draws)" in text
     r = t.iloc[s.knee]
-    assert f"{r['usd_per_million']:.4g} USD per 1M generated tokens [{r['usd_ci_low']:.4f}, " in text
+    assert f"{r['usd_per_million']:.4g} USD per 1M generated tokens [{r['usd_ci_low']:.4g}, " in text
     assert json.dumps(sizing_doc(s, text), allow_nan=False)
     # the same fit without draws: no interval
-    bare = size_tiers(sim, 2.0, constants_path=map_json(tmp_path, {"values": VALUES}, "bare.json"),
-                      device_tokens=466_944)
+    bare = size_tiers(sim, 2.0, basis=sizing_basis("llama-3.1-8b", constants_path=map_json(
+        tmp_path, {"values": VALUES}, "bare.json"), device_tokens=466_944))
     assert bare.constants.draws is None and bare.table["usd_ci_low"].isna().all()
     assert bare.table["usd_per_million"].to_numpy() == pytest.approx(t["usd_per_million"].to_numpy(), rel=1e-12)
     assert "Measured constants without draws (no interval)" in advice(sim, bare)
@@ -122,7 +122,7 @@ def test_measured_constants_with_draws_give_finite_intervals(sim, tmp_path):
 def test_measured_constants_need_the_device_cache(sim, tmp_path):
     path = map_json(tmp_path, {"values": VALUES})
     with pytest.raises(BadParameter) as e:
-        size_tiers(sim, 2.0, constants_path=path)
+        sizing_basis("llama-3.1-8b", constants_path=path)
     assert str(e.value) == ("measured constants (constants_path) need device_tokens: the KV tokens the measured "
                             "engine keeps on its device")
     assert e.value.params == ("device_tokens", "constants_path")
@@ -212,3 +212,16 @@ def test_draws_that_are_not_a_fit_s_are_refused_naming_the_key(tmp_path, draws, 
         measured_constants(path)
     sep = "." if not why.startswith(("every", "must")) else ": "
     assert str(e.value) == f"{path}: constants[0].draws{sep}{why}"
+
+
+def test_weights_that_fill_the_gpu_leave_no_device_cache_and_are_refused():
+    with pytest.raises(BadParameter) as e:
+        sizing_basis("qwen2.5-72b", gpu="h100")
+    assert str(e.value) == ("qwen2.5-72b's weights fill 1× h100 (no room for a KV cache): give more GPUs (tp) or the "
+                            "device cache (device_tokens)")
+    assert sizing_basis("qwen2.5-72b", tp=4).device_tokens > 0
+
+
+def test_host_sizes_given_are_priced_sorted_once_with_none_first(sim):
+    s = size_tiers(sim, 2.0, host_tokens=[8_388_608, 1_048_576, 1_048_576])
+    assert s.table["host_blocks"].tolist() == [0, 2048, 16384]

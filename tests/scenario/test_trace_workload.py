@@ -134,13 +134,14 @@ def test_validate_names_the_requests_of_the_slice(folder, write_yaml):
     path = write_yaml(trace_scenario(max_requests=10), "scenarios/s.yaml")
     r = runner.invoke(app, ["validate", str(path)], terminal_width=400)
     assert r.exit_code == 0, r.output
-    assert r.output.strip() == (f"{path}: ok (20 trials: trace: 10 requests of trace.jsonl, 4 tokens per block = "
+    assert r.output.strip() == (f"{path}: ok (20 trials: trace: 10 requests of trace.jsonl arriving over 0.0 s, 4 tokens "
+                                "per block = "
                                 "10 requests × 1 mode × cold and warm × 1 repeat; prompts are built from the data "
                                 "as it runs)")
     # fewer requests in the window than max_requests: the slice's count, not the bound
     more = write_yaml(trace_scenario(max_requests=500), "scenarios/more.yaml")
     r = runner.invoke(app, ["validate", str(more)], terminal_width=400)
-    assert r.exit_code == 0 and "trace: 50 requests of trace.jsonl, 4 tokens per block" in r.output
+    assert r.exit_code == 0 and "trace: 50 requests of trace.jsonl arriving over 15.0 s, 4 tokens per block" in r.output
     bad = write_yaml(trace_scenario(start_s=2, end_s=1), "scenarios/bad.yaml")
     r = runner.invoke(app, ["validate", str(bad)], terminal_width=400)
     assert r.exit_code == 2 and f"{bad}: workload.trace: end_s 1.0 must be after start_s 2.0" in r.output

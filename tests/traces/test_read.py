@@ -322,4 +322,5 @@ def test_a_block_size_given_wrong_is_named_once(tmp_path):
     lines = refusal(path, block_tokens=16).splitlines()
     assert lines[0] == f"{path}: line 1: 3 hash_ids for input_length 1436: ceil(1436 / 16) = 90 expected"
     assert lines[-1] == (f"{path}: most requests disagree with 16 tokens per block; their lengths suggest about 512 "
-                         "(the block size, block_tokens, is not in the file: say it)")
+                         "(a file does not say its block size: give it, --block-tokens; in a scenario, "
+                         "workload.trace.source_block_tokens)")
