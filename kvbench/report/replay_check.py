@@ -17,12 +17,7 @@ from kvbench.report.simulation import write_csv
 from kvbench.results.load import load_results
 from kvbench.scenario.trace_checks import replayed_slice
 from kvbench.scenario.workload import TraceSpec
-
-#: The policy each engine's prefix cache is closest to (kvbench.traces.simulate.POLICIES, or
-#: kvbench.traces.direct.DIRECT_POLICIES): vLLM frees a request's blocks tail first; llama.cpp keeps whole prompt
-#: states, its slot's and those of its RAM cache (``prompt-lru``).
-ENGINE_POLICY = {"vllm": "lru-tail-first", "llama.cpp": "prompt-lru"}
-
+from kvbench.serving import KINDS
 
 @dataclass(frozen=True)
 class ModeCheck:
@@ -62,7 +57,8 @@ def check_run(run: str | Path, capacity_tokens: int | None = None, policy: str |
         run: a run directory whose scenario replays ``workload.trace``.
         capacity_tokens: the cache capacity to simulate (tokens; ``prompt-lru``: the RAM cache's); default: each
             mode's own (:func:`_capacity`).
-        policy: the simulator's policy; default: the engine's closest (:data:`ENGINE_POLICY`, else ``lru``).
+        policy: the simulator's policy; default: the engine's closest (its kind's
+            :attr:`~kvbench.serving.kind.ServerKind.cache_policy`; in-process, ``lru``).
         engine_block_tokens: the engine's own block (a gap beyond it is flagged); default the replayed block.
 
     Raises:
@@ -90,7 +86,7 @@ def check_run(run: str | Path, capacity_tokens: int | None = None, policy: str |
         if "warm" in part and part["warm"].notna().any():  # in-process: the warm trials restored from the store
             part = part[part["warm"] == True]  # noqa: E712 (an object column)
             part = part.assign(cached_prompt_tokens=part.get("tokens_restored"))
-        chosen = policy or ENGINE_POLICY.get(engine, "lru")
+        chosen = policy or (KINDS[engine].cache_policy if engine in KINDS else "lru")
         cap = (capacity_tokens, "given") if capacity_tokens is not None else _capacity(str(label), part, res.servers,
                                                                                       chosen)
         if cap is None:

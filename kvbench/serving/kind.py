@@ -276,6 +276,10 @@ class ServerKind:
         prefix_preset: the preset that is the kind's prefix caching with no host or disk tier (vLLM and llama.cpp
             ``prefix-cache``, SGLang ``radix``): the baseline of a :attr:`Preset.tier` mode's tier saving, or None
             (a kind without tier presets).
+        cache_policy: the trace simulator's policy closest to how the kind's prefix cache evicts
+            (kvbench.traces.simulate.POLICIES or kvbench.traces.direct.DIRECT_POLICIES: vLLM frees a request's
+            blocks tail first, ``lru-tail-first``; llama.cpp keeps whole prompt states, ``prompt-lru``), for
+            ``kvbench trace validate``; ``lru`` where nothing closer is known.
     """
 
     name: str
@@ -306,6 +310,7 @@ class ServerKind:
     block_tokens: Callable[[str], int | None] | None = None
     cpu_refusal: str | None = None
     prefix_preset: str | None = None
+    cache_policy: str = "lru"
     device_cache_tokens: Callable[[str], int | None] | None = None
     tier_counters: tuple[str, ...] = ()
     device_cache_from_flags: Callable[[list[str], KvSizing], tuple[float | None, str] | None] | None = None

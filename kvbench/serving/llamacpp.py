@@ -155,6 +155,7 @@ KIND = ServerKind(
     hit_counts=hit_counts,
     host_tier=host_tier,
     prefix_preset="prefix-cache",
+    cache_policy="prompt-lru",
     slot_per_unit=True,
     kv_element_bytes=2,  # f16 K and V unless --cache-type-k/-v say otherwise (kv-q8_0, kv-q4_0)
     flag_problem=flag_problem,

@@ -137,6 +137,7 @@ KIND = ServerKind(
     host_tier=host_tier,
     cpu_refusal=CPU_REFUSAL,
     prefix_preset="radix",
+    cache_policy="lru-tail-first",
     tier_counters=("cached_tokens_host", "cached_tokens_storage"),
     device_cache_from_flags=flag_capacity,
     tp_flags=("--tp-size", "--tp"),

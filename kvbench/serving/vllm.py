@@ -283,4 +283,5 @@ KIND = ServerKind(
     tier_counters=("prompt_tokens_cached_host", "prompt_tokens_cached_disk", "external_prefix_cache_hits",
                    "kv_offload_bytes_host_to_device", "kv_offload_tiering_read_bytes"),
     prefix_preset="prefix-cache",
+    cache_policy="lru-tail-first",
 )
