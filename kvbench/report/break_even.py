@@ -20,7 +20,7 @@ from kvbench.arguments import path_arg
 from kvbench.errors import BadParameter, ResultsError, UnwritableOutput, UserError
 from kvbench.report.break_even_chart import break_even_heatmap
 from kvbench.report.cost import replacing, replacing_chart
-from kvbench.report.format import number
+from kvbench.report.format import finite_json, number
 from kvbench.results.load import Results
 from kvbench.results.run_dir import refuse_symlink_dir
 from kvbench.safe_text import unique_stems
@@ -164,17 +164,6 @@ def break_even_report(results: Results, out_dir: str | Path, prices: Prices,
     return m
 
 
-def _finite(v: Any) -> Any:
-    """``v`` with every NaN or infinite float (a bandwidth too fast to tell) as None: JSON has neither."""
-    if isinstance(v, dict):
-        return {k: _finite(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [_finite(x) for x in v]
-    if isinstance(v, float) and not math.isfinite(v):
-        return None
-    return v
-
-
 def write_map(m: BreakEvenMap, out_dir: str | Path, prices: Prices) -> list[Path]:
     """``map.csv`` (the cells, raw numbers), ``map.json`` (the prices, the cells and the fitted constants with their
     intervals, sources and footing: ``prompt_tokens`` [shortest, longest], ``busy`` (fitted to busy trials only),
@@ -205,7 +194,7 @@ def write_map(m: BreakEvenMap, out_dir: str | Path, prices: Prices) -> list[Path
         doc = {"prices": dataclasses.asdict(prices), "cells": json.loads(cells.to_json(orient="records")),
                "constants": fits, "notes": m.notes}
         paths.append(replacing(out / "map.json", lambda tmp: tmp.write_text(
-            json.dumps(_finite(doc), indent=2, allow_nan=False) + "\n")))
+            json.dumps(finite_json(doc), indent=2, allow_nan=False) + "\n")))
         maps = list(cells.groupby(["group", "mode_label"], sort=False))
         for ((group, mode), part), stem in zip(maps, unique_stems([key for key, _ in maps])):
             png = replacing_chart(out / f"map_{stem}.png", lambda tmp, p=part, g=group, md=mode: break_even_heatmap(

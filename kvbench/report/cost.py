@@ -11,6 +11,7 @@ import tempfile
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 import pandas as pd
@@ -240,6 +241,23 @@ def replacing(path: Path, write: Any) -> Path | None:
             raise OSError(exc.errno, exc.strerror, str(path)) from None
         raise
     return path
+
+
+@contextlib.contextmanager
+def writing_into(out: Path) -> Iterator[None]:
+    """Around the writing of files into ``out``: an ``OSError`` (a full disk, no permission, a file in a folder's
+    place) becomes :class:`~kvbench.errors.UnwritableOutput` naming the file; a :class:`~kvbench.errors.UserError`
+    passes as it is.
+
+    Raises:
+        kvbench.errors.UnwritableOutput: a file cannot be written.
+    """
+    try:
+        yield
+    except OSError as exc:
+        if isinstance(exc, UserError):
+            raise
+        raise UnwritableOutput(exc.filename or out, exc.strerror or str(exc)) from exc
 
 
 def replacing_chart(path: Path, draw: Any, what: str) -> Path | None:

@@ -16,6 +16,18 @@ MIB, GIB = 2**20, 2**30
 STATUSES = (*Status, "other")
 
 
+def finite_json(v: Any) -> Any:
+    """``v`` with every NaN or infinite float (a figure that could not be measured) as None, at any depth of dicts,
+    lists and tuples (tuples become lists): JSON has neither."""
+    if isinstance(v, float):
+        return v if math.isfinite(v) else None
+    if isinstance(v, dict):
+        return {k: finite_json(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [finite_json(x) for x in v]
+    return v
+
+
 def missing(v: Any) -> bool:
     """True for None and NaN."""
     return v is None or (isinstance(v, float) and math.isnan(v))

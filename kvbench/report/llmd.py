@@ -33,6 +33,7 @@ from kvbench.analysis.server_load import in_flight
 from kvbench.analysis.tier import tier_hits, tier_not_engaged, tier_of
 from kvbench.arguments import path_arg
 from kvbench.errors import BadParameter, ResultsError, UnwritableOutput, UserError
+from kvbench.report.format import finite_json
 from kvbench.report.cost import replacing
 from kvbench.report.llmd_cost import export_cost, server_costs
 from kvbench.report.llmd_scenario import clean, load, stack
@@ -67,17 +68,6 @@ def statistics(values: Any, units: str, scale: float = 1.0) -> dict[str, Any] | 
 
 def _rate(value: float, units: str) -> dict[str, Any] | None:
     return {"units": units, "mean": value} if value == value and math.isfinite(value) else None
-
-
-def _finite(value: Any) -> Any:
-    """``value`` with every NaN or infinite float (a figure a run could not measure) as null, at any depth."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
-    return value
 
 
 def _iso(t: datetime) -> str:
@@ -357,7 +347,7 @@ def write_llmd(results: Results, out_dir: str | Path, prices: Prices | None = No
         out.mkdir(parents=True, exist_ok=True)
         paths = []
         for (_, doc), file in zip(reports, file_names([name for name, _ in reports])):
-            text = json.dumps(_finite(doc), indent=2, allow_nan=False) + "\n"
+            text = json.dumps(finite_json(doc), indent=2, allow_nan=False) + "\n"
             paths.append(replacing(out / file, lambda tmp, text=text: tmp.write_text(text)))
         return paths
     except OSError as exc:

@@ -5,7 +5,6 @@ table and the files (``simulation.csv``, ``simulation.json``, ``simulation.png``
 from __future__ import annotations
 
 import json
-import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,10 +14,10 @@ import numpy as np
 import pandas as pd
 
 from kvbench.analysis.plan import DTYPE_BYTES
-from kvbench.errors import BadParameter, UnwritableOutput, UserError
+from kvbench.errors import BadParameter
 from kvbench.report.charts import pyplot, save_figure
-from kvbench.report.cost import replacing, replacing_chart
-from kvbench.report.format import gib_or_mib
+from kvbench.report.cost import replacing, replacing_chart, writing_into
+from kvbench.report.format import finite_json, gib_or_mib
 from kvbench.report.plan import model_sizes_of, size_bytes
 from kvbench.results.run_dir import refuse_symlink_dir
 from kvbench.safe_text import file_stem
@@ -212,19 +211,11 @@ def tier_cells(sim: Simulation) -> pd.DataFrame:
     return pd.DataFrame(rows).fillna("")
 
 
-def _finite(v: Any) -> Any:
-    if isinstance(v, dict):
-        return {k: _finite(x) for k, x in v.items()}
-    if isinstance(v, list):
-        return [_finite(x) for x in v]
-    return None if isinstance(v, float) and not math.isfinite(v) else v
-
-
 def simulation_doc(sim: Simulation) -> dict[str, Any]:
     """What ``simulation.json`` holds: the trace's figures, the definitions, the ceiling, the tiers and the curve."""
     t, c = sim.trace, sim.curve
     blocks, tokens = c.ceiling
-    return _finite({
+    return finite_json({
         "trace": {"source": t.source, "format": t.format, "block_tokens": t.block_tokens, "requests": t.n_requests,
                   "duration_s": float(t.arrival_s[-1]), "block_visits": t.n_visits,
                   "distinct_blocks": c.distinct_blocks, "prompt_tokens": c.total_tokens,
@@ -304,19 +295,15 @@ def write_simulation(sim: Simulation, out_dir: str | Path, extra: dict[str, Any]
     """
     out = Path(out_dir)
     refuse_symlink_dir(out)
-    try:
+    with writing_into(out):
         out.mkdir(parents=True, exist_ok=True)
         frame = curve_frame(sim)
         paths = [replacing(out / "simulation.csv", lambda tmp: frame.to_csv(tmp, index=False) or tmp),
                  replacing(out / "simulation.json", lambda tmp: tmp.write_text(
-                     json.dumps(_finite({**simulation_doc(sim), **(extra or {})}), indent=1, allow_nan=False)
+                     json.dumps(finite_json({**simulation_doc(sim), **(extra or {})}), indent=1, allow_nan=False)
                      + "\n")),
                  replacing_chart(out / "simulation.png", lambda tmp: curve_chart(sim, tmp), "the hit-rate curve")]
-        return [p for p in paths if p is not None]
-    except OSError as exc:
-        if isinstance(exc, UserError):
-            raise
-        raise UnwritableOutput(exc.filename or out, exc.strerror or str(exc)) from exc
+    return [p for p in paths if p is not None]
 
 
 def write_csv(frame: pd.DataFrame, out_dir: str | Path, name: str) -> list[Path]:
@@ -329,11 +316,7 @@ def write_csv(frame: pd.DataFrame, out_dir: str | Path, name: str) -> list[Path]
     """
     out = Path(out_dir)
     refuse_symlink_dir(out)
-    try:
+    with writing_into(out):
         out.mkdir(parents=True, exist_ok=True)
         path = replacing(out / name, lambda tmp: frame.to_csv(tmp, index=False) or tmp)
-    except OSError as exc:
-        if isinstance(exc, UserError):
-            raise
-        raise UnwritableOutput(exc.filename or out, exc.strerror or str(exc)) from exc
     return [path] if path is not None else []

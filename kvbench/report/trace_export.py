@@ -12,7 +12,6 @@ a server run) or their order (in-process runs: one request a millisecond).
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
 import numpy as np
@@ -20,13 +19,9 @@ import pandas as pd
 
 from kvbench.errors import BadParameter, ResultsError
 from kvbench.results.load import load_results
+from kvbench.results.rows import ids_digest
 from kvbench.scenario.load import parse_scenario
 from kvbench.traces.trace import Trace
-
-
-def _digest(ids: tuple[int, ...]) -> str:
-    """The row's ``prompt_sha256`` of a prompt (kvbench.bench.rows.row.ids_digest of one sequence)."""
-    return hashlib.sha256(np.asarray([list(ids)], dtype=np.int64).tobytes()).hexdigest()
 
 
 def _rows(run: str | Path, mode: str | None, repeat: int) -> tuple[pd.DataFrame, dict[str, object]]:
@@ -94,7 +89,7 @@ def requests_trace(rows: pd.DataFrame, prompts: dict[str, tuple[int, ...]], bloc
     counts, ids, inputs, outputs, times = [], [], [], [], []
     for k, r in enumerate(rows.to_dict("records")):
         prompt = prompts.get(str(r["request_id"]))
-        if prompt is None or _digest(prompt) != r.get("prompt_sha256"):
+        if prompt is None or ids_digest([list(prompt)]) != r.get("prompt_sha256"):
             raise ResultsError(f"{source}: request {r['request_id']}: the prompt rebuilt from the run's scenario is "
                                "not the one it sent (its digest differs: another dataset or tokenizer here)")
         parent = -1

@@ -10,8 +10,17 @@ order; ``tests/results/test_rows.py`` holds the two together.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from enum import StrEnum
+
+import numpy as np
+
+
+def ids_digest(ids: list[list[int]]) -> str:
+    """The ``prompt_sha256`` and ``output_sha256`` of a row: sha256 hex of token ids ``[batch][steps]`` as int64
+    in row-major order."""
+    return hashlib.sha256(np.asarray(ids, dtype=np.int64).tobytes()).hexdigest()
 
 
 class Status(StrEnum):

@@ -17,7 +17,7 @@ from kvbench.bench.engines.base import Capabilities, Watch
 from kvbench.bench.telemetry.host_memory import host_memory_available
 from kvbench.bench.engines.predict import Predictor
 from kvbench.bench.rows.reference import Reference
-from kvbench.bench.rows.row import ids_digest
+from kvbench.results.rows import ids_digest
 from kvbench.bench.trial import ReuseTrial, TrialOutput, TrialSpec, bounds
 from kvbench.models import LoadedModel
 from kvbench.offload.caches import DynamicOffloadCache, OffloadedCache, kv_bytes

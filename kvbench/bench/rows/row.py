@@ -3,10 +3,8 @@ the samplers saw and the ``none`` reference: the same columns whichever engine r
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any
 
-import numpy as np
 
 from kvbench.analysis.latency import itl_percentiles, latency_metrics, throughputs
 from kvbench.bench.trial import TrialOutput
@@ -15,15 +13,10 @@ from kvbench.bench.rows.reference import Reference
 from kvbench.bench.trial import ReuseTrial, TrialSpec
 from kvbench.results.run_dir import utc_now
 from kvbench.scenario import Scenario
-from kvbench.results.rows import Status
+from kvbench.results.rows import Status, ids_digest
 
 #: How many generated ids per sequence a trial row keeps (the full sequence is hashed).
 IDS_KEPT = 16
-
-
-def ids_digest(ids: list[list[int]]) -> str:
-    """sha256 hex of generated ids ``[batch][steps]`` as int64 in row-major order."""
-    return hashlib.sha256(np.asarray(ids, dtype=np.int64).tobytes()).hexdigest()
 
 
 def base_row(s: Scenario, t: TrialSpec, described: dict[str, Any]) -> dict[str, Any]:

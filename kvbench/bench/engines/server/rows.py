@@ -10,7 +10,8 @@ from kvbench.bench.engines.server.client import Reply
 from kvbench.bench.engines.server.engine import ServerEngine
 from kvbench.bench.engines.server.load import Outcome, load_fields
 from kvbench.bench.engines.server.tiers import tier_tokens
-from kvbench.bench.rows.row import base_row, ids_digest, measured_fields
+from kvbench.bench.rows.row import base_row, measured_fields
+from kvbench.results.rows import ids_digest
 from kvbench.bench.trial import ServerTrial, TrialOutput
 
 
