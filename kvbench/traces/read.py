@@ -261,6 +261,10 @@ def read_trace(path: str | Path, fmt: str = "auto", block_tokens: int | None = N
                     rec = orjson.loads(raw)
             except (orjson.JSONDecodeError, UnicodeDecodeError, csv.Error) as exc:
                 reader.fault(number, f"not a valid {'CSV' if csv_file else 'JSON'} line ({str(exc)[:80]})")
+                if not reader.lines and reader.n_problems >= MAX_PROBLEMS:  # not one request yet: not a trace
+                    raise BadFile("\n".join([f"{path}: line {line}: {why}" for line, why in sorted(reader.problems)]
+                                            + [f"{path}: not a trace: none of its first {MAX_PROBLEMS} lines is a "
+                                               "request (read no further)"])) from None
                 continue
             except _Fault as exc:
                 reader.fault(number, str(exc))

@@ -324,3 +324,10 @@ def test_a_block_size_given_wrong_is_named_once(tmp_path):
     assert lines[-1] == (f"{path}: most requests disagree with 16 tokens per block; their lengths suggest about 512 "
                          "(a file does not say its block size: give it, --block-tokens; in a scenario, "
                          "workload.trace.source_block_tokens)")
+
+
+def test_a_file_that_is_no_trace_is_refused_after_its_first_ten_lines(tmp_path):
+    path = put(tmp_path, "notes.jsonl", "".join(f"just text {i}\n" for i in range(500)))
+    lines = refusal(path).splitlines()
+    assert len(lines) == 11 and lines[0].startswith(f"{path}: line 1: not a valid JSON line (")
+    assert lines[-1] == f"{path}: not a trace: none of its first 10 lines is a request (read no further)"
